@@ -1,0 +1,75 @@
+"""Load prepared token files and draw training and evaluation batches from them."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from corpus import data_root
+from errors import UserError
+
+
+def load_meta(data_dir, dataset):
+    folder = Path(dataset) if "/" in dataset else data_root(data_dir) / dataset
+    if not folder.is_dir():
+        raise UserError(f"dataset folder {folder} not found; create it with "
+                        f"`python data/prepare.py --input=YOUR.txt --name={folder.name}`")
+    try:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{folder}/meta.json not found; run data/prepare.py for this dataset again") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{folder}/meta.json is not valid JSON ({e})") from None
+    return folder, meta
+
+
+class Split:
+    """One split's tokens on disk, opened afresh per read so the memmap never pins memory."""
+
+    def __init__(self, folder, name, dtype, block_size):
+        self.path = Path(folder) / f"{name}.bin"
+        if not self.path.exists():
+            raise UserError(f"{self.path} not found; run data/prepare.py for this dataset again")
+        self.dtype = np.dtype(dtype)
+        self.length = self.path.stat().st_size // self.dtype.itemsize
+        if self.length < block_size + 1:
+            raise UserError(f"{self.path} has {self.length} tokens, fewer than block_size + 1 = {block_size + 1}; "
+                            "use a smaller --block_size or more text")
+        self.block_size = block_size
+
+    def batch(self, offsets, device):
+        tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
+        rows = tokens[offsets.numpy()[:, None] + np.arange(self.block_size + 1)].astype(np.int64)
+        xy = torch.from_numpy(rows)
+        if device.startswith("cuda"):
+            xy = xy.pin_memory().to(device, non_blocking=True)
+        else:
+            xy = xy.to(device)
+        return xy[:, :-1], xy[:, 1:]
+
+    def random_offsets(self, batch_size, generator):
+        return torch.randint(self.length - self.block_size, (batch_size,), generator=generator)
+
+
+class BatchSampler:
+    """Random training windows from a generator of their own, so nothing else shifts the data order."""
+
+    def __init__(self, split, batch_size, seed, device):
+        self.split, self.batch_size, self.device = split, batch_size, device
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def next(self):
+        return self.split.batch(self.split.random_offsets(self.batch_size, self.generator), self.device)
+
+    def state_dict(self):
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state):
+        self.generator.set_state(state["generator"])
+
+
+def fixed_offsets(split, batch_size, n_batches, seed=0):
+    """The same evaluation windows at every evaluation, so val loss changes only when the model does."""
+    generator = torch.Generator().manual_seed(seed)
+    return [split.random_offsets(batch_size, generator) for _ in range(n_batches)]

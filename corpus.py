@@ -1,0 +1,182 @@
+"""
+Turn a text file (or a folder of them) into train.bin, val.bin and meta.json.
+
+Text is streamed in chunks, so memory stays bounded whatever the file size; tokens go
+to disk as uint16 when the vocabulary fits and uint32 otherwise.
+"""
+
+import codecs
+import hashlib
+import json
+import os
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from errors import UserError
+from tokenizer import make_tokenizer
+
+PROJECT_DATA = Path(__file__).resolve().parent / "data"
+SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+CHUNK_BYTES = 1 << 20
+
+
+@dataclass
+class PrepareConfig:
+    input: str = ""  # text file or folder of text files ('' = download tinyshakespeare)
+    name: str = "shakespeare_char"  # output folder name under data_dir
+    tokenizer: str = "char"  # 'char' or a tiktoken encoding name (gpt2, r50k_base, cl100k_base, ...)
+    data_dir: str = ""  # where dataset folders live ('' = this project's data/)
+    val_fraction: float = 0.1  # the last this fraction of tokens is the validation split
+
+    def validate(self):
+        if not 0 < self.val_fraction < 1:
+            raise UserError(f"val_fraction must be between 0 and 1 (got {self.val_fraction})")
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            raise UserError(f"name must be a plain folder name (got {self.name!r})")
+
+
+def data_root(data_dir):
+    return Path(data_dir) if data_dir else PROJECT_DATA
+
+
+def sha256_of(paths):
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(CHUNK_BYTES), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def download_shakespeare(dest):
+    """Fetch tinyshakespeare once and check it is the exact char-rnn file."""
+    if not dest.exists():
+        print(f"downloading {SHAKESPEARE_URL}")
+        try:
+            with urllib.request.urlopen(SHAKESPEARE_URL, timeout=30) as r:
+                body = r.read()
+        except OSError as e:
+            raise UserError(f"could not download tinyshakespeare ({getattr(e, 'reason', e)}); "
+                            "pass a local copy with --input=PATH/input.txt") from None
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_suffix(".part")
+        tmp.write_bytes(body)
+        os.replace(tmp, dest)
+    digest = sha256_of([dest])
+    if digest != SHAKESPEARE_SHA256:
+        raise UserError(f"{dest} is not the tinyshakespeare file (sha256 {digest}); delete it and run again")
+    return dest
+
+
+def source_files(path):
+    """The documents to read: the file itself, or every file under a folder in sorted order."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        if not files:
+            raise UserError(f"input folder {path} holds no files")
+        return files
+    if not path.exists():
+        raise UserError(f"input file not found: {path}")
+    return [path]
+
+
+def read_text(path, progress):
+    """Yield the file's text in chunks that end at line breaks, checking that it is UTF-8."""
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    carry, offset = "", 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK_BYTES), b""):
+            if b"\x00" in block:
+                raise UserError(f"{path} looks like a binary file (NUL byte at offset {offset + block.index(0)}), "
+                                "not UTF-8 text")
+            try:
+                text = carry + utf8.decode(block)
+            except UnicodeDecodeError as e:
+                raise UserError(f"{path} is not UTF-8 text: byte 0x{block[e.start]:02x} at offset "
+                                f"{offset + e.start}") from None
+            offset += len(block)
+            progress.update(len(block))
+            cut = text.rfind("\n") + 1
+            if cut:
+                yield text[:cut]
+            carry = text[cut:]
+    try:
+        carry += utf8.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text: it ends in the middle of a character") from None
+    if carry:
+        yield carry
+
+
+def progress_bar(files, desc):
+    return tqdm(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True, desc=desc)
+
+
+def corpus_chars(files):
+    chars = set()
+    with progress_bar(files, "vocabulary") as bar:
+        for path in files:
+            for text in read_text(path, bar):
+                chars.update(text)
+    return chars
+
+
+def encode_to_file(files, tok, dtype, out_path):
+    """Encode every document into one flat token file; BPE documents are separated by end-of-text."""
+    count = 0
+    eot = getattr(tok, "eot_token", None) if len(files) > 1 else None
+    with open(out_path, "wb") as out, progress_bar(files, "tokenizing") as bar:
+        for path in files:
+            for text in read_text(path, bar):
+                ids = np.asarray(tok.encode(text), dtype=dtype)
+                out.write(ids.tobytes())
+                count += len(ids)
+            if eot is not None:
+                out.write(np.asarray([eot], dtype=dtype).tobytes())
+                count += 1
+    return count
+
+
+def split_tokens(all_path, out_dir, dtype, n_tokens, val_fraction):
+    """Cut the token file in two: the head becomes train.bin, the tail val.bin."""
+    n_train = min(int(n_tokens * (1 - val_fraction)), n_tokens - 1)  # as nanoGPT: int(n * 0.9)
+    itemsize = np.dtype(dtype).itemsize
+    tokens = np.memmap(all_path, dtype=dtype, mode="r")
+    with open(out_dir / "val.bin", "wb") as f:
+        for start in range(n_train, n_tokens, CHUNK_BYTES):
+            f.write(tokens[start:min(start + CHUNK_BYTES, n_tokens)].tobytes())
+    del tokens
+    os.truncate(all_path, n_train * itemsize)
+    os.replace(all_path, out_dir / "train.bin")
+    return n_train, n_tokens - n_train
+
+
+def prepare(cfg):
+    """Write data_dir/name/{train.bin,val.bin,meta.json}; return the metadata."""
+    out_dir = data_root(cfg.data_dir) / cfg.name
+    if cfg.input:
+        files = source_files(cfg.input)
+    elif cfg.name == "shakespeare_char":
+        files = [download_shakespeare(out_dir / "input.txt")]
+    else:
+        raise UserError("pass the text to prepare with --input=PATH")
+    if sum(f.stat().st_size for f in files) == 0:
+        raise UserError(f"input {cfg.input or files[0]} is empty")
+    tok = make_tokenizer(cfg.tokenizer, corpus_chars(files) if cfg.tokenizer == "char" else None)
+    dtype = "uint16" if tok.vocab_size <= 2 ** 16 else "uint32"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    all_path = out_dir / "all.bin.tmp"
+    n_tokens = encode_to_file(files, tok, dtype, all_path)
+    if n_tokens < 2:
+        raise UserError(f"input has only {n_tokens} token(s): too little text to split into train and val")
+    n_train, n_val = split_tokens(all_path, out_dir, dtype, n_tokens, cfg.val_fraction)
+    meta = dict(tok.to_meta(), vocab_size=tok.vocab_size, dtype=dtype, train_tokens=n_train, val_tokens=n_val,
+                source=str(cfg.input or files[0]), source_sha256=sha256_of(files))
+    (out_dir / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return out_dir, meta

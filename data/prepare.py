@@ -1,0 +1,27 @@
+"""
+Prepare a text corpus for training.
+
+    python data/prepare.py                                   # tinyshakespeare -> data/shakespeare_char/
+    python data/prepare.py --input=my.txt --name=mine        # any UTF-8 text, char-level
+    python data/prepare.py --input=my.txt --name=mine_bpe --tokenizer=gpt2
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project's modules live one level up
+
+from config import parse_config  # noqa: E402
+from corpus import PrepareConfig, prepare  # noqa: E402
+from errors import run_main  # noqa: E402
+
+
+def main(argv=None):
+    cfg = parse_config(PrepareConfig, sys.argv[1:] if argv is None else argv, prog="data/prepare.py")
+    out_dir, meta = prepare(cfg)
+    print(f"wrote {out_dir}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens, "
+          f"vocab {meta['vocab_size']:,} ({meta['tokenizer']}), {meta['dtype']}")
+
+
+if __name__ == "__main__":
+    run_main(main)

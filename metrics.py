@@ -1,0 +1,37 @@
+"""A run's numbers: one JSON object per line in metrics.jsonl, mirrored to wandb when asked."""
+
+import json
+import time
+from pathlib import Path
+
+PROCESS_START = time.time()
+
+
+class RunLog:
+    def __init__(self, out_dir, wandb_args=None):
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.wandb = None
+        if wandb_args is not None:
+            import wandb
+
+            self.wandb = wandb.init(resume="allow", dir=str(self.path.parent), **wandb_args)
+
+    def write(self, record):
+        record = dict(record, elapsed_s=round(time.time() - PROCESS_START, 3))
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            kind = record["kind"]
+            values = {f"{kind}/{k}": v for k, v in record.items() if k not in ("kind", "iter")}
+            self.wandb.log(values, step=record["iter"])
+
+    def close(self):
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def read_metrics(out_dir):
+    path = Path(out_dir) / "metrics.jsonl"
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,305 @@
+"""
+A decoder-only transformer (GPT) and its sampler.
+
+Defaults reproduce GPT-2 (learned positions, LayerNorm, GELU, tied head) with
+GPT-2's parameter names, so its weights load. Options switch on the modern
+pieces that train faster on small data: rotary positions, RMSNorm, QK-norm,
+ReLU^2, an untied head, logit soft-capping and zero-initialised projections.
+"""
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024  # longest context the model sees
+    vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # attention heads per block
+    n_embd: int = 768  # residual stream width
+    dropout: float = 0.0  # dropout on attention weights and residual branches
+    bias: bool = True  # biases in Linear and LayerNorm layers, as GPT-2
+    pos_emb: str = "learned"  # 'learned' (GPT-2 wpe) or 'rope' (rotary)
+    norm: str = "layernorm"  # 'layernorm' (GPT-2) or 'rmsnorm'
+    qk_norm: bool = False  # RMS-normalise queries and keys per head
+    mlp_act: str = "gelu"  # 'gelu' (GPT-2) or 'relu2' (squared ReLU)
+    tie_weights: bool = True  # share the token embedding with the output head
+    logit_softcap: float = 0.0  # >0: logits = c*tanh(logits/c)
+    zero_init_proj: bool = False  # start every residual projection at zero
+    rope_base: float = 10000.0  # rotary frequency base
+
+    def __post_init__(self):
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.pos_emb not in ("learned", "rope"):
+            raise ValueError(f"pos_emb must be 'learned' or 'rope', not {self.pos_emb!r}")
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', not {self.norm!r}")
+        if self.mlp_act not in ("gelu", "relu2"):
+            raise ValueError(f"mlp_act must be 'gelu' or 'relu2', not {self.mlp_act!r}")
+        if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
+            raise ValueError("rotary embeddings need an even head size (n_embd / n_head)")
+
+    @classmethod
+    def from_dict(cls, d):
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def make_norm(config):
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd)
+    return nn.LayerNorm(config.n_embd, bias=config.bias)
+
+
+def rotary_tables(head_dim, positions, base):
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x, cos, sin):
+    # x: (B, H, T, D); rotate pairs (first half, second half) of each head
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class KVCache:
+    """Preallocated keys and values of every layer, so a decode step appends in place."""
+
+    def __init__(self, config, batch_size, device, dtype):
+        head_dim = config.n_embd // config.n_head
+        shape = (config.n_layer, batch_size, config.n_head, config.block_size, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.pos = 0  # tokens already cached
+
+    def update(self, layer, k, v):
+        t = k.size(2)
+        self.k[layer, :, :, self.pos:self.pos + t] = k
+        self.v[layer, :, :, self.pos:self.pos + t] = v
+        return self.k[layer, :, :, :self.pos + t], self.v[layer, :, :, :self.pos + t]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.n_head = config.n_head
+        self.qk_norm = config.qk_norm
+
+    def qkv(self, x, rotary):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if self.qk_norm:
+            q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        return q, k, v
+
+    def forward(self, x, rotary=None, cache=None, layer=0):
+        B, T, C = x.size()
+        q, k, v = self.qkv(x, rotary)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)
+        if k.size(2) == T:
+            mask, causal = None, True
+        elif T == 1:  # one new query sees every cached key
+            mask, causal = None, False
+        else:  # new queries after cached keys: query i sees every key up to its own position
+            offset = k.size(2) - T
+            mask = torch.ones(T, k.size(2), dtype=torch.bool, device=x.device).tril(diagonal=offset)
+            causal = False
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                           dropout_p=self.attn_dropout if self.training else 0.0)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+    def attention_weights(self, x, rotary=None):
+        """Softmax attention probabilities (B, H, T, T), computed explicitly for inspection."""
+        q, k, _ = self.qkv(x, rotary)
+        T = q.size(2)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+        future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(diagonal=1)
+        return scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+        self.relu2 = config.mlp_act == "relu2"
+
+    def forward(self, x):
+        x = self.c_fc(x)
+        x = F.relu(x).square() if self.relu2 else F.gelu(x)
+        return self.dropout(self.c_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = make_norm(config)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = make_norm(config)
+        self.mlp = MLP(config)
+
+    def forward(self, x, rotary=None, cache=None, layer=0):
+        x = x + self.attn(self.ln_1(x), rotary, cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        modules = dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=make_norm(config),
+        )
+        if config.pos_emb == "learned":
+            modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        self.transformer = nn.ModuleDict(modules)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.transformer.wte.weight = self.lm_head.weight
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                if config.zero_init_proj:
+                    nn.init.zeros_(p)
+                else:  # GPT-2's scaled init of residual projections
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_params(self, non_embedding=True):
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and "wpe" in self.transformer:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def embed(self, idx, start=0):
+        T = idx.size(1)
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of {start + T} tokens is longer than block_size {self.config.block_size}")
+        x = self.transformer.wte(idx)
+        positions = torch.arange(start, start + T, device=idx.device)
+        rotary = None
+        if self.config.pos_emb == "learned":
+            x = x + self.transformer.wpe(positions)
+        else:
+            rotary = rotary_tables(self.config.n_embd // self.config.n_head, positions, self.config.rope_base)
+        return self.transformer.drop(x), rotary
+
+    def forward(self, idx, targets=None, cache=None):
+        """Logits for every position (or the last one, without targets); loss when targets are given."""
+        start = cache.pos if cache is not None else 0
+        x, rotary = self.embed(idx, start)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, rotary, cache, i)
+        if cache is not None:
+            cache.pos += idx.size(1)
+        x = self.transformer.ln_f(x)
+        if targets is None:
+            x = x[:, [-1], :]
+        logits = self.lm_head(x)
+        if self.config.logit_softcap > 0:
+            c = self.config.logit_softcap
+            logits = c * torch.tanh(logits.float() / c)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    @torch.no_grad()
+    def attention_maps(self, idx):
+        """Attention probabilities of every layer: a list of (B, H, T, T) tensors."""
+        x, rotary = self.embed(idx)
+        maps = []
+        for block in self.transformer.h:
+            maps.append(block.attn.attention_weights(block.ln_1(x), rotary))
+            x = block(x, rotary)
+        return maps
+
+    def crop_block_size(self, block_size):
+        """Shrink the context length, e.g. to finetune a pretrained model on shorter windows."""
+        if block_size > self.config.block_size:
+            raise ValueError(f"block_size {block_size} exceeds the model's {self.config.block_size}")
+        self.config.block_size = block_size
+        if "wpe" in self.transformer:
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token: 6N for the matmuls plus attention (PaLM appendix B)."""
+        cfg = self.config
+        n = sum(p.numel() for name, p in self.named_parameters() if not name.startswith("transformer.w"))
+        n += self.lm_head.weight.numel() if cfg.tie_weights else 0
+        return 6 * n + 12 * cfg.n_layer * cfg.n_embd * seq_len
+
+    @torch.no_grad()
+    def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
+                        kv_cache=True, generator=None):
+        """Yield each new (B, 1) column of tokens as it is sampled.
+
+        When the context outgrows block_size the window slides forward by half a block and is
+        recomputed once, so cached and uncached decoding see the same context at every step."""
+        window = self.config.block_size
+        start = max(0, idx.size(1) - window)
+        cache = None
+        for _ in range(max_new_tokens):
+            if idx.size(1) - start > window:
+                start = idx.size(1) - window // 2
+                cache = None
+            if not kv_cache:
+                logits, _ = self(idx[:, start:])
+            elif cache is None:
+                cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
+                logits, _ = self(idx[:, start:], cache=cache)
+            else:
+                logits, _ = self(idx[:, -1:], cache=cache)
+            next_token = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
+            idx = torch.cat((idx, next_token), dim=1)
+            yield next_token
+
+    def generate(self, idx, max_new_tokens, **kwargs):
+        """Return idx extended by max_new_tokens sampled tokens (see generate_stream)."""
+        new = list(self.generate_stream(idx, max_new_tokens, **kwargs))
+        return torch.cat([idx] + new, dim=1)
+
+
+def sample_next(logits, temperature=1.0, top_k=0, top_p=1.0, generator=None):
+    """One token per row from (B, V) logits; temperature 0 is greedy, top_k 0 and top_p 1 are off."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # drop a token when the more likely ones already cover top_p; the first always stays
+        drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
+        drop[:, 0] = False
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return torch.multinomial(probs, num_samples=1, generator=generator)

@@ -1,0 +1,71 @@
+"""Optimizers (AdamW, or Muon for hidden matrices plus AdamW) and the learning-rate schedule."""
+
+import inspect
+import math
+
+import torch
+
+
+def is_hidden_matrix(name, p):
+    """Muon's domain: 2-D weights inside the transformer blocks, not embeddings or the head."""
+    return p.ndim == 2 and ".h." in f".{name}"
+
+
+def adamw(groups, cfg, device):
+    extra = {}
+    if device.startswith("cuda") and "fused" in inspect.signature(torch.optim.AdamW).parameters:
+        extra["fused"] = True
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), **extra)
+
+
+def build_optimizers(model, cfg, device):
+    """AdamW over everything, or Muon over hidden matrices and AdamW over the rest.
+
+    Weight decay applies to matrices and embeddings, never to biases and norm gains."""
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    muon_params = [p for n, p in params if cfg.optimizer == "muon" and is_hidden_matrix(n, p)]
+    muon_ids = {id(p) for p in muon_params}
+    rest = [p for n, p in params if id(p) not in muon_ids]
+    groups = [{"params": [p for p in rest if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in rest if p.ndim < 2], "weight_decay": 0.0}]
+    optimizers = [adamw([g for g in groups if g["params"]], cfg, device)]
+    if muon_params:
+        optimizers.append(torch.optim.Muon(muon_params, lr=cfg.muon_lr, momentum=cfg.muon_momentum,
+                                           weight_decay=cfg.muon_weight_decay))
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["base_lr"] = group["lr"]
+    return optimizers
+
+
+def lr_multiplier(cfg, step):
+    """Fraction of the peak learning rate at (possibly fractional) step; never divides by zero."""
+    if step < cfg.warmup_iters:
+        return (step + 1) / (cfg.warmup_iters + 1)
+    if not cfg.decay_lr:
+        return 1.0
+    floor = cfg.min_lr / cfg.learning_rate if cfg.learning_rate > 0 else 0.0
+    if cfg.lr_schedule == "wsd":
+        decay_start = cfg.max_iters * (1 - cfg.warmdown_frac)
+        if step < decay_start:
+            return 1.0
+        ratio = min(1.0, (step - decay_start) / max(1e-9, cfg.max_iters - decay_start))
+        return 1.0 - ratio * (1.0 - floor)
+    decay_iters = cfg.lr_decay_iters or cfg.max_iters
+    if decay_iters <= cfg.warmup_iters:
+        return floor if step >= decay_iters else 1.0
+    ratio = min(1.0, (step - cfg.warmup_iters) / (decay_iters - cfg.warmup_iters))
+    return floor + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (1.0 - floor)
+
+
+def schedule_step(cfg, iter_num, elapsed_s):
+    """With a time budget the schedule follows whichever is further along: iterations or time."""
+    if cfg.max_time > 0:
+        return max(iter_num, cfg.max_iters * elapsed_s / cfg.max_time)
+    return iter_num
+
+
+def set_lr(optimizers, multiplier):
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = group["base_lr"] * multiplier

@@ -1,0 +1,137 @@
+"""
+Sample text from a trained model.
+
+    python sample.py --out_dir=out
+    python sample.py --out_dir=out --start="ROMEO:" --num_samples=3 --max_new_tokens=300
+    python sample.py --out_dir=out --start=FILE:prompt.txt --temperature=0   # greedy
+    python sample.py --out_dir=out --interactive
+"""
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from checkpoint import load_model
+from config import parse_config
+from errors import UserError, run_main
+from hardware import autocast, pick_device, pick_dtype
+
+
+@dataclass
+class SampleConfig:
+    out_dir: str = "out"  # folder holding ckpt.pt
+    start: str = "\n"  # prompt text, or FILE:path to read it from a file
+    num_samples: int = 10  # samples, generated together as one batch
+    max_new_tokens: int = 500  # tokens generated per sample
+    temperature: float = 0.8  # 1 = the model's distribution, lower = safer, 0 = greedy
+    top_k: int = 200  # sample only from the k likeliest tokens (0 = off)
+    top_p: float = 1.0  # sample only from the smallest set with this total probability (1 = off)
+    stop: str = ""  # end a sample where this text appears (e.g. "\n\n"); '' = never
+    seed: int = 1337  # the same seed gives the same text
+    device: str = "auto"  # 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'
+    dtype: str = "float32"  # 'float32', 'bfloat16' or 'float16' ('auto' = as for training)
+    kv_cache: bool = True  # False recomputes the whole context every token (for checks)
+    interactive: bool = False  # read prompts from the terminal until Ctrl-D
+
+    def validate(self):
+        if self.num_samples < 1 or self.max_new_tokens < 0:
+            raise UserError("num_samples must be at least 1 and max_new_tokens at least 0")
+        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise UserError("need temperature >= 0, top_k >= 0 and 0 < top_p <= 1")
+
+
+class StopFilter:
+    """Pass text through until the stop string appears, holding back what might be its beginning."""
+
+    def __init__(self, stop):
+        self.stop, self.pending, self.done = stop, "", False
+
+    def feed(self, text):
+        if self.done:
+            return ""
+        if not self.stop:
+            return text
+        self.pending += text
+        at = self.pending.find(self.stop)
+        if at >= 0:
+            self.done = True
+            out, self.pending = self.pending[:at], ""
+            return out
+        keep = next((n for n in range(len(self.stop) - 1, 0, -1) if self.pending.endswith(self.stop[:n])), 0)
+        out, self.pending = self.pending[:len(self.pending) - keep], self.pending[len(self.pending) - keep:]
+        return out
+
+    def flush(self):
+        out, self.pending = ("" if self.done else self.pending), ""
+        return out
+
+
+def read_prompt(start):
+    if start.startswith("FILE:"):
+        try:
+            with open(start[5:], encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"could not read prompt file {start[5:]} ({e})") from None
+    return start
+
+
+def generate_texts(model, tok, prompt, cfg, ctx, stream=sys.stdout):
+    """Generate num_samples continuations as one batch, streaming the first as it is sampled."""
+    ids = tok.encode(prompt)
+    if not ids:
+        raise UserError("the prompt is empty: pass some text with --start")
+    device = next(model.parameters()).device
+    idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    decoders = [tok.stream_decoder() for _ in range(cfg.num_samples)]
+    filters = [StopFilter(cfg.stop) for _ in range(cfg.num_samples)]
+    texts = [""] * cfg.num_samples
+    stream.write(prompt)
+    with ctx:
+        tokens = model.generate_stream(idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
+                                       top_p=cfg.top_p, kv_cache=cfg.kv_cache, generator=generator)
+        for column in tokens:
+            for row, token in enumerate(column[:, 0].tolist()):
+                piece = filters[row].feed(decoders[row](token))
+                texts[row] += piece
+                if row == 0 and piece:
+                    stream.write(piece)
+                    stream.flush()
+            if all(f.done for f in filters):
+                break
+    for row, f in enumerate(filters):
+        tail = f.flush()
+        texts[row] += tail
+        if row == 0:
+            stream.write(tail)
+    return [prompt + t for t in texts]
+
+
+def main(argv=None):
+    cfg = parse_config(SampleConfig, sys.argv[1:] if argv is None else argv, prog="sample.py")
+    device = pick_device(cfg.device)
+    dtype = pick_dtype(cfg.dtype, device)
+    torch.manual_seed(cfg.seed)
+    model, tok = load_model(cfg.out_dir, device)
+    ctx = autocast(device, dtype)
+    prompts = iter(read_interactive, None) if cfg.interactive else [read_prompt(cfg.start)]
+    for prompt in prompts:
+        texts = generate_texts(model, tok, prompt, cfg, ctx)
+        print("\n---------------")
+        for text in texts[1:]:
+            print(text)
+            print("---------------")
+
+
+def read_interactive():
+    try:
+        return input("\nprompt> ").replace("\\n", "\n") or "\n"
+    except EOFError:
+        print()
+        return None
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,81 @@
+"""
+Tokenizers: characters (the vocabulary is stored with the data and the checkpoint)
+or any tiktoken BPE encoding (stored by name). Both round-trip through a JSON-able dict.
+"""
+
+import codecs
+
+from errors import UserError
+
+
+class CharTokenizer:
+    kind = "char"
+
+    def __init__(self, chars):
+        self.chars = "".join(chars)
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+        self.vocab_size = len(self.chars)
+
+    def encode(self, text):
+        missing = sorted(set(text) - self.stoi.keys())
+        if missing:
+            shown = ", ".join(repr(c) for c in missing[:10])
+            raise UserError(f"the text has characters outside the training vocabulary: {shown}")
+        return [self.stoi[c] for c in text]
+
+    def decode(self, ids):
+        return "".join(self.chars[i] for i in ids)
+
+    def stream_decoder(self):
+        return lambda token: self.chars[token]
+
+    def to_meta(self):
+        return {"tokenizer": "char", "vocab": self.chars}
+
+
+class TiktokenTokenizer:
+    kind = "tiktoken"
+
+    def __init__(self, name):
+        import tiktoken
+
+        try:
+            self.enc = tiktoken.get_encoding(name)
+        except ValueError:
+            raise UserError(f"unknown tokenizer {name!r}: use 'char' or a tiktoken encoding "
+                            f"({', '.join(tiktoken.list_encoding_names())})") from None
+        except Exception as e:  # tiktoken fetches its files on first use
+            raise UserError(f"could not load tiktoken encoding {name!r} ({type(e).__name__}); offline, "
+                            "point TIKTOKEN_CACHE_DIR at a folder that holds its cached files") from None
+        self.name = name
+        self.vocab_size = self.enc.n_vocab
+        self.eot_token = self.enc.eot_token
+
+    def encode(self, text):
+        return self.enc.encode_ordinary(text)
+
+    def decode(self, ids):
+        return self.enc.decode(list(ids))
+
+    def stream_decoder(self):
+        """A function from token to text that holds back bytes until they form whole characters."""
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return lambda token: utf8.decode(self.enc.decode_single_token_bytes(token))
+
+    def to_meta(self):
+        return {"tokenizer": "tiktoken", "encoding": self.name}
+
+
+def make_tokenizer(name, text_chars=None):
+    """'char' (needs the corpus characters) or a tiktoken encoding name."""
+    if name == "char":
+        return CharTokenizer(sorted(text_chars))
+    return TiktokenTokenizer(name)
+
+
+def tokenizer_from_meta(meta):
+    if meta.get("tokenizer") == "char":
+        return CharTokenizer(meta["vocab"])
+    if meta.get("tokenizer") == "tiktoken":
+        return TiktokenTokenizer(meta["encoding"])
+    raise UserError(f"unknown tokenizer in metadata: {meta.get('tokenizer')!r}")
