@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from corpus import data_root
+from corpus import TOKEN_DTYPES, data_root
 from errors import UserError
 
 
@@ -21,7 +21,21 @@ def load_meta(data_dir, dataset):
         raise UserError(f"{folder}/meta.json not found; run data/prepare.py for this dataset again") from None
     except json.JSONDecodeError as e:
         raise UserError(f"{folder}/meta.json is not valid JSON ({e})") from None
+    check_meta(meta, folder / "meta.json")
     return folder, meta
+
+
+def check_meta(meta, path):
+    """The fields training reads, and a token type that can hold every token id."""
+    missing = [k for k in ("tokenizer", "vocab_size", "dtype") if not isinstance(meta, dict) or k not in meta]
+    if missing:
+        raise UserError(f"{path} lacks {', '.join(missing)}; run data/prepare.py for this dataset again")
+    dtype, vocab = meta["dtype"], meta["vocab_size"]
+    if dtype not in TOKEN_DTYPES:
+        raise UserError(f"{path}: token dtype {dtype!r} is not one of {', '.join(TOKEN_DTYPES)}")
+    if not isinstance(vocab, int) or not 0 < vocab <= TOKEN_DTYPES[dtype]:
+        raise UserError(f"{path}: a vocabulary of {vocab} tokens does not fit {dtype} token files "
+                        f"(at most {TOKEN_DTYPES[dtype]:,}); run data/prepare.py again")
 
 
 class Split:
@@ -31,6 +45,8 @@ class Split:
         self.path = Path(folder) / f"{name}.bin"
         if not self.path.exists():
             raise UserError(f"{self.path} not found; run data/prepare.py for this dataset again")
+        if dtype not in TOKEN_DTYPES:
+            raise UserError(f"token dtype {dtype!r} is not one of {', '.join(TOKEN_DTYPES)}")
         self.dtype = np.dtype(dtype)
         self.length = self.path.stat().st_size // self.dtype.itemsize
         if self.length < block_size + 1:
@@ -53,20 +69,27 @@ class Split:
 
 
 class BatchSampler:
-    """Random training windows from a generator of their own, so nothing else shifts the data order."""
+    """Random training windows from a generator of their own, so nothing else shifts the data order.
+
+    Its state is the one from before the latest draw: the trainer always holds one batch fetched
+    ahead and not yet trained on, and a run resumed from a checkpoint must draw that batch again."""
 
     def __init__(self, split, batch_size, seed, device):
         self.split, self.batch_size, self.device = split, batch_size, device
         self.generator = torch.Generator().manual_seed(seed)
+        self.state_before_last = None
 
     def next(self):
+        self.state_before_last = self.generator.get_state()
         return self.split.batch(self.split.random_offsets(self.batch_size, self.generator), self.device)
 
     def state_dict(self):
-        return {"generator": self.generator.get_state()}
+        state = self.state_before_last if self.state_before_last is not None else self.generator.get_state()
+        return {"generator": state.clone()}
 
     def load_state_dict(self, state):
         self.generator.set_state(state["generator"])
+        self.state_before_last = None
 
 
 def fixed_offsets(split, batch_size, n_batches, seed=0):

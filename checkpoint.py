@@ -3,6 +3,7 @@
 import errno
 import os
 import pickle
+import warnings
 from pathlib import Path
 
 import torch
@@ -17,31 +18,81 @@ def save_checkpoint(state, path):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
+    writer = None
     try:
         with open(tmp, "wb") as f:
-            torch.save(dict(state, format_version=FORMAT_VERSION), f)
+            writer = Writer(f)
+            torch.save(dict(state, format_version=FORMAT_VERSION), writer)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:
         tmp.unlink(missing_ok=True)
+        if writer is not None and writer.error is not None:
+            e = writer.error  # the real cause, e.g. ENOSPC, which torch's zip writer reports as "enforce fail"
         if isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space" in str(e):
             raise UserError(f"disk full while writing {path}; the previous checkpoint is intact") from None
-        raise UserError(f"could not write checkpoint {path} ({e}); the previous checkpoint is intact") from None
+        raise UserError(f"could not write checkpoint {path} ({first_line(e)}); "
+                        "the previous checkpoint is intact") from None
+    sync_folder(path.parent)
+
+
+class Writer:
+    """Pass writes on to the file, keeping the first OSError: torch.save replaces it with a message of its own."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data):
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self):
+        self.f.flush()
+
+
+def sync_folder(folder):
+    """Make the rename itself durable (a power cut after it keeps the new file); not possible everywhere."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def first_line(e):
+    """The first line (and sentence) of an exception's message, or its type when it has none."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[0].split(". ")[0].rstrip(".") if lines else type(e).__name__
 
 
 def load_checkpoint(path, map_location="cpu"):
     path = Path(path)
-    if not path.exists():
-        raise UserError(f"no checkpoint at {path}; train one first with `python train.py ...`")
+    if not path.is_file():
+        tmp = path.with_name(path.name + ".tmp")
+        unfinished = f" ({tmp.name} is an unfinished write and is never loaded)" if tmp.exists() else ""
+        raise UserError(f"no checkpoint at {path}{unfinished}; train one first with `python train.py ...`")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # e.g. about a pickle protocol: the error below says all there is
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else "unsupported content"
+        # torch's message starts with advice to load it unsafely; show only what was refused
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        detail = next((line for line in lines if "GLOBAL" in line or "nsupported" in line), first_line(e))
         raise UserError(f"refusing to load {path}: it holds objects other than tensors and plain data "
-                        f"({first_line})") from None
-    except (RuntimeError, EOFError, ValueError, OSError) as e:
-        raise UserError(f"{path} is truncated or not a checkpoint ({str(e).splitlines()[0]})") from None
+                        f"({detail.rstrip('.')})") from None
+    except Exception as e:  # a damaged file fails in many ways: zip, pickle or tensor storage errors
+        detail = first_line(e) if isinstance(e, (RuntimeError, OSError, ValueError)) else type(e).__name__
+        raise UserError(f"{path} is truncated or not a checkpoint ({detail})") from None
     if not isinstance(state, dict) or "format_version" not in state:
         raise UserError(f"{path} is not a checkpoint written by this tool")
     if state["format_version"] != FORMAT_VERSION:

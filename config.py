@@ -48,7 +48,7 @@ class TrainConfig:
     pos_emb: str = "learned"  # 'learned' (GPT-2) or 'rope'
     norm: str = "layernorm"  # 'layernorm' (GPT-2) or 'rmsnorm'
     qk_norm: bool = False  # RMS-normalise queries and keys
-    mlp_act: str = "gelu"  # 'gelu' (GPT-2) or 'relu2'
+    mlp_act: str = "gelu"  # 'gelu', 'gelu_tanh' (GPT-2's approximation) or 'relu2'
     tie_weights: bool = True  # share token embedding and output head
     logit_softcap: float = 0.0  # >0: cap logits smoothly at +-this value
     zero_init_proj: bool = False  # zero-initialise residual output projections
@@ -64,7 +64,7 @@ class TrainConfig:
     muon_momentum: float = 0.95  # Muon momentum
     muon_weight_decay: float = 0.0  # Muon weight decay
     # learning-rate schedule
-    decay_lr: bool = True  # False keeps learning_rate constant after warmup
+    decay_lr: bool = True  # False keeps learning_rate constant (no warmup either, as nanoGPT)
     lr_schedule: str = "cosine"  # 'cosine' (nanoGPT) or 'wsd' (warmup, stable, linear decay)
     warmup_iters: int = 100  # linear warmup steps
     lr_decay_iters: int = 0  # cosine reaches min_lr here (0 = max_iters)
@@ -90,7 +90,7 @@ class TrainConfig:
             raise UserError(f"dropout must be in [0, 1) (got {self.dropout})")
         check_choice("pos_emb", self.pos_emb, ["learned", "rope"])
         check_choice("norm", self.norm, ["layernorm", "rmsnorm"])
-        check_choice("mlp_act", self.mlp_act, ["gelu", "relu2"])
+        check_choice("mlp_act", self.mlp_act, ["gelu", "gelu_tanh", "relu2"])
         check_choice("optimizer", self.optimizer, ["adamw", "muon"])
         check_choice("lr_schedule", self.lr_schedule, ["cosine", "wsd"])
         check_choice("backend", self.backend, ["auto", "nccl", "gloo"])

@@ -23,6 +23,7 @@ PROJECT_DATA = Path(__file__).resolve().parent / "data"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 CHUNK_BYTES = 1 << 20
+TOKEN_DTYPES = {"uint16": 2 ** 16, "uint32": 2 ** 32}  # token file types, and the largest vocabulary each holds
 
 
 @dataclass
@@ -32,12 +33,15 @@ class PrepareConfig:
     tokenizer: str = "char"  # 'char' or a tiktoken encoding name (gpt2, r50k_base, cl100k_base, ...)
     data_dir: str = ""  # where dataset folders live ('' = this project's data/)
     val_fraction: float = 0.1  # the last this fraction of tokens is the validation split
+    dtype: str = "auto"  # token file type: 'auto' (uint16 when the vocabulary fits, else uint32), 'uint16' or 'uint32'
 
     def validate(self):
         if not 0 < self.val_fraction < 1:
             raise UserError(f"val_fraction must be between 0 and 1 (got {self.val_fraction})")
         if not self.name or "/" in self.name or self.name.startswith("."):
             raise UserError(f"name must be a plain folder name (got {self.name!r})")
+        if self.dtype not in ("auto", *TOKEN_DTYPES):
+            raise UserError(f"dtype must be one of auto, {', '.join(TOKEN_DTYPES)} (got {self.dtype!r})")
 
 
 def data_root(data_dir):
@@ -115,7 +119,8 @@ def read_text(path, progress):
 
 
 def progress_bar(files, desc):
-    return tqdm(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True, desc=desc)
+    # only on a terminal: piped or logged stderr gets just the one-line error, not bar redraws
+    return tqdm(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True, desc=desc, disable=None)
 
 
 def corpus_chars(files):
@@ -169,7 +174,10 @@ def prepare(cfg):
     if sum(f.stat().st_size for f in files) == 0:
         raise UserError(f"input {cfg.input or files[0]} is empty")
     tok = make_tokenizer(cfg.tokenizer, corpus_chars(files) if cfg.tokenizer == "char" else None)
-    dtype = "uint16" if tok.vocab_size <= 2 ** 16 else "uint32"
+    dtype = cfg.dtype if cfg.dtype != "auto" else "uint16" if tok.vocab_size <= TOKEN_DTYPES["uint16"] else "uint32"
+    if tok.vocab_size > TOKEN_DTYPES[dtype]:
+        raise UserError(f"the vocabulary has {tok.vocab_size:,} tokens, more than {dtype} holds "
+                        f"({TOKEN_DTYPES[dtype]:,}); use --dtype=uint32 or --dtype=auto")
     out_dir.mkdir(parents=True, exist_ok=True)
     all_path = out_dir / "all.bin.tmp"
     n_tokens = encode_to_file(files, tok, dtype, all_path)

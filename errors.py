@@ -6,13 +6,25 @@ import sys
 class UserError(Exception):
     """A mistake in input, config or environment: shown as one line, never a traceback."""
 
+    exit_code = 1
+
+
+class Interrupted(UserError):
+    """The user stopped the run with Ctrl-C: exit status 130 (128 + SIGINT), as shells report it."""
+
+    exit_code = 130
+
 
 def run_main(main):
-    """Run an entry script's main(), turning a UserError into `error: ...` and exit status 1."""
+    """Run an entry script's main(), turning a UserError into `error: ...` and exit status 1
+    (130 for Ctrl-C, as shells do)."""
     try:
         main()
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
     except BrokenPipeError:  # e.g. `python sample.py | head`
         sys.exit(0)

@@ -4,6 +4,8 @@ import json
 import time
 from pathlib import Path
 
+from errors import UserError
+
 PROCESS_START = time.time()
 
 
@@ -13,8 +15,10 @@ class RunLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.wandb = None
         if wandb_args is not None:
-            import wandb
-
+            try:
+                import wandb
+            except ImportError:
+                raise UserError("wandb_log=True needs the wandb package: pip install wandb") from None
             self.wandb = wandb.init(resume="allow", dir=str(self.path.parent), **wandb_args)
 
     def write(self, record):

@@ -27,7 +27,7 @@ class GPTConfig:
     pos_emb: str = "learned"  # 'learned' (GPT-2 wpe) or 'rope' (rotary)
     norm: str = "layernorm"  # 'layernorm' (GPT-2) or 'rmsnorm'
     qk_norm: bool = False  # RMS-normalise queries and keys per head
-    mlp_act: str = "gelu"  # 'gelu' (GPT-2) or 'relu2' (squared ReLU)
+    mlp_act: str = "gelu"  # 'gelu' (exact), 'gelu_tanh' (GPT-2's tanh approximation) or 'relu2' (squared ReLU)
     tie_weights: bool = True  # share the token embedding with the output head
     logit_softcap: float = 0.0  # >0: logits = c*tanh(logits/c)
     zero_init_proj: bool = False  # start every residual projection at zero
@@ -40,8 +40,8 @@ class GPTConfig:
             raise ValueError(f"pos_emb must be 'learned' or 'rope', not {self.pos_emb!r}")
         if self.norm not in ("layernorm", "rmsnorm"):
             raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', not {self.norm!r}")
-        if self.mlp_act not in ("gelu", "relu2"):
-            raise ValueError(f"mlp_act must be 'gelu' or 'relu2', not {self.mlp_act!r}")
+        if self.mlp_act not in ("gelu", "gelu_tanh", "relu2"):
+            raise ValueError(f"mlp_act must be 'gelu', 'gelu_tanh' or 'relu2', not {self.mlp_act!r}")
         if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError("rotary embeddings need an even head size (n_embd / n_head)")
 
@@ -78,13 +78,17 @@ class KVCache:
         shape = (config.n_layer, batch_size, config.n_head, config.block_size, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # per-layer views made once: a decode step then costs two narrows and a copy, not a chain of
+        # select/slice ops (on CPU, per-op overhead is a large part of a 1-token step)
+        self.k_layers, self.v_layers = self.k.unbind(0), self.v.unbind(0)
         self.pos = 0  # tokens already cached
 
     def update(self, layer, k, v):
-        t = k.size(2)
-        self.k[layer, :, :, self.pos:self.pos + t] = k
-        self.v[layer, :, :, self.pos:self.pos + t] = v
-        return self.k[layer, :, :, :self.pos + t], self.v[layer, :, :, :self.pos + t]
+        t, end = k.size(2), self.pos + k.size(2)
+        keys, values = self.k_layers[layer], self.v_layers[layer]
+        keys.narrow(2, self.pos, t).copy_(k)
+        values.narrow(2, self.pos, t).copy_(v)
+        return keys.narrow(2, 0, end), values.narrow(2, 0, end)
 
 
 class CausalSelfAttention(nn.Module):
@@ -99,8 +103,8 @@ class CausalSelfAttention(nn.Module):
 
     def qkv(self, x, rotary):
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        # (B, T, 3C) -> three (B, H, T, D) views in one go (same layout as split + view + transpose)
+        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4).unbind(0)
         if self.qk_norm:
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         if rotary is not None:
@@ -140,11 +144,14 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
-        self.relu2 = config.mlp_act == "relu2"
+        self.act = config.mlp_act
 
     def forward(self, x):
         x = self.c_fc(x)
-        x = F.relu(x).square() if self.relu2 else F.gelu(x)
+        if self.act == "relu2":
+            x = F.relu(x).square()
+        else:  # GPT-2's weights were trained with the tanh approximation
+            x = F.gelu(x, approximate="tanh" if self.act == "gelu_tanh" else "none")
         return self.dropout(self.c_proj(x))
 
 
@@ -220,7 +227,7 @@ class GPT(nn.Module):
             cache.pos += idx.size(1)
         x = self.transformer.ln_f(x)
         if targets is None:
-            x = x[:, [-1], :]
+            x = x[:, -1:, :]  # a view; [-1] as a list would gather a copy
         logits = self.lm_head(x)
         if self.config.logit_softcap > 0:
             c = self.config.logit_softcap
@@ -239,6 +246,14 @@ class GPT(nn.Module):
             maps.append(block.attn.attention_weights(block.ln_1(x), rotary))
             x = block(x, rotary)
         return maps
+
+    @classmethod
+    def from_pretrained(cls, name_or_path, **overrides):
+        """GPT-2 weights: 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' or a folder saved by `transformers`.
+        Overrides: dropout, and block_size to crop the context."""
+        from hf_interop import load_pretrained  # `transformers` is optional: imported only here
+
+        return load_pretrained(cls, name_or_path, **overrides)
 
     def crop_block_size(self, block_size):
         """Shrink the context length, e.g. to finetune a pretrained model on shorter windows."""
@@ -267,7 +282,7 @@ class GPT(nn.Module):
         cache = None
         for _ in range(max_new_tokens):
             if idx.size(1) - start > window:
-                start = idx.size(1) - window // 2
+                start = idx.size(1) - max(1, window // 2)  # block_size 1 keeps 1 token
                 cache = None
             if not kv_cache:
                 logits, _ = self(idx[:, start:])

@@ -38,12 +38,18 @@ def build_optimizers(model, cfg, device):
     return optimizers
 
 
-def lr_multiplier(cfg, step):
-    """Fraction of the peak learning rate at (possibly fractional) step; never divides by zero."""
-    if step < cfg.warmup_iters:
-        return (step + 1) / (cfg.warmup_iters + 1)
-    if not cfg.decay_lr:
+def lr_multiplier(cfg, iter_num, elapsed_s=0.0):
+    """Fraction of the peak learning rate for this step; never divides by zero.
+
+    Warmup counts optimizer steps. With a time budget (max_time) the decay follows
+    whichever is further along, iterations or time, so a timed run still ends cooled down."""
+    if not cfg.decay_lr:  # as nanoGPT: a constant learning rate, no warmup either
         return 1.0
+    if iter_num < cfg.warmup_iters:
+        return (iter_num + 1) / cfg.warmup_iters
+    step = iter_num
+    if cfg.max_time > 0:
+        step = max(step, cfg.max_iters * elapsed_s / cfg.max_time)
     floor = cfg.min_lr / cfg.learning_rate if cfg.learning_rate > 0 else 0.0
     if cfg.lr_schedule == "wsd":
         decay_start = cfg.max_iters * (1 - cfg.warmdown_frac)
@@ -56,13 +62,6 @@ def lr_multiplier(cfg, step):
         return floor if step >= decay_iters else 1.0
     ratio = min(1.0, (step - cfg.warmup_iters) / (decay_iters - cfg.warmup_iters))
     return floor + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (1.0 - floor)
-
-
-def schedule_step(cfg, iter_num, elapsed_s):
-    """With a time budget the schedule follows whichever is further along: iterations or time."""
-    if cfg.max_time > 0:
-        return max(iter_num, cfg.max_iters * elapsed_s / cfg.max_time)
-    return iter_num
 
 
 def set_lr(optimizers, multiplier):

@@ -33,6 +33,20 @@ class CharTokenizer:
         return {"tokenizer": "char", "vocab": self.chars}
 
 
+# gpt2 and r50k_base are one encoding (same ranks, pattern and <|endoftext|>) that tiktoken downloads
+# from different files, so either one's cached files serve both names
+SAME_ENCODING = {"gpt2": "r50k_base", "r50k_base": "gpt2"}
+
+
+def get_encoding(tiktoken, name):
+    try:
+        return tiktoken.get_encoding(name)
+    except Exception:
+        if name not in SAME_ENCODING:
+            raise
+        return tiktoken.get_encoding(SAME_ENCODING[name])
+
+
 class TiktokenTokenizer:
     kind = "tiktoken"
 
@@ -40,7 +54,7 @@ class TiktokenTokenizer:
         import tiktoken
 
         try:
-            self.enc = tiktoken.get_encoding(name)
+            self.enc = get_encoding(tiktoken, name)
         except ValueError:
             raise UserError(f"unknown tokenizer {name!r}: use 'char' or a tiktoken encoding "
                             f"({', '.join(tiktoken.list_encoding_names())})") from None

@@ -13,6 +13,7 @@ import random
 import signal
 import sys
 import time
+import uuid
 from contextlib import nullcontext
 from dataclasses import asdict
 
@@ -24,11 +25,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from batches import BatchSampler, Split, fixed_offsets, load_meta
 from checkpoint import load_checkpoint, save_checkpoint
 from config import TrainConfig, parse_config
-from errors import UserError, run_main
+from errors import Interrupted, UserError, run_main
 from hardware import autocast, peak_flops, pick_device, pick_dtype
 from metrics import RunLog
 from model import GPT, GPTConfig
-from optim import build_optimizers, lr_multiplier, schedule_step, set_lr
+from optim import build_optimizers, lr_multiplier, set_lr
 from tokenizer import tokenizer_from_meta
 
 
@@ -109,7 +110,17 @@ def build_model(cfg, meta, ckpt):
             vocab = math.ceil(vocab / 64) * 64  # padded for faster matmuls; the extra rows are never targets
         model = GPT(model_config(cfg, vocab))
     else:
+        if meta["tokenizer"] == "char":
+            raise UserError(f"init_from={cfg.init_from!r} needs GPT-2's BPE tokens, but dataset {cfg.dataset!r} is "
+                            "char-level; prepare it with `python data/prepare.py --input=FILE --name=NAME "
+                            "--tokenizer=gpt2`")
         model = GPT.from_pretrained(cfg.init_from, dropout=cfg.dropout)
+        if meta["vocab_size"] > model.config.vocab_size:
+            raise UserError(f"dataset {cfg.dataset!r} has {meta['vocab_size']:,} token ids, more than "
+                            f"{cfg.init_from!r}'s {model.config.vocab_size:,}; prepare it with --tokenizer=gpt2")
+        if cfg.block_size > model.config.block_size:  # as for resume: never train on a shorter context unasked
+            raise UserError(f"block_size {cfg.block_size} is larger than {cfg.init_from!r}'s "
+                            f"{model.config.block_size} positions; pass --block_size={model.config.block_size}")
     if cfg.block_size < model.config.block_size:
         model.crop_block_size(cfg.block_size)
     return model
@@ -190,6 +201,7 @@ class Trainer:
         self.optimizers = build_optimizers(self.raw_model, cfg, device)
         self.scaler = torch.amp.GradScaler(device.split(":")[0], enabled=self.dtype == "float16")
         self.iter_num, self.best_val_loss, self.train_time = 0, float("inf"), 0.0
+        self.saved_iter = None
         self.wandb_id = None
         if ckpt is not None:
             self.restore(ckpt)
@@ -220,9 +232,8 @@ class Trainer:
     def wandb_args(self):
         if not self.cfg.wandb_log:
             return None
-        import wandb
-
-        self.wandb_id = self.wandb_id or wandb.util.generate_id()
+        # our own id (wandb.util.generate_id is gone from recent wandb), kept in the checkpoint for resume
+        self.wandb_id = self.wandb_id or uuid.uuid4().hex[:12]
         return dict(project=self.cfg.wandb_project, name=self.cfg.wandb_run_name, id=self.wandb_id,
                     config=asdict(self.cfg))
 
@@ -246,6 +257,7 @@ class Trainer:
         state = self.checkpoint_state()  # every rank joins the RNG gather
         if self.dist.master:
             save_checkpoint(state, self.ckpt_path)
+        self.saved_iter = self.iter_num
 
     def step(self, x, y):
         """One optimizer step over accum micro-batches; returns the step's mean loss and the next batch."""
@@ -278,8 +290,7 @@ class Trainer:
             self.log.write({"kind": "eval", "iter": self.iter_num, "train_loss": losses["train"],
                             "val_loss": losses["val"]})
             if not math.isfinite(losses["val"]):
-                raise UserError(f"val loss is {losses['val']} at iteration {self.iter_num}; stopping with the last "
-                                "good checkpoint kept (try a lower learning_rate or --dtype=float32)")
+                raise self.not_finite("val loss", losses["val"], self.iter_num)
             improved = losses["val"] < self.best_val_loss
             self.best_val_loss = min(self.best_val_loss, losses["val"])
             save = (improved or self.cfg.always_save_checkpoint) and self.iter_num > 0
@@ -291,6 +302,15 @@ class Trainer:
             save = box[0]
         if save:
             self.save()
+
+    def not_finite(self, what, value, iteration):
+        remedy = "--dtype=float32" if self.dtype != "float32" else "a longer warmup_iters"
+        return UserError(f"{what} is {value} at iteration {iteration}; stopping with the last good checkpoint "
+                         f"kept (try a lower learning_rate or {remedy})")
+
+    def interrupted(self, interrupt):
+        """Whether any process was asked to stop: all must agree, or they would part ways at the save."""
+        return bool(self.dist.mean(float(interrupt.requested))) if self.dist.enabled else interrupt.requested
 
     def out_of_time(self):
         done = self.cfg.max_time > 0 and self.train_time >= self.cfg.max_time
@@ -310,12 +330,11 @@ class Trainer:
         loop_start = time.time() - self.train_time  # a resumed run keeps its time budget
         with Interrupt() as interrupt:
             while self.iter_num < cfg.max_iters and not self.out_of_time():
-                multiplier = lr_multiplier(cfg, schedule_step(cfg, self.iter_num, self.train_time))
+                multiplier = lr_multiplier(cfg, self.iter_num, self.train_time)
                 set_lr(self.optimizers, multiplier)
                 loss, x, y = self.step(x, y)
-                if not math.isfinite(loss):
-                    raise UserError(f"loss is {loss} at iteration {self.iter_num}; stopping with the last good "
-                                    "checkpoint kept (try a lower learning_rate or --dtype=float32)")
+                if not math.isfinite(loss):  # this step's loss, logged as iteration iter_num + 1
+                    raise self.not_finite("loss", loss, self.iter_num + 1)
                 self.iter_num += 1
                 self.train_time = time.time() - loop_start
                 window_iters += 1
@@ -326,10 +345,11 @@ class Trainer:
                 if self.iter_num % cfg.eval_interval == 0 or last:
                     self.run_eval()
                     self.train_time = time.time() - loop_start
-                if interrupt.requested:
-                    self.save()
-                    raise UserError(f"interrupted at iteration {self.iter_num}; checkpoint saved to {self.ckpt_path}, "
-                                    "continue with --init_from=resume")
+                if self.interrupted(interrupt):
+                    if self.saved_iter != self.iter_num:  # not saved by the evaluation just now
+                        self.save()
+                    raise Interrupted(f"interrupted at iteration {self.iter_num}; checkpoint saved to "
+                                      f"{self.ckpt_path}, continue with --init_from=resume")
 
     def log_train(self, loss, lr, window_start, window_iters):
         dt = (time.time() - window_start) / window_iters

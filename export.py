@@ -1,0 +1,44 @@
+"""
+Export a trained checkpoint as a Hugging Face GPT-2 model (config.json + model.safetensors).
+
+    python export.py --out_dir=out-shakespeare --hf_dir=hf-shakespeare
+
+Then `GPT2LMHeadModel.from_pretrained("hf-shakespeare")` gives the same logits. Needs `transformers`.
+Models with options GPT-2 has no place for (rope, rmsnorm, qk_norm, logit_softcap) are refused.
+"""
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from checkpoint import load_model
+from config import parse_config
+from errors import UserError, run_main
+
+
+@dataclass
+class ExportConfig:
+    out_dir: str = "out"  # folder holding ckpt.pt
+    hf_dir: str = ""  # folder to write config.json and model.safetensors to
+
+    def validate(self):
+        if not self.hf_dir:
+            raise UserError("pass the folder to write with --hf_dir=DIR")
+        if Path(self.hf_dir).exists() and not Path(self.hf_dir).is_dir():
+            raise UserError(f"--hf_dir={self.hf_dir} exists and is not a folder")
+
+
+def main(argv=None):
+    cfg = parse_config(ExportConfig, sys.argv[1:] if argv is None else argv, prog="export.py")
+    model, tok = load_model(cfg.out_dir, "cpu")
+    from hf_interop import save_hf  # imports `transformers` only after the checkpoint has been read
+
+    eot = getattr(tok, "eot_token", None)  # <|endoftext|> for BPE; char vocabularies have none
+    save_hf(model, cfg.hf_dir, eos_token_id=eot if eot is not None and eot < model.config.vocab_size else None)
+    c = model.config
+    print(f"wrote {cfg.hf_dir}: GPT-2 with {c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, "
+          f"{c.block_size} positions, vocab {c.vocab_size:,} ({model.num_params(False) / 1e6:.2f}M parameters)")
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,182 @@
+"""The config parser: literal-only config files, typed --key=value overrides, one-line errors."""
+
+from pathlib import Path
+
+import pytest
+
+from config import TrainConfig, parse_config
+from conftest import REPO
+from errors import UserError
+
+
+def write(tmp_path, text, name="cfg.py"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_defaults_without_arguments():
+    cfg = parse_config(TrainConfig, [])
+    assert cfg == TrainConfig()
+
+
+def test_types_and_precedence(tmp_path):
+    path = write(tmp_path, "batch_size = 4\nn_layer = 3\ndropout = 0.2\nout_dir = 'from-file'\n"
+                           "compile = True\n'''a docstring is fine'''\n")
+    cfg = parse_config(TrainConfig, [path, "--dropout=0", "--compile=false", "--max_iters=1e4",
+                                     "--batch_size", "8", "--wandb_run_name=123", "--learning_rate=3e-4"])
+    assert cfg.dropout == 0.0 and isinstance(cfg.dropout, float)
+    assert cfg.compile is False
+    assert cfg.max_iters == 10000 and isinstance(cfg.max_iters, int)
+    assert cfg.batch_size == 8  # the later argument wins over the file
+    assert cfg.wandb_run_name == "123" and isinstance(cfg.wandb_run_name, str)
+    assert cfg.learning_rate == 3e-4
+    assert cfg.n_layer == 3 and cfg.out_dir == "from-file"  # untouched file values stay
+
+
+def test_file_after_argument_wins(tmp_path):
+    path = write(tmp_path, "batch_size = 4\n")
+    assert parse_config(TrainConfig, ["--batch_size=9", path]).batch_size == 4
+    assert parse_config(TrainConfig, [path, "--batch_size=9"]).batch_size == 9
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--compile"], True),  # a bare flag means True
+    (["--compile", "no"], False),
+    (["--compile=1"], True),
+    (["--compile=True"], True),
+    (["--compile=off"], False),
+])
+def test_bool_forms(argv, expected):
+    assert parse_config(TrainConfig, argv).compile is expected
+
+
+def test_bare_bool_flag_before_config_file(tmp_path):
+    path = write(tmp_path, "batch_size = 5\n")
+    cfg = parse_config(TrainConfig, ["--compile", path])
+    assert cfg.compile is True and cfg.batch_size == 5
+
+
+def test_strings_keep_their_text():
+    cfg = parse_config(TrainConfig, ["--out_dir=out-1", "--wandb_run_name='quoted'", "--dataset", "my set"])
+    assert cfg.out_dir == "out-1"
+    assert cfg.wandb_run_name == "quoted"
+    assert cfg.dataset == "my set"
+
+
+@pytest.mark.parametrize("arg,close", [("--n_layers=2", "n_layer"), ("--learnig_rate=1e-3", "learning_rate"),
+                                       ("--batchsize", "batch_size")])
+def test_unknown_key_suggests_closest(arg, close):
+    with pytest.raises(UserError) as e:
+        parse_config(TrainConfig, [arg])
+    key = arg[2:].split("=")[0]
+    assert key in str(e.value) and f"'{close}'" in str(e.value)
+
+
+def test_unknown_key_in_file_names_line(tmp_path):
+    path = write(tmp_path, "batch_size = 4\nn_heads = 2\n")
+    with pytest.raises(UserError) as e:
+        parse_config(TrainConfig, [path])
+    assert "n_heads" in str(e.value) and "n_head" in str(e.value) and ":2" in str(e.value)
+
+
+@pytest.mark.parametrize("arg,key", [("--batch_size=abc", "batch_size"), ("--max_iters=1.5", "max_iters"),
+                                     ("--dropout=high", "dropout"), ("--compile=maybe", "compile"),
+                                     ("--batch_size=True", "batch_size")])
+def test_bad_value_names_key(arg, key):
+    with pytest.raises(UserError) as e:
+        parse_config(TrainConfig, [arg])
+    assert key in str(e.value)
+
+
+def test_missing_value():
+    with pytest.raises(UserError, match="batch_size"):
+        parse_config(TrainConfig, ["--batch_size"])
+
+
+def test_positional_must_be_a_py_file():
+    with pytest.raises(UserError, match="config file"):
+        parse_config(TrainConfig, ["settings.txt"])
+    with pytest.raises(UserError, match="not found"):
+        parse_config(TrainConfig, ["no_such_config.py"])
+
+
+@pytest.mark.parametrize("body", [
+    "import os\nbatch_size = 4\n",
+    "x = os.system('touch PWNED')\n",
+    "n_layer = __import__('os').getpid()\n",
+    "batch_size = open('PWNED', 'w').write('x')\n",
+    "out_dir = f\"{__import__('os').system('touch PWNED')}\"\n",
+    "n_layer = 1 if __import__('os').system('touch PWNED') else 2\n",
+    "def f():\n    pass\n",
+    "n_layer = n_head = 2\n",
+    "n_layer: int = 2\n",
+    "batch_size += 1\n",
+    "batch_size = [1, 2\n",
+])
+def test_config_file_is_never_executed(tmp_path, monkeypatch, body):
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, body)
+    with pytest.raises(UserError) as e:
+        parse_config(TrainConfig, [path])
+    assert path in str(e.value)
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_config_file_literals(tmp_path):
+    path = write(tmp_path, "learning_rate = 1e-3\nmax_iters = 2_000\nlr_decay_iters = 2e3\nbias = False\n"
+                           "min_lr = 1e-4  # a comment\nn_embd = 64\nn_head = 4\n")
+    cfg = parse_config(TrainConfig, [path])
+    assert cfg.learning_rate == 1e-3 and cfg.max_iters == 2000
+    assert cfg.lr_decay_iters == 2000 and isinstance(cfg.lr_decay_iters, int)
+    assert cfg.bias is False and cfg.n_embd == 64
+
+
+def test_config_file_type_error_names_key(tmp_path):
+    path = write(tmp_path, "batch_size = 'big'\n")
+    with pytest.raises(UserError, match="batch_size"):
+        parse_config(TrainConfig, [path])
+
+
+@pytest.mark.parametrize("argv,word", [
+    (["--n_embd=30", "--n_head=4"], "n_embd"),
+    (["--batch_size=0"], "batch_size"),
+    (["--dropout=1.0"], "dropout"),
+    (["--pos_emb=alibi"], "pos_emb"),
+    (["--device=gpu"], "device"),
+    (["--dtype=fp8"], "dtype"),
+    (["--pos_emb=rope", "--n_embd=36", "--n_head=4"], "rope"),
+    (["--learning_rate=-1"], "learning_rate"),
+])
+def test_validate_errors_are_user_errors(argv, word):
+    with pytest.raises(UserError, match=word):
+        parse_config(TrainConfig, argv)
+
+
+def test_help_exits_zero_and_lists_keys(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_config(TrainConfig, ["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for key in ["--batch_size", "--n_layer", "--learning_rate", "--wandb_log", "--init_from"]:
+        assert key in out
+    assert "sequences per micro-batch" in out  # the field comments are the help text
+
+
+def test_help_wins_over_bad_arguments(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_config(TrainConfig, ["--no_such_key=1", "-h"])
+    assert e.value.code == 0
+
+
+CONFIG_FILES = sorted((REPO / "config").glob("*.py"))
+
+
+def test_there_are_config_files():
+    assert CONFIG_FILES
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=[p.name for p in CONFIG_FILES])
+def test_shipped_config_files_load(path: Path):
+    cfg = parse_config(TrainConfig, [str(path)])
+    assert isinstance(cfg, TrainConfig)

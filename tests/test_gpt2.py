@@ -1,0 +1,259 @@
+"""GPT-2 interop: logits against transformers, export round trip, BPE data, and a finetune end to end.
+
+    python -m pytest -q tests/test_gpt2.py
+
+Everything runs offline on tiny randomly initialised models; the BPE tests need the r50k_base
+tiktoken files at ../shared/data/tiktoken and are skipped without them.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from conftest import REPO, SHARED_TIKTOKEN, check_ok, make_text, run_script
+from errors import UserError
+from model import GPT, GPTConfig
+
+TINY_HF = dict(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=100)
+
+
+def hf_model(tmp_path, seed=0, **overrides):
+    """A random GPT2LMHeadModel saved with save_pretrained; returns (folder, model in eval mode)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**dict(TINY_HF, **overrides))).eval()
+    with torch.no_grad():  # non-trivial biases and norm gains, so a missed or swapped tensor shows
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or ".ln_" in name:
+                p.normal_(0.5 if name.endswith("weight") else 0.0, 0.2)
+    folder = tmp_path / "hf"
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def tokens(n=64, vocab=100, batch=2, seed=1):
+    return torch.randint(vocab, (batch, n), generator=torch.Generator().manual_seed(seed))
+
+
+def all_logits(model, idx):
+    with torch.no_grad():
+        return model(idx, targets=idx)[0]  # targets: logits at every position, not only the last
+
+
+def hf_logits(model, idx):
+    with torch.no_grad():
+        return model(idx).logits
+
+
+@pytest.fixture
+def tiktoken_cache(monkeypatch):
+    if not SHARED_TIKTOKEN.is_dir():
+        pytest.skip(f"needs the r50k_base tiktoken cache at {SHARED_TIKTOKEN} (no network in tests)")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(SHARED_TIKTOKEN))
+    return {"TIKTOKEN_CACHE_DIR": str(SHARED_TIKTOKEN)}
+
+
+# ----------------------------------------------------------------------------- import
+
+
+@pytest.mark.parametrize("variant", [{}, {"activation_function": "gelu", "tie_word_embeddings": False}],
+                         ids=["gpt2", "exact_gelu_untied"])
+def test_from_pretrained_matches_transformers(tmp_path, variant):
+    folder, hf = hf_model(tmp_path, **variant)
+    model = GPT.from_pretrained(str(folder)).eval()
+    assert model.config.mlp_act == ("gelu" if variant else "gelu_tanh")
+    assert model.config.tie_weights == (not variant)
+    assert model.config.bias and model.config.block_size == 64 and model.config.vocab_size == 100
+    idx = tokens()
+    torch.testing.assert_close(all_logits(model, idx), hf_logits(hf, idx), atol=1e-4, rtol=0)
+
+
+def test_from_pretrained_crops_block_size_and_overrides_dropout(tmp_path):
+    folder, hf = hf_model(tmp_path)
+    model = GPT.from_pretrained(folder, dropout=0.25, block_size=16)
+    assert model.config.block_size == 16 and model.transformer.wpe.weight.shape == (16, 32)
+    assert model.config.dropout == 0.25
+    idx = tokens(16)
+    model.train()
+    assert not torch.equal(all_logits(model, idx), all_logits(model, idx))  # dropout is on
+    model.eval()
+    torch.testing.assert_close(all_logits(model, idx), hf_logits(hf, idx), atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="block_size"):
+        model(tokens(17))
+    with pytest.raises(ValueError, match="only dropout and block_size"):
+        GPT.from_pretrained(folder, n_layer=3)
+
+
+def test_from_pretrained_refuses_what_it_cannot_load(tmp_path):
+    pytest.importorskip("transformers")
+    with pytest.raises(UserError, match="unknown model 'gpt3'"):
+        GPT.from_pretrained("gpt3")
+    with pytest.raises(UserError, match="not a folder"):
+        GPT.from_pretrained(str(tmp_path / "missing" / "dir"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="could not load .* as a transformers GPT-2 folder"):
+        GPT.from_pretrained(str(tmp_path / "empty"))
+    folder, _ = hf_model(tmp_path, n_inner=100)
+    with pytest.raises(UserError, match="n_inner=100"):
+        GPT.from_pretrained(str(folder))
+
+
+def test_hub_name_offline_is_one_error_line(tmp_path):
+    pytest.importorskip("transformers")
+    home = tmp_path / "hf_home"  # an empty cache, and no network
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub")}
+    code = "from errors import run_main; from model import GPT; run_main(lambda: GPT.from_pretrained('gpt2'))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=dict(os.environ, **env),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines == ["error: could not fetch 'gpt2' from the Hugging Face hub (offline?); "
+                     "pass a local directory saved with save_pretrained"], proc.stderr
+
+
+def test_train_checks_data_and_block_size_against_pretrained(tmp_path):
+    from config import TrainConfig
+    from train import build_model
+
+    folder, _ = hf_model(tmp_path)
+    cfg = TrainConfig(init_from=str(folder), dataset="tiny", block_size=16, dropout=0.1)
+    bpe = {"tokenizer": "tiktoken", "encoding": "gpt2", "vocab_size": 90}
+    model = build_model(cfg, bpe, None)
+    assert (model.config.block_size, model.config.dropout, model.config.vocab_size) == (16, 0.1, 100)
+    with pytest.raises(UserError, match="char-level.*--tokenizer=gpt2"):
+        build_model(cfg, {"tokenizer": "char", "vocab": "ab", "vocab_size": 2}, None)
+    with pytest.raises(UserError, match="50,257 token ids, more than .*100"):
+        build_model(cfg, dict(bpe, vocab_size=50257), None)
+    with pytest.raises(UserError, match="block_size 1024 is larger than .* 64 positions; pass --block_size=64"):
+        build_model(TrainConfig(init_from=str(folder), dataset="tiny"), bpe, None)
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def save_fake_run(model, out_dir, tokenizer_meta):
+    """A checkpoint with the keys train.py writes (see Trainer.checkpoint_state), without training."""
+    from checkpoint import save_checkpoint
+    from config import TrainConfig
+
+    state = {"model": model.state_dict(), "optimizer": [], "scaler": {}, "model_args": asdict(model.config),
+             "config": asdict(TrainConfig()), "tokenizer": tokenizer_meta, "iter_num": 0,
+             "best_val_loss": math.inf, "train_time": 0.0, "rng": [], "wandb_id": None}
+    save_checkpoint(state, out_dir / "ckpt.pt")
+
+
+CHARS = "".join(chr(c) for c in range(ord("a"), ord("a") + 37))
+EXPORTABLE = {
+    "gpt2": dict(mlp_act="gelu_tanh"),
+    "nobias_exactgelu_untied": dict(bias=False, mlp_act="gelu", tie_weights=False, zero_init_proj=True),
+    "relu2": dict(mlp_act="relu2"),
+}
+
+
+@pytest.mark.parametrize("options", EXPORTABLE.values(), ids=EXPORTABLE.keys())
+def test_export_round_trip(tmp_path, options):
+    transformers = pytest.importorskip("transformers")
+    import export
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=24, vocab_size=37, n_layer=2, n_head=4, n_embd=32, **options)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # so a zero bias or a wrong transpose shows
+    save_fake_run(model, tmp_path / "out", {"tokenizer": "char", "vocab": CHARS})
+    export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    assert hf.config.n_positions == 24 and hf.config.tie_word_embeddings == model.config.tie_weights
+    idx = tokens(24, vocab=37)
+    torch.testing.assert_close(hf_logits(hf, idx), all_logits(model, idx), atol=1e-4, rtol=0)
+    back = GPT.from_pretrained(tmp_path / "hf").eval()  # and back again
+    torch.testing.assert_close(all_logits(back, idx), all_logits(model, idx), atol=1e-4, rtol=0)
+
+
+def test_export_refuses_incompatible_model(tmp_path):
+    model = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=1, n_head=2, n_embd=16, pos_emb="rope"))
+    save_fake_run(model, tmp_path / "out", {"tokenizer": "char", "vocab": CHARS})
+    proc = run_script("export.py", f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}")
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "pos_emb='rope'" in lines[0], proc.stderr
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("option", [dict(norm="rmsnorm"), dict(qk_norm=True), dict(logit_softcap=30.0)],
+                         ids=["rmsnorm", "qk_norm", "softcap"])
+def test_export_names_the_option_it_cannot_represent(option):
+    from hf_interop import check_exportable
+
+    name = next(iter(option))
+    with pytest.raises(UserError, match=f"cannot be exported as GPT-2: {name}="):
+        check_exportable(GPTConfig(**option))
+
+
+# ----------------------------------------------------------------------------- BPE data and finetuning
+
+
+def test_bpe_prepare_round_trip(tmp_path, tiktoken_cache):
+    import numpy as np
+    import tiktoken
+
+    from corpus import PrepareConfig, prepare
+    from tokenizer import make_tokenizer, tokenizer_from_meta
+
+    enc = tiktoken.get_encoding("r50k_base")
+    docs = [make_text(3000, seed=s) for s in range(3)]
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i, doc in enumerate(docs):
+        (folder / f"{i}.txt").write_text(doc, encoding="utf-8")
+    out_dir, meta = prepare(PrepareConfig(input=str(folder), name="bpe", tokenizer="gpt2",
+                                          data_dir=str(tmp_path / "data")))
+    assert (meta["tokenizer"], meta["encoding"], meta["vocab_size"], meta["dtype"]) == \
+        ("tiktoken", "gpt2", 50257, "uint16")
+    train, val = (np.fromfile(out_dir / f"{s}.bin", dtype=np.uint16).tolist() for s in ("train", "val"))
+    expected = [t for doc in docs for t in enc.encode_ordinary(doc) + [enc.eot_token]]
+    assert train + val == expected  # documents in sorted order, each followed by <|endoftext|>
+    assert len(train) == int(len(expected) * 0.9)
+    tok = tokenizer_from_meta(meta)
+    assert tok.decode(train + val) == "<|endoftext|>".join(docs) + "<|endoftext|>"
+    r50k = make_tokenizer("r50k_base")
+    assert r50k.encode(docs[0]) == tok.encode(docs[0]) and r50k.decode(tok.encode(docs[0])) == docs[0]
+
+
+def test_finetune_sample_export_end_to_end(tmp_path, tiktoken_cache):
+    transformers = pytest.importorskip("transformers")
+    from checkpoint import load_checkpoint, load_model
+    from corpus import PrepareConfig, prepare
+
+    folder, _ = hf_model(tmp_path, n_layer=1, vocab_size=50257)
+    text = tmp_path / "input.txt"
+    text.write_text(make_text(6000), encoding="utf-8")
+    prepare(PrepareConfig(input=str(text), name="bpe", tokenizer="r50k_base", data_dir=str(tmp_path / "data")))
+    out = tmp_path / "out"
+    check_ok(run_script("train.py", f"--init_from={folder}", f"--data_dir={tmp_path / 'data'}", "--dataset=bpe",
+                        f"--out_dir={out}", "--device=cpu", "--dtype=float32", "--batch_size=2",
+                        "--block_size=32", "--max_iters=2", "--eval_interval=2", "--eval_iters=1",
+                        "--log_interval=1", "--warmup_iters=0", "--learning_rate=1e-3", env=tiktoken_cache))
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    assert ckpt["tokenizer"] == {"tokenizer": "tiktoken", "encoding": "r50k_base"}
+    assert ckpt["iter_num"] == 2
+    assert (ckpt["model_args"]["block_size"], ckpt["model_args"]["vocab_size"], ckpt["model_args"]["mlp_act"]) \
+        == (32, 50257, "gelu_tanh")
+
+    proc = check_ok(run_script("sample.py", f"--out_dir={out}", "--start=ROMEO:", "--num_samples=1",
+                               "--max_new_tokens=12", "--device=cpu", env=tiktoken_cache))
+    assert proc.stdout.startswith("ROMEO:") and len(proc.stdout.split("---------------")[0]) > len("ROMEO:")
+
+    check_ok(run_script("export.py", f"--out_dir={out}", f"--hf_dir={tmp_path / 'hf_out'}", env=tiktoken_cache))
+    config = json.loads((tmp_path / "hf_out" / "config.json").read_text())
+    assert (config["eos_token_id"], config["activation_function"], config["n_positions"]) == (50256, "gelu_new", 32)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf_out").eval()
+    model, _ = load_model(out, "cpu")
+    idx = tokens(32, vocab=50257)
+    torch.testing.assert_close(hf_logits(hf, idx), all_logits(model, idx), atol=1e-4, rtol=0)

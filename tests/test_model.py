@@ -1,0 +1,255 @@
+"""The transformer: attention against a naive loop, causality, rotary positions, KV cache and generation."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, CausalSelfAttention, GPTConfig, KVCache, apply_rotary, rotary_tables, sample_next
+
+BASE = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
+MODERN = dict(pos_emb="rope", norm="rmsnorm", qk_norm=True, mlp_act="relu2", tie_weights=False,
+              logit_softcap=15.0, zero_init_proj=False)
+ARCHS = {"gpt2": {}, "modern": MODERN}
+
+
+def make_model(seed=0, sharpen=1.0, **overrides):
+    """A tiny GPT in eval mode; sharpen > 1 scales the head so sampling is far from uniform."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**dict(BASE, **overrides))).eval()
+    if sharpen != 1.0:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(sharpen)
+    return model
+
+
+def random_tokens(shape, vocab=BASE["vocab_size"], seed=1):
+    return torch.randint(vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def naive_rms(x):
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps)
+
+
+def naive_attention(attn, x, rotary=None, qk_norm=False):
+    """Per position t: softmax over keys 0..t of q.k/sqrt(d), weighted sum of values, then c_proj."""
+    B, T, C = x.shape
+    H = attn.n_head
+    D = C // H
+    qkv = x @ attn.c_attn.weight.T + attn.c_attn.bias
+    q, k, v = (t.reshape(B, T, H, D).transpose(1, 2) for t in qkv.split(C, dim=-1))
+    if qk_norm:
+        q, k = naive_rms(q), naive_rms(k)
+    if rotary is not None:
+        q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+    y = torch.zeros(B, H, T, D)
+    for t in range(T):
+        scores = (q[:, :, t:t + 1, :] * k[:, :, :t + 1, :]).sum(-1) / math.sqrt(D)  # (B, H, t+1)
+        weights = torch.softmax(scores, dim=-1)
+        y[:, :, t, :] = (weights[..., None] * v[:, :, :t + 1, :]).sum(2)
+    y = y.transpose(1, 2).reshape(B, T, C)
+    return y @ attn.c_proj.weight.T + attn.c_proj.bias
+
+
+@pytest.mark.parametrize("rope", [False, True], ids=["learned", "rope_qknorm"])
+def test_attention_matches_naive_loop(rope):
+    cfg = GPTConfig(**dict(BASE, pos_emb="rope" if rope else "learned", qk_norm=rope))
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(cfg).eval()
+    with torch.no_grad():  # non-trivial biases and projection, so every term matters
+        for p in attn.parameters():
+            p.normal_(0, 0.3)
+    x = torch.randn(2, 11, cfg.n_embd)
+    rotary = rotary_tables(cfg.n_embd // cfg.n_head, torch.arange(11), cfg.rope_base) if rope else None
+    with torch.no_grad():
+        got = attn(x, rotary)
+        want = naive_attention(attn, x, rotary, qk_norm=rope)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_rotary_rotates_pairs_by_position_angle():
+    D, base = 8, 10000.0
+    positions = torch.tensor([0, 1, 5, 13])
+    cos, sin = rotary_tables(D, positions, base)
+    x = torch.randn(1, 1, len(positions), D)
+    y = apply_rotary(x, cos, sin)
+    for p_i, p in enumerate(positions.tolist()):
+        for i in range(D // 2):
+            theta = p * base ** (-2 * i / D)
+            a, b = x[0, 0, p_i, i], x[0, 0, p_i, i + D // 2]
+            torch.testing.assert_close(y[0, 0, p_i, i], a * math.cos(theta) - b * math.sin(theta))
+            torch.testing.assert_close(y[0, 0, p_i, i + D // 2], a * math.sin(theta) + b * math.cos(theta))
+    # position 0 is the identity, and a rotation keeps the norm
+    torch.testing.assert_close(y[..., 0, :], x[..., 0, :])
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
+
+
+def test_rotary_scores_depend_only_on_relative_position():
+    D = 16
+    q, k = torch.randn(1, 1, 1, D), torch.randn(1, 1, 1, D)
+
+    def score(m, n):
+        cq, sq = rotary_tables(D, torch.tensor([m]), 10000.0)
+        ck, sk = rotary_tables(D, torch.tensor([n]), 10000.0)
+        return (apply_rotary(q, cq, sq) * apply_rotary(k, ck, sk)).sum()
+
+    torch.testing.assert_close(score(7, 3), score(24, 20), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(score(7, 3), score(7, 4), atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS, ids=list(ARCHS))
+def test_causality(arch):
+    model = make_model(**ARCHS[arch])
+    T = BASE["block_size"]
+    idx = random_tokens((2, T))
+    with torch.no_grad():
+        ref, _ = model(idx, idx)
+        for t in [0, 3, 9, T - 2]:
+            changed = idx.clone()
+            changed[:, t + 1:] = random_tokens((2, T - t - 1), seed=100 + t)
+            assert not torch.equal(changed, idx)
+            logits, _ = model(changed, changed)
+            torch.testing.assert_close(logits[:, :t + 1], ref[:, :t + 1], atol=1e-6, rtol=0)
+            # and the future did change something later on, so the check is not vacuous
+            assert not torch.allclose(logits[:, t + 1:], ref[:, t + 1:], atol=1e-4)
+
+
+def test_logits_without_targets_are_the_last_position():
+    model = make_model(**MODERN)
+    idx = random_tokens((3, 10))
+    with torch.no_grad():
+        full, loss = model(idx, idx)
+        last, none = model(idx)
+    assert none is None and loss.ndim == 0
+    assert last.shape == (3, 1, BASE["vocab_size"])
+    torch.testing.assert_close(last[:, 0], full[:, -1])
+
+
+def test_softcap_is_scaled_tanh_of_raw_logits():
+    capped = make_model(sharpen=300.0, **MODERN)
+    raw = make_model(sharpen=300.0, **dict(MODERN, logit_softcap=0.0))
+    idx = random_tokens((2, 8))
+    with torch.no_grad():
+        want = 15.0 * torch.tanh(raw(idx, idx)[0] / 15.0)
+        got = capped(idx, idx)[0]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_softcap_bounds_logits():
+    model = make_model(sharpen=500.0, **MODERN)
+    with torch.no_grad():
+        logits, _ = model(random_tokens((2, 8)), random_tokens((2, 8)))
+    assert logits.abs().max() <= 15.0 + 1e-4
+    assert logits.abs().max() > 10.0  # the cap was actually exercised
+
+
+@pytest.mark.parametrize("arch", ARCHS, ids=list(ARCHS))
+def test_kv_cache_step_by_step_matches_full_forward(arch):
+    model = make_model(**ARCHS[arch])
+    B, T = 2, BASE["block_size"]
+    idx = random_tokens((B, T))
+    with torch.no_grad():
+        full, _ = model(idx, idx)
+        cache = KVCache(model.config, B, "cpu", torch.float32)
+        for t in range(T):
+            step, _ = model(idx[:, t:t + 1], cache=cache)
+            torch.testing.assert_close(step[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
+        assert cache.pos == T
+
+
+@pytest.mark.parametrize("arch", ARCHS, ids=list(ARCHS))
+def test_kv_cache_chunked_prefill_matches_full_forward(arch):
+    """Several new tokens after cached ones (the masked branch of attention)."""
+    model = make_model(**ARCHS[arch])
+    idx = random_tokens((2, 14))
+    with torch.no_grad():
+        full, _ = model(idx, idx)
+        cache = KVCache(model.config, 2, "cpu", torch.float32)
+        for a, b in [(0, 5), (5, 9), (9, 10), (10, 14)]:
+            out, _ = model(idx[:, a:b], cache=cache)
+            torch.testing.assert_close(out[:, -1], full[:, b - 1], atol=1e-5, rtol=1e-5)
+
+
+def test_forward_rejects_sequences_longer_than_block():
+    model = make_model()
+    with pytest.raises(ValueError, match="block_size"):
+        model(random_tokens((1, BASE["block_size"] + 1)))
+
+
+@pytest.mark.parametrize("pos_emb", ["learned", "rope"])
+@pytest.mark.parametrize("prompt_len", [3, 20], ids=["short_prompt", "prompt_longer_than_block"])
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.9, 10, 0.9)],
+                         ids=["greedy", "sample", "sample_topk_topp"])
+def test_generate_with_and_without_kv_cache_agree(pos_emb, prompt_len, temperature, top_k, top_p):
+    block = BASE["block_size"]
+    model = make_model(sharpen=3.0, pos_emb=pos_emb)
+    idx = random_tokens((2, prompt_len))
+    n_new = 2 * block + 5  # the window slides several times
+    outs = []
+    for kv in (True, False):
+        out = model.generate(idx, n_new, temperature=temperature, top_k=top_k, top_p=top_p, kv_cache=kv,
+                             generator=torch.Generator().manual_seed(3))
+        outs.append(out)
+    assert outs[0].shape == (2, prompt_len + n_new)
+    assert torch.equal(outs[0][:, :prompt_len], idx)
+    assert torch.equal(outs[0], outs[1])
+    # a different seed gives a different sample, so the equality above is not vacuous
+    if temperature > 0:
+        other = model.generate(idx, n_new, temperature=temperature, top_k=top_k, top_p=top_p,
+                               generator=torch.Generator().manual_seed(4))
+        assert not torch.equal(other, outs[0])
+
+
+def test_generate_uses_no_more_than_block_size_of_context():
+    """Past block_size, generation must still run (no error from the position table)."""
+    model = make_model(block_size=8)
+    out = model.generate(random_tokens((1, 30)), 25, temperature=0.0)
+    assert out.shape == (1, 55)
+
+
+def test_sample_next_filters():
+    logits = torch.tensor([[5.0, 4.0, 1.0, 0.0, -1.0]])
+    assert sample_next(logits, temperature=0).item() == 0
+    g = torch.Generator().manual_seed(0)
+    picks = {sample_next(logits, temperature=1.0, top_k=2, generator=g).item() for _ in range(200)}
+    assert picks == {0, 1}
+    # p(0) = 0.72, p(1) = 0.27: top_p=0.5 keeps only the first, top_p=0.9 the first two
+    picks = {sample_next(logits, temperature=1.0, top_p=0.5, generator=g).item() for _ in range(100)}
+    assert picks == {0}
+    picks = {sample_next(logits, temperature=1.0, top_p=0.9, generator=g).item() for _ in range(300)}
+    assert picks == {0, 1}
+
+
+def test_loss_ignores_minus_one_targets():
+    model = make_model()
+    idx = random_tokens((2, 8))
+    targets = idx.clone()
+    targets[:, :4] = -1
+    with torch.no_grad():
+        logits, loss = model(idx, targets)
+    want = F.cross_entropy(logits[:, 4:].reshape(-1, logits.size(-1)), idx[:, 4:].reshape(-1))
+    torch.testing.assert_close(loss, want)
+
+
+def test_tied_and_untied_heads():
+    tied = make_model()
+    assert tied.lm_head.weight is tied.transformer.wte.weight
+    untied = make_model(tie_weights=False)
+    assert untied.lm_head.weight is not untied.transformer.wte.weight
+    assert "wpe" not in make_model(pos_emb="rope").transformer
+
+
+def test_zero_init_proj():
+    model = make_model(zero_init_proj=True)
+    projs = [p for n, p in model.named_parameters() if n.endswith("c_proj.weight")]
+    assert len(projs) == 2 * BASE["n_layer"]
+    assert all(torch.count_nonzero(p) == 0 for p in projs)
+
+
+def test_config_rejects_indivisible_heads():
+    with pytest.raises(ValueError, match="divisible"):
+        GPTConfig(n_embd=30, n_head=4)
+    with pytest.raises(ValueError):
+        GPTConfig(n_embd=36, n_head=4, pos_emb="rope")  # odd head size 9 cannot rotate in pairs
+    GPTConfig(n_embd=32, n_head=4)  # a valid one is fine

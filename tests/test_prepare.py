@@ -1,0 +1,204 @@
+"""Corpus preparation: token files and metadata that round-trip, dtype choice, one-line CLI errors."""
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from conftest import SHARED_TIKTOKEN, make_text, run_script
+from corpus import PrepareConfig, prepare
+from errors import UserError
+from tokenizer import tokenizer_from_meta
+
+
+def read_tokens(out_dir, meta, split):
+    return np.fromfile(out_dir / f"{split}.bin", dtype=meta["dtype"])
+
+
+def decode_all(out_dir, meta):
+    tok = tokenizer_from_meta(meta)
+    return tok.decode(read_tokens(out_dir, meta, "train").tolist()), tok.decode(read_tokens(out_dir, meta, "val").tolist())
+
+
+def test_char_round_trip(prepared, corpus_file, corpus_text):
+    data_dir, out_dir, meta = prepared
+    assert out_dir == data_dir / "tiny"
+    on_disk = json.loads((out_dir / "meta.json").read_text(encoding="utf-8"))
+    assert on_disk == meta
+    assert meta["tokenizer"] == "char"
+    assert meta["vocab"] == "".join(sorted(set(corpus_text)))
+    assert meta["vocab_size"] == len(set(corpus_text))
+    assert "é" in meta["vocab"] and "—" in meta["vocab"]
+    assert meta["dtype"] == "uint16"
+    assert meta["source_sha256"] == hashlib.sha256(corpus_file.read_bytes()).hexdigest()
+    n = len(corpus_text)
+    assert meta["train_tokens"] == int(n * 0.9)
+    assert meta["val_tokens"] == n - int(n * 0.9)
+    train, val = read_tokens(out_dir, meta, "train"), read_tokens(out_dir, meta, "val")
+    assert len(train) == meta["train_tokens"] and len(val) == meta["val_tokens"]
+    train_text, val_text = decode_all(out_dir, meta)
+    assert train_text + val_text == corpus_text
+    assert train_text == corpus_text[:int(n * 0.9)]
+    assert not (out_dir / "all.bin.tmp").exists()
+
+
+def test_prepare_again_overwrites(tmp_path, corpus_file):
+    cfg = PrepareConfig(input=str(corpus_file), name="tiny", data_dir=str(tmp_path / "d"))
+    prepare(cfg)
+    corpus_file.write_text("short text, but long enough\n" * 4, encoding="utf-8")
+    out_dir, meta = prepare(cfg)
+    train, val = decode_all(out_dir, meta)
+    assert train + val == corpus_file.read_text(encoding="utf-8")
+
+
+def test_val_fraction(tmp_path, corpus_file, corpus_text):
+    out_dir, meta = prepare(PrepareConfig(input=str(corpus_file), name="t", data_dir=str(tmp_path / "d"),
+                                          val_fraction=0.25))
+    assert meta["train_tokens"] == int(len(corpus_text) * 0.75)
+    assert meta["train_tokens"] + meta["val_tokens"] == len(corpus_text)
+
+
+def test_folder_input_reads_files_in_sorted_order(tmp_path):
+    folder = tmp_path / "docs"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "b.txt").write_text("second document\n", encoding="utf-8")
+    (folder / "a.txt").write_text("first document — é\n", encoding="utf-8")
+    (folder / "sub" / "c.txt").write_text("third one\n", encoding="utf-8")
+    (folder / ".hidden").write_text("never read\n", encoding="utf-8")
+    out_dir, meta = prepare(PrepareConfig(input=str(folder), name="docs", data_dir=str(tmp_path / "d")))
+    train, val = decode_all(out_dir, meta)
+    assert train + val == "first document — é\nsecond document\nthird one\n"
+
+
+def test_uint32_when_vocab_exceeds_uint16(tmp_path):
+    codepoints = [c for c in range(0x4E00, 0x4E00 + 70000) if not 0xD800 <= c <= 0xDFFF][:66000]
+    chars = [chr(c) for c in codepoints]
+    text = "\n".join("".join(chars[i:i + 200]) for i in range(0, len(chars), 200)) + "\n"
+    assert len(set(text)) > 65536
+    path = tmp_path / "wide.txt"
+    path.write_text(text, encoding="utf-8")
+    out_dir, meta = prepare(PrepareConfig(input=str(path), name="wide", data_dir=str(tmp_path / "d")))
+    assert meta["vocab_size"] == len(set(text)) > 65536
+    assert meta["dtype"] == "uint32"
+    assert (out_dir / "train.bin").stat().st_size == 4 * meta["train_tokens"]
+    ids = np.concatenate([read_tokens(out_dir, meta, "train"), read_tokens(out_dir, meta, "val")])
+    assert ids.max() > 65535  # ids that a uint16 file would have wrapped
+    train_text, val_text = decode_all(out_dir, meta)
+    assert train_text + val_text == text
+
+
+@pytest.fixture
+def tiktoken_cache(monkeypatch):
+    if not (SHARED_TIKTOKEN / "0ea1e91bbb3a60f729a8dc8f777fd2fc07cd8df4").is_file():
+        pytest.skip(f"no cached r50k_base encoding at {SHARED_TIKTOKEN} (and no network to fetch it)")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(SHARED_TIKTOKEN))
+    return SHARED_TIKTOKEN
+
+
+def test_bpe_round_trip(tmp_path, tiktoken_cache, corpus_file, corpus_text):
+    out_dir, meta = prepare(PrepareConfig(input=str(corpus_file), name="bpe", tokenizer="r50k_base",
+                                          data_dir=str(tmp_path / "d")))
+    assert meta["tokenizer"] == "tiktoken" and meta["encoding"] == "r50k_base"
+    assert meta["vocab_size"] == 50257
+    assert meta["dtype"] == "uint16"
+    train, val = read_tokens(out_dir, meta, "train"), read_tokens(out_dir, meta, "val")
+    n = meta["train_tokens"] + meta["val_tokens"]
+    assert len(train) == meta["train_tokens"] == int(n * 0.9) and len(val) == meta["val_tokens"]
+    assert n < len(corpus_text) / 2  # BPE really merged characters
+    tok = tokenizer_from_meta(meta)
+    assert tok.decode(train.tolist() + val.tolist()) == corpus_text
+
+
+def test_bpe_stream_decoder_joins_split_characters(tiktoken_cache):
+    tok = tokenizer_from_meta({"tokenizer": "tiktoken", "encoding": "r50k_base"})
+    text = "naïve — café 漢字"
+    ids = tok.encode(text)
+    decode = tok.stream_decoder()
+    assert "".join(decode(i) for i in ids) == text
+
+
+def test_bpe_folder_separates_documents_with_end_of_text(tmp_path, tiktoken_cache):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "a.txt").write_text("one two three four five six\n", encoding="utf-8")
+    (folder / "b.txt").write_text("seven eight nine ten\n", encoding="utf-8")
+    out_dir, meta = prepare(PrepareConfig(input=str(folder), name="docs", tokenizer="r50k_base",
+                                          data_dir=str(tmp_path / "d")))
+    ids = read_tokens(out_dir, meta, "train").tolist() + read_tokens(out_dir, meta, "val").tolist()
+    assert ids.count(50256) == 2
+    tok = tokenizer_from_meta(meta)
+    assert tok.decode(ids) == "one two three four five six\n<|endoftext|>seven eight nine ten\n<|endoftext|>"
+
+
+def test_unknown_tokenizer_is_user_error(tmp_path, corpus_file):
+    with pytest.raises(UserError, match="tokenizer"):
+        prepare(PrepareConfig(input=str(corpus_file), name="x", tokenizer="no_such_bpe",
+                              data_dir=str(tmp_path / "d")))
+
+
+def test_too_little_text(tmp_path):
+    path = tmp_path / "one.txt"
+    path.write_text("a", encoding="utf-8")
+    with pytest.raises(UserError, match="too little"):
+        prepare(PrepareConfig(input=str(path), name="x", data_dir=str(tmp_path / "d")))
+
+
+def assert_one_line_error(proc, *words):
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip("\n").split("\n")
+    assert len(lines) == 1 and lines[0].startswith("error: "), repr(proc.stderr)
+    for word in words:
+        assert word in lines[0]
+
+
+@pytest.mark.parametrize("name,content,word", [
+    ("empty.txt", b"", "empty"),
+    ("binary.txt", b"some text\x00\x01\x02 more", "binary"),
+    ("latin1.txt", b"\xff\xfe abc", "UTF-8"),
+    ("truncated.txt", "abc é".encode("utf-8")[:-1], "UTF-8"),
+])
+def test_cli_rejects_bad_input(tmp_path, name, content, word):
+    path = tmp_path / name
+    path.write_bytes(content)
+    proc = run_script("data/prepare.py", f"--input={path}", "--name=bad", f"--data_dir={tmp_path / 'd'}")
+    assert_one_line_error(proc, word, name)
+    assert not (tmp_path / "d" / "bad" / "meta.json").exists()
+
+
+def test_cli_missing_input(tmp_path):
+    proc = run_script("data/prepare.py", f"--input={tmp_path / 'nope.txt'}", "--name=bad",
+                      f"--data_dir={tmp_path / 'd'}")
+    assert_one_line_error(proc, "nope.txt")
+
+
+def test_cli_bad_option(tmp_path):
+    proc = run_script("data/prepare.py", "--inptu=x.txt")
+    assert_one_line_error(proc, "inptu", "'input'")
+
+
+def test_cli_success(tmp_path, corpus_file, corpus_text):
+    proc = run_script("data/prepare.py", f"--input={corpus_file}", "--name=tiny", f"--data_dir={tmp_path / 'd'}",
+                      cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    meta = json.loads((tmp_path / "d" / "tiny" / "meta.json").read_text(encoding="utf-8"))
+    assert meta["train_tokens"] + meta["val_tokens"] == len(corpus_text)
+
+
+def test_cli_default_download_fails_cleanly_offline(tmp_path):
+    proc = run_script("data/prepare.py", f"--data_dir={tmp_path}", timeout=90)
+    if proc.returncode == 0:
+        pytest.skip("the tinyshakespeare download worked: this machine has network access")
+    assert_one_line_error(proc, "--input")
+    assert not (tmp_path / "shakespeare_char" / "input.txt").exists()
+
+
+def test_name_must_be_plain(tmp_path, corpus_file):
+    with pytest.raises(UserError, match="name"):
+        PrepareConfig(input=str(corpus_file), name="../escape").validate()
+
+
+def test_make_text_is_deterministic():
+    assert make_text() == make_text() and len(make_text().encode()) >= 6000
