@@ -12,7 +12,11 @@ PROCESS_START = time.time()
 class RunLog:
     def __init__(self, out_dir, wandb_args=None):
         self.path = Path(out_dir) / "metrics.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # e.g. a file where the folder should be
+            reason = "a file of that name is in the way" if isinstance(e, FileExistsError) else e.strerror
+            raise UserError(f"cannot use {self.path.parent} as out_dir ({reason})") from None
         self.wandb = None
         if wandb_args is not None:
             try:
