@@ -1,0 +1,136 @@
+"""Pictures: the attention weights behind attention.png, and plot.py's loss and attention PNGs."""
+
+import json
+
+import matplotlib.image
+import pytest
+import torch
+
+from conftest import check_ok, run_script
+from errors import UserError
+from model import GPT, GPTConfig
+from test_sample import train_tiny_run
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return train_tiny_run(tmp_path_factory.mktemp("plot_run"), "--pos_emb=rope", "--n_layer=2", "--n_head=3",
+                          "--n_embd=48")
+
+
+def assert_png(path):
+    data = path.read_bytes()
+    assert len(data) > 1000 and data.startswith(PNG_SIGNATURE)
+    image = matplotlib.image.imread(str(path))
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    assert image.std() > 0  # not a blank canvas
+    return image
+
+
+# ----------------------------------------------------------------------------- attention weights
+
+
+@pytest.mark.parametrize("arch", [dict(), dict(pos_emb="rope", norm="rmsnorm", qk_norm=True)],
+                         ids=["gpt2", "rope_qknorm"])
+def test_attention_maps_are_causal_distributions(arch):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=50, n_layer=3, n_head=4, n_embd=32, **arch)).eval()
+    with torch.no_grad():  # larger weights make the attention far from uniform
+        for block in model.transformer.h:
+            block.attn.c_attn.weight.mul_(10)
+    idx = torch.randint(50, (2, 20), generator=torch.Generator().manual_seed(1))
+    maps = model.attention_maps(idx)
+    assert len(maps) == 3
+    future = torch.ones(20, 20, dtype=torch.bool).triu(diagonal=1)
+    for weights in maps:
+        assert weights.shape == (2, 4, 20, 20)
+        assert (weights[..., future] == 0).all()  # exactly zero above the diagonal
+        assert (weights[..., ~future] > 0).all()
+        torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 20), rtol=0, atol=1e-5)
+        assert weights[..., 0, 0].eq(1).all()  # the first token can only attend to itself
+    assert maps[0].max() > 0.5  # the test is not passing on uniform attention
+
+
+def test_attention_maps_are_what_the_forward_pass_uses():
+    """Weights @ values reproduces the attention output computed by scaled_dot_product_attention."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=30, n_layer=2, n_head=2, n_embd=16, pos_emb="rope")).eval()
+    idx = torch.randint(30, (1, 12), generator=torch.Generator().manual_seed(2))
+    outputs = []
+    handle = model.transformer.h[1].attn.c_proj.register_forward_pre_hook(lambda m, a: outputs.append(a[0]))
+    maps = model.attention_maps(idx)
+    handle.remove()
+    with torch.no_grad():
+        x, rotary = model.embed(idx)
+        x = model.transformer.h[0](x, rotary)
+        block = model.transformer.h[1]
+        _, _, v = block.attn.qkv(block.ln_1(x), rotary)
+        y = (maps[1] @ v).transpose(1, 2).reshape(1, 12, 16)
+    torch.testing.assert_close(y, outputs[-1], rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- plot.py
+
+
+def test_loss_png(run_dir):
+    check_ok(run_script("plot.py", "loss", f"--out_dir={run_dir}"))
+    assert_png(run_dir / "loss.png")
+
+
+def test_attention_png(run_dir, tmp_path):
+    out = tmp_path / "pictures" / "attn.png"
+    proc = check_ok(run_script("plot.py", "attention", f"--out_dir={run_dir}", "--start=First Citizen:",
+                               f"--output={out}"))
+    assert str(out) in proc.stdout
+    image = assert_png(out)
+    assert image.shape[0] > 400  # a grid of 2 layers x 3 heads
+
+
+def test_plot_in_process_with_a_resumed_run(run_dir, tmp_path, capsys):
+    """A resumed run appends records whose clock restarts at zero; the picture still gets drawn."""
+    import plot
+
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    (resumed / "metrics.jsonl").write_text("\n".join(lines + lines) + "\n")
+    plot.main(["loss", f"--out_dir={resumed}", "--dpi=50"])
+    assert_png(resumed / "loss.png")
+    plot.main(["attention", f"--out_dir={run_dir}", "--start=ROMEO:\\nx", f"--output={tmp_path / 'a.png'}"])
+    assert_png(tmp_path / "a.png")
+
+
+def test_wall_clock_continues_across_resumes():
+    from plot import loss_series, wall_clock
+
+    records = [{"kind": "train", "iter": 10, "loss": 3.0, "elapsed_s": 5.0},
+               {"kind": "eval", "iter": 20, "train_loss": 2.5, "val_loss": 2.7, "elapsed_s": 9.0},
+               {"kind": "train", "iter": 30, "loss": 2.2, "elapsed_s": 2.0},  # resumed: a new process
+               {"kind": "eval", "iter": 40, "train_loss": 2.0, "val_loss": 2.4, "elapsed_s": 6.0}]
+    assert wall_clock(records) == [5.0, 9.0, 11.0, 15.0]
+    series = loss_series(records)
+    assert series["val"] == ([20, 40], [9.0, 15.0], [2.7, 2.4])
+    assert series["train (batch)"] == ([10, 30], [5.0, 11.0], [3.0, 2.2])
+
+
+def test_missing_inputs_are_one_line_errors(tmp_path):
+    proc = run_script("plot.py", "loss", f"--out_dir={tmp_path}")
+    assert proc.returncode == 1 and proc.stderr.startswith("error: no metrics.jsonl in")
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+    import plot
+
+    with pytest.raises(UserError, match="no checkpoint at"):
+        plot.main(["attention", f"--out_dir={tmp_path}"])
+    with pytest.raises(UserError, match="unknown picture 'bogus'"):
+        plot.main(["bogus"])
+    with pytest.raises(UserError, match="unknown config key"):
+        plot.main(["loss", "--outdir=x"])
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "iter": 0}) + "\n{truncated")
+    with pytest.raises(UserError, match="not JSON"):
+        plot.main(["loss", f"--out_dir={tmp_path}"])
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(UserError, match="no train or eval records"):
+        plot.main(["loss", f"--out_dir={tmp_path}"])
