@@ -4,19 +4,25 @@ Benchmarks, one subcommand each; every subcommand takes its own --key=value opti
     python bench.py sample                         # KV cache vs full recompute on a random baby GPT
     python bench.py sample --out_dir=out           # the same on a trained checkpoint
     python bench.py sample --dtype=bfloat16 --threads=1
+    python bench.py train                          # nanoGPT's CPU recipe vs config/shakespeare_char.py, side by side
+    python bench.py throughput                     # training tokens/s on the baby GPT: fp32 AdamW vs the default's settings
 """
 
 import os
 import platform
+import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from config import parse_config
+from config import TrainConfig, parse_config
 from errors import UserError, run_main
 from hardware import autocast, pick_device, pick_dtype
+from metrics import read_metrics
 from sample import decode_threads
 
 
@@ -141,9 +147,182 @@ def bench_sample(argv):
         print(f"same tokens: {'yes' if torch.equal(a, b) else 'no (float rounding differs between the paths)'}")
 
 
+# nanoGPT's documented CPU recipe, spelled as this project's flags on nanoGPT's shakespeare_char config
+CLASSIC_ARGS = ["config/shakespeare_char_gpu.py", "--dtype=float32", "--compile=False", "--eval_iters=20",
+                "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4",
+                "--n_embd=128", "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
+REPO = Path(__file__).resolve().parent
+
+
+@dataclass
+class TrainBenchConfig:
+    input: str = ""  # text to train on ('' = tinyshakespeare: data/shakespeare_char/input.txt or ../shared)
+    work_dir: str = "out-bench"  # prepared data, both runs and loss_vs_time.png go here
+    config: str = "config/shakespeare_char.py"  # the new default, compared with the classic recipe
+    device: str = "cpu"  # device for both runs
+    targets: str = "1.886,1.60"  # val losses to time, comma-separated
+    runs: str = "classic,default"  # which runs to do, comma-separated
+
+    def validate(self):
+        if set(self.run_list()) - {"classic", "default"} or not self.run_list():
+            raise UserError(f"runs must be 'classic', 'default' or both (got {self.runs!r})")
+
+    def run_list(self):
+        return [r.strip() for r in self.runs.split(",") if r.strip()]
+
+
+def bench_input(cfg):
+    if cfg.input:
+        return cfg.input
+    for path in (REPO / "data/shakespeare_char/input.txt", REPO.parent / "shared/data/tinyshakespeare/input.txt"):
+        if path.exists():
+            return str(path)
+    raise UserError("no tinyshakespeare here: run `python data/prepare.py` first or pass --input=PATH")
+
+
+def run_summary(out_dir, targets):
+    """Time to each target, final val loss, throughput and achieved GFLOP/s of a finished run."""
+    from checkpoint import load_checkpoint
+    from model import GPT, GPTConfig
+
+    records = read_metrics(out_dir)
+    evals = [r for r in records if r["kind"] == "eval"]
+    trains = [r for r in records if r["kind"] == "train"]
+    model = GPT(GPTConfig.from_dict(load_checkpoint(Path(out_dir) / "ckpt.pt")["model_args"]))
+    first, last = trains[0], trains[-1]
+    tok_s = (last["tokens"] - first["tokens"]) / max(1e-9, last["elapsed_s"] - first["elapsed_s"])
+    return {"wall_s": records[-1]["elapsed_s"], "final_val": evals[-1]["val_loss"],
+            "iters": max(r["iter"] for r in records),
+            "tok_s": tok_s, "gflops": tok_s * model.flops_per_token(model.config.block_size) / 1e9,
+            "hit": {t: next((r["elapsed_s"] for r in evals if r["val_loss"] <= t), None) for t in targets},
+            "evals": evals}
+
+
+def fmt_s(seconds):
+    return f"{seconds:.1f} s" if seconds is not None else "never"
+
+
+def print_train_table(summaries, targets):
+    names = list(summaries)
+    rows = [("wall time", lambda s: fmt_s(s["wall_s"])), ("iterations", lambda s: str(s["iters"])),
+            ("final val loss", lambda s: f"{s['final_val']:.4f}"), ("tokens/s", lambda s: f"{s['tok_s']:,.0f}"),
+            ("GFLOP/s", lambda s: f"{s['gflops']:.1f}")]
+    rows[1:1] = [(f"time to val <= {t}", lambda s, t=t: fmt_s(s["hit"][t])) for t in targets]
+    print(f"\n{'':<22}" + "".join(f"{n:>14}" for n in names))
+    for label, cell in rows:
+        print(f"{label:<22}" + "".join(f"{cell(summaries[n]):>14}" for n in names))
+    if len(names) == 2:
+        a, b = summaries["classic"], summaries["default"]
+        for t in targets:
+            if a["hit"][t] and b["hit"][t]:
+                print(f"time to {t}: default is {a['hit'][t] / b['hit'][t]:.1f}x faster")
+        print(f"default's whole run vs classic's: {b['wall_s'] / a['wall_s']:.2f} of its wall time")
+        print(f"tokens/s: {b['tok_s'] / a['tok_s']:.1f}x, GFLOP/s: {b['gflops'] / a['gflops']:.1f}x")
+
+
+def plot_loss_vs_time(summaries, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, s in summaries.items():
+        ax.plot([r["elapsed_s"] for r in s["evals"]], [r["val_loss"] for r in s["evals"]], marker=".", label=name)
+    ax.set(xlabel="wall time (s)", ylabel="val loss", title="tinyshakespeare, val loss against wall time")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def bench_train(argv):
+    """The classic nanoGPT CPU recipe and the new default, one after the other on this machine."""
+    from corpus import PrepareConfig, prepare
+
+    cfg = parse_config(TrainBenchConfig, argv, prog="bench.py train")
+    targets = [float(t) for t in cfg.targets.split(",")]
+    work = Path(cfg.work_dir)
+    prepare(PrepareConfig(input=bench_input(cfg), name="shakespeare_char", data_dir=str(work / "data")))
+    args = {"classic": CLASSIC_ARGS, "default": [cfg.config]}
+    summaries = {}
+    for name in cfg.run_list():
+        out_dir = work / name
+        shutil.rmtree(out_dir, ignore_errors=True)
+        cmd = [sys.executable, str(REPO / "train.py"), *args[name], f"--device={cfg.device}",
+               f"--data_dir={work / 'data'}", "--dataset=shakespeare_char", f"--out_dir={out_dir}"]
+        print(f"\n== {name}: {' '.join(cmd[1:])}", flush=True)
+        if subprocess.run(cmd, cwd=REPO).returncode:
+            raise UserError(f"the {name} run failed")
+        summaries[name] = run_summary(out_dir, targets)
+    print_train_table(summaries, targets)
+    plot_loss_vs_time(summaries, work / "loss_vs_time.png")
+    print(f"wrote {work / 'loss_vs_time.png'}")
+
+
+@dataclass
+class ThroughputBenchConfig:
+    config: str = "config/shakespeare_char.py"  # whose dtype, optimizer, architecture and compile setting to time
+    n_layer: int = 6  # the timed shape: nanoGPT's baby GPT
+    n_head: int = 6  # attention heads
+    n_embd: int = 384  # width
+    block_size: int = 256  # context length
+    batch_size: int = 64  # sequences per step (nanoGPT: 64 x 256 = 16,384 tokens)
+    steps: int = 5  # timed optimizer steps
+    warmup: int = 2  # untimed steps first (compilation happens here)
+    device: str = "cpu"  # 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'
+
+
+def steps_per_second(tcfg, steps, warmup, device):
+    """Optimizer steps per second of tcfg's model, optimizer and precision on random tokens."""
+    from model import GPT
+    from optim import build_optimizers
+    from train import model_config
+
+    torch.manual_seed(0)
+    model = GPT(model_config(tcfg, 65)).to(device)
+    optimizers = build_optimizers(model, tcfg, device)
+    run = torch.compile(model) if tcfg.compile else model
+    ctx = autocast(device, pick_dtype(tcfg.dtype, device))
+    x = torch.randint(65, (tcfg.batch_size, tcfg.block_size), device=device)
+    for i in range(warmup + steps):
+        if i == warmup:
+            sync(device)
+            start = time.perf_counter()
+        with ctx:
+            loss = run(x, x)[1]
+        loss.backward()
+        for opt in optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    sync(device)
+    return steps / (time.perf_counter() - start), model.flops_per_token(tcfg.block_size)
+
+
+def bench_throughput(argv):
+    """Training tokens/s on one shape: fp32 AdamW GPT-2 (the baseline) against a config's settings."""
+    cfg = parse_config(ThroughputBenchConfig, argv, prog="bench.py throughput")
+    device = pick_device(cfg.device)
+    shape = [f"--{k}={getattr(cfg, k)}" for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size")]
+    candidates = {"fp32 AdamW GPT-2": parse_config(TrainConfig, [*shape, "--dtype=float32", "--dropout=0.0"]),
+                  cfg.config: parse_config(TrainConfig, [cfg.config, *shape, "--dropout=0.0"])}
+    rates = {}
+    for name, tcfg in candidates.items():
+        steps_s, flops_per_token = steps_per_second(tcfg, cfg.steps, cfg.warmup, device)
+        tokens_s = steps_s * cfg.batch_size * cfg.block_size
+        rates[name] = tokens_s
+        print(f"{name:<30} {pick_dtype(tcfg.dtype, device):>9} {tcfg.optimizer:>6} compile={tcfg.compile!s:<5} "
+              f"{tokens_s:10,.0f} tokens/s {tokens_s * flops_per_token / 1e9:7.1f} GFLOP/s", flush=True)
+    base, new = rates.values()
+    print(f"throughput ratio: {new / base:.2f}x")
+
+
 # subcommand -> function taking the remaining arguments
 COMMANDS = {
     "sample": bench_sample,
+    "train": bench_train,
+    "throughput": bench_throughput,
 }
 
 

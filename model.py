@@ -272,8 +272,9 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
-                        kv_cache=True, generator=None):
-        """Yield each new (B, 1) column of tokens as it is sampled.
+                        kv_cache=True, generator=None, vocab_size=None):
+        """Yield each new (B, 1) column of tokens as it is sampled, from the first vocab_size
+        logits (a vocabulary padded for speed has rows no tokenizer can decode).
 
         When the context outgrows block_size the window slides forward by half a block and is
         recomputed once, so cached and uncached decoding see the same context at every step."""
@@ -291,7 +292,7 @@ class GPT(nn.Module):
                 logits, _ = self(idx[:, start:], cache=cache)
             else:
                 logits, _ = self(idx[:, -1:], cache=cache)
-            next_token = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
+            next_token = sample_next(logits[:, -1, :vocab_size], temperature, top_k, top_p, generator)
             idx = torch.cat((idx, next_token), dim=1)
             yield next_token
 

@@ -117,7 +117,8 @@ def generate_texts(model, tok, prompt, cfg, ctx, stream=None):
     stream.write(prompt)
     with ctx:
         tokens = model.generate_stream(idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
-                                       top_p=cfg.top_p, kv_cache=cfg.kv_cache, generator=generator)
+                                       top_p=cfg.top_p, kv_cache=cfg.kv_cache, generator=generator,
+                                       vocab_size=tok.vocab_size)
         for column in tokens:
             for row, token in enumerate(column[:, 0].tolist()):
                 piece = filters[row].feed(decoders[row](token))

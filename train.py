@@ -205,6 +205,8 @@ class Trainer:
         self.wandb_id = None
         if ckpt is not None:
             self.restore(ckpt)
+        if cfg.compile:
+            torch._dynamo.config.suppress_errors = True  # no C++ compiler or an unsupported op: run eagerly
         self.model = torch.compile(self.raw_model) if cfg.compile else self.raw_model
         self.ddp_model = DDP(self.model, device_ids=[self.dist.local_rank] if device.startswith("cuda") else None) \
             if self.dist.enabled else self.model
@@ -285,7 +287,7 @@ class Trainer:
     def run_eval(self):
         """Evaluate on rank 0, record it, and checkpoint when val improves or always_save_checkpoint is set."""
         if self.dist.master:
-            losses = evaluate(self.model, self.splits, self.eval_offsets, self.ctx)
+            losses = evaluate(self.raw_model, self.splits, self.eval_offsets, self.ctx)
             print(f"step {self.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
             self.log.write({"kind": "eval", "iter": self.iter_num, "train_loss": losses["train"],
                             "val_loss": losses["val"]})

@@ -278,7 +278,7 @@ class ByteEncoding:
 
 def byte_level_tokenizer():
     tok = object.__new__(TiktokenTokenizer)
-    tok.enc, tok.name = ByteEncoding(), "bytes"
+    tok.enc, tok.name, tok.vocab_size = ByteEncoding(), "bytes", 256
     return tok
 
 

@@ -1,0 +1,129 @@
+"""Every training option trains without NaN; Muon gets only hidden matrices; the LR schedule's edges."""
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from config import TrainConfig
+from model import GPT
+from optim import build_optimizers, is_hidden_matrix, lr_multiplier
+from train import model_config
+
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, bias=False, dropout=0.0)
+
+OPTIONS = {
+    "gpt2": {},
+    "rope": dict(pos_emb="rope"),
+    "rmsnorm": dict(norm="rmsnorm"),
+    "qk_norm": dict(qk_norm=True),
+    "relu2": dict(mlp_act="relu2"),
+    "gelu_tanh": dict(mlp_act="gelu_tanh"),
+    "untied": dict(tie_weights=False),
+    "softcap": dict(logit_softcap=15.0),
+    "zero_init": dict(zero_init_proj=True),
+    "bias": dict(bias=True),
+    "muon": dict(optimizer="muon"),
+    "wsd": dict(lr_schedule="wsd"),
+    "default_bundle": dict(optimizer="muon", pos_emb="rope", norm="rmsnorm", qk_norm=True, mlp_act="relu2",
+                           tie_weights=False, zero_init_proj=True, logit_softcap=15.0, lr_schedule="wsd"),
+}
+
+
+def train_steps(cfg, steps=8, dtype=None):
+    torch.manual_seed(0)
+    model = GPT(model_config(cfg, vocab_size=20))
+    optimizers = build_optimizers(model, cfg, "cpu")
+    data = torch.randint(20, (cfg.batch_size, cfg.block_size + 1))
+    losses = []
+    for it in range(steps):
+        for opt in optimizers:
+            for group in opt.param_groups:
+                group["lr"] = group["base_lr"] * lr_multiplier(cfg, it)
+        with torch.autocast("cpu", dtype=dtype) if dtype else torch.autocast("cpu", enabled=False):
+            _, loss = model(data[:, :-1], data[:, 1:])
+        loss.backward()
+        for opt in optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("name", OPTIONS)
+def test_every_option_trains_without_nan(name):
+    cfg = TrainConfig(**{**TINY, **OPTIONS[name]}, learning_rate=3e-3, warmup_iters=2, max_iters=8)
+    cfg.validate()
+    losses = train_steps(cfg)
+    assert all(math.isfinite(x) for x in losses), losses
+    assert losses[-1] < losses[0]  # it learns the fixed batch
+
+
+def test_bf16_autocast_trains_without_nan():
+    cfg = TrainConfig(**TINY, **OPTIONS["default_bundle"], learning_rate=3e-3, warmup_iters=2, max_iters=8)
+    losses = train_steps(cfg, dtype=torch.bfloat16)
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_muon_gets_only_hidden_matrices(tie):
+    cfg = TrainConfig(**TINY, optimizer="muon", tie_weights=tie)
+    model = GPT(model_config(cfg, vocab_size=20))
+    adamw, muon = build_optimizers(model, cfg, "cpu")
+    muon_ids = {id(p) for g in muon.param_groups for p in g["params"]}
+    names = {id(p): n for n, p in model.named_parameters()}
+    in_muon = sorted(names[i] for i in muon_ids)
+    assert in_muon and all(p.ndim == 2 for g in muon.param_groups for p in g["params"])
+    assert all(".h." in f".{n}" and n.endswith(".weight") for n in in_muon)
+    assert not any(n.startswith(("transformer.wte", "transformer.wpe", "lm_head")) for n in in_muon)
+    adam_ids = {id(p) for g in adamw.param_groups for p in g["params"]}
+    assert not muon_ids & adam_ids
+    assert muon_ids | adam_ids == {id(p) for p in model.parameters()}  # every parameter trained once
+    assert is_hidden_matrix("transformer.h.0.mlp.c_fc.weight", model.transformer.h[0].mlp.c_fc.weight)
+    assert not is_hidden_matrix("transformer.wte.weight", model.transformer.wte.weight)
+
+
+def test_adamw_decays_matrices_not_gains():
+    cfg = TrainConfig(**{**TINY, "bias": True})
+    model = GPT(model_config(cfg, vocab_size=20))
+    (adamw,) = build_optimizers(model, cfg, "cpu")
+    for group in adamw.param_groups:
+        assert all((p.ndim >= 2) == (group["weight_decay"] > 0) for p in group["params"])
+
+
+def schedule(**overrides):
+    return replace(TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=100), **overrides)
+
+
+def test_warmup_reaches_the_peak_and_cosine_ends_at_min_lr():
+    cfg = schedule()
+    assert lr_multiplier(cfg, 0) == pytest.approx(0.1)
+    assert lr_multiplier(cfg, 9) == pytest.approx(1.0)
+    assert lr_multiplier(cfg, 10) == pytest.approx(1.0)
+    assert lr_multiplier(cfg, 100) == pytest.approx(0.1)
+    assert lr_multiplier(cfg, 500) == pytest.approx(0.1)  # flat at min_lr after lr_decay_iters
+
+
+def test_warmup_equal_to_decay_never_divides_by_zero():
+    cfg = schedule(warmup_iters=50, lr_decay_iters=50)
+    assert [lr_multiplier(cfg, it) for it in (49, 50, 51)] == pytest.approx([1.0, 0.1, 0.1])
+
+
+def test_constant_lr_without_decay_has_no_warmup():
+    assert lr_multiplier(schedule(decay_lr=False), 0) == 1.0
+
+
+def test_wsd_is_flat_then_linear_to_min_lr():
+    cfg = schedule(lr_schedule="wsd", warmdown_frac=0.4)
+    assert lr_multiplier(cfg, 59) == 1.0
+    assert lr_multiplier(cfg, 80) == pytest.approx(1.0 - 0.5 * 0.9)
+    assert lr_multiplier(cfg, 100) == pytest.approx(0.1)
+
+
+def test_time_budget_drives_the_decay():
+    cfg = schedule(lr_schedule="wsd", warmdown_frac=0.4, max_time=100.0)
+    assert lr_multiplier(cfg, 20, elapsed_s=10.0) == 1.0  # iterations ahead of time
+    assert lr_multiplier(cfg, 20, elapsed_s=80.0) == pytest.approx(1.0 - 0.5 * 0.9)  # time ahead
+    assert lr_multiplier(cfg, 20, elapsed_s=100.0) == pytest.approx(0.1)
+    assert lr_multiplier(cfg, 5, elapsed_s=90.0) == pytest.approx(0.6)  # warmup still counts steps
