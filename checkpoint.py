@@ -74,7 +74,12 @@ def first_line(e):
     return lines[0].split(". ")[0].rstrip(".") if lines else type(e).__name__
 
 
-def load_checkpoint(path, map_location="cpu"):
+MODEL_KEYS = ("model", "model_args", "tokenizer")
+TRAINING_KEYS = MODEL_KEYS + ("optimizer", "scaler", "config", "iter_num", "best_val_loss", "train_time", "rng")
+
+
+def load_checkpoint(path, map_location="cpu", required=()):
+    """The checkpoint's dict, loaded without running code; refuses one lacking a required key."""
     path = Path(path)
     if not path.is_file():
         tmp = path.with_name(path.name + ".tmp")
@@ -97,6 +102,9 @@ def load_checkpoint(path, map_location="cpu"):
         raise UserError(f"{path} is not a checkpoint written by this tool")
     if state["format_version"] != FORMAT_VERSION:
         raise UserError(f"{path} has checkpoint format {state['format_version']}, this tool reads {FORMAT_VERSION}")
+    missing = [key for key in required if key not in state]
+    if missing:
+        raise UserError(f"{path} is incomplete: it lacks {', '.join(missing)}")
     return state
 
 
@@ -105,7 +113,7 @@ def load_model(out_dir, device):
     from model import GPT, GPTConfig
     from tokenizer import tokenizer_from_meta
 
-    ckpt = load_checkpoint(Path(out_dir) / "ckpt.pt")
+    ckpt = load_checkpoint(Path(out_dir) / "ckpt.pt", required=MODEL_KEYS)
     model = GPT(GPTConfig.from_dict(ckpt["model_args"]))
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval(), tokenizer_from_meta(ckpt["tokenizer"])

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from batches import BatchSampler, Split, fixed_offsets, load_meta
-from checkpoint import load_checkpoint, save_checkpoint
+from checkpoint import TRAINING_KEYS, load_checkpoint, save_checkpoint
 from config import TrainConfig, parse_config
 from errors import Interrupted, UserError, run_main
 from hardware import autocast, peak_flops, pick_device, pick_dtype
@@ -189,7 +189,7 @@ class Trainer:
         folder, self.meta = load_meta(cfg.data_dir, cfg.dataset)
         self.tokenizer = tokenizer_from_meta(self.meta)
         self.ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-        ckpt = load_checkpoint(self.ckpt_path) if cfg.init_from == "resume" else None
+        ckpt = load_checkpoint(self.ckpt_path, required=TRAINING_KEYS) if cfg.init_from == "resume" else None
         self.raw_model = build_model(cfg, self.meta, ckpt).to(device)
         if self.raw_model.config.vocab_size < self.meta["vocab_size"]:
             raise UserError(f"dataset vocabulary ({self.meta['vocab_size']}) is larger than the model's "

@@ -58,6 +58,8 @@ CASES = {
                          "failed reading zip archive: failed finding central directory)"),
     "resume version 999": ("train", ["--out_dir={w}/v999", "--init_from=resume"],
                            "error: {w}/v999/ckpt.pt has checkpoint format 999, this tool reads 1"),
+    "resume incomplete": ("train", ["--out_dir={w}/nokeys", "--init_from=resume"],
+                          "error: {w}/nokeys/ckpt.pt is incomplete: it lacks model_args, optimizer"),
     "resume larger block": ("train", ["--out_dir={w}/trained", "--init_from=resume", "--block_size=32"],
                             "error: block_size 32 is larger than the checkpoint's 16"),
     "sample without checkpoint": ("sample", ["--out_dir={w}/none"],
@@ -72,6 +74,7 @@ CASES = {
                          "error: {w}/textfile/ckpt.pt is truncated or not a checkpoint (*"),  # * any detail
     "sample version 999": ("sample", ["--out_dir={w}/v999"],
                            "error: {w}/v999/ckpt.pt has checkpoint format 999, this tool reads 1"),
+    "sample incomplete": ("sample", ["--out_dir={w}/nokeys"], "error: {w}/nokeys/ckpt.pt is incomplete: it lacks model_args"),
     "prompt outside vocabulary": ("sample", ["--out_dir={w}/trained", f"--start={PROMPT}"], None),  # see below
 }
 
@@ -161,6 +164,8 @@ def results(tmp_path_factory):
         (w / name / "ckpt.pt").write_bytes(data)
     (w / "v999").mkdir()
     torch.save(dict(ckpt, format_version=999), w / "v999" / "ckpt.pt")
+    (w / "nokeys").mkdir()
+    torch.save({k: v for k, v in ckpt.items() if k not in ("model_args", "optimizer")}, w / "nokeys" / "ckpt.pt")
     return w, run_table(w), ckpt
 
 
