@@ -80,8 +80,9 @@ def peak_flops(device, dtype):
     if not device.startswith("cuda"):
         return None
     name = torch.cuda.get_device_name(device)
-    # dense bf16/fp16 tensor-core peaks from the vendors' datasheets (SXM parts)
-    table = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "4090": 165e12}
+    # dense bf16/fp16 tensor-core peaks from the vendors' datasheets; the first key found in the name wins
+    table = {"H200": 989e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12,
+             "A10": 125e12, "4090": 165e12}
     for key, flops in table.items():
         if key in name:
             return flops if dtype != "float32" else flops / 2  # TF32 runs at half the bf16 rate

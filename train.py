@@ -175,7 +175,8 @@ class Trainer:
         device = self.dist.start(pick_device(cfg.device), cfg.backend)
         self.device, self.dtype = device, pick_dtype(cfg.dtype, device)
         self.ctx = autocast(device, self.dtype)
-        if self.dist.world > 1 and cfg.gradient_accumulation_steps % self.dist.world:
+        # fewer accumulation steps than processes: each process takes one micro-batch per step
+        if cfg.gradient_accumulation_steps > self.dist.world and cfg.gradient_accumulation_steps % self.dist.world:
             raise UserError(f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be divisible "
                             f"by the number of processes ({self.dist.world})")
         self.accum = max(1, cfg.gradient_accumulation_steps // self.dist.world)

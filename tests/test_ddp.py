@@ -14,14 +14,15 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
                                 reason="this torch build has no gloo backend")
 
 
-def test_ddp_two_processes(prepared, tmp_path):
+@pytest.mark.parametrize("accum", [2, 1])  # 1: fewer steps than processes, each still takes one micro-batch
+def test_ddp_two_processes(prepared, tmp_path, accum):
     data_dir, _, _ = prepared
     out = tmp_path / "out"
     max_iters, log_interval = 6, 2
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
            f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={out}", "--device=cpu", "--dtype=float32",
            "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4",
-           "--gradient_accumulation_steps=2", f"--max_iters={max_iters}", "--eval_interval=3", "--eval_iters=2",
+           f"--gradient_accumulation_steps={accum}", f"--max_iters={max_iters}", "--eval_interval=3", "--eval_iters=2",
            f"--log_interval={log_interval}", "--warmup_iters=1"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
