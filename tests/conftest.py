@@ -102,3 +102,20 @@ def check_ok(proc):
     """Assert a finished subprocess exited 0, showing its output if not."""
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return proc
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, request):
+    """A folder shared by one test module's tests."""
+    return tmp_path_factory.mktemp(request.module.__name__.removeprefix("test_"))
+
+
+@pytest.fixture(scope="module")
+def data_dir(workdir):
+    """The small corpus prepared once per module through the real data/prepare.py CLI (dataset 'tiny')."""
+    text_file = workdir / "input.txt"
+    text_file.write_text(make_text(), encoding="utf-8")
+    data = workdir / "data"
+    check_ok(run_script("data/prepare.py", f"--input={text_file}", "--name=tiny", f"--data_dir={data}"))
+    assert (data / "tiny" / "train.bin").exists()
+    return data

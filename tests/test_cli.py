@@ -7,7 +7,7 @@ import torch
 
 from batches import BatchSampler, Split
 from checkpoint import load_checkpoint
-from conftest import check_ok, make_text, run_script, run_scripts
+from conftest import check_ok, run_script, run_scripts
 from metrics import read_metrics
 
 MODEL = ["--device=cpu", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16",
@@ -16,21 +16,6 @@ MODEL = ["--device=cpu", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_em
 
 def train_args(data_dir, out_dir, *extra):
     return ["--data_dir=" + str(data_dir), "--dataset=tiny", "--out_dir=" + str(out_dir), *MODEL, *extra]
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    return tmp_path_factory.mktemp("cli")
-
-
-@pytest.fixture(scope="module")
-def data_dir(workdir):
-    text_file = workdir / "input.txt"
-    text_file.write_text(make_text(), encoding="utf-8")
-    data = workdir / "data"
-    check_ok(run_script("data/prepare.py", f"--input={text_file}", "--name=tiny", f"--data_dir={data}"))
-    assert (data / "tiny" / "train.bin").exists()
-    return data
 
 
 @pytest.fixture(scope="module")

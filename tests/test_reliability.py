@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 import checkpoint
 from checkpoint import load_checkpoint, save_checkpoint
-from conftest import REPO, check_ok, make_text, run_script
+from conftest import REPO, run_script
 from errors import UserError
 
 MODEL = ["--device=cpu", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16",
@@ -36,20 +36,6 @@ LOSS_TOL = 1e-6
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    return tmp_path_factory.mktemp("reliability")
-
-
-@pytest.fixture(scope="module")
-def data_dir(workdir):
-    text_file = workdir / "input.txt"
-    text_file.write_text(make_text(), encoding="utf-8")
-    data = workdir / "data"
-    check_ok(run_script("data/prepare.py", f"--input={text_file}", "--name=tiny", f"--data_dir={data}"))
-    return data
-
 
 def train_cmd(data_dir, out_dir, *extra, script=REPO / "train.py"):
     return [sys.executable, str(script), f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={out_dir}",
