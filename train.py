@@ -375,6 +375,8 @@ def main(argv=None):
     trainer = Trainer(cfg)
     try:
         trainer.train()
+        if trainer.dist.enabled:  # ranks leave together: tearing down gloo while a peer still talks aborts it
+            dist.barrier()
     finally:
         trainer.close()
 
