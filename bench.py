@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from config import TrainConfig, parse_config
+from config import TrainConfig, parse_config, pick_subcommand
 from errors import UserError, run_main
 from hardware import autocast, pick_device, pick_dtype
 from metrics import read_metrics
@@ -327,14 +327,10 @@ COMMANDS = {
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    names = ", ".join(COMMANDS)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(f"usage: python bench.py {{{names}}} [--key=value ...]   (python bench.py NAME --help for options)")
-        return
-    if argv[0] not in COMMANDS:
-        raise UserError(f"unknown benchmark {argv[0]!r}; choose one of: {names}")
-    COMMANDS[argv[0]](argv[1:])
+    picked = pick_subcommand("bench.py", COMMANDS, sys.argv[1:] if argv is None else argv, "benchmark")
+    if picked:
+        name, rest = picked
+        COMMANDS[name](rest)
 
 
 if __name__ == "__main__":

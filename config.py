@@ -222,6 +222,17 @@ def print_help(cls, prog):
         print(f"  --{f.name}={default!r:<12} {comments.get(f.name, '')}")
 
 
+def pick_subcommand(prog, commands, argv, noun):
+    """(name, remaining argv) for `python PROG NAME [--key=value ...]`; None after printing usage."""
+    names = ", ".join(commands)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"usage: python {prog} {{{names}}} [--key=value ...]   (python {prog} NAME --help for options)")
+        return None
+    if argv[0] not in commands:
+        raise UserError(f"unknown {noun} {argv[0]!r}; choose one of: {names}")
+    return argv[0], argv[1:]
+
+
 def parse_config(cls, argv, prog="train.py"):
     """Build cls from config files and --key=value arguments (later ones win), then validate it."""
     if any(a in ("-h", "--help") for a in argv):

@@ -17,7 +17,7 @@ matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from config import parse_config  # noqa: E402
+from config import parse_config, pick_subcommand  # noqa: E402
 from errors import UserError, run_main  # noqa: E402
 
 
@@ -192,15 +192,10 @@ COMMANDS = {"loss": plot_loss, "attention": plot_attention}
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    names = ", ".join(COMMANDS)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(f"usage: python plot.py {{{names}}} [--key=value ...]   (python plot.py NAME --help for options)")
-        return
-    if argv[0] not in COMMANDS:
-        raise UserError(f"unknown picture {argv[0]!r}; choose one of: {names}")
-    cfg = parse_config(PlotConfig, argv[1:], prog=f"plot.py {argv[0]}")
-    COMMANDS[argv[0]](cfg)
+    picked = pick_subcommand("plot.py", COMMANDS, sys.argv[1:] if argv is None else argv, "picture")
+    if picked:
+        name, rest = picked
+        COMMANDS[name](parse_config(PlotConfig, rest, prog=f"plot.py {name}"))
 
 
 if __name__ == "__main__":

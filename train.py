@@ -316,7 +316,9 @@ class Trainer:
         return bool(self.dist.mean(float(interrupt.requested))) if self.dist.enabled else interrupt.requested
 
     def out_of_time(self):
-        done = self.cfg.max_time > 0 and self.train_time >= self.cfg.max_time
+        if self.cfg.max_time <= 0:  # the same config on every rank: no need to ask the others
+            return False
+        done = self.train_time >= self.cfg.max_time
         return bool(self.dist.mean(float(done))) if self.dist.enabled else done
 
     def train(self):
