@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -269,21 +269,23 @@ class ThroughputBenchConfig:
     n_embd: int = 384  # width
     block_size: int = 256  # context length
     batch_size: int = 64  # sequences per step (nanoGPT: 64 x 256 = 16,384 tokens)
-    steps: int = 5  # timed optimizer steps
+    steps: int = 10  # timed optimizer steps
     warmup: int = 2  # untimed steps first (compilation happens here)
     device: str = "cpu"  # 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'
+    compiled: bool = True  # also time the config's settings compiled, when the config itself runs eagerly
 
 
 def steps_per_second(tcfg, steps, warmup, device):
     """Optimizer steps per second of tcfg's model, optimizer and precision on random tokens."""
     from model import GPT
     from optim import build_optimizers
-    from train import model_config
+    from train import compile_blocks, model_config
 
     torch.manual_seed(0)
     model = GPT(model_config(tcfg, 65)).to(device)
     optimizers = build_optimizers(model, tcfg, device)
-    run = torch.compile(model) if tcfg.compile else model
+    if tcfg.compile:
+        compile_blocks(model)
     ctx = autocast(device, pick_dtype(tcfg.dtype, device))
     x = torch.randint(65, (tcfg.batch_size, tcfg.block_size), device=device)
     for i in range(warmup + steps):
@@ -291,7 +293,7 @@ def steps_per_second(tcfg, steps, warmup, device):
             sync(device)
             start = time.perf_counter()
         with ctx:
-            loss = run(x, x)[1]
+            loss = model(x, x)[1]
         loss.backward()
         for opt in optimizers:
             opt.step()
@@ -301,21 +303,25 @@ def steps_per_second(tcfg, steps, warmup, device):
 
 
 def bench_throughput(argv):
-    """Training tokens/s on one shape: fp32 AdamW GPT-2 (the baseline) against a config's settings."""
+    """Training tokens/s on one shape: fp32 AdamW GPT-2 (the baseline) against a config's settings,
+    and against them compiled when the config itself runs eagerly."""
     cfg = parse_config(ThroughputBenchConfig, argv, prog="bench.py throughput")
     device = pick_device(cfg.device)
     shape = [f"--{k}={getattr(cfg, k)}" for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size")]
     candidates = {"fp32 AdamW GPT-2": parse_config(TrainConfig, [*shape, "--dtype=float32", "--dropout=0.0"]),
                   cfg.config: parse_config(TrainConfig, [cfg.config, *shape, "--dropout=0.0"])}
+    if cfg.compiled and not candidates[cfg.config].compile:
+        candidates[f"{cfg.config}, compiled"] = replace(candidates[cfg.config], compile=True)
     rates = {}
     for name, tcfg in candidates.items():
         steps_s, flops_per_token = steps_per_second(tcfg, cfg.steps, cfg.warmup, device)
         tokens_s = steps_s * cfg.batch_size * cfg.block_size
         rates[name] = tokens_s
-        print(f"{name:<30} {pick_dtype(tcfg.dtype, device):>9} {tcfg.optimizer:>6} compile={tcfg.compile!s:<5} "
+        print(f"{name:<40} {pick_dtype(tcfg.dtype, device):>9} {tcfg.optimizer:>6} compile={tcfg.compile!s:<5} "
               f"{tokens_s:10,.0f} tokens/s {tokens_s * flops_per_token / 1e9:7.1f} GFLOP/s", flush=True)
-    base, new = rates.values()
-    print(f"throughput ratio: {new / base:.2f}x")
+    base, *others = rates
+    for name in others:
+        print(f"throughput ratio, {name}: {rates[name] / rates[base]:.2f}x")
 
 
 # subcommand -> function taking the remaining arguments

@@ -55,6 +55,7 @@ class TrainConfig:
     # optimizer
     optimizer: str = "adamw"  # 'adamw', or 'muon' (Muon on hidden matrices, AdamW on the rest)
     learning_rate: float = 6e-4  # peak AdamW learning rate
+    embedding_lr: float = 0.0  # peak AdamW learning rate of the token and position embeddings (0 = learning_rate)
     max_iters: int = 5000  # optimizer steps in the whole run
     weight_decay: float = 0.1  # AdamW weight decay on matrices and embeddings
     beta1: float = 0.9  # AdamW beta1
@@ -101,7 +102,7 @@ class TrainConfig:
             raise UserError("pos_emb='rope' needs an even head size (n_embd / n_head)")
         if not 0 <= self.warmdown_frac <= 1:
             raise UserError(f"warmdown_frac must be in [0, 1] (got {self.warmdown_frac})")
-        for name in ["learning_rate", "min_lr", "muon_lr", "weight_decay", "grad_clip", "max_time"]:
+        for name in ["learning_rate", "embedding_lr", "min_lr", "muon_lr", "weight_decay", "grad_clip", "max_time"]:
             if getattr(self, name) < 0:
                 raise UserError(f"{name} must not be negative (got {getattr(self, name)})")
 

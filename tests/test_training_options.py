@@ -8,8 +8,8 @@ import torch
 
 from config import TrainConfig
 from model import GPT
-from optim import build_optimizers, is_hidden_matrix, lr_multiplier
-from train import model_config
+from optim import build_optimizers, is_hidden_matrix, lr_multiplier, set_lr
+from train import compile_blocks, model_config
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, bias=False, dropout=0.0)
 
@@ -90,6 +90,30 @@ def test_adamw_decays_matrices_not_gains():
     (adamw,) = build_optimizers(model, cfg, "cpu")
     for group in adamw.param_groups:
         assert all((p.ndim >= 2) == (group["weight_decay"] > 0) for p in group["params"])
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+@pytest.mark.parametrize("embedding_lr", [0.0, 0.05])
+def test_embeddings_get_their_own_learning_rate(optimizer, embedding_lr):
+    cfg = TrainConfig(**TINY, optimizer=optimizer, learning_rate=1e-3, embedding_lr=embedding_lr)
+    model = GPT(model_config(cfg, vocab_size=20))
+    adamw = build_optimizers(model, cfg, "cpu")[0]
+    lr_of = {id(p): g["lr"] for g in adamw.param_groups for p in g["params"]}
+    assert lr_of[id(model.transformer.wte.weight)] == lr_of[id(model.transformer.wpe.weight)] == (embedding_lr or 1e-3)
+    others = [lr for pid, lr in lr_of.items() if pid not in (id(model.transformer.wte.weight),
+                                                               id(model.transformer.wpe.weight))]
+    assert others and all(lr == 1e-3 for lr in others)  # the head, gains (and, with AdamW, every matrix)
+    set_lr([adamw], 0.5)  # the schedule scales each group's own peak
+    assert {g["lr"] for g in adamw.param_groups} == {0.5 * lr for lr in set(lr_of.values())}
+
+
+def test_compiled_blocks_keep_the_plain_parameter_names():
+    cfg = TrainConfig(**TINY)
+    model = GPT(model_config(cfg, vocab_size=20))
+    names = list(model.state_dict())
+    compile_blocks(model)  # compiles lazily, at the first call: nothing is compiled here
+    assert list(model.state_dict()) == names and not any("_orig_mod" in n for n in names)
+    assert all(block._compiled_call_impl is not None for block in model.transformer.h)
 
 
 def schedule(**overrides):
