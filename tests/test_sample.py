@@ -3,7 +3,6 @@ of multi-byte characters, and sample.py end to end (CLI, FILE: prompts, interact
 
 import codecs
 import io
-import re
 import subprocess
 import sys
 from contextlib import nullcontext
@@ -441,13 +440,3 @@ def test_bench_sample_reports_both_rates_and_the_speedup(capsys):
         bench.main(["nope"])
     with pytest.raises(UserError, match="modes must be"):
         bench.main(["sample", "--modes=fast"])
-
-
-def test_bench_throughput_times_the_baseline_and_the_config(capsys):
-    import bench
-
-    bench.main(["throughput", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=2",
-                "--steps=2", "--warmup=1", "--compiled=False"])
-    out = capsys.readouterr().out
-    assert "fp32 AdamW GPT-2" in out and "config/shakespeare_char.py" in out
-    assert re.search(r"throughput ratio, config/shakespeare_char.py: \d+\.\d+x", out)
