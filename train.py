@@ -7,6 +7,7 @@ Train a GPT on a prepared dataset.
     torchrun --standalone --nproc_per_node=2 train.py config/shakespeare_char.py
 """
 
+import gc
 import math
 import os
 import random
@@ -382,6 +383,10 @@ class Trainer:
         if self.log is not None:
             self.log.close()
         if self.dist.enabled:
+            # DDP's reducer holds the process group: free it first, so that gloo's threads are
+            # joined now and not while the interpreter shuts down (which can abort the process)
+            self.ddp_model = None
+            gc.collect()
             dist.destroy_process_group()
 
 
