@@ -47,7 +47,7 @@ class TrainConfig:
     bias: bool = False  # biases in Linear and LayerNorm layers
     pos_emb: str = "learned"  # 'learned' (GPT-2) or 'rope'
     norm: str = "layernorm"  # 'layernorm' (GPT-2) or 'rmsnorm'
-    qk_norm: bool = False  # RMS-normalise queries and keys
+    qk_norm: bool = False  # normalise queries and keys per head (RMSNorm or LayerNorm, as `norm`)
     mlp_act: str = "gelu"  # 'gelu', 'gelu_tanh' (GPT-2's approximation) or 'relu2'
     tie_weights: bool = True  # share token embedding and output head
     logit_softcap: float = 0.0  # >0: cap logits smoothly at +-this value

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, CausalSelfAttention, GPTConfig, KVCache, apply_rotary, rotary_tables, sample_next
+from model import GPT, CausalSelfAttention, GPTConfig, KVCache, ReLUSquared, apply_rotary, rotary_tables, sample_next
 
 BASE = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
 MODERN = dict(pos_emb="rope", norm="rmsnorm", qk_norm=True, mlp_act="relu2", tie_weights=False,
@@ -32,7 +32,12 @@ def naive_rms(x):
     return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps)
 
 
-def naive_attention(attn, x, rotary=None, qk_norm=False):
+def naive_layer_norm(x):
+    centred = x - x.mean(-1, keepdim=True)
+    return centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+
+def naive_attention(attn, x, rotary=None, qk_norm=None):
     """Per position t: softmax over keys 0..t of q.k/sqrt(d), weighted sum of values, then c_proj."""
     B, T, C = x.shape
     H = attn.n_head
@@ -40,7 +45,7 @@ def naive_attention(attn, x, rotary=None, qk_norm=False):
     qkv = x @ attn.c_attn.weight.T + attn.c_attn.bias
     q, k, v = (t.reshape(B, T, H, D).transpose(1, 2) for t in qkv.split(C, dim=-1))
     if qk_norm:
-        q, k = naive_rms(q), naive_rms(k)
+        q, k = qk_norm(q), qk_norm(k)
     if rotary is not None:
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
     y = torch.zeros(B, H, T, D)
@@ -52,9 +57,20 @@ def naive_attention(attn, x, rotary=None, qk_norm=False):
     return y @ attn.c_proj.weight.T + attn.c_proj.bias
 
 
-@pytest.mark.parametrize("rope", [False, True], ids=["learned", "rope_qknorm"])
-def test_attention_matches_naive_loop(rope):
-    cfg = GPTConfig(**dict(BASE, pos_emb="rope" if rope else "learned", qk_norm=rope))
+
+def test_relu_squared_matches_autograd_of_the_plain_formula():
+    x = torch.randn(64, 48, dtype=torch.float64, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    grad = torch.randn(64, 48, dtype=torch.float64)
+    ReLUSquared.apply(x).backward(grad)
+    F.relu(x_ref).square().backward(grad)
+    torch.testing.assert_close(ReLUSquared.apply(x), F.relu(x_ref).square())
+    torch.testing.assert_close(x.grad, x_ref.grad)
+
+@pytest.mark.parametrize("rope,norm", [(False, "layernorm"), (True, "rmsnorm"), (True, "layernorm")],
+                         ids=["learned", "rope_qk_rmsnorm", "rope_qk_layernorm"])
+def test_attention_matches_naive_loop(rope, norm):
+    cfg = GPTConfig(**dict(BASE, pos_emb="rope" if rope else "learned", qk_norm=rope, norm=norm))
     torch.manual_seed(0)
     attn = CausalSelfAttention(cfg).eval()
     with torch.no_grad():  # non-trivial biases and projection, so every term matters
@@ -64,7 +80,8 @@ def test_attention_matches_naive_loop(rope):
     rotary = rotary_tables(cfg.n_embd // cfg.n_head, torch.arange(11), cfg.rope_base) if rope else None
     with torch.no_grad():
         got = attn(x, rotary)
-        want = naive_attention(attn, x, rotary, qk_norm=rope)
+        qk = {"rmsnorm": naive_rms, "layernorm": naive_layer_norm}[norm] if rope else None
+        want = naive_attention(attn, x, rotary, qk_norm=qk)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
