@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from errors import UserError
+from errors import UserError, first_line
 
 FORMAT_VERSION = 1
 
@@ -66,12 +66,6 @@ def sync_folder(folder):
         pass
     finally:
         os.close(fd)
-
-
-def first_line(e):
-    """The first line (and sentence) of an exception's message, or its type when it has none."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return lines[0].split(". ")[0].rstrip(".") if lines else type(e).__name__
 
 
 MODEL_KEYS = ("model", "model_args", "tokenizer")

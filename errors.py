@@ -15,6 +15,13 @@ class Interrupted(UserError):
     exit_code = 130
 
 
+def first_line(e):
+    """The first line (and sentence) of an exception's message, or its type when it has none:
+    library errors can run to paragraphs, and a user error is one line."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[0].split(". ")[0].rstrip(".") if lines else type(e).__name__
+
+
 def run_main(main):
     """Run an entry script's main(), turning a UserError into `error: ...` and exit status 1
     (130 for Ctrl-C, as shells do)."""
@@ -25,6 +32,6 @@ def run_main(main):
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(Interrupted.exit_code)
     except BrokenPipeError:  # e.g. `python sample.py | head`
         sys.exit(0)

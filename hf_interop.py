@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from errors import UserError
+from errors import UserError, first_line
 from model import GPTConfig
 
 HUB_MODELS = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}
@@ -191,8 +191,3 @@ def save_hf(model, hf_dir, eos_token_id=None):
     except OSError as e:
         raise UserError(f"could not write {hf_dir} ({e})") from None
     return hf
-
-
-def first_line(e):
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
