@@ -64,6 +64,10 @@ class Dist:
             value = t.item() / self.world
         return value
 
+    def any(self, flag):
+        """Whether flag is set on any process (every process must ask, or the others wait)."""
+        return bool(self.mean(float(flag)))
+
     def gather(self, obj):
         if not self.enabled:
             return [obj]
@@ -327,13 +331,12 @@ class Trainer:
 
     def interrupted(self, interrupt):
         """Whether any process was asked to stop: all must agree, or they would part ways at the save."""
-        return bool(self.dist.mean(float(interrupt.requested))) if self.dist.enabled else interrupt.requested
+        return self.dist.any(interrupt.requested)
 
     def out_of_time(self):
         if self.cfg.max_time <= 0:  # the same config on every rank: no need to ask the others
             return False
-        done = self.train_time >= self.cfg.max_time
-        return bool(self.dist.mean(float(done))) if self.dist.enabled else done
+        return self.dist.any(self.train_time >= self.cfg.max_time)
 
     def train(self):
         cfg = self.cfg
