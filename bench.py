@@ -16,14 +16,16 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import torch
 
-from config import TrainConfig, parse_config, pick_subcommand
-from errors import UserError, run_main
-from hardware import autocast, pick_device, pick_dtype
-from metrics import read_metrics
-from sample import decode_threads
+from gptkit.config import parse_config, pick_subcommand
+from gptkit.errors import UserError, run_main
+from gptkit.metrics import read_metrics
+from gptkit.runtime import autocast, decode_threads, pick_device, pick_dtype
+from gptkit.training import TrainConfig
+from model import GPT, GPTConfig
 
 
 @dataclass
@@ -34,24 +36,24 @@ class SampleBenchConfig:
     n_embd: int = 384  # random model: width
     block_size: int = 256  # random model: context length
     vocab_size: int = 65  # random model: vocabulary (tinyshakespeare characters)
-    pos_emb: str = "learned"  # random model: 'learned' or 'rope'
+    pos_emb: Literal["learned", "rope"] = "learned"  # random model: position encoding
     max_new_tokens: int = 1000  # tokens generated per timed run
     batch_size: int = 1  # sequences generated together
     warmup_tokens: int = 16  # untimed tokens generated first, per mode
     temperature: float = 1.0  # sampling temperature (0 = greedy)
     seed: int = 1337  # weights of the random model and the sampling generator
     device: str = "cpu"  # 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'
-    dtype: str = "float32"  # 'float32', 'bfloat16' or 'float16' (autocast, as sample.py)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"  # autocast, as sample.py
     threads: int = 0  # torch CPU threads (0 = as sample.py: 1 on CPU, where more stall on a busy machine)
     repeats: int = 1  # timed runs per mode; the fastest counts
     modes: str = "cache,nocache"  # which decoders to time, comma-separated
 
-    def validate(self):
+    def __post_init__(self):
         if self.max_new_tokens < 1 or self.batch_size < 1 or self.warmup_tokens < 0 or self.repeats < 1:
-            raise UserError("need max_new_tokens >= 1, batch_size >= 1, repeats >= 1 and warmup_tokens >= 0")
+            raise ValueError("need max_new_tokens >= 1, batch_size >= 1, repeats >= 1 and warmup_tokens >= 0")
         modes = self.mode_list()
         if not modes or set(modes) - {"cache", "nocache"}:
-            raise UserError(f"modes must be 'cache', 'nocache' or both, comma-separated (got {self.modes!r})")
+            raise ValueError(f"modes must be 'cache', 'nocache' or both, comma-separated (got {self.modes!r})")
 
     def mode_list(self):
         return [m.strip() for m in self.modes.split(",") if m.strip()]
@@ -79,10 +81,8 @@ def sync(device):
 
 def bench_model(cfg, device):
     """The checkpoint's model, or a random-weight one of the configured shape; and a description."""
-    from model import GPT, GPTConfig
-
     if cfg.out_dir:
-        from checkpoint import load_model
+        from gptkit.checkpoint import load_model
 
         model, _ = load_model(cfg.out_dir, device)
         source = f"checkpoint {cfg.out_dir}/ckpt.pt"
@@ -156,16 +156,16 @@ REPO = Path(__file__).resolve().parent
 
 @dataclass
 class TrainBenchConfig:
-    input: str = ""  # text to train on ('' = tinyshakespeare: data/shakespeare_char/input.txt or ../shared)
+    input: str = ""  # text to train on ('' = data/shakespeare_char/input.txt, which data/prepare.py downloads)
     work_dir: str = "out-bench"  # prepared data, both runs and loss_vs_time.png go here
     config: str = "config/shakespeare_char.py"  # the new default, compared with the classic recipe
     device: str = "cpu"  # device for both runs
     targets: str = "1.886,1.60"  # val losses to time, comma-separated
     runs: str = "classic,default"  # which runs to do, comma-separated
 
-    def validate(self):
+    def __post_init__(self):
         if set(self.run_list()) - {"classic", "default"} or not self.run_list():
-            raise UserError(f"runs must be 'classic', 'default' or both (got {self.runs!r})")
+            raise ValueError(f"runs must be 'classic', 'default' or both (got {self.runs!r})")
 
     def run_list(self):
         return [r.strip() for r in self.runs.split(",") if r.strip()]
@@ -174,16 +174,15 @@ class TrainBenchConfig:
 def bench_input(cfg):
     if cfg.input:
         return cfg.input
-    for path in (REPO / "data/shakespeare_char/input.txt", REPO.parent / "shared/data/tinyshakespeare/input.txt"):
-        if path.exists():
-            return str(path)
-    raise UserError("no tinyshakespeare here: run `python data/prepare.py` first or pass --input=PATH")
+    path = REPO / "data/shakespeare_char/input.txt"
+    if not path.exists():
+        raise UserError("no tinyshakespeare here: run `python data/prepare.py` first or pass --input=PATH")
+    return str(path)
 
 
 def run_summary(out_dir, targets):
     """Time to each target, final val loss, throughput and achieved GFLOP/s of a finished run."""
-    from checkpoint import load_checkpoint
-    from model import GPT, GPTConfig
+    from gptkit.checkpoint import load_checkpoint
 
     records = read_metrics(out_dir)
     evals = [r for r in records if r["kind"] == "eval"]
@@ -223,26 +222,9 @@ def print_train_table(summaries, targets):
         print(f"tokens/s: {b['tok_s'] / a['tok_s']:.1f}x, GFLOP/s: {b['gflops'] / a['gflops']:.1f}x")
 
 
-def plot_loss_vs_time(summaries, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, s in summaries.items():
-        ax.plot([r["elapsed_s"] for r in s["evals"]], [r["val_loss"] for r in s["evals"]], marker=".", label=name)
-    ax.set(xlabel="wall time (s)", ylabel="val loss", title="tinyshakespeare, val loss against wall time")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def bench_train(argv):
     """The classic nanoGPT CPU recipe and the new default, one after the other on this machine."""
-    from corpus import PrepareConfig, prepare
+    from gptkit.corpus import PrepareConfig, prepare
 
     cfg = parse_config(TrainBenchConfig, argv, prog="bench.py train")
     targets = [float(t) for t in cfg.targets.split(",")]
@@ -260,8 +242,10 @@ def bench_train(argv):
             raise UserError(f"the {name} run failed")
         summaries[name] = run_summary(out_dir, targets)
     print_train_table(summaries, targets)
-    plot_loss_vs_time(summaries, work / "loss_vs_time.png")
-    print(f"wrote {work / 'loss_vs_time.png'}")
+    from gptkit.pictures import draw_val_loss_vs_time
+
+    draw_val_loss_vs_time({name: s["evals"] for name, s in summaries.items()},
+                          "tinyshakespeare, val loss against wall time", work / "loss_vs_time.png")
 
 
 @dataclass
@@ -280,17 +264,17 @@ class ThroughputBenchConfig:
 
 def steps_per_second(tcfg, steps, warmup, device):
     """Optimizer steps per second of tcfg's model, optimizer and precision on random tokens."""
-    from model import GPT
-    from optim import build_optimizers
-    from train import compile_blocks, model_config
+    from gptkit.optim import build_optimizers
+    from gptkit.runtime import allow_eager_fallback, compile_blocks
 
     torch.manual_seed(0)
-    model = GPT(model_config(tcfg, 65)).to(device)
+    model = GPT(replace(tcfg.model, vocab_size=65)).to(device)
     optimizers = build_optimizers(model, tcfg, device)
     if tcfg.compile:
+        allow_eager_fallback()
         compile_blocks(model)
     ctx = autocast(device, pick_dtype(tcfg.dtype, device))
-    x = torch.randint(65, (tcfg.batch_size, tcfg.block_size), device=device)
+    x = torch.randint(65, (tcfg.batch_size, tcfg.model.block_size), device=device)
     for i in range(warmup + steps):
         if i == warmup:
             sync(device)
@@ -302,7 +286,7 @@ def steps_per_second(tcfg, steps, warmup, device):
             opt.step()
             opt.zero_grad(set_to_none=True)
     sync(device)
-    return steps / (time.perf_counter() - start), model.flops_per_token(tcfg.block_size)
+    return steps / (time.perf_counter() - start), model.flops_per_token(tcfg.model.block_size)
 
 
 def bench_throughput(argv):

@@ -11,9 +11,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from checkpoint import load_model
-from config import parse_config
-from errors import UserError, run_main
+from gptkit.checkpoint import load_model
+from gptkit.config import parse_config
+from gptkit.errors import run_main
 
 
 @dataclass
@@ -21,17 +21,17 @@ class ExportConfig:
     out_dir: str = "out"  # folder holding ckpt.pt
     hf_dir: str = ""  # folder to write config.json and model.safetensors to
 
-    def validate(self):
+    def __post_init__(self):
         if not self.hf_dir:
-            raise UserError("pass the folder to write with --hf_dir=DIR")
+            raise ValueError("pass the folder to write with --hf_dir=DIR")
         if Path(self.hf_dir).exists() and not Path(self.hf_dir).is_dir():
-            raise UserError(f"--hf_dir={self.hf_dir} exists and is not a folder")
+            raise ValueError(f"--hf_dir={self.hf_dir} exists and is not a folder")
 
 
 def main(argv=None):
     cfg = parse_config(ExportConfig, sys.argv[1:] if argv is None else argv, prog="export.py")
     model, tok = load_model(cfg.out_dir, "cpu")
-    from hf_interop import save_hf  # imports `transformers` only after the checkpoint has been read
+    from gptkit.hf_interop import save_hf  # imports `transformers` only after the checkpoint has been read
 
     eot = getattr(tok, "eot_token", None)  # <|endoftext|> for BPE; char vocabularies have none
     save_hf(model, cfg.hf_dir, eos_token_id=eot if eot is not None and eot < model.config.vocab_size else None)

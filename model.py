@@ -1,14 +1,18 @@
 """
 A decoder-only transformer (GPT) and its sampler.
 
-Defaults reproduce GPT-2 (learned positions, LayerNorm, GELU, tied head) with
-GPT-2's parameter names, so its weights load. Options switch on the modern
-pieces that train faster on small data: rotary positions, RMSNorm, QK-norm,
-ReLU^2, an untied head, logit soft-capping and zero-initialised projections.
+The defaults are GPT-2's shape and parameter names (learned positions, LayerNorm, tied head),
+without biases; `bias=True, mlp_act='gelu_tanh'` is GPT-2 exactly, so its weights load.
+Options switch on the modern pieces that train faster on small data: rotary positions,
+RMSNorm, QK-norm, ReLU^2, an untied head, logit soft-capping and zero-initialised projections.
+
+GPTConfig is the one place a model setting is defined: train.py's command line, its --help,
+the config parser, checkpoints and validation all read the fields below.
 """
 
 import math
 from dataclasses import dataclass, fields
+from typing import Literal, get_args, get_origin
 
 import torch
 import torch.nn as nn
@@ -17,38 +21,47 @@ from torch.nn import functional as F
 
 @dataclass
 class GPTConfig:
-    block_size: int = 1024  # longest context the model sees
-    vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
+    block_size: int = 1024  # context length: the longest sequence the model sees, in tokens
+    vocab_size: int = 50304  # token ids the model knows (GPT-2's 50257 padded to a multiple of 64)
     n_layer: int = 12  # transformer blocks
     n_head: int = 12  # attention heads per block
     n_embd: int = 768  # residual stream width
-    dropout: float = 0.0  # dropout on attention weights and residual branches
-    bias: bool = True  # biases in Linear and LayerNorm layers, as GPT-2
-    pos_emb: str = "learned"  # 'learned' (GPT-2 wpe) or 'rope' (rotary)
-    norm: str = "layernorm"  # 'layernorm' (GPT-2) or 'rmsnorm'
+    dropout: float = 0.0  # dropout on attention weights and residual branches: 0 for pretraining, 0.1+ for small data
+    bias: bool = False  # biases in Linear and LayerNorm layers (GPT-2 has them)
+    pos_emb: Literal["learned", "rope"] = "learned"  # 'learned' (GPT-2's position table) or 'rope' (rotary)
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"  # 'layernorm' (GPT-2) or 'rmsnorm'
     qk_norm: bool = False  # normalise queries and keys per head, with the kind of norm set by `norm`
-    mlp_act: str = "gelu"  # 'gelu' (exact), 'gelu_tanh' (GPT-2's tanh approximation) or 'relu2' (squared ReLU)
+    mlp_act: Literal["gelu", "gelu_tanh", "relu2"] = "gelu"  # exact GELU, GPT-2's tanh approximation, or squared ReLU
     tie_weights: bool = True  # share the token embedding with the output head
-    logit_softcap: float = 0.0  # >0: logits = c*tanh(logits/c)
-    zero_init_proj: bool = False  # start every residual projection at zero
+    logit_softcap: float = 0.0  # >0: logits = c*tanh(logits/c), smoothly capped at +-c
+    zero_init_proj: bool = False  # start every residual output projection at zero
     rope_base: float = 10000.0  # rotary frequency base
 
     def __post_init__(self):
+        for f in fields(self):
+            choices = get_args(f.type) if get_origin(f.type) is Literal else ()
+            if choices and getattr(self, f.name) not in choices:
+                raise ValueError(f"{f.name} must be one of {', '.join(choices)} (got {getattr(self, f.name)!r})")
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1) (got {self.dropout})")
+        if self.logit_softcap < 0 or self.rope_base <= 0:
+            raise ValueError(f"need logit_softcap >= 0 and rope_base > 0 (got {self.logit_softcap}, {self.rope_base})")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if self.pos_emb not in ("learned", "rope"):
-            raise ValueError(f"pos_emb must be 'learned' or 'rope', not {self.pos_emb!r}")
-        if self.norm not in ("layernorm", "rmsnorm"):
-            raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', not {self.norm!r}")
-        if self.mlp_act not in ("gelu", "gelu_tanh", "relu2"):
-            raise ValueError(f"mlp_act must be 'gelu', 'gelu_tanh' or 'relu2', not {self.mlp_act!r}")
         if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
-            raise ValueError("rotary embeddings need an even head size (n_embd / n_head)")
+            raise ValueError("pos_emb='rope' needs an even head size (n_embd / n_head)")
 
     @classmethod
     def from_dict(cls, d):
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        """The config saved as a dict (e.g. a checkpoint's model_args); keys it does not know are refused,
+        since a setting dropped silently would build a different model."""
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown model settings: {', '.join(unknown)}")
+        return cls(**d)
 
 
 def make_norm(config):
@@ -117,26 +130,35 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x, rotary)
         if cache is not None:
             k, v = cache.update(layer, k, v)
-        if k.size(2) == T:
-            mask, causal = None, True
-        elif T == 1:  # one new query sees every cached key
-            mask, causal = None, False
-        else:  # new queries after cached keys: query i sees every key up to its own position
-            offset = k.size(2) - T
-            mask = torch.ones(T, k.size(2), dtype=torch.bool, device=x.device).tril(diagonal=offset)
-            causal = False
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                           dropout_p=self.attn_dropout if self.training else 0.0)
+        y = self.attend(q, k, v)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
+    def attend(self, q, k, v):
+        """softmax(q k^T / sqrt(d)) v over the keys each query may see, in SDPA's fused kernels."""
+        T, S = q.size(2), k.size(2)
+        if S == T:
+            mask, causal = None, True
+        elif T == 1:  # one new query sees every cached key
+            mask, causal = None, False
+        else:  # new queries after cached keys
+            mask, causal = visible_keys(T, S, q.device), False
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                              dropout_p=self.attn_dropout if self.training else 0.0)
+
     def attention_weights(self, x, rotary=None):
-        """Softmax attention probabilities (B, H, T, T), computed explicitly for inspection."""
+        """The (B, H, T, T) weights that attend() applies to the values, written out as a matrix
+        (SDPA never materialises them): an inspection helper for pictures and tests."""
         q, k, _ = self.qkv(x, rotary)
         T = q.size(2)
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
-        future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(diagonal=1)
-        return scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+        return scores.masked_fill(~visible_keys(T, T, x.device), float("-inf")).softmax(dim=-1)
+
+
+def visible_keys(n_queries, n_keys, device):
+    """(n_queries, n_keys) booleans, True where a query may look: the last n_queries positions of a
+    sequence of n_keys, each seeing every key up to and including its own position."""
+    return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril(diagonal=n_keys - n_queries)
 
 
 class ReLUSquared(torch.autograd.Function):
@@ -256,21 +278,13 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def attention_maps(self, idx):
-        """Attention probabilities of every layer: a list of (B, H, T, T) tensors."""
+        """Inspection: every layer's attention weights for idx, a list of (B, H, T, T) tensors."""
         x, rotary = self.embed(idx)
         maps = []
         for block in self.transformer.h:
             maps.append(block.attn.attention_weights(block.ln_1(x), rotary))
             x = block(x, rotary)
         return maps
-
-    @classmethod
-    def from_pretrained(cls, name_or_path, **overrides):
-        """GPT-2 weights: 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' or a folder saved by `transformers`.
-        Overrides: dropout, and block_size to crop the context."""
-        from hf_interop import load_pretrained  # `transformers` is optional: imported only here
-
-        return load_pretrained(cls, name_or_path, **overrides)
 
     def crop_block_size(self, block_size):
         """Shrink the context length, e.g. to finetune a pretrained model on shorter windows."""

@@ -8,22 +8,23 @@ Sample text from a trained model.
     python sample.py --out_dir=out --interactive
 """
 
-import re
 import sys
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
-from checkpoint import load_model
-from config import parse_config
-from errors import UserError, run_main
-from hardware import autocast, pick_device, pick_dtype
+from gptkit.checkpoint import load_model
+from gptkit.config import parse_config
+from gptkit.errors import UserError, run_main
+from gptkit.prompts import read_prompt, unescape
+from gptkit.runtime import autocast, check_device_name, decode_threads, pick_device, pick_dtype
 
 
 @dataclass
 class SampleConfig:
     out_dir: str = "out"  # folder holding ckpt.pt
-    start: str = "\n"  # prompt text, or FILE:path to read it from a file
+    start: str = "\n"  # prompt text (\n, \t typed in a shell are read as newline, tab), or FILE:path to read it from
     num_samples: int = 10  # samples, generated together as one batch
     max_new_tokens: int = 500  # tokens generated per sample
     temperature: float = 0.8  # 1 = the model's distribution, lower = safer, 0 = greedy
@@ -32,28 +33,17 @@ class SampleConfig:
     stop: str = ""  # end a sample where this text appears (e.g. "\n\n"); '' = never
     seed: int = 1337  # the same seed gives the same text
     device: str = "auto"  # 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'
-    dtype: str = "float32"  # 'float32', 'bfloat16' or 'float16' ('auto' = as for training)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"  # 'auto' = as for training
     kv_cache: bool = True  # False recomputes the whole context every token (for checks)
     interactive: bool = False  # read prompts from the terminal until Ctrl-D
     threads: int = 0  # torch CPU threads (0 = 1 on CPU, where more stall on a busy machine)
 
-    def validate(self):
+    def __post_init__(self):
         if self.num_samples < 1 or self.max_new_tokens < 0 or self.threads < 0:
-            raise UserError("num_samples must be at least 1, max_new_tokens and threads at least 0")
+            raise ValueError("num_samples must be at least 1, max_new_tokens and threads at least 0")
         if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise UserError("need temperature >= 0, top_k >= 0 and 0 < top_p <= 1")
-        # typed on a command line, "\n" is a backslash and an n: read it as the newline it means
-        self.stop = unescape(self.stop)
-        if not self.start.startswith("FILE:"):
-            self.start = unescape(self.start)
-
-
-ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
-
-
-def unescape(text):
-    """Turn the escapes \\n, \\t, \\r and \\\\ into the characters they stand for; leave the rest."""
-    return re.sub(r"\\([ntr\\])", lambda m: ESCAPES[m.group(1)], text)
+            raise ValueError("need temperature >= 0, top_k >= 0 and 0 < top_p <= 1")
+        check_device_name(self.device)
 
 
 class StopFilter:
@@ -82,28 +72,9 @@ class StopFilter:
         return out
 
 
-def decode_threads(threads, device):
-    """CPU threads for decoding (0 = leave torch's choice). Decoding runs many small operations, each of
-    which waits for all its threads: when another process holds a core, every step stalls. Measured on a
-    2-core machine: with a second busy process, 2 threads decode 10-50x slower than 1; on an idle machine
-    they are about 1.5x faster. One thread is the safe default; --threads=2 where the machine is yours."""
-    if threads:
-        return threads
-    return 1 if device == "cpu" else 0
-
-
-def read_prompt(start):
-    if start.startswith("FILE:"):
-        try:
-            with open(start[5:], encoding="utf-8") as f:
-                return f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"could not read prompt file {start[5:]} ({e})") from None
-    return start
-
-
-def generate_texts(model, tok, prompt, cfg, ctx, stream=None):
-    """Generate num_samples continuations as one batch, streaming the first as it is sampled."""
+def generate_texts(model, tok, prompt, cfg, ctx, stop="", stream=None):
+    """Generate num_samples continuations as one batch, each ending where the stop text appears,
+    streaming the first as it is sampled."""
     stream = sys.stdout if stream is None else stream  # looked up now: a redirected stdout is honoured
     ids = tok.encode(prompt)
     if not ids:
@@ -112,7 +83,7 @@ def generate_texts(model, tok, prompt, cfg, ctx, stream=None):
     idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     decoders = [tok.stream_decoder() for _ in range(cfg.num_samples)]
-    filters = [StopFilter(cfg.stop) for _ in range(cfg.num_samples)]
+    filters = [StopFilter(stop) for _ in range(cfg.num_samples)]
     texts = [""] * cfg.num_samples
     stream.write(prompt)
     with ctx:
@@ -146,10 +117,11 @@ def main(argv=None):
     torch.manual_seed(cfg.seed)
     model, tok = load_model(cfg.out_dir, device)
     ctx = autocast(device, dtype)
+    stop = unescape(cfg.stop)
     prompts = iter(read_interactive, None) if cfg.interactive else [read_prompt(cfg.start)]
     for prompt in prompts:
         try:
-            texts = generate_texts(model, tok, prompt, cfg, ctx)
+            texts = generate_texts(model, tok, prompt, cfg, ctx, stop)
         except UserError as e:
             if not cfg.interactive:
                 raise

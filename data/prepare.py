@@ -9,11 +9,11 @@ Prepare a text corpus for training.
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project's modules live one level up
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the gptkit package lives one level up
 
-from config import parse_config  # noqa: E402
-from corpus import PrepareConfig, prepare  # noqa: E402
-from errors import run_main  # noqa: E402
+from gptkit.config import parse_config  # noqa: E402
+from gptkit.corpus import PrepareConfig, prepare  # noqa: E402
+from gptkit.errors import run_main  # noqa: E402
 
 
 def main(argv=None):

@@ -1,9 +1,13 @@
-"""Shared fixtures: the repo on sys.path, wandb kept offline, a tiny prepared corpus, a script runner."""
+"""Shared fixtures: the repo on sys.path, wandb kept offline, one tiny prepared corpus and one tiny trained run
+per session, script runners, and the check every user-facing failure must pass (one `error:` line)."""
 
+import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +26,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 SHARED_TIKTOKEN = REPO.parent / "shared" / "data" / "tiktoken"
+POLL_S = 0.02  # how often a test looks at a background run: often enough, without taking a core from it
 
 _SUBJECTS = ["the old king", "a quiet river", "my brother", "the café owner", "Élodie", "the fox",
              "our neighbour", "the naïve poet", "a tired soldier", "the weaver"]
@@ -30,6 +35,11 @@ _OBJECTS = ["the northern hills", "a broken lantern", "the summer rain", "her r�
             "an empty boat", "the long road home", "seven crows", "the morning bell"]
 _TAILS = ["", " at dawn", " — and wept", " without a word", " (twice)", ", slowly", "; nobody knew why",
           " before the storm", "!", "?"]
+EXTRA_TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
+
+# the shape of every tiny model trained through the CLI
+MODEL = ["--device=cpu", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16",
+         "--batch_size=4"]
 
 
 def make_text(n_bytes=6000, seed=0):
@@ -59,16 +69,6 @@ def corpus_file(tmp_path, corpus_text):
     return path
 
 
-@pytest.fixture
-def prepared(tmp_path, corpus_file):
-    """A char-level dataset 'tiny' under tmp_path/data; returns (data_dir, out_dir, meta)."""
-    from corpus import PrepareConfig, prepare
-
-    data_dir = tmp_path / "data"
-    out_dir, meta = prepare(PrepareConfig(input=str(corpus_file), name="tiny", data_dir=str(data_dir)))
-    return data_dir, out_dir, meta
-
-
 def run_script(script, *args, cwd=REPO, env=None, timeout=120):
     """Run `python script args...` (script relative to the repo root) and capture its text output."""
     script = Path(script)
@@ -79,29 +79,24 @@ def run_script(script, *args, cwd=REPO, env=None, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def run_scripts(*calls, cwd=REPO, timeout=120):
-    """Run several (script, *args) calls at once (they must be independent); CompletedProcess for each."""
-    procs = []
-    for script, *args in calls:
-        script = Path(script) if Path(script).is_absolute() else REPO / script
-        procs.append(subprocess.Popen([sys.executable, str(script), *map(str, args)], cwd=cwd, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    results = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-    return results
-
-
 def check_ok(proc):
     """Assert a finished subprocess exited 0, showing its output if not."""
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return proc
+
+
+def assert_one_error_line(stderr, expected=None):
+    """A user-caused failure prints exactly one line, `error: ...`, and no traceback; returns that line.
+    expected: the whole line, or a prefix followed by '*'."""
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    if expected is not None:
+        if expected.endswith("*"):
+            assert lines[0].startswith(expected[:-1]), stderr
+        else:
+            assert lines[0] == expected, stderr
+    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -110,12 +105,103 @@ def workdir(tmp_path_factory, request):
     return tmp_path_factory.mktemp(request.module.__name__.removeprefix("test_"))
 
 
-@pytest.fixture(scope="module")
-def data_dir(workdir):
-    """The small corpus prepared once per module through the real data/prepare.py CLI (dataset 'tiny')."""
-    text_file = workdir / "input.txt"
-    text_file.write_text(make_text(), encoding="utf-8")
-    data = workdir / "data"
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    """The small corpus prepared once per session through the real data/prepare.py CLI (dataset 'tiny').
+    Tests read it and never change it."""
+    folder = tmp_path_factory.mktemp("corpus")
+    text_file = folder / "input.txt"
+    text_file.write_text(make_text() + EXTRA_TEXT, encoding="utf-8")
+    data = folder / "data"
     check_ok(run_script("data/prepare.py", f"--input={text_file}", "--name=tiny", f"--data_dir={data}"))
     assert (data / "tiny" / "train.bin").exists()
     return data
+
+
+def train_args(data_dir, out_dir, *extra):
+    return [f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={out_dir}", *MODEL, *extra]
+
+
+TRAINED_RUN = ["--n_layer=2", "--block_size=32", "--batch_size=8", "--pos_emb=rope", "--qk_norm=True",
+               "--max_iters=30", "--eval_interval=10", "--eval_iters=2", "--log_interval=5", "--warmup_iters=5",
+               "--learning_rate=3e-3"]
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, data_dir):
+    """One 30-step run of a 2-layer rotary model, trained once per session as a user would start it:
+    (out_dir, the finished process). Tests read it; one that would change it works on a copy."""
+    out = tmp_path_factory.mktemp("trained") / "out"
+    proc = check_ok(run_script("train.py", *train_args(data_dir, out, *TRAINED_RUN)))
+    return out, proc
+
+
+# ---------------------------------------------------------------------------------------------- background runs
+
+class Run:
+    """A subprocess in the background (its own process group), its output in files (no pipe to fill up)."""
+
+    def __init__(self, cmd, folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.stdout_path, self.stderr_path = folder / "stdout.txt", folder / "stderr.txt"
+        with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
+            self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err, start_new_session=True)
+
+    @property
+    def stdout(self):
+        return self.stdout_path.read_text(encoding="utf-8")
+
+    @property
+    def stderr(self):
+        return self.stderr_path.read_text(encoding="utf-8")
+
+    def wait(self, timeout=120):
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_group()
+            raise AssertionError(f"still running after {timeout} s\nstderr:\n{self.stderr}") from None
+
+    def kill_group(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def check_ok(self):
+        rc = self.wait()
+        assert rc == 0, f"exit {rc}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
+        return self
+
+
+def train_cmd(data_dir, out_dir, *extra, script=REPO / "train.py"):
+    return [sys.executable, str(script), *train_args(data_dir, out_dir, *extra)]
+
+
+def logged(out_dir, kind="train", field="loss"):
+    """{iteration: value}, the last value written for each: a resumed run appends to its own log."""
+    path = Path(out_dir) / "metrics.jsonl"
+    values = {}
+    if path.exists():
+        text = path.read_text(encoding="utf-8")
+        for line in text[:text.rfind("\n") + 1].splitlines():  # whole lines only: the run may be writing
+            record = json.loads(line)
+            if record["kind"] == kind:
+                values[record["iter"]] = record[field]
+    return values
+
+
+def wait_for_iteration(run, out_dir, at_least, timeout=90):
+    """Poll metrics.jsonl until a train record at or past `at_least` appears; return the latest iteration."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        done = logged(out_dir)
+        if done and max(done) >= at_least:
+            return max(done)
+        if run.proc.poll() is not None:
+            raise AssertionError(f"run ended (exit {run.proc.returncode}) before iteration {at_least}\n"
+                                 f"stderr:\n{run.stderr}")
+        time.sleep(POLL_S)
+    run.kill_group()
+    raise AssertionError(f"no iteration {at_least} within {timeout} s")

@@ -4,9 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from config import TrainConfig, parse_config
+from dataclasses import fields
+
 from conftest import REPO
-from errors import UserError
+from gptkit.config import parse_config, settings
+from gptkit.errors import UserError
+from gptkit.training import TrainConfig
+from model import GPTConfig
 
 
 def write(tmp_path, text, name="cfg.py"):
@@ -25,13 +29,13 @@ def test_types_and_precedence(tmp_path):
                            "compile = True\n'''a docstring is fine'''\n")
     cfg = parse_config(TrainConfig, [path, "--dropout=0", "--compile=false", "--max_iters=1e4",
                                      "--batch_size", "8", "--wandb_run_name=123", "--learning_rate=3e-4"])
-    assert cfg.dropout == 0.0 and isinstance(cfg.dropout, float)
+    assert cfg.model.dropout == 0.0 and isinstance(cfg.model.dropout, float)
     assert cfg.compile is False
     assert cfg.max_iters == 10000 and isinstance(cfg.max_iters, int)
     assert cfg.batch_size == 8  # the later argument wins over the file
     assert cfg.wandb_run_name == "123" and isinstance(cfg.wandb_run_name, str)
     assert cfg.learning_rate == 3e-4
-    assert cfg.n_layer == 3 and cfg.out_dir == "from-file"  # untouched file values stay
+    assert cfg.model.n_layer == 3 and cfg.out_dir == "from-file"  # untouched file values stay
 
 
 def test_file_after_argument_wins(tmp_path):
@@ -129,7 +133,7 @@ def test_config_file_literals(tmp_path):
     cfg = parse_config(TrainConfig, [path])
     assert cfg.learning_rate == 1e-3 and cfg.max_iters == 2000
     assert cfg.lr_decay_iters == 2000 and isinstance(cfg.lr_decay_iters, int)
-    assert cfg.bias is False and cfg.n_embd == 64
+    assert cfg.model.bias is False and cfg.model.n_embd == 64
 
 
 def test_config_file_type_error_names_key(tmp_path):
@@ -180,3 +184,29 @@ def test_there_are_config_files():
 def test_shipped_config_files_load(path: Path):
     cfg = parse_config(TrainConfig, [str(path)])
     assert isinstance(cfg, TrainConfig)
+
+
+def test_every_model_setting_comes_from_the_model():
+    """GPTConfig is the one source: each of its fields (but the vocabulary, which the dataset sets) is a
+    train.py key with the model's type, default, allowed values and help, and lands in cfg.model."""
+    keys = settings(TrainConfig)
+    for f in fields(GPTConfig):
+        if f.name == "vocab_size":
+            assert f.name not in keys
+            continue
+        s = keys[f.name]
+        assert s.owner == ("model",) and s.default == f.default and s.help, f.name
+    assert keys["pos_emb"].choices == ("learned", "rope") and keys["pos_emb"].type is str
+    cfg = parse_config(TrainConfig, ["--rope_base=500", "--pos_emb=rope", "--norm=rmsnorm"])
+    assert (cfg.model.rope_base, cfg.model.pos_emb, cfg.model.norm) == (500.0, "rope", "rmsnorm")
+    with pytest.raises(UserError, match="unknown config key 'vocab_size'"):
+        parse_config(TrainConfig, ["--vocab_size=100"])
+
+
+def test_help_lists_model_settings_with_their_choices(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(TrainConfig, ["--help"])
+    out = capsys.readouterr().out
+    assert "model settings (model.py's GPTConfig):" in out
+    assert "--rope_base=10000.0" in out and "rotary frequency base" in out
+    assert "[learned | rope]" in out and "[adamw | muon]" in out

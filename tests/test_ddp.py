@@ -6,17 +6,18 @@ import sys
 import pytest
 import torch.distributed as dist
 
-from checkpoint import load_checkpoint
 from conftest import REPO
-from metrics import read_metrics
+from gptkit.checkpoint import load_checkpoint
+from gptkit.metrics import read_metrics
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="this torch build has no gloo backend")
 
 
-@pytest.mark.parametrize("accum", [2, 1])  # 1: fewer steps than processes, each still takes one micro-batch
-def test_ddp_two_processes(prepared, tmp_path, accum):
-    data_dir, _, _ = prepared
+def test_ddp_two_processes(data_dir, tmp_path):
+    """gradient_accumulation_steps=1 with 2 processes: fewer micro-batches than processes, each takes one.
+    (Two micro-batches over two processes run in test_reliability's DDP tests.)"""
+    accum = 1
     out = tmp_path / "out"
     max_iters, log_interval = 6, 2
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",

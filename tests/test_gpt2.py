@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from conftest import REPO, SHARED_TIKTOKEN, check_ok, make_text, run_script
-from errors import UserError
+from gptkit.errors import UserError
+from gptkit.hf_interop import load_pretrained
 from model import GPT, GPTConfig
 
 TINY_HF = dict(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=100)
@@ -64,9 +65,9 @@ def tiktoken_cache(monkeypatch):
 
 @pytest.mark.parametrize("variant", [{}, {"activation_function": "gelu", "tie_word_embeddings": False}],
                          ids=["gpt2", "exact_gelu_untied"])
-def test_from_pretrained_matches_transformers(tmp_path, variant):
+def test_load_pretrained_matches_transformers(tmp_path, variant):
     folder, hf = hf_model(tmp_path, **variant)
-    model = GPT.from_pretrained(str(folder)).eval()
+    model = load_pretrained(str(folder)).eval()
     assert model.config.mlp_act == ("gelu" if variant else "gelu_tanh")
     assert model.config.tie_weights == (not variant)
     assert model.config.bias and model.config.block_size == 64 and model.config.vocab_size == 100
@@ -74,9 +75,9 @@ def test_from_pretrained_matches_transformers(tmp_path, variant):
     torch.testing.assert_close(all_logits(model, idx), hf_logits(hf, idx), atol=1e-4, rtol=0)
 
 
-def test_from_pretrained_crops_block_size_and_overrides_dropout(tmp_path):
+def test_load_pretrained_crops_block_size_and_overrides_dropout(tmp_path):
     folder, hf = hf_model(tmp_path)
-    model = GPT.from_pretrained(folder, dropout=0.25, block_size=16)
+    model = load_pretrained(folder, dropout=0.25, block_size=16)
     assert model.config.block_size == 16 and model.transformer.wpe.weight.shape == (16, 32)
     assert model.config.dropout == 0.25
     idx = tokens(16)
@@ -87,28 +88,29 @@ def test_from_pretrained_crops_block_size_and_overrides_dropout(tmp_path):
     with pytest.raises(ValueError, match="block_size"):
         model(tokens(17))
     with pytest.raises(ValueError, match="only dropout and block_size"):
-        GPT.from_pretrained(folder, n_layer=3)
+        load_pretrained(folder, n_layer=3)
 
 
-def test_from_pretrained_refuses_what_it_cannot_load(tmp_path):
+def test_load_pretrained_refuses_what_it_cannot_load(tmp_path):
     pytest.importorskip("transformers")
     with pytest.raises(UserError, match="unknown model 'gpt3'"):
-        GPT.from_pretrained("gpt3")
+        load_pretrained("gpt3")
     with pytest.raises(UserError, match="not a folder"):
-        GPT.from_pretrained(str(tmp_path / "missing" / "dir"))
+        load_pretrained(str(tmp_path / "missing" / "dir"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="could not load .* as a transformers GPT-2 folder"):
-        GPT.from_pretrained(str(tmp_path / "empty"))
+        load_pretrained(str(tmp_path / "empty"))
     folder, _ = hf_model(tmp_path, n_inner=100)
     with pytest.raises(UserError, match="n_inner=100"):
-        GPT.from_pretrained(str(folder))
+        load_pretrained(str(folder))
 
 
 def test_hub_name_offline_is_one_error_line(tmp_path):
     pytest.importorskip("transformers")
     home = tmp_path / "hf_home"  # an empty cache, and no network
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub")}
-    code = "from errors import run_main; from model import GPT; run_main(lambda: GPT.from_pretrained('gpt2'))"
+    code = ("from gptkit.errors import run_main; from gptkit.hf_interop import load_pretrained; "
+            "run_main(lambda: load_pretrained('gpt2'))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=dict(os.environ, **env),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1, proc.stderr
@@ -118,11 +120,10 @@ def test_hub_name_offline_is_one_error_line(tmp_path):
 
 
 def test_train_checks_data_and_block_size_against_pretrained(tmp_path):
-    from config import TrainConfig
-    from train import build_model
+    from gptkit.training import TrainConfig, build_model
 
     folder, _ = hf_model(tmp_path)
-    cfg = TrainConfig(init_from=str(folder), dataset="tiny", block_size=16, dropout=0.1)
+    cfg = TrainConfig(init_from=str(folder), dataset="tiny", model=GPTConfig(block_size=16, dropout=0.1))
     bpe = {"tokenizer": "tiktoken", "encoding": "gpt2", "vocab_size": 90}
     model = build_model(cfg, bpe, None)
     assert (model.config.block_size, model.config.dropout, model.config.vocab_size) == (16, 0.1, 100)
@@ -139,12 +140,12 @@ def test_train_checks_data_and_block_size_against_pretrained(tmp_path):
 
 def save_fake_run(model, out_dir, tokenizer_meta):
     """A checkpoint with the keys train.py writes (see Trainer.checkpoint_state), without training."""
-    from checkpoint import save_checkpoint
-    from config import TrainConfig
+    from gptkit.checkpoint import save_checkpoint
+    from gptkit.training import TrainConfig
 
     state = {"model": model.state_dict(), "optimizer": [], "scaler": {}, "model_args": asdict(model.config),
              "config": asdict(TrainConfig()), "tokenizer": tokenizer_meta, "iter_num": 0,
-             "best_val_loss": math.inf, "train_time": 0.0, "rng": [], "wandb_id": None}
+             "best_val_loss": math.inf, "loop_seconds": 0.0, "rng": [], "wandb_id": None}
     save_checkpoint(state, out_dir / "ckpt.pt")
 
 
@@ -172,7 +173,7 @@ def test_export_round_trip(tmp_path, options):
     assert hf.config.n_positions == 24 and hf.config.tie_word_embeddings == model.config.tie_weights
     idx = tokens(24, vocab=37)
     torch.testing.assert_close(hf_logits(hf, idx), all_logits(model, idx), atol=1e-4, rtol=0)
-    back = GPT.from_pretrained(tmp_path / "hf").eval()  # and back again
+    back = load_pretrained(tmp_path / "hf").eval()  # and back again
     torch.testing.assert_close(all_logits(back, idx), all_logits(model, idx), atol=1e-4, rtol=0)
 
 
@@ -189,7 +190,7 @@ def test_export_refuses_incompatible_model(tmp_path):
 @pytest.mark.parametrize("option", [dict(norm="rmsnorm"), dict(qk_norm=True), dict(logit_softcap=30.0)],
                          ids=["rmsnorm", "qk_norm", "softcap"])
 def test_export_names_the_option_it_cannot_represent(option):
-    from hf_interop import check_exportable
+    from gptkit.hf_interop import check_exportable
 
     name = next(iter(option))
     with pytest.raises(UserError, match=f"cannot be exported as GPT-2: {name}="):
@@ -203,8 +204,8 @@ def test_bpe_prepare_round_trip(tmp_path, tiktoken_cache):
     import numpy as np
     import tiktoken
 
-    from corpus import PrepareConfig, prepare
-    from tokenizer import make_tokenizer, tokenizer_from_meta
+    from gptkit.corpus import PrepareConfig, prepare
+    from gptkit.tokenizer import make_tokenizer, tokenizer_from_meta
 
     enc = tiktoken.get_encoding("r50k_base")
     docs = [make_text(3000, seed=s) for s in range(3)]
@@ -228,8 +229,8 @@ def test_bpe_prepare_round_trip(tmp_path, tiktoken_cache):
 
 def test_finetune_sample_export_end_to_end(tmp_path, tiktoken_cache):
     transformers = pytest.importorskip("transformers")
-    from checkpoint import load_checkpoint, load_model
-    from corpus import PrepareConfig, prepare
+    from gptkit.checkpoint import load_checkpoint, load_model
+    from gptkit.corpus import PrepareConfig, prepare
 
     folder, _ = hf_model(tmp_path, n_layer=1, vocab_size=50257)
     text = tmp_path / "input.txt"

@@ -1,6 +1,7 @@
 """The transformer: attention against a naive loop, causality, rotary positions, KV cache and generation."""
 
 import math
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -194,35 +195,22 @@ def test_forward_rejects_sequences_longer_than_block():
         model(random_tokens((1, BASE["block_size"] + 1)))
 
 
-@pytest.mark.parametrize("pos_emb", ["learned", "rope"])
-@pytest.mark.parametrize("prompt_len", [3, 20], ids=["short_prompt", "prompt_longer_than_block"])
-@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.9, 10, 0.9)],
-                         ids=["greedy", "sample", "sample_topk_topp"])
-def test_generate_with_and_without_kv_cache_agree(pos_emb, prompt_len, temperature, top_k, top_p):
-    block = BASE["block_size"]
-    model = make_model(sharpen=3.0, pos_emb=pos_emb)
-    idx = random_tokens((2, prompt_len))
-    n_new = 2 * block + 5  # the window slides several times
-    outs = []
-    for kv in (True, False):
-        out = model.generate(idx, n_new, temperature=temperature, top_k=top_k, top_p=top_p, kv_cache=kv,
-                             generator=torch.Generator().manual_seed(3))
-        outs.append(out)
-    assert outs[0].shape == (2, prompt_len + n_new)
-    assert torch.equal(outs[0][:, :prompt_len], idx)
-    assert torch.equal(outs[0], outs[1])
-    # a different seed gives a different sample, so the equality above is not vacuous
-    if temperature > 0:
-        other = model.generate(idx, n_new, temperature=temperature, top_k=top_k, top_p=top_p,
-                               generator=torch.Generator().manual_seed(4))
-        assert not torch.equal(other, outs[0])
-
-
-def test_generate_uses_no_more_than_block_size_of_context():
-    """Past block_size, generation must still run (no error from the position table)."""
-    model = make_model(block_size=8)
-    out = model.generate(random_tokens((1, 30)), 25, temperature=0.0)
-    assert out.shape == (1, 55)
+@pytest.mark.parametrize("kv_cache", [True, False])
+def test_generation_reads_only_the_last_block_of_context(kv_cache):
+    """Tokens further back than block_size never reach the model: changing them changes nothing,
+    while changing one inside the window does."""
+    model = make_model(sharpen=20.0, block_size=8)
+    prompt = random_tokens((1, 30))
+    out = model.generate(prompt, 1, temperature=0.0, kv_cache=kv_cache)
+    far = prompt.clone()
+    far[:, :22] = random_tokens((1, 22), seed=5)  # all but the last 8 tokens
+    assert torch.equal(model.generate(far, 1, temperature=0.0, kv_cache=kv_cache)[:, -1], out[:, -1])
+    with torch.no_grad():
+        logits, _ = model(prompt[:, -8:])
+        near = prompt.clone()
+        near[:, -8] = (near[:, -8] + 1) % BASE["vocab_size"]
+        moved, _ = model(near[:, -8:])
+    assert not torch.allclose(logits, moved)  # the first token of the window does matter
 
 
 def test_sample_next_filters():
@@ -264,9 +252,40 @@ def test_zero_init_proj():
     assert all(torch.count_nonzero(p) == 0 for p in projs)
 
 
-def test_config_rejects_indivisible_heads():
-    with pytest.raises(ValueError, match="divisible"):
-        GPTConfig(n_embd=30, n_head=4)
-    with pytest.raises(ValueError):
-        GPTConfig(n_embd=36, n_head=4, pos_emb="rope")  # odd head size 9 cannot rotate in pairs
+@pytest.mark.parametrize("bad,message", [
+    (dict(n_embd=30, n_head=4), "divisible"),
+    (dict(n_embd=36, n_head=4, pos_emb="rope"), "even head size"),  # head size 9 cannot rotate in pairs
+    (dict(pos_emb="alibi"), "pos_emb must be one of learned, rope"),
+    (dict(n_layer=0), "n_layer must be at least 1"),
+    (dict(dropout=1.0), "dropout"),
+])
+def test_config_refuses_what_cannot_be_built(bad, message):
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(**bad)
     GPTConfig(n_embd=32, n_head=4)  # a valid one is fine
+
+
+def test_from_dict_refuses_unknown_settings():
+    saved = asdict(GPTConfig(n_layer=3))
+    assert GPTConfig.from_dict(saved) == GPTConfig(n_layer=3)
+    with pytest.raises(ValueError, match="unknown model settings: flash"):
+        GPTConfig.from_dict(dict(saved, flash=True))
+
+
+def test_rope_base_sets_the_rotary_frequencies():
+    slow, fast = make_model(pos_emb="rope", rope_base=10000.0), make_model(pos_emb="rope", rope_base=10.0)
+    idx = random_tokens((1, 12))
+    with torch.no_grad():
+        assert not torch.allclose(slow(idx, idx)[0], fast(idx, idx)[0])  # same weights, other angles
+
+
+def test_flops_per_token_by_hand():
+    """PaLM's count (appendix B): 6 FLOPs per token for each parameter but the embedding tables (2 forward,
+    4 backward; norm gains included, the head counted even when tied), plus attention's QK^T and AV:
+    2 matmuls x 2 FLOPs x T keys x C per layer, times 3 for the backward pass."""
+    L, C, V, T = 2, 32, 37, 16
+    per_layer = C + 3 * C * C + C * C + C + 4 * C * C + 4 * C * C  # ln_1, c_attn, c_proj, ln_2, c_fc, c_proj
+    n = L * per_layer + C + V * C  # the blocks, ln_f and the head
+    model = make_model(bias=False)
+    assert model.flops_per_token(T) == 6 * n + L * 2 * 2 * T * C * 3
+    assert make_model(bias=False, tie_weights=False).flops_per_token(T) == model.flops_per_token(T)

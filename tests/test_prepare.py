@@ -1,15 +1,27 @@
-"""Corpus preparation: token files and metadata that round-trip, dtype choice, one-line CLI errors."""
+"""Corpus preparation: token files and metadata that round-trip, dtype choice, the download (from a local
+server: tests never touch the network), one-line CLI errors."""
 
 import hashlib
+import http.server
 import json
+import threading
 
 import numpy as np
 import pytest
 
-from conftest import SHARED_TIKTOKEN, make_text, run_script
-from corpus import PrepareConfig, prepare
-from errors import UserError
-from tokenizer import tokenizer_from_meta
+from conftest import REPO, SHARED_TIKTOKEN, assert_one_error_line, make_text, run_script
+from gptkit import corpus
+from gptkit.corpus import PrepareConfig, prepare
+from gptkit.errors import UserError
+from gptkit.tokenizer import tokenizer_from_meta
+
+
+@pytest.fixture
+def prepared(tmp_path, corpus_file):
+    """A char-level dataset 'tiny' under tmp_path/data; returns (data_dir, out_dir, meta)."""
+    data_dir = tmp_path / "data"
+    out_dir, meta = prepare(PrepareConfig(input=str(corpus_file), name="tiny", data_dir=str(data_dir)))
+    return data_dir, out_dir, meta
 
 
 def read_tokens(out_dir, meta, split):
@@ -146,11 +158,9 @@ def test_too_little_text(tmp_path):
 
 def assert_one_line_error(proc, *words):
     assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip("\n").split("\n")
-    assert len(lines) == 1 and lines[0].startswith("error: "), repr(proc.stderr)
+    line = assert_one_error_line(proc.stderr)
     for word in words:
-        assert word in lines[0]
+        assert word in line
 
 
 @pytest.mark.parametrize("name,content,word", [
@@ -187,17 +197,57 @@ def test_cli_success(tmp_path, corpus_file, corpus_text):
     assert meta["train_tokens"] + meta["val_tokens"] == len(corpus_text)
 
 
-def test_cli_default_download_fails_cleanly_offline(tmp_path):
-    proc = run_script("data/prepare.py", f"--data_dir={tmp_path}", timeout=90)
-    if proc.returncode == 0:
-        pytest.skip("the tinyshakespeare download worked: this machine has network access")
-    assert_one_line_error(proc, "--input")
-    assert not (tmp_path / "shakespeare_char" / "input.txt").exists()
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    """A web server on 127.0.0.1 serving tmp_path/www, with the download URL pointed at it."""
+    www = tmp_path / "www"
+    www.mkdir()
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(www), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setattr(corpus, "SHAKESPEARE_URL", f"http://127.0.0.1:{httpd.server_port}/input.txt")
+    yield www
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_download_is_checked_and_kept(server, tmp_path):
+    real = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+    if not real.is_file():
+        pytest.skip(f"no copy of tinyshakespeare at {real} to serve")
+    (server / "input.txt").write_bytes(real.read_bytes())
+    out_dir, meta = prepare(PrepareConfig(data_dir=str(tmp_path / "d")))
+    assert (out_dir / "input.txt").read_bytes() == real.read_bytes()
+    assert meta["vocab_size"] == 65 and meta["train_tokens"] + meta["val_tokens"] == 1_115_394
+    (server / "input.txt").unlink()  # a second run uses the kept copy, never the network
+    assert prepare(PrepareConfig(data_dir=str(tmp_path / "d")))[1] == meta
+
+
+def test_download_failures_are_one_line(server, tmp_path, monkeypatch):
+    data = tmp_path / "d"
+    with pytest.raises(UserError, match=r"could not download tinyshakespeare \(File not found\); pass a local copy"):
+        prepare(PrepareConfig(data_dir=str(data)))  # the server has no such file
+    assert not (data / "shakespeare_char" / "input.txt").exists()
+    (server / "input.txt").write_text("not shakespeare\n", encoding="utf-8")
+    with pytest.raises(UserError, match="is not the tinyshakespeare file .*; delete it and run again"):
+        prepare(PrepareConfig(data_dir=str(data)))
+    (data / "shakespeare_char" / "input.txt").unlink()
+    monkeypatch.setattr(corpus, "SHAKESPEARE_URL", "http://127.0.0.1:9/input.txt")  # nothing listens there
+    with pytest.raises(UserError, match=r"could not download tinyshakespeare \(.*refused\)"):
+        prepare(PrepareConfig(data_dir=str(data)))
 
 
 def test_name_must_be_plain(tmp_path, corpus_file):
-    with pytest.raises(UserError, match="name"):
-        PrepareConfig(input=str(corpus_file), name="../escape").validate()
+    with pytest.raises(ValueError, match="name"):
+        PrepareConfig(input=str(corpus_file), name="../escape")
 
 
 def test_make_text_is_deterministic():

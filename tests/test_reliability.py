@@ -18,13 +18,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import checkpoint
-from checkpoint import load_checkpoint, save_checkpoint
-from conftest import REPO, run_script
-from errors import UserError
+from conftest import REPO, Run, assert_one_error_line, logged, run_script, train_cmd, wait_for_iteration
+from gptkit import checkpoint
+from gptkit.checkpoint import load_checkpoint, save_checkpoint
+from gptkit.errors import UserError
 
-MODEL = ["--device=cpu", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16",
-         "--batch_size=4"]
 ITERS = 120  # long enough that a kill lands mid-run; a CPU step here takes a few milliseconds
 COMMON = [f"--max_iters={ITERS}", "--log_interval=1", "--eval_interval=5", "--eval_iters=2",
           "--always_save_checkpoint=True", "--dropout=0.1", "--warmup_iters=5"]
@@ -37,76 +35,6 @@ LOSS_TOL = 1e-6
 
 # ---------------------------------------------------------------------------------------------- helpers
 
-def train_cmd(data_dir, out_dir, *extra, script=REPO / "train.py"):
-    return [sys.executable, str(script), f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={out_dir}",
-            *MODEL, *extra]
-
-
-class Run:
-    """A training subprocess in the background, its output in files (no pipe to fill up)."""
-
-    def __init__(self, cmd, folder):
-        folder.mkdir(parents=True, exist_ok=True)
-        self.stdout_path, self.stderr_path = folder / "stdout.txt", folder / "stderr.txt"
-        with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err, start_new_session=True)
-
-    @property
-    def stdout(self):
-        return self.stdout_path.read_text(encoding="utf-8")
-
-    @property
-    def stderr(self):
-        return self.stderr_path.read_text(encoding="utf-8")
-
-    def wait(self, timeout=120):
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill_group()
-            raise AssertionError(f"still running after {timeout} s\nstderr:\n{self.stderr}") from None
-
-    def kill_group(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
-
-    def check_ok(self):
-        rc = self.wait()
-        assert rc == 0, f"exit {rc}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
-        return self
-
-
-def logged(out_dir, kind="train", field="loss"):
-    """{iteration: value}, the last value written for each: a resumed run appends to its own log."""
-    path = Path(out_dir) / "metrics.jsonl"
-    values = {}
-    if path.exists():
-        text = path.read_text(encoding="utf-8")
-        for line in text[:text.rfind("\n") + 1].splitlines():  # whole lines only: the run may be writing
-            record = json.loads(line)
-            if record["kind"] == kind:
-                values[record["iter"]] = record[field]
-    return values
-
-
-def wait_for_iteration(run, out_dir, at_least, timeout=90):
-    """Poll metrics.jsonl until a train record at or past `at_least` appears; return the latest iteration."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        done = logged(out_dir)
-        if done and max(done) >= at_least:
-            return max(done)
-        if run.proc.poll() is not None:
-            raise AssertionError(f"run ended (exit {run.proc.returncode}) before iteration {at_least}\n"
-                                 f"stderr:\n{run.stderr}")
-        time.sleep(0.002)
-    run.kill_group()
-    raise AssertionError(f"no iteration {at_least} within {timeout} s")
-
-
 def assert_same_losses(resumed_dir, reference):
     """Every iteration's loss (and learning rate, and every evaluation) equals the uninterrupted run's."""
     for kind, field, tol in [("train", "loss", LOSS_TOL), ("train", "lr", 0.0), ("eval", "val_loss", LOSS_TOL)]:
@@ -115,14 +43,6 @@ def assert_same_losses(resumed_dir, reference):
         for i in straight:
             assert abs(resumed[i] - straight[i]) <= tol, (
                 f"iteration {i}: resumed {field} {resumed[i]!r} != uninterrupted {straight[i]!r}")
-
-
-def one_line_error(stderr):
-    """The single stderr line of a clean failure, which must start with 'error:'."""
-    assert "Traceback" not in stderr, stderr
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +69,9 @@ WRAPPER = '''
 import io, os, signal, sys
 sys.path.insert(0, {repo!r})
 sys.argv[0] = os.path.join({repo!r}, "train.py")
-import checkpoint, train
-from errors import run_main
+import train
+from gptkit import checkpoint
+from gptkit.errors import run_main
 
 FAULT, NTH = {fault!r}, {nth!r}
 saves = 0
@@ -193,15 +114,16 @@ elif FAULT == "nan":  # the training loss of forward pass NTH becomes NaN
 
     model.GPT.forward = forward
 elif FAULT == "rank1":  # rank 1 fails on its own after DDP is up, at iteration NTH
-    from errors import UserError
-    real_step = train.Trainer.step
+    import torch.distributed as dist
+    from gptkit.errors import UserError
+    real_step = train.step_optimizers
 
-    def step(self, x, y):
-        if self.dist.rank == 1 and self.iter_num == NTH:
+    def step_optimizers(state, grad_clip):
+        if dist.get_rank() == 1 and state.iter_num == NTH:
             raise UserError("rank 1 failed on purpose")
-        return real_step(self, x, y)
+        return real_step(state, grad_clip)
 
-    train.Trainer.step = step
+    train.step_optimizers = step_optimizers
 run_main(train.main)
 '''
 
@@ -235,10 +157,10 @@ def test_sigkill_then_resume_gives_the_uninterrupted_losses(name, kill_at, tmp_p
     Run(train_cmd(data_dir, out, *extra, *wandb, "--init_from=resume"), tmp_path / "resumed").check_ok()
     assert_same_losses(out, reference(name))
     assert load_checkpoint(out / "ckpt.pt")["iter_num"] == ITERS
-    if wandb:
-        runs = sorted(p.name for p in (out / "wandb").glob("offline-run-*"))
+    if wandb:  # one offline wandb run directory per process, each with its log, both continuing one run id
+        runs = sorted((out / "wandb").glob("offline-run-*"))
         assert len(runs) == 2 and ckpt["wandb_id"], runs
-        assert all(r.endswith("-" + ckpt["wandb_id"]) for r in runs), (runs, ckpt["wandb_id"])
+        assert all(r.name.endswith("-" + ckpt["wandb_id"]) and list(r.glob("*.wandb")) for r in runs), runs
 
 
 def test_kill_during_checkpoint_write_keeps_the_previous_one(tmp_path, data_dir, reference):
@@ -268,7 +190,7 @@ def test_ctrl_c_saves_the_current_step_and_resume_is_exact(tmp_path, data_dir, r
     run.proc.send_signal(signal.SIGINT)
     rc = run.wait()
     assert rc == 130, f"exit {rc}\nstderr:\n{run.stderr}"
-    line = one_line_error(run.stderr)
+    line = assert_one_error_line(run.stderr)
     m = re.fullmatch(r"error: interrupted at iteration (\d+); checkpoint saved to (.+), "
                      r"continue with --init_from=resume", line)
     assert m, line
@@ -287,8 +209,8 @@ def test_every_rng_round_trips_through_a_checkpoint(tmp_path):
 
     import numpy as np
 
-    from batches import BatchSampler, Split
-    from train import rng_state, set_rng_state
+    from gptkit.dataset import BatchSampler, Split
+    from gptkit.training import rng_state, set_rng_state
 
     (tmp_path / "train.bin").write_bytes(np.arange(1000, dtype=np.uint16).tobytes())
     sampler = BatchSampler(Split(tmp_path, "train", "uint16", 8), 3, 0, "cpu")
@@ -350,27 +272,31 @@ def test_failed_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch, faul
 
 
 def test_sigkill_while_saving_a_large_checkpoint(tmp_path):
-    """A separate process SIGKILLed while torch.save streams a 64 MB state: the old file loads, the .tmp is
-    ignored (and named when it is all there is), and the next save cleans up."""
+    """A process SIGKILLed 1 MB into streaming a 64 MB state: the old file loads, the .tmp is ignored
+    (and named when it is all there is), and the next save cleans up."""
     path = tmp_path / "ckpt.pt"
     save_checkpoint({"iter_num": 1, "w": torch.ones(4)}, path)
     script = tmp_path / "big_save.py"
     script.write_text(f"""
-import sys
+import io, os, signal, sys
 sys.path.insert(0, {str(REPO)!r})
 import torch
-from checkpoint import save_checkpoint
+from gptkit import checkpoint
+
+class DiesMidWrite(io.FileIO):
+    def write(self, data):
+        if self.tell() > 1 << 20:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().write(data)
+
+checkpoint.open = lambda p, mode="r", *a, **k: DiesMidWrite(p, "wb")
 torch.manual_seed(0)
-save_checkpoint({{"iter_num": 2, "w": [torch.randn(4_000_000) for _ in range(4)]}}, {str(path)!r})
+checkpoint.save_checkpoint({{"iter_num": 2, "w": [torch.randn(4_000_000) for _ in range(4)]}}, {str(path)!r})
 """, encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=60)
+    assert proc.returncode == -signal.SIGKILL
     tmp = tmp_path / "ckpt.pt.tmp"
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path)
-    deadline = time.time() + 60
-    while not (tmp.exists() and tmp.stat().st_size > 0) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.0005)
-    proc.kill()
-    assert proc.wait() == -signal.SIGKILL, "the save finished before the kill"
-    assert tmp.exists()
+    assert tmp.stat().st_size > 1 << 20
     state = load_checkpoint(path)
     assert state["iter_num"] == 1 and torch.equal(state["w"], torch.ones(4))
     path.unlink()
@@ -385,7 +311,7 @@ def test_disk_full_during_training_is_one_line_and_keeps_the_last_checkpoint(tmp
     run = Run(train_cmd(data_dir, out, *COMMON, "--max_iters=20", script=wrapper(tmp_path, "enospc", 2)),
               tmp_path / "log")
     assert run.wait() == 1
-    assert one_line_error(run.stderr) == (f"error: disk full while writing {out / 'ckpt.pt'}; "
+    assert assert_one_error_line(run.stderr) == (f"error: disk full while writing {out / 'ckpt.pt'}; "
                                           "the previous checkpoint is intact")
     assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 5
     assert not (out / "ckpt.pt.tmp").exists()
@@ -401,7 +327,7 @@ def test_exploding_learning_rate_stops_with_no_checkpoint(tmp_path, data_dir):
     out = tmp_path / "out"
     run = Run(train_cmd(data_dir, out, *COMMON, "--learning_rate=1e9"), tmp_path / "log")
     assert run.wait() == 1
-    m = NOT_FINITE.fullmatch(one_line_error(run.stderr))
+    m = NOT_FINITE.fullmatch(assert_one_error_line(run.stderr))
     assert m, run.stderr
     what, iteration = m.group(1), int(m.group(3))
     # the iteration named is the one that would have been logged next (or the evaluation's)
@@ -413,7 +339,7 @@ def test_injected_nan_keeps_the_last_good_checkpoint(tmp_path, data_dir):
     out = tmp_path / "out"
     run = Run(train_cmd(data_dir, out, *COMMON, script=wrapper(tmp_path, "nan", 8)), tmp_path / "log")
     assert run.wait() == 1
-    line = one_line_error(run.stderr)
+    line = assert_one_error_line(run.stderr)
     assert line == ("error: loss is nan at iteration 8; stopping with the last good checkpoint kept "
                     "(try a lower learning_rate or a longer warmup_iters)")
     assert max(logged(out)) == 7
@@ -448,7 +374,7 @@ def test_hostile_checkpoint_is_refused_without_running_it(tmp_path, data_dir, fo
             Run(train_cmd(data_dir, out, "--init_from=resume", "--max_iters=2"), tmp_path / "train")]
     for run in runs:
         assert run.wait() == 1
-        line = one_line_error(run.stderr)
+        line = assert_one_error_line(run.stderr)
         assert line.startswith(f"error: refusing to load {out / 'ckpt.pt'}: it holds objects other than tensors"), line
         if form == "torch.save":
             assert "GLOBAL posix.system" in line  # names what it refused
@@ -467,7 +393,7 @@ def test_config_file_is_parsed_never_executed(tmp_path):
     config.write_text(f"batch_size = __import__('os').system('touch {marker}')\n", encoding="utf-8")
     proc = run_script("train.py", str(config), cwd=tmp_path)
     assert proc.returncode == 1
-    assert one_line_error(proc.stderr) == (f"error: {config}:1: batch_size must be a literal value "
+    assert assert_one_error_line(proc.stderr) == (f"error: {config}:1: batch_size must be a literal value "
                                            "(config files are parsed, never executed)")
     assert not marker.exists()
 

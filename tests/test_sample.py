@@ -11,40 +11,22 @@ import pytest
 import torch
 
 import model as model_module
-from config import parse_config
-from conftest import REPO, SHARED_TIKTOKEN, check_ok, make_text, run_script
-from errors import UserError
+from conftest import REPO, SHARED_TIKTOKEN, assert_one_error_line, check_ok, run_script
+from gptkit.errors import UserError
+from gptkit.prompts import read_prompt, unescape
+from gptkit.tokenizer import CharTokenizer, TiktokenTokenizer
 from model import GPT, GPTConfig, sample_next
-from sample import SampleConfig, StopFilter, generate_texts, read_prompt, unescape
-from tokenizer import CharTokenizer, TiktokenTokenizer
-
-EXTRA_TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
-TINY_RUN = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=8", "--max_iters=30",
-            "--eval_interval=10", "--eval_iters=2", "--log_interval=5", "--warmup_iters=5",
-            "--learning_rate=3e-3", "--device=cpu", "--dtype=float32", "--compile=False"]
-
-
-def train_tiny_run(folder, *overrides):
-    """Prepare a small char corpus and train a 2-layer model on it for 30 steps; returns the out_dir."""
-    folder.mkdir(parents=True, exist_ok=True)
-    corpus = folder / "input.txt"
-    corpus.write_text(make_text(6000) + EXTRA_TEXT, encoding="utf-8")
-    data_dir, out_dir = folder / "data", folder / "out"
-    check_ok(run_script("data/prepare.py", f"--input={corpus}", "--name=tiny", f"--data_dir={data_dir}"))
-    check_ok(run_script("train.py", f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={out_dir}",
-                        *TINY_RUN, *overrides))
-    assert (out_dir / "ckpt.pt").exists() and (out_dir / "metrics.jsonl").exists()
-    return out_dir
+from sample import SampleConfig, StopFilter, generate_texts
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    return train_tiny_run(tmp_path_factory.mktemp("sample_run"))
+def run_dir(trained_run):
+    return trained_run[0]
 
 
 @pytest.fixture(scope="module")
 def trained(run_dir):
-    from checkpoint import load_model
+    from gptkit.checkpoint import load_model
 
     return load_model(run_dir, "cpu")
 
@@ -230,8 +212,8 @@ def test_generate_texts_stops_rows_independently_and_streams_the_first():
     rows = [tok.encode("ab\ncd\n\nef\n\nab"), tok.encode("a\n\nbcdef\nabcdef")]
     model = ScriptedModel(rows)
     stream = io.StringIO()
-    cfg = SampleConfig(num_samples=2, max_new_tokens=100, stop="\n\n")
-    texts = generate_texts(model, tok, "P:", cfg, nullcontext(), stream=stream)
+    cfg = SampleConfig(num_samples=2, max_new_tokens=100)
+    texts = generate_texts(model, tok, "P:", cfg, nullcontext(), "\n\n", stream)
     assert texts == ["P:ab\ncd", "P:a"]
     assert stream.getvalue() == "P:ab\ncd"
     assert model.drawn == 7  # generation ends once every row has met the stop string
@@ -241,7 +223,7 @@ def test_generate_texts_without_stop_returns_everything():
     tok = CharTokenizer(sorted(set("abc\n")))
     model = ScriptedModel([tok.encode("abc\n\nabc")])
     stream = io.StringIO()
-    texts = generate_texts(model, tok, "a", SampleConfig(num_samples=1, max_new_tokens=6), nullcontext(), stream)
+    texts = generate_texts(model, tok, "a", SampleConfig(num_samples=1, max_new_tokens=6), nullcontext(), "", stream)
     assert texts == ["aabc\n\na"] and stream.getvalue() == "aabc\n\na"
 
 
@@ -253,9 +235,8 @@ def test_stop_string_end_to_end_on_a_trained_model(trained):
     generated = plain[0][len(prompt):]
     stop = generated[30:32]  # two characters: with a char tokenizer the stop string spans two tokens
     assert len(stop) == 2
-    cfg.stop = stop
     stream = io.StringIO()
-    stopped = generate_texts(model, tok, prompt, cfg, nullcontext(), stream=stream)
+    stopped = generate_texts(model, tok, prompt, cfg, nullcontext(), stop, stream)
     for full, cut in zip(plain, stopped):
         gen = full[len(prompt):]
         at = gen.find(stop)
@@ -310,8 +291,8 @@ def test_bpe_streaming_through_generate_texts_never_prints_half_a_character():
             return super().write(s)
 
     stream = Recorder()
-    cfg = SampleConfig(num_samples=1, max_new_tokens=100, stop="\n\n")
-    texts = generate_texts(model, tok, "x", cfg, nullcontext(), stream=stream)
+    cfg = SampleConfig(num_samples=1, max_new_tokens=100)
+    texts = generate_texts(model, tok, "x", cfg, nullcontext(), "\n\n", stream)
     assert texts == ["xcaf" + EMOJI_TEXT]
     assert all("\ufffd" not in w for w in stream.writes)
     assert "😀" in stream.writes  # streamed as soon as its last byte arrived
@@ -367,8 +348,6 @@ def test_cache_and_no_cache_print_identical_text(run_dir, capsys):
     without = run_sample_main(capsys, *sample_args(run_dir, "--kv_cache=False"))
     assert with_cache == without
     assert with_cache.startswith("ROMEO:") and with_cache.count("---------------") == 2
-    greedy = run_sample_main(capsys, *sample_args(run_dir, "--temperature=0"))
-    assert greedy == run_sample_main(capsys, *sample_args(run_dir, "--temperature=0", "--kv_cache=False"))
 
 
 def test_prompt_from_file_and_escaped_stop(run_dir, tmp_path, capsys):
@@ -382,17 +361,18 @@ def test_prompt_from_file_and_escaped_stop(run_dir, tmp_path, capsys):
     assert "\n" not in generated
 
 
-def test_unescape_of_command_line_text():
-    cfg = parse_config(SampleConfig, ["--stop=\\n\\n", "--start=A\\tB\\\\n"])
-    assert cfg.stop == "\n\n" and cfg.start == "A\tB\\n"
+def test_unescape_of_command_line_text(tmp_path):
+    assert unescape("\\n\\n") == "\n\n" and read_prompt("A\\tB\\\\n") == "A\tB\\n"
     assert unescape("caf\u00e9 \\x") == "caf\u00e9 \\x"  # other text and unknown escapes unchanged
-    assert parse_config(SampleConfig, ["--start=FILE:C:\\new"]).start == "FILE:C:\\new"  # paths untouched
+    prompt = tmp_path / "new"
+    prompt.write_text("a \\n stays two characters", encoding="utf-8")
+    assert read_prompt(f"FILE:{prompt}") == "a \\n stays two characters"  # a file's text is taken as it is
 
 
 def test_errors_are_one_line(run_dir, tmp_path):
     missing = run_script("sample.py", f"--out_dir={tmp_path}", "--device=cpu")
-    assert missing.returncode == 1 and missing.stderr.startswith("error: no checkpoint")
-    assert missing.stderr.count("\n") == 1 and "Traceback" not in missing.stderr
+    assert missing.returncode == 1
+    assert_one_error_line(missing.stderr, "error: no checkpoint*")
     with pytest.raises(UserError, match="could not read prompt file"):
         read_prompt(f"FILE:{tmp_path / 'nope.txt'}")
     with pytest.raises(UserError, match="outside the training vocabulary"):

@@ -1,4 +1,5 @@
-"""Every training option trains without NaN; Muon gets only hidden matrices; the LR schedule's edges."""
+"""Every training option trains without NaN; Muon gets only hidden matrices; the LR schedule's edges;
+gradient accumulation; the choice of precision."""
 
 import math
 from dataclasses import replace
@@ -6,10 +7,22 @@ from dataclasses import replace
 import pytest
 import torch
 
-from config import TrainConfig
+from gptkit import runtime
+from gptkit.config import build
+from gptkit.errors import UserError
+from gptkit.optim import build_optimizers, is_hidden_matrix, lr_multiplier, set_lr
+from gptkit.runtime import compile_blocks, pick_dtype
+from gptkit.training import TrainConfig
 from model import GPT
-from optim import build_optimizers, is_hidden_matrix, lr_multiplier, set_lr
-from train import compile_blocks, model_config
+
+
+def config(**values):
+    """A TrainConfig from flat keys, as the command line gives them (model settings included)."""
+    return build(TrainConfig, values)
+
+
+def tiny_model(cfg, vocab_size=20):
+    return GPT(replace(cfg.model, vocab_size=vocab_size))
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, bias=False, dropout=0.0)
 
@@ -33,9 +46,9 @@ OPTIONS = {
 
 def train_steps(cfg, steps=8, dtype=None):
     torch.manual_seed(0)
-    model = GPT(model_config(cfg, vocab_size=20))
+    model = tiny_model(cfg)
     optimizers = build_optimizers(model, cfg, "cpu")
-    data = torch.randint(20, (cfg.batch_size, cfg.block_size + 1))
+    data = torch.randint(20, (cfg.batch_size, cfg.model.block_size + 1))
     losses = []
     for it in range(steps):
         for opt in optimizers:
@@ -53,23 +66,22 @@ def train_steps(cfg, steps=8, dtype=None):
 
 @pytest.mark.parametrize("name", OPTIONS)
 def test_every_option_trains_without_nan(name):
-    cfg = TrainConfig(**{**TINY, **OPTIONS[name]}, learning_rate=3e-3, warmup_iters=2, max_iters=8)
-    cfg.validate()
+    cfg = config(**{**TINY, **OPTIONS[name]}, learning_rate=3e-3, warmup_iters=2, max_iters=8)
     losses = train_steps(cfg)
     assert all(math.isfinite(x) for x in losses), losses
     assert losses[-1] < losses[0]  # it learns the fixed batch
 
 
 def test_bf16_autocast_trains_without_nan():
-    cfg = TrainConfig(**TINY, **OPTIONS["default_bundle"], learning_rate=3e-3, warmup_iters=2, max_iters=8)
+    cfg = config(**TINY, **OPTIONS["default_bundle"], learning_rate=3e-3, warmup_iters=2, max_iters=8)
     losses = train_steps(cfg, dtype=torch.bfloat16)
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
 
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_muon_gets_only_hidden_matrices(tie):
-    cfg = TrainConfig(**TINY, optimizer="muon", tie_weights=tie)
-    model = GPT(model_config(cfg, vocab_size=20))
+    cfg = config(**TINY, optimizer="muon", tie_weights=tie)
+    model = tiny_model(cfg)
     adamw, muon = build_optimizers(model, cfg, "cpu")
     muon_ids = {id(p) for g in muon.param_groups for p in g["params"]}
     names = {id(p): n for n, p in model.named_parameters()}
@@ -85,8 +97,8 @@ def test_muon_gets_only_hidden_matrices(tie):
 
 
 def test_adamw_decays_matrices_not_gains():
-    cfg = TrainConfig(**{**TINY, "bias": True})
-    model = GPT(model_config(cfg, vocab_size=20))
+    cfg = config(**{**TINY, "bias": True})
+    model = tiny_model(cfg)
     (adamw,) = build_optimizers(model, cfg, "cpu")
     for group in adamw.param_groups:
         assert all((p.ndim >= 2) == (group["weight_decay"] > 0) for p in group["params"])
@@ -95,8 +107,8 @@ def test_adamw_decays_matrices_not_gains():
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 @pytest.mark.parametrize("embedding_lr", [0.0, 0.05])
 def test_embeddings_get_their_own_learning_rate(optimizer, embedding_lr):
-    cfg = TrainConfig(**TINY, optimizer=optimizer, learning_rate=1e-3, embedding_lr=embedding_lr)
-    model = GPT(model_config(cfg, vocab_size=20))
+    cfg = config(**TINY, optimizer=optimizer, learning_rate=1e-3, embedding_lr=embedding_lr)
+    model = tiny_model(cfg)
     adamw = build_optimizers(model, cfg, "cpu")[0]
     lr_of = {id(p): g["lr"] for g in adamw.param_groups for p in g["params"]}
     assert lr_of[id(model.transformer.wte.weight)] == lr_of[id(model.transformer.wpe.weight)] == (embedding_lr or 1e-3)
@@ -108,8 +120,7 @@ def test_embeddings_get_their_own_learning_rate(optimizer, embedding_lr):
 
 
 def test_compiled_blocks_keep_the_plain_parameter_names():
-    cfg = TrainConfig(**TINY)
-    model = GPT(model_config(cfg, vocab_size=20))
+    model = tiny_model(config(**TINY))
     names = list(model.state_dict())
     compile_blocks(model)  # compiles lazily, at the first call: nothing is compiled here
     assert list(model.state_dict()) == names and not any("_orig_mod" in n for n in names)
@@ -151,3 +162,38 @@ def test_time_budget_drives_the_decay():
     assert lr_multiplier(cfg, 20, elapsed_s=80.0) == pytest.approx(1.0 - 0.5 * 0.9)  # time ahead
     assert lr_multiplier(cfg, 20, elapsed_s=100.0) == pytest.approx(0.1)
     assert lr_multiplier(cfg, 5, elapsed_s=90.0) == pytest.approx(0.6)  # warmup still counts steps
+
+
+def test_gradient_accumulation_gives_the_update_of_one_big_batch(tmp_path, data_dir):
+    """train.py with 2 micro-batches of 4 takes the same step as with one batch of 8: the sampler draws
+    the same 8 windows either way, and each micro-batch's loss is divided by the number of them."""
+    import train
+    from conftest import train_args
+    from gptkit.checkpoint import load_checkpoint
+
+    common = ["--max_iters=2", "--eval_interval=100", "--eval_iters=1", "--warmup_iters=0", "--learning_rate=1e-2",
+              "--grad_clip=0"]
+    for name, shape in {"big": ["--batch_size=8"], "accum": ["--batch_size=4", "--gradient_accumulation_steps=2"]}.items():
+        train.main(train_args(data_dir, tmp_path / name, *common, *shape))
+    big, accum = (load_checkpoint(tmp_path / name / "ckpt.pt") for name in ("big", "accum"))
+    assert big["iter_num"] == accum["iter_num"] == 2
+    big, accum = big["model"], accum["model"]
+    for key in big:
+        torch.testing.assert_close(accum[key], big[key], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("bf16_instructions,bf16_faster,want", [(True, True, "bfloat16"), (True, False, "float32"),
+                                                                (False, True, "float32")])
+def test_pick_dtype_trusts_the_probe_not_the_flags(monkeypatch, bf16_instructions, bf16_faster, want):
+    runtime.cpu_bf16_pays.cache_clear()
+    monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: bf16_instructions)
+    monkeypatch.setattr(runtime, "matmul_seconds",
+                        lambda dtype, **kw: 1.0 if (dtype == torch.bfloat16) == bf16_faster else 3.0)
+    try:
+        assert pick_dtype("auto", "cpu") == want
+    finally:
+        runtime.cpu_bf16_pays.cache_clear()
+    assert pick_dtype("float32", "cpu") == "float32" and pick_dtype("bfloat16", "cpu") == "bfloat16"
+    with pytest.raises(UserError, match="float16 is not supported for training on CPU"):
+        pick_dtype("float16", "cpu")
+    assert pick_dtype("auto", "mps") == "float32"

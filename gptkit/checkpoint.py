@@ -8,7 +8,9 @@ from pathlib import Path
 
 import torch
 
-from errors import UserError, first_line
+from gptkit.errors import UserError, first_line
+from gptkit.tokenizer import tokenizer_from_meta
+from model import GPT, GPTConfig
 
 FORMAT_VERSION = 1
 
@@ -69,7 +71,7 @@ def sync_folder(folder):
 
 
 MODEL_KEYS = ("model", "model_args", "tokenizer")
-TRAINING_KEYS = MODEL_KEYS + ("optimizer", "scaler", "config", "iter_num", "best_val_loss", "train_time", "rng")
+TRAINING_KEYS = MODEL_KEYS + ("optimizer", "scaler", "config", "iter_num", "best_val_loss", "rng")
 
 
 def load_checkpoint(path, map_location="cpu", required=()):
@@ -102,12 +104,19 @@ def load_checkpoint(path, map_location="cpu", required=()):
     return state
 
 
+def model_from_checkpoint(ckpt, path, **overrides):
+    """The GPT a checkpoint's model_args (with overrides, e.g. dropout) and weights describe."""
+    try:
+        config = GPTConfig.from_dict(dict(ckpt["model_args"], **overrides))
+    except ValueError as e:  # written by another version of this tool
+        raise UserError(f"{path} was written with model settings this version cannot build ({e})") from None
+    model = GPT(config)
+    model.load_state_dict(ckpt["model"])
+    return model
+
+
 def load_model(out_dir, device):
     """The trained model (in eval mode) and its tokenizer, from out_dir/ckpt.pt alone."""
-    from model import GPT, GPTConfig
-    from tokenizer import tokenizer_from_meta
-
-    ckpt = load_checkpoint(Path(out_dir) / "ckpt.pt", required=MODEL_KEYS)
-    model = GPT(GPTConfig.from_dict(ckpt["model_args"]))
-    model.load_state_dict(ckpt["model"])
-    return model.to(device).eval(), tokenizer_from_meta(ckpt["tokenizer"])
+    path = Path(out_dir) / "ckpt.pt"
+    ckpt = load_checkpoint(path, required=MODEL_KEYS)
+    return model_from_checkpoint(ckpt, path).to(device).eval(), tokenizer_from_meta(ckpt["tokenizer"])

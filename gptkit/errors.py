@@ -9,8 +9,8 @@ class UserError(Exception):
     exit_code = 1
 
 
-class Interrupted(UserError):
-    """The user stopped the run with Ctrl-C: exit status 130 (128 + SIGINT), as shells report it."""
+class RunStopped(UserError):
+    """The run was asked to stop (Ctrl-C) and saved its state: exit status 130 (128 + SIGINT), as shells report it."""
 
     exit_code = 130
 
@@ -23,8 +23,8 @@ def first_line(e):
 
 
 def run_main(main):
-    """Run an entry script's main(), turning a UserError into `error: ...` and exit status 1
-    (130 for Ctrl-C, as shells do)."""
+    """Run an entry script's main(), turning a UserError into `error: ...` and its exit status
+    (1, or 130 for a stopped run), and Ctrl-C outside a training loop into status 130."""
     try:
         main()
     except UserError as e:
@@ -32,6 +32,6 @@ def run_main(main):
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
-        sys.exit(Interrupted.exit_code)
+        sys.exit(RunStopped.exit_code)
     except BrokenPipeError:  # e.g. `python sample.py | head`
         sys.exit(0)

@@ -1,7 +1,7 @@
 """
 GPT-2 interop with Hugging Face `transformers` (an optional dependency, imported only here).
 
-Import: GPT.from_pretrained('gpt2' | 'gpt2-medium' | 'gpt2-large' | 'gpt2-xl' | a save_pretrained folder).
+Import: load_pretrained('gpt2' | 'gpt2-medium' | 'gpt2-large' | 'gpt2-xl' | a save_pretrained folder).
 Export: export.py writes a checkpoint as config.json + model.safetensors for GPT2LMHeadModel.
 
 The parameter names are the same on both sides; HF keeps its linear layers as Conv1D, whose
@@ -13,8 +13,8 @@ import sys
 
 import torch
 
-from errors import UserError, first_line
-from model import GPTConfig
+from gptkit.errors import UserError, first_line
+from model import GPT, GPTConfig
 
 HUB_MODELS = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -40,16 +40,16 @@ def import_transformers(purpose):
 # ----------------------------------------------------------------------------- import
 
 
-def load_pretrained(cls, name_or_path, **overrides):
-    """A `cls` (GPT) holding GPT-2 weights; overrides: dropout, and block_size to crop the context."""
+def load_pretrained(name_or_path, **overrides):
+    """A GPT holding GPT-2 weights; overrides: dropout, and block_size to crop the context."""
     unknown = sorted(set(overrides) - {"dropout", "block_size"})
     if unknown:
-        raise ValueError(f"from_pretrained can override only dropout and block_size, not {', '.join(unknown)}")
+        raise ValueError(f"load_pretrained can override only dropout and block_size, not {', '.join(unknown)}")
     hf = load_hf_model(name_or_path)
     config = GPTConfig(**config_from_hf(hf.config), dropout=overrides.get("dropout", 0.0))
     state = state_from_hf(hf.state_dict(), config)
     del hf
-    model = cls(config)
+    model = GPT(config)
     model.load_state_dict(state)
     if overrides.get("block_size", config.block_size) != config.block_size:
         model.crop_block_size(overrides["block_size"])

@@ -1,4 +1,4 @@
-"""Load prepared token files and draw training and evaluation batches from them."""
+"""A prepared dataset: its metadata and token files, and the training and evaluation batches drawn from them."""
 
 import json
 from pathlib import Path
@@ -6,8 +6,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from corpus import TOKEN_DTYPES, data_root
-from errors import UserError
+from gptkit.corpus import TOKEN_DTYPES, data_root
+from gptkit.errors import UserError
+from gptkit.tokenizer import tokenizer_from_meta
 
 
 def load_meta(data_dir, dataset):
@@ -96,3 +97,15 @@ def fixed_offsets(split, batch_size, n_batches, seed=0):
     """The same evaluation windows at every evaluation, so val loss changes only when the model does."""
     generator = torch.Generator().manual_seed(seed)
     return [split.random_offsets(batch_size, generator) for _ in range(n_batches)]
+
+
+class TrainingData:
+    """What a run reads: both splits in block_size windows, the training batches (a sampler of its own,
+    seeded per process) and the same evaluation windows at every evaluation."""
+
+    def __init__(self, folder, meta, block_size, batch_size, eval_iters, seed, device):
+        self.meta, self.block_size = meta, block_size
+        self.tokenizer = tokenizer_from_meta(meta)
+        self.splits = {name: Split(folder, name, meta["dtype"], block_size) for name in ("train", "val")}
+        self.sampler = BatchSampler(self.splits["train"], batch_size, seed, device)
+        self.eval_offsets = {name: fixed_offsets(split, batch_size, eval_iters) for name, split in self.splits.items()}

@@ -5,7 +5,7 @@ or any tiktoken BPE encoding (stored by name). Both round-trip through a JSON-ab
 
 import codecs
 
-from errors import UserError
+from gptkit.errors import UserError
 
 
 class CharTokenizer:

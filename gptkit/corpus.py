@@ -12,14 +12,15 @@ import os
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from tqdm import tqdm
 
-from errors import UserError
-from tokenizer import make_tokenizer
+from gptkit.errors import UserError
+from gptkit.tokenizer import make_tokenizer
 
-PROJECT_DATA = Path(__file__).resolve().parent / "data"
+PROJECT_DATA = Path(__file__).resolve().parent.parent / "data"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 CHUNK_BYTES = 1 << 20
@@ -33,15 +34,13 @@ class PrepareConfig:
     tokenizer: str = "char"  # 'char' or a tiktoken encoding name (gpt2, r50k_base, cl100k_base, ...)
     data_dir: str = ""  # where dataset folders live ('' = this project's data/)
     val_fraction: float = 0.1  # the last this fraction of tokens is the validation split
-    dtype: str = "auto"  # token file type: 'auto' (uint16 when the vocabulary fits, else uint32), 'uint16' or 'uint32'
+    dtype: Literal["auto", "uint16", "uint32"] = "auto"  # token file type: 'auto' is uint16 when the vocabulary fits
 
-    def validate(self):
+    def __post_init__(self):
         if not 0 < self.val_fraction < 1:
-            raise UserError(f"val_fraction must be between 0 and 1 (got {self.val_fraction})")
+            raise ValueError(f"val_fraction must be between 0 and 1 (got {self.val_fraction})")
         if not self.name or "/" in self.name or self.name.startswith("."):
-            raise UserError(f"name must be a plain folder name (got {self.name!r})")
-        if self.dtype not in ("auto", *TOKEN_DTYPES):
-            raise UserError(f"dtype must be one of auto, {', '.join(TOKEN_DTYPES)} (got {self.dtype!r})")
+            raise ValueError(f"name must be a plain folder name (got {self.name!r})")
 
 
 def data_root(data_dir):

@@ -4,7 +4,7 @@ import json
 import time
 from pathlib import Path
 
-from errors import UserError
+from gptkit.errors import UserError
 
 PROCESS_START = time.time()
 
@@ -40,6 +40,14 @@ class RunLog:
 
 
 def read_metrics(out_dir):
+    """Every record of out_dir/metrics.jsonl, in the order written."""
     path = Path(out_dir) / "metrics.jsonl"
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        raise UserError(f"no metrics.jsonl in {out_dir}; train a model there first with `python train.py ...`") \
+            from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path} has a line that is not JSON ({e.msg} at line {e.lineno}); "
+                        "was it written by train.py?") from None

@@ -1,0 +1,147 @@
+"""Pictures of runs, written as PNG files: loss curves and attention maps (headless: the Agg backend)."""
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display needed
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from gptkit.errors import UserError  # noqa: E402
+
+
+def save(fig, path, dpi):
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=dpi)
+    except OSError as e:
+        raise UserError(f"could not write {path} ({e.strerror or e})") from None
+    finally:
+        plt.close(fig)
+    print(f"wrote {path}")
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+def wall_clock(records):
+    """Each record's elapsed_s on one clock: a resumed run's process clock restarts at 0, so it continues
+    from where the previous process left off."""
+    out, offset, last = [], 0.0, 0.0
+    for r in records:
+        t = float(r.get("elapsed_s", 0.0))
+        if t + offset < last:  # the clock went back: a new process appended to the file
+            offset = last
+        last = t + offset
+        out.append(last)
+    return out
+
+
+def loss_series(records):
+    """{label: (iters, seconds, losses)} for the logged train loss and the evaluated train/val losses."""
+    seconds = wall_clock(records)
+    series = {"train (batch)": ([], [], []), "train (eval)": ([], [], []), "val": ([], [], [])}
+    for r, t in zip(records, seconds):
+        if r.get("kind") == "train" and "loss" in r:
+            points = [("train (batch)", r["loss"])]
+        elif r.get("kind") == "eval":
+            points = [("train (eval)", r.get("train_loss")), ("val", r.get("val_loss"))]
+        else:
+            continue
+        for label, value in points:
+            if value is not None:
+                series[label][0].append(r["iter"])
+                series[label][1].append(t)
+                series[label][2].append(value)
+    return {k: v for k, v in series.items() if v[0]}
+
+
+def draw_loss(records, title, path, dpi=100):
+    """Train and val loss against iterations and against wall time, side by side."""
+    series = loss_series(records)
+    styles = {"train (batch)": dict(color="tab:blue", alpha=0.35, linewidth=1),
+              "train (eval)": dict(color="tab:blue", marker="o", markersize=3, linewidth=1.5),
+              "val": dict(color="tab:orange", marker="o", markersize=3, linewidth=1.5)}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, column, xlabel in ((axes[0], 0, "iteration"), (axes[1], 1, "wall time (s)")):
+        for label, values in series.items():
+            ax.plot(values[column], values[2], label=label, **styles[label])
+        ax.set_xlabel(xlabel)
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("loss (nats per token)")
+    axes[0].legend()
+    axes[0].set_title("loss against iterations")
+    axes[1].set_title("loss against wall time")
+    fig.suptitle(title)
+    fig.tight_layout()
+    save(fig, path, dpi)
+
+
+def draw_val_loss_vs_time(runs, title, path, dpi=110):
+    """One val-loss curve per run, {name: eval records}, against each run's wall time."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, evals in runs.items():
+        ax.plot(wall_clock(evals), [r["val_loss"] for r in evals], marker=".", label=name)
+    ax.set(xlabel="wall time (s)", ylabel="val loss", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    save(fig, path, dpi)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def token_label(tok, token):
+    text = tok.decode([token])
+    shown = text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423")  # ␣ marks a space
+    return shown if len(shown) <= 12 else shown[:11] + "\u2026"
+
+
+def attention_of(model, tok, prompt):
+    """Every layer's attention weights for prompt, as numpy (H, T, T) arrays, and a label per token."""
+    ids = tok.encode(prompt)
+    if not ids:
+        raise UserError("the prompt is empty: pass some text with --start")
+    if len(ids) > model.config.block_size:
+        raise UserError(f"the prompt is {len(ids)} tokens, longer than the model's block_size "
+                        f"{model.config.block_size}")
+    device = next(model.parameters()).device
+    maps = model.attention_maps(torch.tensor([ids], dtype=torch.long, device=device))
+    return [m[0].float().cpu().numpy() for m in maps], [token_label(tok, t) for t in ids]
+
+
+def draw_attention(maps, labels, title, path, dpi=100):
+    """A grid of heatmaps, one per layer (rows) and head (columns): queries down, keys across."""
+    n_layer, n_head, T = len(maps), maps[0].shape[0], len(labels)
+    cell = min(3.2, max(1.8, 0.13 * T))  # inches per heatmap
+    fig, axes = plt.subplots(n_layer, n_head, figsize=(cell * n_head + 1.2, cell * n_layer + 0.8), squeeze=False)
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")  # masked (future) positions
+    fontsize = max(3.0, min(7.0, 120 / T))
+    upper = np.triu(np.ones((T, T), dtype=bool), k=1)
+    for layer in range(n_layer):
+        for head in range(n_head):
+            ax = axes[layer][head]
+            image = ax.imshow(np.ma.masked_array(maps[layer][head], mask=upper), cmap=cmap, vmin=0.0, vmax=1.0,
+                              interpolation="nearest")
+            if T <= 48:
+                ax.set_xticks(range(T), labels, rotation=90, fontsize=fontsize)
+                ax.set_yticks(range(T), labels, fontsize=fontsize)
+            else:
+                ax.set_xticks([])
+                ax.set_yticks([])
+            ax.tick_params(length=0, pad=1)
+            if layer == 0:
+                ax.set_title(f"head {head}", fontsize=9)
+            if head == 0:
+                ax.set_ylabel(f"layer {layer}\nquery", fontsize=9)
+            if layer == n_layer - 1:
+                ax.set_xlabel("key", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0, 0.9, 0.98))
+    fig.colorbar(image, cax=fig.add_axes((0.915, 0.25, 0.012, 0.5)))
+    save(fig, path, dpi)

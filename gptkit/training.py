@@ -1,0 +1,242 @@
+"""The parts train.py's loop is made of: its config, the state a checkpoint saves and restores,
+the model it starts from, and evaluation."""
+
+import math
+import random
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from gptkit.checkpoint import TRAINING_KEYS, load_checkpoint, model_from_checkpoint, save_checkpoint
+from gptkit.dataset import TrainingData, load_meta
+from gptkit.errors import UserError
+from gptkit.hf_interop import load_pretrained
+from gptkit.optim import build_optimizers
+from gptkit.runtime import allow_eager_fallback, check_device_name, compile_blocks
+from model import GPT, GPTConfig
+
+
+@dataclass
+class TrainConfig:
+    # I/O
+    out_dir: str = "out"  # where ckpt.pt and metrics.jsonl go
+    eval_interval: int = 250  # evaluate (and maybe checkpoint) every this many iterations
+    log_interval: int = 10  # print and record the train loss every this many iterations
+    eval_iters: int = 20  # batches per split in each evaluation (the same fixed batches every time)
+    eval_only: bool = False  # evaluate once, record it and exit; the checkpoint is never written
+    always_save_checkpoint: bool = True  # save at every evaluation, not only when val loss improves
+    init_from: str = "scratch"  # 'scratch', 'resume' (out_dir/ckpt.pt) or a GPT-2 name / HF directory
+    seed: int = 1337  # seeds weights, data order and dropout
+    # wandb
+    wandb_log: bool = False  # log to Weights & Biases
+    wandb_project: str = "nanogpt"  # wandb project name
+    wandb_run_name: str = "run"  # wandb run name
+    # data
+    data_dir: str = ""  # folder holding prepared datasets ('' = this project's data/)
+    dataset: str = "shakespeare_char"  # subfolder of data_dir made by data/prepare.py
+    gradient_accumulation_steps: int = 1  # micro-batches per optimizer step (over all DDP ranks)
+    batch_size: int = 12  # sequences per micro-batch
+    # the model: every setting of model.py's GPTConfig, except the vocabulary, which the dataset sets
+    model: GPTConfig = field(default_factory=GPTConfig, metadata={"not_settable": ("vocab_size",)})
+    # optimizer
+    optimizer: Literal["adamw", "muon"] = "adamw"  # AdamW, or Muon on hidden matrices and AdamW on the rest
+    learning_rate: float = 6e-4  # peak AdamW learning rate
+    embedding_lr: float = 0.0  # peak AdamW learning rate of the token and position embeddings (0 = learning_rate)
+    max_iters: int = 5000  # optimizer steps in the whole run
+    weight_decay: float = 0.1  # AdamW weight decay on matrices and embeddings
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.95  # AdamW beta2
+    grad_clip: float = 1.0  # clip gradients at this norm; 0 disables
+    muon_lr: float = 0.02  # Muon learning rate for hidden matrices
+    muon_momentum: float = 0.95  # Muon momentum
+    muon_weight_decay: float = 0.0  # Muon weight decay
+    # learning-rate schedule
+    decay_lr: bool = True  # False keeps learning_rate constant (no warmup either, as nanoGPT)
+    lr_schedule: Literal["cosine", "wsd"] = "cosine"  # nanoGPT's cosine, or warmup-stable-decay (linear)
+    warmup_iters: int = 100  # linear warmup steps
+    lr_decay_iters: int = 0  # cosine reaches min_lr here (0 = max_iters)
+    min_lr: float = 6e-5  # floor of the cosine schedule
+    warmdown_frac: float = 0.5  # 'wsd': fraction of the run spent decaying to min_lr
+    max_time: float = 0.0  # >0: stop after this many seconds of the loop; the schedule follows max(iter, time) progress
+    # system
+    backend: Literal["auto", "nccl", "gloo"] = "auto"  # DDP backend: 'auto' is nccl on CUDA, gloo on CPU
+    device: str = "auto"  # 'auto' (cuda, then mps, then cpu), or 'cpu', 'cuda', 'cuda:1', 'mps'
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # 'auto': bf16 where it is fast, else fp32 (fp16 on old GPUs)
+    compile: bool = False  # torch.compile each transformer block
+    threads: int = 0  # torch CPU threads (0 = torch's default)
+
+    def __post_init__(self):
+        positive = ["eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps", "batch_size",
+                    "max_iters"]
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if not 0 <= self.warmdown_frac <= 1:
+            raise ValueError(f"warmdown_frac must be in [0, 1] (got {self.warmdown_frac})")
+        for name in ["learning_rate", "embedding_lr", "min_lr", "muon_lr", "weight_decay", "grad_clip", "max_time"]:
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative (got {getattr(self, name)})")
+        check_device_name(self.device)
+
+
+def checkpoint_path(cfg):
+    return Path(cfg.out_dir) / "ckpt.pt"
+
+
+def build_model(cfg, meta, ckpt=None, path=None):
+    """The model to train: fresh, from the checkpoint (at path) being resumed, or pretrained GPT-2 weights."""
+    block_size = cfg.model.block_size
+    if ckpt is not None:
+        if block_size > ckpt["model_args"]["block_size"]:
+            raise UserError(f"block_size {block_size} is larger than the checkpoint's {ckpt['model_args']['block_size']}")
+        model = model_from_checkpoint(ckpt, path, dropout=cfg.model.dropout)
+    elif cfg.init_from == "scratch":
+        vocab = meta["vocab_size"]
+        if meta["tokenizer"] != "char":
+            vocab = math.ceil(vocab / 64) * 64  # padded for faster matmuls; the extra rows are never targets
+        model = GPT(replace(cfg.model, vocab_size=vocab))
+    else:
+        if meta["tokenizer"] == "char":
+            raise UserError(f"init_from={cfg.init_from!r} needs GPT-2's BPE tokens, but dataset {cfg.dataset!r} is "
+                            "char-level; prepare it with `python data/prepare.py --input=FILE --name=NAME "
+                            "--tokenizer=gpt2`")
+        model = load_pretrained(cfg.init_from, dropout=cfg.model.dropout)
+        if meta["vocab_size"] > model.config.vocab_size:
+            raise UserError(f"dataset {cfg.dataset!r} has {meta['vocab_size']:,} token ids, more than "
+                            f"{cfg.init_from!r}'s {model.config.vocab_size:,}; prepare it with --tokenizer=gpt2")
+        if block_size > model.config.block_size:  # as for resume: never train on a shorter context unasked
+            raise UserError(f"block_size {block_size} is larger than {cfg.init_from!r}'s "
+                            f"{model.config.block_size} positions; pass --block_size={model.config.block_size}")
+    if block_size < model.config.block_size:
+        model.crop_block_size(block_size)
+    return model
+
+
+def seed_everything(seed):
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def rng_state(sampler):
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "sampler": sampler.state_dict()}
+    np_state = np.random.get_state()
+    state["numpy"] = [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state, sampler):
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    sampler.load_state_dict(state["sampler"])
+
+
+class TrainState:
+    """What a checkpoint saves and restores: the model, its optimizers and gradient scaler, the tokenizer,
+    the loop's counters, and every process's random generators, the data sampler's included."""
+
+    def __init__(self, cfg, model, tokenizer, sampler, rt):
+        self.cfg, self.model, self.tokenizer, self.sampler = cfg, model, tokenizer, sampler
+        self.optimizers = build_optimizers(model, cfg, rt.device)
+        self.scaler = torch.amp.GradScaler(rt.device.split(":")[0], enabled=rt.dtype == "float16")
+        self.iter_num = 0  # optimizer steps taken
+        self.best_val_loss = math.inf
+        self.loop_seconds = 0.0  # wall time spent in the training loop so far (steps, evaluations and saves)
+        self.wandb_id = None  # the wandb run this one continues
+
+    def save(self, path, rt):
+        """Write the checkpoint from rank 0; every process must call this (each one's RNG state goes in)."""
+        rng = rt.gather(rng_state(self.sampler))
+        if rt.master:
+            save_checkpoint({
+                "model": self.model.state_dict(),
+                "optimizer": [opt.state_dict() for opt in self.optimizers],
+                "scaler": self.scaler.state_dict(),
+                "model_args": asdict(self.model.config),
+                "config": asdict(self.cfg),
+                "tokenizer": self.tokenizer.to_meta(),
+                "iter_num": self.iter_num,
+                "best_val_loss": self.best_val_loss,
+                "loop_seconds": self.loop_seconds,
+                "rng": rng,
+                "wandb_id": self.wandb_id,
+            }, path)
+
+    def restore(self, ckpt, rt):
+        """Continue from ckpt (its model weights are already loaded)."""
+        if len(ckpt["optimizer"]) != len(self.optimizers):
+            raise UserError("the checkpoint was trained with a different optimizer; resume with the same one")
+        for opt, state in zip(self.optimizers, ckpt["optimizer"]):
+            try:
+                opt.load_state_dict(state)
+            except ValueError:  # its parameter groups differ from this version's
+                raise UserError("the checkpoint's optimizer state does not fit this run's parameter groups; "
+                                "resume with the settings it was trained with") from None
+        self.scaler.load_state_dict(ckpt["scaler"])
+        self.iter_num, self.best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
+        self.loop_seconds = ckpt.get("loop_seconds", ckpt.get("train_time", 0.0))  # older checkpoints: train_time
+        self.wandb_id = ckpt.get("wandb_id")
+        states = ckpt["rng"]
+        if len(states) == rt.world:
+            set_rng_state(states[rt.rank], self.sampler)
+        elif rt.master:
+            print(f"note: checkpoint has RNG states of {len(states)} processes, this run has {rt.world}; "
+                  "the data order is reseeded")
+
+
+def start(cfg, rt):
+    """Seed this process, open the dataset and build what the loop trains: (TrainingData, TrainState),
+    fresh, from pretrained weights, or restored from out_dir's checkpoint."""
+    seed_everything(cfg.seed + rt.rank)
+    folder, meta = load_meta(cfg.data_dir, cfg.dataset)
+    path = checkpoint_path(cfg)
+    ckpt = load_checkpoint(path, required=TRAINING_KEYS) if cfg.init_from == "resume" else None
+    model = build_model(cfg, meta, ckpt, path).to(rt.device)
+    if model.config.vocab_size < meta["vocab_size"]:
+        raise UserError(f"dataset vocabulary ({meta['vocab_size']}) is larger than the model's "
+                        f"({model.config.vocab_size})")
+    data = TrainingData(folder, meta, model.config.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed + rt.rank,
+                        rt.device)
+    state = TrainState(cfg, model, data.tokenizer, data.sampler, rt)
+    if ckpt is not None:
+        state.restore(ckpt, rt)
+    if cfg.compile:
+        allow_eager_fallback()
+        compile_blocks(model)
+    return data, state
+
+
+def micro_batches(accumulation_steps, world):
+    """Micro-batches each process runs per optimizer step: the steps divided among the processes,
+    at least one each."""
+    if accumulation_steps > world and accumulation_steps % world:
+        raise UserError(f"gradient_accumulation_steps ({accumulation_steps}) must be divisible "
+                        f"by the number of processes ({world})")
+    return max(1, accumulation_steps // world)
+
+
+def evaluate(model, data, autocast):
+    """Mean loss per split over the fixed evaluation windows."""
+    model.eval()
+    device = str(next(model.parameters()).device)
+    out = {}
+    # eagerly: a second, inference-only graph would cost more compile time than it saves here
+    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+        for name, split in data.splits.items():
+            losses = []
+            for offsets in data.eval_offsets[name]:
+                x, y = split.batch(offsets, device)
+                with autocast:
+                    losses.append(model(x, y)[1].item())
+            out[name] = sum(losses) / len(losses)
+    model.train()
+    return out

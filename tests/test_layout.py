@@ -1,0 +1,45 @@
+"""The shape of the house: at the root only what a user runs (and model.py), the machinery in gptkit/,
+no import cycles, no script imported by anything, and the model importing nothing of the project."""
+
+import ast
+
+from conftest import REPO
+
+SCRIPTS = {"train", "sample", "plot", "export", "bench", "lab"}  # the commands at the root (and data/prepare.py)
+
+
+def project_imports(path):
+    """The project modules a file imports: 'model', 'train', 'gptkit.config', ..."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            if node.module == "gptkit":
+                names.update(f"gptkit.{alias.name}" for alias in node.names)
+    package = {f"gptkit.{p.stem}" for p in (REPO / "gptkit").glob("*.py")}
+    return {n for n in names if n in package or n in SCRIPTS | {"model"}}
+
+
+def test_the_root_holds_only_commands_and_the_model():
+    root = {p.stem for p in REPO.glob("*.py")}
+    assert root <= SCRIPTS | {"model"} and len(root) <= 7, root
+    assert not (REPO / "gptkit" / "config").exists() and not (REPO / "config" / "__init__.py").exists()
+
+
+def test_nothing_imports_a_script_and_the_model_imports_nothing_of_the_project():
+    files = [*REPO.glob("*.py"), *(REPO / "gptkit").glob("*.py"), REPO / "data" / "prepare.py"]
+    for path in files:
+        assert not project_imports(path) & SCRIPTS, (path, project_imports(path))
+    assert project_imports(REPO / "model.py") == set()
+
+
+def test_the_package_has_no_import_cycles():
+    graph = {f"gptkit.{p.stem}": project_imports(p) for p in (REPO / "gptkit").glob("*.py")}
+    graph["model"] = project_imports(REPO / "model.py")
+
+    def reaches(start, goal, seen=()):
+        return any(n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in graph.get(start, ()))
+
+    assert not [m for m in graph if reaches(m, m)], "import cycle"
