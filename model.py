@@ -6,6 +6,11 @@ without biases; `bias=True, mlp_act='gelu_tanh'` is GPT-2 exactly, so its weight
 Options switch on the modern pieces that train faster on small data: rotary positions,
 RMSNorm, QK-norm, ReLU^2, an untied head, logit soft-capping and zero-initialised projections.
 
+Other options take the model apart, for learning what each piece buys: how attention scores
+(scaled or unscaled dot products, Bahdanau's additive scoring, or a plain average of the past),
+whether the future is masked (a decoder) or not (an encoder), no positions at all, blocks
+without their MLP, and no blocks at all (n_layer=0: a bigram model).
+
 GPTConfig is the one place a model setting is defined: train.py's command line, its --help,
 the config parser, checkpoints and validation all read the fields below.
 """
@@ -23,12 +28,12 @@ from torch.nn import functional as F
 class GPTConfig:
     block_size: int = 1024  # context length: the longest sequence the model sees, in tokens
     vocab_size: int = 50304  # token ids the model knows (GPT-2's 50257 padded to a multiple of 64)
-    n_layer: int = 12  # transformer blocks
+    n_layer: int = 12  # transformer blocks (0: none, a bigram model that sees only the current token)
     n_head: int = 12  # attention heads per block
     n_embd: int = 768  # residual stream width
     dropout: float = 0.0  # dropout on attention weights and residual branches: 0 for pretraining, 0.1+ for small data
     bias: bool = False  # biases in Linear and LayerNorm layers (GPT-2 has them)
-    pos_emb: Literal["learned", "rope"] = "learned"  # 'learned' (GPT-2's position table) or 'rope' (rotary)
+    pos_emb: Literal["learned", "rope", "none"] = "learned"  # GPT-2's position table, rotary, or no positions
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"  # 'layernorm' (GPT-2) or 'rmsnorm'
     qk_norm: bool = False  # normalise queries and keys per head, with the kind of norm set by `norm`
     mlp_act: Literal["gelu", "gelu_tanh", "relu2"] = "gelu"  # exact GELU, GPT-2's tanh approximation, or squared ReLU
@@ -36,15 +41,20 @@ class GPTConfig:
     logit_softcap: float = 0.0  # >0: logits = c*tanh(logits/c), smoothly capped at +-c
     zero_init_proj: bool = False  # start every residual output projection at zero
     rope_base: float = 10000.0  # rotary frequency base
+    attention: Literal["scaled", "dot", "uniform", "additive"] = "scaled"  # q.k/sqrt(d), q.k, all equal, or v.tanh(q+k)
+    causal: bool = True  # mask the future (a decoder); False lets every position see every other (an encoder)
+    mlp: bool = True  # a feed-forward MLP after attention in each block; False leaves attention alone
 
     def __post_init__(self):
         for f in fields(self):
             choices = get_args(f.type) if get_origin(f.type) is Literal else ()
             if choices and getattr(self, f.name) not in choices:
                 raise ValueError(f"{f.name} must be one of {', '.join(choices)} (got {getattr(self, f.name)!r})")
-        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+        for name in ("block_size", "vocab_size", "n_head", "n_embd"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if self.n_layer < 0:
+            raise ValueError(f"n_layer must be at least 0 (got {self.n_layer})")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1) (got {self.dropout})")
         if self.logit_softcap < 0 or self.rope_base <= 0:
@@ -53,6 +63,12 @@ class GPTConfig:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError("pos_emb='rope' needs an even head size (n_embd / n_head)")
+        if self.attention == "uniform" and (self.qk_norm or self.pos_emb == "rope"):
+            raise ValueError("attention='uniform' has no queries or keys: it cannot take qk_norm=True or "
+                             "pos_emb='rope' (use pos_emb='learned' or 'none')")
+        if self.attention == "additive" and self.pos_emb == "rope":
+            raise ValueError("pos_emb='rope' rotates queries and keys for a dot product; attention='additive' "
+                             "adds them (use pos_emb='learned' or 'none')")
 
     @classmethod
     def from_dict(cls, d):
@@ -89,34 +105,49 @@ class KVCache:
     def __init__(self, config, batch_size, device, dtype):
         head_dim = config.n_embd // config.n_head
         shape = (config.n_layer, batch_size, config.n_head, config.block_size, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.k = torch.zeros(shape, device=device, dtype=dtype) if config.attention != "uniform" else None
         # per-layer views made once: a decode step then costs two narrows and a copy, not a chain of
         # select/slice ops (on CPU, per-op overhead is a large part of a 1-token step)
-        self.k_layers, self.v_layers = self.k.unbind(0), self.v.unbind(0)
+        self.v_layers = self.v.unbind(0)
+        self.k_layers = self.k.unbind(0) if self.k is not None else [None] * config.n_layer
         self.pos = 0  # tokens already cached
 
     def update(self, layer, k, v):
-        t, end = k.size(2), self.pos + k.size(2)
+        """Append this step's keys and values (k is None where attention has no keys); all so far."""
+        t, end = v.size(2), self.pos + v.size(2)
         keys, values = self.k_layers[layer], self.v_layers[layer]
-        keys.narrow(2, self.pos, t).copy_(k)
         values.narrow(2, self.pos, t).copy_(v)
+        if keys is None:
+            return None, values.narrow(2, 0, end)
+        keys.narrow(2, self.pos, t).copy_(k)
         return keys.narrow(2, 0, end), values.narrow(2, 0, end)
 
 
-class CausalSelfAttention(nn.Module):
+class SelfAttention(nn.Module):
+    """Multi-head self-attention: each position takes a weighted average of the values of the positions it
+    sees (the earlier ones and itself when causal, all of them when not), with weights from a softmax over
+    scores. `attention` sets the scores: q.k/sqrt(d) (scaled), q.k (dot), Bahdanau's v.tanh(q+k) (additive),
+    or none at all, every visible position weighted equally (uniform)."""
+
     def __init__(self, config):
         super().__init__()
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.kind, self.causal, self.n_head = config.attention, config.causal, config.n_head
+        projections = 1 if self.kind == "uniform" else 3  # values only, or queries, keys and values
+        self.c_attn = nn.Linear(config.n_embd, projections * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        if self.kind == "additive":  # Bahdanau's v, one per head
+            self.score_v = nn.Parameter(torch.randn(config.n_head, config.n_embd // config.n_head) * 0.02)
         self.attn_dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.n_head = config.n_head
         self.qk_norm = config.qk_norm
         self.qk_norm_fn = F.rms_norm if config.norm == "rmsnorm" else F.layer_norm
 
     def qkv(self, x, rotary):
+        """(B, H, T, D) queries, keys and values (queries and keys None for uniform attention)."""
         B, T, C = x.size()
+        if self.kind == "uniform":
+            return None, None, self.c_attn(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         # (B, T, 3C) -> three (B, H, T, D) views in one go (same layout as split + view + transpose)
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4).unbind(0)
         if self.qk_norm:
@@ -130,29 +161,44 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x, rotary)
         if cache is not None:
             k, v = cache.update(layer, k, v)
-        y = self.attend(q, k, v)
+        y = self.attend(q, k, v, T)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-    def attend(self, q, k, v):
-        """softmax(q k^T / sqrt(d)) v over the keys each query may see, in SDPA's fused kernels."""
-        T, S = q.size(2), k.size(2)
-        if S == T:
-            mask, causal = None, True
-        elif T == 1:  # one new query sees every cached key
-            mask, causal = None, False
-        else:  # new queries after cached keys
-            mask, causal = visible_keys(T, S, q.device), False
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                              dropout_p=self.attn_dropout if self.training else 0.0)
+    def attend(self, q, k, v, n_queries):
+        """Each query's weighted average of the values it sees: (B, H, T, D)."""
+        dropout = self.attn_dropout if self.training else 0.0
+        if self.kind in ("scaled", "dot"):  # SDPA's fused kernels, which never materialise the weights
+            S = k.size(2)
+            causal, mask = self.causal and S == n_queries, None
+            if self.causal and S != n_queries and n_queries > 1:  # new queries after cached keys
+                mask = visible_keys(n_queries, S, q.device)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout,
+                                                  scale=None if self.kind == "scaled" else 1.0)
+        weights = F.dropout(self.weights(q, k, n_queries, v.size(2)), dropout, self.training)
+        return weights @ v
+
+    def weights(self, q, k, n_queries, n_keys):
+        """Softmax over each query's visible keys of its scores: (B, H, T, S), or (T, S) for uniform."""
+        if self.kind == "uniform":  # all scores equal: the softmax is 1/count over what is visible
+            scores = torch.zeros(n_queries, n_keys, device=self.c_attn.weight.device)
+        elif self.kind == "additive":
+            scores = torch.tanh(q.unsqueeze(3) + k.unsqueeze(2)) @ self.score_v[:, None, :, None].to(q.dtype)
+            scores = scores.squeeze(-1)
+        else:
+            scores = q @ k.transpose(-2, -1)
+            if self.kind == "scaled":
+                scores = scores / math.sqrt(q.size(-1))
+        if self.causal:
+            scores = scores.masked_fill(~visible_keys(n_queries, n_keys, scores.device), float("-inf"))
+        return scores.softmax(dim=-1)
 
     def attention_weights(self, x, rotary=None):
-        """The (B, H, T, T) weights that attend() applies to the values, written out as a matrix
-        (SDPA never materialises them): an inspection helper for pictures and tests."""
-        q, k, _ = self.qkv(x, rotary)
-        T = q.size(2)
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
-        return scores.masked_fill(~visible_keys(T, T, x.device), float("-inf")).softmax(dim=-1)
+        """The (B, H, T, T) weights attend() applies to the values, as a matrix (SDPA never materialises
+        them): an inspection helper for pictures and tests."""
+        q, k, v = self.qkv(x, rotary)
+        T = x.size(1)
+        return self.weights(q, k, T, T).expand(x.size(0), self.n_head, T, T)
 
 
 def visible_keys(n_queries, n_keys, device):
@@ -198,13 +244,16 @@ class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.ln_1 = make_norm(config)
-        self.attn = CausalSelfAttention(config)
-        self.ln_2 = make_norm(config)
-        self.mlp = MLP(config)
+        self.attn = SelfAttention(config)
+        if config.mlp:
+            self.ln_2 = make_norm(config)
+            self.mlp = MLP(config)
 
     def forward(self, x, rotary=None, cache=None, layer=0):
         x = x + self.attn(self.ln_1(x), rotary, cache, layer)
-        return x + self.mlp(self.ln_2(x))
+        if hasattr(self, "mlp"):
+            x = x + self.mlp(self.ln_2(x))
+        return x
 
 
 class GPT(nn.Module):
@@ -229,7 +278,7 @@ class GPT(nn.Module):
                 if config.zero_init_proj:
                     nn.init.zeros_(p)
                 else:  # GPT-2's scaled init of residual projections
-                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * max(1, config.n_layer)))
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -252,7 +301,7 @@ class GPT(nn.Module):
         rotary = None
         if self.config.pos_emb == "learned":
             x = x + self.transformer.wpe(positions)
-        else:
+        elif self.config.pos_emb == "rope":
             rotary = rotary_tables(self.config.n_embd // self.config.n_head, positions, self.config.rope_base)
         return self.transformer.drop(x), rotary
 
@@ -295,11 +344,15 @@ class GPT(nn.Module):
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
 
     def flops_per_token(self, seq_len):
-        """Training FLOPs per token: 6N for the matmuls plus attention (PaLM appendix B)."""
+        """Training FLOPs per token: 6N for the matmuls plus attention (PaLM appendix B): 2 FLOPs forward
+        and 4 backward per multiply-add, over seq_len keys for each of n_embd channels. Dot-product
+        attention has two such products (scores and values), uniform only the values, and additive
+        about three (the sum and tanh of q+k, the product with v, the values)."""
         cfg = self.config
         n = sum(p.numel() for name, p in self.named_parameters() if not name.startswith("transformer.w"))
         n += self.lm_head.weight.numel() if cfg.tie_weights else 0
-        return 6 * n + 12 * cfg.n_layer * cfg.n_embd * seq_len
+        products = {"scaled": 2, "dot": 2, "uniform": 1, "additive": 3}[cfg.attention]
+        return 6 * n + 6 * products * cfg.n_layer * cfg.n_embd * seq_len
 
     @torch.no_grad()
     def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
@@ -308,8 +361,11 @@ class GPT(nn.Module):
         logits (a vocabulary padded for speed has rows no tokenizer can decode).
 
         When the context outgrows block_size the window slides forward by half a block and is
-        recomputed once, so cached and uncached decoding see the same context at every step."""
+        recomputed once, so cached and uncached decoding see the same context at every step.
+        A model without the causal mask recomputes the whole window every step whatever kv_cache
+        says: each new token changes what the earlier positions see."""
         window = self.config.block_size
+        kv_cache = kv_cache and self.config.causal
         start = max(0, idx.size(1) - window)
         cache = None
         for _ in range(max_new_tokens):

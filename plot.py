@@ -51,10 +51,12 @@ def plot_attention(cfg):
     prompt = read_prompt(cfg.start)
     model, tok = load_model(cfg.out_dir, pick_device(cfg.device))
     maps, labels = attention_of(model, tok, prompt)
+    c = model.config
     shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
-    title = (f"causal attention weights (rows: queries, columns: keys; white: masked future)\n"
-             f"{shown!r}, {len(labels)} tokens")
-    draw_attention(maps, labels, title, cfg.output_path("attention"), cfg.dpi)
+    masked = "white: the masked future" if c.causal else "no mask: every token sees every other"
+    title = (f"{c.attention} attention weights for {shown!r} ({len(labels)} tokens)\n"
+             f"rows: queries, columns: keys; {masked}")
+    draw_attention(maps, labels, title, cfg.output_path("attention"), cfg.dpi, causal=c.causal)
 
 
 COMMANDS = {"loss": plot_loss, "attention": plot_attention}

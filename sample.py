@@ -116,6 +116,10 @@ def main(argv=None):
     dtype = pick_dtype(cfg.dtype, device)
     torch.manual_seed(cfg.seed)
     model, tok = load_model(cfg.out_dir, device)
+    if not model.config.causal:  # the encoder rung of the attention lab: let the learner see what it writes
+        print("warning: this model was trained without the causal mask (causal=False), so it learned to read the "
+              "next character from its input; generating, it has no next character to read, and its text is "
+              "garbage", file=sys.stderr, flush=True)
     ctx = autocast(device, dtype)
     stop = unescape(cfg.stop)
     prompts = iter(read_interactive, None) if cfg.interactive else [read_prompt(cfg.start)]

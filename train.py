@@ -51,7 +51,8 @@ def train(cfg, rt, data, state, log):
             state.iter_num += 1
             state.loop_seconds = time.time() - loop_start
             if state.iter_num % cfg.log_interval == 0:
-                meter.trained(state.iter_num, loss, lr_scale * cfg.learning_rate)  # the loss reaches the host here, and only here
+                # the step's loss reaches the host here, and only here
+                meter.trained(state.iter_num, loss, lr_scale * cfg.learning_rate)
             done = finished(cfg, rt, state)
             if state.iter_num % cfg.eval_interval == 0 or done:
                 losses = meter.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state))

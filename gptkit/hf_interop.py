@@ -151,6 +151,9 @@ def check_exportable(config):
         (config.qk_norm, "qk_norm=True (GPT-2 has no query/key normalisation)"),
         (config.mlp_act not in ACT_TO_HF, f"mlp_act={config.mlp_act!r} (exportable: {', '.join(ACT_TO_HF)})"),
         (config.logit_softcap > 0, f"logit_softcap={config.logit_softcap} (GPT-2 has no logit soft-capping)"),
+        (config.attention != "scaled", f"attention={config.attention!r} (GPT-2 scores q.k/sqrt(d))"),
+        (not config.causal, "causal=False (GPT-2 is a decoder: it masks the future)"),
+        (not config.mlp, "mlp=False (every GPT-2 block has an MLP)"),
     ]
     for refused, what in refusals:
         if refused:

@@ -7,8 +7,9 @@ import torch
 
 
 def is_hidden_matrix(name, p):
-    """Muon's domain: 2-D weights inside the transformer blocks, not embeddings or the head."""
-    return p.ndim == 2 and ".h." in f".{name}"
+    """Muon's domain: the weight matrices of the transformer blocks' linear layers, not embeddings, the head,
+    or additive attention's score vectors (one per head, stacked: 2-D, but not a map from one space to another)."""
+    return p.ndim == 2 and ".h." in f".{name}" and name.endswith(".weight")
 
 
 def is_embedding(name):

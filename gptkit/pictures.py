@@ -104,6 +104,8 @@ def token_label(tok, token):
 
 def attention_of(model, tok, prompt):
     """Every layer's attention weights for prompt, as numpy (H, T, T) arrays, and a label per token."""
+    if model.config.n_layer == 0:
+        raise UserError("this model has no attention layers (n_layer=0, a bigram model): there is nothing to draw")
     ids = tok.encode(prompt)
     if not ids:
         raise UserError("the prompt is empty: pass some text with --start")
@@ -115,14 +117,16 @@ def attention_of(model, tok, prompt):
     return [m[0].float().cpu().numpy() for m in maps], [token_label(tok, t) for t in ids]
 
 
-def draw_attention(maps, labels, title, path, dpi=100):
-    """A grid of heatmaps, one per layer (rows) and head (columns): queries down, keys across."""
+def draw_attention(maps, labels, title, path, dpi=100, causal=True):
+    """A grid of heatmaps, one per layer (rows) and head (columns): queries down, keys across; a causal
+    model's masked future left white."""
     n_layer, n_head, T = len(maps), maps[0].shape[0], len(labels)
     cell = min(3.2, max(1.8, 0.13 * T))  # inches per heatmap
-    fig, axes = plt.subplots(n_layer, n_head, figsize=(cell * n_head + 1.2, cell * n_layer + 0.8), squeeze=False)
+    width = max(6.0, cell * n_head + 1.2)  # room for the title above a one-head grid
+    fig, axes = plt.subplots(n_layer, n_head, figsize=(width, cell * n_layer + 1.2), squeeze=False)
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")  # masked (future) positions
     fontsize = max(3.0, min(7.0, 120 / T))
-    upper = np.triu(np.ones((T, T), dtype=bool), k=1)
+    upper = np.triu(np.ones((T, T), dtype=bool), k=1) if causal else np.zeros((T, T), dtype=bool)
     for layer in range(n_layer):
         for head in range(n_head):
             ax = axes[layer][head]
@@ -142,6 +146,6 @@ def draw_attention(maps, labels, title, path, dpi=100):
             if layer == n_layer - 1:
                 ax.set_xlabel("key", fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0, 0.9, 0.98))
+    fig.tight_layout(rect=(0, 0, 0.9, 0.95))
     fig.colorbar(image, cax=fig.add_axes((0.915, 0.25, 0.012, 0.5)))
     save(fig, path, dpi)

@@ -64,7 +64,7 @@ class TrainConfig:
     # system
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # DDP backend: 'auto' is nccl on CUDA, gloo on CPU
     device: str = "auto"  # 'auto' (cuda, then mps, then cpu), or 'cpu', 'cuda', 'cuda:1', 'mps'
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # 'auto': bf16 where it is fast, else fp32 (fp16 on old GPUs)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # 'auto': bf16 where it is fast, else fp32
     compile: bool = False  # torch.compile each transformer block
     threads: int = 0  # torch CPU threads (0 = torch's default)
 
@@ -91,7 +91,8 @@ def build_model(cfg, meta, ckpt=None, path=None):
     block_size = cfg.model.block_size
     if ckpt is not None:
         if block_size > ckpt["model_args"]["block_size"]:
-            raise UserError(f"block_size {block_size} is larger than the checkpoint's {ckpt['model_args']['block_size']}")
+            saved = ckpt["model_args"]["block_size"]
+            raise UserError(f"block_size {block_size} is larger than the checkpoint's {saved}")
         model = model_from_checkpoint(ckpt, path, dropout=cfg.model.dropout)
     elif cfg.init_from == "scratch":
         vocab = meta["vocab_size"]

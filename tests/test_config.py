@@ -196,7 +196,7 @@ def test_every_model_setting_comes_from_the_model():
             continue
         s = keys[f.name]
         assert s.owner == ("model",) and s.default == f.default and s.help, f.name
-    assert keys["pos_emb"].choices == ("learned", "rope") and keys["pos_emb"].type is str
+    assert keys["pos_emb"].choices == ("learned", "rope", "none") and keys["pos_emb"].type is str
     cfg = parse_config(TrainConfig, ["--rope_base=500", "--pos_emb=rope", "--norm=rmsnorm"])
     assert (cfg.model.rope_base, cfg.model.pos_emb, cfg.model.norm) == (500.0, "rope", "rmsnorm")
     with pytest.raises(UserError, match="unknown config key 'vocab_size'"):
@@ -209,4 +209,4 @@ def test_help_lists_model_settings_with_their_choices(capsys):
     out = capsys.readouterr().out
     assert "model settings (model.py's GPTConfig):" in out
     assert "--rope_base=10000.0" in out and "rotary frequency base" in out
-    assert "[learned | rope]" in out and "[adamw | muon]" in out
+    assert "[learned | rope | none]" in out and "[adamw | muon]" in out

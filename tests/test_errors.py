@@ -51,7 +51,7 @@ CASES = {
     "wrong type": ("train", ["--batch_size=four"], "error: command line: batch_size must be int, got 'four'"),
     "n_embd vs n_head": ("train", ["--n_embd=33"], "error: n_embd (33) must be divisible by n_head (2)"),
     "choice typo": ("train", ["--pos_emb=rop"],
-                    "error: command line: pos_emb must be one of learned, rope (got 'rop'; did you mean 'rope'?)"),
+                    "error: command line: pos_emb must be one of learned, rope, none (got 'rop'; did you mean 'rope'?)"),
     "resume without checkpoint": ("train", ["--out_dir={w}/none", "--init_from=resume"],
                                   "error: no checkpoint at {w}/none/ckpt.pt; train one first with "
                                   "`python train.py ...`"),

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, CausalSelfAttention, GPTConfig, KVCache, ReLUSquared, apply_rotary, rotary_tables, sample_next
+from model import GPT, GPTConfig, SelfAttention, KVCache, ReLUSquared, apply_rotary, rotary_tables, sample_next
 
 BASE = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
 MODERN = dict(pos_emb="rope", norm="rmsnorm", qk_norm=True, mlp_act="relu2", tie_weights=False,
@@ -73,7 +73,7 @@ def test_relu_squared_matches_autograd_of_the_plain_formula():
 def test_attention_matches_naive_loop(rope, norm):
     cfg = GPTConfig(**dict(BASE, pos_emb="rope" if rope else "learned", qk_norm=rope, norm=norm))
     torch.manual_seed(0)
-    attn = CausalSelfAttention(cfg).eval()
+    attn = SelfAttention(cfg).eval()
     with torch.no_grad():  # non-trivial biases and projection, so every term matters
         for p in attn.parameters():
             p.normal_(0, 0.3)
@@ -256,7 +256,8 @@ def test_zero_init_proj():
     (dict(n_embd=30, n_head=4), "divisible"),
     (dict(n_embd=36, n_head=4, pos_emb="rope"), "even head size"),  # head size 9 cannot rotate in pairs
     (dict(pos_emb="alibi"), "pos_emb must be one of learned, rope"),
-    (dict(n_layer=0), "n_layer must be at least 1"),
+    (dict(n_layer=-1), "n_layer must be at least 0"),
+    (dict(attention="uniform", qk_norm=True), "uniform.*no queries or keys"),
     (dict(dropout=1.0), "dropout"),
 ])
 def test_config_refuses_what_cannot_be_built(bad, message):

@@ -30,7 +30,7 @@ def read_tokens(out_dir, meta, split):
 
 def decode_all(out_dir, meta):
     tok = tokenizer_from_meta(meta)
-    return tok.decode(read_tokens(out_dir, meta, "train").tolist()), tok.decode(read_tokens(out_dir, meta, "val").tolist())
+    return tuple(tok.decode(read_tokens(out_dir, meta, split).tolist()) for split in ("train", "val"))
 
 
 def test_char_round_trip(prepared, corpus_file, corpus_text):

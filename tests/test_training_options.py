@@ -39,6 +39,13 @@ OPTIONS = {
     "bias": dict(bias=True),
     "muon": dict(optimizer="muon"),
     "wsd": dict(lr_schedule="wsd"),
+    "dot": dict(attention="dot"),
+    "uniform": dict(attention="uniform"),
+    "additive": dict(attention="additive", optimizer="muon"),
+    "encoder": dict(causal=False),
+    "no_positions": dict(pos_emb="none"),
+    "attention_only": dict(mlp=False),
+    "bigram": dict(n_layer=0, pos_emb="none", optimizer="muon"),
     "default_bundle": dict(optimizer="muon", pos_emb="rope", norm="rmsnorm", qk_norm=True, mlp_act="relu2",
                            tie_weights=False, zero_init_proj=True, logit_softcap=15.0, lr_schedule="wsd"),
 }
@@ -94,6 +101,8 @@ def test_muon_gets_only_hidden_matrices(tie):
     assert muon_ids | adam_ids == {id(p) for p in model.parameters()}  # every parameter trained once
     assert is_hidden_matrix("transformer.h.0.mlp.c_fc.weight", model.transformer.h[0].mlp.c_fc.weight)
     assert not is_hidden_matrix("transformer.wte.weight", model.transformer.wte.weight)
+    additive = tiny_model(config(**TINY, attention="additive"))  # its (heads, head size) score vectors
+    assert not is_hidden_matrix("transformer.h.0.attn.score_v", additive.transformer.h[0].attn.score_v)
 
 
 def test_adamw_decays_matrices_not_gains():
@@ -173,7 +182,8 @@ def test_gradient_accumulation_gives_the_update_of_one_big_batch(tmp_path, data_
 
     common = ["--max_iters=2", "--eval_interval=100", "--eval_iters=1", "--warmup_iters=0", "--learning_rate=1e-2",
               "--grad_clip=0"]
-    for name, shape in {"big": ["--batch_size=8"], "accum": ["--batch_size=4", "--gradient_accumulation_steps=2"]}.items():
+    shapes = {"big": ["--batch_size=8"], "accum": ["--batch_size=4", "--gradient_accumulation_steps=2"]}
+    for name, shape in shapes.items():
         train.main(train_args(data_dir, tmp_path / name, *common, *shape))
     big, accum = (load_checkpoint(tmp_path / name / "ckpt.pt") for name in ("big", "accum"))
     assert big["iter_num"] == accum["iter_num"] == 2
