@@ -20,7 +20,7 @@ from gptkit.errors import RunStopped, UserError, run_main
 from gptkit.metrics import RunLog
 from gptkit.optim import lr_multiplier, set_lr
 from gptkit.runtime import Runtime, StopSignals, peak_flops
-from gptkit.training import TrainConfig, checkpoint_path, evaluate, micro_batches, start
+from gptkit.training import TrainConfig, checkpoint_path, evaluate, evaluate_split, micro_batches, start
 
 
 def train(cfg, rt, data, state, log):
@@ -68,6 +68,7 @@ def train(cfg, rt, data, state, log):
                     state.save(path, rt)
                 raise RunStopped(f"interrupted at iteration {state.iter_num}; checkpoint saved to {path}, "
                                  "continue with --init_from=resume")
+    meter.final(state.iter_num, rt.broadcast(final_evaluation(cfg, data, state, rt) if rt.master else None))
 
 
 def finished(cfg, rt, state):
@@ -91,6 +92,11 @@ def step_optimizers(state, grad_clip):
 def evaluate_on_rank0(rt, data, state):
     """Rank 0 evaluates the plain model; every process gets its losses."""
     return rt.broadcast(evaluate(state.model, data, rt.autocast) if rt.master else None)
+
+
+def final_evaluation(cfg, data, state, rt):
+    """The trained model's loss on the whole val split (or its first final_eval_tokens), every token once."""
+    return evaluate_split(state.model, data.splits["val"], rt.autocast, cfg.batch_size, cfg.final_eval_tokens)
 
 
 def check_finite(what, value, iteration, dtype):
@@ -133,6 +139,13 @@ class Meter:
                             "val_loss": losses["val"]})
         check_finite("val loss", losses["val"], iter_num, self.rt.dtype)
         return losses
+
+    def final(self, iter_num, result):
+        loss, tokens = result
+        if self.rt.master:
+            print(f"final: val loss {loss:.4f} ({loss / math.log(2):.4f} bits per token) on {tokens:,} val tokens, "
+                  "each scored once")
+            self.log.write({"kind": "final", "iter": iter_num, "val_loss": loss, "val_tokens": tokens})
 
 
 def main(argv=None):

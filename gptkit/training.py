@@ -26,6 +26,7 @@ class TrainConfig:
     eval_interval: int = 250  # evaluate (and maybe checkpoint) every this many iterations
     log_interval: int = 10  # print and record the train loss every this many iterations
     eval_iters: int = 20  # batches per split in each evaluation (the same fixed batches every time)
+    final_eval_tokens: int = 0  # at the end, score this many val tokens in consecutive windows (0 = the whole split)
     eval_only: bool = False  # evaluate once, record it and exit; the checkpoint is never written
     always_save_checkpoint: bool = True  # save at every evaluation, not only when val loss improves
     init_from: str = "scratch"  # 'scratch', 'resume' (out_dir/ckpt.pt) or a GPT-2 name / HF directory
@@ -74,6 +75,8 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if self.final_eval_tokens < 0:
+            raise ValueError(f"final_eval_tokens must not be negative (got {self.final_eval_tokens})")
         if not 0 <= self.warmdown_frac <= 1:
             raise ValueError(f"warmdown_frac must be in [0, 1] (got {self.warmdown_frac})")
         for name in ["learning_rate", "embedding_lr", "min_lr", "muon_lr", "weight_decay", "grad_clip", "max_time"]:
@@ -241,3 +244,29 @@ def evaluate(model, data, autocast):
             out[name] = sum(losses) / len(losses)
     model.train()
     return out
+
+
+def evaluate_split(model, split, autocast, batch_size, max_tokens=0):
+    """Mean loss over a split's first max_tokens targets (all of them when 0), read in consecutive
+    block_size windows so that every target is scored exactly once: (loss, targets scored)."""
+    T, n = split.block_size, split.length - 1
+    n = min(n, max_tokens) if max_tokens > 0 else n
+    offsets = list(range(0, n - T + 1, T))
+    tail = n - len(offsets) * T
+    if tail:  # one last window ending at target n, scoring only the targets no other window scored
+        offsets.append(n - T)
+    device = str(next(model.parameters()).device)
+    total, count = 0.0, 0
+    model.eval()
+    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+        for i in range(0, len(offsets), batch_size):
+            x, y = split.batch(torch.tensor(offsets[i:i + batch_size]), device)
+            if tail and i + batch_size >= len(offsets):
+                y = y.clone()
+                y[-1, :T - tail] = -1  # ignored by the loss
+            with autocast:
+                loss = model(x, y)[1].item()
+            scored = int((y != -1).sum())
+            total, count = total + loss * scored, count + scored
+    model.train()
+    return total / count, count

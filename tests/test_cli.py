@@ -1,6 +1,7 @@
 """End to end through the real command lines: train, sample, resume, evaluate only, stop on a time budget."""
 
 import hashlib
+import json
 import shutil
 
 import train
@@ -9,7 +10,7 @@ from gptkit.checkpoint import load_checkpoint
 from gptkit.metrics import read_metrics
 
 
-def test_train_writes_checkpoint_and_metrics(trained_run):
+def test_train_writes_checkpoint_and_metrics(trained_run, data_dir):
     out, proc = trained_run
     assert "Traceback" not in proc.stderr
     ckpt = load_checkpoint(out / "ckpt.pt")
@@ -32,6 +33,9 @@ def test_train_writes_checkpoint_and_metrics(trained_run):
         assert r["tokens"] == r["iter"] * 8 * 32
         assert 0 < r["lr"] <= 3e-3 and r["loss"] > 0
     assert [r["iter"] for r in evals] == [0, 10, 20, 30]
+    final = records[-1]  # the whole val split, every target scored once
+    assert final["kind"] == "final" and final["iter"] == 30 and final["val_loss"] > 0
+    assert final["val_tokens"] == json.loads((data_dir / "tiny" / "meta.json").read_text())["val_tokens"] - 1
     for r in evals:
         assert {"kind", "iter", "train_loss", "val_loss", "elapsed_s"} <= r.keys()
     assert evals[-1]["train_loss"] < evals[0]["train_loss"]  # it learned something

@@ -207,3 +207,29 @@ def test_pick_dtype_trusts_the_probe_not_the_flags(monkeypatch, bf16_instruction
     with pytest.raises(UserError, match="float16 is not supported for training on CPU"):
         pick_dtype("float16", "cpu")
     assert pick_dtype("auto", "mps") == "float32"
+
+
+@pytest.mark.parametrize("max_tokens", [0, 100, 37])
+def test_split_evaluation_scores_every_target_once(tmp_path, max_tokens):
+    """Against a plain loop: consecutive windows, the last one cut to the targets no window scored yet."""
+    import numpy as np
+
+    from gptkit.dataset import Split
+    from gptkit.training import evaluate_split
+
+    (tmp_path / "val.bin").write_bytes(np.random.default_rng(0).integers(0, 20, 203).astype(np.uint16).tobytes())
+    split = Split(tmp_path, "val", "uint16", 16)
+    model = tiny_model(config(**TINY)).eval()
+    loss, scored = evaluate_split(model, split, torch.autocast("cpu", enabled=False), 3, max_tokens)
+    tokens = torch.from_numpy(np.fromfile(tmp_path / "val.bin", dtype=np.uint16).astype(np.int64))
+    n = max_tokens or len(tokens) - 1
+    losses = []
+    with torch.no_grad():
+        for start in range(0, n, 16):
+            end = min(start + 16, n)  # targets start+1 .. end
+            first = max(0, end - 16)  # a full window ending at `end`
+            logits, _ = model(tokens[first:end][None], tokens[first + 1:end + 1][None])
+            per_token = torch.nn.functional.cross_entropy(logits[0], tokens[first + 1:end + 1], reduction="none")
+            losses += per_token[start - first:].tolist()
+    assert scored == n == len(losses)
+    assert loss == pytest.approx(sum(losses) / n, rel=1e-5)
