@@ -87,16 +87,19 @@ def make_norm(config):
 
 
 def rotary_tables(head_dim, positions, base):
+    """(T, head_dim) cos and sin of each position's angles, each angle repeated for both halves of the pairs
+    it rotates and sin negated on the first half, so that apply_rotary costs two multiplies and an add."""
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
     angles = positions.float()[:, None] * inv_freq[None, :]
-    return angles.cos(), angles.sin()
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
 
 def apply_rotary(x, cos, sin):
-    # x: (B, H, T, D); rotate pairs (first half, second half) of each head
+    """Rotate each pair (x[i], x[i + D/2]) of the last dimension by its position's angle (cos and sin from
+    rotary_tables, broadcast against x)."""
     x1, x2 = x.chunk(2, dim=-1)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return x * cos.to(x.dtype) + torch.cat((x2, x1), dim=-1) * sin.to(x.dtype)
 
 
 class KVCache:
@@ -136,6 +139,7 @@ class SelfAttention(nn.Module):
         projections = 1 if self.kind == "uniform" else 3  # values only, or queries, keys and values
         self.c_attn = nn.Linear(config.n_embd, projections * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.fused = True  # scaled and dot scores in SDPA's kernels, or written out (GPT.use_fused_attention)
         if self.kind == "additive":  # Bahdanau's v, one per head
             self.score_v = nn.Parameter(torch.randn(config.n_head, config.n_embd // config.n_head) * 0.02)
         self.attn_dropout = config.dropout
@@ -148,13 +152,16 @@ class SelfAttention(nn.Module):
         B, T, C = x.size()
         if self.kind == "uniform":
             return None, None, self.c_attn(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        # (B, T, 3C) -> three (B, H, T, D) views in one go (same layout as split + view + transpose)
-        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4).unbind(0)
+        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)
+        qk, v = qkv[:, :, :2], qkv[:, :, 2]
+        # queries and keys normalised and rotated together: on a CPU each small op costs more than its arithmetic
         if self.qk_norm:
-            q, k = self.qk_norm_fn(q, (q.size(-1),)), self.qk_norm_fn(k, (k.size(-1),))
+            qk = self.qk_norm_fn(qk, (qk.size(-1),))
         if rotary is not None:
-            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        return q, k, v
+            cos, sin = rotary
+            qk = apply_rotary(qk, cos[:, None, None, :], sin[:, None, None, :])  # (T, 1, 1, D) against (B, T, 2, H, D)
+        q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)
+        return q, k, v.transpose(1, 2)
 
     def forward(self, x, rotary=None, cache=None, layer=0):
         B, T, C = x.size()
@@ -168,7 +175,7 @@ class SelfAttention(nn.Module):
     def attend(self, q, k, v, n_queries):
         """Each query's weighted average of the values it sees: (B, H, T, D)."""
         dropout = self.attn_dropout if self.training else 0.0
-        if self.kind in ("scaled", "dot"):  # SDPA's fused kernels, which never materialise the weights
+        if self.kind in ("scaled", "dot") and self.fused:  # SDPA's kernels, which never materialise the weights
             S = k.size(2)
             causal, mask = self.causal and S == n_queries, None
             if self.causal and S != n_queries and n_queries > 1:  # new queries after cached keys
@@ -324,6 +331,12 @@ class GPT(nn.Module):
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
+
+    def use_fused_attention(self, fused):
+        """Scaled and dot attention through SDPA's fused kernels (the default), or as the masked softmax of
+        q.k written out, which can be faster for short contexts on a CPU; both compute the same function."""
+        for block in self.transformer.h:
+            block.attn.fused = fused
 
     @torch.no_grad()
     def attention_maps(self, idx):
