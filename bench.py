@@ -8,6 +8,7 @@ Benchmarks, one subcommand each; every subcommand takes its own --key=value opti
     python bench.py throughput                     # training tokens/s on the baby GPT: fp32 AdamW vs the default's settings
 """
 
+import copy
 import os
 import platform
 import shutil
@@ -23,7 +24,7 @@ import torch
 from gptkit.config import parse_config, pick_subcommand
 from gptkit.errors import UserError, run_main
 from gptkit.metrics import read_metrics
-from gptkit.runtime import autocast, decode_threads, pick_device, pick_dtype
+from gptkit.runtime import DTYPES, autocast, decode_threads, matmul_peak, pick_decode_dtype, pick_device, pick_dtype
 from gptkit.training import TrainConfig
 from model import GPT, GPTConfig
 
@@ -43,7 +44,7 @@ class SampleBenchConfig:
     temperature: float = 1.0  # sampling temperature (0 = greedy)
     seed: int = 1337  # weights of the random model and the sampling generator
     device: str = "cpu"  # 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"  # autocast, as sample.py
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # cached decoder's weights, as sample.py
     threads: int = 0  # torch CPU threads (0 = as sample.py: 1 on CPU, where more stall on a busy machine)
     repeats: int = 1  # timed runs per mode; the fastest counts
     modes: str = "cache,nocache"  # which decoders to time, comma-separated
@@ -101,9 +102,9 @@ def bench_model(cfg, device):
                    f"{source}")
 
 
-def time_generation(model, prompt, cfg, kv_cache, device, ctx):
+def time_generation(model, prompt, cfg, kv_cache, device):
     """Wall and CPU seconds to generate max_new_tokens after an untimed warm-up; and the tokens."""
-    with torch.no_grad(), ctx:
+    with torch.no_grad():
         if cfg.warmup_tokens:
             for _ in model.generate_stream(prompt, cfg.warmup_tokens, kv_cache=kv_cache):
                 pass
@@ -117,34 +118,38 @@ def time_generation(model, prompt, cfg, kv_cache, device, ctx):
 
 
 def bench_sample(argv):
+    """sample.py's decoding (KV cache, the precision it picks, its thread count) against nanoGPT's
+    (the whole context every token, float32), at the same thread count."""
     cfg = parse_config(SampleBenchConfig, argv, prog="bench.py sample")
     device = pick_device(cfg.device)
     threads = decode_threads(cfg.threads, device)  # the same choice as sample.py makes
     if threads:
         torch.set_num_threads(threads)
-    dtype = pick_dtype(cfg.dtype, device)
-    ctx = autocast(device, dtype)
     model, description = bench_model(cfg, device)
+    dtype, why = pick_decode_dtype(cfg.dtype, model, device, cfg.batch_size)
+    decoders = {"cache": (copy.deepcopy(model).to(DTYPES[dtype]), True, f"with KV cache ({dtype}):"),
+                "nocache": (model, False, "without cache (float32):")}
     prompt = torch.zeros((cfg.batch_size, 1), dtype=torch.long, device=device)
     print(f"model: {description}")
     print(f"machine: {device_name(device)}, torch {torch.__version__}")
     n = torch.get_num_threads()
     cpu_threads = f", {n} CPU thread{'s' if n > 1 else ''}" if device == "cpu" else ""
-    print(f"device {device}{cpu_threads}, {dtype}, batch {cfg.batch_size}, {cfg.max_new_tokens} new tokens "
-          "from a 1-token prompt", flush=True)
+    print(f"device {device}{cpu_threads}, batch {cfg.batch_size}, {cfg.max_new_tokens} new tokens from a 1-token "
+          f"prompt; {why}", flush=True)
     results = {}
     for mode in cfg.mode_list():
-        runs = [time_generation(model, prompt, cfg, mode == "cache", device, ctx) for _ in range(cfg.repeats)]
+        decoder, kv_cache, label = decoders[mode]
+        runs = [time_generation(decoder, prompt, cfg, kv_cache, device) for _ in range(cfg.repeats)]
         seconds, cpu_seconds, tokens = min(runs, key=lambda run: run[0])
         results[mode] = (seconds, tokens)
-        label = "with KV cache:" if mode == "cache" else "without cache:"
         rate = cfg.max_new_tokens * cfg.batch_size / seconds
         best = f"best of {cfg.repeats}, " if cfg.repeats > 1 else ""
-        print(f"{label:<15} {rate:9.1f} tokens/s  ({best}{seconds:.2f} s wall, {cpu_seconds:.2f} s CPU)", flush=True)
+        print(f"{label:<27} {rate:9.1f} tokens/s  ({best}{seconds:.2f} s wall, {cpu_seconds:.2f} s CPU)", flush=True)
     if len(results) == 2:
         (t_cache, a), (t_full, b) = results["cache"], results["nocache"]
         print(f"speedup: {t_full / t_cache:.1f}x")
-        print(f"same tokens: {'yes' if torch.equal(a, b) else 'no (float rounding differs between the paths)'}")
+        if dtype == "float32":
+            print(f"same tokens: {'yes' if torch.equal(a, b) else 'no (float rounding differs between the paths)'}")
 
 
 # nanoGPT's documented CPU recipe, spelled as this project's flags on nanoGPT's shakespeare_char config
@@ -162,6 +167,7 @@ class TrainBenchConfig:
     device: str = "cpu"  # device for both runs
     targets: str = "1.886,1.60"  # val losses to time, comma-separated
     runs: str = "classic,default"  # which runs to do, comma-separated
+    default_args: str = ""  # more train.py options for the default run, space-separated (e.g. "--max_time=45")
 
     def __post_init__(self):
         if set(self.run_list()) - {"classic", "default"} or not self.run_list():
@@ -180,19 +186,19 @@ def bench_input(cfg):
     return str(path)
 
 
-def run_summary(out_dir, targets):
-    """Time to each target, final val loss, throughput and achieved GFLOP/s of a finished run."""
-    from gptkit.checkpoint import load_checkpoint
-
+def run_summary(out_dir, targets, wall_s):
+    """What a finished run reached and how fast: times to each target (seconds since its process started),
+    the whole-split val loss at the end, tokens/s, and achieved FLOP/s against this machine's matmul peak."""
     records = read_metrics(out_dir)
+    run = next(r for r in records if r["kind"] == "run")
     evals = [r for r in records if r["kind"] == "eval"]
     trains = [r for r in records if r["kind"] == "train"]
-    model = GPT(GPTConfig.from_dict(load_checkpoint(Path(out_dir) / "ckpt.pt")["model_args"]))
     first, last = trains[0], trains[-1]
     tok_s = (last["tokens"] - first["tokens"]) / max(1e-9, last["elapsed_s"] - first["elapsed_s"])
-    return {"wall_s": records[-1]["elapsed_s"], "final_val": evals[-1]["val_loss"],
-            "iters": max(r["iter"] for r in records),
-            "tok_s": tok_s, "gflops": tok_s * model.flops_per_token(model.config.block_size) / 1e9,
+    flops = tok_s * run["flops_per_token"]
+    return {"wall_s": wall_s, "final_val": next(r for r in reversed(records) if r["kind"] == "final")["val_loss"],
+            "iters": max(r["iter"] for r in trains), "dtype": run["dtype"], "tok_s": tok_s, "gflops": flops / 1e9,
+            "peak_pct": 100 * flops / matmul_peak(run["dtype"], run["device"]),
             "hit": {t: next((r["elapsed_s"] for r in evals if r["val_loss"] <= t), None) for t in targets},
             "evals": evals}
 
@@ -203,23 +209,24 @@ def fmt_s(seconds):
 
 def print_train_table(summaries, targets):
     names = list(summaries)
-    rows = [("wall time", lambda s: fmt_s(s["wall_s"])), ("iterations", lambda s: str(s["iters"])),
-            ("final val loss", lambda s: f"{s['final_val']:.4f}"), ("tokens/s", lambda s: f"{s['tok_s']:,.0f}"),
-            ("GFLOP/s", lambda s: f"{s['gflops']:.1f}")]
-    rows[1:1] = [(f"time to val <= {t}", lambda s, t=t: fmt_s(s["hit"][t])) for t in targets]
-    print(f"\n{'':<22}" + "".join(f"{n:>14}" for n in names))
+    rows = [("wall time of the run", lambda s: fmt_s(s["wall_s"])),
+            *[(f"time to val <= {t}", lambda s, t=t: fmt_s(s["hit"][t])) for t in targets],
+            ("iterations", lambda s: str(s["iters"])),
+            ("final val (whole split)", lambda s: f"{s['final_val']:.4f}"),
+            ("precision", lambda s: s["dtype"]), ("tokens/s", lambda s: f"{s['tok_s']:,.0f}"),
+            ("GFLOP/s", lambda s: f"{s['gflops']:.1f}"), ("% of matmul peak", lambda s: f"{s['peak_pct']:.0f}%")]
+    print(f"\n{'':<24}" + "".join(f"{n:>14}" for n in names))
     for label, cell in rows:
-        print(f"{label:<22}" + "".join(f"{cell(summaries[n]):>14}" for n in names))
+        print(f"{label:<24}" + "".join(f"{cell(summaries[n]):>14}" for n in names))
     if len(names) == 2:
         a, b = summaries["classic"], summaries["default"]
         for t in targets:
-            if a["hit"][t] and b["hit"][t]:
-                print(f"time to {t}: default is {a['hit'][t] / b['hit'][t]:.1f}x faster")
-            elif b["hit"][t]:
-                print(f"time to {t}: default gets there in {b['hit'][t] / a['wall_s']:.2f} of the classic run's "
-                      "wall time; the classic run never does")
-        print(f"default's whole run vs classic's: {b['wall_s'] / a['wall_s']:.2f} of its wall time")
-        print(f"tokens/s: {b['tok_s'] / a['tok_s']:.1f}x, GFLOP/s: {b['gflops'] / a['gflops']:.1f}x")
+            if b["hit"][t]:
+                print(f"time to {t}: the default gets there {a['wall_s'] / b['hit'][t]:.1f}x sooner than the "
+                      f"classic run's wall time" + (f", {a['hit'][t] / b['hit'][t]:.1f}x sooner than the classic run "
+                                                    "does" if a["hit"][t] else "; the classic run never does"))
+        print(f"the default's whole run took {b['wall_s'] / a['wall_s']:.2f} of the classic run's wall time")
+        print(f"tokens/s: {b['tok_s'] / a['tok_s']:.2f}x, GFLOP/s: {b['gflops'] / a['gflops']:.2f}x")
 
 
 def bench_train(argv):
@@ -230,7 +237,8 @@ def bench_train(argv):
     targets = [float(t) for t in cfg.targets.split(",")]
     work = Path(cfg.work_dir)
     prepare(PrepareConfig(input=bench_input(cfg), name="shakespeare_char", data_dir=str(work / "data")))
-    args = {"classic": CLASSIC_ARGS, "default": [cfg.config]}
+    args = {"classic": CLASSIC_ARGS, "default": [cfg.config, *cfg.default_args.split()]}
+    print(f"machine: {device_name(cfg.device)}, torch {torch.__version__}")
     summaries = {}
     for name in cfg.run_list():
         out_dir = work / name
@@ -238,9 +246,10 @@ def bench_train(argv):
         cmd = [sys.executable, str(REPO / "train.py"), *args[name], f"--device={cfg.device}",
                f"--data_dir={work / 'data'}", "--dataset=shakespeare_char", f"--out_dir={out_dir}"]
         print(f"\n== {name}: {' '.join(cmd[1:])}", flush=True)
+        start = time.time()
         if subprocess.run(cmd, cwd=REPO).returncode:
             raise UserError(f"the {name} run failed")
-        summaries[name] = run_summary(out_dir, targets)
+        summaries[name] = run_summary(out_dir, targets, time.time() - start)
     print_train_table(summaries, targets)
     from gptkit.pictures import draw_val_loss_vs_time
 
@@ -291,7 +300,8 @@ def steps_per_second(tcfg, steps, warmup, device):
 
 def bench_throughput(argv):
     """Training tokens/s on one shape: fp32 AdamW GPT-2 (the baseline) against a config's settings,
-    and against them compiled when the config itself runs eagerly."""
+    and against them compiled when the config itself runs eagerly; each as a share of the matmul peak
+    measured here for the precision it trains in."""
     cfg = parse_config(ThroughputBenchConfig, argv, prog="bench.py throughput")
     device = pick_device(cfg.device)
     shape = [f"--{k}={getattr(cfg, k)}" for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size")]
@@ -299,13 +309,17 @@ def bench_throughput(argv):
                   cfg.config: parse_config(TrainConfig, [cfg.config, *shape, "--dropout=0.0"])}
     if cfg.compiled and not candidates[cfg.config].compile:
         candidates[f"{cfg.config}, compiled"] = replace(candidates[cfg.config], compile=True)
+    print(f"machine: {device_name(device)}, torch {torch.__version__}")
     rates = {}
     for name, tcfg in candidates.items():
         steps_s, flops_per_token = steps_per_second(tcfg, cfg.steps, cfg.warmup, device)
         tokens_s = steps_s * cfg.batch_size * cfg.block_size
+        dtype = pick_dtype(tcfg.dtype, device)
+        peak = matmul_peak(dtype, device)
         rates[name] = tokens_s
-        print(f"{name:<40} {pick_dtype(tcfg.dtype, device):>9} {tcfg.optimizer:>6} compile={tcfg.compile!s:<5} "
-              f"{tokens_s:10,.0f} tokens/s {tokens_s * flops_per_token / 1e9:7.1f} GFLOP/s", flush=True)
+        print(f"{name:<40} {dtype:>9} {tcfg.optimizer:>6} compile={tcfg.compile!s:<5} {tokens_s:10,.0f} tokens/s "
+              f"{tokens_s * flops_per_token / 1e9:7.1f} GFLOP/s = {100 * tokens_s * flops_per_token / peak:3.0f}% of "
+              f"the {dtype} matmul peak measured here ({peak / 1e9:.0f} GFLOP/s)", flush=True)
     base, *others = rates
     for name in others:
         print(f"throughput ratio, {name}: {rates[name] / rates[base]:.2f}x")

@@ -18,7 +18,7 @@ from gptkit.checkpoint import load_model
 from gptkit.config import parse_config
 from gptkit.errors import UserError, run_main
 from gptkit.prompts import read_prompt, unescape
-from gptkit.runtime import autocast, check_device_name, decode_threads, pick_device, pick_dtype
+from gptkit.runtime import DTYPES, check_device_name, decode_threads, pick_decode_dtype, pick_device
 
 
 @dataclass
@@ -33,7 +33,7 @@ class SampleConfig:
     stop: str = ""  # end a sample where this text appears (e.g. "\n\n"); '' = never
     seed: int = 1337  # the same seed gives the same text
     device: str = "auto"  # 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"  # 'auto' = as for training
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # the weights' precision; auto: the faster here
     kv_cache: bool = True  # False recomputes the whole context every token (for checks)
     interactive: bool = False  # read prompts from the terminal until Ctrl-D
     threads: int = 0  # torch CPU threads (0 = 1 on CPU, where more stall on a busy machine)
@@ -72,7 +72,7 @@ class StopFilter:
         return out
 
 
-def generate_texts(model, tok, prompt, cfg, ctx, stop="", stream=None):
+def generate_texts(model, tok, prompt, cfg, stop="", stream=None):
     """Generate num_samples continuations as one batch, each ending where the stop text appears,
     streaming the first as it is sampled."""
     stream = sys.stdout if stream is None else stream  # looked up now: a redirected stdout is honoured
@@ -86,19 +86,18 @@ def generate_texts(model, tok, prompt, cfg, ctx, stop="", stream=None):
     filters = [StopFilter(stop) for _ in range(cfg.num_samples)]
     texts = [""] * cfg.num_samples
     stream.write(prompt)
-    with ctx:
-        tokens = model.generate_stream(idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
-                                       top_p=cfg.top_p, kv_cache=cfg.kv_cache, generator=generator,
-                                       vocab_size=tok.vocab_size)
-        for column in tokens:
-            for row, token in enumerate(column[:, 0].tolist()):
-                piece = filters[row].feed(decoders[row](token))
-                texts[row] += piece
-                if row == 0 and piece:
-                    stream.write(piece)
-                    stream.flush()
-            if all(f.done for f in filters):
-                break
+    tokens = model.generate_stream(idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
+                                   top_p=cfg.top_p, kv_cache=cfg.kv_cache, generator=generator,
+                                   vocab_size=tok.vocab_size)
+    for column in tokens:
+        for row, token in enumerate(column[:, 0].tolist()):
+            piece = filters[row].feed(decoders[row](token))
+            texts[row] += piece
+            if row == 0 and piece:
+                stream.write(piece)
+                stream.flush()
+        if all(f.done for f in filters):
+            break
     for row, f in enumerate(filters):
         tail = f.flush()
         texts[row] += tail
@@ -113,19 +112,23 @@ def main(argv=None):
     threads = decode_threads(cfg.threads, device)
     if threads:
         torch.set_num_threads(threads)
-    dtype = pick_dtype(cfg.dtype, device)
     torch.manual_seed(cfg.seed)
     model, tok = load_model(cfg.out_dir, device)
+    prompts = iter(read_interactive, None) if cfg.interactive else [read_prompt(cfg.start)]
+    if not cfg.interactive:
+        tok.encode(prompts[0])  # a prompt the vocabulary cannot encode fails before any measuring
+    dtype, why = pick_decode_dtype(cfg.dtype, model, device, cfg.num_samples)
+    if cfg.dtype == "auto":
+        print(why, file=sys.stderr, flush=True)
+    model = model.to(DTYPES[dtype])
     if not model.config.causal:  # the encoder rung of the attention lab: let the learner see what it writes
         print("warning: this model was trained without the causal mask (causal=False), so it learned to read the "
               "next character from its input; generating, it has no next character to read, and its text is "
               "garbage", file=sys.stderr, flush=True)
-    ctx = autocast(device, dtype)
     stop = unescape(cfg.stop)
-    prompts = iter(read_interactive, None) if cfg.interactive else [read_prompt(cfg.start)]
     for prompt in prompts:
         try:
-            texts = generate_texts(model, tok, prompt, cfg, ctx, stop)
+            texts = generate_texts(model, tok, prompt, cfg, stop)
         except UserError as e:
             if not cfg.interactive:
                 raise

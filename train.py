@@ -113,12 +113,17 @@ class Meter:
     def __init__(self, cfg, rt, data, state, log, accum):
         self.rt, self.log = rt, log
         self.tokens_per_iter = accum * rt.world * cfg.batch_size * data.block_size
-        self.flops_per_iter = state.model.flops_per_token(data.block_size) * self.tokens_per_iter
+        flops_per_token = state.model.flops_per_token(data.block_size)
+        self.flops_per_iter = flops_per_token * self.tokens_per_iter
         self.peak = peak_flops(rt.device, rt.dtype)
         self.window_start, self.window_iter = time.time(), state.iter_num
         if rt.master:
-            print(f"{state.model.num_params() / 1e6:.2f}M parameters on {rt.device} ({rt.dtype}), "
+            params = state.model.num_params()
+            print(f"{params / 1e6:.2f}M parameters on {rt.device} ({rt.dtype}), "
                   f"{self.tokens_per_iter:,} tokens per iteration")
+            log.write({"kind": "run", "iter": state.iter_num, "device": rt.device, "dtype": rt.dtype,
+                       "processes": rt.world, "params": params, "tokens_per_iter": self.tokens_per_iter,
+                       "flops_per_token": flops_per_token})
 
     def trained(self, iter_num, loss, lr):
         loss = self.rt.mean(loss.item())

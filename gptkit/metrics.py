@@ -1,12 +1,27 @@
 """A run's numbers: one JSON object per line in metrics.jsonl, mirrored to wandb when asked."""
 
 import json
+import os
 import time
 from pathlib import Path
 
 from gptkit.errors import UserError
 
-PROCESS_START = time.time()
+
+def process_start_time():
+    """When this process started, on the wall clock: from the kernel where it tells (Linux), so that the
+    interpreter's and torch's start-up count in a run's elapsed_s; else when this module was imported."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+PROCESS_START = process_start_time()
 
 
 class RunLog:

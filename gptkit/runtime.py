@@ -1,8 +1,10 @@
 """The run's processes and devices: which device and precision, one process or several under torchrun,
 and the collectives they agree through."""
 
+import copy
 import functools
 import gc
+import math
 import os
 import re
 import signal
@@ -69,6 +71,24 @@ def cpu_bf16_pays():
     return cpu_has_bf16() and matmul_seconds(torch.bfloat16) * 1.2 < matmul_seconds(torch.float32)
 
 
+@functools.cache
+def matmul_peak(dtype, device="cpu", size=2048, repeats=5):
+    """FLOP/s of the fastest of a few size x size matmuls in dtype on device: the most a training step's
+    matmuls can reach here, measured rather than read off a datasheet."""
+    a = torch.randn(size, size, device=device).to(DTYPES[dtype])
+    best = math.inf
+    for i in range(repeats + 1):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        a @ a
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        if i:  # the first call pays for kernel selection
+            best = min(best, time.perf_counter() - start)
+    return 2 * size ** 3 / best
+
+
 def pick_dtype(name, device):
     if name != "auto":
         if name == "float16" and device == "cpu":
@@ -79,6 +99,37 @@ def pick_dtype(name, device):
     if device == "cpu" and cpu_bf16_pays():
         return "bfloat16"
     return "float32"
+
+
+def pick_decode_dtype(name, model, device, batch_size=1, tokens=16):
+    """The weights' precision for decoding: as asked, or for 'auto' the faster of float32 and bfloat16 on
+    this machine (bfloat16 reads half the bytes per token, but some CPUs compute it slowly), timed on a
+    few tokens of this model; and a line saying why. bfloat16 must win clearly (CPUs with fast bfloat16
+    run it about twice as fast, the others slower), so the choice does not flip with a machine's noise
+    and one seed keeps giving one text."""
+    if name != "auto":
+        return name, f"decoding in {name}"
+    if device.startswith("cuda"):
+        return ("bfloat16" if torch.cuda.is_bf16_supported() else "float16"), "decoding in half precision on CUDA"
+    if device != "cpu" or not cpu_has_bf16():
+        return "float32", "decoding in float32"
+    seconds = {dtype: decode_seconds(copy.deepcopy(model).to(DTYPES[dtype]), batch_size, tokens)
+               for dtype in ("float32", "bfloat16")}
+    best = "bfloat16" if seconds["bfloat16"] * 1.25 < seconds["float32"] else "float32"
+    return best, (f"decoding in {best}: {seconds['float32'] / seconds['bfloat16']:.2f}x the float32 speed in "
+                  "bfloat16, measured on this model")
+
+
+def decode_seconds(model, batch_size, tokens, repeats=3):
+    """The fastest of a few timings of decoding `tokens` tokens, after one untimed pass (kernel selection)."""
+    prompt = torch.zeros((batch_size, 1), dtype=torch.long, device=next(model.parameters()).device)
+    best = math.inf
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        for _ in model.generate_stream(prompt, tokens):
+            pass
+        best = min(best, time.perf_counter() - start) if i else best
+    return best
 
 
 def autocast(device, dtype):

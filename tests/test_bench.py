@@ -11,10 +11,12 @@ def test_throughput_times_the_baseline_and_the_config(capsys):
     out = capsys.readouterr().out
     assert "fp32 AdamW GPT-2" in out and "config/shakespeare_char.py" in out
     assert re.search(r"throughput ratio, config/shakespeare_char.py: \d+\.\d+x", out)
+    assert re.search(r"GFLOP/s = +\d+% of the float32 matmul peak measured here", out)
 
 
 def summary(wall_s, hits):
-    return {"wall_s": wall_s, "final_val": 1.5, "iters": 10, "tok_s": 1000.0, "gflops": 1.0, "hit": hits}
+    return {"wall_s": wall_s, "final_val": 1.5, "iters": 10, "dtype": "float32", "tok_s": 1000.0, "gflops": 1.0,
+            "peak_pct": 40.0, "hit": hits}
 
 
 def test_train_table_compares_times_to_each_target(capsys):
@@ -22,7 +24,26 @@ def test_train_table_compares_times_to_each_target(capsys):
     default = summary(150.0, {1.886: 20.0, 1.6: 120.0})
     bench.print_train_table({"classic": classic, "default": default}, [1.886, 1.6])
     out = capsys.readouterr().out
-    assert "time to 1.886: default is 3.0x faster" in out
-    assert "time to 1.6: default gets there in 1.50 of the classic run's wall time; the classic run never does" in out
-    assert re.search(r"time to val <= 1.6 +never +120.0 s", out)
-    assert "default's whole run vs classic's: 1.88 of its wall time" in out
+    assert ("time to 1.886: the default gets there 4.0x sooner than the classic run's wall time, "
+            "3.0x sooner than the classic run does") in out
+    assert "time to 1.6: the default gets there 0.7x sooner than the classic run's wall time; the classic run never" in out
+    assert re.search(r"time to val <= 1.6 +never +120.0 s", out) and re.search(r"% of matmul peak +40% +40%", out)
+    assert "the default's whole run took 1.88 of the classic run's wall time" in out
+
+
+def test_run_summary_reads_what_the_run_recorded(tmp_path, monkeypatch):
+    import json
+
+    records = [{"kind": "run", "iter": 0, "device": "cpu", "dtype": "bfloat16", "flops_per_token": 1e6},
+               {"kind": "eval", "iter": 0, "val_loss": 4.2, "elapsed_s": 2.0},
+               {"kind": "train", "iter": 10, "tokens": 1000, "elapsed_s": 3.0},
+               {"kind": "eval", "iter": 10, "val_loss": 1.8, "elapsed_s": 3.5},
+               {"kind": "train", "iter": 20, "tokens": 3000, "elapsed_s": 4.0},
+               {"kind": "eval", "iter": 20, "val_loss": 1.7, "elapsed_s": 4.5},
+               {"kind": "final", "iter": 20, "val_loss": 1.75, "val_tokens": 99, "elapsed_s": 5.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    monkeypatch.setattr(bench, "matmul_peak", lambda dtype, device: {"bfloat16": 4e9}[dtype])
+    s = bench.run_summary(tmp_path, [1.886, 1.6], wall_s=6.0)
+    assert (s["wall_s"], s["iters"], s["final_val"], s["dtype"]) == (6.0, 20, 1.75, "bfloat16")
+    assert s["tok_s"] == 2000.0 and s["gflops"] == 2.0 and s["peak_pct"] == 50.0
+    assert s["hit"] == {1.886: 3.5, 1.6: None}

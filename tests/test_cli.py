@@ -6,7 +6,7 @@ import shutil
 
 import train
 from conftest import TRAINED_RUN, check_ok, logged, run_script, train_args
-from gptkit.checkpoint import load_checkpoint
+from gptkit.checkpoint import load_checkpoint, load_model
 from gptkit.metrics import read_metrics
 
 
@@ -25,6 +25,10 @@ def test_train_writes_checkpoint_and_metrics(trained_run, data_dir):
     assert not (out / "ckpt.pt.tmp").exists()
 
     records = read_metrics(out)
+    run = records[0]  # what the run was: what its figures mean
+    assert run["kind"] == "run" and run["dtype"] == "float32" and run["tokens_per_iter"] == 8 * 32
+    model = load_model(out, "cpu")[0]
+    assert run["params"] == model.num_params() and run["flops_per_token"] == model.flops_per_token(32)
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval"]
     assert [r["iter"] for r in train] == [5, 10, 15, 20, 25, 30]
@@ -46,7 +50,7 @@ def test_train_writes_checkpoint_and_metrics(trained_run, data_dir):
 def test_sample_is_reproducible_and_needs_only_the_checkpoint(trained_run, tmp_path):
     """Run from another folder: the tokenizer must come from ckpt.pt, not from the dataset."""
     out, _ = trained_run
-    args = [f"--out_dir={out}", "--num_samples=2", "--max_new_tokens=20", "--seed=7", "--device=cpu"]
+    args = [f"--out_dir={out}", "--num_samples=2", "--max_new_tokens=20", "--seed=7", "--device=cpu", "--dtype=float32"]
     first, second = (check_ok(run_script("sample.py", *args, cwd=tmp_path)) for _ in range(2))
     assert first.stdout == second.stdout
     assert first.stdout.count("---------------") == 2  # the separator after each of the other samples
@@ -79,13 +83,13 @@ def test_eval_only_evaluates_and_writes_nothing_else(trained_run, tmp_path, data
     assert "step 30: train loss" in printed and "iter " not in printed  # evaluated, never trained
     assert hashlib.sha256((out / "ckpt.pt").read_bytes()).hexdigest() == before
     records = read_metrics(out)
-    assert records[-1]["kind"] == "eval" and records[-1]["iter"] == 30
-    assert len(records) == len(read_metrics(trained_run[0])) + 1
+    assert [(r["kind"], r["iter"]) for r in records[-2:]] == [("run", 30), ("eval", 30)]
+    assert len(records) == len(read_metrics(trained_run[0])) + 2
 
     fresh = tmp_path / "fresh"
     train.main(train_args(data_dir, fresh, "--eval_only=True"))
     assert not (fresh / "ckpt.pt").exists()
-    assert [(r["kind"], r["iter"]) for r in read_metrics(fresh)] == [("eval", 0)]
+    assert [(r["kind"], r["iter"]) for r in read_metrics(fresh)] == [("run", 0), ("eval", 0)]
 
 
 def test_max_time_stops_the_run_and_a_resume_spends_only_what_is_left(tmp_path, data_dir):

@@ -5,7 +5,6 @@ import codecs
 import io
 import subprocess
 import sys
-from contextlib import nullcontext
 
 import pytest
 import torch
@@ -213,7 +212,7 @@ def test_generate_texts_stops_rows_independently_and_streams_the_first():
     model = ScriptedModel(rows)
     stream = io.StringIO()
     cfg = SampleConfig(num_samples=2, max_new_tokens=100)
-    texts = generate_texts(model, tok, "P:", cfg, nullcontext(), "\n\n", stream)
+    texts = generate_texts(model, tok, "P:", cfg, "\n\n", stream)
     assert texts == ["P:ab\ncd", "P:a"]
     assert stream.getvalue() == "P:ab\ncd"
     assert model.drawn == 7  # generation ends once every row has met the stop string
@@ -223,7 +222,7 @@ def test_generate_texts_without_stop_returns_everything():
     tok = CharTokenizer(sorted(set("abc\n")))
     model = ScriptedModel([tok.encode("abc\n\nabc")])
     stream = io.StringIO()
-    texts = generate_texts(model, tok, "a", SampleConfig(num_samples=1, max_new_tokens=6), nullcontext(), "", stream)
+    texts = generate_texts(model, tok, "a", SampleConfig(num_samples=1, max_new_tokens=6), "", stream)
     assert texts == ["aabc\n\na"] and stream.getvalue() == "aabc\n\na"
 
 
@@ -231,12 +230,12 @@ def test_stop_string_end_to_end_on_a_trained_model(trained):
     model, tok = trained
     cfg = SampleConfig(num_samples=3, max_new_tokens=80, seed=5, temperature=1.0)
     prompt = "ROMEO:\n"
-    plain = generate_texts(model, tok, prompt, cfg, nullcontext(), stream=io.StringIO())
+    plain = generate_texts(model, tok, prompt, cfg, stream=io.StringIO())
     generated = plain[0][len(prompt):]
     stop = generated[30:32]  # two characters: with a char tokenizer the stop string spans two tokens
     assert len(stop) == 2
     stream = io.StringIO()
-    stopped = generate_texts(model, tok, prompt, cfg, nullcontext(), stop, stream)
+    stopped = generate_texts(model, tok, prompt, cfg, stop, stream)
     for full, cut in zip(plain, stopped):
         gen = full[len(prompt):]
         at = gen.find(stop)
@@ -292,7 +291,7 @@ def test_bpe_streaming_through_generate_texts_never_prints_half_a_character():
 
     stream = Recorder()
     cfg = SampleConfig(num_samples=1, max_new_tokens=100)
-    texts = generate_texts(model, tok, "x", cfg, nullcontext(), "\n\n", stream)
+    texts = generate_texts(model, tok, "x", cfg, "\n\n", stream)
     assert texts == ["xcaf" + EMOJI_TEXT]
     assert all("\ufffd" not in w for w in stream.writes)
     assert "😀" in stream.writes  # streamed as soon as its last byte arrived
@@ -329,8 +328,8 @@ def _is_utf8(data):
 
 
 def sample_args(run_dir, *extra):
-    return [f"--out_dir={run_dir}", "--device=cpu", "--num_samples=2", "--max_new_tokens=70", "--start=ROMEO:",
-            *extra]
+    return [f"--out_dir={run_dir}", "--device=cpu", "--dtype=float32", "--num_samples=2", "--max_new_tokens=70",
+            "--start=ROMEO:", *extra]
 
 
 def run_sample_main(capsys, *args):
@@ -412,11 +411,23 @@ def test_bench_sample_reports_both_rates_and_the_speedup(capsys):
     import bench
 
     bench.main(["sample", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--max_new_tokens=40",
-                "--warmup_tokens=2", "--pos_emb=rope"])
+                "--warmup_tokens=2", "--pos_emb=rope", "--dtype=float32"])
     out = capsys.readouterr().out
-    assert "with KV cache:" in out and "without cache:" in out and "tokens/s" in out
+    assert "with KV cache (float32):" in out and "without cache (float32):" in out and "tokens/s" in out
     assert "speedup: " in out and "same tokens: yes" in out
     with pytest.raises(UserError, match="unknown benchmark"):
         bench.main(["nope"])
     with pytest.raises(UserError, match="modes must be"):
         bench.main(["sample", "--modes=fast"])
+
+
+@pytest.mark.parametrize("bf16_speedup,want", [(2.0, "bfloat16"), (1.1, "float32"), (0.5, "float32")])
+def test_decode_precision_is_measured_and_must_win_clearly(monkeypatch, bf16_speedup, want):
+    from gptkit import runtime
+
+    monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(runtime, "decode_seconds", lambda model, batch, tokens: {
+        torch.float32: 1.0, torch.bfloat16: 1.0 / bf16_speedup}[next(model.parameters()).dtype])
+    dtype, why = runtime.pick_decode_dtype("auto", tiny_model(), "cpu")
+    assert dtype == want and why.startswith(f"decoding in {want}: {bf16_speedup:.2f}x the float32 speed")
+    assert runtime.pick_decode_dtype("float32", tiny_model(), "cpu")[0] == "float32"
