@@ -64,11 +64,11 @@ def matmul_seconds(dtype, size=768, repeats=3):
 
 
 @functools.cache
-def cpu_bf16_pays():
-    """Whether bf16 matmuls actually beat fp32 here: some CPUs that list the bf16 instructions
-    run them slower than fp32 (measured 160 vs 290 GFLOP/s on one 2-core Xeon VM), so ask the
-    hardware with a probe of a few tens of milliseconds."""
-    return cpu_has_bf16() and matmul_seconds(torch.bfloat16) * 1.2 < matmul_seconds(torch.float32)
+def cpu_bf16_speedup():
+    """How many times faster bf16 matmuls run than fp32 here (0 without bf16 instructions): some CPUs that
+    list the instructions run them slower than fp32 (measured 160 vs 290 GFLOP/s on one 2-core Xeon VM),
+    so ask the hardware, with a probe of a few tens of milliseconds."""
+    return matmul_seconds(torch.float32) / matmul_seconds(torch.bfloat16) if cpu_has_bf16() else 0.0
 
 
 @functools.cache
@@ -96,7 +96,7 @@ def pick_dtype(name, device):
         return name
     if device.startswith("cuda"):
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    if device == "cpu" and cpu_bf16_pays():
+    if device == "cpu" and cpu_bf16_speedup() > 1.2:
         return "bfloat16"
     return "float32"
 
@@ -153,6 +153,35 @@ def peak_flops(device, dtype):
     return None
 
 
+def pick_attention_path(model, batch_size, autocast, device):
+    """For scaled or dot attention on a CPU: SDPA's fused kernels, or the masked softmax written out, which
+    is faster for short contexts on some CPUs. One layer's forward and backward at the training shape, timed
+    both ways; (fused, a line saying why)."""
+    c = model.config
+    if device != "cpu" or c.attention not in ("scaled", "dot") or c.n_layer == 0:
+        return True, None
+    shape = (batch_size, c.n_head, c.block_size, c.n_embd // c.n_head)
+    seconds = {fused: attention_seconds(model.transformer.h[0].attn, shape, autocast, fused) for fused in (True, False)}
+    fused = seconds[True] <= seconds[False]
+    return fused, (f"attention: {'SDPA fused kernels' if fused else 'written-out softmax'} ({seconds[True] * 1e3:.1f} "
+                   f"ms fused, {seconds[False] * 1e3:.1f} ms written out per layer, forward and backward, measured)")
+
+
+def attention_seconds(attn, shape, autocast, fused, repeats=3):
+    """The fastest of a few timings of one attention layer's forward and backward."""
+    q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
+    was, attn.fused = attn.fused, fused
+    best = math.inf
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        with autocast:
+            y = attn.attend(q, k, v, shape[2])
+        y.float().sum().backward()
+        best = min(best, time.perf_counter() - start) if i else best
+    attn.fused = was
+    return best
+
+
 def decode_threads(threads, device):
     """CPU threads for decoding (0 = leave torch's choice). Decoding runs many small operations, each of
     which waits for all its threads: when another process holds a core, every step stalls. Measured on a
@@ -201,8 +230,12 @@ class Runtime:
         if device.startswith("cuda"):
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        self.device, self.dtype = device, pick_dtype(dtype, device)
-        self.autocast = autocast(device, self.dtype)
+        self.device = device
+        self.set_dtype(self.broadcast(pick_dtype(dtype, device)))  # rank 0's measurement for all
+
+    def set_dtype(self, dtype):
+        """Train in dtype: autocast's precision for the matmuls (weights stay float32)."""
+        self.dtype, self.autocast = dtype, autocast(self.device, dtype)
 
     def __enter__(self):
         return self

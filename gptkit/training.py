@@ -15,7 +15,8 @@ from gptkit.dataset import TrainingData, load_meta
 from gptkit.errors import UserError
 from gptkit.hf_interop import load_pretrained
 from gptkit.optim import build_optimizers
-from gptkit.runtime import allow_eager_fallback, check_device_name, compile_blocks
+from gptkit.runtime import (allow_eager_fallback, check_device_name, compile_blocks, cpu_bf16_speedup, cpu_has_bf16,
+                            pick_attention_path)
 from model import GPT, GPTConfig
 
 
@@ -67,6 +68,7 @@ class TrainConfig:
     device: str = "auto"  # 'auto' (cuda, then mps, then cpu), or 'cpu', 'cuda', 'cuda:1', 'mps'
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # 'auto': bf16 where it is fast, else fp32
     compile: bool = False  # torch.compile each transformer block
+    attention_path: Literal["auto", "fused", "written"] = "auto"  # scaled/dot attention: measured, SDPA, or softmax
     threads: int = 0  # torch CPU threads (0 = torch's default)
 
     def __post_init__(self):
@@ -148,8 +150,9 @@ class TrainState:
     """What a checkpoint saves and restores: the model, its optimizers and gradient scaler, the tokenizer,
     the loop's counters, and every process's random generators, the data sampler's included."""
 
-    def __init__(self, cfg, model, tokenizer, sampler, rt):
+    def __init__(self, cfg, model, tokenizer, sampler, rt, measured):
         self.cfg, self.model, self.tokenizer, self.sampler = cfg, model, tokenizer, sampler
+        self.measured = measured  # the precision and attention path chosen by measurement, kept for a resume
         self.optimizers = build_optimizers(model, cfg, rt.device)
         self.scaler = torch.amp.GradScaler(rt.device.split(":")[0], enabled=rt.dtype == "float16")
         self.iter_num = 0  # optimizer steps taken
@@ -173,6 +176,7 @@ class TrainState:
                 "loop_seconds": self.loop_seconds,
                 "rng": rng,
                 "wandb_id": self.wandb_id,
+                "measured": self.measured,
             }, path)
 
     def restore(self, ckpt, rt):
@@ -210,13 +214,37 @@ def start(cfg, rt):
                         f"({model.config.vocab_size})")
     data = TrainingData(folder, meta, model.config.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed + rt.rank,
                         rt.device)
-    state = TrainState(cfg, model, data.tokenizer, data.sampler, rt)
+    measured = settle_measured_choices(cfg, rt, model, ckpt)
+    state = TrainState(cfg, model, data.tokenizer, data.sampler, rt, measured)
     if ckpt is not None:
         state.restore(ckpt, rt)
     if cfg.compile:
         allow_eager_fallback()
         compile_blocks(model)
     return data, state
+
+
+def settle_measured_choices(cfg, rt, model, ckpt):
+    """The precision and the attention path: as configured; for 'auto', as the resumed run was trained (a
+    resume continues exactly: the two attention paths draw dropout differently), or else measured here by
+    rank 0 and printed. Returns them, for the checkpoint."""
+    saved = ckpt.get("measured", {}) if ckpt is not None else {}
+    if cfg.dtype == "auto" and "dtype" in saved:
+        rt.set_dtype(saved["dtype"])
+    elif cfg.dtype == "auto" and rt.master and rt.device == "cpu" and cpu_has_bf16():
+        print(f"precision: {rt.dtype} (bfloat16 matmuls ran at {cpu_bf16_speedup():.2f}x the float32 speed "
+              "in a probe here)")
+    if cfg.attention_path != "auto":
+        path = cfg.attention_path
+    elif "attention_path" in saved:
+        path = saved["attention_path"]
+    else:
+        fused, why = pick_attention_path(model, cfg.batch_size, rt.autocast, rt.device)
+        path = rt.broadcast("fused" if fused else "written")  # rank 0's measurement: every process runs one path
+        if why and rt.master:
+            print(why)
+    model.use_fused_attention(path == "fused")
+    return {"dtype": rt.dtype, "attention_path": path}
 
 
 def micro_batches(accumulation_steps, world):

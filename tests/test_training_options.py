@@ -195,14 +195,14 @@ def test_gradient_accumulation_gives_the_update_of_one_big_batch(tmp_path, data_
 @pytest.mark.parametrize("bf16_instructions,bf16_faster,want", [(True, True, "bfloat16"), (True, False, "float32"),
                                                                 (False, True, "float32")])
 def test_pick_dtype_trusts_the_probe_not_the_flags(monkeypatch, bf16_instructions, bf16_faster, want):
-    runtime.cpu_bf16_pays.cache_clear()
+    runtime.cpu_bf16_speedup.cache_clear()
     monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: bf16_instructions)
     monkeypatch.setattr(runtime, "matmul_seconds",
                         lambda dtype, **kw: 1.0 if (dtype == torch.bfloat16) == bf16_faster else 3.0)
     try:
         assert pick_dtype("auto", "cpu") == want
     finally:
-        runtime.cpu_bf16_pays.cache_clear()
+        runtime.cpu_bf16_speedup.cache_clear()
     assert pick_dtype("float32", "cpu") == "float32" and pick_dtype("bfloat16", "cpu") == "bfloat16"
     with pytest.raises(UserError, match="float16 is not supported for training on CPU"):
         pick_dtype("float16", "cpu")
@@ -233,3 +233,34 @@ def test_split_evaluation_scores_every_target_once(tmp_path, max_tokens):
             losses += per_token[start - first:].tolist()
     assert scored == n == len(losses)
     assert loss == pytest.approx(sum(losses) / n, rel=1e-5)
+
+
+@pytest.mark.parametrize("fused_ms,written_ms,want", [(5.0, 2.0, False), (2.0, 5.0, True)])
+def test_attention_path_is_the_faster_one_measured(monkeypatch, fused_ms, written_ms, want):
+    monkeypatch.setattr(runtime, "attention_seconds",
+                        lambda attn, shape, autocast, fused: (fused_ms if fused else written_ms) / 1e3)
+    model = tiny_model(config(**TINY))
+    fused, why = runtime.pick_attention_path(model, 4, torch.autocast("cpu", enabled=False), "cpu")
+    assert fused is want and f"{fused_ms:.1f} ms fused, {written_ms:.1f} ms written out" in why
+    assert runtime.pick_attention_path(model, 4, None, "cuda") == (True, None)  # no probe on a GPU
+    uniform = tiny_model(config(**TINY, attention="uniform"))
+    assert runtime.pick_attention_path(uniform, 4, None, "cpu") == (True, None)  # nothing to choose
+
+
+def test_a_resume_keeps_the_measured_choices_it_was_trained_with(monkeypatch):
+    """Re-measuring on resume could switch path or precision mid-run (and the two attention paths draw
+    dropout differently), so the saved choices win; fresh runs measure."""
+    from gptkit.runtime import Runtime
+    from gptkit.training import settle_measured_choices
+
+    def no_probe(*args):
+        raise AssertionError("a resumed run measured again")
+
+    monkeypatch.setattr("gptkit.training.pick_attention_path", no_probe)
+    rt, model = Runtime(device="cpu", dtype="float32"), tiny_model(config(**TINY))
+    saved = {"measured": {"dtype": "bfloat16", "attention_path": "written"}}
+    assert settle_measured_choices(config(**TINY), rt, model, saved) == saved["measured"]
+    assert rt.dtype == "bfloat16" and model.transformer.h[0].attn.fused is False
+    explicit = config(**TINY, dtype="float32", attention_path="fused")  # what the command line says wins
+    rt = Runtime(device="cpu", dtype="float32")
+    assert settle_measured_choices(explicit, rt, model, saved) == {"dtype": "float32", "attention_path": "fused"}
