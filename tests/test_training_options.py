@@ -175,7 +175,7 @@ def test_gradient_accumulation_gives_the_update_of_one_big_batch(tmp_path, data_
               "--grad_clip=0"]
     for name, shape in {"big": ["--batch_size=8"], "accum": ["--batch_size=4", "--gradient_accumulation_steps=2"]}.items():
         train.main(train_args(data_dir, tmp_path / name, *common, *shape))
-    big, accum = (load_checkpoint(tmp_path / name / "ckpt.pt") for name in ("big", "accum"))
+    big, accum = (load_checkpoint(tmp_path / name / "latest.pt") for name in ("big", "accum"))
     assert big["iter_num"] == accum["iter_num"] == 2
     big, accum = big["model"], accum["model"]
     for key in big:
@@ -194,6 +194,6 @@ def test_pick_dtype_trusts_the_probe_not_the_flags(monkeypatch, bf16_instruction
     finally:
         runtime.cpu_bf16_pays.cache_clear()
     assert pick_dtype("float32", "cpu") == "float32" and pick_dtype("bfloat16", "cpu") == "bfloat16"
-    with pytest.raises(UserError, match="float16 is not supported for training on CPU"):
+    with pytest.raises(UserError, match="float16 is not supported on CPU"):
         pick_dtype("float16", "cpu")
     assert pick_dtype("auto", "mps") == "float32"
