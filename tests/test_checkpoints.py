@@ -181,12 +181,14 @@ def test_a_failed_rename_keeps_the_previous_state_and_resume_finds_it(tmp_path, 
 # ---------------------------------------------------------------------------------------------- best and latest
 
 def test_ctrl_c_after_val_got_worse_keeps_the_best_weights(tmp_path, data_dir, capsys, monkeypatch):
-    """Val loss improves at iteration 5 and only gets worse after it; Ctrl-C arrives during step 17. best.pt stays
-    the weights of iteration 5, and sample.py samples them; latest.pt holds step 17. Running on to the end
-    (max_iters, still worse) does not touch best.pt either."""
+    """Issue #12: with always_save_checkpoint=False (the shipped default's), Ctrl-C saved the current model over the
+    best one. Val loss improves at iteration 5 and only gets worse after it; Ctrl-C arrives during step 17.
+    best.pt stays the weights of iteration 5, and sample.py samples them; latest.pt holds step 17. Running on
+    to the end (as a max_time stop would, still worse) does not touch best.pt either."""
     out = tmp_path / "out"
     args = train_args(data_dir, out, "--max_iters=20", "--eval_interval=5", "--eval_iters=2", "--log_interval=1",
-                      "--init_from=auto", "--learning_rate=1e-2", "--warmup_iters=0")  # 5 and 17 sample differently
+                      "--always_save_checkpoint=False", "--init_from=auto",
+                      "--learning_rate=1e-2", "--warmup_iters=0")  # 5 and 17 sample differently
     real_evaluate, real_step = train.evaluate_on_rank0, train.step_optimizers
 
     def worse_after_5(rt, data, state):
