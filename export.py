@@ -1,5 +1,6 @@
 """
-Export a trained checkpoint (best.pt, or --checkpoint=latest) as a Hugging Face GPT-2 model (config.json + model.safetensors).
+Export a trained checkpoint (best.pt, or latest.pt with --checkpoint=latest) as a Hugging Face GPT-2 model
+(config.json + model.safetensors).
 
     python export.py --out_dir=out-shakespeare --hf_dir=hf-shakespeare
 

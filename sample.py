@@ -25,7 +25,7 @@ from gptkit.runtime import autocast, check_device_name, decode_threads, pick_dev
 @dataclass
 class SampleConfig:
     out_dir: str = "out"  # the run's folder
-    checkpoint: Literal["best", "latest"] = "best"  # 'best': best.pt, the lowest val loss; 'latest': latest.pt, where the run is now
+    checkpoint: Literal["best", "latest"] = "best"  # 'best' (best.pt: lowest val loss) or 'latest' (latest.pt)
     start: str = "\n"  # prompt text (\n, \t typed in a shell are read as newline, tab), or FILE:path to read it from
     num_samples: int = 10  # samples, generated together as one batch
     max_new_tokens: int = 500  # tokens generated per sample

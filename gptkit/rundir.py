@@ -20,6 +20,8 @@ from gptkit.tokenizer import tokenizer_from_meta
 
 
 class RunDir:
+    """The paths of one run folder, and what can be asked of them."""
+
     def __init__(self, out_dir):
         self.path = Path(out_dir)
         self.latest, self.previous = self.path / "latest.pt", self.path / "latest.prev.pt"
@@ -57,11 +59,9 @@ class RunDir:
         """out_dir is a folder (or can become one) and each file a run writes there can be a file."""
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"cannot use {self.path} as out_dir (a file of that name is in the way)")
-        for path in (self.latest, self.previous, self.best):
-            for p in (path, path.with_name(path.name + ".tmp")):
-                if p.is_dir():
-                    raise UserError(f"{p} is a folder where the run writes a file; move it out of the way")
-        for p in (self.metrics, self.path / "run.lock"):
+        saved = [p for path in (self.latest, self.previous, self.best)
+                 for p in (path, path.with_name(path.name + ".tmp"))]
+        for p in [*saved, self.metrics, self.path / "run.lock"]:
             if p.is_dir():
                 raise UserError(f"{p} is a folder where the run writes a file; move it out of the way")
 

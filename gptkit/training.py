@@ -30,7 +30,7 @@ class TrainConfig:
     eval_iters: int = 20  # batches per split in each evaluation (the same fixed batches every time)
     eval_only: bool = False  # evaluate once, record it and exit; no checkpoint is ever written
     always_save_checkpoint: bool = True  # save latest.pt at every evaluation, not only when val loss improves
-    init_from: str = "scratch"  # 'scratch', 'resume' (out_dir's latest state), 'auto' (resume if there is one) or a GPT-2 name / HF directory
+    init_from: str = "scratch"  # 'scratch', 'resume', 'auto' (resume if out_dir has a state), a GPT-2 name or HF folder
     seed: int = 1337  # seeds weights, data order and dropout
     # wandb
     wandb_log: bool = False  # log to Weights & Biases

@@ -80,7 +80,8 @@ def test_a_flipped_byte_anywhere_is_caught_on_load(trained_run, tmp_path, name):
             damaged = bytearray(data)
             damaged[offset] ^= rng.randrange(1, 256)
             cases.append((f"{part}, byte {offset}", bytes(damaged)))
-    cases += [(f"cut at {n}", data[:n]) for n in [0, 1, HEADER_SIZE - 1, HEADER_SIZE, *rng.sample(range(len(data)), 20)]]
+    cuts = [0, 1, HEADER_SIZE - 1, HEADER_SIZE, *rng.sample(range(len(data)), 20)]
+    cases += [(f"cut at {n}", data[:n]) for n in cuts]
     cases += [("appended", data + b"\0"), ("appended a line", data + b"more\n")]
     path = tmp_path / name
     for label, damaged in cases:
