@@ -487,8 +487,9 @@ def stops_of_both_ranks(run, signame, out):
 @needs_gloo
 def test_ddp_stop_signals_stop_every_rank_at_one_step_and_auto_resumes_exactly(tmp_path, data_dir, reference):
     """Two processes under torchrun, one command run three times: SIGUSR1 reaches rank 1 alone during step 9 and
-    both ranks stop after it; then a scheduler's SIGTERM reaches torchrun and both workers (the whole process
-    group) mid-run and both stop at one step; then the run finishes. Every loss equals an uninterrupted run's."""
+    both ranks stop after it; then a scheduler's SIGTERM reaches torchrun mid-run, which passes it on to its
+    processes (each in a session of its own), and both stop at one step; then the run finishes. Every loss
+    equals an uninterrupted run's."""
     out = tmp_path / "out"
     first = Run(command("ddp", data_dir, out, "--init_from=auto", script=wrapper(tmp_path, signal=("SIGUSR1", 9, [1]))),
                 tmp_path / "usr1")
@@ -497,7 +498,7 @@ def test_ddp_stop_signals_stop_every_rank_at_one_step_and_auto_resumes_exactly(t
 
     second = Run(command("ddp", data_dir, out, "--init_from=auto"), tmp_path / "term")
     wait_for_iteration(second, out, 17)
-    os.killpg(second.proc.pid, signal.SIGTERM)
+    second.proc.send_signal(signal.SIGTERM)
     assert second.wait(timeout=90) != 0
     assert 17 <= stops_of_both_ranks(second, "SIGTERM", out) < ITERS
 
