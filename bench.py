@@ -21,17 +21,18 @@ from typing import Literal
 
 import torch
 
-from gptkit.config import parse_config, pick_subcommand
+from gptkit.config import parse_config, pick_subcommand, require
 from gptkit.errors import UserError, run_main
 from gptkit.metrics import read_metrics
-from gptkit.runtime import DTYPES, autocast, decode_threads, matmul_peak, pick_decode_dtype, pick_device, pick_dtype
+from gptkit.runtime import (DTYPES, autocast, check_device_name, decode_threads, matmul_peak, pick_decode_dtype,
+                            pick_device, pick_dtype)
 from gptkit.training import TrainConfig
 from model import GPT, GPTConfig
 
 
 @dataclass
 class SampleBenchConfig:
-    out_dir: str = ""  # folder holding ckpt.pt ('' = a random-weight model of the shape below)
+    out_dir: str = ""  # a run folder, whose best.pt is timed ('' = a random-weight model of the shape below)
     n_layer: int = 6  # random model: transformer blocks (nanoGPT's baby GPT)
     n_head: int = 6  # random model: attention heads
     n_embd: int = 384  # random model: width
@@ -50,14 +51,21 @@ class SampleBenchConfig:
     modes: str = "cache,nocache"  # which decoders to time, comma-separated
 
     def __post_init__(self):
-        if self.max_new_tokens < 1 or self.batch_size < 1 or self.warmup_tokens < 0 or self.repeats < 1:
-            raise ValueError("need max_new_tokens >= 1, batch_size >= 1, repeats >= 1 and warmup_tokens >= 0")
+        require(self, ["max_new_tokens", "batch_size", "repeats"], lambda v: v >= 1, "at least 1")
+        require(self, ["warmup_tokens", "temperature", "threads"], lambda v: v >= 0, "at least 0")
+        require(self, ["seed"], lambda v: 0 <= v < 2 ** 31, "in [0, 2**31)")
+        check_device_name(self.device)
+        self.shape()  # the random model's settings are checked by the model's own config
         modes = self.mode_list()
         if not modes or set(modes) - {"cache", "nocache"}:
             raise ValueError(f"modes must be 'cache', 'nocache' or both, comma-separated (got {self.modes!r})")
 
     def mode_list(self):
         return [m.strip() for m in self.modes.split(",") if m.strip()]
+
+    def shape(self):
+        return GPTConfig(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, block_size=self.block_size,
+                         vocab_size=self.vocab_size, pos_emb=self.pos_emb, bias=False, dropout=0.0)
 
 
 def device_name(device):
@@ -83,18 +91,13 @@ def sync(device):
 def bench_model(cfg, device):
     """The checkpoint's model, or a random-weight one of the configured shape; and a description."""
     if cfg.out_dir:
-        from gptkit.checkpoint import load_model
+        from gptkit.rundir import load_model
 
         model, _ = load_model(cfg.out_dir, device)
-        source = f"checkpoint {cfg.out_dir}/ckpt.pt"
+        source = f"checkpoint in {cfg.out_dir}"
     else:
         torch.manual_seed(cfg.seed)
-        shape = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
-                     vocab_size=cfg.vocab_size, pos_emb=cfg.pos_emb, bias=False, dropout=0.0)
-        try:
-            model = GPT(GPTConfig(**shape)).to(device).eval()
-        except ValueError as e:
-            raise UserError(str(e)) from None
+        model = GPT(cfg.shape()).to(device).eval()
         source = "random weights"
     c = model.config
     return model, (f"{c.n_layer} layers, {c.n_head} heads, width {c.n_embd}, block {c.block_size}, "
@@ -173,6 +176,16 @@ class TrainBenchConfig:
     def __post_init__(self):
         if set(self.run_list()) - {"classic", "default"} or not self.run_list():
             raise ValueError(f"runs must be 'classic', 'default' or both (got {self.runs!r})")
+        try:
+            targets = self.target_list()
+        except ValueError:
+            targets = []
+        if not targets or not all(0 < t < float("inf") for t in targets):
+            raise ValueError(f"targets must be positive val losses, comma-separated (got {self.targets!r})")
+        check_device_name(self.device)
+
+    def target_list(self):
+        return [float(t) for t in self.targets.split(",") if t.strip()]
 
     def run_list(self):
         return [r.strip() for r in self.runs.split(",") if r.strip()]
@@ -235,7 +248,7 @@ def bench_train(argv):
     from gptkit.corpus import PrepareConfig, prepare
 
     cfg = parse_config(TrainBenchConfig, argv, prog="bench.py train")
-    targets = [float(t) for t in cfg.targets.split(",")]
+    targets = cfg.target_list()
     work = Path(cfg.work_dir)
     prepare(PrepareConfig(input=bench_input(cfg), name="shakespeare_char", data_dir=str(work / "data")))
     args = {"classic": CLASSIC_ARGS, "default": [cfg.config, *cfg.default_args.split()]}
@@ -270,6 +283,13 @@ class ThroughputBenchConfig:
     warmup: int = 2  # untimed steps first (compilation happens here)
     device: str = "cpu"  # 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'
     compiled: bool = True  # also time the config's settings compiled, when the config itself runs eagerly
+
+    def __post_init__(self):
+        require(self, ["n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps"], lambda v: v >= 1,
+                "at least 1")
+        require(self, ["warmup"], lambda v: v >= 0, "at least 0")
+        check_device_name(self.device)
+        GPTConfig(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, block_size=self.block_size)
 
 
 def steps_per_second(tcfg, steps, warmup, device):

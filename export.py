@@ -1,5 +1,6 @@
 """
-Export a trained checkpoint as a Hugging Face GPT-2 model (config.json + model.safetensors).
+Export a trained checkpoint (best.pt, or latest.pt with --checkpoint=latest) as a Hugging Face GPT-2 model
+(config.json + model.safetensors).
 
     python export.py --out_dir=out-shakespeare --hf_dir=hf-shakespeare
 
@@ -10,15 +11,17 @@ Models with options GPT-2 has no place for (rope, rmsnorm, qk_norm, logit_softca
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from gptkit.checkpoint import load_model
 from gptkit.config import parse_config
 from gptkit.errors import run_main
+from gptkit.rundir import load_model
 
 
 @dataclass
 class ExportConfig:
-    out_dir: str = "out"  # folder holding ckpt.pt
+    out_dir: str = "out"  # the run's folder
+    checkpoint: Literal["best", "latest"] = "best"  # 'best' (best.pt, the lowest val loss) or 'latest' (latest.pt)
     hf_dir: str = ""  # folder to write config.json and model.safetensors to
 
     def __post_init__(self):
@@ -30,7 +33,7 @@ class ExportConfig:
 
 def main(argv=None):
     cfg = parse_config(ExportConfig, sys.argv[1:] if argv is None else argv, prog="export.py")
-    model, tok = load_model(cfg.out_dir, "cpu")
+    model, tok = load_model(cfg.out_dir, "cpu", cfg.checkpoint)
     from gptkit.hf_interop import save_hf  # imports `transformers` only after the checkpoint has been read
 
     eot = getattr(tok, "eot_token", None)  # <|endoftext|> for BPE; char vocabularies have none

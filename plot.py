@@ -2,12 +2,13 @@
 Pictures of a run.
 
     python plot.py loss --out_dir=out                                # out/loss.png from out/metrics.jsonl
-    python plot.py attention --out_dir=out --start="First Citizen:"  # out/attention.png from out/ckpt.pt
+    python plot.py attention --out_dir=out --start="First Citizen:"  # out/attention.png from out/best.pt
 """
 
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from gptkit.config import parse_config, pick_subcommand
 from gptkit.errors import UserError, run_main
@@ -16,7 +17,8 @@ from gptkit.runtime import check_device_name
 
 @dataclass
 class PlotConfig:
-    out_dir: str = "out"  # run folder: metrics.jsonl and ckpt.pt are read from it, pictures written to it
+    out_dir: str = "out"  # run folder: metrics.jsonl and the checkpoint are read from it, pictures written to it
+    checkpoint: Literal["best", "latest"] = "best"  # attention: 'best' (best.pt) or 'latest' (latest.pt)
     output: str = ""  # picture path ('' = out_dir/loss.png or out_dir/attention.png)
     start: str = "First Citizen:"  # attention: the prompt whose attention is drawn, or FILE:path
     device: str = "cpu"  # attention: 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'
@@ -43,13 +45,13 @@ def plot_loss(cfg):
 
 
 def plot_attention(cfg):
-    from gptkit.checkpoint import load_model
     from gptkit.pictures import attention_of, draw_attention
     from gptkit.prompts import read_prompt
+    from gptkit.rundir import load_model
     from gptkit.runtime import pick_device
 
     prompt = read_prompt(cfg.start)
-    model, tok = load_model(cfg.out_dir, pick_device(cfg.device))
+    model, tok = load_model(cfg.out_dir, pick_device(cfg.device), cfg.checkpoint)
     maps, labels = attention_of(model, tok, prompt)
     c = model.config
     shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."

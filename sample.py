@@ -1,7 +1,8 @@
 """
 Sample text from a trained model.
 
-    python sample.py --out_dir=out
+    python sample.py --out_dir=out                    # the best model (best.pt)
+    python sample.py --out_dir=out --checkpoint=latest  # where the run is now (latest.pt)
     python sample.py --out_dir=out --start="ROMEO:" --num_samples=3 --max_new_tokens=300
     python sample.py --out_dir=out --start=FILE:prompt.txt --temperature=0   # greedy
     python sample.py --out_dir=out --stop="\\n\\n" --num_samples=1          # end at the first blank line
@@ -14,16 +15,17 @@ from typing import Literal
 
 import torch
 
-from gptkit.checkpoint import load_model
-from gptkit.config import parse_config
+from gptkit.config import parse_config, require
 from gptkit.errors import UserError, run_main
 from gptkit.prompts import read_prompt, unescape
+from gptkit.rundir import load_model
 from gptkit.runtime import DTYPES, check_device_name, decode_threads, pick_decode_dtype, pick_device
 
 
 @dataclass
 class SampleConfig:
-    out_dir: str = "out"  # folder holding ckpt.pt
+    out_dir: str = "out"  # the run's folder
+    checkpoint: Literal["best", "latest"] = "best"  # 'best' (best.pt: lowest val loss) or 'latest' (latest.pt)
     start: str = "\n"  # prompt text (\n, \t typed in a shell are read as newline, tab), or FILE:path to read it from
     num_samples: int = 10  # samples, generated together as one batch
     max_new_tokens: int = 500  # tokens generated per sample
@@ -39,10 +41,10 @@ class SampleConfig:
     threads: int = 0  # torch CPU threads (0 = 1 on CPU, where more stall on a busy machine)
 
     def __post_init__(self):
-        if self.num_samples < 1 or self.max_new_tokens < 0 or self.threads < 0:
-            raise ValueError("num_samples must be at least 1, max_new_tokens and threads at least 0")
-        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError("need temperature >= 0, top_k >= 0 and 0 < top_p <= 1")
+        require(self, ["num_samples"], lambda v: v >= 1, "at least 1")
+        require(self, ["max_new_tokens", "threads", "temperature", "top_k"], lambda v: v >= 0, "at least 0")
+        require(self, ["top_p"], lambda v: 0 < v <= 1, "in (0, 1]")
+        require(self, ["seed"], lambda v: 0 <= v < 2 ** 31, "in [0, 2**31)")
         check_device_name(self.device)
 
 
@@ -113,7 +115,7 @@ def main(argv=None):
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(cfg.seed)
-    model, tok = load_model(cfg.out_dir, device)
+    model, tok = load_model(cfg.out_dir, device, cfg.checkpoint)
     prompts = iter(read_interactive, None) if cfg.interactive else [read_prompt(cfg.start)]
     if not cfg.interactive:
         tok.encode(prompts[0])  # a prompt the vocabulary cannot encode fails before any measuring

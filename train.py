@@ -4,10 +4,12 @@ Train a GPT on a prepared dataset.
     python train.py config/shakespeare_char.py
     python train.py config/shakespeare_char.py --device=cpu --max_iters=500
     python train.py config/shakespeare_char.py --init_from=resume      # continue the run in out_dir
+    python train.py config/shakespeare_char.py --init_from=auto        # continue it if there is one, else start
     torchrun --standalone --nproc_per_node=2 train.py config/shakespeare_char.py
 """
 
 import math
+import signal
 import sys
 import time
 import uuid
@@ -15,22 +17,24 @@ from dataclasses import asdict
 
 import torch
 
-from gptkit.config import parse_config
+from gptkit.config import given_values, make
 from gptkit.errors import RunStopped, UserError, run_main
 from gptkit.metrics import RunLog
 from gptkit.optim import lr_multiplier, set_lr
-from gptkit.runtime import Runtime, StopSignals, peak_flops
-from gptkit.training import TrainConfig, checkpoint_path, evaluate, evaluate_split, micro_batches, start
+from gptkit.resume import continued_config
+from gptkit.rundir import RunDir
+from gptkit.runtime import Runtime, StopSignals, launched_rank, peak_flops
+from gptkit.training import TrainConfig, evaluate, evaluate_split, micro_batches, start
 
 
-def train(cfg, rt, data, state, log):
-    """Optimizer steps until max_iters or max_time, evaluating every eval_interval steps and at the end."""
+def train(cfg, rt, data, state, log, run):
+    """Optimizer steps until max_iters or max_time, evaluating every eval_interval steps and at the end.
+    best.pt is written only when val loss improves; latest.pt at evaluations, at the end and on a stop signal."""
     model = rt.wrap(state.model)  # DDP when there are several processes
     accum = micro_batches(cfg.gradient_accumulation_steps, rt.world)
     meter = Meter(cfg, rt, data, state, log, accum)
     if state.iter_num == 0:
         meter.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state))
-    path, saved_at = checkpoint_path(cfg), None
     loop_start = time.time() - state.loop_seconds  # a resumed run keeps what is left of its time budget
     x, y = data.sampler.next()
     done = finished(cfg, rt, state)
@@ -54,20 +58,24 @@ def train(cfg, rt, data, state, log):
                 # the step's loss reaches the host here, and only here
                 meter.trained(state.iter_num, loss, lr_scale * cfg.learning_rate)
             done = finished(cfg, rt, state)
+            saved = False
             if state.iter_num % cfg.eval_interval == 0 or done:
                 losses = meter.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state))
                 improved = losses["val"] < state.best_val_loss
-                state.best_val_loss = min(state.best_val_loss, losses["val"])
-                if improved or cfg.always_save_checkpoint:
-                    state.save(path, rt)
-                    saved_at = state.iter_num
+                if improved:  # the only place the best weights change: stopping a run never touches them
+                    state.best_val_loss = losses["val"]
+                    state.save_best(run, rt)  # before latest.pt, which must never claim a best that best.pt lacks
+                if improved or cfg.always_save_checkpoint or done:
+                    state.save_latest(run, rt)
+                    saved = True
                 state.loop_seconds = time.time() - loop_start
-            if rt.any(stop.requested):
-                if saved_at != state.iter_num:
+            signum = int(rt.max(stop.signum))  # every process stops at the step where any one was signalled
+            if signum:
+                if not saved:
                     check_finite("loss", rt.mean(loss.item()), state.iter_num, rt.dtype)  # never save a diverged model
-                    state.save(path, rt)
-                raise RunStopped(f"interrupted at iteration {state.iter_num}; checkpoint saved to {path}, "
-                                 "continue with --init_from=resume")
+                    state.save_latest(run, rt)
+                raise RunStopped(f"stopped by {signal.Signals(signum).name} at iteration {state.iter_num}; latest "
+                                 f"state saved to {run.latest}, continue with --init_from=auto", signum)
     meter.final(state.iter_num, rt.broadcast(final_evaluation(cfg, data, state, rt) if rt.master else None))
 
 
@@ -154,18 +162,23 @@ class Meter:
 
 
 def main(argv=None):
-    cfg = parse_config(TrainConfig, sys.argv[1:] if argv is None else argv, prog="train.py")
-    with Runtime(cfg.device, cfg.dtype, cfg.backend, cfg.threads) as rt:
-        data, state = start(cfg, rt)
-        log = RunLog(cfg.out_dir, wandb_args(cfg, state)) if rt.master else None
-        try:
-            if cfg.eval_only:
-                Meter(cfg, rt, data, state, log, 1).evaluated(state.iter_num, evaluate_on_rank0(rt, data, state))
-            else:
-                train(cfg, rt, data, state, log)
-        finally:
-            if log is not None:
-                log.close()
+    given = given_values(TrainConfig, sys.argv[1:] if argv is None else argv, prog="train.py")
+    cfg = make(TrainConfig, given)
+    master = launched_rank() == 0
+    with RunDir(cfg.out_dir).locked(writer=master) as run:
+        cfg, resumed = continued_config(cfg, given, run, note=print if master else lambda line: None)
+        with Runtime(cfg.device, cfg.dtype, cfg.backend, cfg.threads) as rt:
+            data, state = start(cfg, rt, *resumed)
+            del resumed  # the state holds what it needs of the checkpoint
+            log = RunLog(run.metrics, wandb_args(cfg, state)) if rt.master else None
+            try:
+                if cfg.eval_only:
+                    Meter(cfg, rt, data, state, log, 1).evaluated(state.iter_num, evaluate_on_rank0(rt, data, state))
+                else:
+                    train(cfg, rt, data, state, log, run)
+            finally:
+                if log is not None:
+                    log.close()
 
 
 def wandb_args(cfg, state):

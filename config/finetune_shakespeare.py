@@ -16,8 +16,7 @@ dataset = 'shakespeare'
 # 'gpt2-large' (774M) or 'gpt2-xl' (1558M, nanoGPT's choice); or a folder saved with save_pretrained
 init_from = 'gpt2'
 
-# save at every evaluation (the run is short; val loss bottoms out within an epoch or two)
-always_save_checkpoint = True
+# val loss bottoms out within an epoch or two: best.pt keeps that model, latest.pt where the run ended
 
 # the number of examples per iter:
 # 1 batch_size * 32 grad_accum * 1024 tokens = 32,768 tokens/iter

@@ -8,8 +8,6 @@ eval_interval = 25  # evaluations are cheap (2 fixed batches per split) and show
 eval_iters = 2
 log_interval = 25
 
-always_save_checkpoint = False  # keep the best val loss
-
 wandb_log = False  # override via command line if you like
 wandb_project = 'shakespeare-char'
 wandb_run_name = 'cpu-3min'

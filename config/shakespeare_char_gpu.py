@@ -6,8 +6,7 @@ eval_interval = 250  # keep frequent because we'll overfit
 eval_iters = 200
 log_interval = 10  # don't print too too often
 
-# we expect to overfit on this small dataset, so only save when val improves
-always_save_checkpoint = False
+# we expect to overfit on this small dataset: best.pt keeps the weights of the best val loss
 
 wandb_log = False  # override via command line if you like
 wandb_project = 'shakespeare-char'

@@ -13,6 +13,7 @@ the parser reports as the user's error.
 import ast
 import difflib
 import inspect
+import math
 import re
 import sys
 import typing
@@ -79,6 +80,40 @@ def build(cls, values):
     return cls(**kwargs)
 
 
+def flatten(cls, saved):
+    """The flat {key: value} of a config saved as a (nested) dict, e.g. by dataclasses.asdict; keys cls
+    no longer has are left out."""
+    hints, values = typing.get_type_hints(cls), {}
+    for f in fields(cls):
+        if is_dataclass(hints[f.name]):
+            values.update(flatten(hints[f.name], saved.get(f.name) or {}))
+        elif f.name in saved:
+            values[f.name] = saved[f.name]
+    return values
+
+
+def make(cls, values):
+    """build(cls, values), its checks (ValueError from __post_init__) reported as the user's error."""
+    try:
+        return build(cls, values)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def require(cfg, names, allowed, meaning):
+    """A config's range check: raise ValueError (one line) for the first of names whose value is not allowed."""
+    for name in names:
+        value = getattr(cfg, name)
+        if not allowed(value):
+            raise ValueError(f"{name} must be {meaning} (got {value!r})")
+
+
+def closest(word, choices):
+    """"; did you mean 'X'?" for the choice closest to a mistyped word, or ""."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.7)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
 def unknown_key_error(key, known, source):
     close = difflib.get_close_matches(key, known, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -97,11 +132,13 @@ def coerce(setting, value, source, from_text):
     converted = to_type(value, typ)
     if converted is None:
         raise UserError(f"{source}: {key} must be {typ.__name__}, got {value!r}")
+    if typ is float and not math.isfinite(converted):
+        raise UserError(f"{source}: {key} must be a finite number, got {value!r}")
+    if typ is int and not -2 ** 63 <= converted < 2 ** 63:
+        raise UserError(f"{source}: {key} is out of range ({converted} does not fit in 64 bits)")
     if setting.choices and converted not in setting.choices:
-        close = difflib.get_close_matches(str(converted), [str(c) for c in setting.choices], n=1, cutoff=0.7)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
         raise UserError(f"{source}: {key} must be one of {', '.join(map(str, setting.choices))} "
-                        f"(got {converted!r}{hint})")
+                        f"(got {converted!r}{closest(converted, setting.choices)})")
     return converted
 
 
@@ -132,6 +169,8 @@ def read_config_file(path, known):
         raise UserError(f"config file not found: {path}") from None
     except IsADirectoryError:
         raise UserError(f"config file {path} is a folder, not a file") from None
+    except OSError as e:
+        raise UserError(f"could not read config file {path} ({e.strerror or e})") from None
     except (SyntaxError, UnicodeDecodeError, ValueError) as e:
         raise UserError(f"{path}: not a valid config file ({e})") from None
     values = {}
@@ -200,8 +239,9 @@ def pick_subcommand(prog, commands, argv, noun):
     return argv[0], argv[1:]
 
 
-def parse_config(cls, argv, prog=None):
-    """Build cls from config files and --key=value arguments (later ones win); its checks become UserErrors."""
+def given_values(cls, argv, prog=None):
+    """The {key: value} that config files and --key=value arguments set (later ones win), typed and
+    nothing else: what a user asked for, as apart from the defaults."""
     prog = prog or Path(sys.argv[0]).name
     if any(a in ("-h", "--help") for a in argv):
         print_help(cls, prog)
@@ -215,7 +255,9 @@ def parse_config(cls, argv, prog=None):
             values.update(read_config_file(text, known))
         else:
             values[key] = coerce(known[key], text, "command line", from_text=True)
-    try:
-        return build(cls, values)
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    return values
+
+
+def parse_config(cls, argv, prog=None):
+    """Build cls from config files and --key=value arguments (later ones win); its checks become UserErrors."""
+    return make(cls, given_values(cls, argv, prog))

@@ -89,32 +89,49 @@ def source_files(path):
     return [path]
 
 
-def read_text(path, progress):
-    """Yield the file's text in chunks that end at line breaks, checking that it is UTF-8."""
+def read_text(path, progress, cut=len):
+    """Yield the file's text in pieces of about CHUNK_BYTES, checking that it is UTF-8. Each piece ends where
+    cut(text) says, the rest carried to the next; where cut finds no place (0) the piece is cut at its end
+    anyway, so memory stays bounded however long the lines are."""
     utf8 = codecs.getincrementaldecoder("utf-8")()
     carry, offset = "", 0
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(CHUNK_BYTES), b""):
-            if b"\x00" in block:
-                raise UserError(f"{path} looks like a binary file (NUL byte at offset {offset + block.index(0)}), "
-                                "not UTF-8 text")
-            try:
-                text = carry + utf8.decode(block)
-            except UnicodeDecodeError as e:
-                raise UserError(f"{path} is not UTF-8 text: byte 0x{block[e.start]:02x} at offset "
-                                f"{offset + e.start}") from None
-            offset += len(block)
-            progress.update(len(block))
-            cut = text.rfind("\n") + 1
-            if cut:
-                yield text[:cut]
-            carry = text[cut:]
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(CHUNK_BYTES), b""):
+                if b"\x00" in block:
+                    raise UserError(f"{path} looks like a binary file (NUL byte at offset "
+                                    f"{offset + block.index(0)}), not UTF-8 text")
+                try:
+                    text = carry + utf8.decode(block)
+                except UnicodeDecodeError as e:
+                    raise UserError(f"{path} is not UTF-8 text: byte 0x{block[e.start]:02x} at offset "
+                                    f"{offset + e.start}") from None
+                offset += len(block)
+                progress.update(len(block))
+                at = cut(text) or len(text)
+                yield text[:at]
+                carry = text[at:]
+    except OSError as e:
+        raise UserError(f"could not read {path} ({e.strerror or e})") from None
     try:
         carry += utf8.decode(b"", final=True)
     except UnicodeDecodeError:
         raise UserError(f"{path} is not UTF-8 text: it ends in the middle of a character") from None
     if carry:
         yield carry
+
+
+def bpe_cut(text):
+    """Where a piece of text may end without changing its BPE tokens: before the last whitespace that follows a
+    letter or digit. Every tiktoken encoding's pre-tokenizer starts a new piece there (a word never runs
+    into the whitespace after it, and whitespace is matched looking forward only), so encoding the pieces
+    one by one gives the tokens of the whole. 0 where there is no such place."""
+    end = len(text)
+    while True:
+        at = max(text.rfind(c, 0, end) for c in " \t\n\r")
+        if at <= 0 or text[at - 1].isalnum():
+            return max(at, 0)
+        end = at
 
 
 def progress_bar(files, desc):
@@ -135,9 +152,10 @@ def encode_to_file(files, tok, dtype, out_path):
     """Encode every document into one flat token file; BPE documents are separated by end-of-text."""
     count = 0
     eot = getattr(tok, "eot_token", None) if len(files) > 1 else None
+    cut = bpe_cut if tok.kind == "tiktoken" else len
     with open(out_path, "wb") as out, progress_bar(files, "tokenizing") as bar:
         for path in files:
-            for text in read_text(path, bar):
+            for text in read_text(path, bar, cut):
                 ids = np.asarray(tok.encode(text), dtype=dtype)
                 out.write(ids.tobytes())
                 count += len(ids)
@@ -147,18 +165,37 @@ def encode_to_file(files, tok, dtype, out_path):
     return count
 
 
-def split_tokens(all_path, out_dir, dtype, n_tokens, val_fraction):
-    """Cut the token file in two: the head becomes train.bin, the tail val.bin."""
+def split_tokens(all_path, outputs, dtype, n_tokens, val_fraction):
+    """Cut the token file in two: the head becomes the train file, the tail the val file."""
     n_train = min(int(n_tokens * (1 - val_fraction)), n_tokens - 1)  # as nanoGPT: int(n * 0.9)
     itemsize = np.dtype(dtype).itemsize
     tokens = np.memmap(all_path, dtype=dtype, mode="r")
-    with open(out_dir / "val.bin", "wb") as f:
+    with open(outputs["val.bin"], "wb") as f:
         for start in range(n_train, n_tokens, CHUNK_BYTES):
             f.write(tokens[start:min(start + CHUNK_BYTES, n_tokens)].tobytes())
     del tokens
     os.truncate(all_path, n_train * itemsize)
-    os.replace(all_path, out_dir / "train.bin")
+    os.replace(all_path, outputs["train.bin"])
     return n_train, n_tokens - n_train
+
+
+OUTPUTS = ("train.bin", "val.bin", "meta.json")
+
+
+def writable_outputs(out_dir):
+    """{name: temporary path} for each file prepare writes, after checking out_dir can hold them: a dataset is
+    written to temporary files first and renamed into place at the end, so a failure keeps the old one."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"cannot write the dataset to {out_dir} (a file of that name is in the way)")
+    for name in OUTPUTS:
+        if (out_dir / name).is_dir():
+            raise UserError(f"{out_dir / name} is a folder where the dataset's {name} goes; move it out of the way")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "all.bin.tmp").touch()  # proof the folder takes files, before any work is done
+    except OSError as e:
+        raise UserError(f"cannot write the dataset to {out_dir} ({e.strerror or e})") from None
+    return {name: out_dir / f"{name}.tmp" for name in OUTPUTS}
 
 
 def prepare(cfg):
@@ -172,18 +209,38 @@ def prepare(cfg):
         raise UserError("pass the text to prepare with --input=PATH")
     if sum(f.stat().st_size for f in files) == 0:
         raise UserError(f"input {cfg.input or files[0]} is empty")
+    outputs = writable_outputs(out_dir)
+    all_path = out_dir / "all.bin.tmp"
+    try:
+        meta = write_dataset(cfg, files, all_path, outputs)
+        for name, tmp in outputs.items():
+            os.replace(tmp, out_dir / name)
+    finally:
+        for tmp in [all_path, *outputs.values()]:
+            tmp.unlink(missing_ok=True)
+    return out_dir, meta
+
+
+def write_dataset(cfg, files, all_path, outputs):
+    """Tokenize files into the outputs' temporary paths; the metadata, also written."""
     tok = make_tokenizer(cfg.tokenizer, corpus_chars(files) if cfg.tokenizer == "char" else None)
     dtype = cfg.dtype if cfg.dtype != "auto" else "uint16" if tok.vocab_size <= TOKEN_DTYPES["uint16"] else "uint32"
     if tok.vocab_size > TOKEN_DTYPES[dtype]:
         raise UserError(f"the vocabulary has {tok.vocab_size:,} tokens, more than {dtype} holds "
                         f"({TOKEN_DTYPES[dtype]:,}); use --dtype=uint32 or --dtype=auto")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    all_path = out_dir / "all.bin.tmp"
     n_tokens = encode_to_file(files, tok, dtype, all_path)
     if n_tokens < 2:
         raise UserError(f"input has only {n_tokens} token(s): too little text to split into train and val")
-    n_train, n_val = split_tokens(all_path, out_dir, dtype, n_tokens, cfg.val_fraction)
+    n_train, n_val = split_tokens(all_path, outputs, dtype, n_tokens, cfg.val_fraction)
     meta = dict(tok.to_meta(), vocab_size=tok.vocab_size, dtype=dtype, train_tokens=n_train, val_tokens=n_val,
+                train_sha256=sha256_of([outputs["train.bin"]]), val_sha256=sha256_of([outputs["val.bin"]]),
                 source=str(cfg.input or files[0]), source_sha256=sha256_of(files))
-    (out_dir / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    return out_dir, meta
+    meta["sha256"] = meta_checksum(meta)
+    outputs["meta.json"].write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return meta
+
+
+def meta_checksum(meta):
+    """A dataset's meta.json checks itself: sha256 of its other fields as compact JSON with sorted keys."""
+    fields = {k: v for k, v in meta.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()

@@ -1,55 +1,74 @@
 """A prepared dataset: its metadata and token files, and the training and evaluation batches drawn from them."""
 
+import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from gptkit.corpus import TOKEN_DTYPES, data_root
-from gptkit.errors import UserError
+from gptkit.corpus import CHUNK_BYTES, TOKEN_DTYPES, data_root, meta_checksum
+from gptkit.errors import UserError, first_line
 from gptkit.tokenizer import tokenizer_from_meta
 
 
 def load_meta(data_dir, dataset):
+    """The dataset's folder and its metadata, checked: the fields training reads, agreeing with one another
+    and with the checksum prepare wrote."""
+    if data_dir and Path(data_dir).exists() and not Path(data_dir).is_dir():
+        raise UserError(f"data_dir {data_dir} is a file, not a folder of datasets")
     folder = Path(dataset) if "/" in dataset else data_root(data_dir) / dataset
     if not folder.is_dir():
+        if folder.exists():
+            raise UserError(f"dataset {folder} is a file, not a folder made by data/prepare.py")
         raise UserError(f"dataset folder {folder} not found; create it with "
                         f"`python data/prepare.py --input=YOUR.txt --name={folder.name}`")
+    path = folder / "meta.json"
     try:
-        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        meta = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UserError(f"{folder}/meta.json not found; run data/prepare.py for this dataset again") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"{folder}/meta.json is not valid JSON ({e})") from None
-    check_meta(meta, folder / "meta.json")
+        raise UserError(f"{path} not found; run data/prepare.py for this dataset again") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is damaged: not valid JSON ({first_line(e)}); run data/prepare.py again") from None
+    except OSError as e:
+        raise UserError(f"could not read {path} ({e.strerror or e})") from None
+    check_meta(meta, path)
     return folder, meta
 
 
 def check_meta(meta, path):
-    """The fields training reads, and a token type that can hold every token id."""
+    """The fields training reads, a token type that can hold every token id, a vocabulary of the size stated,
+    and (in datasets written with one) the checksum of all of it."""
+    again = "run data/prepare.py for this dataset again"
     missing = [k for k in ("tokenizer", "vocab_size", "dtype") if not isinstance(meta, dict) or k not in meta]
     if missing:
-        raise UserError(f"{path} lacks {', '.join(missing)}; run data/prepare.py for this dataset again")
+        raise UserError(f"{path} lacks {', '.join(missing)}; {again}")
     dtype, vocab = meta["dtype"], meta["vocab_size"]
     if dtype not in TOKEN_DTYPES:
         raise UserError(f"{path}: token dtype {dtype!r} is not one of {', '.join(TOKEN_DTYPES)}")
-    if not isinstance(vocab, int) or not 0 < vocab <= TOKEN_DTYPES[dtype]:
+    if type(vocab) is not int or not 0 < vocab <= TOKEN_DTYPES[dtype]:
         raise UserError(f"{path}: a vocabulary of {vocab} tokens does not fit {dtype} token files "
                         f"(at most {TOKEN_DTYPES[dtype]:,}); run data/prepare.py again")
+    if meta["tokenizer"] == "char":
+        chars = meta.get("vocab")
+        if not isinstance(chars, str) or len(set(chars)) != len(chars):
+            raise UserError(f"{path}: 'vocab' must be a string of distinct characters; {again}")
+        if len(chars) != vocab:
+            raise UserError(f"{path}: vocab_size is {vocab} but the vocabulary has {len(chars)} characters; {again}")
+    elif meta["tokenizer"] != "tiktoken" or not isinstance(meta.get("encoding"), str):
+        raise UserError(f"{path}: tokenizer must be 'char' or 'tiktoken' with an encoding name; {again}")
+    if "sha256" in meta and meta["sha256"] != meta_checksum(meta):
+        raise UserError(f"{path} is damaged or was edited: it does not match its checksum; {again}")
 
 
 class Split:
-    """One split's tokens on disk, opened afresh per read so the memmap never pins memory."""
+    """One split's tokens on disk, checked once when opened (size, token ids within the vocabulary, and the
+    checksum and count the metadata gives) and opened afresh per read so the memmap never pins memory."""
 
-    def __init__(self, folder, name, dtype, block_size):
+    def __init__(self, folder, name, meta, block_size):
         self.path = Path(folder) / f"{name}.bin"
-        if not self.path.exists():
-            raise UserError(f"{self.path} not found; run data/prepare.py for this dataset again")
-        if dtype not in TOKEN_DTYPES:
-            raise UserError(f"token dtype {dtype!r} is not one of {', '.join(TOKEN_DTYPES)}")
-        self.dtype = np.dtype(dtype)
-        self.length = self.path.stat().st_size // self.dtype.itemsize
+        self.dtype = np.dtype(meta["dtype"])
+        self.length = check_tokens(self.path, self.dtype, meta, name)
         if self.length < block_size + 1:
             raise UserError(f"{self.path} has {self.length} tokens, fewer than block_size + 1 = {block_size + 1}; "
                             "use a smaller --block_size or more text")
@@ -67,6 +86,32 @@ class Split:
 
     def random_offsets(self, batch_size, generator):
         return torch.randint(self.length - self.block_size, (batch_size,), generator=generator)
+
+
+def check_tokens(path, dtype, meta, name):
+    """The number of tokens in a split file, after one pass over it that checks what the metadata says of it."""
+    again = "run data/prepare.py for this dataset again"
+    if not path.is_file():
+        raise UserError(f"{path} {'is a folder' if path.is_dir() else 'not found'}; {again}")
+    size = path.stat().st_size
+    if size % dtype.itemsize:
+        raise UserError(f"{path} has {size:,} bytes, not a whole number of {dtype.name} tokens; {again}")
+    sha, largest = hashlib.sha256(), -1
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(CHUNK_BYTES), b""):
+                sha.update(block)
+                largest = max(largest, int(np.frombuffer(block, dtype=dtype).max()))
+    except OSError as e:
+        raise UserError(f"could not read {path} ({e.strerror or e})") from None
+    length = size // dtype.itemsize
+    if length != meta.get(f"{name}_tokens", length):
+        raise UserError(f"{path} has {length:,} tokens, meta.json says {meta[f'{name}_tokens']!r}; {again}")
+    if largest >= meta["vocab_size"]:
+        raise UserError(f"{path} holds token id {largest}, outside the vocabulary of {meta['vocab_size']}; {again}")
+    if sha.hexdigest() != meta.get(f"{name}_sha256", sha.hexdigest()):
+        raise UserError(f"{path} is damaged: its contents do not match the checksum in meta.json; {again}")
+    return length
 
 
 class BatchSampler:
@@ -106,6 +151,9 @@ class TrainingData:
     def __init__(self, folder, meta, block_size, batch_size, eval_iters, seed, device):
         self.meta, self.block_size = meta, block_size
         self.tokenizer = tokenizer_from_meta(meta)
-        self.splits = {name: Split(folder, name, meta["dtype"], block_size) for name in ("train", "val")}
+        if self.tokenizer.vocab_size != meta["vocab_size"]:
+            raise UserError(f"{Path(folder) / 'meta.json'}: vocab_size is {meta['vocab_size']} but its tokenizer has "
+                            f"{self.tokenizer.vocab_size} tokens; run data/prepare.py for this dataset again")
+        self.splits = {name: Split(folder, name, meta, block_size) for name in ("train", "val")}
         self.sampler = BatchSampler(self.splits["train"], batch_size, seed, device)
         self.eval_offsets = {name: fixed_offsets(split, batch_size, eval_iters) for name, split in self.splits.items()}

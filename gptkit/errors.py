@@ -1,5 +1,6 @@
 """Errors a user can cause, and the entry-point wrapper that prints them as one line."""
 
+import signal
 import sys
 
 
@@ -10,9 +11,14 @@ class UserError(Exception):
 
 
 class RunStopped(UserError):
-    """The run was asked to stop (Ctrl-C) and saved its state: exit status 130 (128 + SIGINT), as shells report it."""
+    """The run was asked to stop by a signal and saved its state: exit status 128 + the signal's number, as
+    shells report a process the signal ended (130 for Ctrl-C's SIGINT, 143 for SIGTERM, 138 for SIGUSR1)."""
 
-    exit_code = 130
+    exit_code = 128 + signal.SIGINT
+
+    def __init__(self, message, signum=signal.SIGINT):
+        super().__init__(message)
+        self.exit_code = 128 + signum
 
 
 def first_line(e):
@@ -24,7 +30,8 @@ def first_line(e):
 
 def run_main(main):
     """Run an entry script's main(), turning a UserError into `error: ...` and its exit status
-    (1, or 130 for a stopped run), and Ctrl-C outside a training loop into status 130."""
+    (1, or 128 + signal for a stopped run), Ctrl-C outside a training loop into status 130, and a file
+    the system refused into one line naming it."""
     try:
         main()
     except UserError as e:
@@ -35,3 +42,8 @@ def run_main(main):
         sys.exit(RunStopped.exit_code)
     except BrokenPipeError:  # e.g. `python sample.py | head`
         sys.exit(0)
+    except OSError as e:  # a path no check foresaw: a full disk, a folder where a file goes, no permission
+        if e.filename is None:
+            raise
+        print(f"error: {e.filename}: {e.strerror or first_line(e)}", file=sys.stderr)
+        sys.exit(1)

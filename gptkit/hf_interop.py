@@ -192,5 +192,5 @@ def save_hf(model, hf_dir, eos_token_id=None):
     try:
         hf.save_pretrained(hf_dir)
     except OSError as e:
-        raise UserError(f"could not write {hf_dir} ({e})") from None
+        raise UserError(f"could not write {hf_dir} ({e.strerror or e})") from None
     return hf

@@ -1,11 +1,12 @@
 """A run's numbers: one JSON object per line in metrics.jsonl, mirrored to wandb when asked."""
 
+import errno
 import json
 import os
 import time
 from pathlib import Path
 
-from gptkit.errors import UserError
+from gptkit.errors import UserError, first_line
 
 
 def process_start_time():
@@ -25,25 +26,25 @@ PROCESS_START = process_start_time()
 
 
 class RunLog:
-    def __init__(self, out_dir, wandb_args=None):
-        self.path = Path(out_dir) / "metrics.jsonl"
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:  # e.g. a file where the folder should be
-            reason = "a file of that name is in the way" if isinstance(e, FileExistsError) else e.strerror
-            raise UserError(f"cannot use {self.path.parent} as out_dir ({reason})") from None
+    """Appends to a run's metrics.jsonl (path), and to wandb when wandb_args are given."""
+
+    def __init__(self, path, wandb_args=None):
+        self.path = Path(path)
         self.wandb = None
         if wandb_args is not None:
             try:
                 import wandb
             except ImportError:
                 raise UserError("wandb_log=True needs the wandb package: pip install wandb") from None
-            self.wandb = wandb.init(resume="allow", dir=str(self.path.parent), **wandb_args)
+            try:
+                self.wandb = wandb.init(resume="allow", dir=str(self.path.parent), **wandb_args)
+            except Exception as e:  # no login, no network, a bad project name: wandb has many ways to say so
+                raise UserError(f"wandb could not start ({first_line(e)}); log in with `wandb login`, or run "
+                                "with WANDB_MODE=offline") from None
 
     def write(self, record):
         record = dict(record, elapsed_s=round(time.time() - PROCESS_START, 3))
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(self.path, json.dumps(record) + "\n")
         if self.wandb is not None:
             kind = record["kind"]
             values = {f"{kind}/{k}": v for k, v in record.items() if k not in ("kind", "iter")}
@@ -54,15 +55,66 @@ class RunLog:
             self.wandb.finish()
 
 
+def append_line(path, line):
+    """Append one whole line or nothing: a write that fails part-way (a full disk) is cut back off, so the
+    file keeps only whole records."""
+    data = line.encode("utf-8")
+    try:
+        with open(path, "ab", buffering=0) as f:  # unbuffered: nothing is left to flush after a failure
+            size = f.tell()
+            try:
+                while data:
+                    data = data[f.write(data):]
+            except OSError:
+                f.truncate(size)
+                raise
+    except OSError as e:
+        what = "disk full" if e.errno == errno.ENOSPC else f"could not write ({e.strerror or e})"
+        raise UserError(f"{what} while writing {path}; the records before it are intact") from None
+
+
+# the fields each kind of record must have, all numbers; other kinds are passed over
+RECORD_FIELDS = {"train": ("iter", "loss"), "eval": ("iter", "val_loss")}
+NUMBER_FIELDS = ("loss", "lr", "tokens", "train_loss", "val_loss", "elapsed_s")
+
+
 def read_metrics(out_dir):
-    """Every record of out_dir/metrics.jsonl, in the order written."""
+    """Every record of out_dir/metrics.jsonl, in the order written, each checked to have the shape train.py
+    writes: an object whose train and eval records carry an integer iter and numbers where numbers go."""
     path = Path(out_dir) / "metrics.jsonl"
     try:
         with open(path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+            lines = list(enumerate(f, 1))
     except FileNotFoundError:
         raise UserError(f"no metrics.jsonl in {out_dir}; train a model there first with `python train.py ...`") \
             from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path} has a line that is not JSON ({e.msg} at line {e.lineno}); "
-                        "was it written by train.py?") from None
+    except OSError as e:
+        raise UserError(f"could not read {path} ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); was it written by train.py?") \
+            from None
+    records = []
+    for lineno, line in lines:
+        if line.strip():
+            try:
+                records.append(check_record(json.loads(line)))
+            except (json.JSONDecodeError, ValueError) as e:
+                reason = f"{e.msg} at line {lineno}" if isinstance(e, json.JSONDecodeError) else f"line {lineno}: {e}"
+                kind = "is not JSON" if isinstance(e, json.JSONDecodeError) else "has a record of the wrong shape"
+                raise UserError(f"{path} has a line that {kind} ({reason}); was it written by train.py?") from None
+    return records
+
+
+def check_record(record):
+    if not isinstance(record, dict):
+        raise ValueError(f"a {type(record).__name__}, not an object")
+    kind = record.get("kind")
+    missing = [k for k in RECORD_FIELDS.get(kind, ()) if k not in record]
+    if missing:
+        raise ValueError(f"a record of kind {kind!r} without {', '.join(missing)}")
+    if kind in RECORD_FIELDS and (type(record["iter"]) is not int or record["iter"] < 0):
+        raise ValueError(f"iter is {record['iter']!r}, not an iteration number")
+    for key in NUMBER_FIELDS:
+        if kind in RECORD_FIELDS and key in record and type(record[key]) not in (int, float):
+            raise ValueError(f"{key} is {record[key]!r}, not a number")
+    return record

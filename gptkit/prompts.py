@@ -20,5 +20,7 @@ def read_prompt(start):
     try:
         with open(start[5:], encoding="utf-8") as f:
             return f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"could not read prompt file {start[5:]} ({e})") from None
+    except OSError as e:
+        raise UserError(f"could not read prompt file {start[5:]} ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"prompt file {start[5:]} is not UTF-8 text ({e.reason} at byte {e.start})") from None

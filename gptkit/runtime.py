@@ -92,7 +92,7 @@ def matmul_peak(dtype, device="cpu", size=2048, repeats=5):
 def pick_dtype(name, device):
     if name != "auto":
         if name == "float16" and device == "cpu":
-            raise UserError("dtype float16 is not supported for training on CPU; use bfloat16 or float32")
+            raise UserError("dtype float16 is not supported on CPU; use bfloat16 or float32")
         return name
     if device.startswith("cuda"):
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
@@ -108,7 +108,7 @@ def pick_decode_dtype(name, model, device, batch_size=1, tokens=16):
     run it about twice as fast, the others slower), so the choice does not flip with a machine's noise
     and one seed keeps giving one text."""
     if name != "auto":
-        return name, f"decoding in {name}"
+        return pick_dtype(name, device), f"decoding in {name}"
     if device.startswith("cuda"):
         return ("bfloat16" if torch.cuda.is_bf16_supported() else "float16"), "decoding in half precision on CUDA"
     if device != "cpu" or not cpu_has_bf16():
@@ -206,6 +206,11 @@ def compile_blocks(model):
         block.compile()
 
 
+def launched_rank():
+    """This process's rank as torchrun set it (0 without torchrun), known before any process group exists."""
+    return int(os.environ.get("RANK", 0))
+
+
 class Runtime:
     """One process of the run, or one of several under torchrun (a single process is rank 0 of 1):
     its device, precision and autocast context, and the collectives all processes agree through.
@@ -214,7 +219,7 @@ class Runtime:
 
     def __init__(self, device="auto", dtype="auto", backend="auto", threads=0):
         self.distributed = int(os.environ.get("RANK", -1)) != -1
-        self.rank = int(os.environ.get("RANK", 0))
+        self.rank = launched_rank()
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.world = int(os.environ.get("WORLD_SIZE", 1))
         self.master = self.rank == 0
@@ -268,9 +273,17 @@ class Runtime:
             value = t.item() / self.world
         return value
 
+    def max(self, value):
+        """The largest of a number over all processes."""
+        if self.distributed:
+            t = torch.tensor([value], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            value = t.item()
+        return value
+
     def any(self, flag):
         """Whether flag is set on any process (every process must ask, or the others wait)."""
-        return bool(self.mean(float(flag)))
+        return bool(self.max(float(flag)))
 
     def gather(self, obj):
         """Every process's obj, in rank order."""
@@ -290,21 +303,25 @@ class Runtime:
 
 
 class StopSignals:
-    """Ctrl-C (SIGINT) becomes a request the training loop sees after its step, so the step finishes
-    and is saved; a second Ctrl-C stops at once."""
+    """Ctrl-C (SIGINT), a scheduler's stop (SIGTERM) and SLURM's warning before its time limit (SIGUSR1)
+    become a request the training loop sees after its step, so the step finishes and is saved; `signum`
+    is the first one received (0 for none). A second Ctrl-C stops at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
     def __init__(self):
-        self.requested = False
+        self.signum = 0
 
     def __enter__(self):
-        self.previous = signal.signal(signal.SIGINT, self.handle)
+        self.previous = {s: signal.signal(s, self.handle) for s in self.SIGNALS}
         return self
 
     def handle(self, signum, frame):
-        if self.requested:
-            signal.signal(signal.SIGINT, self.previous)
+        if signum == signal.SIGINT and self.signum:
+            self.__exit__()
             raise KeyboardInterrupt
-        self.requested = True
+        self.signum = self.signum or signum
 
     def __exit__(self, *exc):
-        signal.signal(signal.SIGINT, self.previous)
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)

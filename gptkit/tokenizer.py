@@ -93,3 +93,19 @@ def tokenizer_from_meta(meta):
     if meta.get("tokenizer") == "tiktoken":
         return TiktokenTokenizer(meta["encoding"])
     raise UserError(f"unknown tokenizer in metadata: {meta.get('tokenizer')!r}")
+
+
+def same_token_ids(a, b):
+    """Whether two tokenizer metadata (a checkpoint's, a dataset's) give every text the same token ids."""
+    if a.get("tokenizer") != b.get("tokenizer"):
+        return False
+    if a.get("tokenizer") == "char":
+        return a.get("vocab") == b.get("vocab")
+    names = {a.get("encoding"), b.get("encoding")}
+    return len(names) == 1 or names == set(SAME_ENCODING)
+
+
+def describe_vocabulary(meta):
+    if meta.get("tokenizer") == "char":
+        return f"a vocabulary of {len(meta.get('vocab', ''))} characters"
+    return f"tiktoken's {meta.get('encoding')!r} tokens"

@@ -2,35 +2,37 @@
 the model it starts from, and evaluation."""
 
 import math
+import os
 import random
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
 
-from gptkit.checkpoint import TRAINING_KEYS, load_checkpoint, model_from_checkpoint, save_checkpoint
+from gptkit.checkpoint import model_from_checkpoint, save_checkpoint
+from gptkit.config import closest, require
 from gptkit.dataset import TrainingData, load_meta
 from gptkit.errors import UserError
-from gptkit.hf_interop import load_pretrained
+from gptkit.hf_interop import HUB_MODELS, load_pretrained
 from gptkit.optim import build_optimizers
 from gptkit.runtime import (allow_eager_fallback, check_device_name, compile_blocks, cpu_bf16_speedup, cpu_has_bf16,
                             pick_attention_path)
+from gptkit.tokenizer import describe_vocabulary, same_token_ids
 from model import GPT, GPTConfig
 
 
 @dataclass
 class TrainConfig:
     # I/O
-    out_dir: str = "out"  # where ckpt.pt and metrics.jsonl go
-    eval_interval: int = 250  # evaluate (and maybe checkpoint) every this many iterations
+    out_dir: str = "out"  # where latest.pt, best.pt and metrics.jsonl go
+    eval_interval: int = 250  # evaluate (and save the latest state) every this many iterations
     log_interval: int = 10  # print and record the train loss every this many iterations
     eval_iters: int = 20  # batches per split in each evaluation (the same fixed batches every time)
     final_eval_tokens: int = 0  # at the end, score this many val tokens in consecutive windows (0 = the whole split)
-    eval_only: bool = False  # evaluate once, record it and exit; the checkpoint is never written
-    always_save_checkpoint: bool = True  # save at every evaluation, not only when val loss improves
-    init_from: str = "scratch"  # 'scratch', 'resume' (out_dir/ckpt.pt) or a GPT-2 name / HF directory
+    eval_only: bool = False  # evaluate once, record it and exit; no checkpoint is ever written
+    always_save_checkpoint: bool = True  # save latest.pt at every evaluation, not only when val loss improves
+    init_from: str = "scratch"  # 'scratch', 'resume', 'auto' (resume if out_dir has a state), a GPT-2 name or HF folder
     seed: int = 1337  # seeds weights, data order and dropout
     # wandb
     wandb_log: bool = False  # log to Weights & Biases
@@ -72,32 +74,25 @@ class TrainConfig:
     threads: int = 0  # torch CPU threads (0 = torch's default)
 
     def __post_init__(self):
-        positive = ["eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps", "batch_size",
-                    "max_iters"]
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
-        if self.final_eval_tokens < 0:
-            raise ValueError(f"final_eval_tokens must not be negative (got {self.final_eval_tokens})")
-        if not 0 <= self.warmdown_frac <= 1:
-            raise ValueError(f"warmdown_frac must be in [0, 1] (got {self.warmdown_frac})")
-        for name in ["learning_rate", "embedding_lr", "min_lr", "muon_lr", "weight_decay", "grad_clip", "max_time"]:
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must not be negative (got {getattr(self, name)})")
+        require(self, ["eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps", "batch_size",
+                       "max_iters"], lambda v: v >= 1, "at least 1")
+        require(self, ["warmup_iters", "lr_decay_iters", "threads", "learning_rate", "embedding_lr", "min_lr",
+                       "muon_lr", "weight_decay", "muon_weight_decay", "grad_clip", "max_time", "final_eval_tokens"],
+                lambda v: v >= 0, "at least 0")
+        require(self, ["beta1", "beta2", "muon_momentum"], lambda v: 0 <= v < 1, "in [0, 1)")
+        require(self, ["warmdown_frac"], lambda v: 0 <= v <= 1, "in [0, 1]")
+        require(self, ["seed"], lambda v: 0 <= v < 2 ** 31, "in [0, 2**31)")  # numpy takes seeds below 2**32
         check_device_name(self.device)
-
-
-def checkpoint_path(cfg):
-    return Path(cfg.out_dir) / "ckpt.pt"
+        starts = ["scratch", "resume", "auto", *HUB_MODELS]
+        if self.init_from not in starts and os.sep not in self.init_from and not os.path.isdir(self.init_from):
+            raise ValueError(f"init_from must be one of {', '.join(starts)} or a folder saved by save_pretrained "
+                             f"(got {self.init_from!r}{closest(self.init_from, starts)})")
 
 
 def build_model(cfg, meta, ckpt=None, path=None):
     """The model to train: fresh, from the checkpoint (at path) being resumed, or pretrained GPT-2 weights."""
     block_size = cfg.model.block_size
-    if ckpt is not None:
-        if block_size > ckpt["model_args"]["block_size"]:
-            saved = ckpt["model_args"]["block_size"]
-            raise UserError(f"block_size {block_size} is larger than the checkpoint's {saved}")
+    if ckpt is not None:  # resumed_config has made the shape the checkpoint's
         model = model_from_checkpoint(ckpt, path, dropout=cfg.model.dropout)
     elif cfg.init_from == "scratch":
         vocab = meta["vocab_size"]
@@ -160,8 +155,9 @@ class TrainState:
         self.loop_seconds = 0.0  # wall time spent in the training loop so far (steps, evaluations and saves)
         self.wandb_id = None  # the wandb run this one continues
 
-    def save(self, path, rt):
-        """Write the checkpoint from rank 0; every process must call this (each one's RNG state goes in)."""
+    def save_latest(self, run, rt):
+        """Write latest.pt from rank 0, keeping the state it replaces as latest.prev.pt; every process must
+        call this (each one's RNG state goes in)."""
         rng = rt.gather(rng_state(self.sampler))
         if rt.master:
             save_checkpoint({
@@ -177,18 +173,29 @@ class TrainState:
                 "rng": rng,
                 "wandb_id": self.wandb_id,
                 "measured": self.measured,
-            }, path)
+            }, run.latest, previous=run.previous)
+
+    def save_best(self, run, rt):
+        """Write best.pt from rank 0: what sample.py needs of the model whose val loss is best_val_loss."""
+        if rt.master:
+            save_checkpoint({"model": self.model.state_dict(), "model_args": asdict(self.model.config),
+                             "config": asdict(self.cfg), "tokenizer": self.tokenizer.to_meta(),
+                             "iter_num": self.iter_num, "val_loss": self.best_val_loss}, run.best)
 
     def restore(self, ckpt, rt):
-        """Continue from ckpt (its model weights are already loaded)."""
+        """Continue from ckpt (its model weights are already loaded). The optimizers keep this run's settings
+        (learning rates, betas, weight decay), which are the checkpoint's unless given again."""
         if len(ckpt["optimizer"]) != len(self.optimizers):
             raise UserError("the checkpoint was trained with a different optimizer; resume with the same one")
         for opt, state in zip(self.optimizers, ckpt["optimizer"]):
+            settings = [{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
             try:
                 opt.load_state_dict(state)
             except ValueError:  # its parameter groups differ from this version's
                 raise UserError("the checkpoint's optimizer state does not fit this run's parameter groups; "
                                 "resume with the settings it was trained with") from None
+            for group, own in zip(opt.param_groups, settings):
+                group.update(own)
         self.scaler.load_state_dict(ckpt["scaler"])
         self.iter_num, self.best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
         self.loop_seconds = ckpt.get("loop_seconds", ckpt.get("train_time", 0.0))  # older checkpoints: train_time
@@ -201,14 +208,16 @@ class TrainState:
                   "the data order is reseeded")
 
 
-def start(cfg, rt):
+def start(cfg, rt, ckpt=None, ckpt_path=None):
     """Seed this process, open the dataset and build what the loop trains: (TrainingData, TrainState),
-    fresh, from pretrained weights, or restored from out_dir's checkpoint."""
+    fresh, from pretrained weights, or restored from ckpt (read from ckpt_path) to resume."""
     seed_everything(cfg.seed + rt.rank)
     folder, meta = load_meta(cfg.data_dir, cfg.dataset)
-    path = checkpoint_path(cfg)
-    ckpt = load_checkpoint(path, required=TRAINING_KEYS) if cfg.init_from == "resume" else None
-    model = build_model(cfg, meta, ckpt, path).to(rt.device)
+    if ckpt is not None and not same_token_ids(ckpt["tokenizer"], meta):
+        raise UserError(f"dataset {cfg.dataset!r} has {describe_vocabulary(meta)}, but {ckpt_path} was trained on "
+                        f"{describe_vocabulary(ckpt['tokenizer'])}; a resumed run must see the token ids it "
+                        "learned (prepare the data with the checkpoint's vocabulary, or start a new out_dir)")
+    model = build_model(cfg, meta, ckpt, ckpt_path).to(rt.device)
     if model.config.vocab_size < meta["vocab_size"]:
         raise UserError(f"dataset vocabulary ({meta['vocab_size']}) is larger than the model's "
                         f"({model.config.vocab_size})")

@@ -35,11 +35,11 @@ def test_run_summary_reads_what_the_run_recorded(tmp_path, monkeypatch):
     import json
 
     records = [{"kind": "run", "iter": 0, "device": "cpu", "dtype": "bfloat16", "flops_per_token": 1e6},
-               {"kind": "eval", "iter": 0, "val_loss": 4.2, "elapsed_s": 2.0},
-               {"kind": "train", "iter": 10, "tokens": 1000, "elapsed_s": 3.0},
-               {"kind": "eval", "iter": 10, "val_loss": 1.8, "elapsed_s": 3.5},
-               {"kind": "train", "iter": 20, "tokens": 3000, "elapsed_s": 4.0},
-               {"kind": "eval", "iter": 20, "val_loss": 1.7, "elapsed_s": 4.5},
+               {"kind": "eval", "iter": 0, "train_loss": 4.2, "val_loss": 4.2, "elapsed_s": 2.0},
+               {"kind": "train", "iter": 10, "loss": 2.0, "lr": 1e-3, "tokens": 1000, "elapsed_s": 3.0},
+               {"kind": "eval", "iter": 10, "train_loss": 1.8, "val_loss": 1.8, "elapsed_s": 3.5},
+               {"kind": "train", "iter": 20, "loss": 1.7, "lr": 1e-3, "tokens": 3000, "elapsed_s": 4.0},
+               {"kind": "eval", "iter": 20, "train_loss": 1.7, "val_loss": 1.7, "elapsed_s": 4.5},
                {"kind": "final", "iter": 20, "val_loss": 1.75, "val_tokens": 99, "elapsed_s": 5.0}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     monkeypatch.setattr(bench, "matmul_peak", lambda dtype, device: {"bfloat16": 4e9}[dtype])

@@ -4,16 +4,28 @@ import hashlib
 import json
 import shutil
 
+import pytest
+
 import train
 from conftest import TRAINED_RUN, check_ok, logged, run_script, train_args
-from gptkit.checkpoint import load_checkpoint, load_model
+from gptkit.checkpoint import load_checkpoint
+from gptkit.corpus import PrepareConfig, prepare
+from gptkit.errors import UserError
+from gptkit.rundir import load_model
 from gptkit.metrics import read_metrics
 
 
 def test_train_writes_checkpoint_and_metrics(trained_run, data_dir):
     out, proc = trained_run
     assert "Traceback" not in proc.stderr
-    ckpt = load_checkpoint(out / "ckpt.pt")
+    assert sorted(p.name for p in out.iterdir()) == ["best.pt", "latest.prev.pt", "latest.pt", "metrics.jsonl",
+                                                     "run.lock"]
+    assert load_checkpoint(out / "latest.prev.pt")["iter_num"] == 20  # the state before the latest
+    best = load_checkpoint(out / "best.pt")
+    evals = {r["iter"]: r["val_loss"] for r in read_metrics(out) if r["kind"] == "eval"}
+    assert best["val_loss"] == min(v for i, v in evals.items() if i > 0) == evals[best["iter_num"]]
+    assert "optimizer" not in best and best["model_args"]["n_layer"] == 2  # weights for sampling, not for resuming
+    ckpt = load_checkpoint(out / "latest.pt")
     assert ckpt["iter_num"] == 30
     assert ckpt["tokenizer"]["tokenizer"] == "char"
     assert ckpt["model_args"]["n_layer"] == 2 and ckpt["model_args"]["block_size"] == 32
@@ -22,8 +34,6 @@ def test_train_writes_checkpoint_and_metrics(trained_run, data_dir):
     # exactly max_iters optimizer steps
     steps = {float(s["step"]) for s in ckpt["optimizer"][0]["state"].values()}
     assert steps == {30.0}
-    assert not (out / "ckpt.pt.tmp").exists()
-
     records = read_metrics(out)
     run = records[0]  # what the run was: what its figures mean
     assert run["kind"] == "run" and run["dtype"] == "float32" and run["tokens_per_iter"] == 8 * 32
@@ -48,13 +58,13 @@ def test_train_writes_checkpoint_and_metrics(trained_run, data_dir):
 
 
 def test_sample_is_reproducible_and_needs_only_the_checkpoint(trained_run, tmp_path):
-    """Run from another folder: the tokenizer must come from ckpt.pt, not from the dataset."""
+    """Run from another folder: the tokenizer must come from best.pt, not from the dataset."""
     out, _ = trained_run
     args = [f"--out_dir={out}", "--num_samples=2", "--max_new_tokens=20", "--seed=7", "--device=cpu", "--dtype=float32"]
     first, second = (check_ok(run_script("sample.py", *args, cwd=tmp_path)) for _ in range(2))
     assert first.stdout == second.stdout
     assert first.stdout.count("---------------") == 2  # the separator after each of the other samples
-    vocab = set(load_checkpoint(out / "ckpt.pt")["tokenizer"]["vocab"])
+    vocab = set(load_checkpoint(out / "best.pt")["tokenizer"]["vocab"])
     assert set(first.stdout) - {"-"} <= vocab | {"\n"}
     assert len(first.stdout) > 40
 
@@ -63,7 +73,7 @@ def test_resume_continues(trained_run, tmp_path, data_dir):
     out = tmp_path / "resumed"
     shutil.copytree(trained_run[0], out)
     check_ok(run_script("train.py", *train_args(data_dir, out, *resume_args(), "--max_iters=40")))
-    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 40
+    assert load_checkpoint(out / "latest.pt")["iter_num"] == 40
     assert sorted(logged(out)) == [5, 10, 15, 20, 25, 30, 35, 40]  # appended, no re-run of 1..30
     evals = [r["iter"] for r in read_metrics(out) if r["kind"] == "eval"]
     assert evals == [0, 10, 20, 30, 40]  # no extra evaluation at the resume point
@@ -74,22 +84,43 @@ def resume_args():
     return [*(a for a in TRAINED_RUN if not a.startswith("--max_iters")), "--init_from=resume"]
 
 
+def digests(folder):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir() if p.suffix == ".pt"}
+
+
 def test_eval_only_evaluates_and_writes_nothing_else(trained_run, tmp_path, data_dir, capsys):
     out = tmp_path / "eval"
     shutil.copytree(trained_run[0], out)
-    before = hashlib.sha256((out / "ckpt.pt").read_bytes()).hexdigest()
+    before = digests(out)
     train.main(train_args(data_dir, out, *resume_args(), "--eval_only=True"))
     printed = capsys.readouterr().out
     assert "step 30: train loss" in printed and "iter " not in printed  # evaluated, never trained
-    assert hashlib.sha256((out / "ckpt.pt").read_bytes()).hexdigest() == before
+    assert digests(out) == before
     records = read_metrics(out)
     assert [(r["kind"], r["iter"]) for r in records[-2:]] == [("run", 30), ("eval", 30)]
     assert len(records) == len(read_metrics(trained_run[0])) + 2
 
     fresh = tmp_path / "fresh"
     train.main(train_args(data_dir, fresh, "--eval_only=True"))
-    assert not (fresh / "ckpt.pt").exists()
+    assert not digests(fresh)
     assert [(r["kind"], r["iter"]) for r in read_metrics(fresh)] == [("run", 0), ("eval", 0)]
+
+
+def test_eval_only_on_another_dataset_keeps_the_checkpoints(trained_run, tmp_path, data_dir):
+    """Issue #12's data loss: --eval_only on another dataset once rewrote the checkpoint with that dataset's
+    tokenizer. One with the same vocabulary is evaluated and nothing is saved; another vocabulary is refused."""
+    out = tmp_path / "eval"
+    shutil.copytree(trained_run[0], out)
+    before = digests(out)
+    same = tmp_path / "same_vocab"
+    shutil.copytree(data_dir / "tiny", same)
+    train.main([f"--dataset={same}", f"--out_dir={out}", "--init_from=resume", "--eval_only=True"])
+    other = prepare(PrepareConfig(input=str(trained_run[0] / "metrics.jsonl"), name="other",
+                                  data_dir=str(tmp_path)))[0]
+    with pytest.raises(UserError, match=r"dataset '.*other' has a vocabulary of \d+ characters, but .*latest\.pt "
+                                        r"was trained on a vocabulary of \d+ characters"):
+        train.main([f"--dataset={other}", f"--out_dir={out}", "--init_from=resume", "--eval_only=True"])
+    assert digests(out) == before
 
 
 def test_max_time_stops_the_run_and_a_resume_spends_only_what_is_left(tmp_path, data_dir):
@@ -99,14 +130,14 @@ def test_max_time_stops_the_run_and_a_resume_spends_only_what_is_left(tmp_path, 
     args = ["--max_iters=1000000", "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1",
             "--max_time=1.0"]
     train.main(train_args(data_dir, out, *args))
-    first = load_checkpoint(out / "ckpt.pt")
+    first = load_checkpoint(out / "latest.pt")
     assert 1.0 <= first["loop_seconds"] < 1.8 and 0 < first["iter_num"] < 1000000
     assert max(logged(out)) == first["iter_num"]  # stopped after the step that crossed the budget, and saved it
 
     train.main(train_args(data_dir, out, *args, "--init_from=resume"))
-    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == first["iter_num"]  # nothing left to spend
+    assert load_checkpoint(out / "latest.pt")["iter_num"] == first["iter_num"]  # nothing left to spend
 
     train.main(train_args(data_dir, out, *args[:-1], "--max_time=2.0", "--init_from=resume"))
-    second = load_checkpoint(out / "ckpt.pt")
+    second = load_checkpoint(out / "latest.pt")
     assert 2.0 <= second["loop_seconds"] < 2.8 and second["iter_num"] > first["iter_num"]
     assert sorted(logged(out)) == list(range(1, second["iter_num"] + 1))

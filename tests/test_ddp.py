@@ -27,7 +27,7 @@ def test_ddp_two_processes(data_dir, tmp_path):
            f"--log_interval={log_interval}", "--warmup_iters=1"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    ckpt = load_checkpoint(out / "ckpt.pt")
+    ckpt = load_checkpoint(out / "latest.pt")
     assert ckpt["iter_num"] == max_iters
     assert len(ckpt["rng"]) == 2  # every rank's RNG and data order, for an exact resume
     gen0, gen1 = (state["sampler"]["generator"] for state in ckpt["rng"])

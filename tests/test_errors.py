@@ -1,24 +1,37 @@
-"""Bad input through the command lines: each is one `error:` line on stderr, exit status 1, no traceback.
+"""Bad input through the command lines: each is one `error:` line on stderr, a non-zero exit, no traceback, and
+every file written before it is left as it was.
 
-The table runs in one module fixture, each script's cases in one process of their own (see DRIVER); each case
-then checks its own result."""
+The hand-written table names each message in full. Three generated sweeps cover the kinds of bad input: a value
+out of range for every numeric option of every script, random damage to each file of a dataset, and the paths a
+script reads or writes replaced by a file, a folder or a place nobody here can write. Everything runs in one module
+fixture, each script's cases in one process of its own (see DRIVER); each case then checks its own result."""
 
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import bench
+import export
+import plot
+import sample
+import train
 from conftest import MODEL, REPO, assert_one_error_line, make_text
+from gptkit.checkpoint import load_checkpoint
+from gptkit.config import settings
 from gptkit.corpus import PrepareConfig, prepare
+from gptkit.training import TrainConfig
 
 PROMPT = "Zebra ~ 😀 ROMEO"
 
-# id: (script, arguments, the message expected as stderr's one line, or its start followed by *;
-# {w} is the work folder, {t} the session's trained run)
+# id: (script, arguments, the message expected as stderr's one line, its start followed by *, or *a word* it must
+# hold; {w} is the work folder, {t} a short trained run there (see make_inputs), {u} a folder nobody here can write to)
 CASES = {
     "empty input": ("prepare", ["--input={w}/empty.txt"], "error: input {w}/empty.txt is empty"),
     "binary input": ("prepare", ["--input={w}/image.png"],
@@ -44,6 +57,15 @@ CASES = {
     "meta dtype too small": ("train", ["--dataset=widemeta"],
                              "error: {w}/data/widemeta/meta.json: a vocabulary of 70000 tokens does not fit uint16 "
                              "token files (at most 65,536); run data/prepare.py again"),
+    "meta vocab_size lies": ("train", ["--dataset=liarmeta"],
+                             "error: {w}/data/liarmeta/meta.json: vocab_size is 99 but the vocabulary has 65 "
+                             "characters; run data/prepare.py for this dataset again"),
+    "train.bin of odd length": ("train", ["--dataset=oddbin"],
+                                "error: {w}/data/oddbin/train.bin has 10,943 bytes, not a whole number of uint16 "
+                                "tokens; run data/prepare.py for this dataset again"),
+    "token id outside the vocabulary": ("train", ["--dataset=bigid"],
+                                        "error: {w}/data/bigid/val.bin holds token id 65, outside the vocabulary of "
+                                        "65; run data/prepare.py for this dataset again"),
     "out_dir is a file": ("train", ["--out_dir={w}/input.txt"],
                           "error: cannot use {w}/input.txt as out_dir (a file of that name is in the way)"),
     "unknown key": ("train", ["--n_layers=2"],
@@ -52,55 +74,299 @@ CASES = {
     "n_embd vs n_head": ("train", ["--n_embd=33"], "error: n_embd (33) must be divisible by n_head (2)"),
     "choice typo": ("train", ["--pos_emb=rop"],
                     "error: command line: pos_emb must be one of learned, rope, none (got 'rop'; did you mean 'rope'?)"),
-    "resume without checkpoint": ("train", ["--out_dir={w}/none", "--init_from=resume"],
-                                  "error: no checkpoint at {w}/none/ckpt.pt; train one first with "
-                                  "`python train.py ...`"),
+    "init_from typo": ("train", ["--init_from=resum"],
+                       "error: init_from must be one of scratch, resume, auto, gpt2, gpt2-medium, gpt2-large, gpt2-xl "
+                       "or a folder saved by save_pretrained (got 'resum'; did you mean 'resume'?)"),
+    "beta1 of 2": ("train", ["--beta1=2"], "error: beta1 must be in [0, 1) (got 2.0)"),
+    "resume without checkpoint": ("train", ["--out_dir={w}/fresh", "--init_from=resume"],
+                                  "error: nothing to resume in {w}/fresh (no latest.pt, latest.prev.pt or ckpt.pt); "
+                                  "start the run with --init_from=scratch or --init_from=auto"),
     "resume truncated": ("train", ["--out_dir={w}/truncated", "--init_from=resume"],
-                         "error: {w}/truncated/ckpt.pt is truncated or not a checkpoint (PytorchStreamReader "
-                         "failed reading zip archive: failed finding central directory)"),
+                         "error: {w}/truncated/ckpt.pt is damaged: it holds 2,884 bytes after its header, the header "
+                         "says *"),
     "resume version 999": ("train", ["--out_dir={w}/v999", "--init_from=resume"],
                            "error: {w}/v999/ckpt.pt has checkpoint format 999, this tool reads 1"),
     "resume incomplete": ("train", ["--out_dir={w}/nokeys", "--init_from=resume"],
                           "error: {w}/nokeys/ckpt.pt is incomplete: it lacks model_args, optimizer"),
     "resume larger block": ("train", ["--out_dir={t}", "--init_from=resume", "--block_size=64"],
-                            "error: block_size 64 is larger than the checkpoint's 32"),
+                            "error: block_size=64 differs from {t}/latest.pt's 16; a resumed run keeps its model's "
+                            "shape and optimizer (start a new out_dir to change them)"),
+    "resume smaller block": ("train", ["--out_dir={t}", "--init_from=auto", "--block_size=8"],
+                             "error: block_size=8 differs from {t}/latest.pt's 16; *"),
+    "resume another shape": ("train", ["--out_dir={t}", "--init_from=auto", "--n_embd=64"],
+                             "error: n_embd=64 differs from {t}/latest.pt's 32; *"),
+    "resume another optimizer": ("train", ["--out_dir={t}", "--init_from=auto", "--optimizer=muon"],
+                                 "error: optimizer='muon' differs from {t}/latest.pt's 'adamw'; *"),
+    "resume another vocabulary": ("train", ["--out_dir={t}", "--init_from=auto", "--dataset=other"],
+                                  "error: dataset 'other' has a vocabulary of 62 characters, but {t}/latest.pt was "
+                                  "trained on a vocabulary of 65 characters; a resumed run must see the token ids it "
+                                  "learned (prepare the data with the checkpoint's vocabulary, or start a new "
+                                  "out_dir)"),
     "sample without checkpoint": ("sample", ["--out_dir={w}/none"],
-                                  "error: no checkpoint at {w}/none/ckpt.pt; train one first with "
-                                  "`python train.py ...`"),
+                                  "error: no checkpoint in {w}/none (no best.pt or ckpt.pt); train one first with "
+                                  "`python train.py --out_dir={w}/none`"),
+    "sample before any evaluation": ("sample", ["--out_dir={w}/latestonly"],
+                                     "error: no best.pt in {w}/latestonly yet (the run has not finished an "
+                                     "evaluation); use its latest state with --checkpoint=latest"),
     "sample truncated": ("sample", ["--out_dir={w}/truncated"],
-                         "error: {w}/truncated/ckpt.pt is truncated or not a checkpoint (PytorchStreamReader "
-                         "failed reading zip archive: failed finding central directory)"),
+                         "error: {w}/truncated/ckpt.pt is damaged: it holds 2,884 bytes after its header, *"),
     "sample empty file": ("sample", ["--out_dir={w}/emptyfile"],
-                          "error: {w}/emptyfile/ckpt.pt is truncated or not a checkpoint (EOFError)"),
+                          "error: {w}/emptyfile/ckpt.pt is damaged or not a checkpoint (it is empty)"),
     "sample text file": ("sample", ["--out_dir={w}/textfile"],
-                         "error: {w}/textfile/ckpt.pt is truncated or not a checkpoint (*"),  # * any detail
+                         "error: {w}/textfile/ckpt.pt is damaged or not a checkpoint (it does not begin with a "
+                         "checkpoint header)"),
     "sample version 999": ("sample", ["--out_dir={w}/v999"],
                            "error: {w}/v999/ckpt.pt has checkpoint format 999, this tool reads 1"),
     "sample incomplete": ("sample", ["--out_dir={w}/nokeys"], "error: {w}/nokeys/ckpt.pt is incomplete: it lacks model_args"),
     "sample unknown model setting": ("sample", ["--out_dir={w}/newer"],
                                      "error: {w}/newer/ckpt.pt was written with model settings this version cannot "
                                      "build (unknown model settings: flash_kernels)"),
+    "sample float16 on cpu": ("sample", ["--out_dir={t}", "--dtype=float16"],
+                              "error: dtype float16 is not supported on CPU; use bfloat16 or float32"),
     "prompt outside vocabulary": ("sample", ["--out_dir={t}", f"--start={PROMPT}"], None),  # see below
+    "plot: a list, not a record": ("plot", ["loss", "--out_dir={w}/badmetrics/list"],
+                                   "error: {w}/badmetrics/list/metrics.jsonl has a line that has a record of the wrong "
+                                   "shape (line 2: a list, not an object); was it written by train.py?"),
+    "plot: iter is text": ("plot", ["loss", "--out_dir={w}/badmetrics/itertext"],
+                           "error: {w}/badmetrics/itertext/metrics.jsonl has a line that has a record of the wrong "
+                           "shape (line 1: iter is 'five', not an iteration number); was it written by train.py?"),
+    "plot: no loss": ("plot", ["loss", "--out_dir={w}/badmetrics/noloss"],
+                      "error: {w}/badmetrics/noloss/metrics.jsonl has a line that has a record of the wrong shape "
+                      "(line 1: a record of kind 'train' without loss); was it written by train.py?"),
+    "plot: loss is a list": ("plot", ["loss", "--out_dir={w}/badmetrics/losslist"],
+                             "error: {w}/badmetrics/losslist/metrics.jsonl has a line that has a record of the wrong "
+                             "shape (line 1: loss is [1.0], not a number); was it written by train.py?"),
+    "bench targets": ("bench", ["train", "--targets=low"],
+                      "error: targets must be positive val losses, comma-separated (got 'low')"),
+}
+BAD_METRICS = {  # metrics.jsonl lines that are JSON, but not records train.py writes
+    "list": ['{"kind": "train", "iter": 1, "loss": 2.0}', "[1, 2]"],
+    "itertext": ['{"kind": "eval", "iter": "five", "val_loss": 2.0}'],
+    "noloss": ['{"kind": "train", "iter": 5}'],
+    "losslist": ['{"kind": "train", "iter": 5, "loss": [1.0]}'],
+}
+
+# ---------------------------------------------------------------------------------------------- out-of-range sweep
+
+# every numeric option of every script, and values outside its range (each is refused naming the option); every
+# float option is also given 1e999 and -1e999 (infinity) and every integer one 2**63, which the parser refuses
+SCRIPT_OPTIONS = [("train", [], TrainConfig), ("sample", [], sample.SampleConfig), ("plot", ["loss"], plot.PlotConfig),
+                  ("prepare", [], PrepareConfig), ("export", [], export.ExportConfig),
+                  ("bench", ["sample"], bench.SampleBenchConfig), ("bench", ["train"], bench.TrainBenchConfig),
+                  ("bench", ["throughput"], bench.ThroughputBenchConfig)]
+OUT_OF_RANGE = {
+    "TrainConfig": {
+        **dict.fromkeys(["eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps", "batch_size",
+                         "max_iters", "block_size", "n_head", "n_embd"], [0, -1]),
+        **dict.fromkeys(["warmup_iters", "lr_decay_iters", "threads", "final_eval_tokens", "n_layer"], [-1]),
+        **dict.fromkeys(["learning_rate", "embedding_lr", "min_lr", "muon_lr", "weight_decay", "muon_weight_decay",
+                         "grad_clip", "max_time", "logit_softcap"], [-1e-3]),
+        **dict.fromkeys(["beta1", "beta2", "muon_momentum", "dropout"], [-0.1, 1.0, 2]),
+        "warmdown_frac": [-0.1, 1.5], "seed": [-1, 2 ** 31], "rope_base": [0, -1],
+    },
+    "SampleConfig": {"num_samples": [0], "max_new_tokens": [-1], "temperature": [-0.1], "top_k": [-1],
+                     "top_p": [0, 1.5], "seed": [-1, 2 ** 31], "threads": [-1]},
+    "PlotConfig": {"dpi": [19, 601, 0]},
+    "PrepareConfig": {"val_fraction": [0, 1, -0.5]},
+    "ExportConfig": {},
+    "SampleBenchConfig": {**dict.fromkeys(["n_head", "n_embd", "block_size", "vocab_size", "max_new_tokens",
+                                           "batch_size", "repeats"], [0]), "n_layer": [-1],
+                          **dict.fromkeys(["warmup_tokens", "temperature", "threads"], [-1]), "seed": [-1, 2 ** 31]},
+    "TrainBenchConfig": {},
+    "ThroughputBenchConfig": {**dict.fromkeys(["n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps"],
+                                              [0]), "warmup": [-1]},
 }
 
 
-SCRIPTS = {"prepare": "data/prepare.py", "train": "train.py", "sample": "sample.py"}
+def numeric_options(cls):
+    return {k: s for k, s in settings(cls).items() if s.type in (int, float)}
+
+
+def range_cases():
+    cases = {}
+    for script, prefix, cls in SCRIPT_OPTIONS:
+        for key, setting in numeric_options(cls).items():
+            generic = ["1e999", "-1e999"] if setting.type is float else [str(2 ** 63)]
+            for value in [*map(str, OUT_OF_RANGE[cls.__name__].get(key, [])), *generic]:
+                where = ["--out_dir={t}"] if script in ("train", "sample") else []
+                cases[f"{' '.join([script, *prefix])} --{key}={value}"] = (
+                    script, [*prefix, *where, f"--{key}={value}"], f"error: *{key}*")
+    return cases
+
+
+def test_every_numeric_option_has_its_range_swept():
+    """A new numeric option needs its out-of-range values in OUT_OF_RANGE (an empty list where any value that fits
+    its type is allowed, as with seeds of the parser's 64 bits)."""
+    for _, _, cls in SCRIPT_OPTIONS:
+        assert set(numeric_options(cls)) <= set(OUT_OF_RANGE[cls.__name__]), cls.__name__
+        assert set(OUT_OF_RANGE[cls.__name__]) <= set(numeric_options(cls)), cls.__name__
+
+
+# ---------------------------------------------------------------------------------------------- dataset damage
+
+DAMAGES = ["flip", "cut", "append", "empty"]
+DATASET_FILES = ["train.bin", "val.bin", "meta.json"]
+DAMAGE_CASES = {f"damaged {name}: {damage} #{i}": ("train", [f"--data_dir={{w}}/damaged/{name}-{damage}-{i}",
+                                                             "--out_dir={t}", "--init_from=auto", "--max_iters=40"],
+                                                   f"error: *{name}*")
+                for name in DATASET_FILES for damage in DAMAGES for i in range(3)}
+
+
+def damage_dataset(source, folder, name, damage, seed):
+    """A copy of the dataset with one file damaged so that it differs from the original as data (a meta.json
+    whose JSON means the same, e.g. after a space became a tab, is drawn again)."""
+    rng = random.Random(f"{name}-{damage}-{seed}")
+    shutil.copytree(source, folder)
+    path, data = folder / name, (source / name).read_bytes()
+    while True:
+        damaged = bytearray(data)
+        if damage == "flip":
+            damaged[rng.randrange(len(data))] ^= rng.randrange(1, 256)
+        elif damage == "cut":
+            damaged = damaged[:rng.randrange(len(data))]
+        elif damage == "append":
+            damaged += bytes(rng.randrange(256) for _ in range(rng.randrange(1, 9)))
+        else:
+            damaged = bytearray()
+        if name != "meta.json" or not means_the_same(bytes(damaged), data):
+            break
+    path.write_bytes(bytes(damaged))
+
+
+def means_the_same(a, b):
+    try:
+        return json.loads(a) == json.loads(b)
+    except ValueError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------- paths
+
+def unwritable(w):
+    """An existing folder this process cannot write to: a read-only one, or, for root (whom permissions do not
+    stop), one of the kernel's."""
+    if os.geteuid() == 0:
+        return Path("/sys/kernel")
+    folder = w / "readonly"
+    folder.mkdir()
+    folder.chmod(0o555)
+    return folder
+
+
+def replaced(w, name, path, by):
+    """A copy of folder `name` under w/paths with `path` in it replaced by a folder or a file; returns the copy."""
+    copy = w / "paths" / name
+    shutil.copytree(w / name.split("-")[0], copy)
+    target = copy / path
+    if target.is_dir():
+        shutil.rmtree(target)
+    else:
+        target.unlink(missing_ok=True)
+    if by == "folder":
+        (target / "inside").mkdir(parents=True)
+    else:
+        target.write_text("in the way\n")
+    return copy
+
+
+# id: function of (w, u) setting the case up and returning (script, arguments, expected line or prefix*, the folder
+# whose files must not change); run{...} is a copy of the trained run, data its dataset
+PATH_CASES = {
+    "train: out_dir a file": lambda w, u: ("train", ["--out_dir={w}/input.txt"], "error: cannot use *", w / "run"),
+    "train: out_dir unwritable": lambda w, u: ("train", [f"--out_dir={u}"], f"error: cannot write to out_dir {u} (*",
+                                               None),
+    "train: out_dir cannot be made": lambda w, u: ("train", [f"--out_dir={u}/out"],
+                                                   f"error: cannot write to out_dir {u}/out (*", None),
+    "train: data_dir a file": lambda w, u: ("train", ["--data_dir={w}/input.txt"],
+                                            "error: data_dir {w}/input.txt is a file, not a folder of datasets", None),
+    "train: dataset a file": lambda w, u: ("train", ["--dataset={w}/input.txt"],
+                                           "error: dataset {w}/input.txt is a file, not a folder made by "
+                                           "data/prepare.py", None),
+    "train: config file a folder": lambda w, u: ("train", ["{w}/data.py"],
+                                                  "error: config file {w}/data.py is a folder, not a file", None),
+    **{f"train: {f} a folder": (lambda f: lambda w, u: (
+        "train", [f"--out_dir={replaced(w, 'run-' + f, f, 'folder')}", "--init_from=auto"],
+        f"error: {w}/paths/run-{f}/{f} is a folder where the run writes a file; move it out of the way",
+        w / "paths" / f"run-{f}"))(f) for f in ["latest.pt", "best.pt", "metrics.jsonl", "run.lock"]},
+    **{f"train: dataset's {f} a folder": (lambda f: lambda w, u: (
+        "train", [f"--dataset={replaced(w, 'data-' + f, 'tiny/' + f, 'folder')}/tiny", "--out_dir={t}",
+                  "--init_from=auto"], f"error: *{f}*", w / "paths" / f"data-{f}"))(f) for f in DATASET_FILES},
+    "sample: out_dir a file": lambda w, u: ("sample", ["--out_dir={w}/input.txt"],
+                                            "error: out_dir {w}/input.txt is a file, not a run folder", None),
+    "sample: best.pt a folder": lambda w, u: ("sample", [f"--out_dir={replaced(w, 'run-sample', 'best.pt', 'folder')}"],
+                                              "error: {w}/paths/run-sample/best.pt is a folder, not a checkpoint file",
+                                              w / "paths" / "run-sample"),
+    "sample: prompt file a folder": lambda w, u: ("sample", ["--out_dir={t}", "--start=FILE:{w}"],
+                                                  "error: could not read prompt file {w} (Is a directory)", None),
+    "plot: metrics.jsonl a folder": lambda w, u: (
+        "plot", ["loss", f"--out_dir={replaced(w, 'run-plot', 'metrics.jsonl', 'folder')}"],
+        "error: could not read {w}/paths/run-plot/metrics.jsonl (Is a directory)", w / "paths" / "run-plot"),
+    "plot: output a folder": lambda w, u: ("plot", ["loss", "--out_dir={t}", "--output={w}/picture.png"],
+                                           "error: could not write {w}/picture.png (*", None),
+    "plot: output unwritable": lambda w, u: ("plot", ["loss", "--out_dir={t}", f"--output={u}/loss.png"],
+                                             f"error: could not write {u}/loss.png (*", None),
+    "plot: attention's best.pt a folder": lambda w, u: (
+        "plot", ["attention", f"--out_dir={replaced(w, 'run-attention', 'best.pt', 'folder')}"],
+        "error: {w}/paths/run-attention/best.pt is a folder, not a checkpoint file", w / "paths" / "run-attention"),
+    "export: out_dir a file": lambda w, u: ("export", ["--out_dir={w}/input.txt", "--hf_dir={w}/hf"],
+                                            "error: out_dir {w}/input.txt is a file, not a run folder", None),
+    "export: hf_dir a file": lambda w, u: ("export", ["--out_dir={t}", "--hf_dir={w}/input.txt"],
+                                           "error: --hf_dir={w}/input.txt exists and is not a folder", None),
+    "prepare: input folder empty": lambda w, u: ("prepare", ["--input={w}/none"],
+                                                  "error: input folder {w}/none holds no files", None),
+    "prepare: data_dir a file": lambda w, u: ("prepare", ["--input={w}/input.txt", "--data_dir={w}/input.txt"],
+                                              "error: cannot write the dataset to {w}/input.txt/x (*", None),
+    "prepare: dataset folder a file": lambda w, u: ("prepare", ["--input={w}/input.txt", "--data_dir={w}",
+                                                                "--name=input.txt"],
+                                                    "error: cannot write the dataset to {w}/input.txt (a file of that "
+                                                    "name is in the way)", None),
+    "prepare: data_dir unwritable": lambda w, u: ("prepare", ["--input={w}/input.txt", f"--data_dir={u}"],
+                                                  f"error: cannot write the dataset to {u}/x (*", None),
+    **{f"prepare: {f} a folder": (lambda f: lambda w, u: (
+        "prepare", ["--input={w}/input.txt", f"--data_dir={replaced(w, 'data-prepare-' + f, 'tiny/' + f, 'folder')}",
+                    "--name=tiny"],
+        f"error: {w}/paths/data-prepare-{f}/tiny/{f} is a folder where the dataset's {f} goes; move it out of the way",
+        w / "paths" / f"data-prepare-{f}"))(f) for f in DATASET_FILES},
+    "bench: out_dir a file": lambda w, u: ("bench", ["sample", "--out_dir={w}/input.txt"],
+                                           "error: out_dir {w}/input.txt is a file, not a run folder", None),
+    "bench: config a folder": lambda w, u: ("bench", ["throughput", "--config={w}/data.py"],
+                                            "error: config file {w}/data.py is a folder, not a file", None),
+}
+
+
+# ---------------------------------------------------------------------------------------------- running them all
+
+SCRIPTS = {"prepare": "data/prepare.py", "train": "train.py", "sample": "sample.py", "plot": "plot.py",
+           "export": "export.py", "bench": "bench.py"}
 BASE_ARGS = {
     "prepare": ["--name=x", "--data_dir={w}/prepared"],
     "train": ["--data_dir={w}/data", "--dataset=tiny", "--out_dir={w}/out", *MODEL, "--max_iters=2"],
     "sample": ["--device=cpu", "--max_new_tokens=5"],
 }
 
-# Runs one entry script the way `python SCRIPT ARGS...` does (its `if __name__ == "__main__"` block, sys.argv,
+# Runs entry scripts the way `python SCRIPT ARGS...` does (its `if __name__ == "__main__"` block, sys.argv,
 # stderr, exit status, and a traceback for anything uncaught), once per case, so that the table pays for
-# importing torch once per script rather than once per case. Writes {case: {rc, stderr}} as JSON.
+# importing torch once per driver rather than once per case. Around each case it takes a digest of every file
+# under the folders the case watches (but run.lock, which holds the pid of the run that last took it), and
+# reports those that changed. Writes {case: {rc, stderr, changed}} as JSON.
 DRIVER = """
-import contextlib, io, json, runpy, sys, traceback, warnings
+import contextlib, hashlib, io, json, runpy, sys, traceback, warnings
+from pathlib import Path
 sys.path.insert(0, REPO)
 warnings.simplefilter("always")  # each case shows its own warnings, as a fresh process would
-script, cases = sys.argv[1], json.loads(sys.stdin.read())
+
+
+def digest(folder):
+    h = hashlib.sha256()
+    for path in sorted(Path(folder).rglob("*")):
+        if "run.lock" not in path.parts:
+            h.update(str(path).encode() + (path.read_bytes() if path.is_file() else b"/"))
+    return h.hexdigest()
+
+
 results = {}
-for case, argv in cases.items():
+for case, (script, argv, watched) in json.loads(sys.stdin.read()).items():
+    before = [digest(f) for f in watched]
     err = io.StringIO()
     sys.argv = [script, *argv]
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -112,56 +378,70 @@ for case, argv in cases.items():
         except BaseException:
             traceback.print_exc()
             rc = 1
-    results[case] = {"rc": rc, "stderr": err.getvalue()}
+    changed = [f for f, d in zip(watched, before) if digest(f) != d]
+    results[case] = {"rc": rc, "stderr": err.getvalue(), "changed": changed}
 print(json.dumps(results))
 """
 
 
-def run_table(w, t):
-    """Every case, one driver process per script, the three side by side."""
+def run_table(w, cases):
+    """Every case, in two driver processes side by side (train.py's cases, and the other scripts').
+    cases: {id: (script, argv, watched folders)}."""
     env = dict(os.environ, PYTHONIOENCODING="utf-8")
     driver = w / "driver.py"
     driver.write_text(f"REPO = {str(REPO)!r}\n" + DRIVER, encoding="utf-8")
-    procs = {}
-    for script, path in SCRIPTS.items():
-        cases = {case: [a.format(w=w, t=t) for a in BASE_ARGS[script] + args]
-                 for case, (s, args, _) in CASES.items() if s == script}
-        procs[script] = subprocess.Popen([sys.executable, str(driver), str(REPO / path)], cwd=w, env=env,
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         text=True, encoding="utf-8")
-        procs[script].stdin.write(json.dumps(cases))
-        procs[script].stdin.close()
+    procs = []
+    for group in (True, False):
+        mine = {case: (str(REPO / SCRIPTS[script]), argv, watched)
+                for case, (script, argv, watched) in cases.items() if (script == "train") == group}
+        proc = subprocess.Popen([sys.executable, str(driver)], cwd=w, env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, encoding="utf-8")
+        proc.stdin.write(json.dumps(mine))
+        proc.stdin.close()
+        procs.append(proc)
     results = {}
-    for script, proc in procs.items():
+    for proc in procs:
         out, err = proc.stdout.read(), proc.stderr.read()
-        assert proc.wait(timeout=300) == 0 and err == "", f"{script}: driver failed\n{err}"
+        assert proc.wait(timeout=300) == 0 and err == "", f"driver failed\n{err}"
         results.update(json.loads(out))
     return results
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory, trained_run):
-    """Build every bad input, then run the whole table."""
-    w = tmp_path_factory.mktemp("errors")
+def make_inputs(w, data_dir):
+    """The bad inputs the hand-written table names, and {t}: a short run of the table's model on data/tiny (the
+    session's dataset), with its latest.pt, latest.prev.pt, best.pt and metrics.jsonl."""
     (w / "input.txt").write_text(make_text(), encoding="utf-8")
     (w / "empty.txt").write_bytes(b"")
+    (w / "none").mkdir()
+    (w / "data.py").mkdir()
+    (w / "picture.png").mkdir()
     (w / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
     (w / "latin1.txt").write_bytes("café au lait\n".encode("latin-1"))
     chars = [chr(c) for c in range(0x4E00, 0x4E00 + 70000) if not 0xD800 <= c <= 0xDFFF][:65999]  # + "\n"
     (w / "wide.txt").write_text("\n".join("".join(chars[i:i + 200]) for i in range(0, len(chars), 200)),
                                 encoding="utf-8")
-    assert len(set((w / "wide.txt").read_text(encoding="utf-8"))) == 66000
-
     (w / "short.txt").write_text("hello world\n", encoding="utf-8")
-    for name, text in [("tiny", "input.txt"), ("short", "short.txt")]:
+    shutil.copytree(data_dir / "tiny", w / "data" / "tiny")
+    for name, text in [("other", "input.txt"), ("short", "short.txt")]:
         prepare(PrepareConfig(input=str(w / text), name=name, data_dir=str(w / "data")))
-    shutil.copytree(w / "data" / "tiny", w / "data" / "widemeta")
-    meta = json.loads((w / "data" / "widemeta" / "meta.json").read_text(encoding="utf-8"))
-    (w / "data" / "widemeta" / "meta.json").write_text(json.dumps(dict(meta, vocab_size=70000, dtype="uint16")))
+    tiny = w / "data" / "tiny"
+    meta = json.loads((tiny / "meta.json").read_text(encoding="utf-8"))
+    for name, change in [("widemeta", dict(vocab_size=70000, dtype="uint16")), ("liarmeta", dict(vocab_size=99))]:
+        shutil.copytree(tiny, w / "data" / name)
+        (w / "data" / name / "meta.json").write_text(json.dumps(dict(meta, **change)))
+    for name in ("oddbin", "bigid"):
+        shutil.copytree(tiny, w / "data" / name)
+    (w / "data" / "oddbin" / "train.bin").write_bytes((tiny / "train.bin").read_bytes()[:-1])
+    (w / "data" / "bigid" / "val.bin").write_bytes((tiny / "val.bin").read_bytes()[:-2] + bytes([65, 0]))
+    for name, lines in BAD_METRICS.items():
+        (w / "badmetrics" / name).mkdir(parents=True)
+        (w / "badmetrics" / name / "metrics.jsonl").write_text("\n".join(lines) + "\n")
 
-    trained = trained_run[0]
-    ckpt = torch.load(trained / "ckpt.pt", weights_only=True)
-    for name, data in [("truncated", (trained / "ckpt.pt").read_bytes()[:3000]), ("emptyfile", b""),
+    t = w / "run"
+    train.main([a.format(w=w) for a in BASE_ARGS["train"]] + [f"--out_dir={t}", "--max_iters=10",
+                                                             "--eval_interval=5", "--eval_iters=1"])
+    ckpt = load_checkpoint(t / "latest.pt")
+    for name, data in [("truncated", (t / "latest.pt").read_bytes()[:3000]), ("emptyfile", b""),
                        ("textfile", b"this is not a checkpoint\n")]:
         (w / name).mkdir()
         (w / name / "ckpt.pt").write_bytes(data)
@@ -171,18 +451,49 @@ def results(tmp_path_factory, trained_run):
     torch.save({k: v for k, v in ckpt.items() if k not in ("model_args", "optimizer")}, w / "nokeys" / "ckpt.pt")
     (w / "newer").mkdir()
     torch.save(dict(ckpt, model_args=dict(ckpt["model_args"], flash_kernels=True)), w / "newer" / "ckpt.pt")
-    return w, run_table(w, trained), ckpt
+    (w / "latestonly").mkdir()
+    shutil.copy(t / "latest.pt", w / "latestonly" / "latest.pt")
+    return t, ckpt
 
 
-@pytest.mark.parametrize("case", list(CASES))
+def all_cases():
+    """{case: (script, arguments, expected)} of the table and the two sweeps whose ids need no set-up."""
+    return {**CASES, **range_cases(), **DAMAGE_CASES}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, data_dir):
+    """Build every bad input, then run every case. Returns (w, t, t's checkpoint, {case: result},
+    {case: expected line})."""
+    w = tmp_path_factory.mktemp("errors")
+    t, ckpt = make_inputs(w, data_dir)
+    u = unwritable(w)
+    cases = {case: (script, args, [t]) for case, (script, args, _) in all_cases().items()}
+    expected = {case: line for case, (_, _, line) in all_cases().items()}
+    for case in DAMAGE_CASES:
+        name, damage, i = DAMAGE_CASES[case][1][0].rsplit("/", 1)[1].split("-")
+        damage_dataset(w / "data" / "tiny", w / "damaged" / f"{name}-{damage}-{i}" / "tiny", name, damage, int(i))
+    for case, setup in PATH_CASES.items():
+        script, args, expected[case], watched = setup(w, u)
+        cases[case] = (script, args, [t] + ([watched] if watched else []))
+    table = {case: (script, [a.format(w=w, t=t, u=u) for a in BASE_ARGS.get(script, []) + args],
+                    [str(f) for f in watched]) for case, (script, args, watched) in cases.items()}
+    return w, t, ckpt, run_table(w, table), expected
+
+
+@pytest.mark.parametrize("case", [*all_cases(), *PATH_CASES])
 def test_bad_input_is_one_error_line(results, case):
-    w, table, ckpt = results
-    rc, stderr = table[case]["rc"], table[case]["stderr"]
-    expected = CASES[case][2]
-    if expected is None:  # the prompt: name every character the model has never seen
+    w, t, ckpt, table, expected = results
+    rc, stderr, changed = table[case]["rc"], table[case]["stderr"], table[case]["changed"]
+    line = expected[case]
+    if case == "prompt outside vocabulary":  # name every character the model has never seen
         missing = sorted(set(PROMPT) - set(ckpt["tokenizer"]["vocab"]))
         assert {"Z", "~", "😀"} <= set(missing)
-        expected = ("error: the text has characters outside the training vocabulary: "
-                    + ", ".join(repr(c) for c in missing))
-    assert_one_error_line(stderr, expected.format(w=w))
+        line = ("error: the text has characters outside the training vocabulary: "
+                + ", ".join(repr(c) for c in missing))
+    if line is not None and line.startswith("error: *") and line.endswith("*"):  # just a word the line must hold
+        assert line[8:-1].format(w=w, t=t) in assert_one_error_line(stderr), stderr
+    else:
+        assert_one_error_line(stderr, line and line.format(w=w, t=t))
     assert rc == 1
+    assert not changed, f"a failed command changed files written before it, under {changed}"

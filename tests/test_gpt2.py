@@ -139,14 +139,13 @@ def test_train_checks_data_and_block_size_against_pretrained(tmp_path):
 
 
 def save_fake_run(model, out_dir, tokenizer_meta):
-    """A checkpoint with the keys train.py writes (see Trainer.checkpoint_state), without training."""
+    """A best.pt with the keys train.py writes (see TrainState.save_best), without training."""
     from gptkit.checkpoint import save_checkpoint
     from gptkit.training import TrainConfig
 
-    state = {"model": model.state_dict(), "optimizer": [], "scaler": {}, "model_args": asdict(model.config),
-             "config": asdict(TrainConfig()), "tokenizer": tokenizer_meta, "iter_num": 0,
-             "best_val_loss": math.inf, "loop_seconds": 0.0, "rng": [], "wandb_id": None}
-    save_checkpoint(state, out_dir / "ckpt.pt")
+    state = {"model": model.state_dict(), "model_args": asdict(model.config), "config": asdict(TrainConfig()),
+             "tokenizer": tokenizer_meta, "iter_num": 0, "val_loss": math.inf}
+    save_checkpoint(state, out_dir / "best.pt")
 
 
 CHARS = "".join(chr(c) for c in range(ord("a"), ord("a") + 37))
@@ -230,8 +229,9 @@ def test_bpe_prepare_round_trip(tmp_path, tiktoken_cache):
 
 def test_finetune_sample_export_end_to_end(tmp_path, tiktoken_cache):
     transformers = pytest.importorskip("transformers")
-    from gptkit.checkpoint import load_checkpoint, load_model
+    from gptkit.checkpoint import load_checkpoint
     from gptkit.corpus import PrepareConfig, prepare
+    from gptkit.rundir import load_model
 
     folder, _ = hf_model(tmp_path, n_layer=1, vocab_size=50257)
     text = tmp_path / "input.txt"
@@ -242,7 +242,7 @@ def test_finetune_sample_export_end_to_end(tmp_path, tiktoken_cache):
                         f"--out_dir={out}", "--device=cpu", "--dtype=float32", "--batch_size=2",
                         "--block_size=32", "--max_iters=2", "--eval_interval=2", "--eval_iters=1",
                         "--log_interval=1", "--warmup_iters=0", "--learning_rate=1e-3", env=tiktoken_cache))
-    ckpt = load_checkpoint(out / "ckpt.pt")
+    ckpt = load_checkpoint(out / "latest.pt")
     assert ckpt["tokenizer"] == {"tokenizer": "tiktoken", "encoding": "r50k_base"}
     assert ckpt["iter_num"] == 2
     assert (ckpt["model_args"]["block_size"], ckpt["model_args"]["vocab_size"], ckpt["model_args"]["mlp_act"]) \

@@ -252,3 +252,46 @@ def test_name_must_be_plain(tmp_path, corpus_file):
 
 def test_make_text_is_deterministic():
     assert make_text() == make_text() and len(make_text().encode()) >= 6000
+
+
+def test_prepare_streams_text_without_line_breaks(tmp_path, monkeypatch):
+    """Memory follows the chunk size, not the line length: a file with no newline at all is read in pieces of
+    about CHUNK_BYTES, and the pieces put together are the text."""
+    monkeypatch.setattr(corpus, "CHUNK_BYTES", 1000)
+    text = "abcdefghij" * 5000 + " é" * 3000
+    path = tmp_path / "long.txt"
+    path.write_text(text, encoding="utf-8")
+
+    class Bar:
+        def update(self, n):
+            pass
+
+    for cut in (len, corpus.bpe_cut):
+        pieces = list(corpus.read_text(path, Bar(), cut))
+        assert "".join(pieces) == text and max(map(len, pieces)) <= 2000
+
+
+def test_bpe_pieces_encode_to_the_tokens_of_the_whole(tiktoken_cache, monkeypatch):
+    """Cut where bpe_cut says, the pieces encode to exactly the whole text's tokens, under the pre-tokenizer of
+    every OpenAI encoding tiktoken knows (their patterns decide where pieces may end; r50k_base's merges stand
+    in for the others', which are not cached here). The text mixes words, digits, punctuation before spaces and
+    newlines, and runs of whitespace."""
+    import tiktoken
+    import tiktoken_ext.openai_public as openai_public
+
+    r50k = tiktoken.get_encoding("r50k_base")  # GPT-2's, and the one cached here
+    monkeypatch.setattr(openai_public, "load_tiktoken_bpe", lambda *a, **k: r50k._mergeable_ranks)
+    encodings = [tiktoken.Encoding(name, pat_str=make()["pat_str"], mergeable_ranks=r50k._mergeable_ranks,
+                                   special_tokens={})  # gpt2 reads other files; r50k_base is it
+                 for name, make in openai_public.ENCODING_CONSTRUCTORS.items() if name != "gpt2"]
+    assert len({e._pat_str for e in encodings}) >= 3  # gpt2's, cl100k's and o200k's patterns at least
+    text = make_text(20000, seed=3).replace(". ", ".  \n ") + "x1 2!\n\n  \t y's, (z)\r\n"
+    pieces, rest = [], text
+    while len(rest) > 500:
+        at = corpus.bpe_cut(rest[:500]) or 500
+        pieces.append(rest[:at])
+        rest = rest[at:]
+    pieces.append(rest)
+    assert len(pieces) > 40
+    for enc in encodings:
+        assert sum((enc.encode_ordinary(p) for p in pieces), []) == enc.encode_ordinary(text), enc.name

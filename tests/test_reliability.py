@@ -3,6 +3,7 @@ non-finite losses, hostile checkpoints and a failing DDP rank. Each test builds 
 the real command lines on the CPU; a resumed run must give the uninterrupted run's losses exactly."""
 
 import errno
+import hashlib
 import io
 import json
 import os
@@ -18,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import REPO, Run, assert_one_error_line, logged, run_script, train_cmd, wait_for_iteration
+from conftest import REPO, Run, assert_one_error_line, logged, run_script, train_args, train_cmd, wait_for_iteration
 from gptkit import checkpoint
 from gptkit.checkpoint import load_checkpoint, save_checkpoint
 from gptkit.errors import UserError
@@ -29,6 +30,7 @@ COMMON = [f"--max_iters={ITERS}", "--log_interval=1", "--eval_interval=5", "--ev
 CONFIGS = {  # dropout makes the torch RNG matter, accumulation the sampler's state between micro-batches
     "adamw": ["--optimizer=adamw"],
     "muon-accum2": ["--optimizer=muon", "--gradient_accumulation_steps=2"],
+    "ddp": ["--optimizer=adamw", "--gradient_accumulation_steps=2"],  # 2 processes under torchrun, 1 micro-batch each
 }
 LOSS_TOL = 1e-6
 
@@ -45,11 +47,17 @@ def assert_same_losses(resumed_dir, reference):
                 f"iteration {i}: resumed {field} {resumed[i]!r} != uninterrupted {straight[i]!r}")
 
 
+def command(name, data_dir, out, *extra, script=REPO / "train.py"):
+    """The command line of a run of config `name` (under torchrun for 'ddp')."""
+    cmd = train_cmd(data_dir, out, *COMMON, *CONFIGS[name], *extra, script=script)
+    return torchrun(*cmd[1:]) if name == "ddp" else cmd
+
+
 @pytest.fixture(scope="module")
 def reference(workdir, data_dir):
     """Uninterrupted runs of every config, started together in the background; get(name) waits for one."""
-    runs = {name: Run(train_cmd(data_dir, workdir / f"ref-{name}", *COMMON, *extra), workdir / f"ref-{name}-log")
-            for name, extra in CONFIGS.items()}
+    runs = {name: Run(command(name, data_dir, workdir / f"ref-{name}"), workdir / f"ref-{name}-log")
+            for name in CONFIGS}
     cache = {}
 
     def get(name):
@@ -67,14 +75,16 @@ def reference(workdir, data_dir):
 
 WRAPPER = '''
 import io, os, signal, sys
+from pathlib import Path
 sys.path.insert(0, {repo!r})
 sys.argv[0] = os.path.join({repo!r}, "train.py")
 import train
 from gptkit import checkpoint
 from gptkit.errors import run_main
 
-FAULT, NTH = {fault!r}, {nth!r}
+FAULTS = {faults!r}
 saves = 0
+
 
 class Faulty(io.FileIO):
     """A checkpoint file that dies (SIGKILL) or fills the disk after its first 4 KiB."""
@@ -82,23 +92,26 @@ class Faulty(io.FileIO):
 
     def write(self, data):
         if self.written + len(data) > 4096:
-            if FAULT == "kill":
+            if "kill" in FAULTS:
                 os.kill(os.getpid(), signal.SIGKILL)
             raise OSError(28, os.strerror(28))  # ENOSPC
         self.written += len(data)
         return super().write(data)
 
+
 def faulty_open(path, mode="r", *args, **kwargs):
     global saves
-    if str(path).endswith(".tmp"):
+    name, nth = FAULTS.get("kill") or FAULTS["enospc"]  # the file whose nth write fails
+    if Path(path).name == name + ".tmp":
         saves += 1
-        if saves == NTH:
+        if saves == nth:
             return Faulty(path, "wb")
     return open(path, mode, *args, **kwargs)
 
-if FAULT in ("kill", "enospc"):
+
+if "kill" in FAULTS or "enospc" in FAULTS:
     checkpoint.open = faulty_open
-elif FAULT == "nan":  # the training loss of forward pass NTH becomes NaN
+if "nan" in FAULTS:  # the training loss of forward pass NTH becomes NaN
     import model
     real_forward = model.GPT.forward
     calls = 0
@@ -108,99 +121,111 @@ elif FAULT == "nan":  # the training loss of forward pass NTH becomes NaN
         logits, loss = real_forward(self, *args, **kwargs)
         if self.training and loss is not None:
             calls += 1
-            if calls == NTH:
+            if calls == FAULTS["nan"]:
                 loss = loss * float("nan")
         return logits, loss
 
     model.GPT.forward = forward
-elif FAULT == "rank1":  # rank 1 fails on its own after DDP is up, at iteration NTH
+if "signal" in FAULTS or "rank1" in FAULTS:
     import torch.distributed as dist
     from gptkit.errors import UserError
     real_step = train.step_optimizers
 
     def step_optimizers(state, grad_clip):
-        if dist.get_rank() == 1 and state.iter_num == NTH:
-            raise UserError("rank 1 failed on purpose")
-        return real_step(state, grad_clip)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if "rank1" in FAULTS and rank == 1 and state.iter_num == FAULTS["rank1"]:
+            raise UserError("rank 1 failed on purpose")  # on its own, after DDP is up
+        real_step(state, grad_clip)
+        if "signal" in FAULTS:  # arrives during step N: the run must stop right after it
+            name, iteration, ranks = FAULTS["signal"]
+            if state.iter_num + 1 == iteration and rank in ranks:
+                os.kill(os.getpid(), getattr(signal, name))
 
     train.step_optimizers = step_optimizers
 run_main(train.main)
 '''
 
 
-def wrapper(tmp_path, fault, nth):
-    """A test-only script that runs train.py with one fault injected; the product code has no hooks."""
-    path = tmp_path / f"train_{fault}.py"
-    path.write_text(WRAPPER.format(repo=str(REPO), fault=fault, nth=nth), encoding="utf-8")
+def wrapper(tmp_path, **faults):
+    """A test-only script that runs train.py with faults injected; the product code has no hooks.
+    kill/enospc=(file name, which write of it), nan=which forward pass, signal=(name, iteration, ranks),
+    rank1=iteration."""
+    path = tmp_path / f"train_{'_'.join(faults)}.py"
+    path.write_text(WRAPPER.format(repo=str(REPO), faults=faults), encoding="utf-8")
     return path
+
+
+def torchrun(script, *args):
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
+
+
+def stopped_line(signame, out):
+    return re.compile(rf"error: stopped by {signame} at iteration (\d+); latest state saved to "
+                      rf"{re.escape(str(out / 'latest.pt'))}, continue with --init_from=auto")
 
 
 # ---------------------------------------------------------------------------------------------- exact resume
 
-@pytest.mark.parametrize("name,kill_at", [("adamw", 12), ("muon-accum2", 23)])
-def test_sigkill_then_resume_gives_the_uninterrupted_losses(name, kill_at, tmp_path, data_dir, reference):
+def test_sigkill_then_resume_gives_the_uninterrupted_losses(tmp_path, data_dir, reference):
     """SIGKILL mid-interval (past a checkpoint), resume: every later loss equals the uninterrupted run's.
-    The adamw run logs to wandb (offline): the resumed run continues the same wandb run id."""
+    The run logs to wandb (offline): the resumed run continues the same wandb run id. (Muon and gradient
+    accumulation resume exactly too: see the SIGUSR1 case below.)"""
     out = tmp_path / "out"
-    extra = [*COMMON, *CONFIGS[name]]
-    wandb = ["--wandb_log=True"] if name == "adamw" else []
-    run = Run(train_cmd(data_dir, out, *extra, *wandb), tmp_path / "killed")
-    seen = wait_for_iteration(run, out, kill_at)
+    args = [*COMMON, *CONFIGS["adamw"], "--wandb_log=True"]
+    run = Run(train_cmd(data_dir, out, *args), tmp_path / "killed")
+    seen = wait_for_iteration(run, out, 12)
     run.proc.send_signal(signal.SIGKILL)
     assert run.wait() == -signal.SIGKILL
     killed_at = max(logged(out))
     assert seen <= killed_at < ITERS, "the run finished before the kill landed"
-    ckpt = load_checkpoint(out / "ckpt.pt")
+    ckpt = load_checkpoint(out / "latest.pt")
     assert 5 <= ckpt["iter_num"] <= killed_at and ckpt["iter_num"] % 5 == 0
     json.dumps(ckpt["tokenizer"])  # the tokenizer travels as plain JSON-able data
 
-    Run(train_cmd(data_dir, out, *extra, *wandb, "--init_from=resume"), tmp_path / "resumed").check_ok()
-    assert_same_losses(out, reference(name))
-    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == ITERS
-    if wandb:  # one offline wandb run directory per process, each with its log, both continuing one run id
-        runs = sorted((out / "wandb").glob("offline-run-*"))
-        assert len(runs) == 2 and ckpt["wandb_id"], runs
-        assert all(r.name.endswith("-" + ckpt["wandb_id"]) and list(r.glob("*.wandb")) for r in runs), runs
+    Run(train_cmd(data_dir, out, *args, "--init_from=resume"), tmp_path / "resumed").check_ok()
+    assert_same_losses(out, reference("adamw"))
+    assert load_checkpoint(out / "latest.pt")["iter_num"] == ITERS
+    runs = sorted((out / "wandb").glob("offline-run-*"))  # one per process, each with its log, one run id
+    assert len(runs) == 2 and ckpt["wandb_id"], runs
+    assert all(r.name.endswith("-" + ckpt["wandb_id"]) and list(r.glob("*.wandb")) for r in runs), runs
 
 
 def test_kill_during_checkpoint_write_keeps_the_previous_one(tmp_path, data_dir, reference):
-    """SIGKILL while ckpt.pt.tmp is half written (the second save, at iteration 10): ckpt.pt is still the one
+    """SIGKILL while latest.pt.tmp is half written (its second save, at iteration 10): latest.pt is still the one
     from iteration 5, the .tmp is never loaded, and resuming from 5 reproduces the uninterrupted losses."""
     out = tmp_path / "out"
     extra = [*COMMON, *CONFIGS["adamw"]]
-    run = Run(train_cmd(data_dir, out, *extra, script=wrapper(tmp_path, "kill", 2)), tmp_path / "killed")
+    run = Run(train_cmd(data_dir, out, *extra, script=wrapper(tmp_path, kill=("latest.pt", 2))), tmp_path / "killed")
     assert run.wait() == -signal.SIGKILL
-    tmp = out / "ckpt.pt.tmp"
+    tmp = out / "latest.pt.tmp"
     assert 0 < tmp.stat().st_size <= 4096
-    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 5
+    assert load_checkpoint(out / "latest.pt")["iter_num"] == 5 and not (out / "latest.prev.pt").exists()
     assert max(logged(out)) == 10
     with pytest.raises(Exception):
         torch.load(tmp, weights_only=True)  # what the .tmp holds is not a checkpoint
 
-    Run(train_cmd(data_dir, out, *extra, "--init_from=resume"), tmp_path / "resumed").check_ok()
+    Run(train_cmd(data_dir, out, *extra, "--init_from=auto"), tmp_path / "resumed").check_ok()
     assert_same_losses(out, reference("adamw"))
     assert not tmp.exists()  # a later save replaced it
 
 
-def test_ctrl_c_saves_the_current_step_and_resume_is_exact(tmp_path, data_dir, reference):
+@pytest.mark.parametrize("signame,name,at", [("SIGTERM", "adamw", 12), ("SIGUSR1", "muon-accum2", 10)])
+def test_stop_signal_saves_and_auto_resumes_exactly(signame, name, at, tmp_path, data_dir, reference):
+    """A scheduler's SIGTERM or SLURM's SIGUSR1 arriving during step N (mid-interval, or at an evaluation that has
+    just saved): the step finishes, latest.pt holds it, the exit status is 128 + the signal, and the same
+    command with --init_from=auto, which started from scratch the first time, continues exactly. (Ctrl-C takes
+    the same path: see test_checkpoints.py.)"""
     out = tmp_path / "out"
-    extra = [*COMMON, *CONFIGS["adamw"]]
-    run = Run(train_cmd(data_dir, out, *extra), tmp_path / "interrupted")
-    wait_for_iteration(run, out, 7)
-    run.proc.send_signal(signal.SIGINT)
+    args = [*COMMON, *CONFIGS[name], "--init_from=auto"]
+    run = Run(train_cmd(data_dir, out, *args, script=wrapper(tmp_path, signal=(signame, at, [0]))), tmp_path / "stop")
     rc = run.wait()
-    assert rc == 130, f"exit {rc}\nstderr:\n{run.stderr}"
-    line = assert_one_error_line(run.stderr)
-    m = re.fullmatch(r"error: interrupted at iteration (\d+); checkpoint saved to (.+), "
-                     r"continue with --init_from=resume", line)
-    assert m, line
-    stopped = int(m.group(1))
-    assert Path(m.group(2)) == out / "ckpt.pt"
-    assert stopped == max(logged(out)) < ITERS  # the step under way finished, was logged and saved
-    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == stopped
+    assert rc == 128 + getattr(signal, signame), f"exit {rc}\nstderr:\n{run.stderr}"
+    m = stopped_line(signame, out).fullmatch(assert_one_error_line(run.stderr))
+    assert m and int(m.group(1)) == at == max(logged(out)), run.stderr
+    assert load_checkpoint(out / "latest.pt")["iter_num"] == at
 
-    Run(train_cmd(data_dir, out, *extra, "--init_from=resume"), tmp_path / "resumed").check_ok()
-    assert_same_losses(out, reference("adamw"))
+    Run(train_cmd(data_dir, out, *args), tmp_path / "resumed").check_ok()
+    assert_same_losses(out, reference(name))
 
 
 def test_every_rng_round_trips_through_a_checkpoint(tmp_path):
@@ -213,7 +238,7 @@ def test_every_rng_round_trips_through_a_checkpoint(tmp_path):
     from gptkit.training import rng_state, set_rng_state
 
     (tmp_path / "train.bin").write_bytes(np.arange(1000, dtype=np.uint16).tobytes())
-    sampler = BatchSampler(Split(tmp_path, "train", "uint16", 8), 3, 0, "cpu")
+    sampler = BatchSampler(Split(tmp_path, "train", {"dtype": "uint16", "vocab_size": 1000}, 8), 3, 0, "cpu")
     torch.manual_seed(1), np.random.seed(2), random.seed(3)
     pending, _ = sampler.next()
     save_checkpoint({"rng": [rng_state(sampler)]}, tmp_path / "ckpt.pt")
@@ -306,15 +331,30 @@ checkpoint.save_checkpoint({{"iter_num": 2, "w": [torch.randn(4_000_000) for _ i
     assert load_checkpoint(path)["iter_num"] == 3 and not tmp.exists()
 
 
-def test_disk_full_during_training_is_one_line_and_keeps_the_last_checkpoint(tmp_path, data_dir):
-    out = tmp_path / "out"
-    run = Run(train_cmd(data_dir, out, *COMMON, "--max_iters=20", script=wrapper(tmp_path, "enospc", 2)),
-              tmp_path / "log")
-    assert run.wait() == 1
-    assert assert_one_error_line(run.stderr) == (f"error: disk full while writing {out / 'ckpt.pt'}; "
-                                          "the previous checkpoint is intact")
-    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 5
-    assert not (out / "ckpt.pt.tmp").exists()
+@pytest.mark.parametrize("name,nth,kept", [("best.pt", 1, ""), ("latest.pt", 2, "; the previous checkpoint is intact")])
+def test_disk_full_while_saving_is_one_line_and_keeps_what_was_saved(tmp_path, data_dir, monkeypatch, name, nth, kept):
+    """The disk fills while best.pt is first written at iteration 5 (there is no previous one to keep, and the
+    message does not claim one), or while latest.pt is written at iteration 10 (iteration 5's is kept)."""
+    import train
+
+    out, real_open, full, opened = tmp_path / "out", open, full_disk_file(4096), []
+
+    def open_filling_the_disk(path, mode="r", *args, **kwargs):
+        if Path(path).name == name + ".tmp":
+            opened.append(path)
+            if len(opened) == nth:
+                return full(path, "wb")
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "open", open_filling_the_disk, raising=False)
+    with pytest.raises(UserError) as info:
+        train.main(train_args(data_dir, out, *COMMON, "--max_iters=20"))
+    assert str(info.value) == f"disk full while writing {out / name}{kept}"
+    assert not (out / f"{name}.tmp").exists()
+    if kept:
+        assert load_checkpoint(out / name)["iter_num"] == 5
+    else:
+        assert not (out / "best.pt").exists() and not (out / "latest.pt").exists()
 
 
 # ---------------------------------------------------------------------------------------------- non-finite loss
@@ -332,20 +372,21 @@ def test_exploding_learning_rate_stops_with_no_checkpoint(tmp_path, data_dir):
     what, iteration = m.group(1), int(m.group(3))
     # the iteration named is the one that would have been logged next (or the evaluation's)
     assert iteration == (max(logged(out), default=0) + 1 if what == "loss" else max(logged(out, "eval", "val_loss")))
-    assert iteration <= 5 and not (out / "ckpt.pt").exists()  # no good step was ever saved
+    assert iteration <= 5 and not list(out.glob("*.pt"))  # no good step was ever saved
 
 
 def test_injected_nan_keeps_the_last_good_checkpoint(tmp_path, data_dir):
     out = tmp_path / "out"
-    run = Run(train_cmd(data_dir, out, *COMMON, script=wrapper(tmp_path, "nan", 8)), tmp_path / "log")
+    run = Run(train_cmd(data_dir, out, *COMMON, script=wrapper(tmp_path, nan=8)), tmp_path / "log")
     assert run.wait() == 1
     line = assert_one_error_line(run.stderr)
     assert line == ("error: loss is nan at iteration 8; stopping with the last good checkpoint kept "
                     "(try a lower learning_rate or a longer warmup_iters)")
     assert max(logged(out)) == 7
-    ckpt = load_checkpoint(out / "ckpt.pt")
-    assert ckpt["iter_num"] == 5
-    assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
+    for name in ("latest.pt", "best.pt"):
+        ckpt = load_checkpoint(out / name)
+        assert ckpt["iter_num"] == 5
+        assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
 
 
 # ---------------------------------------------------------------------------------------------- safety
@@ -360,28 +401,40 @@ class RunsCode:
         return os.system, (f"touch {self.marker}",)
 
 
-@pytest.mark.parametrize("form", ["torch.save", "plain pickle"])
+@pytest.mark.parametrize("form", ["torch.save", "with a valid checksum", "plain pickle"])
 def test_hostile_checkpoint_is_refused_without_running_it(tmp_path, data_dir, form):
+    """Neither sampling nor resuming runs a crafted checkpoint. A checksum proves a file undamaged, not harmless:
+    one written by someone else with a correct header is still loaded with weights_only and refused."""
+    import sample
+    import train
+
     out, marker = tmp_path / "out", tmp_path / "MARKER"
     out.mkdir()
     state = {"format_version": 1, "model": RunsCode(marker), "iter_num": 0}
-    if form == "torch.save":
-        torch.save(state, out / "ckpt.pt")
-    else:
+    if form == "plain pickle":
         with open(out / "ckpt.pt", "wb") as f:
             pickle.dump(state, f)
-    runs = [Run([sys.executable, str(REPO / "sample.py"), f"--out_dir={out}", "--device=cpu"], tmp_path / "sample"),
-            Run(train_cmd(data_dir, out, "--init_from=resume", "--max_iters=2"), tmp_path / "train")]
-    for run in runs:
-        assert run.wait() == 1
-        line = assert_one_error_line(run.stderr)
-        assert line.startswith(f"error: refusing to load {out / 'ckpt.pt'}: it holds objects other than tensors"), line
-        if form == "torch.save":
-            assert "GLOBAL posix.system" in line  # names what it refused
+    else:
+        torch.save(state, out / "ckpt.pt")
+    if form == "with a valid checksum":
+        payload = (out / "ckpt.pt").read_bytes()
+        (out / "ckpt.pt").write_bytes(checkpoint.HEADER % (hashlib.sha256(payload).hexdigest().encode(), len(payload))
+                                      + payload)
+    for command in [lambda: sample.main([f"--out_dir={out}", "--device=cpu"]),
+                    lambda: train.main(train_args(data_dir, out, "--init_from=resume", "--max_iters=2"))]:
+        with pytest.raises(UserError) as info:
+            command()
+        if form == "plain pickle":  # not a zip, not a header: not read any further
+            assert str(info.value) == f"{out / 'ckpt.pt'} is damaged or not a checkpoint (it does not begin with " \
+                                      "a checkpoint header)"
+        else:
+            assert str(info.value).startswith(f"refusing to load {out / 'ckpt.pt'}: it holds objects other than "
+                                              "tensors") and "GLOBAL posix.system" in str(info.value)  # names it
         assert not marker.exists(), "the checkpoint ran code"
     with open(out / "ckpt.pt", "rb") as f:  # proof the file is hostile: plain unpickling runs it
         try:
-            torch.load(f, weights_only=False) if form == "torch.save" else pickle.load(f)
+            pickle.load(f) if form == "plain pickle" else torch.load(checkpoint.Payload(
+                f, checkpoint.HEADER_SIZE if form == "with a valid checksum" else 0), weights_only=False)
         except Exception:
             pass
     assert marker.exists()
@@ -400,21 +453,20 @@ def test_config_file_is_parsed_never_executed(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- DDP
 
-@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo backend")
+needs_gloo = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo backend")
+
+
+@needs_gloo
 @pytest.mark.parametrize("failure", ["rank 1 raises", "rank 0 cannot save"])
 def test_ddp_rank_failure_stops_every_rank(tmp_path, data_dir, failure):
-    """One rank fails on its own (a test wrapper raising on rank 1, or rank 0 alone failing to write the
-    checkpoint); the other must not hang in a collective: the whole job exits non-zero within a minute."""
+    """One rank fails on its own (a test wrapper raising on rank 1, or rank 0 alone finding the disk full as it
+    writes latest.pt); the other must not hang in a collective: the whole job exits non-zero within a minute."""
     out = tmp_path / "out"
     if failure == "rank 1 raises":
-        script, expected = wrapper(tmp_path, "rank1", 3), "error: rank 1 failed on purpose"
-    else:  # only rank 0 writes checkpoints; a directory in the way makes its rename fail
-        script, expected = REPO / "train.py", f"error: could not write checkpoint {out / 'ckpt.pt'}"
-        (out / "ckpt.pt").mkdir(parents=True)
-        (out / "ckpt.pt" / "keep").write_text("x")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-           *train_cmd(data_dir, out, *COMMON, "--gradient_accumulation_steps=2")[2:]]
-    run = Run(cmd, tmp_path / "log")
+        script, expected = wrapper(tmp_path, rank1=3), "error: rank 1 failed on purpose"
+    else:  # only rank 0 writes checkpoints
+        script, expected = wrapper(tmp_path, enospc=("latest.pt", 2)), f"error: disk full while writing {out}"
+    run = Run(command("ddp", data_dir, out, script=script), tmp_path / "log")
     start = time.time()
     rc = run.wait(timeout=60)
     assert rc != 0
@@ -422,21 +474,33 @@ def test_ddp_rank_failure_stops_every_rank(tmp_path, data_dir, failure):
     assert time.time() - start < 60
 
 
-@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo backend")
-def test_ddp_ctrl_c_stops_every_rank_at_the_same_step(tmp_path, data_dir):
-    """Ctrl-C reaches torchrun, which passes it on to each process: they agree on one step, save it together
-    and each exits with the one-line message naming that step."""
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO / "train.py"), *train_cmd(data_dir, out, *COMMON, "--max_iters=100000",
-                                              "--gradient_accumulation_steps=2")[2:]]
-    run = Run(cmd, tmp_path / "log")
-    wait_for_iteration(run, out, 7)
-    run.proc.send_signal(signal.SIGINT)
-    assert run.wait(timeout=60) != 0
-    stops = re.findall(r"^error: interrupted at iteration (\d+);", run.stderr, flags=re.M)
+def stops_of_both_ranks(run, signame, out):
+    """The iteration each rank said it stopped at; they must agree, and each says it in its one line."""
+    stops = [int(m.group(1)) for m in stopped_line(signame, out).finditer(run.stderr)]
     assert len(stops) == 2 and stops[0] == stops[1], run.stderr
-    assert "Traceback" not in run.stderr.split("error: interrupted")[1]  # (torchrun itself may print one later)
-    ckpt = load_checkpoint(out / "ckpt.pt")
-    assert ckpt["iter_num"] == int(stops[0]) == max(logged(out))
-    assert len(ckpt["rng"]) == 2
+    assert "Traceback" not in run.stderr.split("error: stopped by")[1]  # (torchrun itself may print one later)
+    ckpt = load_checkpoint(out / "latest.pt")
+    assert ckpt["iter_num"] == stops[0] == max(logged(out)) and len(ckpt["rng"]) == 2
+    return stops[0]
+
+
+@needs_gloo
+def test_ddp_stop_signals_stop_every_rank_at_one_step_and_auto_resumes_exactly(tmp_path, data_dir, reference):
+    """Two processes under torchrun, one command run three times: SIGUSR1 reaches rank 1 alone during step 9 and
+    both ranks stop after it; then a scheduler's SIGTERM reaches torchrun mid-run, which passes it on to its
+    processes (each in a session of its own), and both stop at one step; then the run finishes. Every loss
+    equals an uninterrupted run's."""
+    out = tmp_path / "out"
+    first = Run(command("ddp", data_dir, out, "--init_from=auto", script=wrapper(tmp_path, signal=("SIGUSR1", 9, [1]))),
+                tmp_path / "usr1")
+    assert first.wait(timeout=90) != 0
+    assert stops_of_both_ranks(first, "SIGUSR1", out) == 9
+
+    second = Run(command("ddp", data_dir, out, "--init_from=auto"), tmp_path / "term")
+    wait_for_iteration(second, out, 17)
+    second.proc.send_signal(signal.SIGTERM)
+    assert second.wait(timeout=90) != 0
+    assert 17 <= stops_of_both_ranks(second, "SIGTERM", out) < ITERS
+
+    Run(command("ddp", data_dir, out, "--init_from=auto"), tmp_path / "rest").check_ok()
+    assert_same_losses(out, reference("ddp"))

@@ -25,7 +25,7 @@ def run_dir(trained_run):
 
 @pytest.fixture(scope="module")
 def trained(run_dir):
-    from gptkit.checkpoint import load_model
+    from gptkit.rundir import load_model
 
     return load_model(run_dir, "cpu")
 

@@ -1,0 +1,83 @@
+"""Continuing a run: the saved state it continues from (checked, falling back to the state before it when the
+latest is damaged) and the settings it continues with (the checkpoint's, except those given again)."""
+
+from dataclasses import fields, replace
+
+import torch
+
+from gptkit.checkpoint import TRAINING_KEYS, load_checkpoint
+from gptkit.config import flatten, make
+from gptkit.errors import UserError
+from gptkit.training import TrainConfig
+from model import GPTConfig
+
+# what the saved weights and optimizer state are shaped by; dropout has no weights and may change
+FIXED_ON_RESUME = tuple(f.name for f in fields(GPTConfig) if f.name != "dropout") + ("optimizer",)
+
+
+def continued_config(cfg, given, run, note):
+    """(the config this run trains with, (checkpoint, its path) or (None, None)): a resumed run continues with
+    its checkpoint's settings; 'auto' with nothing to resume is a run from scratch."""
+    ckpt, path = resume_state(run, cfg.init_from, note)
+    if ckpt is None:
+        return (replace(cfg, init_from="scratch") if cfg.init_from == "auto" else cfg), (None, None)
+    return resumed_config(ckpt, given, path), (ckpt, path)
+
+
+def resume_state(run, init_from, note):
+    """(checkpoint, its path) to continue from, or (None, None) to start afresh: 'resume' needs a saved state,
+    'auto' takes one where there is any. A damaged or missing latest.pt falls back to the one before it,
+    with a note saying so; when every saved state is damaged, one error names them all."""
+    if init_from not in ("resume", "auto"):
+        return None, None
+    candidates = run.resume_candidates()
+    if not candidates:
+        if init_from == "auto":
+            return None, None
+        raise UserError(f"nothing to resume in {run.path} (no latest.pt, latest.prev.pt or ckpt.pt); "
+                        "start the run with --init_from=scratch or --init_from=auto")
+    problems = [] if run.latest.exists() or not run.previous.exists() else \
+        [f"{run.latest} is missing (its save was interrupted)"]
+    for path in candidates:
+        try:
+            ckpt = load_checkpoint(path, required=TRAINING_KEYS)
+            check_finite(ckpt, path)
+        except UserError as e:
+            problems.append(str(e))
+            continue
+        if problems:
+            note(f"note: {'; '.join(problems)}; resuming from {path} (iteration {ckpt['iter_num']})")
+        return ckpt, path
+    raise UserError("; ".join(problems))
+
+
+def check_finite(ckpt, path):
+    """A state whose numbers cannot be trained on is damaged, whatever its checksum says (files from before
+    checksums, or a run that saved a broken state): say so, rather than let the first step blow up."""
+    for where, tensors in [("weights", ckpt["model"].items()), ("optimizer state", optimizer_tensors(ckpt))]:
+        for name, t in tensors:
+            if not t.is_floating_point():
+                continue
+            wrong = "non-finite" if not torch.isfinite(t).all() else "negative" if name == "exp_avg_sq" and \
+                (t < 0).any() else None
+            if wrong:
+                raise UserError(f"{path} is damaged: {wrong} values in {name} of its {where}, "
+                                "which no training run writes")
+
+
+def optimizer_tensors(ckpt):
+    return [(name, t) for opt in ckpt["optimizer"] for per_param in opt.get("state", {}).values()
+            for name, t in per_param.items() if isinstance(t, torch.Tensor)]
+
+
+def resumed_config(ckpt, given, path):
+    """The config a resumed run continues with: the checkpoint's settings, overridden by those given again
+    (config files or --key=value). The model's shape and the optimizer are the checkpoint's; giving another
+    value is refused, naming the key."""
+    saved = flatten(TrainConfig, ckpt["config"])
+    saved.update(ckpt["model_args"])  # the model as built (a GPT-2 start takes its shape from the weights)
+    for key in FIXED_ON_RESUME:
+        if key in given and given[key] != saved.get(key):
+            raise UserError(f"{key}={given[key]!r} differs from {path}'s {saved.get(key)!r}; a resumed run keeps "
+                            "its model's shape and optimizer (start a new out_dir to change them)")
+    return make(TrainConfig, {**saved, **given})

@@ -1,0 +1,97 @@
+"""A run's folder (out_dir): the files a run keeps there, the lock that keeps a second run out, and which
+checkpoint each command reads.
+
+    latest.pt       the whole resumable state, written at evaluations, on a stop signal and at the end
+    latest.prev.pt  the state before it: each save of latest.pt moves the one it replaces here
+    best.pt         the weights of the best val loss so far, written only when val loss improves
+    ckpt.pt         the single checkpoint of earlier versions, still read
+    metrics.jsonl   every logged and evaluated loss
+    run.lock        held (flock) by the run writing here
+"""
+
+import fcntl
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from gptkit.checkpoint import MODEL_KEYS, load_checkpoint, model_from_checkpoint
+from gptkit.errors import UserError
+from gptkit.tokenizer import tokenizer_from_meta
+
+
+class RunDir:
+    """The paths of one run folder, and what can be asked of them."""
+
+    def __init__(self, out_dir):
+        self.path = Path(out_dir)
+        self.latest, self.previous = self.path / "latest.pt", self.path / "latest.prev.pt"
+        self.best, self.legacy = self.path / "best.pt", self.path / "ckpt.pt"
+        self.metrics = self.path / "metrics.jsonl"
+
+    @contextmanager
+    def locked(self, writer=True):
+        """Hold out_dir for this process (the writer: rank 0) from before anything is written there until
+        the run ends: a second run on it stops at once with one line, and a folder that cannot be written
+        fails before any work. The OS releases the lock when the process ends, however it ends."""
+        if not writer:
+            yield self
+            return
+        self.check_folder()
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            lock = open(self.path / "run.lock", "a+", encoding="utf-8")
+        except OSError as e:
+            raise UserError(f"cannot write to out_dir {self.path} ({e.strerror or e})") from None
+        with lock:  # closing the file releases the lock
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.seek(0)
+                holder = lock.read().strip()
+                raise UserError(f"{self.path} is in use by another run{f' (process {holder})' if holder else ''}; "
+                                "wait for it to end or pick another --out_dir") from None
+            lock.truncate(0)
+            lock.write(f"{os.getpid()}\n")
+            lock.flush()
+            yield self
+
+    def check_folder(self):
+        """out_dir is a folder (or can become one) and each file a run writes there can be a file."""
+        if self.path.exists() and not self.path.is_dir():
+            raise UserError(f"cannot use {self.path} as out_dir (a file of that name is in the way)")
+        saved = [p for path in (self.latest, self.previous, self.best)
+                 for p in (path, path.with_name(path.name + ".tmp"))]
+        for p in [*saved, self.metrics, self.path / "run.lock"]:
+            if p.is_dir():
+                raise UserError(f"{p} is a folder where the run writes a file; move it out of the way")
+
+    def resume_candidates(self):
+        """The saved states a resume may start from, newest first: latest.pt, the one before it, and
+        a checkpoint of an earlier version."""
+        return [p for p in (self.latest, self.previous, self.legacy) if p.exists()]
+
+    def model_file(self, which):
+        """The checkpoint sample.py, plot.py and export.py read: best.pt (or an earlier version's ckpt.pt),
+        or with which='latest' the latest state."""
+        if self.path.exists() and not self.path.is_dir():
+            raise UserError(f"out_dir {self.path} is a file, not a run folder")
+        if which == "latest":
+            if not self.latest.exists():
+                raise UserError(f"no latest.pt in {self.path}; train there first with "
+                                f"`python train.py --out_dir={self.path}`")
+            return self.latest
+        found = next((p for p in (self.best, self.legacy) if p.exists()), None)
+        if found:
+            return found
+        if self.latest.exists():
+            raise UserError(f"no best.pt in {self.path} yet (the run has not finished an evaluation); "
+                            "use its latest state with --checkpoint=latest")
+        raise UserError(f"no checkpoint in {self.path} (no best.pt or ckpt.pt); train one first with "
+                        f"`python train.py --out_dir={self.path}`")
+
+
+def load_model(out_dir, device, which="best"):
+    """A trained model (in eval mode) and its tokenizer, from out_dir's best.pt or latest.pt alone."""
+    path = RunDir(out_dir).model_file(which)
+    ckpt = load_checkpoint(path, required=MODEL_KEYS)
+    return model_from_checkpoint(ckpt, path).to(device).eval(), tokenizer_from_meta(ckpt["tokenizer"])
