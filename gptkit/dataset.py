@@ -14,8 +14,10 @@ from gptkit.tokenizer import tokenizer_from_meta
 def load_meta(data_dir, dataset):
     folder = Path(dataset) if "/" in dataset else data_root(data_dir) / dataset
     if not folder.is_dir():
-        raise UserError(f"dataset folder {folder} not found; create it with "
-                        f"`python data/prepare.py --input=YOUR.txt --name={folder.name}`")
+        # with no --input, prepare.py downloads tinyshakespeare into exactly this folder
+        how = ("python data/prepare.py" if folder.name == "shakespeare_char" else
+               f"python data/prepare.py --input=YOUR.txt --name={folder.name}")
+        raise UserError(f"dataset folder {folder} not found; create it with `{how}`")
     try:
         meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
     except FileNotFoundError:
