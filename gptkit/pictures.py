@@ -129,7 +129,7 @@ def draw_attention(maps, labels, title, path, dpi=100, causal=True):
     width = max(6.0, cell * n_head + 1.2, 0.085 * max(map(len, title.splitlines())))
     fig, axes = plt.subplots(n_layer, n_head, figsize=(width, cell * n_layer + 1.2), squeeze=False)
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")  # masked (future) positions
-    fontsize = max(3.0, min(7.0, 120 / T))
+    fontsize = max(3.0, min(7.0, 0.8 * 72 * cell / T))  # points: 80% of a row's height, so labels never touch
     upper = np.triu(np.ones((T, T), dtype=bool), k=1) if causal else np.zeros((T, T), dtype=bool)
     for layer in range(n_layer):
         for head in range(n_head):
