@@ -17,6 +17,7 @@ def load_meta(data_dir, dataset):
         # with no --input, prepare.py downloads tinyshakespeare into exactly this folder
         how = ("python data/prepare.py" if folder.name == "shakespeare_char" else
                f"python data/prepare.py --input=YOUR.txt --name={folder.name}")
+        how += f" --data_dir={data_dir}" if data_dir and "/" not in dataset else ""  # where this run looks
         raise UserError(f"dataset folder {folder} not found; create it with `{how}`")
     try:
         meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))

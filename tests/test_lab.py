@@ -154,7 +154,7 @@ def test_an_unknown_rung_is_one_line_naming_the_valid_ones():
 
 
 @pytest.mark.parametrize("extra, expected", [
-    (["--dataset=shakespeare_char"], "dataset folder * not found; create it with `python data/prepare.py`"),
+    (["--dataset=shakespeare_char"], "dataset folder * not found; create it with `python data/prepare.py --data_dir="),
     (["--prompt=a@b"], "prompt: the text has characters outside the training vocabulary: '@'"),
     (["--prompt=" + "First Citizen:" * 20], "the prompt is 280 tokens, longer than rung bigram's block_size *"),
     (["--budget=0"], "budget must be more than 0 seconds (got 0.0)"),
