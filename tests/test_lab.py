@@ -70,7 +70,7 @@ def ladder(data_dir, workdir):
         mp.setattr(machinery, "run_train", train_in_process)
         log = out.parent / "lab.txt"
         with open(log, "w", encoding="utf-8") as f, redirect_stdout(f):
-            lab.main(lab_args(data_dir, out, "--budget=0.3"))
+            lab.main(lab_args(data_dir, out, "--budget=0.1"))
     return out, log.read_text(encoding="utf-8")
 
 
