@@ -45,20 +45,14 @@ def plot_loss(cfg):
 
 
 def plot_attention(cfg):
-    from gptkit.pictures import attention_of, draw_attention
+    from gptkit.pictures import draw_model_attention
     from gptkit.prompts import read_prompt
     from gptkit.rundir import load_model
     from gptkit.runtime import pick_device
 
     prompt = read_prompt(cfg.start)
     model, tok = load_model(cfg.out_dir, pick_device(cfg.device), cfg.checkpoint)
-    maps, labels = attention_of(model, tok, prompt)
-    c = model.config
-    shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
-    masked = "white: the masked future" if c.causal else "no mask: every token sees every other"
-    title = (f"{c.attention} attention weights for {shown!r} ({len(labels)} tokens)\n"
-             f"rows: queries, columns: keys; {masked}")
-    draw_attention(maps, labels, title, cfg.output_path("attention"), cfg.dpi, causal=c.causal)
+    draw_model_attention(model, tok, prompt, cfg.output_path("attention"), cfg.dpi)
 
 
 COMMANDS = {"loss": plot_loss, "attention": plot_attention}

@@ -21,8 +21,11 @@ def load_meta(data_dir, dataset):
     if not folder.is_dir():
         if folder.exists():
             raise UserError(f"dataset {folder} is a file, not a folder made by data/prepare.py")
-        raise UserError(f"dataset folder {folder} not found; create it with "
-                        f"`python data/prepare.py --input=YOUR.txt --name={folder.name}`")
+        # with no --input, prepare.py downloads tinyshakespeare into exactly this folder
+        how = ("python data/prepare.py" if folder.name == "shakespeare_char" else
+               f"python data/prepare.py --input=YOUR.txt --name={folder.name}")
+        how += f" --data_dir={data_dir}" if data_dir and "/" not in dataset else ""  # where this run looks
+        raise UserError(f"dataset folder {folder} not found; create it with `{how}`")
     path = folder / "meta.json"
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))

@@ -81,14 +81,17 @@ def draw_loss(records, title, path, dpi=100):
     save(fig, path, dpi)
 
 
-def draw_val_loss_vs_time(runs, title, path, dpi=110):
-    """One val-loss curve per run, {name: eval records}, against each run's wall time."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+def draw_val_loss_vs_time(runs, title, path, dpi=110, dashed=()):
+    """One val-loss curve per run, {name: eval records}, against each run's wall time; the runs named in
+    dashed drawn dashed (e.g. one that cheats). Many runs get their legend beside the plot, off the curves."""
+    many = len(runs) > 4
+    fig, ax = plt.subplots(figsize=(9, 4.5) if many else (7, 4))
     for name, evals in runs.items():
-        ax.plot(wall_clock(evals), [r["val_loss"] for r in evals], marker=".", label=name)
+        ax.plot(wall_clock(evals), [r["val_loss"] for r in evals], marker=".", markersize=3, label=name,
+                linestyle="--" if name in dashed else "-")
     ax.set(xlabel="wall time (s)", ylabel="val loss", title=title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(**(dict(loc="upper left", bbox_to_anchor=(1.01, 1.0)) if many else {}))
     fig.tight_layout()
     save(fig, path, dpi)
 
@@ -122,10 +125,11 @@ def draw_attention(maps, labels, title, path, dpi=100, causal=True):
     model's masked future left white."""
     n_layer, n_head, T = len(maps), maps[0].shape[0], len(labels)
     cell = min(3.2, max(1.8, 0.13 * T))  # inches per heatmap
-    width = max(6.0, cell * n_head + 1.2)  # room for the title above a one-head grid
+    # room for the title above a one-head grid: about 0.085 inches a character at its font size
+    width = max(6.0, cell * n_head + 1.2, 0.085 * max(map(len, title.splitlines())))
     fig, axes = plt.subplots(n_layer, n_head, figsize=(width, cell * n_layer + 1.2), squeeze=False)
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")  # masked (future) positions
-    fontsize = max(3.0, min(7.0, 120 / T))
+    fontsize = max(3.0, min(7.0, 0.8 * 72 * cell / T))  # points: 80% of a row's height, so labels never touch
     upper = np.triu(np.ones((T, T), dtype=bool), k=1) if causal else np.zeros((T, T), dtype=bool)
     for layer in range(n_layer):
         for head in range(n_head):
@@ -149,3 +153,14 @@ def draw_attention(maps, labels, title, path, dpi=100, causal=True):
     fig.tight_layout(rect=(0, 0, 0.9, 0.95))
     fig.colorbar(image, cax=fig.add_axes((0.915, 0.25, 0.012, 0.5)))
     save(fig, path, dpi)
+
+
+def draw_model_attention(model, tok, prompt, path, dpi=100, name=""):
+    """draw_attention for a model and a prompt, titled with what the picture shows (and name, when given)."""
+    maps, labels = attention_of(model, tok, prompt)
+    c = model.config
+    shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
+    masked = "white: the masked future" if c.causal else "no mask: every token sees every other"
+    title = (f"{name + ': ' if name else ''}{c.attention} attention weights for {shown!r} ({len(labels)} tokens)\n"
+             f"rows: queries, columns: keys; {masked}")
+    draw_attention(maps, labels, title, path, dpi, causal=c.causal)

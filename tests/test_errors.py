@@ -50,7 +50,7 @@ CASES = {
                            "error: command line: val_fraction must be float, got 'lots'"),
     "missing dataset": ("train", ["--dataset=nope"],
                         "error: dataset folder {w}/data/nope not found; create it with "
-                        "`python data/prepare.py --input=YOUR.txt --name=nope`"),
+                        "`python data/prepare.py --input=YOUR.txt --name=nope --data_dir={w}/data`"),
     "split too short": ("train", ["--dataset=short"],
                         "error: {w}/data/short/train.bin has 10 tokens, fewer than block_size + 1 = 17; "
                         "use a smaller --block_size or more text"),

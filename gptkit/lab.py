@@ -1,0 +1,291 @@
+"""The attention lab: the path a learner reads about, from a bigram table to the full GPT, as rungs that
+train.py trains one after the other for the same wall-time budget; and what the lab reads back from
+each run: its row of the table, how diffuse its attention is, its attention map and a short sample."""
+
+import math
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gptkit.config import parse_config
+from gptkit.dataset import Split, fixed_offsets, load_meta
+from gptkit.errors import UserError
+from gptkit.metrics import read_metrics
+from gptkit.prompts import read_prompt
+from gptkit.rundir import load_model
+from gptkit.runtime import check_device_name, pick_device
+from gptkit.tokenizer import tokenizer_from_meta
+from gptkit.training import TrainConfig
+
+REPO = Path(__file__).resolve().parent.parent
+PRESET = REPO / "config" / "shakespeare_char.py"
+
+# One recipe for every rung but 'modern', so that between two rungs only the mechanism differs: the
+# same context, batch, width, depth, optimizer and schedule. Sized for a budget of seconds on 2 CPU
+# cores: 32 characters of context (several words: something for attention to look at, while the
+# T x T work, heaviest for additive scores, leaves every rung hundreds of steps or more), two layers,
+# small batches (more, cheaper steps), AdamW as the notes use, with a cosine decay that follows the
+# time budget. An untied output head, so that the bigram rung is a real bigram table (a head tied to
+# the embedding scores a pair of characters alike in both orders). float32: bf16 autocast makes these
+# small multi-head steps slower on CPU. Few evaluations: they come out of each rung's budget.
+RECIPE = ("--block_size=32", "--batch_size=16", "--n_layer=2", "--n_head=1", "--n_embd=64", "--dropout=0.0",
+          "--bias=False", "--pos_emb=learned", "--optimizer=adamw", "--learning_rate=3e-3", "--min_lr=3e-4",
+          "--warmup_iters=20", "--weight_decay=0.1", "--beta2=0.99", "--tie_weights=False", "--dtype=float32",
+          "--compile=False", "--eval_interval=50", "--eval_iters=4", "--log_interval=50")
+# so many steps that the time budget is what ends every rung, on any machine
+MAX_ITERS = 1_000_000
+SAMPLE_TEMPERATURE = 0.8  # as sample.py: a little safer than the model's own distribution
+ENTROPY_WINDOWS = 8  # val windows whose attention the entropy is averaged over
+
+
+@dataclass(frozen=True)
+class Rung:
+    name: str  # its folder under out_dir, and its name for --rungs
+    adds: str  # what it adds to the path, for the table
+    options: tuple  # train.py options after the recipe (or, for the preset, after the preset file)
+    preset: bool = False  # trains config/shakespeare_char.py instead of the recipe
+    cheats: bool = False  # sees the token it is asked to predict: its losses are not a result
+
+
+RUNGS = (
+    Rung("bigram", "no attention: the next character from the current one alone", ("--n_layer=0",)),
+    Rung("uniform", "averages the past with equal weights (the tril trick)", ("--attention=uniform", "--mlp=False")),
+    Rung("scaled", "one head of learned weights, softmax(q·k/√d)", ("--mlp=False",)),
+    Rung("dot", "the same head without the √d: softmax(q·k)", ("--attention=dot", "--mlp=False")),
+    Rung("additive", "Bahdanau's scores instead: softmax(v·tanh(q+k))", ("--attention=additive", "--mlp=False")),
+    Rung("four_heads", "four scaled heads of a quarter the size", ("--n_head=4", "--mlp=False")),
+    Rung("blocks", "an MLP after attention: full GPT blocks", ("--n_head=4",)),
+    Rung("modern", "the tool's default, config/shakespeare_char.py", (), preset=True),
+    Rung("encoder", "CHEATS: blocks without the causal mask see the answer", ("--n_head=4", "--causal=False"),
+         cheats=True),
+)
+RUNG_NAMES = tuple(r.name for r in RUNGS)
+
+
+@dataclass
+class LabConfig:
+    dataset: str = "shakespeare_char"  # prepared dataset every rung trains on (made by data/prepare.py)
+    data_dir: str = ""  # folder holding prepared datasets ('' = this project's data/)
+    out_dir: str = "out-lab"  # a run folder per rung, and the table, samples and loss picture
+    budget: float = 25.0  # seconds of training per rung (train.py's max_time)
+    rungs: str = ",".join(RUNG_NAMES)  # which rungs to train, comma-separated, in this order
+    prompt: str = "First Citizen:\nBefore we proceed"  # attention maps show it, samples go on from it
+    sample_tokens: int = 200  # tokens in each rung's sample
+    seed: int = 1337  # seeds every rung's weights and data order, and the samples
+    device: str = "auto"  # 'auto' (cuda, then mps, then cpu), or 'cpu', 'cuda', 'cuda:N', 'mps'
+    threads: int = 1  # torch CPU threads per training run (0 = torch's default): see README, Attention lab
+
+    def __post_init__(self):
+        if not self.budget > 0:
+            raise ValueError(f"budget must be more than 0 seconds (got {self.budget})")
+        if self.sample_tokens < 0 or self.threads < 0:
+            raise ValueError("sample_tokens and threads must not be negative")
+        names = self.rung_names()
+        unknown = [n for n in names if n not in RUNG_NAMES]
+        if unknown or not names:
+            raise ValueError(f"unknown rung {unknown[0] if unknown else self.rungs!r}; "
+                             f"choose from {', '.join(RUNG_NAMES)}")
+        if len(set(names)) < len(names):
+            raise ValueError(f"a rung is named twice in {self.rungs!r}")
+        check_device_name(self.device)
+
+    def rung_names(self):
+        return [n.strip() for n in self.rungs.split(",") if n.strip()]
+
+    def chosen(self):
+        return [next(r for r in RUNGS if r.name == n) for n in self.rung_names()]
+
+
+def train_args(rung, cfg):
+    """train.py's options for a rung: the recipe (or the preset), the rung's own, then what the lab sets
+    for every rung: where it trains and writes, its time budget, seed and device."""
+    start = [str(PRESET)] if rung.preset else list(RECIPE)
+    lab = [f"--dataset={cfg.dataset}", f"--data_dir={cfg.data_dir}", f"--out_dir={run_dir(cfg, rung)}",
+           f"--max_time={cfg.budget}", f"--max_iters={MAX_ITERS}", f"--seed={cfg.seed}", f"--device={cfg.device}",
+           f"--threads={cfg.threads}", "--init_from=scratch", "--wandb_log=False"]
+    return [*start, *rung.options, *lab]
+
+
+def run_dir(cfg, rung):
+    return Path(cfg.out_dir) / rung.name
+
+
+def check_before_training(cfg):
+    """What would otherwise fail only after minutes of training: the dataset, every rung's options, and the
+    prompt (in the vocabulary, short enough for every rung's context). The dataset folder, its metadata and
+    the prompt."""
+    folder, meta = load_meta(cfg.data_dir, cfg.dataset)
+    prompt = read_prompt(cfg.prompt)
+    try:
+        ids = tokenizer_from_meta(meta).encode(prompt)
+    except UserError as e:
+        raise UserError(f"prompt: {e}") from None
+    if not ids:
+        raise UserError("the prompt is empty: pass some text with --prompt")
+    for rung in cfg.chosen():
+        block_size = parse_config(TrainConfig, train_args(rung, cfg), prog="train.py").model.block_size
+        if len(ids) > block_size:
+            raise UserError(f"the prompt is {len(ids)} tokens, longer than rung {rung.name}'s block_size "
+                            f"{block_size}; pass a shorter --prompt")
+    return folder, meta, prompt
+
+
+def run_train(args, log):
+    """train.py in a process of its own, as a user would start it, its output into the log file:
+    (exit status, what it wrote to stderr)."""
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), *args], stdout=log, stderr=subprocess.PIPE,
+                          text=True)
+    log.write(proc.stderr)
+    return proc.returncode, proc.stderr
+
+
+def train_rung(rung, cfg):
+    """Train one rung from scratch into its folder: the seconds its train.py took, start to exit."""
+    folder = run_dir(cfg, rung)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot use {folder} as a run folder ({e.strerror})") from None
+    # a rung always starts afresh: train.py appends to metrics.jsonl and would keep an older best.pt's weights
+    for stale in ("metrics.jsonl", "latest.pt", "latest.prev.pt", "best.pt", "ckpt.pt", "attention.png"):
+        (folder / stale).unlink(missing_ok=True)
+    start = time.perf_counter()
+    with open(folder / "train.log", "w", encoding="utf-8") as log:
+        status, stderr = run_train(train_args(rung, cfg), log)
+    if status:
+        errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+        why = errors[-1][len("error: "):] if errors else f"exit status {status}, see {folder / 'train.log'}"
+        raise UserError(f"rung {rung.name}: train.py failed: {why}")
+    return time.perf_counter() - start
+
+
+# ----------------------------------------------------------------------------- what a rung learned
+
+
+@dataclass
+class Row:
+    rung: Rung
+    params: int  # as train.py counts them (position embeddings left out)
+    steps: int  # optimizer steps taken within the budget
+    train_loss: float  # the last evaluation's, on its few fixed train batches
+    val_loss: float  # the whole val split, every token once
+    entropy: float | None  # bits; None without attention
+    seconds: float  # train.py's wall time, start to exit
+    sample: str
+
+    @property
+    def label(self):
+        return f"{self.rung.name} (cheats)" if self.rung.cheats else self.rung.name
+
+
+def attention_entropy(model, idx):
+    """The mean entropy in bits of every softmax row (layer, head, query) for the windows idx: 2**H is how
+    many keys a query's attention would cover were they weighted equally. None without attention."""
+    if model.config.n_layer == 0:
+        return None
+    maps = model.attention_maps(idx)
+    rows = torch.cat([-torch.special.xlogy(w, w).sum(-1).flatten() for w in maps])  # 0 log 0 = 0
+    return rows.mean().item() / math.log(2)
+
+
+def val_windows(folder, meta, block_size, device):
+    """The same few val windows for every rung of a context length."""
+    split = Split(folder, "val", meta, block_size)
+    return split.batch(fixed_offsets(split, ENTROPY_WINDOWS, 1)[0], device)[0]
+
+
+def sample_text(model, tok, prompt, cfg, device):
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    idx = torch.tensor([tok.encode(prompt)], dtype=torch.long, device=device)
+    out = model.generate(idx, cfg.sample_tokens, temperature=SAMPLE_TEMPERATURE, generator=generator,
+                         vocab_size=tok.vocab_size)
+    return tok.decode(out[0].tolist())
+
+
+def read_rung(rung, cfg, seconds, data, prompt, device):
+    """A trained rung's row, from its metrics and checkpoint, and its val evaluations; draws its attention."""
+    from gptkit.pictures import draw_model_attention
+
+    folder = run_dir(cfg, rung)
+    records = read_metrics(folder)
+    finals = [r for r in records if r["kind"] == "final"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    if not finals:
+        raise UserError(f"rung {rung.name}: {folder / 'metrics.jsonl'} has no final score; did train.py finish?")
+    model, tok = load_model(folder, device, "latest")  # the final weights, whose val loss the row reports
+    entropy = None
+    if model.config.n_layer:
+        entropy = attention_entropy(model, val_windows(*data, model.config.block_size, device))
+        draw_model_attention(model, tok, prompt, folder / "attention.png", name=rung.name)
+    row = Row(rung, model.num_params(), finals[-1]["iter"], evals[-1]["train_loss"], finals[-1]["val_loss"],
+              entropy, seconds, sample_text(model, tok, prompt, cfg, device))
+    return row, evals
+
+
+# ----------------------------------------------------------------------------- the lab's results
+
+
+def markdown_table(header, rows, numeric):
+    """A Markdown table padded to its columns, so that it reads as well in a terminal; the columns
+    numbered in numeric are right-aligned."""
+    widths = [max(len(line[i]) for line in [header, *rows]) for i in range(len(header))]
+
+    def line(cells):
+        return "| " + " | ".join(c.rjust(w) if i in numeric else c.ljust(w)
+                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+
+    rule = "|" + "|".join("-" * (w + 1) + ":" if i in numeric else "-" * (w + 2) for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(header), rule, *map(line, rows)])
+
+
+def results_table(rows, unit):
+    header = ["rung", "what it adds", "parameters", "steps", "train loss", "val loss", f"bits/{unit}",
+              "attention entropy (bits)", "time"]
+    cells = [[r.label, r.rung.adds, f"{r.params:,}", f"{r.steps:,}", f"{r.train_loss:.3f}", f"{r.val_loss:.3f}",
+              f"{r.val_loss / math.log(2):.3f}", "—" if r.entropy is None else f"{r.entropy:.2f}",
+              f"{r.seconds:.1f} s"] for r in rows]
+    return markdown_table(header, cells, numeric=set(range(2, len(header))))
+
+
+def write_results(cfg, rows, curves, unit):
+    """The table and the samples, printed and saved as Markdown, and the val-loss picture."""
+    from gptkit.pictures import draw_val_loss_vs_time
+
+    out = Path(cfg.out_dir)
+    table = results_table(rows, unit)
+    notes = (f"{cfg.budget:g} s of training per rung on {cfg.dataset}. Losses in nats per {unit}: train loss from "
+             f"the last evaluation's fixed batches, val loss on the whole val split (every {unit} once); "
+             f"bits/{unit} = val loss / ln 2. Attention entropy: mean over layers, heads and query positions of "
+             f"{ENTROPY_WINDOWS} val windows. Time: train.py from start to exit.")
+    samples = "\n\n".join(f"## {r.label}\n\n```text\n{r.sample}\n```" for r in rows)
+    (out / "table.md").write_text(f"{table}\n\n{notes}\n", encoding="utf-8")
+    (out / "samples.md").write_text(f"# {cfg.sample_tokens} sampled {unit}s after the prompt, temperature "
+                                    f"{SAMPLE_TEMPERATURE}, seed {cfg.seed}\n\n{samples}\n", encoding="utf-8")
+    draw_val_loss_vs_time(curves, f"{cfg.dataset}: val loss against wall time, {cfg.budget:g} s per rung",
+                          out / "loss_vs_time.png", dashed=[r.label for r in rows if r.rung.cheats])
+    for r in rows:
+        print(f"\n--- {r.label} ---\n{r.sample}")
+    print(f"\n{table}\n\n{notes}\nwrote {out / 'table.md'} and {out / 'samples.md'}")
+
+
+def run_lab(cfg):
+    """Train every chosen rung in turn, then write and print what they learned."""
+    folder, meta, prompt = check_before_training(cfg)
+    device = pick_device(cfg.device)
+    unit = "char" if meta["tokenizer"] == "char" else "token"
+    rows, curves = [], {}
+    rungs = cfg.chosen()
+    for i, rung in enumerate(rungs, 1):
+        print(f"[{i}/{len(rungs)}] {rung.name}: {rung.adds} ({cfg.budget:g} s of training)", flush=True)
+        seconds = train_rung(rung, cfg)
+        row, evals = read_rung(rung, cfg, seconds, (folder, meta), prompt, device)
+        rows.append(row)
+        curves[row.label] = evals
+        entropy = "" if row.entropy is None else f", attention entropy {row.entropy:.2f} bits"
+        print(f"    {row.steps:,} steps, val loss {row.val_loss:.3f} ({row.val_loss / math.log(2):.3f} bits/{unit})"
+              f"{entropy}, {row.seconds:.0f} s", flush=True)
+    write_results(cfg, rows, curves, unit)
