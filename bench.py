@@ -129,8 +129,9 @@ def bench_sample(argv):
     if threads:
         torch.set_num_threads(threads)
     model, description = bench_model(cfg, device)
-    dtype, why = pick_decode_dtype(cfg.dtype, model, device, cfg.batch_size)
-    decoders = {"cache": (copy.deepcopy(model).to(DTYPES[dtype]), True, f"with KV cache ({dtype}):"),
+    cached = copy.deepcopy(model).lay_out_for_decoding() if device == "cpu" else copy.deepcopy(model)  # as sample.py
+    dtype, why = pick_decode_dtype(cfg.dtype, cached, device, cfg.batch_size)
+    decoders = {"cache": (cached.to(DTYPES[dtype]), True, f"with KV cache ({dtype}):"),
                 "nocache": (model, False, "without cache (float32):")}
     prompt = torch.zeros((cfg.batch_size, 1), dtype=torch.long, device=device)
     print(f"model: {description}")
@@ -293,17 +294,22 @@ class ThroughputBenchConfig:
 
 
 def steps_per_second(tcfg, steps, warmup, device):
-    """Optimizer steps per second of tcfg's model, optimizer and precision on random tokens."""
+    """Optimizer steps per second of tcfg's model, optimizer, precision and attention path (chosen as train.py
+    chooses them) on random tokens; FLOPs per token; and the attention path taken."""
     from gptkit.optim import build_optimizers
-    from gptkit.runtime import allow_eager_fallback, compile_blocks
+    from gptkit.runtime import allow_eager_fallback, compile_blocks, pick_attention_path
 
     torch.manual_seed(0)
     model = GPT(replace(tcfg.model, vocab_size=65)).to(device)
     optimizers = build_optimizers(model, tcfg, device)
+    ctx = autocast(device, pick_dtype(tcfg.dtype, device))
+    fused = tcfg.attention_path == "fused"
+    if tcfg.attention_path == "auto":
+        fused = pick_attention_path(model, tcfg.batch_size, ctx, device)[0]
+    model.use_fused_attention(fused)
     if tcfg.compile:
         allow_eager_fallback()
         compile_blocks(model)
-    ctx = autocast(device, pick_dtype(tcfg.dtype, device))
     x = torch.randint(65, (tcfg.batch_size, tcfg.model.block_size), device=device)
     for i in range(warmup + steps):
         if i == warmup:
@@ -316,7 +322,7 @@ def steps_per_second(tcfg, steps, warmup, device):
             opt.step()
             opt.zero_grad(set_to_none=True)
     sync(device)
-    return steps / (time.perf_counter() - start), model.flops_per_token(tcfg.model.block_size)
+    return steps / (time.perf_counter() - start), model.flops_per_token(tcfg.model.block_size), fused
 
 
 def bench_throughput(argv):
@@ -326,19 +332,21 @@ def bench_throughput(argv):
     cfg = parse_config(ThroughputBenchConfig, argv, prog="bench.py throughput")
     device = pick_device(cfg.device)
     shape = [f"--{k}={getattr(cfg, k)}" for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size")]
-    candidates = {"fp32 AdamW GPT-2": parse_config(TrainConfig, [*shape, "--dtype=float32", "--dropout=0.0"]),
+    baseline = [*shape, "--dtype=float32", "--dropout=0.0", "--attention_path=fused"]  # as nanoGPT runs
+    candidates = {"fp32 AdamW GPT-2": parse_config(TrainConfig, baseline),
                   cfg.config: parse_config(TrainConfig, [cfg.config, *shape, "--dropout=0.0"])}
     if cfg.compiled and not candidates[cfg.config].compile:
         candidates[f"{cfg.config}, compiled"] = replace(candidates[cfg.config], compile=True)
     print(f"machine: {device_name(device)}, torch {torch.__version__}")
     rates = {}
     for name, tcfg in candidates.items():
-        steps_s, flops_per_token = steps_per_second(tcfg, cfg.steps, cfg.warmup, device)
+        steps_s, flops_per_token, fused = steps_per_second(tcfg, cfg.steps, cfg.warmup, device)
         tokens_s = steps_s * cfg.batch_size * cfg.block_size
         dtype = pick_dtype(tcfg.dtype, device)
         peak = matmul_peak(dtype, device)
         rates[name] = tokens_s
-        print(f"{name:<40} {dtype:>9} {tcfg.optimizer:>6} compile={tcfg.compile!s:<5} {tokens_s:10,.0f} tokens/s "
+        print(f"{name:<36} {dtype:>9} {tcfg.optimizer:>6} compile={tcfg.compile!s:<5} "
+              f"attention={'SDPA' if fused else 'written':<7} {tokens_s:8,.0f} tokens/s "
               f"{tokens_s * flops_per_token / 1e9:7.1f} GFLOP/s = {100 * tokens_s * flops_per_token / peak:3.0f}% of "
               f"the {dtype} matmul peak measured here ({peak / 1e9:.0f} GFLOP/s)", flush=True)
     base, *others = rates

@@ -116,6 +116,8 @@ def main(argv=None):
         torch.set_num_threads(threads)
     torch.manual_seed(cfg.seed)
     model, tok = load_model(cfg.out_dir, device, cfg.checkpoint)
+    if device == "cpu":
+        model.lay_out_for_decoding()
     prompts = iter(read_interactive, None) if cfg.interactive else [read_prompt(cfg.start)]
     if not cfg.interactive:
         tok.encode(prompts[0])  # a prompt the vocabulary cannot encode fails before any measuring

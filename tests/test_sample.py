@@ -431,3 +431,17 @@ def test_decode_precision_is_measured_and_must_win_clearly(monkeypatch, bf16_spe
     dtype, why = runtime.pick_decode_dtype("auto", tiny_model(), "cpu")
     assert dtype == want and why.startswith(f"decoding in {want}: {bf16_speedup:.2f}x the float32 speed")
     assert runtime.pick_decode_dtype("float32", tiny_model(), "cpu")[0] == "float32"
+
+
+def test_decoding_layout_keeps_values_ties_and_tokens():
+    model = tiny_model()
+    assert model.transformer.wte.weight is model.lm_head.weight  # tied, as GPT-2's head
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    idx = prompt_tokens(4)
+    want = generate(model, idx, 20, True, temperature=0.0)
+    model.lay_out_for_decoding()
+    assert model.lm_head.weight.t().is_contiguous()  # the layout did change
+    assert model.transformer.wte.weight is model.lm_head.weight
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]), n
+    assert torch.equal(generate(model, idx, 20, True, temperature=0.0), want)
