@@ -24,7 +24,7 @@ import torch
 from gptkit.config import parse_config, pick_subcommand, require
 from gptkit.errors import UserError, run_main
 from gptkit.metrics import read_metrics
-from gptkit.runtime import (DTYPES, autocast, check_device_name, decode_threads, matmul_peak, pick_decode_dtype,
+from gptkit.runtime import (DTYPES, autocast, check_device_name, matmul_peak, pick_decode_dtype, pick_decode_threads,
                             pick_device, pick_dtype)
 from gptkit.training import TrainConfig
 from model import GPT, GPTConfig
@@ -46,7 +46,7 @@ class SampleBenchConfig:
     seed: int = 1337  # weights of the random model and the sampling generator
     device: str = "cpu"  # 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # cached decoder's weights, as sample.py
-    threads: int = 0  # torch CPU threads (0 = as sample.py: 1 on CPU, where more stall on a busy machine)
+    threads: int = 0  # torch CPU threads (0 = measured, as sample.py does)
     repeats: int = 1  # timed runs per mode; the fastest counts
     modes: str = "cache,nocache"  # which decoders to time, comma-separated
 
@@ -125,11 +125,9 @@ def bench_sample(argv):
     (the whole context every token, float32), at the same thread count."""
     cfg = parse_config(SampleBenchConfig, argv, prog="bench.py sample")
     device = pick_device(cfg.device)
-    threads = decode_threads(cfg.threads, device)  # the same choice as sample.py makes
-    if threads:
-        torch.set_num_threads(threads)
     model, description = bench_model(cfg, device)
     cached = copy.deepcopy(model).lay_out_for_decoding() if device == "cpu" else copy.deepcopy(model)  # as sample.py
+    _, why_threads = pick_decode_threads(cfg.threads, cached, device, cfg.batch_size)  # both decode on these
     dtype, why = pick_decode_dtype(cfg.dtype, cached, device, cfg.batch_size)
     decoders = {"cache": (cached.to(DTYPES[dtype]), True, f"with KV cache ({dtype}):"),
                 "nocache": (model, False, "without cache (float32):")}
@@ -139,7 +137,7 @@ def bench_sample(argv):
     n = torch.get_num_threads()
     cpu_threads = f", {n} CPU thread{'s' if n > 1 else ''}" if device == "cpu" else ""
     print(f"device {device}{cpu_threads}, batch {cfg.batch_size}, {cfg.max_new_tokens} new tokens from a 1-token "
-          f"prompt; {why}", flush=True)
+          f"prompt; {'; '.join(w for w in (why_threads, why) if w)}", flush=True)
     results = {}
     for mode in cfg.mode_list():
         decoder, kv_cache, label = decoders[mode]

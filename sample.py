@@ -19,7 +19,7 @@ from gptkit.config import parse_config, require
 from gptkit.errors import UserError, run_main
 from gptkit.prompts import read_prompt, unescape
 from gptkit.rundir import load_model
-from gptkit.runtime import DTYPES, check_device_name, decode_threads, pick_decode_dtype, pick_device
+from gptkit.runtime import DTYPES, check_device_name, pick_decode_dtype, pick_decode_threads, pick_device
 
 
 @dataclass
@@ -38,7 +38,7 @@ class SampleConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # the weights' precision; auto: the faster here
     kv_cache: bool = True  # False recomputes the whole context every token (for checks)
     interactive: bool = False  # read prompts from the terminal until Ctrl-D
-    threads: int = 0  # torch CPU threads (0 = 1 on CPU, where more stall on a busy machine)
+    threads: int = 0  # torch CPU threads (0 = measured: more than 1 only where clearly faster now)
 
     def __post_init__(self):
         require(self, ["num_samples"], lambda v: v >= 1, "at least 1")
@@ -111,9 +111,6 @@ def generate_texts(model, tok, prompt, cfg, stop="", stream=None):
 def main(argv=None):
     cfg = parse_config(SampleConfig, sys.argv[1:] if argv is None else argv, prog="sample.py")
     device = pick_device(cfg.device)
-    threads = decode_threads(cfg.threads, device)
-    if threads:
-        torch.set_num_threads(threads)
     torch.manual_seed(cfg.seed)
     model, tok = load_model(cfg.out_dir, device, cfg.checkpoint)
     if device == "cpu":
@@ -121,6 +118,9 @@ def main(argv=None):
     prompts = iter(read_interactive, None) if cfg.interactive else [read_prompt(cfg.start)]
     if not cfg.interactive:
         tok.encode(prompts[0])  # a prompt the vocabulary cannot encode fails before any measuring
+    _, why = pick_decode_threads(cfg.threads, model, device, cfg.num_samples)
+    if why and not cfg.threads:
+        print(why, file=sys.stderr, flush=True)
     dtype, why = pick_decode_dtype(cfg.dtype, model, device, cfg.num_samples)
     if cfg.dtype == "auto":
         print(why, file=sys.stderr, flush=True)

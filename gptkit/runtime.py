@@ -182,14 +182,25 @@ def attention_seconds(attn, shape, autocast, fused, repeats=3):
     return best
 
 
-def decode_threads(threads, device):
-    """CPU threads for decoding (0 = leave torch's choice). Decoding runs many small operations, each of
-    which waits for all its threads: when another process holds a core, every step stalls. Measured on a
-    2-core machine: with a second busy process, 2 threads decode 10-50x slower than 1; on an idle machine
-    they are about 1.5x faster. One thread is the safe default; --threads=2 where the machine is yours."""
+def pick_decode_threads(threads, model, device, batch_size=1, tokens=16):
+    """CPU threads for decoding, set here: as asked, or for 0 the faster of 1 and torch's default on this model,
+    now; and a line saying why. Decoding runs many small operations, each of which waits for all its threads:
+    when another process holds a core, every step stalls (on a 2-core machine with a second busy process,
+    2 threads decoded 10-50x slower than 1). So more than one thread must win clearly in the probe."""
     if threads:
-        return threads
-    return 1 if device == "cpu" else 0
+        torch.set_num_threads(threads)
+        return threads, f"decoding on {threads} thread{'s' if threads > 1 else ''}, as asked"
+    most = torch.get_num_threads()
+    if device != "cpu" or most == 1:
+        return most, ""
+    seconds = {}
+    for n in (1, most):
+        torch.set_num_threads(n)
+        seconds[n] = decode_seconds(model, batch_size, tokens)
+    best = most if seconds[most] * 1.3 < seconds[1] else 1
+    torch.set_num_threads(best)
+    return best, (f"decoding on {best} thread{'s' if best > 1 else ''}: {most} threads ran at "
+                  f"{seconds[1] / seconds[most]:.2f}x the speed of 1 on this model")
 
 
 def allow_eager_fallback():

@@ -433,6 +433,25 @@ def test_decode_precision_is_measured_and_must_win_clearly(monkeypatch, bf16_spe
     assert runtime.pick_decode_dtype("float32", tiny_model(), "cpu")[0] == "float32"
 
 
+@pytest.mark.parametrize("two_thread_speedup,want", [(1.8, 2), (1.1, 1), (0.2, 1)])
+def test_decode_threads_are_measured_and_more_must_win_clearly(monkeypatch, two_thread_speedup, want):
+    """On a busy machine a second thread stalls every step, so it is taken only when a probe shows it
+    clearly faster; the count chosen is the one left set."""
+    from gptkit import runtime
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(runtime, "decode_seconds", lambda model, batch, tokens: 1.0 / (
+        two_thread_speedup if torch.get_num_threads() == 2 else 1.0))
+    try:
+        torch.set_num_threads(2)
+        threads, why = runtime.pick_decode_threads(0, tiny_model(), "cpu")
+        assert threads == want == torch.get_num_threads()
+        assert why.endswith(f"2 threads ran at {two_thread_speedup:.2f}x the speed of 1 on this model")
+        assert runtime.pick_decode_threads(3, tiny_model(), "cpu")[0] == 3 == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_decoding_layout_keeps_values_ties_and_tokens():
     model = tiny_model()
     assert model.transformer.wte.weight is model.lm_head.weight  # tied, as GPT-2's head
