@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 import train
-from conftest import TRAINED_RUN, check_ok, logged, run_script, train_args
+from conftest import REPO, TRAINED_RUN, check_ok, logged, run_script, train_args
 from gptkit.checkpoint import load_checkpoint
 from gptkit.corpus import PrepareConfig, prepare
 from gptkit.errors import UserError
@@ -141,3 +141,20 @@ def test_max_time_stops_the_run_and_a_resume_spends_only_what_is_left(tmp_path, 
     second = load_checkpoint(out / "latest.pt")
     assert 2.0 <= second["loop_seconds"] < 2.8 and second["iter_num"] > first["iter_num"]
     assert sorted(logged(out)) == list(range(1, second["iter_num"] + 1))
+
+
+PRESETS = sorted(p.name for p in (REPO / "config").glob("shakespeare_char*.py"))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_presets_train(preset, data_dir, tmp_path):
+    """Each tinyshakespeare preset, on the tiny corpus: its own model and recipe (smaller batches, eager,
+    fp32) takes a few steps without NaN and ends with a finite whole-split score."""
+    out = tmp_path / "out"
+    check_ok(run_script("train.py", f"config/{preset}", f"--data_dir={data_dir}", "--dataset=tiny",
+                        f"--out_dir={out}", "--device=cpu", "--dtype=float32", "--compile=False", "--batch_size=2",
+                        "--max_iters=3", "--eval_interval=3", "--eval_iters=1", "--log_interval=1", "--max_time=0"))
+    records = read_metrics(out)
+    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    final = next(r for r in records if r["kind"] == "final")
+    assert len(losses) == 3 and all(0 < x < 10 for x in [*losses, final["val_loss"]])
