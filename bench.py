@@ -25,7 +25,7 @@ from gptkit.config import parse_config, pick_subcommand, require
 from gptkit.errors import UserError, run_main
 from gptkit.metrics import read_metrics
 from gptkit.runtime import (DTYPES, autocast, check_device_name, matmul_peak, pick_decode_dtype, pick_decode_threads,
-                            pick_device, pick_dtype)
+                            pick_device, pick_dtype, synchronize)
 from gptkit.training import TrainConfig
 from model import GPT, GPTConfig
 
@@ -83,11 +83,6 @@ def device_name(device):
     return f"{name}, {os.cpu_count()} cores"
 
 
-def sync(device):
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def bench_model(cfg, device):
     """The checkpoint's model, or a random-weight one of the configured shape; and a description."""
     if cfg.out_dir:
@@ -112,11 +107,11 @@ def time_generation(model, prompt, cfg, kv_cache, device):
             for _ in model.generate_stream(prompt, cfg.warmup_tokens, kv_cache=kv_cache):
                 pass
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
-        sync(device)
+        synchronize(device)
         t0, c0 = time.perf_counter(), time.process_time()
         tokens = list(model.generate_stream(prompt, cfg.max_new_tokens, temperature=cfg.temperature,
                                             kv_cache=kv_cache, generator=generator))
-        sync(device)
+        synchronize(device)
         return time.perf_counter() - t0, time.process_time() - c0, torch.cat(tokens, dim=1)
 
 
@@ -311,7 +306,7 @@ def steps_per_second(tcfg, steps, warmup, device):
     x = torch.randint(65, (tcfg.batch_size, tcfg.model.block_size), device=device)
     for i in range(warmup + steps):
         if i == warmup:
-            sync(device)
+            synchronize(device)
             start = time.perf_counter()
         with ctx:
             loss = model(x, x)[1]
@@ -319,7 +314,7 @@ def steps_per_second(tcfg, steps, warmup, device):
         for opt in optimizers:
             opt.step()
             opt.zero_grad(set_to_none=True)
-    sync(device)
+    synchronize(device)
     return steps / (time.perf_counter() - start), model.flops_per_token(tcfg.model.block_size), fused
 
 

@@ -16,7 +16,7 @@ from gptkit.dataset import Split, fixed_offsets, load_meta
 from gptkit.errors import UserError
 from gptkit.metrics import read_metrics
 from gptkit.prompts import read_prompt
-from gptkit.rundir import load_model
+from gptkit.rundir import RunDir, load_model
 from gptkit.runtime import check_device_name, pick_device
 from gptkit.tokenizer import tokenizer_from_meta
 from gptkit.training import TrainConfig
@@ -151,8 +151,9 @@ def train_rung(rung, cfg):
     except OSError as e:
         raise UserError(f"cannot use {folder} as a run folder ({e.strerror})") from None
     # a rung always starts afresh: train.py appends to metrics.jsonl and would keep an older best.pt's weights
-    for stale in ("metrics.jsonl", "latest.pt", "latest.prev.pt", "best.pt", "ckpt.pt", "attention.png"):
-        (folder / stale).unlink(missing_ok=True)
+    run = RunDir(folder)
+    for stale in (run.metrics, run.latest, run.previous, run.best, run.legacy, folder / "attention.png"):
+        stale.unlink(missing_ok=True)
     start = time.perf_counter()
     with open(folder / "train.log", "w", encoding="utf-8") as log:
         status, stderr = run_train(train_args(rung, cfg), log)

@@ -1,6 +1,7 @@
 """The run's processes and devices: which device and precision, one process or several under torchrun,
 and the collectives they agree through."""
 
+import collections
 import copy
 import functools
 import gc
@@ -76,17 +77,26 @@ def matmul_peak(dtype, device="cpu", size=2048, repeats=5):
     """FLOP/s of the fastest of a few size x size matmuls in dtype on device: the most a training step's
     matmuls can reach here, measured rather than read off a datasheet."""
     a = torch.randn(size, size, device=device).to(DTYPES[dtype])
+    return 2 * size ** 3 / fastest_seconds(lambda: a @ a, repeats, device)
+
+
+def synchronize(device):
+    """Wait for the device's queued work, so that a clock read afterwards has seen it finish."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def fastest_seconds(run, repeats, device="cpu"):
+    """The fastest of `repeats` timings of run(), after one untimed call that pays for kernel selection."""
     best = math.inf
     for i in range(repeats + 1):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        synchronize(device)
         start = time.perf_counter()
-        a @ a
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        if i:  # the first call pays for kernel selection
+        run()
+        synchronize(device)
+        if i:
             best = min(best, time.perf_counter() - start)
-    return 2 * size ** 3 / best
+    return best
 
 
 def pick_dtype(name, device):
@@ -121,15 +131,9 @@ def pick_decode_dtype(name, model, device, batch_size=1, tokens=16):
 
 
 def decode_seconds(model, batch_size, tokens, repeats=3):
-    """The fastest of a few timings of decoding `tokens` tokens, after one untimed pass (kernel selection)."""
+    """The fastest of a few timings of decoding `tokens` tokens."""
     prompt = torch.zeros((batch_size, 1), dtype=torch.long, device=next(model.parameters()).device)
-    best = math.inf
-    for i in range(repeats + 1):
-        start = time.perf_counter()
-        for _ in model.generate_stream(prompt, tokens):
-            pass
-        best = min(best, time.perf_counter() - start) if i else best
-    return best
+    return fastest_seconds(lambda: collections.deque(model.generate_stream(prompt, tokens), maxlen=0), repeats)
 
 
 def autocast(device, dtype):
@@ -170,14 +174,14 @@ def pick_attention_path(model, batch_size, autocast, device):
 def attention_seconds(attn, shape, autocast, fused, repeats=3):
     """The fastest of a few timings of one attention layer's forward and backward."""
     q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
-    was, attn.fused = attn.fused, fused
-    best = math.inf
-    for i in range(repeats + 1):
-        start = time.perf_counter()
+
+    def forward_backward():
         with autocast:
             y = attn.attend(q, k, v, shape[2])
         y.float().sum().backward()
-        best = min(best, time.perf_counter() - start) if i else best
+
+    was, attn.fused = attn.fused, fused
+    best = fastest_seconds(forward_backward, repeats)
     attn.fused = was
     return best
 
