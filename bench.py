@@ -21,12 +21,15 @@ from typing import Literal
 
 import torch
 
-from gptkit.config import parse_config, pick_subcommand, require
+from gptkit.config import check_seed, parse_config, pick_subcommand, require
+from gptkit.decoding import generate_stream, lay_out_for_decoding
 from gptkit.errors import UserError, run_main
+from gptkit.flops import flops_per_token
 from gptkit.metrics import read_metrics
-from gptkit.runtime import (DTYPES, autocast, check_device_name, matmul_peak, pick_decode_dtype, pick_decode_threads,
-                            pick_device, pick_dtype, synchronize)
-from gptkit.training import TrainConfig
+from gptkit.probes import (attention_path_for, matmul_peak, pick_decode_dtype, pick_decode_threads, pick_dtype,
+                           synchronize)
+from gptkit.runtime import DTYPES, autocast, check_device_name, compile_blocks, pick_device
+from gptkit.train_config import TrainConfig
 from model import GPT, GPTConfig
 
 
@@ -53,7 +56,7 @@ class SampleBenchConfig:
     def __post_init__(self):
         require(self, ["max_new_tokens", "batch_size", "repeats"], lambda v: v >= 1, "at least 1")
         require(self, ["warmup_tokens", "temperature", "threads"], lambda v: v >= 0, "at least 0")
-        require(self, ["seed"], lambda v: 0 <= v < 2 ** 31, "in [0, 2**31)")
+        check_seed(self.seed)
         check_device_name(self.device)
         self.shape()  # the random model's settings are checked by the model's own config
         modes = self.mode_list()
@@ -104,13 +107,13 @@ def time_generation(model, prompt, cfg, kv_cache, device):
     """Wall and CPU seconds to generate max_new_tokens after an untimed warm-up; and the tokens."""
     with torch.no_grad():
         if cfg.warmup_tokens:
-            for _ in model.generate_stream(prompt, cfg.warmup_tokens, kv_cache=kv_cache):
+            for _ in generate_stream(model, prompt, cfg.warmup_tokens, kv_cache=kv_cache):
                 pass
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
         synchronize(device)
         t0, c0 = time.perf_counter(), time.process_time()
-        tokens = list(model.generate_stream(prompt, cfg.max_new_tokens, temperature=cfg.temperature,
-                                            kv_cache=kv_cache, generator=generator))
+        tokens = list(generate_stream(model, prompt, cfg.max_new_tokens, temperature=cfg.temperature,
+                                      kv_cache=kv_cache, generator=generator))
         synchronize(device)
         return time.perf_counter() - t0, time.process_time() - c0, torch.cat(tokens, dim=1)
 
@@ -121,7 +124,9 @@ def bench_sample(argv):
     cfg = parse_config(SampleBenchConfig, argv, prog="bench.py sample")
     device = pick_device(cfg.device)
     model, description = bench_model(cfg, device)
-    cached = copy.deepcopy(model).lay_out_for_decoding() if device == "cpu" else copy.deepcopy(model)  # as sample.py
+    cached = copy.deepcopy(model)
+    if device == "cpu":  # as sample.py
+        lay_out_for_decoding(cached)
     _, why_threads = pick_decode_threads(cfg.threads, cached, device, cfg.batch_size)  # both decode on these
     dtype, why = pick_decode_dtype(cfg.dtype, cached, device, cfg.batch_size)
     decoders = {"cache": (cached.to(DTYPES[dtype]), True, f"with KV cache ({dtype}):"),
@@ -290,18 +295,14 @@ def steps_per_second(tcfg, steps, warmup, device):
     """Optimizer steps per second of tcfg's model, optimizer, precision and attention path (chosen as train.py
     chooses them) on random tokens; FLOPs per token; and the attention path taken."""
     from gptkit.optim import build_optimizers
-    from gptkit.runtime import allow_eager_fallback, compile_blocks, pick_attention_path
 
     torch.manual_seed(0)
     model = GPT(replace(tcfg.model, vocab_size=65)).to(device)
     optimizers = build_optimizers(model, tcfg, device)
     ctx = autocast(device, pick_dtype(tcfg.dtype, device))
-    fused = tcfg.attention_path == "fused"
-    if tcfg.attention_path == "auto":
-        fused = pick_attention_path(model, tcfg.batch_size, ctx, device)[0]
-    model.use_fused_attention(fused)
+    path, _ = attention_path_for(tcfg.attention_path, model, tcfg.batch_size, ctx, device)
+    model.set_attention_path(path)
     if tcfg.compile:
-        allow_eager_fallback()
         compile_blocks(model)
     x = torch.randint(65, (tcfg.batch_size, tcfg.model.block_size), device=device)
     for i in range(warmup + steps):
@@ -315,7 +316,7 @@ def steps_per_second(tcfg, steps, warmup, device):
             opt.step()
             opt.zero_grad(set_to_none=True)
     synchronize(device)
-    return steps / (time.perf_counter() - start), model.flops_per_token(tcfg.model.block_size), fused
+    return steps / (time.perf_counter() - start), flops_per_token(model, tcfg.model.block_size), path
 
 
 def bench_throughput(argv):
@@ -333,14 +334,14 @@ def bench_throughput(argv):
     print(f"machine: {device_name(device)}, torch {torch.__version__}")
     rates = {}
     for name, tcfg in candidates.items():
-        steps_s, flops_per_token, fused = steps_per_second(tcfg, cfg.steps, cfg.warmup, device)
+        steps_s, token_flops, path = steps_per_second(tcfg, cfg.steps, cfg.warmup, device)
         tokens_s = steps_s * cfg.batch_size * cfg.block_size
         dtype = pick_dtype(tcfg.dtype, device)
         peak = matmul_peak(dtype, device)
         rates[name] = tokens_s
         print(f"{name:<36} {dtype:>9} {tcfg.optimizer:>6} compile={tcfg.compile!s:<5} "
-              f"attention={'SDPA' if fused else 'written':<7} {tokens_s:8,.0f} tokens/s "
-              f"{tokens_s * flops_per_token / 1e9:7.1f} GFLOP/s = {100 * tokens_s * flops_per_token / peak:3.0f}% of "
+              f"attention={path:<7} {tokens_s:8,.0f} tokens/s "
+              f"{tokens_s * token_flops / 1e9:7.1f} GFLOP/s = {100 * tokens_s * token_flops / peak:3.0f}% of "
               f"the {dtype} matmul peak measured here ({peak / 1e9:.0f} GFLOP/s)", flush=True)
     base, *others = rates
     for name in others:

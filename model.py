@@ -1,5 +1,6 @@
 """
-A decoder-only transformer (GPT) and its sampler.
+A decoder-only transformer (GPT): embeddings, blocks of masked multi-head self-attention and an MLP,
+and the loss. Decoding (the KV cache and sampling) lives in gptkit/decoding.py.
 
 The defaults are GPT-2's shape and parameter names (learned positions, LayerNorm, tied head),
 without biases; `bias=True, mlp_act='gelu_tanh'` is GPT-2 exactly, so its weights load.
@@ -102,36 +103,19 @@ def apply_rotary(x, cos, sin):
     return x * cos.to(x.dtype) + torch.cat((x2, x1), dim=-1) * sin.to(x.dtype)
 
 
-class KVCache:
-    """Preallocated keys and values of every layer, so a decode step appends in place."""
-
-    def __init__(self, config, batch_size, device, dtype):
-        head_dim = config.n_embd // config.n_head
-        shape = (config.n_layer, batch_size, config.n_head, config.block_size, head_dim)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.k = torch.zeros(shape, device=device, dtype=dtype) if config.attention != "uniform" else None
-        # per-layer views made once: a decode step then costs two narrows and a copy, not a chain of
-        # select/slice ops (on CPU, per-op overhead is a large part of a 1-token step)
-        self.v_layers = self.v.unbind(0)
-        self.k_layers = self.k.unbind(0) if self.k is not None else [None] * config.n_layer
-        self.pos = 0  # tokens already cached
-
-    def update(self, layer, k, v):
-        """Append this step's keys and values (k is None where attention has no keys); all so far."""
-        t, end = v.size(2), self.pos + v.size(2)
-        keys, values = self.k_layers[layer], self.v_layers[layer]
-        values.narrow(2, self.pos, t).copy_(v)
-        if keys is None:
-            return None, values.narrow(2, 0, end)
-        keys.narrow(2, self.pos, t).copy_(k)
-        return keys.narrow(2, 0, end), values.narrow(2, 0, end)
+ATTENTION_PATHS = ("fused", "written", "folded")
 
 
 class SelfAttention(nn.Module):
     """Multi-head self-attention: each position takes a weighted average of the values of the positions it
     sees (the earlier ones and itself when causal, all of them when not), with weights from a softmax over
     scores. `attention` sets the scores: q.k/sqrt(d) (scaled), q.k (dot), Bahdanau's v.tanh(q+k) (additive),
-    or none at all, every visible position weighted equally (uniform)."""
+    or none at all, every visible position weighted equally (uniform).
+
+    Scaled and dot scores can take three paths that compute the same function (GPT.set_attention_path):
+    SDPA's fused kernels ('fused', never materialising the weights), the weights written out as the notes
+    write them ('written', attention_weights) or the same with the scale and mask folded into one matmul
+    ('folded', folded_weights); train.py picks the fastest by measuring. The other kinds are always written."""
 
     def __init__(self, config):
         super().__init__()
@@ -139,9 +123,12 @@ class SelfAttention(nn.Module):
         projections = 1 if self.kind == "uniform" else 3  # values only, or queries, keys and values
         self.c_attn = nn.Linear(config.n_embd, projections * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.fused = True  # scaled and dot scores in SDPA's kernels, or written out (GPT.use_fused_attention)
         if self.kind == "additive":  # Bahdanau's v, one per head
             self.score_v = nn.Parameter(torch.randn(config.n_head, config.n_embd // config.n_head) * 0.02)
+        # which key each query may see: row t is True up to and including position t (not saved: it is derived)
+        self.register_buffer("tril", torch.ones(config.block_size, config.block_size, dtype=torch.bool).tril(),
+                             persistent=False)
+        self.path = "fused"
         self.attn_dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
         self.qk_norm = config.qk_norm
@@ -164,6 +151,8 @@ class SelfAttention(nn.Module):
         return q, k, v.transpose(1, 2)
 
     def forward(self, x, rotary=None, cache=None, layer=0):
+        """cache: anything with update(layer, k, v) that appends this step's keys and values and returns all
+        of them so far (gptkit.decoding.KVCache); the queries are the last T positions of those keys."""
         B, T, C = x.size()
         q, k, v = self.qkv(x, rotary)
         if cache is not None:
@@ -175,52 +164,57 @@ class SelfAttention(nn.Module):
     def attend(self, q, k, v, n_queries):
         """Each query's weighted average of the values it sees: (B, H, T, D)."""
         dropout = self.attn_dropout if self.training else 0.0
-        if self.kind in ("scaled", "dot") and self.fused:  # SDPA's kernels, which never materialise the weights
-            S = k.size(2)
-            causal, mask = self.causal and S == n_queries, None
-            if self.causal and S != n_queries and n_queries > 1:  # new queries after cached keys
-                mask = visible_keys(n_queries, S, q.device)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout,
+        n_keys = v.size(2)
+        if self.kind in ("scaled", "dot") and self.path == "fused":
+            mask = None
+            if self.causal and 1 < n_queries < n_keys:  # new queries after cached keys (one alone sees them all)
+                mask = self.visible(n_queries, n_keys)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+                                                  is_causal=self.causal and n_queries == n_keys,
                                                   scale=None if self.kind == "scaled" else 1.0)
-        weights = F.dropout(self.weights(q, k, n_queries, v.size(2)), dropout, self.training)
-        return weights @ v
+        if self.kind in ("scaled", "dot") and self.path == "folded":
+            weights = self.folded_weights(q, k)
+        else:
+            weights = self.attention_weights(q, k, n_queries, n_keys)
+        return F.dropout(weights, dropout, self.training) @ v
 
-    def weights(self, q, k, n_queries, n_keys):
-        """Softmax over each query's visible keys of its scores: (B, H, T, S), or (T, S) for uniform."""
-        device = self.c_attn.weight.device
-        # -inf on the future: added to the scores, it leaves the softmax nothing there
-        hidden = torch.zeros(n_queries, n_keys, device=device)
-        if self.causal:
-            hidden = hidden.masked_fill(~visible_keys(n_queries, n_keys, device), float("-inf"))
-        if self.kind == "uniform":  # all scores equal: the softmax is 1/count over what is visible
-            scores = hidden
-        elif self.kind == "additive":
+    def visible(self, n_queries, n_keys):
+        """(n_queries, n_keys) booleans, True where a query may look: the queries are the last n_queries
+        positions of n_keys, each seeing every key up to and including its own position."""
+        return self.tril[n_keys - n_queries:n_keys, :n_keys]
+
+    def attention_weights(self, q, k, n_queries, n_keys):
+        """How much each query attends to each key, written out: (B, H, T, S), or (T, S) for uniform."""
+        if self.kind == "uniform":  # no scores at all: every visible position counts the same
+            scores = torch.zeros(n_queries, n_keys, device=self.tril.device)
+        elif self.kind == "additive":  # Bahdanau: v . tanh(q + k), for every pair of a query and a key
             scores = torch.tanh(q.unsqueeze(3) + k.unsqueeze(2)) @ self.score_v[:, None, :, None].to(q.dtype)
-            scores = scores.squeeze(-1) + hidden
-        else:  # the scale and the mask folded into the matmul: one pass over the (T, S) scores, not three
-            B, H, T, D = q.shape
-            scale = 1 / math.sqrt(D) if self.kind == "scaled" else 1.0
-            scores = torch.baddbmm(hidden.to(q.dtype).expand(B * H, T, n_keys), q.reshape(B * H, T, D),
-                                   k.reshape(B * H, n_keys, D).transpose(1, 2), alpha=scale).view(B, H, T, n_keys)
-        return scores.softmax(dim=-1)
+            scores = scores.squeeze(-1)
+        else:
+            scores = q @ k.transpose(-2, -1)
+            if self.kind == "scaled":  # keeps the scores' spread near 1 however wide a head is: a softer softmax
+                scores = scores * (1.0 / math.sqrt(k.size(-1)))
+        if self.causal:  # the future gets -inf, which the softmax turns into a weight of 0
+            scores = scores.masked_fill(self.visible(n_queries, n_keys) == 0, float("-inf"))
+        return F.softmax(scores, dim=-1)
 
-    def attention_weights(self, x, rotary=None):
-        """The (B, H, T, T) weights attend() applies to the values, as a matrix (SDPA never materialises
-        them): an inspection helper for pictures and tests."""
-        q, k, v = self.qkv(x, rotary)
-        T = x.size(1)
-        return self.weights(q, k, T, T).expand(x.size(0), self.n_head, T, T)
-
-
-def visible_keys(n_queries, n_keys, device):
-    """(n_queries, n_keys) booleans, True where a query may look: the last n_queries positions of a
-    sequence of n_keys, each seeing every key up to and including its own position."""
-    return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril(diagonal=n_keys - n_queries)
+    def folded_weights(self, q, k):
+        """attention_weights for scaled and dot scores, with the scale and the mask folded into one batched
+        matmul (the mask as -inf added to the scores): one pass over the (T, S) scores instead of three."""
+        B, H, T, D = q.shape
+        S = k.size(2)
+        mask = torch.zeros(T, S, dtype=q.dtype, device=q.device)
+        if self.causal:
+            mask = mask.masked_fill(self.visible(T, S) == 0, float("-inf"))
+        scale = 1 / math.sqrt(D) if self.kind == "scaled" else 1.0
+        scores = torch.baddbmm(mask.expand(B * H, T, S), q.reshape(B * H, T, D), k.reshape(B * H, S, D).transpose(1, 2),
+                               alpha=scale)
+        return scores.view(B, H, T, S).softmax(dim=-1)
 
 
 class ReLUSquared(torch.autograd.Function):
     """relu(x)^2 with one multiply each way: autograd through relu(x).square() runs four more
-    element-wise kernels, which is a tenth of an eager CPU step for a small model."""
+    element-wise kernels, a noticeable share of an eager CPU step for a small model."""
 
     @staticmethod
     def forward(ctx, x):
@@ -303,12 +297,15 @@ class GPT(nn.Module):
             n -= self.transformer.wpe.weight.numel()
         return n
 
-    def embed(self, idx, start=0):
+    def embed(self, idx, first_position=0):
+        """Token (and learned position) embeddings of idx, whose first token sits at first_position;
+        and the rotary tables for those positions (None without rotary positions)."""
         T = idx.size(1)
-        if start + T > self.config.block_size:
-            raise ValueError(f"sequence of {start + T} tokens is longer than block_size {self.config.block_size}")
+        if first_position + T > self.config.block_size:
+            raise ValueError(f"sequence of {first_position + T} tokens is longer than block_size "
+                             f"{self.config.block_size}")
         x = self.transformer.wte(idx)
-        positions = torch.arange(start, start + T, device=idx.device)
+        positions = torch.arange(first_position, first_position + T, device=idx.device)
         rotary = None
         if self.config.pos_emb == "learned":
             x = x + self.transformer.wpe(positions)
@@ -317,9 +314,10 @@ class GPT(nn.Module):
         return self.transformer.drop(x), rotary
 
     def forward(self, idx, targets=None, cache=None):
-        """Logits for every position (or the last one, without targets); loss when targets are given."""
-        start = cache.pos if cache is not None else 0
-        x, rotary = self.embed(idx, start)
+        """Logits for every position (or the last one, without targets); loss when targets are given.
+        With a cache (see SelfAttention.forward), idx continues the tokens already cached."""
+        first_position = cache.pos if cache is not None else 0
+        x, rotary = self.embed(idx, first_position)
         for i, block in enumerate(self.transformer.h):
             x = block(x, rotary, cache, i)
         if cache is not None:
@@ -327,41 +325,27 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if targets is None:
             x = x[:, -1:, :]  # a view; [-1] as a list would gather a copy
-        logits = self.lm_head(x)
-        if self.config.logit_softcap > 0:
-            c = self.config.logit_softcap
-            logits = c * torch.tanh(logits.float() / c)
+        logits = self.head(x)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
-    @torch.no_grad()
-    def lay_out_for_decoding(self):
-        """Store every linear weight transposed in memory (the same values and shapes): a one-token decode step
-        multiplies a row vector by each weight, which CPU kernels stream faster from an (in, out) layout
-        (1.1-1.2x tokens/s measured on a 2-core EPYC). For inference; training prefers the usual layout.
-        Tied weights stay tied: the data moves, the parameter stays."""
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                module.weight.data = module.weight.data.t().contiguous().t()
-        return self
+    def head(self, x):
+        """Logits from the final-normed residual stream (soft-capped when logit_softcap is set)."""
+        logits = self.lm_head(x)
+        if self.config.logit_softcap > 0:
+            c = self.config.logit_softcap
+            logits = c * torch.tanh(logits.float() / c)
+        return logits
 
-    def use_fused_attention(self, fused):
-        """Scaled and dot attention through SDPA's fused kernels (the default), or as the masked softmax of
-        q.k written out, which can be faster for short contexts on a CPU; both compute the same function."""
+    def set_attention_path(self, path):
+        """How scaled and dot attention is computed: 'fused', 'written' or 'folded' (see SelfAttention);
+        all three compute the same function."""
+        if path not in ATTENTION_PATHS:
+            raise ValueError(f"attention path must be one of {', '.join(ATTENTION_PATHS)} (got {path!r})")
         for block in self.transformer.h:
-            block.attn.fused = fused
-
-    @torch.no_grad()
-    def attention_maps(self, idx):
-        """Inspection: every layer's attention weights for idx, a list of (B, H, T, T) tensors."""
-        x, rotary = self.embed(idx)
-        maps = []
-        for block in self.transformer.h:
-            maps.append(block.attn.attention_weights(block.ln_1(x), rotary))
-            x = block(x, rotary)
-        return maps
+            block.attn.path = path
 
     def crop_block_size(self, block_size):
         """Shrink the context length, e.g. to finetune a pretrained model on shorter windows."""
@@ -370,67 +354,3 @@ class GPT(nn.Module):
         self.config.block_size = block_size
         if "wpe" in self.transformer:
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
-
-    def flops_per_token(self, seq_len):
-        """Training FLOPs per token: 6N for the matmuls plus attention (PaLM appendix B): 2 FLOPs forward
-        and 4 backward per multiply-add, over seq_len keys for each of n_embd channels. Dot-product
-        attention has two such products (scores and values), uniform only the values, and additive
-        about three (the sum and tanh of q+k, the product with v, the values)."""
-        cfg = self.config
-        n = sum(p.numel() for name, p in self.named_parameters() if not name.startswith("transformer.w"))
-        n += self.lm_head.weight.numel() if cfg.tie_weights else 0
-        products = {"scaled": 2, "dot": 2, "uniform": 1, "additive": 3}[cfg.attention]
-        return 6 * n + 6 * products * cfg.n_layer * cfg.n_embd * seq_len
-
-    @torch.no_grad()
-    def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
-                        kv_cache=True, generator=None, vocab_size=None):
-        """Yield each new (B, 1) column of tokens as it is sampled, from the first vocab_size
-        logits (a vocabulary padded for speed has rows no tokenizer can decode).
-
-        When the context outgrows block_size the window slides forward by half a block and is
-        recomputed once, so cached and uncached decoding see the same context at every step.
-        A model without the causal mask recomputes the whole window every step whatever kv_cache
-        says: each new token changes what the earlier positions see."""
-        window = self.config.block_size
-        kv_cache = kv_cache and self.config.causal
-        start = max(0, idx.size(1) - window)
-        cache = None
-        for _ in range(max_new_tokens):
-            if idx.size(1) - start > window:
-                start = idx.size(1) - max(1, window // 2)  # block_size 1 keeps 1 token
-                cache = None
-            if not kv_cache:
-                logits, _ = self(idx[:, start:])
-            elif cache is None:
-                cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
-                logits, _ = self(idx[:, start:], cache=cache)
-            else:
-                logits, _ = self(idx[:, -1:], cache=cache)
-            next_token = sample_next(logits[:, -1, :vocab_size], temperature, top_k, top_p, generator)
-            idx = torch.cat((idx, next_token), dim=1)
-            yield next_token
-
-    def generate(self, idx, max_new_tokens, **kwargs):
-        """Return idx extended by max_new_tokens sampled tokens (see generate_stream)."""
-        new = list(self.generate_stream(idx, max_new_tokens, **kwargs))
-        return torch.cat([idx] + new, dim=1)
-
-
-def sample_next(logits, temperature=1.0, top_k=0, top_p=1.0, generator=None):
-    """One token per row from (B, V) logits; temperature 0 is greedy, top_k 0 and top_p 1 are off."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
-    if top_k > 0:
-        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = logits.softmax(dim=-1)
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # drop a token when the more likely ones already cover top_p; the first always stays
-        drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
-        drop[:, 0] = False
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    return torch.multinomial(probs, num_samples=1, generator=generator)

@@ -15,11 +15,13 @@ from typing import Literal
 
 import torch
 
-from gptkit.config import parse_config, require
+from gptkit.config import check_seed, parse_config, require
+from gptkit.decoding import generate_stream, lay_out_for_decoding
 from gptkit.errors import UserError, run_main
+from gptkit.probes import pick_decode_dtype, pick_decode_threads
 from gptkit.prompts import read_prompt, unescape
 from gptkit.rundir import load_model
-from gptkit.runtime import DTYPES, check_device_name, pick_decode_dtype, pick_decode_threads, pick_device
+from gptkit.runtime import DTYPES, check_device_name, pick_device
 
 
 @dataclass
@@ -44,7 +46,7 @@ class SampleConfig:
         require(self, ["num_samples"], lambda v: v >= 1, "at least 1")
         require(self, ["max_new_tokens", "threads", "temperature", "top_k"], lambda v: v >= 0, "at least 0")
         require(self, ["top_p"], lambda v: 0 < v <= 1, "in (0, 1]")
-        require(self, ["seed"], lambda v: 0 <= v < 2 ** 31, "in [0, 2**31)")
+        check_seed(self.seed)
         check_device_name(self.device)
 
 
@@ -88,9 +90,8 @@ def generate_texts(model, tok, prompt, cfg, stop="", stream=None):
     filters = [StopFilter(stop) for _ in range(cfg.num_samples)]
     texts = [""] * cfg.num_samples
     stream.write(prompt)
-    tokens = model.generate_stream(idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
-                                   top_p=cfg.top_p, kv_cache=cfg.kv_cache, generator=generator,
-                                   vocab_size=tok.vocab_size)
+    tokens = generate_stream(model, idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
+                             top_p=cfg.top_p, kv_cache=cfg.kv_cache, generator=generator, vocab_size=tok.vocab_size)
     for column in tokens:
         for row, token in enumerate(column[:, 0].tolist()):
             piece = filters[row].feed(decoders[row](token))
@@ -114,7 +115,7 @@ def main(argv=None):
     torch.manual_seed(cfg.seed)
     model, tok = load_model(cfg.out_dir, device, cfg.checkpoint)
     if device == "cpu":
-        model.lay_out_for_decoding()
+        lay_out_for_decoding(model)
     prompts = iter(read_interactive, None) if cfg.interactive else [read_prompt(cfg.start)]
     if not cfg.interactive:
         tok.encode(prompts[0])  # a prompt the vocabulary cannot encode fails before any measuring

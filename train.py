@@ -19,22 +19,26 @@ import torch
 
 from gptkit.config import given_values, make
 from gptkit.errors import RunStopped, UserError, run_main
+from gptkit.flops import flops_per_token, peak_flops
 from gptkit.metrics import RunLog
 from gptkit.optim import lr_multiplier, set_lr
 from gptkit.resume import continued_config
 from gptkit.rundir import RunDir
-from gptkit.runtime import Runtime, StopSignals, launched_rank, peak_flops
-from gptkit.training import TrainConfig, evaluate, evaluate_split, micro_batches, start
+from gptkit.runtime import Runtime, launched_rank
+from gptkit.signals import StopSignals
+from gptkit.train_config import TrainConfig
+from gptkit.training import build_training, evaluate, evaluate_split, micro_steps_per_process
 
 
 def train(cfg, rt, data, state, log, run):
     """Optimizer steps until max_iters or max_time, evaluating every eval_interval steps and at the end.
     best.pt is written only when val loss improves; latest.pt at evaluations, at the end and on a stop signal."""
     model = rt.wrap(state.model)  # DDP when there are several processes
-    accum = micro_batches(cfg.gradient_accumulation_steps, rt.world)
+    accum = micro_steps_per_process(cfg.gradient_accumulation_steps, rt.world)
     meter = Meter(cfg, rt, data, state, log, accum)
     if state.iter_num == 0:
-        meter.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state))
+        losses = meter.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state))
+        stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
     loop_start = time.time() - state.loop_seconds  # a resumed run keeps what is left of its time budget
     x, y = data.sampler.next()
     done = finished(cfg, rt, state)
@@ -55,12 +59,14 @@ def train(cfg, rt, data, state, log, run):
             state.iter_num += 1
             state.loop_seconds = time.time() - loop_start
             if state.iter_num % cfg.log_interval == 0:
-                # the step's loss reaches the host here, and only here
-                meter.trained(state.iter_num, loss, lr_scale * cfg.learning_rate)
+                mean_loss = rt.mean(loss.item())  # the step's loss reaches the host here, and only here
+                stop_if_diverged("loss", mean_loss, state.iter_num, rt.dtype)
+                meter.trained(state.iter_num, mean_loss, lr_scale * cfg.learning_rate)
             done = finished(cfg, rt, state)
             saved = False
             if state.iter_num % cfg.eval_interval == 0 or done:
                 losses = meter.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state))
+                stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
                 improved = losses["val"] < state.best_val_loss
                 if improved:  # the only place the best weights change: stopping a run never touches them
                     state.best_val_loss = losses["val"]
@@ -72,7 +78,7 @@ def train(cfg, rt, data, state, log, run):
             signum = int(rt.max(stop.signum))  # every process stops at the step where any one was signalled
             if signum:
                 if not saved:
-                    check_finite("loss", rt.mean(loss.item()), state.iter_num, rt.dtype)  # never save a diverged model
+                    stop_if_diverged("loss", rt.mean(loss.item()), state.iter_num, rt.dtype)  # never save it diverged
                     state.save_latest(run, rt)
                 raise RunStopped(f"stopped by {signal.Signals(signum).name} at iteration {state.iter_num}; latest "
                                  f"state saved to {run.latest}, continue with --init_from=auto", signum)
@@ -107,7 +113,8 @@ def final_evaluation(cfg, data, state, rt):
     return evaluate_split(state.model, data.splits["val"], rt.autocast, cfg.batch_size, cfg.final_eval_tokens)
 
 
-def check_finite(what, value, iteration, dtype):
+def stop_if_diverged(what, value, iteration, dtype):
+    """End the run, with the last good checkpoint kept, when a loss is no longer a number."""
     if not math.isfinite(value):
         remedy = "--dtype=float32" if dtype != "float32" else "a longer warmup_iters"
         raise UserError(f"{what} is {value} at iteration {iteration}; stopping with the last good checkpoint "
@@ -121,8 +128,8 @@ class Meter:
     def __init__(self, cfg, rt, data, state, log, accum):
         self.rt, self.log = rt, log
         self.tokens_per_iter = accum * rt.world * cfg.batch_size * data.block_size
-        flops_per_token = state.model.flops_per_token(data.block_size)
-        self.flops_per_iter = flops_per_token * self.tokens_per_iter
+        token_flops = flops_per_token(state.model, data.block_size)
+        self.flops_per_iter = token_flops * self.tokens_per_iter
         self.peak = peak_flops(rt.device, rt.dtype)
         self.window_start, self.window_iter = time.time(), state.iter_num
         if rt.master:
@@ -131,11 +138,10 @@ class Meter:
                   f"{self.tokens_per_iter:,} tokens per iteration")
             log.write({"kind": "run", "iter": state.iter_num, "device": rt.device, "dtype": rt.dtype,
                        "processes": rt.world, "params": params, "tokens_per_iter": self.tokens_per_iter,
-                       "flops_per_token": flops_per_token})
+                       "flops_per_token": token_flops})
 
     def trained(self, iter_num, loss, lr):
-        loss = self.rt.mean(loss.item())
-        check_finite("loss", loss, iter_num, self.rt.dtype)
+        """Report a step's loss (its mean over all processes)."""
         dt = (time.time() - self.window_start) / max(1, iter_num - self.window_iter)
         self.window_start, self.window_iter = time.time(), iter_num
         if self.rt.master:
@@ -150,7 +156,6 @@ class Meter:
             print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
             self.log.write({"kind": "eval", "iter": iter_num, "train_loss": losses["train"],
                             "val_loss": losses["val"]})
-        check_finite("val loss", losses["val"], iter_num, self.rt.dtype)
         return losses
 
     def final(self, iter_num, result):
@@ -168,12 +173,14 @@ def main(argv=None):
     with RunDir(cfg.out_dir).locked(writer=master) as run:
         cfg, resumed = continued_config(cfg, given, run, note=print if master else lambda line: None)
         with Runtime(cfg.device, cfg.dtype, cfg.backend, cfg.threads) as rt:
-            data, state = start(cfg, rt, *resumed)
+            data, state = build_training(cfg, rt, *resumed)
             del resumed  # the state holds what it needs of the checkpoint
             log = RunLog(run.metrics, wandb_args(cfg, state)) if rt.master else None
             try:
                 if cfg.eval_only:
-                    Meter(cfg, rt, data, state, log, 1).evaluated(state.iter_num, evaluate_on_rank0(rt, data, state))
+                    losses = evaluate_on_rank0(rt, data, state)
+                    Meter(cfg, rt, data, state, log, 1).evaluated(state.iter_num, losses)
+                    stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
                 else:
                     train(cfg, rt, data, state, log, run)
             finally:

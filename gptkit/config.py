@@ -108,6 +108,12 @@ def require(cfg, names, allowed, meaning):
             raise ValueError(f"{name} must be {meaning} (got {value!r})")
 
 
+def check_seed(seed):
+    """Every command's seed range: numpy takes seeds below 2**32, torch's generators any 64-bit number."""
+    if not 0 <= seed < 2 ** 31:
+        raise ValueError(f"seed must be in [0, 2**31) (got {seed!r})")
+
+
 def closest(word, choices):
     """"; did you mean 'X'?" for the choice closest to a mistyped word, or ""."""
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.7)
@@ -160,11 +166,52 @@ def to_type(value, typ):
     return value if isinstance(value, str) else None
 
 
-def read_config_file(path, known):
-    """The assignments in a config file, as {key: value}; anything but literals is refused."""
+def read_config_file(path, known, including=()):
+    """The assignments in a config file, as {key: value}; anything but literals is refused. A file may begin
+    with `base = 'other.py'` (a path relative to the file): the other file's settings, which this one's override."""
+    tree = parse_config_file(path)
+    values = {}
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # a docstring
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if not isinstance(target, ast.Name):
+            raise UserError(f"{path}:{node.lineno}: only `name = value` assignments are allowed in config files")
+        key, where = target.id, f"{path}:{node.lineno}"
+        if key != BASE_KEY and key not in known:
+            raise unknown_key_error(key, known, where)
+        try:
+            value = ast.literal_eval(node.value)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            raise UserError(f"{where}: {key} must be a literal value (config files are parsed, never executed)") \
+                from None
+        if key == BASE_KEY:
+            values = {**read_base(path, value, known, including, where, first=not values), **values}
+        else:
+            values[key] = coerce(known[key], value, where, from_text=False)
+    return values
+
+
+BASE_KEY = "base"  # in a config file: the preset it builds on
+
+
+def read_base(path, base, known, including, where, first):
+    """The settings of the preset a config file names as its base, which must come before its own."""
+    if not isinstance(base, str) or not base.endswith(".py"):
+        raise UserError(f"{where}: base must name a config file ending in .py (got {base!r})")
+    if not first:
+        raise UserError(f"{where}: base must come before the file's own settings")
+    base_path = Path(path).parent / base
+    chain = (*including, Path(path).resolve())
+    if base_path.resolve() in chain:
+        raise UserError(f"{where}: base {base!r} leads back to {base_path} (a preset cannot build on itself)")
+    return read_config_file(str(base_path), known, chain)
+
+
+def parse_config_file(path):
     try:
         with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), filename=path)
+            return ast.parse(f.read(), filename=path)
     except FileNotFoundError:
         raise UserError(f"config file not found: {path}") from None
     except IsADirectoryError:
@@ -173,23 +220,6 @@ def read_config_file(path, known):
         raise UserError(f"could not read config file {path} ({e.strerror or e})") from None
     except (SyntaxError, UnicodeDecodeError, ValueError) as e:
         raise UserError(f"{path}: not a valid config file ({e})") from None
-    values = {}
-    for node in tree.body:
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            continue  # a docstring
-        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
-        if not isinstance(target, ast.Name):
-            raise UserError(f"{path}:{node.lineno}: only `name = value` assignments are allowed in config files")
-        key = target.id
-        if key not in known:
-            raise unknown_key_error(key, known, f"{path}:{node.lineno}")
-        try:
-            value = ast.literal_eval(node.value)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            raise UserError(f"{path}:{node.lineno}: {key} must be a literal value "
-                            "(config files are parsed, never executed)") from None
-        values[key] = coerce(known[key], value, f"{path}:{node.lineno}", from_text=False)
-    return values
 
 
 def split_args(argv, known):

@@ -11,15 +11,17 @@ from pathlib import Path
 
 import torch
 
-from gptkit.config import parse_config
+from gptkit.config import check_seed, parse_config
 from gptkit.dataset import Split, fixed_offsets, load_meta
+from gptkit.decoding import generate
 from gptkit.errors import UserError
+from gptkit.inspection import attention_maps
 from gptkit.metrics import read_metrics
 from gptkit.prompts import read_prompt
 from gptkit.rundir import RunDir, load_model
 from gptkit.runtime import check_device_name, pick_device
 from gptkit.tokenizer import tokenizer_from_meta
-from gptkit.training import TrainConfig
+from gptkit.train_config import TrainConfig
 
 REPO = Path(__file__).resolve().parent.parent
 PRESET = REPO / "config" / "shakespeare_char.py"
@@ -77,13 +79,14 @@ class LabConfig:
     sample_tokens: int = 200  # tokens in each rung's sample
     seed: int = 1337  # seeds every rung's weights and data order, and the samples
     device: str = "auto"  # 'auto' (cuda, then mps, then cpu), or 'cpu', 'cuda', 'cuda:N', 'mps'
-    threads: int = 1  # torch CPU threads per training run (0 = torch's default): see README, Attention lab
+    threads: int = 1  # torch CPU threads per training run (0 = torch's default): see docs/lab.md
 
     def __post_init__(self):
         if not self.budget > 0:
             raise ValueError(f"budget must be more than 0 seconds (got {self.budget})")
         if self.sample_tokens < 0 or self.threads < 0:
             raise ValueError("sample_tokens and threads must not be negative")
+        check_seed(self.seed)
         names = self.rung_names()
         unknown = [n for n in names if n not in RUNG_NAMES]
         if unknown or not names:
@@ -188,7 +191,7 @@ def attention_entropy(model, idx):
     many keys a query's attention would cover were they weighted equally. None without attention."""
     if model.config.n_layer == 0:
         return None
-    maps = model.attention_maps(idx)
+    maps = attention_maps(model, idx)
     rows = torch.cat([-torch.special.xlogy(w, w).sum(-1).flatten() for w in maps])  # 0 log 0 = 0
     return rows.mean().item() / math.log(2)
 
@@ -202,8 +205,8 @@ def val_windows(folder, meta, block_size, device):
 def sample_text(model, tok, prompt, cfg, device):
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     idx = torch.tensor([tok.encode(prompt)], dtype=torch.long, device=device)
-    out = model.generate(idx, cfg.sample_tokens, temperature=SAMPLE_TEMPERATURE, generator=generator,
-                         vocab_size=tok.vocab_size)
+    out = generate(model, idx, cfg.sample_tokens, temperature=SAMPLE_TEMPERATURE, generator=generator,
+                   vocab_size=tok.vocab_size)
     return tok.decode(out[0].tolist())
 
 

@@ -49,7 +49,7 @@ def build_optimizers(model, cfg, device):
     return optimizers
 
 
-def lr_multiplier(cfg, iter_num, elapsed_s=0.0):
+def lr_multiplier(cfg, iter_num, loop_seconds=0.0):
     """Fraction of the peak learning rate for this step; never divides by zero.
 
     Warmup counts optimizer steps. With a time budget (max_time) the decay follows
@@ -60,7 +60,7 @@ def lr_multiplier(cfg, iter_num, elapsed_s=0.0):
         return (iter_num + 1) / cfg.warmup_iters
     step = iter_num
     if cfg.max_time > 0:
-        step = max(step, cfg.max_iters * elapsed_s / cfg.max_time)
+        step = max(step, cfg.max_iters * loop_seconds / cfg.max_time)
     floor = cfg.min_lr / cfg.learning_rate if cfg.learning_rate > 0 else 0.0
     if cfg.lr_schedule == "wsd":
         decay_start = cfg.max_iters * (1 - cfg.warmdown_frac)

@@ -8,9 +8,9 @@ matplotlib.use("Agg")  # files only, no display needed
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
 from gptkit.errors import UserError  # noqa: E402
+from gptkit.inspection import attention_of  # noqa: E402
 
 
 def save(fig, path, dpi):
@@ -97,27 +97,6 @@ def draw_val_loss_vs_time(runs, title, path, dpi=110, dashed=()):
 
 
 # ----------------------------------------------------------------------------- attention
-
-
-def token_label(tok, token):
-    text = tok.decode([token])
-    shown = text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423")  # ␣ marks a space
-    return shown if len(shown) <= 12 else shown[:11] + "\u2026"
-
-
-def attention_of(model, tok, prompt):
-    """Every layer's attention weights for prompt, as numpy (H, T, T) arrays, and a label per token."""
-    if model.config.n_layer == 0:
-        raise UserError("this model has no attention layers (n_layer=0, a bigram model): there is nothing to draw")
-    ids = tok.encode(prompt)
-    if not ids:
-        raise UserError("the prompt is empty: pass some text with --start")
-    if len(ids) > model.config.block_size:
-        raise UserError(f"the prompt is {len(ids)} tokens, longer than the model's block_size "
-                        f"{model.config.block_size}")
-    device = next(model.parameters()).device
-    maps = model.attention_maps(torch.tensor([ids], dtype=torch.long, device=device))
-    return [m[0].float().cpu().numpy() for m in maps], [token_label(tok, t) for t in ids]
 
 
 def draw_attention(maps, labels, title, path, dpi=100, causal=True):

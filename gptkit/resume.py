@@ -8,7 +8,7 @@ import torch
 from gptkit.checkpoint import TRAINING_KEYS, load_checkpoint
 from gptkit.config import flatten, make
 from gptkit.errors import UserError
-from gptkit.training import TrainConfig
+from gptkit.train_config import TrainConfig
 from model import GPTConfig
 
 # what the saved weights and optimizer state are shaped by; dropout has no weights and may change
@@ -41,7 +41,7 @@ def resume_state(run, init_from, note):
     for path in candidates:
         try:
             ckpt = load_checkpoint(path, required=TRAINING_KEYS)
-            check_finite(ckpt, path)
+            refuse_unusable_numbers(ckpt, path)
         except UserError as e:
             problems.append(str(e))
             continue
@@ -51,7 +51,7 @@ def resume_state(run, init_from, note):
     raise UserError("; ".join(problems))
 
 
-def check_finite(ckpt, path):
+def refuse_unusable_numbers(ckpt, path):
     """A state whose numbers cannot be trained on is damaged, whatever its checksum says (files from before
     checksums, or a run that saved a broken state): say so, rather than let the first step blow up."""
     for where, tensors in [("weights", ckpt["model"].items()), ("optimizer state", optimizer_tensors(ckpt))]:

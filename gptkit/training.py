@@ -1,92 +1,22 @@
-"""The parts train.py's loop is made of: its config, the state a checkpoint saves and restores,
-the model it starts from, and evaluation."""
+"""The parts train.py's loop is made of: the state a checkpoint saves and restores, the model it starts
+from, the choices measured for it, and evaluation."""
 
 import math
-import os
 import random
-from dataclasses import asdict, dataclass, field, replace
-from typing import Literal
+from dataclasses import asdict, replace
 
 import numpy as np
 import torch
 
 from gptkit.checkpoint import model_from_checkpoint, save_checkpoint
-from gptkit.config import closest, require
 from gptkit.dataset import TrainingData, load_meta
 from gptkit.errors import UserError
-from gptkit.hf_interop import HUB_MODELS, load_pretrained
+from gptkit.hf_interop import load_pretrained
 from gptkit.optim import build_optimizers
-from gptkit.runtime import (allow_eager_fallback, check_device_name, compile_blocks, cpu_bf16_speedup, cpu_has_bf16,
-                            pick_attention_path)
+from gptkit.probes import attention_path_for, cpu_bf16_speedup, cpu_has_bf16
+from gptkit.runtime import compile_blocks
 from gptkit.tokenizer import describe_vocabulary, same_token_ids
-from model import GPT, GPTConfig
-
-
-@dataclass
-class TrainConfig:
-    # I/O
-    out_dir: str = "out"  # where latest.pt, best.pt and metrics.jsonl go
-    eval_interval: int = 250  # evaluate (and save the latest state) every this many iterations
-    log_interval: int = 10  # print and record the train loss every this many iterations
-    eval_iters: int = 20  # batches per split in each evaluation (the same fixed batches every time)
-    final_eval_tokens: int = 0  # at the end, score this many val tokens in consecutive windows (0 = the whole split)
-    eval_only: bool = False  # evaluate once, record it and exit; no checkpoint is ever written
-    always_save_checkpoint: bool = True  # save latest.pt at every evaluation, not only when val loss improves
-    init_from: str = "scratch"  # 'scratch', 'resume', 'auto' (resume if out_dir has a state), a GPT-2 name or HF folder
-    seed: int = 1337  # seeds weights, data order and dropout
-    # wandb
-    wandb_log: bool = False  # log to Weights & Biases
-    wandb_project: str = "nanogpt"  # wandb project name
-    wandb_run_name: str = "run"  # wandb run name
-    # data
-    data_dir: str = ""  # folder holding prepared datasets ('' = this project's data/)
-    dataset: str = "shakespeare_char"  # subfolder of data_dir made by data/prepare.py
-    gradient_accumulation_steps: int = 1  # micro-batches per optimizer step (over all DDP ranks)
-    batch_size: int = 12  # sequences per micro-batch
-    # the model: every setting of model.py's GPTConfig, except the vocabulary, which the dataset sets
-    model: GPTConfig = field(default_factory=GPTConfig, metadata={"not_settable": ("vocab_size",)})
-    # optimizer
-    optimizer: Literal["adamw", "muon"] = "adamw"  # AdamW, or Muon on hidden matrices and AdamW on the rest
-    learning_rate: float = 6e-4  # peak AdamW learning rate
-    embedding_lr: float = 0.0  # peak AdamW learning rate of the token and position embeddings (0 = learning_rate)
-    max_iters: int = 5000  # optimizer steps in the whole run
-    weight_decay: float = 0.1  # AdamW weight decay on matrices and embeddings
-    beta1: float = 0.9  # AdamW beta1
-    beta2: float = 0.95  # AdamW beta2
-    grad_clip: float = 1.0  # clip gradients at this norm; 0 disables
-    muon_lr: float = 0.02  # Muon learning rate for hidden matrices
-    muon_momentum: float = 0.95  # Muon momentum
-    muon_weight_decay: float = 0.0  # Muon weight decay
-    # learning-rate schedule
-    decay_lr: bool = True  # False keeps learning_rate constant (no warmup either, as nanoGPT)
-    lr_schedule: Literal["cosine", "wsd"] = "cosine"  # nanoGPT's cosine, or warmup-stable-decay (linear)
-    warmup_iters: int = 100  # linear warmup steps
-    lr_decay_iters: int = 0  # cosine reaches min_lr here (0 = max_iters)
-    min_lr: float = 6e-5  # floor of the cosine schedule
-    warmdown_frac: float = 0.5  # 'wsd': fraction of the run spent decaying to min_lr
-    max_time: float = 0.0  # >0: stop after this many seconds of the loop; the schedule follows max(iter, time) progress
-    # system
-    backend: Literal["auto", "nccl", "gloo"] = "auto"  # DDP backend: 'auto' is nccl on CUDA, gloo on CPU
-    device: str = "auto"  # 'auto' (cuda, then mps, then cpu), or 'cpu', 'cuda', 'cuda:1', 'mps'
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # 'auto': bf16 where it is fast, else fp32
-    compile: bool = False  # torch.compile each transformer block
-    attention_path: Literal["auto", "fused", "written"] = "auto"  # scaled/dot attention: measured, SDPA, or softmax
-    threads: int = 0  # torch CPU threads (0 = torch's default)
-
-    def __post_init__(self):
-        require(self, ["eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps", "batch_size",
-                       "max_iters"], lambda v: v >= 1, "at least 1")
-        require(self, ["warmup_iters", "lr_decay_iters", "threads", "learning_rate", "embedding_lr", "min_lr",
-                       "muon_lr", "weight_decay", "muon_weight_decay", "grad_clip", "max_time", "final_eval_tokens"],
-                lambda v: v >= 0, "at least 0")
-        require(self, ["beta1", "beta2", "muon_momentum"], lambda v: 0 <= v < 1, "in [0, 1)")
-        require(self, ["warmdown_frac"], lambda v: 0 <= v <= 1, "in [0, 1]")
-        require(self, ["seed"], lambda v: 0 <= v < 2 ** 31, "in [0, 2**31)")  # numpy takes seeds below 2**32
-        check_device_name(self.device)
-        starts = ["scratch", "resume", "auto", *HUB_MODELS]
-        if self.init_from not in starts and os.sep not in self.init_from and not os.path.isdir(self.init_from):
-            raise ValueError(f"init_from must be one of {', '.join(starts)} or a folder saved by save_pretrained "
-                             f"(got {self.init_from!r}{closest(self.init_from, starts)})")
+from model import GPT
 
 
 def build_model(cfg, meta, ckpt=None, path=None):
@@ -208,7 +138,7 @@ class TrainState:
                   "the data order is reseeded")
 
 
-def start(cfg, rt, ckpt=None, ckpt_path=None):
+def build_training(cfg, rt, ckpt=None, ckpt_path=None):
     """Seed this process, open the dataset and build what the loop trains: (TrainingData, TrainState),
     fresh, from pretrained weights, or restored from ckpt (read from ckpt_path) to resume."""
     seed_everything(cfg.seed + rt.rank)
@@ -228,7 +158,6 @@ def start(cfg, rt, ckpt=None, ckpt_path=None):
     if ckpt is not None:
         state.restore(ckpt, rt)
     if cfg.compile:
-        allow_eager_fallback()
         compile_blocks(model)
     return data, state
 
@@ -243,21 +172,19 @@ def settle_measured_choices(cfg, rt, model, ckpt):
     elif cfg.dtype == "auto" and rt.master and rt.device == "cpu" and cpu_has_bf16():
         print(f"precision: {rt.dtype} (bfloat16 matmuls ran at {cpu_bf16_speedup():.2f}x the float32 speed "
               "in a probe here)")
-    if cfg.attention_path != "auto":
-        path = cfg.attention_path
-    elif "attention_path" in saved:
+    if cfg.attention_path == "auto" and "attention_path" in saved:
         path = saved["attention_path"]
     else:
-        fused, why = pick_attention_path(model, cfg.batch_size, rt.autocast, rt.device)
-        path = rt.broadcast("fused" if fused else "written")  # rank 0's measurement: every process runs one path
+        path, why = attention_path_for(cfg.attention_path, model, cfg.batch_size, rt.autocast, rt.device)
+        path = rt.broadcast(path)  # rank 0's measurement: every process runs one path
         if why and rt.master:
             print(why)
-    model.use_fused_attention(path == "fused")
+    model.set_attention_path(path)
     return {"dtype": rt.dtype, "attention_path": path}
 
 
-def micro_batches(accumulation_steps, world):
-    """Micro-batches each process runs per optimizer step: the steps divided among the processes,
+def micro_steps_per_process(accumulation_steps, world):
+    """How many micro-batches each process runs per optimizer step: the steps divided among the processes,
     at least one each."""
     if accumulation_steps > world and accumulation_steps % world:
         raise UserError(f"gradient_accumulation_steps ({accumulation_steps}) must be divisible "

@@ -6,8 +6,9 @@ import math
 import pytest
 import torch
 
-import model as model_module
-from model import GPT, GPTConfig, SelfAttention
+from gptkit.decoding import generate
+from gptkit.inspection import attention_maps
+from model import ATTENTION_PATHS, GPT, GPTConfig, SelfAttention
 
 BASE = dict(block_size=12, vocab_size=29, n_layer=2, n_head=2, n_embd=16, dropout=0.0, bias=True)
 CAUSAL_VARIANTS = {
@@ -80,7 +81,7 @@ def test_uniform_weights_are_tril_over_the_row_count_and_average_the_past():
     attn = attention_module("uniform")
     T = 9
     tril = torch.tril(torch.ones(T, T))
-    assert torch.equal(attn.weights(None, None, T, T), tril / tril.sum(1, keepdim=True))
+    assert torch.equal(attn.attention_weights(None, None, T, T), tril / tril.sum(1, keepdim=True))
     # the notes' double loop over batch and time, on the values
     x = torch.randn(3, T, BASE["n_embd"])
     with torch.no_grad():
@@ -95,7 +96,7 @@ def test_uniform_weights_are_tril_over_the_row_count_and_average_the_past():
 
 
 @pytest.mark.parametrize("kind", ["scaled", "dot", "additive", "uniform"])
-def test_the_naive_loop_catches_a_mask_on_the_allowed_positions(kind, monkeypatch):
+def test_the_naive_loop_catches_a_mask_on_the_allowed_positions(kind):
     """One learner's note masks with masked_fill(tril, -inf), hiding the positions a query may see instead of
     the future. Planted in the weights the model writes out (the only path for uniform and additive, the
     inspected one for scaled and dot), the comparison with the naive loop fails; without it, it holds."""
@@ -104,14 +105,13 @@ def test_the_naive_loop_catches_a_mask_on_the_allowed_positions(kind, monkeypatc
 
     def explicit_output():
         q, k, v = attn.qkv(x, None)
-        y = (attn.weights(q, k, 6, 6) @ v).transpose(1, 2).reshape(1, 6, -1)
+        y = (attn.attention_weights(q, k, 6, 6) @ v).transpose(1, 2).reshape(1, 6, -1)
         return y @ attn.c_proj.weight.T + attn.c_proj.bias
 
     with torch.no_grad():
         want = naive_attention(attn, x, kind)
         torch.testing.assert_close(explicit_output(), want, atol=1e-5, rtol=1e-5)
-        monkeypatch.setattr(model_module, "visible_keys",
-                            lambda n, s, device: ~torch.ones(n, s, dtype=torch.bool, device=device).tril(s - n))
+        attn.tril.logical_not_()  # the note's mask: True on the future, so the past is what gets hidden
         assert not torch.allclose(explicit_output().nan_to_num(), want, atol=1e-3)
 
 
@@ -153,7 +153,7 @@ def test_kv_cache_generation_equals_full_context_generation(variant):
     with torch.no_grad():
         model.lm_head.weight.mul_(5.0)  # confident predictions, so a wrong context shows in the tokens
     idx = tokens((2, 3))
-    runs = [model.generate(idx, 30, temperature=1.0, kv_cache=kv, generator=torch.Generator().manual_seed(3))
+    runs = [generate(model, idx, 30, temperature=1.0, kv_cache=kv, generator=torch.Generator().manual_seed(3))
             for kv in (True, False)]  # 30 new tokens: the 12-token window slides several times
     assert torch.equal(runs[0], runs[1])
 
@@ -161,15 +161,15 @@ def test_kv_cache_generation_equals_full_context_generation(variant):
 def test_an_encoder_generates_from_the_whole_context_every_step():
     model = make_model(causal=False)
     idx = tokens((1, 3))
-    a = model.generate(idx, 15, temperature=0.0, kv_cache=True)
-    assert torch.equal(a, model.generate(idx, 15, temperature=0.0, kv_cache=False))
+    a = generate(model, idx, 15, temperature=0.0, kv_cache=True)
+    assert torch.equal(a, generate(model, idx, 15, temperature=0.0, kv_cache=False))
 
 
 @pytest.mark.parametrize("kind", ["scaled", "dot", "uniform", "additive"])
 def test_attention_maps_are_the_weights_the_forward_pass_applies(kind):
     model = make_model(attention=kind)
     idx = tokens((1, 8))
-    maps = model.attention_maps(idx)
+    maps = attention_maps(model, idx)
     attn, block = model.transformer.h[0].attn, model.transformer.h[0]
     with torch.no_grad():
         x, rotary = model.embed(idx)
@@ -190,25 +190,26 @@ def test_variants_refuse_what_they_cannot_do():
 
 @pytest.mark.parametrize("causal", [True, False], ids=["decoder", "encoder"])
 @pytest.mark.parametrize("kind", ["scaled", "dot"])
-def test_fused_and_written_out_attention_agree(kind, causal):
-    """SDPA's kernels and the explicit masked softmax: the same outputs and the same gradients, also when
-    new queries follow cached keys."""
+def test_the_three_attention_paths_agree(kind, causal):
+    """SDPA's kernels, the softmax written out as the notes write it, and the same folded into one matmul:
+    the same outputs and the same gradients, also when new queries follow cached keys."""
     model = make_model(attention=kind, causal=causal, pos_emb="rope", qk_norm=True)
     idx = tokens((2, 10))
     results = []
-    for fused in (True, False):
-        model.use_fused_attention(fused)
+    for path in ATTENTION_PATHS:
+        model.set_attention_path(path)
         model.zero_grad()
         logits, loss = model(idx, idx)
         loss.backward()
         grads = [p.grad.clone() for p in model.parameters()]
         results.append((logits.detach(), grads))
-    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-5)
-    for a, b in zip(results[0][1], results[1][1]):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    for other in results[1:]:
+        torch.testing.assert_close(other[0], results[0][0], atol=1e-5, rtol=1e-5)
+        for a, b in zip(other[1], results[0][1]):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
     if causal:
         runs = []
-        for fused in (True, False):
-            model.use_fused_attention(fused)
-            runs.append(model.generate(idx[:, :3], 20, temperature=0.0))
-        assert torch.equal(runs[0], runs[1])
+        for path in ATTENTION_PATHS:
+            model.set_attention_path(path)
+            runs.append(generate(model, idx[:, :3], 20, temperature=0.0))
+        assert all(torch.equal(run, runs[0]) for run in runs)

@@ -26,7 +26,7 @@ from conftest import MODEL, REPO, assert_one_error_line, make_text
 from gptkit.checkpoint import load_checkpoint
 from gptkit.config import settings
 from gptkit.corpus import PrepareConfig, prepare
-from gptkit.training import TrainConfig
+from gptkit.train_config import TrainConfig
 
 PROMPT = "Zebra ~ 😀 ROMEO"
 

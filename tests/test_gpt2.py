@@ -120,7 +120,8 @@ def test_hub_name_offline_is_one_error_line(tmp_path):
 
 
 def test_train_checks_data_and_block_size_against_pretrained(tmp_path):
-    from gptkit.training import TrainConfig, build_model
+    from gptkit.train_config import TrainConfig
+    from gptkit.training import build_model
 
     folder, _ = hf_model(tmp_path)
     cfg = TrainConfig(init_from=str(folder), dataset="tiny", model=GPTConfig(block_size=16, dropout=0.1))
@@ -141,7 +142,7 @@ def test_train_checks_data_and_block_size_against_pretrained(tmp_path):
 def save_fake_run(model, out_dir, tokenizer_meta):
     """A best.pt with the keys train.py writes (see TrainState.save_best), without training."""
     from gptkit.checkpoint import save_checkpoint
-    from gptkit.training import TrainConfig
+    from gptkit.train_config import TrainConfig
 
     state = {"model": model.state_dict(), "model_args": asdict(model.config), "config": asdict(TrainConfig()),
              "tokenizer": tokenizer_meta, "iter_num": 0, "val_loss": math.inf}

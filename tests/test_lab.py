@@ -16,7 +16,7 @@ from conftest import assert_one_error_line, run_script
 from gptkit import lab as machinery
 from gptkit.config import parse_config
 from gptkit.errors import UserError
-from gptkit.training import TrainConfig
+from gptkit.train_config import TrainConfig
 from model import GPT, GPTConfig
 from test_plot import assert_png
 

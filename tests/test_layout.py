@@ -1,11 +1,23 @@
-"""The shape of the house: at the root only what a user runs (and model.py), the machinery in gptkit/,
-no import cycles, no script imported by anything, and the model importing nothing of the project."""
+"""The shape of the house: at the root only what a user runs (and model.py), the machinery in gptkit/ in
+layers that import only downwards, no import cycles, no script imported by anything, and the model importing
+nothing of the project."""
 
 import ast
 
 from conftest import REPO
 
 SCRIPTS = {"train", "sample", "plot", "export", "bench", "lab"}  # the commands at the root (and data/prepare.py)
+# the package's layers, lowest first: a module may import its own layer or those below, never one above
+LAYERS = {
+    "foundations": {"gptkit.errors", "gptkit.config", "gptkit.prompts"},
+    "the model": {"model"},
+    "parts": {"gptkit.tokenizer", "gptkit.corpus", "gptkit.dataset", "gptkit.metrics", "gptkit.checkpoint",
+              "gptkit.hf_interop", "gptkit.decoding", "gptkit.inspection", "gptkit.flops", "gptkit.optim",
+              "gptkit.signals"},
+    "measured choices, processes and settings": {"gptkit.probes", "gptkit.runtime", "gptkit.train_config"},
+    "a run": {"gptkit.rundir", "gptkit.resume", "gptkit.training", "gptkit.pictures"},
+    "the lab": {"gptkit.lab"},
+}
 
 
 def project_imports(path):
@@ -43,3 +55,13 @@ def test_the_package_has_no_import_cycles():
         return any(n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in graph.get(start, ()))
 
     assert not [m for m in graph if reaches(m, m)], "import cycle"
+
+
+def test_every_module_imports_only_its_own_layer_or_those_below():
+    level = {module: i for i, layer in enumerate(LAYERS.values()) for module in layer}
+    package = {f"gptkit.{p.stem}" for p in (REPO / "gptkit").glob("*.py") if p.stem != "__init__"}
+    assert package | {"model"} == set(level), "every module belongs to one layer"
+    for module in level:
+        path = REPO / (module.replace(".", "/") + ".py")
+        above = [m for m in project_imports(path) if level.get(m, -1) > level[module]]
+        assert not above, f"{module} imports {above}, from a layer above its own"

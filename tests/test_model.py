@@ -7,7 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig, SelfAttention, KVCache, ReLUSquared, apply_rotary, rotary_tables, sample_next
+from gptkit.decoding import KVCache, generate, sample_next
+from gptkit.flops import flops_per_token
+from model import GPT, GPTConfig, ReLUSquared, SelfAttention, apply_rotary, rotary_tables
 
 BASE = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
 MODERN = dict(pos_emb="rope", norm="rmsnorm", qk_norm=True, mlp_act="relu2", tie_weights=False,
@@ -201,10 +203,10 @@ def test_generation_reads_only_the_last_block_of_context(kv_cache):
     while changing one inside the window does."""
     model = make_model(sharpen=20.0, block_size=8)
     prompt = random_tokens((1, 30))
-    out = model.generate(prompt, 1, temperature=0.0, kv_cache=kv_cache)
+    out = generate(model, prompt, 1, temperature=0.0, kv_cache=kv_cache)
     far = prompt.clone()
     far[:, :22] = random_tokens((1, 22), seed=5)  # all but the last 8 tokens
-    assert torch.equal(model.generate(far, 1, temperature=0.0, kv_cache=kv_cache)[:, -1], out[:, -1])
+    assert torch.equal(generate(model, far, 1, temperature=0.0, kv_cache=kv_cache)[:, -1], out[:, -1])
     with torch.no_grad():
         logits, _ = model(prompt[:, -8:])
         near = prompt.clone()
@@ -288,5 +290,5 @@ def test_flops_per_token_by_hand():
     per_layer = C + 3 * C * C + C * C + C + 4 * C * C + 4 * C * C  # ln_1, c_attn, c_proj, ln_2, c_fc, c_proj
     n = L * per_layer + C + V * C  # the blocks, ln_f and the head
     model = make_model(bias=False)
-    assert model.flops_per_token(T) == 6 * n + L * 2 * 2 * T * C * 3
-    assert make_model(bias=False, tie_weights=False).flops_per_token(T) == model.flops_per_token(T)
+    assert flops_per_token(model, T) == 6 * n + L * 2 * 2 * T * C * 3
+    assert flops_per_token(make_model(bias=False, tie_weights=False), T) == flops_per_token(model, T)

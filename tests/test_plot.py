@@ -8,6 +8,7 @@ import torch
 
 from conftest import assert_one_error_line, check_ok, run_script
 from gptkit.errors import UserError
+from gptkit.inspection import attention_maps
 from model import GPT, GPTConfig
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -44,7 +45,7 @@ def test_attention_maps_are_causal_distributions(arch):
         for block in model.transformer.h:
             block.attn.c_attn.weight.mul_(10)
     idx = torch.randint(50, (2, 20), generator=torch.Generator().manual_seed(1))
-    maps = model.attention_maps(idx)
+    maps = attention_maps(model, idx)
     assert len(maps) == 3
     future = torch.ones(20, 20, dtype=torch.bool).triu(diagonal=1)
     for weights in maps:
@@ -63,7 +64,7 @@ def test_attention_maps_are_what_the_forward_pass_uses():
     idx = torch.randint(30, (1, 12), generator=torch.Generator().manual_seed(2))
     outputs = []
     handle = model.transformer.h[1].attn.c_proj.register_forward_pre_hook(lambda m, a: outputs.append(a[0]))
-    maps = model.attention_maps(idx)
+    maps = attention_maps(model, idx)
     handle.remove()
     with torch.no_grad():
         x, rotary = model.embed(idx)

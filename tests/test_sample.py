@@ -9,12 +9,14 @@ import sys
 import pytest
 import torch
 
-import model as model_module
+import sample
 from conftest import REPO, SHARED_TIKTOKEN, assert_one_error_line, check_ok, run_script
+from gptkit import decoding, probes
+from gptkit.decoding import lay_out_for_decoding, sample_next
 from gptkit.errors import UserError
 from gptkit.prompts import read_prompt, unescape
 from gptkit.tokenizer import CharTokenizer, TiktokenTokenizer
-from model import GPT, GPTConfig, sample_next
+from model import GPT, GPTConfig
 from sample import SampleConfig, StopFilter, generate_texts
 
 
@@ -45,7 +47,7 @@ def prompt_tokens(length, batch=1, seed=3):
 
 
 def generate(model, idx, n, kv_cache, seed=7, **kwargs):
-    return model.generate(idx, n, kv_cache=kv_cache, generator=torch.Generator().manual_seed(seed), **kwargs)
+    return decoding.generate(model, idx, n, kv_cache=kv_cache, generator=torch.Generator().manual_seed(seed), **kwargs)
 
 
 def recorded_logits(model, idx, n, kv_cache, monkeypatch, **kwargs):
@@ -57,7 +59,7 @@ def recorded_logits(model, idx, n, kv_cache, monkeypatch, **kwargs):
         return sample_next(logits, *args, **kw)
 
     with monkeypatch.context() as m:
-        m.setattr(model_module, "sample_next", spy)
+        m.setattr(decoding, "sample_next", spy)
         out = generate(model, idx, n, kv_cache, **kwargs)
     return out, torch.stack(seen)
 
@@ -192,7 +194,8 @@ def test_stop_filter_holds_back_only_a_possible_beginning():
 
 
 class ScriptedModel(torch.nn.Module):
-    """Stands in for GPT in generate_texts: yields fixed tokens per row and counts the columns drawn."""
+    """Stands in for GPT in generate_texts: yields fixed tokens per row and counts the columns drawn
+    (the scripted_decoding fixture routes generate_texts' decoding to it)."""
 
     def __init__(self, rows):
         super().__init__()
@@ -206,7 +209,12 @@ class ScriptedModel(torch.nn.Module):
             yield torch.tensor([[r[i] if i < len(r) else r[-1]] for r in self.rows])
 
 
-def test_generate_texts_stops_rows_independently_and_streams_the_first():
+@pytest.fixture
+def scripted_decoding(monkeypatch):
+    monkeypatch.setattr(sample, "generate_stream", lambda model, idx, n, **kw: model.generate_stream(idx, n, **kw))
+
+
+def test_generate_texts_stops_rows_independently_and_streams_the_first(scripted_decoding):
     tok = CharTokenizer(sorted(set("abcdef\n:P")))
     rows = [tok.encode("ab\ncd\n\nef\n\nab"), tok.encode("a\n\nbcdef\nabcdef")]
     model = ScriptedModel(rows)
@@ -218,7 +226,7 @@ def test_generate_texts_stops_rows_independently_and_streams_the_first():
     assert model.drawn == 7  # generation ends once every row has met the stop string
 
 
-def test_generate_texts_without_stop_returns_everything():
+def test_generate_texts_without_stop_returns_everything(scripted_decoding):
     tok = CharTokenizer(sorted(set("abc\n")))
     model = ScriptedModel([tok.encode("abc\n\nabc")])
     stream = io.StringIO()
@@ -276,7 +284,7 @@ def test_stream_decoder_holds_back_partial_utf8_characters():
     assert pieces == ["", "é", "", "", "—", "", "", "", "😀"]  # each character appears once complete
 
 
-def test_bpe_streaming_through_generate_texts_never_prints_half_a_character():
+def test_bpe_streaming_through_generate_texts_never_prints_half_a_character(scripted_decoding):
     tok = byte_level_tokenizer()
     tok.encode = lambda text: list(text.encode("utf-8"))
     text = "caf" + EMOJI_TEXT + "\n\nend"
@@ -423,31 +431,27 @@ def test_bench_sample_reports_both_rates_and_the_speedup(capsys):
 
 @pytest.mark.parametrize("bf16_speedup,want", [(2.0, "bfloat16"), (1.1, "float32"), (0.5, "float32")])
 def test_decode_precision_is_measured_and_must_win_clearly(monkeypatch, bf16_speedup, want):
-    from gptkit import runtime
-
-    monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: True)
-    monkeypatch.setattr(runtime, "decode_seconds", lambda model, batch, tokens: {
+    monkeypatch.setattr(probes, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(probes, "decode_seconds", lambda model, batch, tokens: {
         torch.float32: 1.0, torch.bfloat16: 1.0 / bf16_speedup}[next(model.parameters()).dtype])
-    dtype, why = runtime.pick_decode_dtype("auto", tiny_model(), "cpu")
+    dtype, why = probes.pick_decode_dtype("auto", tiny_model(), "cpu")
     assert dtype == want and why.startswith(f"decoding in {want}: {bf16_speedup:.2f}x the float32 speed")
-    assert runtime.pick_decode_dtype("float32", tiny_model(), "cpu")[0] == "float32"
+    assert probes.pick_decode_dtype("float32", tiny_model(), "cpu")[0] == "float32"
 
 
 @pytest.mark.parametrize("two_thread_speedup,want", [(1.8, 2), (1.1, 1), (0.2, 1)])
 def test_decode_threads_are_measured_and_more_must_win_clearly(monkeypatch, two_thread_speedup, want):
     """On a busy machine a second thread stalls every step, so it is taken only when a probe shows it
     clearly faster; the count chosen is the one left set."""
-    from gptkit import runtime
-
     before = torch.get_num_threads()
-    monkeypatch.setattr(runtime, "decode_seconds", lambda model, batch, tokens: 1.0 / (
+    monkeypatch.setattr(probes, "decode_seconds", lambda model, batch, tokens: 1.0 / (
         two_thread_speedup if torch.get_num_threads() == 2 else 1.0))
     try:
         torch.set_num_threads(2)
-        threads, why = runtime.pick_decode_threads(0, tiny_model(), "cpu")
+        threads, why = probes.pick_decode_threads(0, tiny_model(), "cpu")
         assert threads == want == torch.get_num_threads()
         assert why.endswith(f"2 threads ran at {two_thread_speedup:.2f}x the speed of 1 on this model")
-        assert runtime.pick_decode_threads(3, tiny_model(), "cpu")[0] == 3 == torch.get_num_threads()
+        assert probes.pick_decode_threads(3, tiny_model(), "cpu")[0] == 3 == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
 
@@ -458,7 +462,7 @@ def test_decoding_layout_keeps_values_ties_and_tokens():
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     idx = prompt_tokens(4)
     want = generate(model, idx, 20, True, temperature=0.0)
-    model.lay_out_for_decoding()
+    lay_out_for_decoding(model)
     assert model.lm_head.weight.t().is_contiguous()  # the layout did change
     assert model.transformer.wte.weight is model.lm_head.weight
     for n, p in model.named_parameters():

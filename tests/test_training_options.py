@@ -7,12 +7,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from gptkit import runtime
+from gptkit import probes
 from gptkit.config import build
 from gptkit.errors import UserError
 from gptkit.optim import build_optimizers, is_hidden_matrix, lr_multiplier, set_lr
-from gptkit.runtime import compile_blocks, pick_dtype
-from gptkit.training import TrainConfig
+from gptkit.probes import pick_dtype
+from gptkit.runtime import compile_blocks
+from gptkit.train_config import TrainConfig
 from model import GPT
 
 
@@ -167,10 +168,10 @@ def test_wsd_is_flat_then_linear_to_min_lr():
 
 def test_time_budget_drives_the_decay():
     cfg = schedule(lr_schedule="wsd", warmdown_frac=0.4, max_time=100.0)
-    assert lr_multiplier(cfg, 20, elapsed_s=10.0) == 1.0  # iterations ahead of time
-    assert lr_multiplier(cfg, 20, elapsed_s=80.0) == pytest.approx(1.0 - 0.5 * 0.9)  # time ahead
-    assert lr_multiplier(cfg, 20, elapsed_s=100.0) == pytest.approx(0.1)
-    assert lr_multiplier(cfg, 5, elapsed_s=90.0) == pytest.approx(0.6)  # warmup still counts steps
+    assert lr_multiplier(cfg, 20, loop_seconds=10.0) == 1.0  # iterations ahead of time
+    assert lr_multiplier(cfg, 20, loop_seconds=80.0) == pytest.approx(1.0 - 0.5 * 0.9)  # time ahead
+    assert lr_multiplier(cfg, 20, loop_seconds=100.0) == pytest.approx(0.1)
+    assert lr_multiplier(cfg, 5, loop_seconds=90.0) == pytest.approx(0.6)  # warmup still counts steps
 
 
 def test_gradient_accumulation_gives_the_update_of_one_big_batch(tmp_path, data_dir):
@@ -195,14 +196,14 @@ def test_gradient_accumulation_gives_the_update_of_one_big_batch(tmp_path, data_
 @pytest.mark.parametrize("bf16_instructions,bf16_faster,want", [(True, True, "bfloat16"), (True, False, "float32"),
                                                                 (False, True, "float32")])
 def test_pick_dtype_trusts_the_probe_not_the_flags(monkeypatch, bf16_instructions, bf16_faster, want):
-    runtime.cpu_bf16_speedup.cache_clear()
-    monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: bf16_instructions)
-    monkeypatch.setattr(runtime, "matmul_seconds",
+    probes.cpu_bf16_speedup.cache_clear()
+    monkeypatch.setattr(probes, "cpu_has_bf16", lambda: bf16_instructions)
+    monkeypatch.setattr(probes, "matmul_seconds",
                         lambda dtype, **kw: 1.0 if (dtype == torch.bfloat16) == bf16_faster else 3.0)
     try:
         assert pick_dtype("auto", "cpu") == want
     finally:
-        runtime.cpu_bf16_speedup.cache_clear()
+        probes.cpu_bf16_speedup.cache_clear()
     assert pick_dtype("float32", "cpu") == "float32" and pick_dtype("bfloat16", "cpu") == "bfloat16"
     with pytest.raises(UserError, match="float16 is not supported on CPU"):
         pick_dtype("float16", "cpu")
@@ -235,32 +236,33 @@ def test_split_evaluation_scores_every_target_once(tmp_path, max_tokens):
     assert loss == pytest.approx(sum(losses) / n, rel=1e-5)
 
 
-@pytest.mark.parametrize("fused_ms,written_ms,want", [(5.0, 2.0, False), (2.0, 5.0, True)])
-def test_attention_path_is_the_faster_one_measured(monkeypatch, fused_ms, written_ms, want):
-    monkeypatch.setattr(runtime, "attention_seconds",
-                        lambda attn, shape, autocast, fused: (fused_ms if fused else written_ms) / 1e3)
+@pytest.mark.parametrize("fastest", ["fused", "written", "folded"])
+def test_attention_path_is_the_fastest_one_measured(monkeypatch, fastest):
+    monkeypatch.setattr(probes, "attention_seconds",
+                        lambda attn, shape, autocast, path: (1.0 if path == fastest else 3.0) / 1e3)
     model = tiny_model(config(**TINY))
-    fused, why = runtime.pick_attention_path(model, 4, torch.autocast("cpu", enabled=False), "cpu")
-    assert fused is want and f"{fused_ms:.1f} ms fused, {written_ms:.1f} ms written out" in why
-    assert runtime.pick_attention_path(model, 4, None, "cuda") == (True, None)  # no probe on a GPU
+    path, why = probes.attention_path_for("auto", model, 4, torch.autocast("cpu", enabled=False), "cpu")
+    assert path == fastest and why.startswith(f"attention: the {fastest} path (") and "3.0 ms" in why
+    assert probes.attention_path_for("auto", model, 4, None, "cuda") == ("fused", None)  # no probe on a GPU
+    assert probes.attention_path_for("written", model, 4, None, "cpu") == ("written", None)  # as set
     uniform = tiny_model(config(**TINY, attention="uniform"))
-    assert runtime.pick_attention_path(uniform, 4, None, "cpu") == (True, None)  # nothing to choose
+    assert probes.attention_path_for("auto", uniform, 4, None, "cpu") == ("fused", None)  # nothing to choose
 
 
 def test_a_resume_keeps_the_measured_choices_it_was_trained_with(monkeypatch):
-    """Re-measuring on resume could switch path or precision mid-run (and the two attention paths draw
-    dropout differently), so the saved choices win; fresh runs measure."""
+    """Re-measuring on resume could switch path or precision mid-run (and SDPA draws dropout differently
+    from the written-out paths), so the saved choices win; fresh runs measure."""
     from gptkit.runtime import Runtime
     from gptkit.training import settle_measured_choices
 
     def no_probe(*args):
         raise AssertionError("a resumed run measured again")
 
-    monkeypatch.setattr("gptkit.training.pick_attention_path", no_probe)
+    monkeypatch.setattr(probes, "attention_seconds", no_probe)
     rt, model = Runtime(device="cpu", dtype="float32"), tiny_model(config(**TINY))
-    saved = {"measured": {"dtype": "bfloat16", "attention_path": "written"}}
+    saved = {"measured": {"dtype": "bfloat16", "attention_path": "folded"}}
     assert settle_measured_choices(config(**TINY), rt, model, saved) == saved["measured"]
-    assert rt.dtype == "bfloat16" and model.transformer.h[0].attn.fused is False
+    assert rt.dtype == "bfloat16" and model.transformer.h[0].attn.path == "folded"
     explicit = config(**TINY, dtype="float32", attention_path="fused")  # what the command line says wins
     rt = Runtime(device="cpu", dtype="float32")
     assert settle_measured_choices(explicit, rt, model, saved) == {"dtype": "float32", "attention_path": "fused"}

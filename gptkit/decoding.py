@@ -1,0 +1,97 @@
+"""Decoding: turning a trained GPT into text one token at a time, with a cache of every layer's keys and
+values so that each new token costs one position of work, and sampling with temperature, top-k and top-p."""
+
+import torch
+import torch.nn as nn
+
+
+class KVCache:
+    """Preallocated keys and values of every layer, so a decode step appends in place."""
+
+    def __init__(self, config, batch_size, device, dtype):
+        head_dim = config.n_embd // config.n_head
+        shape = (config.n_layer, batch_size, config.n_head, config.block_size, head_dim)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.k = torch.zeros(shape, device=device, dtype=dtype) if config.attention != "uniform" else None
+        # per-layer views made once: a decode step then costs two narrows and a copy, not a chain of
+        # select/slice ops (on CPU, per-op overhead is a large part of a 1-token step)
+        self.v_layers = self.v.unbind(0)
+        self.k_layers = self.k.unbind(0) if self.k is not None else [None] * config.n_layer
+        self.pos = 0  # tokens already cached
+
+    def update(self, layer, k, v):
+        """Append this step's keys and values (k is None where attention has no keys); all so far."""
+        t, end = v.size(2), self.pos + v.size(2)
+        keys, values = self.k_layers[layer], self.v_layers[layer]
+        values.narrow(2, self.pos, t).copy_(v)
+        if keys is None:
+            return None, values.narrow(2, 0, end)
+        keys.narrow(2, self.pos, t).copy_(k)
+        return keys.narrow(2, 0, end), values.narrow(2, 0, end)
+
+
+@torch.no_grad()
+def generate_stream(model, idx, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, kv_cache=True, generator=None,
+                    vocab_size=None):
+    """Yield each new (B, 1) column of tokens as it is sampled, from the first vocab_size logits (a
+    vocabulary padded for speed has rows no tokenizer can decode).
+
+    When the context outgrows block_size the window slides forward by half a block and is recomputed
+    once, so cached and uncached decoding see the same context at every step. A model without the causal
+    mask recomputes the whole window every step whatever kv_cache says: each new token changes what the
+    earlier positions see."""
+    window = model.config.block_size
+    kv_cache = kv_cache and model.config.causal
+    start = max(0, idx.size(1) - window)
+    cache = None
+    for _ in range(max_new_tokens):
+        if idx.size(1) - start > window:
+            start = idx.size(1) - max(1, window // 2)  # block_size 1 keeps 1 token
+            cache = None
+        if not kv_cache:
+            logits, _ = model(idx[:, start:])
+        elif cache is None:
+            cache = KVCache(model.config, idx.size(0), idx.device, model.lm_head.weight.dtype)
+            logits, _ = model(idx[:, start:], cache=cache)
+        else:
+            logits, _ = model(idx[:, -1:], cache=cache)
+        next_token = sample_next(logits[:, -1, :vocab_size], temperature, top_k, top_p, generator)
+        idx = torch.cat((idx, next_token), dim=1)
+        yield next_token
+
+
+def generate(model, idx, max_new_tokens, **kwargs):
+    """idx extended by max_new_tokens sampled tokens (the options as for generate_stream)."""
+    new = list(generate_stream(model, idx, max_new_tokens, **kwargs))
+    return torch.cat([idx] + new, dim=1)
+
+
+def sample_next(logits, temperature=1.0, top_k=0, top_p=1.0, generator=None):
+    """One token per row from (B, V) logits; temperature 0 is greedy, top_k 0 and top_p 1 are off."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # drop a token when the more likely ones already cover top_p; the first always stays
+        drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
+        drop[:, 0] = False
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return torch.multinomial(probs, num_samples=1, generator=generator)
+
+
+@torch.no_grad()
+def lay_out_for_decoding(model):
+    """Store every linear weight of model transposed in memory (the same values and shapes): a one-token
+    decode step multiplies a row vector by each weight, which CPU kernels stream faster from an (in, out)
+    layout. For inference; training prefers the usual layout. Tied weights stay tied: the data moves, the
+    parameter stays. Returns the model."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            module.weight.data = module.weight.data.t().contiguous().t()
+    return model

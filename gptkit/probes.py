@@ -1,0 +1,157 @@
+"""The choices made by measuring this machine rather than by rules: the training precision, the attention
+path, and the precision and thread count for decoding, each timed in a probe of milliseconds to a second;
+and the matmul peak that utilisation figures are measured against."""
+
+import collections
+import copy
+import functools
+import math
+import sys
+import time
+
+import torch
+
+from gptkit.decoding import generate_stream
+from gptkit.errors import UserError
+
+
+def synchronize(device):
+    """Wait for the device's queued work, so that a clock read afterwards has seen it finish."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def fastest_seconds(run, repeats, device="cpu"):
+    """The fastest of `repeats` timings of run(), after one untimed call that pays for kernel selection."""
+    best = math.inf
+    for i in range(repeats + 1):
+        synchronize(device)
+        start = time.perf_counter()
+        run()
+        synchronize(device)
+        if i:
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def cpu_has_bf16():
+    """AVX-512 BF16 or AMX in the CPU flags: bf16 matmul instructions exist."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def matmul_seconds(dtype, size=768):
+    a = torch.randn(size, size).to(dtype)
+    return fastest_seconds(lambda: a @ a, 3)
+
+
+@functools.cache
+def cpu_bf16_speedup():
+    """How many times faster bf16 matmuls run than fp32 here (0 without bf16 instructions): some CPUs that
+    list the instructions run them slower than fp32, so ask the hardware."""
+    return matmul_seconds(torch.float32) / matmul_seconds(torch.bfloat16) if cpu_has_bf16() else 0.0
+
+
+@functools.cache
+def matmul_peak(dtype, device="cpu", size=2048, repeats=5):
+    """FLOP/s of the fastest of a few size x size matmuls in dtype on device: the most a training step's
+    matmuls can reach here, measured rather than read off a datasheet."""
+    a = torch.randn(size, size, device=device).to(getattr(torch, dtype))
+    return 2 * size ** 3 / fastest_seconds(lambda: a @ a, repeats, device)
+
+
+def pick_dtype(name, device):
+    """The training precision: as asked, or for 'auto' bf16 on a GPU that has it and on a CPU where a probe
+    finds bf16 matmuls clearly faster than fp32; else fp32."""
+    if name != "auto":
+        if name == "float16" and device == "cpu":
+            raise UserError("dtype float16 is not supported on CPU; use bfloat16 or float32")
+        return name
+    if device.startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if device == "cpu" and cpu_bf16_speedup() > 1.2:
+        return "bfloat16"
+    return "float32"
+
+
+def attention_path_for(setting, model, batch_size, autocast, device):
+    """The attention path for scaled or dot attention: as set, or for 'auto' the fastest on this CPU of SDPA's
+    fused kernels and the softmax written out, plain or folded (faster for short contexts on some CPUs), each
+    timed on one layer's forward and backward at the training shape. (path, a line saying why, or None)."""
+    c = model.config
+    if setting != "auto":
+        return setting, None
+    if device != "cpu" or c.attention not in ("scaled", "dot") or c.n_layer == 0:
+        return "fused", None
+    shape = (batch_size, c.n_head, c.block_size, c.n_embd // c.n_head)
+    seconds = {path: attention_seconds(model.transformer.h[0].attn, shape, autocast, path)
+               for path in ("fused", "written", "folded")}
+    best = min(seconds, key=seconds.get)
+    times = ", ".join(f"{path} {s * 1e3:.1f} ms" for path, s in seconds.items())
+    return best, f"attention: the {best} path ({times} per layer, forward and backward, measured)"
+
+
+def attention_seconds(attn, shape, autocast, path, repeats=3):
+    """The fastest of a few timings of one attention layer's forward and backward on path."""
+    q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
+
+    def forward_backward():
+        with autocast:
+            y = attn.attend(q, k, v, shape[2])
+        y.float().sum().backward()
+
+    was, attn.path = attn.path, path
+    try:
+        return fastest_seconds(forward_backward, repeats)
+    finally:
+        attn.path = was
+
+
+def decode_seconds(model, batch_size, tokens, repeats=3):
+    """The fastest of a few timings of decoding `tokens` tokens."""
+    prompt = torch.zeros((batch_size, 1), dtype=torch.long, device=next(model.parameters()).device)
+    return fastest_seconds(lambda: collections.deque(generate_stream(model, prompt, tokens), maxlen=0), repeats)
+
+
+def pick_decode_dtype(name, model, device, batch_size=1, tokens=16):
+    """The weights' precision for decoding: as asked, or for 'auto' the faster of float32 and bfloat16 on
+    this machine (bfloat16 reads half the bytes per token, but some CPUs compute it slowly), timed on a
+    few tokens of this model; and a line saying why. bfloat16 must win clearly, so the choice does not flip
+    with a machine's noise and one seed keeps giving one text."""
+    if name != "auto":
+        return pick_dtype(name, device), f"decoding in {name}"
+    if device.startswith("cuda"):
+        return ("bfloat16" if torch.cuda.is_bf16_supported() else "float16"), "decoding in half precision on CUDA"
+    if device != "cpu" or not cpu_has_bf16():
+        return "float32", "decoding in float32"
+    seconds = {dtype: decode_seconds(copy.deepcopy(model).to(getattr(torch, dtype)), batch_size, tokens)
+               for dtype in ("float32", "bfloat16")}
+    best = "bfloat16" if seconds["bfloat16"] * 1.25 < seconds["float32"] else "float32"
+    return best, (f"decoding in {best}: {seconds['float32'] / seconds['bfloat16']:.2f}x the float32 speed in "
+                  "bfloat16, measured on this model")
+
+
+def pick_decode_threads(threads, model, device, batch_size=1, tokens=16):
+    """CPU threads for decoding, set here: as asked, or for 0 the faster of 1 and torch's default on this
+    model, now; and a line saying why. Decoding runs many small operations, each of which waits for all its
+    threads: when another process holds a core, every step stalls. So more than one thread must win clearly."""
+    if threads:
+        torch.set_num_threads(threads)
+        return threads, f"decoding on {threads} thread{'s' if threads > 1 else ''}, as asked"
+    most = torch.get_num_threads()
+    if device != "cpu" or most == 1:
+        return most, ""
+    seconds = {}
+    for n in (1, most):
+        torch.set_num_threads(n)
+        seconds[n] = decode_seconds(model, batch_size, tokens)
+    best = most if seconds[most] * 1.3 < seconds[1] else 1
+    torch.set_num_threads(best)
+    return best, (f"decoding on {best} thread{'s' if best > 1 else ''}: {most} threads ran at "
+                  f"{seconds[1] / seconds[most]:.2f}x the speed of 1 on this model")
