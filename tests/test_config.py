@@ -9,7 +9,7 @@ from dataclasses import fields
 from conftest import REPO
 from gptkit.config import parse_config, settings
 from gptkit.errors import UserError
-from gptkit.training import TrainConfig
+from gptkit.train_config import TrainConfig
 from model import GPTConfig
 
 
@@ -210,3 +210,39 @@ def test_help_lists_model_settings_with_their_choices(capsys):
     assert "model settings (model.py's GPTConfig):" in out
     assert "--rope_base=10000.0" in out and "rotary frequency base" in out
     assert "[learned | rope | none]" in out and "[adamw | muon]" in out
+
+
+def test_a_preset_builds_on_its_base(tmp_path):
+    """The base's settings first, the file's own over them, a command line over both; the base's path is
+    relative to the file that names it, and a chain of bases works."""
+    write(tmp_path, "batch_size = 4\nn_layer = 3\nout_dir = 'base'\n", "base.py")
+    (tmp_path / "more").mkdir()
+    write(tmp_path, "base = '../base.py'\nn_layer = 5\n", "more/middle.py")
+    top = write(tmp_path, "base = 'more/middle.py'\nout_dir = 'top'\n", "top.py")
+    cfg = parse_config(TrainConfig, [top, "--batch_size=6"])
+    assert (cfg.batch_size, cfg.model.n_layer, cfg.out_dir) == (6, 5, "top")
+    assert parse_config(TrainConfig, [top]).batch_size == 4
+
+
+@pytest.mark.parametrize("body,others,message", [
+    ("base = 'cfg.py'\n", {}, "leads back to"),
+    ("base = 'b.py'\n", {"b.py": "base = 'cfg.py'\n"}, "leads back to"),
+    ("batch_size = 4\nbase = 'b.py'\n", {"b.py": ""}, "base must come before the file's own settings"),
+    ("base = 3\n", {}, "base must name a config file ending in .py"),
+    ("base = 'missing.py'\n", {}, "config file not found"),
+    ("base = 'b.py'\n", {"b.py": "n_heads = 2\n"}, r"b.py:1: unknown config key 'n_heads'"),
+])
+def test_a_bad_base_is_one_clear_error(tmp_path, body, others, message):
+    for name, text in others.items():
+        write(tmp_path, text, name)
+    with pytest.raises(UserError, match=message):
+        parse_config(TrainConfig, [write(tmp_path, body)])
+
+
+def test_the_longer_presets_build_on_the_default():
+    """The 5- and 10-minute presets name their base rather than repeat it: only what differs is written."""
+    texts = {p.name: p.read_text(encoding="utf-8") for p in CONFIG_FILES}
+    assert "base = 'shakespeare_char.py'" in texts["shakespeare_char_5min.py"]
+    assert "base = 'shakespeare_char_5min.py'" in texts["shakespeare_char_10min.py"]
+    ten = parse_config(TrainConfig, [str(REPO / "config/shakespeare_char_10min.py")])
+    assert (ten.model.n_embd, ten.compile, ten.model.pos_emb, ten.max_time) == (192, True, "rope", 585)
