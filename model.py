@@ -186,7 +186,7 @@ class SelfAttention(nn.Module):
     def attention_weights(self, q, k, n_queries, n_keys):
         """How much each query attends to each key, written out: (B, H, T, S), or (T, S) for uniform."""
         if self.kind == "uniform":  # no scores at all: every visible position counts the same
-            scores = torch.zeros(n_queries, n_keys, device=self.tril.device)
+            scores = torch.zeros(n_queries, n_keys, device=self.tril.device, dtype=self.c_attn.weight.dtype)
         elif self.kind == "additive":  # Bahdanau: v . tanh(q + k), for every pair of a query and a key
             scores = torch.tanh(q.unsqueeze(3) + k.unsqueeze(2)) @ self.score_v[:, None, :, None].to(q.dtype)
             scores = scores.squeeze(-1)

@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 
 from gptkit.config import check_seed, parse_config, require
-from gptkit.decoding import generate_stream, lay_out_for_decoding
+from gptkit.decoding import StopFilter, generate_stream, lay_out_for_decoding
 from gptkit.errors import UserError, run_main
 from gptkit.probes import pick_decode_dtype, pick_decode_threads
 from gptkit.prompts import read_prompt, unescape
@@ -48,32 +48,6 @@ class SampleConfig:
         require(self, ["top_p"], lambda v: 0 < v <= 1, "in (0, 1]")
         check_seed(self.seed)
         check_device_name(self.device)
-
-
-class StopFilter:
-    """Pass text through until the stop string appears, holding back what might be its beginning."""
-
-    def __init__(self, stop):
-        self.stop, self.pending, self.done = stop, "", False
-
-    def feed(self, text):
-        if self.done:
-            return ""
-        if not self.stop:
-            return text
-        self.pending += text
-        at = self.pending.find(self.stop)
-        if at >= 0:
-            self.done = True
-            out, self.pending = self.pending[:at], ""
-            return out
-        keep = next((n for n in range(len(self.stop) - 1, 0, -1) if self.pending.endswith(self.stop[:n])), 0)
-        out, self.pending = self.pending[:len(self.pending) - keep], self.pending[len(self.pending) - keep:]
-        return out
-
-    def flush(self):
-        out, self.pending = ("" if self.done else self.pending), ""
-        return out
 
 
 def generate_texts(model, tok, prompt, cfg, stop="", stream=None):

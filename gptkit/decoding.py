@@ -1,8 +1,10 @@
 """Decoding: turning a trained GPT into text one token at a time, with a cache of every layer's keys and
-values so that each new token costs one position of work, and sampling with temperature, top-k and top-p."""
+values so that each new token costs one position of work, sampling with temperature, top-k and top-p, and
+ending at a stop string."""
 
 import torch
 import torch.nn as nn
+from torch.nn import functional as F
 
 
 class KVCache:
@@ -31,10 +33,10 @@ class KVCache:
 
 
 @torch.no_grad()
-def generate_stream(model, idx, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, kv_cache=True, generator=None,
-                    vocab_size=None):
-    """Yield each new (B, 1) column of tokens as it is sampled, from the first vocab_size logits (a
-    vocabulary padded for speed has rows no tokenizer can decode).
+def decode_steps(model, idx, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, kv_cache=True, generator=None,
+                 vocab_size=None):
+    """Yield, for each new token, its (B, 1) column and the (B, V) logits it was sampled from, the first
+    vocab_size of them (a vocabulary padded for speed has rows no tokenizer can decode).
 
     When the context outgrows block_size the window slides forward by half a block and is recomputed
     once, so cached and uncached decoding see the same context at every step. A model without the causal
@@ -55,8 +57,15 @@ def generate_stream(model, idx, max_new_tokens, temperature=1.0, top_k=0, top_p=
             logits, _ = model(idx[:, start:], cache=cache)
         else:
             logits, _ = model(idx[:, -1:], cache=cache)
-        next_token = sample_next(logits[:, -1, :vocab_size], temperature, top_k, top_p, generator)
+        logits = logits[:, -1, :vocab_size]
+        next_token = sample_next(logits, temperature, top_k, top_p, generator)
         idx = torch.cat((idx, next_token), dim=1)
+        yield next_token, logits
+
+
+def generate_stream(model, idx, max_new_tokens, **kwargs):
+    """Yield each new (B, 1) column of tokens as it is sampled (the options as for decode_steps)."""
+    for next_token, _ in decode_steps(model, idx, max_new_tokens, **kwargs):
         yield next_token
 
 
@@ -70,6 +79,15 @@ def sample_next(logits, temperature=1.0, top_k=0, top_p=1.0, generator=None):
     """One token per row from (B, V) logits; temperature 0 is greedy, top_k 0 and top_p 1 are off."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
+    return torch.multinomial(shaped_probs(logits, temperature, top_k, top_p), num_samples=1, generator=generator)
+
+
+def shaped_probs(logits, temperature=1.0, top_k=0, top_p=1.0):
+    """The (B, V) distribution sampling draws from: the softmax of logits / temperature, kept to the top_k
+    likeliest tokens and to the smallest set of them whose probability reaches top_p. Temperature 0 puts all
+    of it on the likeliest token."""
+    if temperature == 0:
+        return F.one_hot(logits.argmax(dim=-1), logits.size(-1)).float()
     logits = logits.float() / temperature
     if top_k > 0:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
@@ -82,7 +100,33 @@ def sample_next(logits, temperature=1.0, top_k=0, top_p=1.0, generator=None):
         drop[:, 0] = False
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    return torch.multinomial(probs, num_samples=1, generator=generator)
+    return probs
+
+
+class StopFilter:
+    """Pass text through until the stop string appears, holding back what might be its beginning."""
+
+    def __init__(self, stop):
+        self.stop, self.pending, self.done = stop, "", False
+
+    def feed(self, text):
+        if self.done:
+            return ""
+        if not self.stop:
+            return text
+        self.pending += text
+        at = self.pending.find(self.stop)
+        if at >= 0:
+            self.done = True
+            out, self.pending = self.pending[:at], ""
+            return out
+        keep = next((n for n in range(len(self.stop) - 1, 0, -1) if self.pending.endswith(self.stop[:n])), 0)
+        out, self.pending = self.pending[:len(self.pending) - keep], self.pending[len(self.pending) - keep:]
+        return out
+
+    def flush(self):
+        out, self.pending = ("" if self.done else self.pending), ""
+        return out
 
 
 @torch.no_grad()

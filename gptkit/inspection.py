@@ -1,4 +1,7 @@
-"""Looking inside a model: the attention weights every layer applies, and tokens as labels to show them by."""
+"""Looking inside a model: the attention weights every layer applies, the residual stream after each layer and
+what it would predict (the logit lens), how surprised the model is by each token, and tokens as labels."""
+
+import math
 
 import torch
 
@@ -20,9 +23,45 @@ def attention_maps(model, idx):
     return maps
 
 
+@torch.no_grad()
+def residual_streams(model, idx):
+    """The residual stream after the embeddings and after each block: n_layer + 1 tensors of (B, T, C)."""
+    x, rotary = model.embed(idx)
+    streams = [x]
+    for block in model.transformer.h:
+        x = block(x, rotary)
+        streams.append(x)
+    return streams
+
+
+@torch.no_grad()
+def logits_everywhere(model, idx):
+    """(B, T, V) logits at every position, as the forward pass computes them with targets."""
+    return model.head(model.transformer.ln_f(residual_streams(model, idx)[-1]))
+
+
+@torch.no_grad()
+def surprise_bits(model, idx, targets):
+    """(B, T) surprise of each target, in bits: -log2 of the probability the model gave it after reading idx up
+    to its position (targets is idx shifted by one). Their mean, in nats, is the model's loss on them."""
+    logp = torch.log_softmax(logits_everywhere(model, idx).float(), dim=-1)
+    return -logp.gather(-1, targets[..., None])[..., 0] / math.log(2)
+
+
+@torch.no_grad()
+def logit_lens(model, idx, position):
+    """What each layer's residual stream at `position` (of the first row) would predict next: n_layer + 1
+    distributions, each through the final norm and the head; the last is the model's own prediction."""
+    return [torch.softmax(model.head(model.transformer.ln_f(s[0, position])).float(), dim=-1)
+            for s in residual_streams(model, idx)]
+
+
+VISIBLE = {"\n": "\u21b5", "\t": "\u21e5", " ": "\u2423"}  # ↵ newline, ⇥ tab, ␣ space: blanks cannot be read
+
+
 def token_label(tok, token):
-    text = tok.decode([token])
-    shown = text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423")  # ␣ marks a space
+    """A token as a short label a person can read, whitespace shown as symbols."""
+    shown = "".join(VISIBLE.get(ch, ch) for ch in tok.decode([token]))
     return shown if len(shown) <= 12 else shown[:11] + "\u2026"
 
 

@@ -118,3 +118,35 @@ def check_record(record):
         if kind in RECORD_FIELDS and key in record and type(record[key]) not in (int, float):
             raise ValueError(f"{key} is {record[key]!r}, not a number")
     return record
+
+
+def wall_clock(records):
+    """Each record's elapsed_s on one clock: a resumed run's process clock restarts at 0, so it continues
+    from where the previous process left off."""
+    out, offset, last = [], 0.0, 0.0
+    for r in records:
+        t = float(r.get("elapsed_s", 0.0))
+        if t + offset < last:  # the clock went back: a new process appended to the file
+            offset = last
+        last = t + offset
+        out.append(last)
+    return out
+
+
+def loss_series(records):
+    """{label: (iters, seconds, losses)} for the logged train loss and the evaluated train/val losses."""
+    seconds = wall_clock(records)
+    series = {"train (batch)": ([], [], []), "train (eval)": ([], [], []), "val": ([], [], [])}
+    for r, t in zip(records, seconds):
+        if r.get("kind") == "train" and "loss" in r:
+            points = [("train (batch)", r["loss"])]
+        elif r.get("kind") == "eval":
+            points = [("train (eval)", r.get("train_loss")), ("val", r.get("val_loss"))]
+        else:
+            continue
+        for label, value in points:
+            if value is not None:
+                series[label][0].append(r["iter"])
+                series[label][1].append(t)
+                series[label][2].append(value)
+    return {k: v for k, v in series.items() if v[0]}

@@ -213,3 +213,12 @@ def test_the_three_attention_paths_agree(kind, causal):
             model.set_attention_path(path)
             runs.append(generate(model, idx[:, :3], 20, temperature=0.0))
         assert all(torch.equal(run, runs[0]) for run in runs)
+
+
+@pytest.mark.parametrize("variant", CAUSAL_VARIANTS, ids=list(CAUSAL_VARIANTS))
+def test_every_variant_decodes_with_bfloat16_weights(variant):
+    """sample.py and the explorer may decode in bfloat16: every path's weights must meet the values' dtype."""
+    model = make_model(**CAUSAL_VARIANTS[variant]).to(torch.bfloat16)
+    for path in ATTENTION_PATHS:
+        model.set_attention_path(path)
+        assert generate(model, tokens((1, 3)), 15, temperature=0.0).shape == (1, 18)

@@ -106,7 +106,7 @@ def test_loss_png_of_a_resumed_run(run_dir, tmp_path):
 
 
 def test_wall_clock_continues_across_resumes():
-    from gptkit.pictures import loss_series, wall_clock
+    from gptkit.metrics import loss_series, wall_clock
 
     records = [{"kind": "train", "iter": 10, "loss": 3.0, "elapsed_s": 5.0},
                {"kind": "eval", "iter": 20, "train_loss": 2.5, "val_loss": 2.7, "elapsed_s": 9.0},
