@@ -1,0 +1,339 @@
+"""The explorer's server: every number it sends is the model's own (probabilities, attention, the logit lens,
+surprise), its streamed text is sample.py's, each endpoint refuses bad requests with one JSON line, and it opens
+only the runs inside its folder. In-process through FastAPI's test client, plus a real server for streaming."""
+
+import json
+import math
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict
+
+import httpx
+import pytest
+import torch
+
+from conftest import REPO, check_ok, run_script
+from gptkit.checkpoint import save_checkpoint
+from gptkit.decoding import shaped_probs
+from gptkit.explorer import Shelf, make_app
+from gptkit.inspection import attention_maps
+from gptkit.tokenizer import CharTokenizer
+from gptkit.train_config import TrainConfig
+from model import GPT, GPTConfig
+
+TestClient = pytest.importorskip("fastapi.testclient").TestClient
+
+CHARS = sorted(set("abcdefghij klmnop\n:ROMEJULIT."))
+SHAPE = dict(block_size=24, vocab_size=len(CHARS), n_layer=2, n_head=2, n_embd=16, bias=False)
+VARIANTS = {"scaled": {}, "uniform": dict(attention="uniform"), "additive": dict(attention="additive"),
+            "bigram": dict(n_layer=0), "encoder": dict(causal=False), "rope": dict(pos_emb="rope", qk_norm=True)}
+
+
+def fake_run(folder, seed=0, **overrides):
+    """A run folder as train.py leaves it (best.pt with its keys, a metrics.jsonl), with random weights."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**dict(SHAPE, **overrides)))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(8.0)  # far from uniform, so every number the tests compare means something
+    folder.mkdir(parents=True)
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config), "config": asdict(TrainConfig()),
+                     "tokenizer": CharTokenizer(CHARS).to_meta(), "iter_num": 20, "val_loss": 2.5},
+                    folder / "best.pt")
+    records = [{"kind": "eval", "iter": 0, "train_loss": 3.4, "val_loss": 3.4, "elapsed_s": 1.0},
+               {"kind": "train", "iter": 10, "loss": 3.0, "lr": 1e-3, "tokens": 100, "elapsed_s": 2.0},
+               {"kind": "eval", "iter": 20, "train_loss": 2.6, "val_loss": 2.7, "elapsed_s": 3.0},
+               {"kind": "final", "iter": 20, "val_loss": 2.65, "val_tokens": 50, "elapsed_s": 4.0}]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A folder of runs like the lab's, one per attention variant, and one damaged run."""
+    root = tmp_path_factory.mktemp("explorer") / "runs"
+    models = {name: fake_run(root / name, i, **opts) for i, (name, opts) in enumerate(VARIANTS.items())}
+    (root / "damaged").mkdir()
+    (root / "damaged" / "best.pt").write_bytes(b"not a checkpoint")
+    return root, models
+
+
+@pytest.fixture(scope="module")
+def client(lab):
+    return TestClient(make_app(Shelf(lab[0], "cpu", "float32")))
+
+
+def ids_of(text):
+    return CharTokenizer(CHARS).encode(text)
+
+
+TEXT = "ROMEO:\nabc def ghi.\nJULIET:\nklm nop"
+
+
+def test_runs_list_every_run_in_words_and_a_damaged_one_as_one_line(client):
+    runs = {r["name"]: r for r in client.get("/api/runs").json()["runs"]}
+    assert set(runs) == {*VARIANTS, "damaged"}
+    assert runs["scaled"]["settings"].startswith("2 layers, 2 heads, width 16, scaled dot-product attention, "
+                                                 "causal (a decoder), learned positions")
+    assert "not causal (an encoder)" in runs["encoder"]["settings"] and "bigram" in runs["bigram"]["settings"]
+    assert runs["scaled"]["iterations"] == 20 and runs["scaled"]["final_val_loss"] == 2.65
+    assert runs["damaged"]["error"] and "\n" not in runs["damaged"]["error"]
+    assert client.get("/api/runs/damaged").status_code == 409  # and the others still open
+    assert client.get("/api/runs/scaled").json()["n_layer"] == 2
+    metrics = client.get("/api/runs/scaled/metrics").json()
+    assert [e["val_loss"] for e in metrics["eval"]] == [3.4, 2.7] and metrics["train"][0]["loss"] == 3.0
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_the_position_report_is_the_models_own_numbers(client, lab, name):
+    """Candidates = softmax of the logits that predicted the token (and the sampler's shaped distribution);
+    attention = the weights the forward pass applies; the lens's last layer = the model's prediction."""
+    model = lab[1][name]
+    ids, pos = ids_of(TEXT)[:20], 11
+    knobs = dict(temperature=0.7, top_k=5, top_p=0.9)
+    got = client.post("/api/position", json=dict(run=name, ids=ids, position=pos, k=len(CHARS), **knobs)).json()
+    idx = torch.tensor([ids])
+    with torch.no_grad():
+        logits = model(idx, idx)[0][0]
+    probs = torch.softmax(logits[pos - 1], -1)
+    raw = {c["id"]: c["p"] for c in got["why"]["raw"]}
+    assert raw == pytest.approx({i: probs[i].item() for i in range(len(CHARS))}, abs=1e-6)
+    shaped = shaped_probs(logits[pos - 1][None], **knobs)[0]
+    assert {c["id"]: c["p"] for c in got["why"]["shaped"] if c["p"] > 0} == \
+        pytest.approx({i: shaped[i].item() for i in range(len(CHARS)) if shaped[i] > 0}, abs=1e-6)
+    assert got["why"]["surprise_bits"] == pytest.approx(-math.log2(probs[ids[pos]].item()), abs=1e-5)
+    lens_last = torch.softmax(logits[pos], -1)
+    assert [c["id"] for c in got["lens"][-1]["top"]] == lens_last.topk(5).indices.tolist()
+    assert [c["p"] for c in got["lens"][-1]["top"]] == pytest.approx(lens_last.topk(5).values.tolist(), abs=1e-6)
+    assert len(got["lens"]) == model.config.n_layer + 1
+    maps = attention_maps(model, idx)
+    assert got["attention"]["layers"] == len(maps)
+    for layer, m in enumerate(maps):
+        for head in range(model.config.n_head):
+            assert got["attention"]["rows"][layer][head] == pytest.approx(m[0, head, pos].tolist(), abs=1e-6)
+
+
+def test_attention_notes_say_what_a_learner_sees(client):
+    def report(name):
+        return client.post("/api/position", json=dict(run=name, ids=ids_of("abc def"), position=4)).json()
+
+    assert report("bigram")["attention"] == {"note": report("bigram")["attention"]["note"], "layers": 0,
+                                             "heads": 0, "rows": []}
+    assert "no attention" in report("bigram")["attention"]["note"]
+    encoder = report("encoder")["attention"]
+    assert "cheating" in encoder["note"]
+    assert max(sum(row[5:]) for layer in encoder["rows"] for row in layer) > 0.01  # it looks ahead
+    uniform = report("uniform")["attention"]
+    assert "same weight" in uniform["note"] and uniform["rows"][0][0] == pytest.approx([0.2] * 5 + [0.0] * 2)
+    assert report("scaled")["attention"]["note"] is None
+    assert report("scaled")["why"]["note"] is None
+    first = client.post("/api/position", json=dict(run="scaled", ids=ids_of("abc"), position=0)).json()["why"]
+    assert first["raw"] == [] and "first token" in first["note"]
+
+
+def test_a_heads_full_map_is_the_forward_pass_weights(client, lab):
+    ids = ids_of(TEXT)[:12]
+    got = client.post("/api/attention_map", json=dict(run="rope", ids=ids, layer=1, head=1)).json()
+    want = attention_maps(lab[1]["rope"], torch.tensor([ids]))[1][0, 1]
+    assert torch.tensor(got["weights"]) == pytest.approx(want, abs=1e-6)
+    assert got["labels"][:7] == ["R", "O", "M", "E", "O", ":", "↵"]
+
+
+def test_surprise_summed_is_the_models_loss_on_the_text(client, lab):
+    model, short = lab[1]["scaled"], TEXT[:SHAPE["block_size"] + 1]  # one window: every token after the first
+    got = client.post("/api/read", json=dict(run="scaled", text=short)).json()
+    idx = torch.tensor([ids_of(short)])
+    with torch.no_grad():
+        loss = model(idx[:, :-1], idx[:, 1:])[1].item()
+    bits = [t["surprise_bits"] for t in got["tokens"]]
+    assert bits[0] is None and len(bits) == len(short) and got["chars"] == len(short)
+    assert sum(bits[1:]) == pytest.approx(got["total_bits"]) and got["loss"] == pytest.approx(loss, rel=1e-5)
+    assert got["total_bits"] * math.log(2) / (len(short) - 1) == pytest.approx(loss, rel=1e-5)
+    assert got["bits_per_char"] == pytest.approx(got["total_bits"] / len(short))
+    # a text longer than the context: consecutive windows, each token scored once, as the val split is scored
+    long = TEXT * 2
+    got = client.post("/api/read", json=dict(run="scaled", text=long)).json()
+    ids, T, nats = ids_of(long), SHAPE["block_size"], 0.0
+    with torch.no_grad():
+        for start in range(0, len(ids) - 1, T):
+            y = torch.tensor([ids[start + 1:start + 1 + T]])
+            nats += model(torch.tensor([ids[start:start + y.size(1)]]), y)[1].item() * y.size(1)
+    assert got["total_bits"] * math.log(2) == pytest.approx(nats, rel=1e-5)
+
+
+def events(response_lines):
+    return [json.loads(line[len("data: "):]) for line in response_lines if line.startswith("data: ")]
+
+
+def test_generation_streams_the_prompt_then_tokens_with_their_probabilities(client):
+    with client.stream("POST", "/api/generate", json=dict(run="scaled", prompt="ROMEO:\n", max_tokens=15,
+                                                          seed=3)) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        got = events(r.iter_lines())
+    assert got[0]["type"] == "prompt" and [t["text"] for t in got[0]["tokens"]] == list("ROMEO:\n")
+    tokens = [e for e in got if e["type"] == "token"]
+    assert len(tokens) == 15 and all(0 < t["p"] <= 1 and 0 < t["p_shaped"] <= 1 for t in tokens)
+    assert got[-1] == {"type": "done", "reason": "max_tokens", "text": "".join(t["text"] for t in tokens)}
+
+
+def test_a_stop_string_ends_the_generation(client):
+    body = dict(run="scaled", prompt="a", max_tokens=200, seed=1, temperature=0)
+    full = events(client.post("/api/generate", json=body).iter_lines())[-1]["text"]
+    stop = full[5:7]
+    got = events(client.post("/api/generate", json=dict(body, stop=stop)).iter_lines())[-1]
+    assert got == {"type": "done", "reason": "stop", "text": full[:full.index(stop)]}
+
+
+def test_streamed_text_is_sample_pys_for_the_same_seed_and_settings(lab, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(lab[0] / "rope", run)
+    settings = dict(temperature=0.9, top_k=7, top_p=0.8, seed=42, max_tokens=40)
+    app = TestClient(make_app(Shelf(run, "cpu", "float32")))
+    streamed = events(app.post("/api/generate", json=dict(run="run", prompt="ROMEO:", **settings)).iter_lines())
+    proc = check_ok(run_script("sample.py", f"--out_dir={run}", "--start=ROMEO:", "--num_samples=1",
+                               "--dtype=float32", "--device=cpu", *[f"--{k}={v}" for k, v in settings.items()
+                                                                    if k != "max_tokens"],
+                               f"--max_new_tokens={settings['max_tokens']}"))
+    assert proc.stdout.split("\n---------------")[0] == "ROMEO:" + streamed[-1]["text"]
+
+
+@pytest.mark.parametrize("path,body,status,message", [
+    ("/api/generate", dict(run="scaled", prompt="xyz"), 400, "outside the training vocabulary: 'x'"),
+    ("/api/generate", dict(run="scaled", prompt=""), 422, "prompt"),
+    ("/api/generate", dict(run="scaled", prompt="a" * 20_001), 422, "prompt"),
+    ("/api/generate", dict(run="scaled", max_tokens=10**6), 422, "max_tokens"),
+    ("/api/generate", dict(run="scaled", temperature=-1), 422, "temperature"),
+    ("/api/generate", dict(run="scaled", temperature=1e-9), 422, "0 (greedy) or at least 0.001"),
+    ("/api/generate", dict(run="scaled", top_p=0), 422, "top_p"),
+    ("/api/generate", dict(run="scaled", top_k=-1), 422, "top_k"),
+    ("/api/generate", dict(run="scaled", seed=2 ** 31), 422, "seed"),
+    ("/api/generate", dict(run="../etc"), 404, "no run named"),
+    ("/api/generate", dict(run="/tmp"), 404, "no run named"),
+    ("/api/generate", dict(run="damaged"), 409, "cannot be opened"),
+    ("/api/read", dict(run="scaled", text="a" * 20_001), 422, "text"),
+    ("/api/position", dict(run="scaled", ids=[0] * 25, position=0), 400, "more than the model's context of 24"),
+    ("/api/position", dict(run="scaled", ids=[0, 1], position=2), 400, "past the last"),
+    ("/api/position", dict(run="scaled", ids=[0, 999], position=1), 400, "outside the vocabulary"),
+    ("/api/attention_map", dict(run="scaled", ids=[0, 1], layer=2, head=0), 400, "no head 0 in layer 2"),
+    ("/api/attention_map", dict(run="scaled", ids=[0, 1], layer="one", head=0), 422, "layer"),
+])
+def test_bad_requests_get_one_json_line_and_a_4xx(client, path, body, status, message):
+    r = client.post(path, json=body)
+    assert r.status_code == status and message in r.json()["error"], r.text
+    assert "Traceback" not in r.text and "\n" not in r.json()["error"]
+
+
+def test_only_runs_inside_the_folder_open(lab, tmp_path):
+    """A run named with '..', an absolute path, or a link leading out of the folder is not served."""
+    root = tmp_path / "root"
+    shutil.copytree(lab[0] / "scaled", root / "inside")
+    (root / "escape").symlink_to(lab[0] / "uniform", target_is_directory=True)
+    app = TestClient(make_app(Shelf(root, "cpu", "float32")))
+    assert [r["name"] for r in app.get("/api/runs").json()["runs"]] == ["inside"]
+    for name in ("escape", "../root/inside", str(lab[0] / "uniform"), "..", "%2e%2e"):
+        assert app.get(f"/api/runs/{name}").status_code == 404, name
+
+
+def test_nothing_is_written_into_the_runs(lab, client):
+    before = {p: p.stat().st_mtime_ns for p in lab[0].rglob("*")}
+    client.post("/api/read", json=dict(run="scaled", text="abc"))
+    events(client.post("/api/generate", json=dict(run="rope", prompt="a", max_tokens=3)).iter_lines())
+    assert {p: p.stat().st_mtime_ns for p in lab[0].rglob("*")} == before
+
+
+REMOTE = re.compile(r"""(src|href)\s*=\s*["']?(https?:)?//|url\(\s*["']?(https?:)?//|@import|fetch\(\s*["'`]https?:""")
+
+
+def test_the_page_and_its_files_are_served_with_nothing_from_the_internet(client):
+    page = client.get("/")
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    static = REPO / "gptkit" / "explorer_static"
+    files = [p for p in static.rglob("*") if p.is_file() and p.suffix in (".html", ".js", ".css")]
+    assert {"index.html", "explorer.js", "explorer.css"} <= {p.name for p in files}
+    for path in files:
+        assert client.get(f"/static/{path.relative_to(static)}").status_code == 200
+        assert not REMOTE.search(path.read_text(encoding="utf-8")), path
+
+
+# ----------------------------------------------------------------------------- a real server
+
+
+@pytest.fixture
+def server(lab):
+    """explore.py serving the lab folder on a free port: (its address, the process)."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "explore.py"), str(lab[0]), "--port=0", "--device=cpu",
+                             "--dtype=float32"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("explorer: http://127.0.0.1:"), (line, proc.stderr.read() if proc.poll() else "")
+    yield line.split()[1].rstrip("/"), proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_client_that_goes_away_stops_its_generation(server):
+    url, _ = server
+    with httpx.Client(base_url=url, timeout=30) as http:
+        with http.stream("POST", "/api/generate", json=dict(run="scaled", prompt="a", max_tokens=2000)) as r:
+            next(r.iter_lines())  # the prompt event: generation has begun
+        # the client is gone: a new generation gets the model (the lock is free) and the server still answers
+        done = events(http.post("/api/generate", json=dict(run="scaled", prompt="a", max_tokens=3)).iter_lines())
+        assert done[-1]["type"] == "done"
+
+
+def test_ten_clients_streaming_at_once_are_all_served(server):
+    url, _ = server
+    results = []
+
+    def one(seed):
+        with httpx.Client(base_url=url, timeout=60) as http:
+            got = events(http.post("/api/generate", json=dict(run="rope", prompt="ab", max_tokens=50,
+                                                              seed=seed)).iter_lines())
+            results.append((seed, got[-1]))
+
+    threads = [threading.Thread(target=one, args=(seed,)) for seed in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(results) == 10 and all(done["type"] == "done" for _, done in results)
+    texts = dict(results)
+    solo = events(httpx.post(f"{url}/api/generate", json=dict(run="rope", prompt="ab", max_tokens=50, seed=3),
+                             timeout=60).iter_lines())[-1]
+    assert texts[3] == solo  # interleaved with nine others, a generation is the one it is alone
+
+
+def test_ctrl_c_stops_the_server_cleanly(server):
+    _, proc = server
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "Traceback" not in err and "explorer stopped" in out, (out, err)
+
+
+def test_listening_beyond_this_machine_warns_in_one_line(lab):
+    proc = subprocess.Popen([sys.executable, str(REPO / "explore.py"), str(lab[0] / "scaled"), "--host=0.0.0.0",
+                             "--port=0", "--device=cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("explorer: http://0.0.0.0:")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert err.startswith("warning: listening on 0.0.0.0: the page is reachable from the network")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["no-such-folder"], "no-such-folder is not a folder"),
+    (["--port=70000"], "port must be a port number"),
+])
+def test_explore_py_refuses_bad_input_in_one_line(args, message, tmp_path):
+    from conftest import assert_one_error_line
+
+    proc = run_script("explore.py", *args, cwd=tmp_path)
+    assert proc.returncode == 1 and message in assert_one_error_line(proc.stderr)
+    empty = run_script("explore.py", str(tmp_path), cwd=tmp_path)
+    assert "no runs in" in assert_one_error_line(empty.stderr)
