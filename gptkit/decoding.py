@@ -35,8 +35,9 @@ class KVCache:
 @torch.no_grad()
 def decode_steps(model, idx, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, kv_cache=True, generator=None,
                  vocab_size=None):
-    """Yield, for each new token, its (B, 1) column and the (B, V) logits it was sampled from, the first
-    vocab_size of them (a vocabulary padded for speed has rows no tokenizer can decode).
+    """Yield, for each new token, its (B, 1) column, the (B, V) logits it was sampled from (the first vocab_size
+    of them: a vocabulary padded for speed has rows no tokenizer can decode) and the (B, V) distribution
+    sampling drew it from (None for greedy decoding, temperature 0).
 
     When the context outgrows block_size the window slides forward by half a block and is recomputed
     once, so cached and uncached decoding see the same context at every step. A model without the causal
@@ -58,14 +59,14 @@ def decode_steps(model, idx, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
         else:
             logits, _ = model(idx[:, -1:], cache=cache)
         logits = logits[:, -1, :vocab_size]
-        next_token = sample_next(logits, temperature, top_k, top_p, generator)
+        next_token, probs = draw_next(logits, temperature, top_k, top_p, generator)
         idx = torch.cat((idx, next_token), dim=1)
-        yield next_token, logits
+        yield next_token, logits, probs
 
 
 def generate_stream(model, idx, max_new_tokens, **kwargs):
     """Yield each new (B, 1) column of tokens as it is sampled (the options as for decode_steps)."""
-    for next_token, _ in decode_steps(model, idx, max_new_tokens, **kwargs):
+    for next_token, _, _ in decode_steps(model, idx, max_new_tokens, **kwargs):
         yield next_token
 
 
@@ -77,9 +78,15 @@ def generate(model, idx, max_new_tokens, **kwargs):
 
 def sample_next(logits, temperature=1.0, top_k=0, top_p=1.0, generator=None):
     """One token per row from (B, V) logits; temperature 0 is greedy, top_k 0 and top_p 1 are off."""
+    return draw_next(logits, temperature, top_k, top_p, generator)[0]
+
+
+def draw_next(logits, temperature, top_k, top_p, generator):
+    """sample_next's (B, 1) tokens, and the (B, V) distribution they were drawn from (None when greedy)."""
     if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    return torch.multinomial(shaped_probs(logits, temperature, top_k, top_p), num_samples=1, generator=generator)
+        return logits.argmax(dim=-1, keepdim=True), None
+    probs = shaped_probs(logits, temperature, top_k, top_p)
+    return torch.multinomial(probs, num_samples=1, generator=generator), probs
 
 
 def shaped_probs(logits, temperature=1.0, top_k=0, top_p=1.0):

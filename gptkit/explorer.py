@@ -26,7 +26,7 @@ from gptkit.decoding import StopFilter, decode_steps, lay_out_for_decoding, shap
 from gptkit.errors import UserError
 from gptkit.inspection import attention_maps, logit_lens, logits_everywhere, surprise_bits, token_label
 from gptkit.metrics import read_metrics, wall_clock
-from gptkit.probes import pick_decode_dtype
+from gptkit.probes import pick_decode_dtype, pick_decode_threads
 from gptkit.rundir import RunDir, load_model
 from gptkit.runtime import DTYPES
 from gptkit.tokenizer import describe_vocabulary
@@ -188,8 +188,9 @@ class Shelf:
         decoder = copy.deepcopy(model)
         if self.device == "cpu":
             lay_out_for_decoding(decoder)
+        _, threads = pick_decode_threads(0, decoder, self.device)  # as sample.py: one thread unless clearly faster
         dtype, why = pick_decode_dtype(self.dtype, decoder, self.device)
-        return Loaded(summary, model, decoder.to(DTYPES[dtype]), tok, why)
+        return Loaded(summary, model, decoder.to(DTYPES[dtype]), tok, "; ".join(w for w in (why, threads) if w))
 
 
 
@@ -292,9 +293,9 @@ def generation_events(shelf, loaded, ids, req):
             step = next(steps, None)
         if step is None:
             break
-        token, logits = step[0].item(), step[1][0].float()
+        token, logits, shaped = step[0].item(), step[1][0].float(), step[2]
         p = torch.softmax(logits, -1)[token].item()
-        p_shaped = shaped_probs(logits[None], req.temperature, req.top_k, req.top_p)[0, token].item()
+        p_shaped = 1.0 if shaped is None else shaped[0, token].item()  # greedy: all of it on this token
         piece = text_of(token)
         text += stop.feed(piece)
         if stop.done:

@@ -50,18 +50,11 @@ def generate(model, idx, n, kv_cache, seed=7, **kwargs):
     return decoding.generate(model, idx, n, kv_cache=kv_cache, generator=torch.Generator().manual_seed(seed), **kwargs)
 
 
-def recorded_logits(model, idx, n, kv_cache, monkeypatch, **kwargs):
-    """The tokens and the logits of every step, captured where generate_stream samples them."""
-    seen = []
-
-    def spy(logits, *args, **kw):
-        seen.append(logits.clone())
-        return sample_next(logits, *args, **kw)
-
-    with monkeypatch.context() as m:
-        m.setattr(decoding, "sample_next", spy)
-        out = generate(model, idx, n, kv_cache, **kwargs)
-    return out, torch.stack(seen)
+def recorded_logits(model, idx, n, kv_cache, seed=7, **kwargs):
+    """The tokens and the logits of every step, as decode_steps samples them (generate's seed by default)."""
+    steps = list(decoding.decode_steps(model, idx, n, kv_cache=kv_cache, generator=torch.Generator().manual_seed(seed),
+                                       **kwargs))
+    return torch.cat([idx] + [token for token, _, _ in steps], dim=1), torch.stack([logits for _, logits, _ in steps])
 
 
 # ----------------------------------------------------------------------------- KV cache vs full recompute
@@ -71,12 +64,12 @@ def recorded_logits(model, idx, n, kv_cache, monkeypatch, **kwargs):
 @pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=1.0),
                                       dict(temperature=0.8, top_k=10, top_p=0.9)],
                          ids=["greedy", "seeded", "topk_topp"])
-def test_cache_matches_full_recompute_past_block_size(pos_emb, sampling, monkeypatch):
+def test_cache_matches_full_recompute_past_block_size(pos_emb, sampling):
     """3.5 blocks of new tokens: the window slides several times; every step's logits and token agree."""
     model = tiny_model(pos_emb)
     idx = prompt_tokens(5, batch=3)
-    cached, logits_cached = recorded_logits(model, idx, 56, True, monkeypatch, **sampling)
-    full, logits_full = recorded_logits(model, idx, 56, False, monkeypatch, **sampling)
+    cached, logits_cached = recorded_logits(model, idx, 56, True, **sampling)
+    full, logits_full = recorded_logits(model, idx, 56, False, **sampling)
     assert cached.shape == (3, 5 + 56)
     torch.testing.assert_close(logits_cached, logits_full, rtol=1e-4, atol=1e-4)
     assert torch.equal(cached, full)

@@ -1,0 +1,103 @@
+"""The explorer in a real browser: headless Chromium (Debian's chromium and chromium-driver, which .ci/run installs)
+opens the page served by explore.py from a model trained in the test, types a prompt, waits for the streamed
+tokens, clicks one, and checks that the candidate bars, every head's attention and the logit lens appear with the
+model's numbers. Screenshots go to the test's folder, and also to $EXPLORER_SCREENSHOTS when it is set
+(the README's come from `EXPLORER_RUN=out EXPLORER_SCREENSHOTS=assets python -m pytest tests/test_explorer_browser.py`)."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import REPO
+
+CHROMIUM, DRIVER = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="no chromium and chromedriver on this machine: "
+                                "apt-get install chromium chromium-driver (.ci/run does)")
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+
+@pytest.fixture
+def served(trained_run, tmp_path):
+    """explore.py serving the session's trained run (or $EXPLORER_RUN): (address, run name, process)."""
+    run = Path(os.environ.get("EXPLORER_RUN") or trained_run[0])
+    proc = subprocess.Popen([sys.executable, str(REPO / "explore.py"), str(run), "--port=0", "--device=cpu",
+                             "--dtype=float32"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("explorer: http://"), proc.stderr.read() if proc.poll() is not None else line
+    yield line.split()[1].rstrip("/"), run.resolve().name
+    proc.terminate()
+    proc.wait(30)
+
+
+@pytest.fixture
+def browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000",
+                "--disable-gpu", "--no-first-run"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=DRIVER))
+    yield driver
+    driver.quit()
+
+
+def shoot(driver, tmp_path, name):
+    path = tmp_path / name
+    driver.save_screenshot(str(path))
+    if os.environ.get("EXPLORER_SCREENSHOTS"):
+        shutil.copy(path, Path(os.environ["EXPLORER_SCREENSHOTS"]) / name)
+    assert path.stat().st_size > 10_000, path  # a picture, not a blank page
+
+
+def percent(p):
+    """The page's way of writing a probability (explorer.js, fmtP)."""
+    pct = p * 100
+    return "0%" if p == 0 else f"{pct:.0f}%" if pct >= 10 else f"{pct:.1f}%" if pct >= 1 else \
+        f"{pct:.2f}%" if pct >= 0.01 else "<0.01%"
+
+
+def test_a_learner_writes_clicks_a_token_and_sees_the_models_numbers(served, browser, tmp_path):
+    url, run = served
+    wait = WebDriverWait(browser, 60)
+    browser.get(url + "/")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f'#runs .run.selected[data-name="{run}"]'))
+    prompt = browser.find_element(By.ID, "prompt")
+    prompt.clear()
+    prompt.send_keys("ROMEO:")
+    browser.find_element(By.ID, "max-tokens").clear()
+    browser.find_element(By.ID, "max-tokens").send_keys("60")
+    browser.find_element(By.ID, "generate").click()
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#output .chip.gen")) >= 60)
+    chips = browser.find_elements(By.CSS_SELECTOR, "#output .chip")
+    assert "".join(c.text for c in chips[:6]) == "ROMEO:"
+    clicked = int(chips[20].get_attribute("data-index"))
+    chips[20].click()
+    for panel in ("why", "attention", "lens"):
+        wait.until(lambda d, p=panel: d.find_element(By.ID, p).get_attribute("data-ready") == "1")
+
+    ids = [int(c.get_attribute("data-id")) for c in chips]
+    info = httpx.get(f"{url}/api/runs/{run}").json()
+    start = max(0, clicked + 1 - info["block_size"])
+    window = ids[start:start + info["block_size"]]
+    want = httpx.post(f"{url}/api/position", json=dict(run=run, ids=window, position=clicked - start,
+                                                        temperature=0.8, top_k=200, top_p=1.0, k=10)).json()
+    bars = browser.find_elements(By.CSS_SELECTOR, "#why .bar.raw")
+    assert [int(b.get_attribute("data-id")) for b in bars] == [c["id"] for c in want["why"]["raw"]]
+    assert [b.find_element(By.CSS_SELECTOR, ".val").text for b in bars] == [percent(c["p"]) for c in want["why"]["raw"]]
+    cells = browser.find_elements(By.CSS_SELECTOR, "#attention .head-cell")
+    assert len(cells) == info["n_layer"] * info["n_head"] == want["attention"]["layers"] * want["attention"]["heads"]
+    rows = browser.find_elements(By.CSS_SELECTOR, "#lens .lens-row")
+    assert len(rows) == info["n_layer"] + 1 == len(want["lens"])
+    shoot(browser, tmp_path, "explorer_write.png")
+
+    cells[-1].click()  # the last layer's last head: its whole query x key map
+    wait.until(lambda d: d.find_element(By.ID, "attention-map").get_attribute("data-ready"))
+    browser.execute_script("document.getElementById('attention').scrollIntoView()")
+    shoot(browser, tmp_path, "explorer_attention.png")
