@@ -383,6 +383,30 @@ def attention_map(shelf, loaded, req):
 # ----------------------------------------------------------------------------- the app
 
 
+def run_metrics(summary):
+    """A run's train and eval records for its loss curves, times on one wall clock."""
+    try:
+        records = read_metrics(summary.folder)
+    except UserError as e:
+        raise ApiError(409, str(e)) from None
+    train, evals = [], []
+    for r, t in zip(records, wall_clock(records)):
+        if r.get("kind") == "train":
+            train.append({"iter": r["iter"], "loss": r["loss"], "time": round(t, 3)})
+        elif r.get("kind") == "eval":
+            evals.append({"iter": r["iter"], "train_loss": r.get("train_loss"), "val_loss": r["val_loss"],
+                          "time": round(t, 3)})
+    return {"train": train, "eval": evals}
+
+
+def picked(name, loaded):
+    c = loaded.model.config
+    return {"name": name, "settings": describe(c), "n_layer": c.n_layer, "n_head": c.n_head,
+            "block_size": c.block_size, "attention": c.attention, "causal": c.causal,
+            "vocab_size": loaded.tok.vocab_size, "tokenizer": loaded.summary.tokenizer,
+            "decode": loaded.decoding, "note": attention_note(c)}
+
+
 def make_app(shelf):
     """The explorer's FastAPI app over a Shelf of runs."""
     app = FastAPI(title="gptkit explorer", docs_url=None, redoc_url=None, openapi_url=None)
@@ -408,28 +432,11 @@ def make_app(shelf):
 
     @app.get("/api/runs/{name:path}/metrics")
     def metrics(name: str):
-        summary = shelf.summary(name)
-        try:
-            records = read_metrics(summary.folder)
-        except UserError as e:
-            raise ApiError(409, str(e)) from None
-        train, evals = [], []
-        for r, t in zip(records, wall_clock(records)):
-            if r.get("kind") == "train":
-                train.append({"iter": r["iter"], "loss": r["loss"], "time": round(t, 3)})
-            elif r.get("kind") == "eval":
-                evals.append({"iter": r["iter"], "train_loss": r.get("train_loss"), "val_loss": r["val_loss"],
-                              "time": round(t, 3)})
-        return {"train": train, "eval": evals}
+        return run_metrics(shelf.summary(name))
 
     @app.get("/api/runs/{name:path}")
     def pick(name: str):
-        loaded = shelf.get(name)
-        c = loaded.model.config
-        return {"name": name, "settings": describe(c), "n_layer": c.n_layer, "n_head": c.n_head,
-                "block_size": c.block_size, "attention": c.attention, "causal": c.causal,
-                "vocab_size": loaded.tok.vocab_size, "tokenizer": loaded.summary.tokenizer,
-                "decode": loaded.decoding, "note": attention_note(c)}
+        return picked(name, shelf.get(name))
 
     @app.post("/api/generate")
     def generate(req: GenerateRequest):
