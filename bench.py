@@ -204,19 +204,27 @@ def bench_input(cfg):
 
 def run_summary(out_dir, targets, wall_s):
     """What a finished run reached and how fast: times to each target (seconds since its process started),
-    the whole-split val loss at the end, tokens/s, and achieved FLOP/s against this machine's matmul peak."""
+    the whole-split val loss at the end, its iterations, and, from its first and last train records, tokens/s
+    and achieved FLOP/s against this machine's matmul peak (None with fewer than two train records)."""
     records = read_metrics(out_dir)
     run = next(r for r in records if r["kind"] == "run")
     evals = [r for r in records if r["kind"] == "eval"]
     trains = [r for r in records if r["kind"] == "train"]
-    first, last = trains[0], trains[-1]
-    tok_s = (last["tokens"] - first["tokens"]) / max(1e-9, last["elapsed_s"] - first["elapsed_s"])
-    flops = tok_s * run["flops_per_token"]
-    return {"wall_s": wall_s, "final_val": next(r for r in reversed(records) if r["kind"] == "final")["val_loss"],
-            "iters": max(r["iter"] for r in trains), "dtype": run["dtype"], "tok_s": tok_s, "gflops": flops / 1e9,
-            "peak_pct": 100 * flops / matmul_peak(run["dtype"], run["device"]),
+    final = next(r for r in reversed(records) if r["kind"] == "final")
+    tok_s = gflops = peak_pct = None
+    if len(trains) >= 2 and trains[-1]["elapsed_s"] > trains[0]["elapsed_s"]:
+        first, last = trains[0], trains[-1]
+        tok_s = (last["tokens"] - first["tokens"]) / (last["elapsed_s"] - first["elapsed_s"])
+        flops = tok_s * run["flops_per_token"]
+        gflops, peak_pct = flops / 1e9, 100 * flops / matmul_peak(run["dtype"], run["device"])
+    return {"wall_s": wall_s, "final_val": final["val_loss"], "iters": final["iter"], "dtype": run["dtype"],
+            "tok_s": tok_s, "gflops": gflops, "peak_pct": peak_pct,
             "hit": {t: next((r["elapsed_s"] for r in evals if r["val_loss"] <= t), None) for t in targets},
             "evals": evals}
+
+
+def rate(value, form):
+    return "n/a" if value is None else form.format(value)
 
 
 def fmt_s(seconds):
@@ -229,8 +237,9 @@ def print_train_table(summaries, targets):
             *[(f"time to val <= {t}", lambda s, t=t: fmt_s(s["hit"][t])) for t in targets],
             ("iterations", lambda s: str(s["iters"])),
             ("final val (whole split)", lambda s: f"{s['final_val']:.4f}"),
-            ("precision", lambda s: s["dtype"]), ("tokens/s", lambda s: f"{s['tok_s']:,.0f}"),
-            ("GFLOP/s", lambda s: f"{s['gflops']:.1f}"), ("% of matmul peak", lambda s: f"{s['peak_pct']:.0f}%")]
+            ("precision", lambda s: s["dtype"]), ("tokens/s", lambda s: rate(s["tok_s"], "{:,.0f}")),
+            ("GFLOP/s", lambda s: rate(s["gflops"], "{:.1f}")),
+            ("% of matmul peak", lambda s: rate(s["peak_pct"], "{:.0f}%"))]
     print(f"\n{'':<24}" + "".join(f"{n:>14}" for n in names))
     for label, cell in rows:
         print(f"{label:<24}" + "".join(f"{cell(summaries[n]):>14}" for n in names))
@@ -242,7 +251,10 @@ def print_train_table(summaries, targets):
                       f"classic run's wall time" + (f", {a['hit'][t] / b['hit'][t]:.1f}x sooner than the classic run "
                                                     "does" if a["hit"][t] else "; the classic run never does"))
         print(f"the default's whole run took {b['wall_s'] / a['wall_s']:.2f} of the classic run's wall time")
-        print(f"tokens/s: {b['tok_s'] / a['tok_s']:.2f}x, GFLOP/s: {b['gflops'] / a['gflops']:.2f}x")
+        if a["tok_s"] and b["tok_s"]:
+            print(f"tokens/s: {b['tok_s'] / a['tok_s']:.2f}x, GFLOP/s: {b['gflops'] / a['gflops']:.2f}x")
+        else:
+            print("tokens/s: n/a (a run logged fewer than two train records; lower its log_interval)")
 
 
 def bench_train(argv):

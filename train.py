@@ -171,7 +171,10 @@ def main(argv=None):
     cfg = make(TrainConfig, given)
     master = launched_rank() == 0
     with RunDir(cfg.out_dir).locked(writer=master) as run:
-        cfg, resumed = continued_config(cfg, given, run, note=print if master else lambda line: None)
+        note = print if master else lambda line: None
+        cfg, resumed = continued_config(cfg, given, run, note)
+        if resumed[0] is not None and announce_resume(cfg, resumed, run, note) and not cfg.eval_only:
+            return  # a finished run: nothing to train, nothing written
         with Runtime(cfg.device, cfg.dtype, cfg.backend, cfg.threads) as rt:
             data, state = build_training(cfg, rt, *resumed)
             del resumed  # the state holds what it needs of the checkpoint
@@ -186,6 +189,21 @@ def main(argv=None):
             finally:
                 if log is not None:
                     log.close()
+
+
+def announce_resume(cfg, resumed, run, note):
+    """Say where a resumed run continues from; True (after saying so) when it has nothing left to do."""
+    ckpt, path = resumed
+    done, budget = ckpt["iter_num"], f" and {cfg.max_time:g} s" if cfg.max_time > 0 else ""
+    note(f"resuming from iteration {done} of {cfg.max_iters}{budget} ({path})")
+    spent = cfg.max_time > 0 and ckpt.get("loop_seconds", 0.0) >= cfg.max_time
+    if done < cfg.max_iters and not spent:
+        return False
+    if not cfg.eval_only:
+        why = f"its {cfg.max_time:g} s are spent" if spent else f"all {cfg.max_iters} iterations are done"
+        note(f"the run in {run.path} is finished ({why}); nothing to do: raise --max_iters or --max_time to "
+             "train it further, or start another run in a new --out_dir")
+    return True
 
 
 def wandb_args(cfg, state):

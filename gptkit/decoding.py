@@ -76,6 +76,10 @@ def generate(model, idx, max_new_tokens, **kwargs):
     return torch.cat([idx] + new, dim=1)
 
 
+# a temperature this small is 0 to float32 (dividing by it gives 0/0): its limit, greedy decoding, is what it means
+GREEDY_BELOW = torch.finfo(torch.float32).tiny
+
+
 def sample_next(logits, temperature=1.0, top_k=0, top_p=1.0, generator=None):
     """One token per row from (B, V) logits; temperature 0 is greedy, top_k 0 and top_p 1 are off."""
     return draw_next(logits, temperature, top_k, top_p, generator)[0]
@@ -83,7 +87,7 @@ def sample_next(logits, temperature=1.0, top_k=0, top_p=1.0, generator=None):
 
 def draw_next(logits, temperature, top_k, top_p, generator):
     """sample_next's (B, 1) tokens, and the (B, V) distribution they were drawn from (None when greedy)."""
-    if temperature == 0:
+    if temperature < GREEDY_BELOW:
         return logits.argmax(dim=-1, keepdim=True), None
     probs = shaped_probs(logits, temperature, top_k, top_p)
     return torch.multinomial(probs, num_samples=1, generator=generator), probs
@@ -93,9 +97,12 @@ def shaped_probs(logits, temperature=1.0, top_k=0, top_p=1.0):
     """The (B, V) distribution sampling draws from: the softmax of logits / temperature, kept to the top_k
     likeliest tokens and to the smallest set of them whose probability reaches top_p. Temperature 0 puts all
     of it on the likeliest token."""
-    if temperature == 0:
+    if temperature < GREEDY_BELOW:
         return F.one_hot(logits.argmax(dim=-1), logits.size(-1)).float()
-    logits = logits.float() / temperature
+    logits = logits.float()
+    if temperature < 1e-3:  # dividing would overflow to inf (and the softmax to nan); the likeliest token is 0
+        logits = logits - logits.amax(dim=-1, keepdim=True)
+    logits = logits / temperature
     if top_k > 0:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
         logits = logits.masked_fill(logits < kth, float("-inf"))

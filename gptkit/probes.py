@@ -133,8 +133,8 @@ def pick_decode_dtype(name, model, device, batch_size=1, tokens=16):
     seconds = {dtype: decode_seconds(copy.deepcopy(model).to(getattr(torch, dtype)), batch_size, tokens)
                for dtype in ("float32", "bfloat16")}
     best = "bfloat16" if seconds["bfloat16"] * 1.25 < seconds["float32"] else "float32"
-    return best, (f"decoding in {best}: {seconds['float32'] / seconds['bfloat16']:.2f}x the float32 speed in "
-                  "bfloat16, measured on this model")
+    return best, (f"decoding in {best} (bfloat16 was {seconds['float32'] / seconds['bfloat16']:.2f}x as fast as "
+                  "float32 on this model)")
 
 
 def pick_decode_threads(threads, model, device, batch_size=1, tokens=16):
@@ -153,5 +153,5 @@ def pick_decode_threads(threads, model, device, batch_size=1, tokens=16):
         seconds[n] = decode_seconds(model, batch_size, tokens)
     best = most if seconds[most] * 1.3 < seconds[1] else 1
     torch.set_num_threads(best)
-    return best, (f"decoding on {best} thread{'s' if best > 1 else ''}: {most} threads ran at "
-                  f"{seconds[1] / seconds[most]:.2f}x the speed of 1 on this model")
+    return best, (f"decoding on {best} thread{'s' if best > 1 else ''} ({most} threads were "
+                  f"{seconds[1] / seconds[most]:.2f}x as fast as 1 on this model)")

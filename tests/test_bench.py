@@ -47,3 +47,21 @@ def test_run_summary_reads_what_the_run_recorded(tmp_path, monkeypatch):
     assert (s["wall_s"], s["iters"], s["final_val"], s["dtype"]) == (6.0, 20, 1.75, "bfloat16")
     assert s["tok_s"] == 2000.0 and s["gflops"] == 2.0 and s["peak_pct"] == 50.0
     assert s["hit"] == {1.886: 3.5, 1.6: None}
+
+
+def test_a_run_with_one_train_record_has_no_rate_and_its_real_iterations(tmp_path, capsys):
+    """Rates need two train records; the iteration count is where the run ended, not where it last logged."""
+    import json
+
+    records = [{"kind": "run", "iter": 0, "device": "cpu", "dtype": "float32", "flops_per_token": 1e6},
+               {"kind": "eval", "iter": 0, "train_loss": 4.2, "val_loss": 4.2, "elapsed_s": 2.0},
+               {"kind": "train", "iter": 10, "loss": 2.0, "lr": 1e-3, "tokens": 1000, "elapsed_s": 3.0},
+               {"kind": "eval", "iter": 25, "train_loss": 1.8, "val_loss": 1.8, "elapsed_s": 3.5},
+               {"kind": "final", "iter": 25, "val_loss": 1.75, "val_tokens": 99, "elapsed_s": 5.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    s = bench.run_summary(tmp_path, [1.886], wall_s=6.0)
+    assert s["iters"] == 25 and s["tok_s"] is None and s["gflops"] is None
+    bench.print_train_table({"classic": s, "default": s}, [1.886])
+    out = capsys.readouterr().out
+    assert re.search(r"iterations +25 +25", out) and re.search(r"tokens/s +n/a +n/a", out)
+    assert "tokens/s: n/a (a run logged fewer than two train records" in out

@@ -504,3 +504,32 @@ def test_ddp_stop_signals_stop_every_rank_at_one_step_and_auto_resumes_exactly(t
 
     Run(command("ddp", data_dir, out, "--init_from=auto"), tmp_path / "rest").check_ok()
     assert_same_losses(out, reference("ddp"))
+
+
+# ---------------------------------------------------------------------------------------------- a finished run
+
+
+def test_resuming_a_finished_run_says_so_and_writes_nothing(tmp_path, data_dir, trained_run):
+    """--init_from=auto (or resume) on a run with nothing left: one line saying why, exit 0, no file touched;
+    a run that continues says where from."""
+    import shutil
+
+    from conftest import TRAINED_RUN, check_ok
+
+    out = tmp_path / "out"
+    shutil.copytree(trained_run[0], out)
+    def files():  # run.lock is taken by every train.py that looks at the folder: the rest must not change
+        return {p.name: p.read_bytes() for p in out.iterdir() if p.name != "run.lock"}
+
+    before = files()
+    for start in ("--init_from=auto", "--init_from=resume"):
+        proc = check_ok(run_script("train.py", *train_args(data_dir, out, *TRAINED_RUN, start)))
+        lines = proc.stdout.strip().splitlines()
+        assert lines == [f"resuming from iteration 30 of 30 ({out / 'latest.pt'})",
+                         f"the run in {out} is finished (all 30 iterations are done); nothing to do: raise "
+                         "--max_iters or --max_time to train it further, or start another run in a new --out_dir"]
+        assert files() == before
+    more = check_ok(run_script("train.py", *train_args(data_dir, out, *TRAINED_RUN, "--init_from=auto",
+                                                        "--max_iters=32")))
+    assert more.stdout.startswith(f"resuming from iteration 30 of 32 ({out / 'latest.pt'})\n")
+    assert max(logged(out, "eval", "val_loss")) == 32

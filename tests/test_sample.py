@@ -428,7 +428,7 @@ def test_decode_precision_is_measured_and_must_win_clearly(monkeypatch, bf16_spe
     monkeypatch.setattr(probes, "decode_seconds", lambda model, batch, tokens: {
         torch.float32: 1.0, torch.bfloat16: 1.0 / bf16_speedup}[next(model.parameters()).dtype])
     dtype, why = probes.pick_decode_dtype("auto", tiny_model(), "cpu")
-    assert dtype == want and why.startswith(f"decoding in {want}: {bf16_speedup:.2f}x the float32 speed")
+    assert dtype == want and why == f"decoding in {want} (bfloat16 was {bf16_speedup:.2f}x as fast as float32 on this model)"
     assert probes.pick_decode_dtype("float32", tiny_model(), "cpu")[0] == "float32"
 
 
@@ -443,7 +443,7 @@ def test_decode_threads_are_measured_and_more_must_win_clearly(monkeypatch, two_
         torch.set_num_threads(2)
         threads, why = probes.pick_decode_threads(0, tiny_model(), "cpu")
         assert threads == want == torch.get_num_threads()
-        assert why.endswith(f"2 threads ran at {two_thread_speedup:.2f}x the speed of 1 on this model")
+        assert why.endswith(f" (2 threads were {two_thread_speedup:.2f}x as fast as 1 on this model)")
         assert probes.pick_decode_threads(3, tiny_model(), "cpu")[0] == 3 == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
@@ -461,3 +461,25 @@ def test_decoding_layout_keeps_values_ties_and_tokens():
     for n, p in model.named_parameters():
         assert torch.equal(p, before[n]), n
     assert torch.equal(generate(model, idx, 20, True, temperature=0.0), want)
+
+
+@pytest.mark.parametrize("setting,values", [
+    ("temperature", [0.0, 5e-324, 1e-300, 1e-30, 1e300, 1.7e308]),
+    ("top_k", [0, 1, 2 ** 62]),
+    ("top_p", [5e-324, 1e-300, 1.0]),
+    ("seed", [0, 2 ** 31 - 1]),
+    ("max_new_tokens", [0, 1]),
+    ("num_samples", [1, 3]),
+])
+def test_every_sampling_value_the_parser_accepts_samples(setting, values):
+    """Each option at both ends of what SampleConfig accepts gives text (a vanishing temperature is greedy),
+    never a traceback from torch's sampler."""
+    model, tok = tiny_model(sharpen=40.0), CharTokenizer([chr(ord("a") + i) for i in range(29)])
+    greedy = generate_texts(model, tok, "abc", SampleConfig(num_samples=1, max_new_tokens=12, temperature=0.0),
+                            stream=io.StringIO())
+    for value in values:
+        cfg = SampleConfig(**{"num_samples": 1, "max_new_tokens": 12, setting: value})
+        texts = generate_texts(model, tok, "abc", cfg, stream=io.StringIO())
+        assert len(texts) == cfg.num_samples and all(len(t) == 3 + cfg.max_new_tokens for t in texts)
+        if setting == "temperature" and value < 1e-20:
+            assert texts == greedy, value
