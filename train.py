@@ -20,31 +20,32 @@ import torch
 from gptkit.config import given_values, make
 from gptkit.errors import RunStopped, UserError, run_main
 from gptkit.flops import flops_per_token, peak_flops
-from gptkit.metrics import RunLog
+from gptkit.metrics import PROCESS_START, RunLog
 from gptkit.optim import lr_multiplier, set_lr
 from gptkit.resume import continued_config
 from gptkit.rundir import RunDir
 from gptkit.runtime import Runtime, launched_rank
 from gptkit.signals import StopSignals
 from gptkit.train_config import TrainConfig
-from gptkit.training import build_training, evaluate, evaluate_split, micro_steps_per_process
+from gptkit.training import (build_training, eval_tokens, evaluate, evaluate_split, micro_steps_per_process,
+                             seconds_spent, time_budget)
 
 
-def train(cfg, rt, data, state, log, run):
-    """Optimizer steps until max_iters or max_time, evaluating every eval_interval steps and at the end.
+def train(cfg, rt, data, state, log, run, budget, stop):
+    """Optimizer steps until max_iters or the time budget, evaluating every eval_interval steps and at the end.
     best.pt is written only when val loss improves; latest.pt at evaluations, at the end and on a stop signal."""
     model = rt.wrap(state.model)  # DDP when there are several processes
     accum = micro_steps_per_process(cfg.gradient_accumulation_steps, rt.world)
     meter = Meter(cfg, rt, data, state, log, accum)
     if state.iter_num == 0:
-        losses = meter.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state))
+        stop.doing = "evaluating before the first step (nothing was saved)"
+        losses = meter.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state, budget))
         stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
-    loop_start = time.time() - state.loop_seconds  # a resumed run keeps what is left of its time budget
     x, y = data.sampler.next()
-    done = finished(cfg, rt, state)
-    with StopSignals() as stop:
+    done = finished(cfg, rt, state, budget)
+    with stop.deferred():
         while not done:
-            lr_scale = lr_multiplier(cfg, state.iter_num, state.loop_seconds)
+            lr_scale = lr_multiplier(cfg, state.iter_num, budget.progress())
             set_lr(state.optimizers, lr_scale)
             loss = torch.zeros((), device=rt.device)
             for micro in range(accum):
@@ -57,37 +58,46 @@ def train(cfg, rt, data, state, log, run):
                 loss += micro_loss.detach()
             step_optimizers(state, cfg.grad_clip)
             state.iter_num += 1
-            state.loop_seconds = time.time() - loop_start
+            state.seconds_spent = budget.spent()
             if state.iter_num % cfg.log_interval == 0:
                 mean_loss = rt.mean(loss.item())  # the step's loss reaches the host here, and only here
                 stop_if_diverged("loss", mean_loss, state.iter_num, rt.dtype)
                 meter.trained(state.iter_num, mean_loss, lr_scale * cfg.learning_rate)
-            done = finished(cfg, rt, state)
+            done = finished(cfg, rt, state, budget)
             saved = False
             if state.iter_num % cfg.eval_interval == 0 or done:
-                losses = meter.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state))
+                losses = meter.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state, budget))
                 stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
                 improved = losses["val"] < state.best_val_loss
                 if improved:  # the only place the best weights change: stopping a run never touches them
                     state.best_val_loss = losses["val"]
                     state.save_best(run, rt)  # before latest.pt, which must never claim a best that best.pt lacks
                 if improved or cfg.always_save_checkpoint or done:
-                    state.save_latest(run, rt)
+                    save_latest(state, run, rt, budget)
                     saved = True
-                state.loop_seconds = time.time() - loop_start
             signum = int(rt.max(stop.signum))  # every process stops at the step where any one was signalled
             if signum:
                 if not saved:
                     stop_if_diverged("loss", rt.mean(loss.item()), state.iter_num, rt.dtype)  # never save it diverged
-                    state.save_latest(run, rt)
+                    save_latest(state, run, rt, budget)
                 raise RunStopped(f"stopped by {signal.Signals(signum).name} at iteration {state.iter_num}; latest "
                                  f"state saved to {run.latest}, continue with --init_from=auto", signum)
+    stop.doing = f"scoring the whole val split at the end (the trained state is saved in {run.latest})"
     meter.final(state.iter_num, rt.broadcast(final_evaluation(cfg, data, state, rt) if rt.master else None))
 
 
-def finished(cfg, rt, state):
-    """All max_iters steps taken, or the time budget spent (on any process: all stop at the same step)."""
-    return state.iter_num >= cfg.max_iters or (cfg.max_time > 0 and rt.any(state.loop_seconds >= cfg.max_time))
+def finished(cfg, rt, state, budget):
+    """All max_iters steps taken, or the time budget spent but for what the end will cost (on any process: all
+    stop at the same step)."""
+    return state.iter_num >= cfg.max_iters or (cfg.max_time > 0 and rt.any(budget.over()))
+
+
+def save_latest(state, run, rt, budget):
+    """latest.pt, with the time spent so far in it; how long the save took is kept for the end's reserve."""
+    state.seconds_spent = budget.spent()
+    start = time.time()
+    state.save_latest(run, rt)
+    budget.saved(time.time() - start)
 
 
 def step_optimizers(state, grad_clip):
@@ -103,9 +113,13 @@ def step_optimizers(state, grad_clip):
         opt.zero_grad(set_to_none=True)
 
 
-def evaluate_on_rank0(rt, data, state):
-    """Rank 0 evaluates the plain model; every process gets its losses."""
-    return rt.broadcast(evaluate(state.model, data, rt.autocast) if rt.master else None)
+def evaluate_on_rank0(rt, data, state, budget=None):
+    """Rank 0 evaluates the plain model; every process gets its losses. The budget learns what it cost."""
+    start = time.time()
+    losses = rt.broadcast(evaluate(state.model, data, rt.autocast) if rt.master else None)
+    if budget is not None:
+        budget.evaluated(time.time() - start, eval_tokens(data))
+    return losses
 
 
 def final_evaluation(cfg, data, state, rt):
@@ -167,6 +181,9 @@ class Meter:
 
 
 def main(argv=None):
+    # run as a command, the budget counts from the process's start (the interpreter's and torch's start-up
+    # too); called with arguments, as tests do, from this call
+    started = PROCESS_START if argv is None else time.time()
     given = given_values(TrainConfig, sys.argv[1:] if argv is None else argv, prog="train.py")
     cfg = make(TrainConfig, given)
     master = launched_rank() == 0
@@ -175,17 +192,19 @@ def main(argv=None):
         cfg, resumed = continued_config(cfg, given, run, note)
         if resumed[0] is not None and announce_resume(cfg, resumed, run, note) and not cfg.eval_only:
             return  # a finished run: nothing to train, nothing written
-        with Runtime(cfg.device, cfg.dtype, cfg.backend, cfg.threads) as rt:
+        with StopSignals() as stop, Runtime(cfg.device, cfg.dtype, cfg.backend, cfg.threads) as rt:
+            stop.doing = "starting (nothing was saved)"
             data, state = build_training(cfg, rt, *resumed)
             del resumed  # the state holds what it needs of the checkpoint
             log = RunLog(run.metrics, wandb_args(cfg, state)) if rt.master else None
             try:
                 if cfg.eval_only:
+                    stop.doing = "evaluating (eval_only: nothing is written but this evaluation's record)"
                     losses = evaluate_on_rank0(rt, data, state)
                     Meter(cfg, rt, data, state, log, 1).evaluated(state.iter_num, losses)
                     stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
                 else:
-                    train(cfg, rt, data, state, log, run)
+                    train(cfg, rt, data, state, log, run, time_budget(cfg, data, state, started), stop)
             finally:
                 if log is not None:
                     log.close()
@@ -196,7 +215,7 @@ def announce_resume(cfg, resumed, run, note):
     ckpt, path = resumed
     done, budget = ckpt["iter_num"], f" and {cfg.max_time:g} s" if cfg.max_time > 0 else ""
     note(f"resuming from iteration {done} of {cfg.max_iters}{budget} ({path})")
-    spent = cfg.max_time > 0 and ckpt.get("loop_seconds", 0.0) >= cfg.max_time
+    spent = cfg.max_time > 0 and seconds_spent(ckpt) >= cfg.max_time
     if done < cfg.max_iters and not spent:
         return False
     if not cfg.eval_only:

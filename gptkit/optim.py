@@ -49,18 +49,19 @@ def build_optimizers(model, cfg, device):
     return optimizers
 
 
-def lr_multiplier(cfg, iter_num, loop_seconds=0.0):
+def lr_multiplier(cfg, iter_num, time_progress=0.0):
     """Fraction of the peak learning rate for this step; never divides by zero.
 
-    Warmup counts optimizer steps. With a time budget (max_time) the decay follows
-    whichever is further along, iterations or time, so a timed run still ends cooled down."""
+    Warmup counts optimizer steps. With a time budget (max_time) the decay follows whichever is further
+    along, iterations or time (time_progress, the fraction of the training time spent), so a timed run still
+    ends cooled down."""
     if not cfg.decay_lr:  # as nanoGPT: a constant learning rate, no warmup either
         return 1.0
     if iter_num < cfg.warmup_iters:
         return (iter_num + 1) / cfg.warmup_iters
     step = iter_num
     if cfg.max_time > 0:
-        step = max(step, cfg.max_iters * loop_seconds / cfg.max_time)
+        step = max(step, cfg.max_iters * time_progress)
     floor = cfg.min_lr / cfg.learning_rate if cfg.learning_rate > 0 else 0.0
     if cfg.lr_schedule == "wsd":
         decay_start = cfg.max_iters * (1 - cfg.warmdown_frac)

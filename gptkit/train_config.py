@@ -52,7 +52,7 @@ class TrainConfig:
     lr_decay_iters: int = 0  # cosine reaches min_lr here (0 = max_iters)
     min_lr: float = 6e-5  # floor of the cosine schedule
     warmdown_frac: float = 0.5  # 'wsd': fraction of the run spent decaying to min_lr
-    max_time: float = 0.0  # >0: stop after this many seconds of the loop; the schedule follows max(iter, time) progress
+    max_time: float = 0.0  # >0: seconds for the whole run, start-up and final score included; the schedule follows it
     # system
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # DDP backend: 'auto' is nccl on CUDA, gloo on CPU
     device: str = "auto"  # 'auto' (cuda, then mps, then cpu), or 'cpu', 'cuda', 'cuda:1', 'mps'

@@ -3,6 +3,7 @@ from, the choices measured for it, and evaluation."""
 
 import math
 import random
+import time
 from dataclasses import asdict, replace
 
 import numpy as np
@@ -82,7 +83,7 @@ class TrainState:
         self.scaler = torch.amp.GradScaler(rt.device.split(":")[0], enabled=rt.dtype == "float16")
         self.iter_num = 0  # optimizer steps taken
         self.best_val_loss = math.inf
-        self.loop_seconds = 0.0  # wall time spent in the training loop so far (steps, evaluations and saves)
+        self.seconds_spent = 0.0  # of the time budget, by every process that worked on this run (see TimeBudget)
         self.wandb_id = None  # the wandb run this one continues
 
     def save_latest(self, run, rt):
@@ -99,7 +100,7 @@ class TrainState:
                 "tokenizer": self.tokenizer.to_meta(),
                 "iter_num": self.iter_num,
                 "best_val_loss": self.best_val_loss,
-                "loop_seconds": self.loop_seconds,
+                "seconds_spent": self.seconds_spent,
                 "rng": rng,
                 "wandb_id": self.wandb_id,
                 "measured": self.measured,
@@ -128,7 +129,7 @@ class TrainState:
                 group.update(own)
         self.scaler.load_state_dict(ckpt["scaler"])
         self.iter_num, self.best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
-        self.loop_seconds = ckpt.get("loop_seconds", ckpt.get("train_time", 0.0))  # older checkpoints: train_time
+        self.seconds_spent = seconds_spent(ckpt)
         self.wandb_id = ckpt.get("wandb_id")
         states = ckpt["rng"]
         if len(states) == rt.world:
@@ -136,6 +137,56 @@ class TrainState:
         elif rt.master:
             print(f"note: checkpoint has RNG states of {len(states)} processes, this run has {rt.world}; "
                   "the data order is reseeded")
+
+
+def seconds_spent(ckpt):
+    """A checkpoint's spent time budget; older versions saved the loop's seconds only, as loop_seconds or
+    train_time."""
+    return ckpt.get("seconds_spent", ckpt.get("loop_seconds", ckpt.get("train_time", 0.0)))
+
+
+class TimeBudget:
+    """max_time as a user plans by it: the whole run, start-up, steps, evaluations, saves and the final score,
+    across every process that worked on it (a resumed run spends what is left). The loop stops early enough to
+    leave what the last evaluation, save and final score will cost, estimated from what they cost so far."""
+
+    def __init__(self, max_time, started, final_tokens):
+        self.max_time, self.started, self.final_tokens = max_time, started, final_tokens
+        self.eval_seconds = self.eval_seconds_per_token = self.save_seconds = 0.0
+
+    def spent(self):
+        return time.time() - self.started
+
+    def evaluated(self, seconds, tokens):
+        self.eval_seconds, self.eval_seconds_per_token = seconds, seconds / tokens
+
+    def saved(self, seconds):
+        self.save_seconds = max(self.save_seconds, seconds)
+
+    def reserve(self):
+        """Seconds kept for the end: one more evaluation and save, then the final score."""
+        return self.eval_seconds + self.save_seconds + self.eval_seconds_per_token * self.final_tokens
+
+    def progress(self):
+        """The fraction of the training time spent, 0 to 1 (what the schedule follows)."""
+        if self.max_time <= 0:
+            return 0.0
+        return min(1.0, self.spent() / max(1e-9, self.max_time - self.reserve()))
+
+    def over(self):
+        return self.max_time > 0 and self.spent() + self.reserve() >= self.max_time
+
+
+def time_budget(cfg, data, state, started):
+    """The run's TimeBudget: this process started at `started`, after what earlier ones spent."""
+    val = data.splits["val"].length - 1
+    final_tokens = min(val, cfg.final_eval_tokens) if cfg.final_eval_tokens > 0 else val
+    return TimeBudget(cfg.max_time, started - state.seconds_spent, final_tokens)
+
+
+def eval_tokens(data):
+    """How many tokens one evaluation scores: every split's fixed windows."""
+    return sum(o.numel() for offsets in data.eval_offsets.values() for o in offsets) * data.block_size
 
 
 def build_training(cfg, rt, ckpt=None, ckpt_path=None):
@@ -216,9 +267,9 @@ def evaluate_split(model, split, autocast, batch_size, max_tokens=0):
     T, n = split.block_size, split.length - 1
     n = min(n, max_tokens) if max_tokens > 0 else n
     offsets = list(range(0, n - T + 1, T))
-    tail = n - len(offsets) * T
-    if tail:  # one last window ending at target n, scoring only the targets no other window scored
-        offsets.append(n - T)
+    scored_before, tail = len(offsets) * T, n - len(offsets) * T
+    if tail:  # one last window ending at target n (the first window, where n < T)
+        offsets.append(max(0, n - T))
     device = str(next(model.parameters()).device)
     total, count = 0.0, 0
     model.eval()
@@ -226,8 +277,10 @@ def evaluate_split(model, split, autocast, batch_size, max_tokens=0):
         for i in range(0, len(offsets), batch_size):
             x, y = split.batch(torch.tensor(offsets[i:i + batch_size]), device)
             if tail and i + batch_size >= len(offsets):
-                y = y.clone()
-                y[-1, :T - tail] = -1  # ignored by the loss
+                y, start = y.clone(), offsets[-1]
+                # ignored by the loss: the targets another window scored, and those past n
+                y[-1, :scored_before - start] = -1
+                y[-1, n - start:] = -1
             with autocast:
                 loss = model(x, y)[1].item()
             scored = int((y != -1).sum())

@@ -245,4 +245,4 @@ def test_the_longer_presets_build_on_the_default():
     assert "base = 'shakespeare_char.py'" in texts["shakespeare_char_5min.py"]
     assert "base = 'shakespeare_char_5min.py'" in texts["shakespeare_char_10min.py"]
     ten = parse_config(TrainConfig, [str(REPO / "config/shakespeare_char_10min.py")])
-    assert (ten.model.n_embd, ten.compile, ten.model.pos_emb, ten.max_time) == (192, True, "rope", 585)
+    assert (ten.model.n_embd, ten.compile, ten.model.pos_emb, ten.max_time) == (192, True, "rope", 600)

@@ -142,6 +142,16 @@ if "signal" in FAULTS or "rank1" in FAULTS:
                 os.kill(os.getpid(), getattr(signal, name))
 
     train.step_optimizers = step_optimizers
+if "eval_signal" in FAULTS:  # arrives while the first evaluation or the final score runs
+    name, when = FAULTS["eval_signal"]
+    target = {{"first": "evaluate", "final": "evaluate_split"}}[when]
+    real_eval = getattr(train, target)
+
+    def interrupted(*args, **kwargs):
+        os.kill(os.getpid(), getattr(signal, name))
+        return real_eval(*args, **kwargs)
+
+    setattr(train, target, interrupted)
 run_main(train.main)
 '''
 
@@ -149,7 +159,7 @@ run_main(train.main)
 def wrapper(tmp_path, **faults):
     """A test-only script that runs train.py with faults injected; the product code has no hooks.
     kill/enospc=(file name, which write of it), nan=which forward pass, signal=(name, iteration, ranks),
-    rank1=iteration."""
+    rank1=iteration, eval_signal=(name, 'first' evaluation or 'final' score)."""
     path = tmp_path / f"train_{'_'.join(faults)}.py"
     path.write_text(WRAPPER.format(repo=str(REPO), faults=faults), encoding="utf-8")
     return path
@@ -533,3 +543,27 @@ def test_resuming_a_finished_run_says_so_and_writes_nothing(tmp_path, data_dir, 
                                                         "--max_iters=32")))
     assert more.stdout.startswith(f"resuming from iteration 30 of 32 ({out / 'latest.pt'})\n")
     assert max(logged(out, "eval", "val_loss")) == 32
+
+
+@pytest.mark.parametrize("when,extra,doing", [
+    ("first", [], "evaluating before the first step (nothing was saved)"),
+    ("first", ["--eval_only=True"], "evaluating (eval_only: nothing is written but this evaluation's record)"),
+    ("final", [], "scoring the whole val split at the end (the trained state is saved in {latest})"),
+])
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGUSR1"])
+def test_a_signal_outside_the_loop_stops_with_one_line_and_its_status(tmp_path, data_dir, when, extra, doing, name):
+    """The first evaluation, eval_only and the final score are not steps to finish: a signal there stops the
+    run at once, saying what it interrupted, with the documented status 128 + the signal's number."""
+    out = tmp_path / "out"
+    if "--eval_only=True" in extra:
+        Run(train_cmd(data_dir, out, *COMMON), tmp_path / "first").check_ok()
+    before = {p.name: p.read_bytes() for p in out.glob("*.pt")}
+    run = Run(train_cmd(data_dir, out, *COMMON, *extra, script=wrapper(tmp_path, eval_signal=(name, when))),
+              tmp_path / "stopped")
+    assert run.wait() == 128 + getattr(signal, name)
+    assert assert_one_error_line(run.stderr) == f"error: stopped by {name} while " + doing.format(
+        latest=out / "latest.pt")
+    if when == "final":
+        assert load_checkpoint(out / "latest.pt")["iter_num"] == ITERS
+    else:
+        assert {p.name: p.read_bytes() for p in out.glob("*.pt")} == before

@@ -168,10 +168,10 @@ def test_wsd_is_flat_then_linear_to_min_lr():
 
 def test_time_budget_drives_the_decay():
     cfg = schedule(lr_schedule="wsd", warmdown_frac=0.4, max_time=100.0)
-    assert lr_multiplier(cfg, 20, loop_seconds=10.0) == 1.0  # iterations ahead of time
-    assert lr_multiplier(cfg, 20, loop_seconds=80.0) == pytest.approx(1.0 - 0.5 * 0.9)  # time ahead
-    assert lr_multiplier(cfg, 20, loop_seconds=100.0) == pytest.approx(0.1)
-    assert lr_multiplier(cfg, 5, loop_seconds=90.0) == pytest.approx(0.6)  # warmup still counts steps
+    assert lr_multiplier(cfg, 20, time_progress=0.1) == 1.0  # iterations ahead of time
+    assert lr_multiplier(cfg, 20, time_progress=0.8) == pytest.approx(1.0 - 0.5 * 0.9)  # time ahead
+    assert lr_multiplier(cfg, 20, time_progress=1.0) == pytest.approx(0.1)
+    assert lr_multiplier(cfg, 5, time_progress=0.9) == pytest.approx(0.6)  # warmup still counts steps
 
 
 def test_gradient_accumulation_gives_the_update_of_one_big_batch(tmp_path, data_dir):
