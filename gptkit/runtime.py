@@ -83,8 +83,11 @@ class Runtime:
             if device.startswith("cuda"):
                 device = f"cuda:{self.local_rank}"
                 torch.cuda.set_device(device)
-            dist.init_process_group(backend=backend if backend != "auto" else
-                                    "nccl" if device.startswith("cuda") else "gloo")
+            backend = backend if backend != "auto" else "nccl" if device.startswith("cuda") else "gloo"
+            if backend == "nccl" and not (device.startswith("cuda") and dist.is_nccl_available()):
+                raise UserError(f"backend nccl needs CUDA GPUs and a torch built with NCCL (device here: {device}); "
+                                "use --backend=gloo, or auto")
+            dist.init_process_group(backend=backend)
         if device.startswith("cuda"):
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True

@@ -41,3 +41,17 @@ def test_ddp_two_processes(data_dir, tmp_path):
     assert [r["iter"] for r in records if r["kind"] == "eval"] == [0, 3, 6]
     assert proc.stdout.count(f"iter {max_iters}:") == 1  # printed by rank 0 only
 
+
+
+def test_nccl_without_cuda_is_one_line_before_any_process_group(monkeypatch):
+    """--backend=nccl on a machine without CUDA GPUs: each process says so in one line (it raised a
+    traceback from inside init_process_group)."""
+    from gptkit.errors import UserError
+    from gptkit.runtime import Runtime
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match=r"^backend nccl needs CUDA GPUs and a torch built with NCCL \(device here: "
+                                        r"cpu\); use --backend=gloo, or auto$"):
+        Runtime(device="cpu", backend="nccl")
+    assert not dist.is_initialized()
