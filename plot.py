@@ -8,7 +8,7 @@ Pictures of a run.
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from gptkit.config import parse_config, pick_subcommand
 from gptkit.errors import UserError, run_main
@@ -17,20 +17,36 @@ from gptkit.runtime import check_device_name
 
 @dataclass
 class PlotConfig:
+    """`plot.py loss`'s settings, which every picture takes."""
+
+    picture: ClassVar[str] = "loss"
     out_dir: str = "out"  # run folder: metrics.jsonl and the checkpoint are read from it, pictures written to it
-    checkpoint: Literal["best", "latest"] = "best"  # attention: 'best' (best.pt) or 'latest' (latest.pt)
-    output: str = ""  # picture path ('' = out_dir/loss.png or out_dir/attention.png)
-    start: str = "First Citizen:"  # attention: the prompt whose attention is drawn, or FILE:path
-    device: str = "cpu"  # attention: 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'
+    output: str = ""  # picture path, its extension the format ('' = out_dir/PICTURE.png, e.g. out_dir/loss.png)
     dpi: int = 100  # picture resolution
 
     def __post_init__(self):
+        from gptkit.pictures import check_picture_path
+
         if not 20 <= self.dpi <= 600:
             raise ValueError(f"dpi must be between 20 and 600 (got {self.dpi})")
-        check_device_name(self.device)
+        check_picture_path(self.output_path())  # here, not after a model has been loaded and run
 
-    def output_path(self, name):
-        return Path(self.output) if self.output else Path(self.out_dir) / f"{name}.png"
+    def output_path(self):
+        return Path(self.output) if self.output else Path(self.out_dir) / f"{self.picture}.png"
+
+
+@dataclass
+class AttentionConfig(PlotConfig):
+    """`plot.py attention`'s settings: every picture's, and the checkpoint and prompt it draws."""
+
+    picture: ClassVar[str] = "attention"
+    checkpoint: Literal["best", "latest"] = "best"  # 'best' (best.pt) or 'latest' (latest.pt)
+    start: str = "First Citizen:"  # the prompt whose attention is drawn, or FILE:path
+    device: str = "cpu"  # 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_device_name(self.device)
 
 
 def plot_loss(cfg):
@@ -41,7 +57,7 @@ def plot_loss(cfg):
     if not any(r.get("kind") in ("train", "eval") for r in records):
         raise UserError(f"{Path(cfg.out_dir) / 'metrics.jsonl'} holds no train or eval records yet")
     title = f"{Path(cfg.out_dir).resolve().name}: train and val loss"
-    draw_loss(records, title, cfg.output_path("loss"), cfg.dpi)
+    draw_loss(records, title, cfg.output_path(), cfg.dpi)
 
 
 def plot_attention(cfg):
@@ -52,17 +68,18 @@ def plot_attention(cfg):
 
     prompt = read_prompt(cfg.start)
     model, tok = load_model(cfg.out_dir, pick_device(cfg.device), cfg.checkpoint)
-    draw_model_attention(model, tok, prompt, cfg.output_path("attention"), cfg.dpi)
+    draw_model_attention(model, tok, prompt, cfg.output_path(), cfg.dpi)
 
 
-COMMANDS = {"loss": plot_loss, "attention": plot_attention}
+COMMANDS = {"loss": (plot_loss, PlotConfig), "attention": (plot_attention, AttentionConfig)}
 
 
 def main(argv=None):
     picked = pick_subcommand("plot.py", COMMANDS, sys.argv[1:] if argv is None else argv, "picture")
     if picked:
         name, rest = picked
-        COMMANDS[name](parse_config(PlotConfig, rest, prog=f"plot.py {name}"))
+        draw, config = COMMANDS[name]
+        draw(parse_config(config, rest, prog=f"plot.py {name}"))
 
 
 if __name__ == "__main__":

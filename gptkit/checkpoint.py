@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from gptkit.errors import UserError, first_line
+from gptkit.errors import UserError, first_line, no_links
 from model import GPT, GPTConfig
 
 FORMAT_VERSION = 1
@@ -37,7 +37,7 @@ def save_checkpoint(state, path, previous=None):
     writer = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
+        with open(tmp, "wb", opener=no_links) as f:
             f.write(bytes(HEADER_SIZE))  # its place; the real line goes in once the checksum is known
             writer = HashingWriter(f)
             torch.save(dict(state, format_version=FORMAT_VERSION), writer)

@@ -60,12 +60,14 @@ def settings(cls, owner=()):
 
 
 def field_comments(cls):
-    """The one-line comment after each field in the class source, used as --help text."""
+    """The one-line comment after each field in the class source, used as --help text; a subclass's fields
+    and those it inherits from config dataclasses alike."""
     comments = {}
-    for line in inspect.getsource(cls).splitlines():
-        m = re.match(r"\s+(\w+): [^=]+ = .*?  # (.*)$", line)
-        if m:
-            comments[m.group(1)] = m.group(2)
+    for klass in reversed([k for k in cls.__mro__ if is_dataclass(k)]):
+        for line in inspect.getsource(klass).splitlines():
+            m = re.match(r"\s+(\w+): [^=]+ = .*?  # (.*)$", line)
+            if m:
+                comments[m.group(1)] = m.group(2)
     return comments
 
 
@@ -137,15 +139,22 @@ def coerce(setting, value, source, from_text):
         value = (literal if isinstance(literal, str) else value) if typ is str else literal
     converted = to_type(value, typ)
     if converted is None:
-        raise UserError(f"{source}: {key} must be {typ.__name__}, got {value!r}")
+        raise UserError(f"{source}: {key} must be {typ.__name__}, got {shown(value)}")
     if typ is float and not math.isfinite(converted):
-        raise UserError(f"{source}: {key} must be a finite number, got {value!r}")
+        raise UserError(f"{source}: {key} must be a finite number, got {shown(value)}")
     if typ is int and not -2 ** 63 <= converted < 2 ** 63:
-        raise UserError(f"{source}: {key} is out of range ({converted} does not fit in 64 bits)")
+        raise UserError(f"{source}: {key} is out of range ({shown(converted)} does not fit in 64 bits)")
     if setting.choices and converted not in setting.choices:
         raise UserError(f"{source}: {key} must be one of {', '.join(map(str, setting.choices))} "
-                        f"(got {converted!r}{closest(converted, setting.choices)})")
+                        f"(got {shown(converted)}{closest(converted, setting.choices)})")
     return converted
+
+
+def shown(value, limit=80):
+    """repr(value) for a one-line message, its middle cut out where it is long (a pasted file, a value
+    nested hundreds deep)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-limit // 2:]}"
 
 
 def to_type(value, typ):
@@ -193,6 +202,7 @@ def read_config_file(path, known, including=()):
 
 
 BASE_KEY = "base"  # in a config file: the preset it builds on
+MAX_BASES = 100  # presets in one chain of bases: more than any real one, and each costs stack frames
 
 
 def read_base(path, base, known, including, where, first):
@@ -205,21 +215,29 @@ def read_base(path, base, known, including, where, first):
     chain = (*including, Path(path).resolve())
     if base_path.resolve() in chain:
         raise UserError(f"{where}: base {base!r} leads back to {base_path} (a preset cannot build on itself)")
+    if len(chain) >= MAX_BASES:
+        raise UserError(f"{where}: too many bases in a row (more than {MAX_BASES} presets each building on the next)")
     return read_config_file(str(base_path), known, chain)
 
 
 def parse_config_file(path):
     try:
         with open(path, encoding="utf-8") as f:
-            return ast.parse(f.read(), filename=path)
+            text = f.read()
     except FileNotFoundError:
         raise UserError(f"config file not found: {path}") from None
     except IsADirectoryError:
         raise UserError(f"config file {path} is a folder, not a file") from None
     except OSError as e:
         raise UserError(f"could not read config file {path} ({e.strerror or e})") from None
-    except (SyntaxError, UnicodeDecodeError, ValueError) as e:
+    except UnicodeDecodeError as e:
         raise UserError(f"{path}: not a valid config file ({e})") from None
+    try:
+        return ast.parse(text, filename=path)
+    except (SyntaxError, ValueError) as e:
+        raise UserError(f"{path}: not a valid config file ({e})") from None
+    except (RecursionError, MemoryError):  # the parser's own limits, met by an expression nested thousands deep
+        raise UserError(f"{path}: not a valid config file (nested too deeply to parse)") from None
 
 
 def split_args(argv, known):

@@ -14,7 +14,7 @@ import torch
 from gptkit.config import check_seed, parse_config
 from gptkit.dataset import Split, fixed_offsets, load_meta
 from gptkit.decoding import generate
-from gptkit.errors import UserError
+from gptkit.errors import UserError, no_links
 from gptkit.inspection import attention_maps
 from gptkit.metrics import read_metrics
 from gptkit.prompts import read_prompt
@@ -158,7 +158,7 @@ def train_rung(rung, cfg):
     for stale in (run.metrics, run.latest, run.previous, run.best, run.legacy, folder / "attention.png"):
         stale.unlink(missing_ok=True)
     start = time.perf_counter()
-    with open(folder / "train.log", "w", encoding="utf-8") as log:
+    with open(folder / "train.log", "w", encoding="utf-8", opener=no_links) as log:
         status, stderr = run_train(train_args(rung, cfg), log)
     if status:
         errors = [line for line in stderr.splitlines() if line.startswith("error: ")]

@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from gptkit.errors import UserError, first_line
+from gptkit.errors import UserError, first_line, no_links
 
 
 def process_start_time():
@@ -60,7 +60,7 @@ def append_line(path, line):
     file keeps only whole records."""
     data = line.encode("utf-8")
     try:
-        with open(path, "ab", buffering=0) as f:  # unbuffered: nothing is left to flush after a failure
+        with open(path, "ab", buffering=0, opener=no_links) as f:  # unbuffered: nothing left to flush after a failure
             size = f.tell()
             try:
                 while data:
@@ -102,6 +102,9 @@ def read_metrics(out_dir):
                 reason = f"{e.msg} at line {lineno}" if isinstance(e, json.JSONDecodeError) else f"line {lineno}: {e}"
                 kind = "is not JSON" if isinstance(e, json.JSONDecodeError) else "has a record of the wrong shape"
                 raise UserError(f"{path} has a line that {kind} ({reason}); was it written by train.py?") from None
+            except RecursionError:  # JSON nested thousands deep
+                raise UserError(f"{path} has a line nested too deeply to read (line {lineno}); was it written by "
+                                "train.py?") from None
     return records
 
 

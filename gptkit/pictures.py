@@ -1,5 +1,7 @@
-"""Pictures of runs, written as PNG files: loss curves and attention maps (headless: the Agg backend)."""
+"""Pictures of runs, written as PNG files (or any format savefig writes): loss curves and attention maps
+(headless: the Agg backend)."""
 
+import shutil
 from pathlib import Path
 
 import matplotlib
@@ -8,10 +10,38 @@ matplotlib.use("Agg")  # files only, no display needed
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 
+from gptkit.config import shown  # noqa: E402
 from gptkit.errors import UserError  # noqa: E402
 from gptkit.inspection import attention_of  # noqa: E402
 from gptkit.metrics import loss_series, wall_clock  # noqa: E402
+
+
+def writable_formats():
+    """The file extensions savefig writes here: matplotlib's, less PGF where the TeX it typesets with is missing."""
+    formats = set(FigureCanvasBase.get_supported_filetypes())
+    if not shutil.which(matplotlib.rcParams["pgf.texsystem"]):
+        formats.discard("pgf")
+    return sorted(formats)
+
+
+def check_picture_path(path):
+    """Raise ValueError (one line) for a picture path savefig would refuse or write elsewhere: an extension
+    it has no writer for (none at all: it would add '.png' to the name), a folder, or a path under a file."""
+    path = Path(path)
+    try:
+        is_folder, blocker = path.is_dir(), next((p for p in path.parents if p.exists()), None)
+    except OSError as e:  # e.g. a name too long for the file system
+        raise ValueError(f"output {shown(str(path))} cannot be written ({e.strerror or e})") from None
+    if is_folder:
+        raise ValueError(f"output {path} is a folder, not a picture file; name a file in it, e.g. "
+                         f"{path / 'picture.png'}")
+    if blocker is not None and not blocker.is_dir():
+        raise ValueError(f"output {path} cannot be written: {blocker} is a file, not a folder")
+    formats = writable_formats()
+    if path.suffix[1:].lower() not in formats:
+        raise ValueError(f"output must end in one of .{', .'.join(formats)} (got {shown(str(path))})")
 
 
 def save(fig, path, dpi):

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gptkit.checkpoint import MODEL_KEYS, load_checkpoint, model_from_checkpoint
-from gptkit.errors import UserError
+from gptkit.errors import UserError, link_in_place, no_links
 from gptkit.tokenizer import tokenizer_from_meta
 
 
@@ -39,7 +39,7 @@ class RunDir:
         self.check_folder()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            lock = open(self.path / "run.lock", "a+", encoding="utf-8")
+            lock = open(self.path / "run.lock", "a+", encoding="utf-8", opener=no_links)
         except OSError as e:
             raise UserError(f"cannot write to out_dir {self.path} ({e.strerror or e})") from None
         with lock:  # closing the file releases the lock
@@ -59,11 +59,14 @@ class RunDir:
         """out_dir is a folder (or can become one) and each file a run writes there can be a file."""
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"cannot use {self.path} as out_dir (a file of that name is in the way)")
-        saved = [p for path in (self.latest, self.previous, self.best)
-                 for p in (path, path.with_name(path.name + ".tmp"))]
-        for p in [*saved, self.metrics, self.path / "run.lock"]:
+        saved = [self.latest, self.previous, self.best]
+        in_place = [*(p.with_name(p.name + ".tmp") for p in saved), self.metrics, self.path / "run.lock"]
+        for p in [*saved, *in_place]:
             if p.is_dir():
                 raise UserError(f"{p} is a folder where the run writes a file; move it out of the way")
+        for p in in_place:  # a rename replaces a link at a saved file's name; these would be written through one
+            if p.is_symlink():
+                raise UserError(link_in_place(p))
 
     def resume_candidates(self):
         """The saved states a resume may start from, newest first: latest.pt, the one before it, and

@@ -192,8 +192,8 @@ def test_ctrl_c_after_val_got_worse_keeps_the_best_weights(tmp_path, data_dir, c
                       "--learning_rate=1e-2", "--warmup_iters=0")  # 5 and 17 sample differently
     real_evaluate, real_step = train.evaluate_on_rank0, train.step_optimizers
 
-    def worse_after_5(rt, data, state):
-        losses = real_evaluate(rt, data, state)
+    def worse_after_5(rt, data, state, budget=None):
+        losses = real_evaluate(rt, data, state, budget)
         return dict(losses, val=losses["val"] + 100) if state.iter_num > 5 else losses
 
     def ctrl_c_during_17(state, grad_clip):

@@ -97,7 +97,8 @@ CASES = {
                              "error: n_embd=64 differs from {t}/latest.pt's 32; *"),
     "resume another optimizer": ("train", ["--out_dir={t}", "--init_from=auto", "--optimizer=muon"],
                                  "error: optimizer='muon' differs from {t}/latest.pt's 'adamw'; *"),
-    "resume another vocabulary": ("train", ["--out_dir={t}", "--init_from=auto", "--dataset=other"],
+    "resume another vocabulary": ("train", ["--out_dir={t}", "--init_from=auto", "--dataset=other",
+                                            "--max_iters=1000000"],  # more to do: a finished run just says so
                                   "error: dataset 'other' has a vocabulary of 62 characters, but {t}/latest.pt was "
                                   "trained on a vocabulary of 65 characters; a resumed run must see the token ids it "
                                   "learned (prepare the data with the checkpoint's vocabulary, or start a new "
@@ -290,7 +291,8 @@ PATH_CASES = {
         w / "paths" / f"run-{f}"))(f) for f in ["latest.pt", "best.pt", "metrics.jsonl", "run.lock"]},
     **{f"train: dataset's {f} a folder": (lambda f: lambda w, u: (
         "train", [f"--dataset={replaced(w, 'data-' + f, 'tiny/' + f, 'folder')}/tiny", "--out_dir={t}",
-                  "--init_from=auto"], f"error: *{f}*", w / "paths" / f"data-{f}"))(f) for f in DATASET_FILES},
+                  "--init_from=auto", "--max_iters=1000000"], f"error: *{f}*", w / "paths" / f"data-{f}"))(f)
+       for f in DATASET_FILES},
     "sample: out_dir a file": lambda w, u: ("sample", ["--out_dir={w}/input.txt"],
                                             "error: out_dir {w}/input.txt is a file, not a run folder", None),
     "sample: best.pt a folder": lambda w, u: ("sample", [f"--out_dir={replaced(w, 'run-sample', 'best.pt', 'folder')}"],
@@ -302,7 +304,7 @@ PATH_CASES = {
         "plot", ["loss", f"--out_dir={replaced(w, 'run-plot', 'metrics.jsonl', 'folder')}"],
         "error: could not read {w}/paths/run-plot/metrics.jsonl (Is a directory)", w / "paths" / "run-plot"),
     "plot: output a folder": lambda w, u: ("plot", ["loss", "--out_dir={t}", "--output={w}/picture.png"],
-                                           "error: could not write {w}/picture.png (*", None),
+                                           "error: output {w}/picture.png is a folder, not a picture file*", None),
     "plot: output unwritable": lambda w, u: ("plot", ["loss", "--out_dir={t}", f"--output={u}/loss.png"],
                                              f"error: could not write {u}/loss.png (*", None),
     "plot: attention's best.pt a folder": lambda w, u: (
