@@ -12,14 +12,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the gptkit package lives one level up
 
 from gptkit.config import parse_config  # noqa: E402
-from gptkit.corpus import PrepareConfig, prepare  # noqa: E402
+from gptkit.corpus import PrepareConfig, prepare, shown  # noqa: E402
 from gptkit.errors import run_main  # noqa: E402
 
 
 def main(argv=None):
     cfg = parse_config(PrepareConfig, sys.argv[1:] if argv is None else argv, prog="data/prepare.py")
     out_dir, meta = prepare(cfg)
-    print(f"wrote {out_dir}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens, "
+    print(f"wrote {shown(out_dir)}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens, "
           f"vocab {meta['vocab_size']:,} ({meta['tokenizer']}), {meta['dtype']}")
 
 

@@ -3,12 +3,22 @@ Turn a text file (or a folder of them) into train.bin, val.bin and meta.json.
 
 Text is streamed in chunks, so memory stays bounded whatever the file size; tokens go
 to disk as uint16 when the vocabulary fits and uint32 otherwise.
+
+A dataset is replaced as a whole. Its train.bin, val.bin and meta.json are links through `.current`, itself a
+link to one folder under `.versions/`: prepare writes the new dataset into a folder of its own there and then
+renames a new `.current` over the old one, so a prepare killed at any moment leaves the old dataset or the new
+one, complete, and never a mix. `.prepare.lock` keeps a second prepare of the same dataset out meanwhile.
 """
 
 import codecs
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import secrets
+import shutil
+import stat
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +57,12 @@ def data_root(data_dir):
     return Path(data_dir) if data_dir else PROJECT_DATA
 
 
+def shown(path):
+    """A path as text that prints and stores anywhere: bytes of the name that are not UTF-8 appear escaped (\\xff),
+    where str() would hold lone surrogates that no UTF-8 file or terminal takes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def sha256_of(paths):
     h = hashlib.sha256()
     for path in paths:
@@ -72,20 +88,30 @@ def download_shakespeare(dest):
         os.replace(tmp, dest)
     digest = sha256_of([dest])
     if digest != SHAKESPEARE_SHA256:
-        raise UserError(f"{dest} is not the tinyshakespeare file (sha256 {digest}); delete it and run again")
+        raise UserError(f"{shown(dest)} is not the tinyshakespeare file (sha256 {digest}); delete it and run again")
     return dest
 
 
 def source_files(path):
-    """The documents to read: the file itself, or every file under a folder in sorted order."""
+    """The documents to read: the file itself, or every file under a folder in sorted order. Only regular files:
+    prepare reads its input more than once (vocabulary, tokens, checksum), which a pipe cannot give, and its size
+    reads as 0."""
     path = Path(path)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
         if not files:
-            raise UserError(f"input folder {path} holds no files")
+            raise UserError(f"input folder {shown(path)} holds no files")
         return files
-    if not path.exists():
-        raise UserError(f"input file not found: {path}")
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise UserError(f"input file not found: {shown(path)}") from None
+    except OSError as e:
+        raise UserError(f"could not read {shown(path)} ({e.strerror or e})") from None
+    if not stat.S_ISREG(mode):
+        kind = "a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise UserError(f"input {shown(path)} is {kind}, not a regular file: prepare reads its input more than "
+                        "once; save the text to a file and pass that")
     return [path]
 
 
@@ -99,12 +125,12 @@ def read_text(path, progress, cut=len):
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(CHUNK_BYTES), b""):
                 if b"\x00" in block:
-                    raise UserError(f"{path} looks like a binary file (NUL byte at offset "
+                    raise UserError(f"{shown(path)} looks like a binary file (NUL byte at offset "
                                     f"{offset + block.index(0)}), not UTF-8 text")
                 try:
                     text = carry + utf8.decode(block)
                 except UnicodeDecodeError as e:
-                    raise UserError(f"{path} is not UTF-8 text: byte 0x{block[e.start]:02x} at offset "
+                    raise UserError(f"{shown(path)} is not UTF-8 text: byte 0x{block[e.start]:02x} at offset "
                                     f"{offset + e.start}") from None
                 offset += len(block)
                 progress.update(len(block))
@@ -112,11 +138,11 @@ def read_text(path, progress, cut=len):
                 yield text[:at]
                 carry = text[at:]
     except OSError as e:
-        raise UserError(f"could not read {path} ({e.strerror or e})") from None
+        raise UserError(f"could not read {shown(path)} ({e.strerror or e})") from None
     try:
         carry += utf8.decode(b"", final=True)
     except UnicodeDecodeError:
-        raise UserError(f"{path} is not UTF-8 text: it ends in the middle of a character") from None
+        raise UserError(f"{shown(path)} is not UTF-8 text: it ends in the middle of a character") from None
     if carry:
         yield carry
 
@@ -180,63 +206,148 @@ def split_tokens(all_path, outputs, dtype, n_tokens, val_fraction):
 
 
 OUTPUTS = ("train.bin", "val.bin", "meta.json")
-
-
-def writable_outputs(out_dir):
-    """{name: temporary path} for each file prepare writes, after checking out_dir can hold them: a dataset is
-    written to temporary files first and renamed into place at the end, so a failure keeps the old one."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"cannot write the dataset to {out_dir} (a file of that name is in the way)")
-    for name in OUTPUTS:
-        if (out_dir / name).is_dir():
-            raise UserError(f"{out_dir / name} is a folder where the dataset's {name} goes; move it out of the way")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "all.bin.tmp").touch()  # proof the folder takes files, before any work is done
-    except OSError as e:
-        raise UserError(f"cannot write the dataset to {out_dir} ({e.strerror or e})") from None
-    return {name: out_dir / f"{name}.tmp" for name in OUTPUTS}
+CURRENT, VERSIONS, LOCK = ".current", ".versions", ".prepare.lock"
 
 
 def prepare(cfg):
-    """Write data_dir/name/{train.bin,val.bin,meta.json}; return the metadata."""
+    """Write data_dir/name/{train.bin,val.bin,meta.json}, replacing the dataset there as a whole; return the
+    folder and the metadata."""
     out_dir = data_root(cfg.data_dir) / cfg.name
-    if cfg.input:
-        files = source_files(cfg.input)
-    elif cfg.name == "shakespeare_char":
-        files = [download_shakespeare(out_dir / "input.txt")]
-    else:
+    if not cfg.input and cfg.name != "shakespeare_char":
         raise UserError("pass the text to prepare with --input=PATH")
-    if sum(f.stat().st_size for f in files) == 0:
-        raise UserError(f"input {cfg.input or files[0]} is empty")
-    outputs = writable_outputs(out_dir)
-    all_path = out_dir / "all.bin.tmp"
-    try:
-        meta = write_dataset(cfg, files, all_path, outputs)
-        for name, tmp in outputs.items():
-            os.replace(tmp, out_dir / name)
-    finally:
-        for tmp in [all_path, *outputs.values()]:
-            tmp.unlink(missing_ok=True)
+    files = source_files(cfg.input) if cfg.input else None
+    check_room(out_dir)
+    with dataset_lock(out_dir):
+        files = files or [download_shakespeare(out_dir / "input.txt")]
+        if sum(f.stat().st_size for f in files) == 0:
+            raise UserError(f"input {shown(cfg.input or files[0])} is empty")
+        version = new_version(out_dir)
+        try:
+            meta = write_dataset(cfg, files, version)
+            commit(out_dir, version)
+        finally:
+            remove_leftovers(out_dir)
     return out_dir, meta
 
 
-def write_dataset(cfg, files, all_path, outputs):
-    """Tokenize files into the outputs' temporary paths; the metadata, also written."""
+def check_room(out_dir):
+    """out_dir is a folder (or can become one) and no folder stands where the dataset's files go; checked before
+    anything is written there."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"cannot write the dataset to {shown(out_dir)} (a file of that name is in the way)")
+    for name in OUTPUTS:
+        if (out_dir / name).is_dir():
+            raise UserError(f"{shown(out_dir / name)} is a folder where the dataset's {name} goes; "
+                            "move it out of the way")
+
+
+@contextlib.contextmanager
+def dataset_lock(out_dir):
+    """Hold the dataset folder's lock for the whole prepare: a second prepare of the same dataset stops at once
+    with one line instead of writing over the first one's files. The OS releases the lock when the process
+    ends, however it ends."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(out_dir / LOCK, "a+", encoding="utf-8")
+    except OSError as e:
+        raise UserError(f"cannot write the dataset to {shown(out_dir)} ({e.strerror or e})") from None
+    with lock:  # closing the file releases the lock
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip()
+            raise UserError(f"{shown(out_dir)} is being prepared by another data/prepare.py"
+                            f"{f' (process {holder})' if holder else ''}; wait for it to end or pick another "
+                            "--name") from None
+        lock.truncate(0)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        yield
+
+
+def new_version(out_dir):
+    """A new, empty folder under out_dir/.versions to hold one whole dataset."""
+    path = out_dir / VERSIONS / secrets.token_hex(8)
+    path.mkdir(parents=True)
+    return path
+
+
+def commit(out_dir, version):
+    """Make `version` the dataset readers find, in one step: with train.bin, val.bin and meta.json links through
+    .current, renaming a new .current into place swaps all three at once."""
+    link_names(out_dir)
+    point(out_dir / CURRENT, f"{VERSIONS}/{version.name}")
+    sync([out_dir])  # a prepare that returned stays done after a power cut
+
+
+def link_names(out_dir):
+    """Make train.bin, val.bin and meta.json links through .current without changing what a reader finds at any
+    moment. Files at those names (from a prepare before versions, or a copy that followed the links) are first
+    kept, by hard links, as a version of their own that .current points to."""
+    through = {name: f"{CURRENT}/{name}" for name in OUTPUTS}
+    if all(os.path.islink(out_dir / name) and os.readlink(out_dir / name) == to for name, to in through.items()):
+        return
+    kept = new_version(out_dir)
+    for name in OUTPUTS:
+        if (out_dir / name).is_file():
+            os.link(out_dir / name, kept / name)
+    current = out_dir / CURRENT
+    if current.is_dir() and not current.is_symlink():  # a copy made it a folder; the names above are kept
+        shutil.rmtree(current)
+    point(current, f"{VERSIONS}/{kept.name}")
+    for name, to in through.items():
+        point(out_dir / name, to)
+
+
+def point(link, target):
+    """Make `link` a symbolic link to `target` in one step: a new link renamed over the name."""
+    tmp = link.with_name(f"{link.name}.tmp")
+    tmp.unlink(missing_ok=True)  # left by a prepare killed here
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+def remove_leftovers(out_dir):
+    """Delete every version but the one readers find (older datasets, and what failed or killed prepares left),
+    and any half-made link."""
+    current = os.path.realpath(out_dir / CURRENT)
+    for version in (out_dir / VERSIONS).iterdir():
+        if os.path.realpath(version) != current:
+            shutil.rmtree(version)
+    for name in (CURRENT, *OUTPUTS):
+        (out_dir / f"{name}.tmp").unlink(missing_ok=True)
+
+
+def sync(paths):
+    """Flush files or folders to disk (fsync)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_dataset(cfg, files, version):
+    """Tokenize files into the version folder's train.bin, val.bin and meta.json, flushed to disk before they
+    can become the dataset readers find; the metadata."""
     tok = make_tokenizer(cfg.tokenizer, corpus_chars(files) if cfg.tokenizer == "char" else None)
     dtype = cfg.dtype if cfg.dtype != "auto" else "uint16" if tok.vocab_size <= TOKEN_DTYPES["uint16"] else "uint32"
     if tok.vocab_size > TOKEN_DTYPES[dtype]:
         raise UserError(f"the vocabulary has {tok.vocab_size:,} tokens, more than {dtype} holds "
                         f"({TOKEN_DTYPES[dtype]:,}); use --dtype=uint32 or --dtype=auto")
+    all_path, outputs = version / "all.bin", {name: version / name for name in OUTPUTS}
     n_tokens = encode_to_file(files, tok, dtype, all_path)
     if n_tokens < 2:
         raise UserError(f"input has only {n_tokens} token(s): too little text to split into train and val")
     n_train, n_val = split_tokens(all_path, outputs, dtype, n_tokens, cfg.val_fraction)
     meta = dict(tok.to_meta(), vocab_size=tok.vocab_size, dtype=dtype, train_tokens=n_train, val_tokens=n_val,
                 train_sha256=sha256_of([outputs["train.bin"]]), val_sha256=sha256_of([outputs["val.bin"]]),
-                source=str(cfg.input or files[0]), source_sha256=sha256_of(files))
+                source=shown(cfg.input or files[0]), source_sha256=sha256_of(files))
     meta["sha256"] = meta_checksum(meta)
     outputs["meta.json"].write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    sync([*outputs.values(), version, version.parent])
     return meta
 
 

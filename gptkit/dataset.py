@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ def load_meta(data_dir, dataset):
         meta = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"{path} not found; run data/prepare.py for this dataset again") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: JSON nested too deeply
         raise UserError(f"{path} is damaged: not valid JSON ({first_line(e)}); run data/prepare.py again") from None
     except OSError as e:
         raise UserError(f"could not read {path} ({e.strerror or e})") from None
@@ -71,14 +72,14 @@ class Split:
     def __init__(self, folder, name, meta, block_size):
         self.path = Path(folder) / f"{name}.bin"
         self.dtype = np.dtype(meta["dtype"])
-        self.length = check_tokens(self.path, self.dtype, meta, name)
+        self.length, self.identity = check_tokens(self.path, self.dtype, meta, name)
         if self.length < block_size + 1:
             raise UserError(f"{self.path} has {self.length} tokens, fewer than block_size + 1 = {block_size + 1}; "
                             "use a smaller --block_size or more text")
         self.block_size = block_size
 
     def batch(self, offsets, device):
-        tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
+        tokens = self.tokens()
         rows = tokens[offsets.numpy()[:, None] + np.arange(self.block_size + 1)].astype(np.int64)
         xy = torch.from_numpy(rows)
         if device.startswith("cuda"):
@@ -90,31 +91,51 @@ class Split:
     def random_offsets(self, batch_size, generator):
         return torch.randint(self.length - self.block_size, (batch_size,), generator=generator)
 
+    def tokens(self):
+        """The split's tokens, mapped afresh, from the very file checked when the split was opened. Another file
+        there (the dataset prepared again while this process reads it) or the same one rewritten would give
+        windows past its end, or text the run was not started on: either ends the run with one line."""
+        try:
+            with open(self.path, "rb") as f:
+                if file_identity(os.fstat(f.fileno())) == self.identity:
+                    return np.memmap(f, dtype=self.dtype, mode="r")
+        except FileNotFoundError:
+            pass
+        raise UserError(f"{self.path} changed under this run (the dataset was prepared again or edited since the "
+                        "run opened it); start the run again to train on the new data")
+
+
+def file_identity(stat):
+    """What tells a file from its replacement (another inode) or from itself rewritten (size, modification time)."""
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+
 
 def check_tokens(path, dtype, meta, name):
-    """The number of tokens in a split file, after one pass over it that checks what the metadata says of it."""
+    """The number of tokens in a split file and the file's identity, after one pass over it that checks what the
+    metadata says of it."""
     again = "run data/prepare.py for this dataset again"
     if not path.is_file():
         raise UserError(f"{path} {'is a folder' if path.is_dir() else 'not found'}; {again}")
-    size = path.stat().st_size
-    if size % dtype.itemsize:
-        raise UserError(f"{path} has {size:,} bytes, not a whole number of {dtype.name} tokens; {again}")
     sha, largest = hashlib.sha256(), -1
     try:
         with open(path, "rb") as f:
+            stat = os.fstat(f.fileno())
+            if stat.st_size % dtype.itemsize:
+                raise UserError(f"{path} has {stat.st_size:,} bytes, not a whole number of {dtype.name} tokens; "
+                                f"{again}")
             for block in iter(lambda: f.read(CHUNK_BYTES), b""):
                 sha.update(block)
                 largest = max(largest, int(np.frombuffer(block, dtype=dtype).max()))
     except OSError as e:
         raise UserError(f"could not read {path} ({e.strerror or e})") from None
-    length = size // dtype.itemsize
+    length = stat.st_size // dtype.itemsize
     if length != meta.get(f"{name}_tokens", length):
         raise UserError(f"{path} has {length:,} tokens, meta.json says {meta[f'{name}_tokens']!r}; {again}")
     if largest >= meta["vocab_size"]:
         raise UserError(f"{path} holds token id {largest}, outside the vocabulary of {meta['vocab_size']}; {again}")
     if sha.hexdigest() != meta.get(f"{name}_sha256", sha.hexdigest()):
         raise UserError(f"{path} is damaged: its contents do not match the checksum in meta.json; {again}")
-    return length
+    return length, file_identity(stat)
 
 
 class BatchSampler:

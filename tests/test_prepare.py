@@ -4,12 +4,15 @@ server: tests never touch the network), one-line CLI errors."""
 import hashlib
 import http.server
 import json
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
 import pytest
 
-from conftest import REPO, SHARED_TIKTOKEN, assert_one_error_line, make_text, run_script
+from conftest import REPO, SHARED_TIKTOKEN, assert_one_error_line, check_ok, make_text, run_script
 from gptkit import corpus
 from gptkit.corpus import PrepareConfig, prepare
 from gptkit.errors import UserError
@@ -181,6 +184,53 @@ def test_cli_missing_input(tmp_path):
     proc = run_script("data/prepare.py", f"--input={tmp_path / 'nope.txt'}", "--name=bad",
                       f"--data_dir={tmp_path / 'd'}")
     assert_one_line_error(proc, "nope.txt")
+
+
+def test_cli_names_that_are_not_utf8(tmp_path, corpus_text):
+    """File names are bytes: one that is not UTF-8 is read like any other, and shown (in meta.json, the summary
+    line, an error) with those bytes escaped."""
+    data_dir = tmp_path / os.fsdecode(b"d\xfe")
+    good = tmp_path / os.fsdecode(b"caf\xe9.txt")
+    good.write_text(corpus_text, encoding="utf-8")
+    proc = check_ok(run_script("data/prepare.py", f"--input={good}", "--name=ok", f"--data_dir={data_dir}"))
+    assert proc.stdout.startswith(f"wrote {tmp_path}/d\\xfe/ok: ")
+    meta = json.loads((data_dir / "ok" / "meta.json").read_text(encoding="utf-8"))
+    assert meta["source"] == f"{tmp_path}/caf\\xe9.txt"
+    assert "".join(decode_all(data_dir / "ok", meta)) == corpus_text
+    latin1, gone = tmp_path / os.fsdecode(b"bad\xff.txt"), tmp_path / os.fsdecode(b"gone\xff.txt")
+    latin1.write_bytes("café\n".encode("latin-1"))
+    for path, line in [(latin1, f"error: {tmp_path}/bad\\xff.txt is not UTF-8 text: byte 0xe9 at offset 3"),
+                       (gone, f"error: input file not found: {tmp_path}/gone\\xff.txt")]:
+        proc = run_script("data/prepare.py", f"--input={path}", "--name=bad", f"--data_dir={data_dir}")
+        assert proc.returncode == 1
+        assert_one_error_line(proc.stderr, line)
+
+
+def test_cli_refuses_pipes_and_devices(tmp_path):
+    """prepare reads its input more than once, so a pipe (a FIFO, or /dev/stdin fed by one) is refused in one line,
+    not read as empty, and never opened: opening a FIFO no one writes to would wait forever."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    again = "not a regular file: prepare reads its input more than once; save the text to a file and pass that"
+    args = ["--name=bad", f"--data_dir={tmp_path / 'd'}"]
+    for path, kind in [(fifo, "a pipe"), ("/dev/null", "a device")]:
+        proc = run_script("data/prepare.py", f"--input={path}", *args, timeout=60)
+        assert_one_error_line(proc.stderr, f"error: input {path} is {kind}, {again}")
+    proc = subprocess.run([sys.executable, str(REPO / "data" / "prepare.py"), "--input=/dev/stdin", *args],
+                          input=make_text(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, f"error: input /dev/stdin is a pipe, {again}")
+    assert not (tmp_path / "d").exists()
+
+
+def test_cli_reads_stdin_redirected_from_a_file(tmp_path, corpus_file, corpus_text):
+    with open(corpus_file, "rb") as stdin:
+        check_ok(subprocess.run([sys.executable, str(REPO / "data" / "prepare.py"), "--input=/dev/stdin",
+                                 "--name=piped", f"--data_dir={tmp_path / 'd'}"],
+                                stdin=stdin, capture_output=True, text=True, timeout=60))
+    out_dir = tmp_path / "d" / "piped"
+    meta = json.loads((out_dir / "meta.json").read_text(encoding="utf-8"))
+    assert "".join(decode_all(out_dir, meta)) == corpus_text
 
 
 def test_cli_bad_option(tmp_path):
