@@ -7,6 +7,7 @@ Benchmarks, one subcommand each; every subcommand takes its own --key=value opti
     python bench.py train                          # nanoGPT's CPU recipe vs config/shakespeare_char.py, side by side
     python bench.py throughput                     # training tokens/s on the baby GPT: fp32 AdamW vs the default's settings
     python bench.py explore --out_dir=out          # the explorer: first token, streaming, page load, analysis
+    python bench.py busy                           # training tokens/s idle, then beside one busy process
 """
 
 import copy
@@ -257,6 +258,15 @@ def print_train_table(summaries, targets):
             print("tokens/s: n/a (a run logged fewer than two train records; lower its log_interval)")
 
 
+def train_run(name, cmd, out_dir, targets):
+    """Run one train.py command to its end; its run_summary."""
+    print(f"\n== {name}: {' '.join(map(str, cmd[1:]))}", flush=True)
+    start = time.time()
+    if subprocess.run(cmd, cwd=REPO).returncode:
+        raise UserError(f"the {name} run failed")
+    return run_summary(out_dir, targets, time.time() - start)
+
+
 def bench_train(argv):
     """The classic nanoGPT CPU recipe and the new default, one after the other on this machine."""
     from gptkit.corpus import PrepareConfig, prepare
@@ -273,16 +283,54 @@ def bench_train(argv):
         shutil.rmtree(out_dir, ignore_errors=True)
         cmd = [sys.executable, str(REPO / "train.py"), *args[name], f"--device={cfg.device}",
                f"--data_dir={work / 'data'}", "--dataset=shakespeare_char", f"--out_dir={out_dir}"]
-        print(f"\n== {name}: {' '.join(cmd[1:])}", flush=True)
-        start = time.time()
-        if subprocess.run(cmd, cwd=REPO).returncode:
-            raise UserError(f"the {name} run failed")
-        summaries[name] = run_summary(out_dir, targets, time.time() - start)
+        summaries[name] = train_run(name, cmd, out_dir, targets)
     print_train_table(summaries, targets)
     from gptkit.pictures import draw_val_loss_vs_time
 
     draw_val_loss_vs_time({name: s["evals"] for name, s in summaries.items()},
                           "tinyshakespeare, val loss against wall time", work / "loss_vs_time.png")
+
+
+@dataclass
+class BusyBenchConfig:
+    input: str = ""  # text to train on ('' = data/shakespeare_char/input.txt, which data/prepare.py downloads)
+    work_dir: str = "out-bench-busy"  # prepared data and the runs go here
+    config: str = "config/shakespeare_char.py"  # the run timed idle and beside a busy process
+    seconds: float = 40.0  # each run's max_time
+    fixed_threads: int = 0  # also time this many threads, fixed, beside the busy process (0 = torch's default)
+
+    def __post_init__(self):
+        require(self, ["seconds"], lambda v: v > 0, "more than 0")
+        require(self, ["fixed_threads"], lambda v: v >= 0, "at least 0")
+
+
+def bench_busy(argv):
+    """Training tokens/s on an idle machine, then beside one busy process (a core held by a spinning Python):
+    the run's own thread choice (threads=0, measured as it goes) against a fixed thread count."""
+    from gptkit.corpus import PrepareConfig, prepare
+
+    cfg = parse_config(BusyBenchConfig, argv, prog="bench.py busy")
+    work = Path(cfg.work_dir)
+    prepare(PrepareConfig(input=bench_input(cfg), name="shakespeare_char", data_dir=str(work / "data")))
+    fixed = cfg.fixed_threads or torch.get_num_threads()
+    print(f"machine: {device_name('cpu')}, torch {torch.__version__}")
+    rates = {}
+    for name, busy, threads in [("idle", False, 0), ("busy", True, 0), (f"busy, {fixed} threads fixed", True, fixed)]:
+        out_dir = work / name.replace(" ", "_").replace(",", "")
+        shutil.rmtree(out_dir, ignore_errors=True)
+        cmd = [sys.executable, str(REPO / "train.py"), cfg.config, "--device=cpu", f"--max_time={cfg.seconds}",
+               f"--threads={threads}", f"--data_dir={work / 'data'}", "--dataset=shakespeare_char",
+               f"--out_dir={out_dir}", "--log_interval=5"]
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+        try:
+            rates[name] = train_run(name, cmd, out_dir, [])["tok_s"]
+        finally:
+            if spinner:
+                spinner.kill()
+                spinner.wait()
+    print()
+    for name, tok_s in rates.items():
+        print(f"{name:<28} {tok_s:10,.0f} tokens/s  {tok_s / rates['idle']:5.0%} of idle")
 
 
 @dataclass
@@ -454,6 +502,7 @@ COMMANDS = {
     "train": bench_train,
     "throughput": bench_throughput,
     "explore": bench_explore,
+    "busy": bench_busy,
 }
 
 

@@ -28,7 +28,7 @@ from gptkit.runtime import Runtime, launched_rank
 from gptkit.signals import StopSignals
 from gptkit.train_config import TrainConfig
 from gptkit.training import (build_training, eval_tokens, evaluate, evaluate_split, micro_steps_per_process,
-                             seconds_spent, time_budget)
+                             seconds_spent, thread_tuner, time_budget)
 
 
 def train(cfg, rt, data, state, log, run, budget, stop):
@@ -42,9 +42,10 @@ def train(cfg, rt, data, state, log, run, budget, stop):
         losses = meter.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state, budget))
         stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
     x, y = data.sampler.next()
-    done = finished(cfg, rt, state, budget)
+    done, tuner = finished(cfg, rt, state, budget), thread_tuner(cfg, rt)
     with stop.deferred():
         while not done:
+            step_start = time.perf_counter()
             lr_scale = lr_multiplier(cfg, state.iter_num, budget.progress())
             set_lr(state.optimizers, lr_scale)
             loss = torch.zeros((), device=rt.device)
@@ -59,6 +60,8 @@ def train(cfg, rt, data, state, log, run, budget, stop):
             step_optimizers(state, cfg.grad_clip)
             state.iter_num += 1
             state.seconds_spent = budget.spent()
+            if tuner and (line := tuner.after_step(time.perf_counter() - step_start, state.iter_num)):
+                print(line, flush=True)
             if state.iter_num % cfg.log_interval == 0:
                 mean_loss = rt.mean(loss.item())  # the step's loss reaches the host here, and only here
                 stop_if_diverged("loss", mean_loss, state.iter_num, rt.dtype)
@@ -88,8 +91,8 @@ def train(cfg, rt, data, state, log, run, budget, stop):
 
 def finished(cfg, rt, state, budget):
     """All max_iters steps taken, or the time budget spent but for what the end will cost (on any process: all
-    stop at the same step)."""
-    return state.iter_num >= cfg.max_iters or (cfg.max_time > 0 and rt.any(budget.over()))
+    stop at the same step). The first step is always taken, so that every run leaves a state to use."""
+    return state.iter_num >= cfg.max_iters or (cfg.max_time > 0 and state.iter_num > 0 and rt.any(budget.over()))
 
 
 def save_latest(state, run, rt, budget):

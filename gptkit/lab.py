@@ -79,7 +79,7 @@ class LabConfig:
     sample_tokens: int = 200  # tokens in each rung's sample
     seed: int = 1337  # seeds every rung's weights and data order, and the samples
     device: str = "auto"  # 'auto' (cuda, then mps, then cpu), or 'cpu', 'cuda', 'cuda:N', 'mps'
-    threads: int = 1  # torch CPU threads per training run (0 = torch's default): see docs/lab.md
+    threads: int = 1  # torch CPU threads per training run (0 = measured as it runs): see docs/lab.md
 
     def __post_init__(self):
         if not self.budget > 0:

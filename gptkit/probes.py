@@ -6,6 +6,7 @@ import collections
 import copy
 import functools
 import math
+import statistics
 import sys
 import time
 
@@ -155,3 +156,38 @@ def pick_decode_threads(threads, model, device, batch_size=1, tokens=16):
     torch.set_num_threads(best)
     return best, (f"decoding on {best} thread{'s' if best > 1 else ''} ({most} threads were "
                   f"{seconds[1] / seconds[most]:.2f}x as fast as 1 on this model)")
+
+
+class ThreadTuner:
+    """CPU threads for training, measured as the run goes: each small op waits for all its threads, so when
+    another process holds a core, two threads stall each other at every step while one runs on. `first` seconds
+    in, and every `every` seconds after, a few steps run on the other thread count, and it is kept when its
+    steps are faster by more than `margin`. after_step() returns a line saying so when it changes the count, else None."""
+
+    def __init__(self, most, every=15.0, first=2.0, trial_steps=4, margin=1.1):
+        self.current, self.other = most, 1
+        self.every, self.trial_steps, self.margin = every, trial_steps, margin
+        self.recent = []  # the latest steps' seconds on the current count
+        self.trial = None  # steps' seconds on the other count, while a trial runs
+        self.last_trial = time.perf_counter() - every + first  # the first trial comes early: a run starts busy
+        torch.set_num_threads(most)
+
+    def after_step(self, seconds, iteration):
+        if self.trial is None:
+            self.recent = (self.recent + [seconds])[-self.trial_steps:]
+            if len(self.recent) == self.trial_steps and time.perf_counter() - self.last_trial >= self.every:
+                self.trial = []
+                torch.set_num_threads(self.other)
+            return None
+        self.trial.append(seconds)
+        if len(self.trial) <= self.trial_steps:  # the first step after a switch pays for it: not counted
+            return None
+        mine, theirs = statistics.median(self.recent), statistics.median(self.trial[1:])
+        self.trial, self.recent, self.last_trial = None, [], time.perf_counter()
+        if mine <= theirs * self.margin:
+            torch.set_num_threads(self.current)
+            return None
+        old, (self.current, self.other) = self.current, (self.other, self.current)
+        torch.set_num_threads(self.current)
+        return (f"threads: {self.current} from iteration {iteration} (its steps took {theirs * 1e3:.0f} ms, on "
+                f"{old} thread{'s' if old > 1 else ''} {mine * 1e3:.0f} ms)")

@@ -14,7 +14,7 @@ from gptkit.dataset import TrainingData, load_meta
 from gptkit.errors import UserError
 from gptkit.hf_interop import load_pretrained
 from gptkit.optim import build_optimizers
-from gptkit.probes import attention_path_for, cpu_bf16_speedup, cpu_has_bf16
+from gptkit.probes import ThreadTuner, attention_path_for, cpu_bf16_speedup, cpu_has_bf16
 from gptkit.runtime import compile_blocks
 from gptkit.tokenizer import describe_vocabulary, same_token_ids
 from model import GPT
@@ -182,6 +182,15 @@ def time_budget(cfg, data, state, started):
     val = data.splits["val"].length - 1
     final_tokens = min(val, cfg.final_eval_tokens) if cfg.final_eval_tokens > 0 else val
     return TimeBudget(cfg.max_time, started - state.seconds_spent, final_tokens)
+
+
+def thread_tuner(cfg, rt):
+    """Threads measured as the run goes (a ThreadTuner) where the count is the run's to choose: on a CPU, in
+    one process, with threads=0 and more than one thread to choose from."""
+    most = torch.get_num_threads()
+    if rt.device != "cpu" or rt.distributed or cfg.threads or most == 1:
+        return None
+    return ThreadTuner(most)
 
 
 def eval_tokens(data):

@@ -266,3 +266,23 @@ def test_a_resume_keeps_the_measured_choices_it_was_trained_with(monkeypatch):
     explicit = config(**TINY, dtype="float32", attention_path="fused")  # what the command line says wins
     rt = Runtime(device="cpu", dtype="float32")
     assert settle_measured_choices(explicit, rt, model, saved) == {"dtype": "float32", "attention_path": "fused"}
+
+
+def test_the_thread_count_follows_the_faster_steps():
+    """On a busy machine one thread can step faster than two: a trial of the other count wins only when its
+    steps (the first after the switch not counted) are faster by more than the margin; a loss changes nothing."""
+    from gptkit.probes import ThreadTuner
+
+    before = torch.get_num_threads()
+    try:
+        tuner = ThreadTuner(2, every=0.0, first=0.0, trial_steps=4)
+        assert [tuner.after_step(0.100, i) for i in range(4)] == [None] * 4 and torch.get_num_threads() == 1
+        lines = [tuner.after_step(s, 4 + i) for i, s in enumerate([0.5, 0.03, 0.03, 0.03, 0.03])]
+        assert lines[:4] == [None] * 4 and lines[4] == "threads: 1 from iteration 8 (its steps took 30 ms, on 2 " \
+                                                          "threads 100 ms)"
+        assert torch.get_num_threads() == 1
+        for i, s in enumerate([0.03] * 4 + [0.5] + [0.03] * 4):  # two threads as fast: not worth switching back
+            assert tuner.after_step(s, 9 + i) is None
+        assert torch.get_num_threads() == 1 and tuner.current == 1
+    finally:
+        torch.set_num_threads(before)
