@@ -1,12 +1,16 @@
 """The attention lab: the path a learner reads about, from a bigram table to the full GPT, as rungs that
 train.py trains one after the other for the same wall-time budget; and what the lab reads back from
-each run: its row of the table, how diffuse its attention is, its attention map and a short sample."""
+each run: its row of the table, how diffuse its attention is, its attention map and a short sample.
+Each rung keeps its row in its folder (lab.json), so that the table of a later lab run into the same
+out_dir lists the rungs trained before it too."""
 
+import json
 import math
+import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -14,12 +18,13 @@ import torch
 from gptkit.config import check_seed, parse_config
 from gptkit.dataset import Split, fixed_offsets, load_meta
 from gptkit.decoding import generate
-from gptkit.errors import UserError, no_links
+from gptkit.errors import UserError, first_line, no_links
 from gptkit.inspection import attention_maps
 from gptkit.metrics import read_metrics
 from gptkit.prompts import read_prompt
 from gptkit.rundir import RunDir, load_model
 from gptkit.runtime import check_device_name, pick_device
+from gptkit.signals import StopSignals
 from gptkit.tokenizer import tokenizer_from_meta
 from gptkit.train_config import TrainConfig
 
@@ -42,6 +47,8 @@ RECIPE = ("--block_size=32", "--batch_size=16", "--n_layer=2", "--n_head=1", "--
 MAX_ITERS = 1_000_000
 SAMPLE_TEMPERATURE = 0.8  # as sample.py: a little safer than the model's own distribution
 ENTROPY_WINDOWS = 8  # val windows whose attention the entropy is averaged over
+RESULT = "lab.json"  # a rung's row, in its folder
+STOP_GRACE_S = 30  # how long a stopped train.py may take to save its step before it is killed
 
 
 @dataclass(frozen=True)
@@ -118,10 +125,11 @@ def run_dir(cfg, rung):
 
 
 def check_before_training(cfg):
-    """What would otherwise fail only after minutes of training: the dataset, every rung's options, and the
-    prompt (in the vocabulary, short enough for every rung's context). The dataset folder, its metadata and
-    the prompt."""
+    """What would otherwise fail only after minutes of training: the dataset, every rung's options, the
+    prompt (in the vocabulary, short enough for every rung's context), and the rows kept from earlier runs
+    that the table will list beside the new ones. The dataset folder, its metadata and the prompt."""
     folder, meta = load_meta(cfg.data_dir, cfg.dataset)
+    saved_rows(cfg, leave_out=cfg.rung_names())
     prompt = read_prompt(cfg.prompt)
     try:
         ids = tokenizer_from_meta(meta).encode(prompt)
@@ -137,31 +145,41 @@ def check_before_training(cfg):
     return folder, meta, prompt
 
 
-def run_train(args, log):
-    """train.py in a process of its own, as a user would start it, its output into the log file:
-    (exit status, what it wrote to stderr)."""
-    proc = subprocess.run([sys.executable, str(REPO / "train.py"), *args], stdout=log, stderr=subprocess.PIPE,
-                          text=True)
-    log.write(proc.stderr)
-    return proc.returncode, proc.stderr
+def run_train(args, log, stops):
+    """train.py in a process of its own, as a user would start it, its output into the log file: its exit
+    status. A stop signal to the lab stops train.py too, and the lab waits for it: no train.py outlives the
+    lab, holding its folder."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        return proc.wait()
+    except BaseException:
+        with stops.deferred():  # a second SIGTERM lets the wait go on (a second Ctrl-C still stops at once)
+            proc.terminate()  # train.py saves after its step and exits, as on any stop signal
+            try:
+                proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        raise
 
 
-def train_rung(rung, cfg):
+def train_rung(rung, cfg, stops):
     """Train one rung from scratch into its folder: the seconds its train.py took, start to exit."""
     folder = run_dir(cfg, rung)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot use {folder} as a run folder ({e.strerror})") from None
-    # a rung always starts afresh: train.py appends to metrics.jsonl and would keep an older best.pt's weights
     run = RunDir(folder)
-    for stale in (run.metrics, run.latest, run.previous, run.best, run.legacy, folder / "attention.png"):
-        stale.unlink(missing_ok=True)
+    # a rung always starts afresh: train.py appends to metrics.jsonl and would keep an older best.pt's
+    # weights. The folder's lock first: a run still writing there (a train.py, another lab) keeps its files.
+    with run.locked():
+        for stale in (run.metrics, run.latest, run.previous, run.best, run.legacy, folder / "attention.png",
+                      folder / RESULT):
+            stale.unlink(missing_ok=True)
+    # released: the rung's train.py takes it, as every run does
     start = time.perf_counter()
     with open(folder / "train.log", "w", encoding="utf-8", opener=no_links) as log:
-        status, stderr = run_train(train_args(rung, cfg), log)
+        status = run_train(train_args(rung, cfg), log, stops)
     if status:
-        errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+        logged = (folder / "train.log").read_text(encoding="utf-8", errors="replace")
+        errors = [line for line in logged.splitlines() if line.startswith("error: ")]
         why = errors[-1][len("error: "):] if errors else f"exit status {status}, see {folder / 'train.log'}"
         raise UserError(f"rung {rung.name}: train.py failed: {why}")
     return time.perf_counter() - start
@@ -173,6 +191,8 @@ def train_rung(rung, cfg):
 @dataclass
 class Row:
     rung: Rung
+    budget: float  # the seconds of training it was given
+    seed: int
     params: int  # as train.py counts them (position embeddings left out)
     steps: int  # optimizer steps taken within the budget
     train_loss: float  # the last evaluation's, on its few fixed train batches
@@ -180,6 +200,7 @@ class Row:
     entropy: float | None  # bits; None without attention
     seconds: float  # train.py's wall time, start to exit
     sample: str
+    evals: list  # its eval records: its curve in the loss picture
 
     @property
     def label(self):
@@ -211,23 +232,65 @@ def sample_text(model, tok, prompt, cfg, device):
 
 
 def read_rung(rung, cfg, seconds, data, prompt, device):
-    """A trained rung's row, from its metrics and checkpoint, and its val evaluations; draws its attention."""
+    """A trained rung's row, from its metrics and checkpoint, kept in its folder; draws its attention. Under
+    the folder's lock, so that no other run changes what is read and written there meanwhile."""
     from gptkit.pictures import draw_model_attention
 
     folder = run_dir(cfg, rung)
-    records = read_metrics(folder)
-    finals = [r for r in records if r["kind"] == "final"]
-    evals = [r for r in records if r["kind"] == "eval"]
-    if not finals:
-        raise UserError(f"rung {rung.name}: {folder / 'metrics.jsonl'} has no final score; did train.py finish?")
-    model, tok = load_model(folder, device, "latest")  # the final weights, whose val loss the row reports
-    entropy = None
-    if model.config.n_layer:
-        entropy = attention_entropy(model, val_windows(*data, model.config.block_size, device))
-        draw_model_attention(model, tok, prompt, folder / "attention.png", name=rung.name)
-    row = Row(rung, model.num_params(), finals[-1]["iter"], evals[-1]["train_loss"], finals[-1]["val_loss"],
-              entropy, seconds, sample_text(model, tok, prompt, cfg, device))
-    return row, evals
+    with RunDir(folder).locked():
+        records = read_metrics(folder)
+        finals = [r for r in records if r["kind"] == "final"]
+        evals = [r for r in records if r["kind"] == "eval"]
+        if not finals:
+            raise UserError(f"rung {rung.name}: {folder / 'metrics.jsonl'} has no final score; did train.py finish?")
+        model, tok = load_model(folder, device, "latest")  # the final weights, whose val loss the row reports
+        entropy = None
+        if model.config.n_layer:
+            entropy = attention_entropy(model, val_windows(*data, model.config.block_size, device))
+            draw_model_attention(model, tok, prompt, folder / "attention.png", name=rung.name)
+        row = Row(rung, cfg.budget, cfg.seed, model.num_params(), finals[-1]["iter"], evals[-1]["train_loss"],
+                  finals[-1]["val_loss"], entropy, seconds, sample_text(model, tok, prompt, cfg, device), evals)
+        save_row(row, folder, cfg.dataset)
+    return row
+
+
+def save_row(row, folder, dataset):
+    """The row as lab.json, whole or not at all (written aside, then renamed)."""
+    path, tmp = folder / RESULT, folder / (RESULT + ".tmp")
+    with open(tmp, "w", encoding="utf-8", opener=no_links) as f:
+        json.dump(dict(asdict(row), rung=row.rung.name, dataset=dataset), f, ensure_ascii=False)
+    os.replace(tmp, path)
+
+
+def load_row(rung, folder, dataset):
+    """A rung's row from its lab.json, which must be of this lab's dataset: a table compares like with like."""
+    path = folder / RESULT
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        trained_on = data.pop("dataset")
+        row = Row(**dict(data, rung=rung))
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise UserError(f"{path} is not a row the lab wrote ({first_line(e)}); train the rung again with "
+                        f"--rungs={rung.name}") from None
+    if trained_on != dataset:
+        raise UserError(f"{folder} was trained on dataset {trained_on!r}, not {dataset!r}, and its row would join "
+                        f"this table; train it again with --rungs={rung.name}, or pick another --out_dir")
+    return row
+
+
+def saved_rows(cfg, leave_out=()):
+    """(the rows kept in out_dir, in the path's order, of every rung but those in leave_out; the rungs whose
+    folder holds no row: trained by a lab before rows were kept, or stopped before the end)."""
+    rows, missing = [], []
+    for rung in RUNGS:
+        folder = run_dir(cfg, rung)
+        if rung.name in leave_out or not folder.is_dir():
+            continue
+        if (folder / RESULT).exists():
+            rows.append(load_row(rung, folder, cfg.dataset))
+        else:
+            missing.append(rung.name)
+    return rows, missing
 
 
 # ----------------------------------------------------------------------------- the lab's results
@@ -247,49 +310,69 @@ def markdown_table(header, rows, numeric):
 
 
 def results_table(rows, unit):
-    header = ["rung", "what it adds", "parameters", "steps", "train loss", "val loss", f"bits/{unit}",
+    header = ["rung", "budget", "what it adds", "parameters", "steps", "train loss", "val loss", f"bits/{unit}",
               "attention entropy (bits)", "time"]
-    cells = [[r.label, r.rung.adds, f"{r.params:,}", f"{r.steps:,}", f"{r.train_loss:.3f}", f"{r.val_loss:.3f}",
-              f"{r.val_loss / math.log(2):.3f}", "—" if r.entropy is None else f"{r.entropy:.2f}",
-              f"{r.seconds:.1f} s"] for r in rows]
-    return markdown_table(header, cells, numeric=set(range(2, len(header))))
+    cells = [[r.label, f"{r.budget:g} s", r.rung.adds, f"{r.params:,}", f"{r.steps:,}", f"{r.train_loss:.3f}",
+              f"{r.val_loss:.3f}", f"{r.val_loss / math.log(2):.3f}",
+              "—" if r.entropy is None else f"{r.entropy:.2f}", f"{r.seconds:.1f} s"] for r in rows]
+    return markdown_table(header, cells, numeric={1, *range(3, len(header))})
 
 
-def write_results(cfg, rows, curves, unit):
-    """The table and the samples, printed and saved as Markdown, and the val-loss picture."""
-    from gptkit.pictures import draw_val_loss_vs_time
-
-    out = Path(cfg.out_dir)
-    table = results_table(rows, unit)
-    notes = (f"{cfg.budget:g} s of training per rung on {cfg.dataset}. Losses in nats per {unit}: train loss from "
+def results_notes(rows, missing, dataset, unit):
+    """What the table's columns mean, and what sets its rows apart: budgets, rungs left out."""
+    unfair = "; rows of different budgets do not compare mechanisms alone: more seconds buy more steps"
+    notes = (f"Budget: the seconds of training each rung was given on {dataset} (train.py's max_time)"
+             f"{unfair if len({r.budget for r in rows}) > 1 else ''}. Losses in nats per {unit}: train loss from "
              f"the last evaluation's fixed batches, val loss on the whole val split (every {unit} once); "
              f"bits/{unit} = val loss / ln 2. Attention entropy: mean over layers, heads and query positions of "
              f"{ENTROPY_WINDOWS} val windows. Time: train.py from start to exit.")
-    samples = "\n\n".join(f"## {r.label}\n\n```text\n{r.sample}\n```" for r in rows)
+    if missing:
+        notes += (f" Not in the table, no {RESULT} in their folders (trained by an earlier version of the lab, or "
+                  f"stopped before the end): {', '.join(missing)}; train again with --rungs={','.join(missing)}.")
+    return notes
+
+
+def write_results(cfg, rows, missing, trained, unit):
+    """The table and the samples of every rung in out_dir, saved as Markdown, and the val-loss picture; the
+    table and the samples of the rungs trained now (named in trained), printed."""
+    from gptkit.pictures import draw_val_loss_vs_time
+
+    out = Path(cfg.out_dir)
+    table, notes = results_table(rows, unit), results_notes(rows, missing, cfg.dataset, unit)
+    samples = "\n\n".join(f"## {r.label}: {r.budget:g} s of training, seed {r.seed}\n\n```text\n{r.sample}\n```"
+                           for r in rows)
     (out / "table.md").write_text(f"{table}\n\n{notes}\n", encoding="utf-8")
-    (out / "samples.md").write_text(f"# {cfg.sample_tokens} sampled {unit}s after the prompt, temperature "
-                                    f"{SAMPLE_TEMPERATURE}, seed {cfg.seed}\n\n{samples}\n", encoding="utf-8")
-    draw_val_loss_vs_time(curves, f"{cfg.dataset}: val loss against wall time, {cfg.budget:g} s per rung",
-                          out / "loss_vs_time.png", dashed=[r.label for r in rows if r.rung.cheats])
+    (out / "samples.md").write_text(f"# Sampled {unit}s after the prompt, temperature {SAMPLE_TEMPERATURE}\n\n"
+                                    f"{samples}\n", encoding="utf-8")
+    budgets = sorted({r.budget for r in rows})
+    mixed = len(budgets) > 1
+    curves = {f"{r.label} ({r.budget:g} s)" if mixed else r.label: r.evals for r in rows}
+    title = (f"{cfg.dataset}: val loss against wall time, "
+             f"{'each rung with its budget' if mixed else f'{budgets[0]:g} s per rung'}")
+    dashed = [name for name, r in zip(curves, rows) if r.rung.cheats]
+    draw_val_loss_vs_time(curves, title, out / "loss_vs_time.png", dashed=dashed)
     for r in rows:
-        print(f"\n--- {r.label} ---\n{r.sample}")
+        if r.rung.name in trained:
+            print(f"\n--- {r.label} ---\n{r.sample}")
     print(f"\n{table}\n\n{notes}\nwrote {out / 'table.md'} and {out / 'samples.md'}")
 
 
 def run_lab(cfg):
-    """Train every chosen rung in turn, then write and print what they learned."""
-    folder, meta, prompt = check_before_training(cfg)
-    device = pick_device(cfg.device)
-    unit = "char" if meta["tokenizer"] == "char" else "token"
-    rows, curves = [], {}
-    rungs = cfg.chosen()
-    for i, rung in enumerate(rungs, 1):
-        print(f"[{i}/{len(rungs)}] {rung.name}: {rung.adds} ({cfg.budget:g} s of training)", flush=True)
-        seconds = train_rung(rung, cfg)
-        row, evals = read_rung(rung, cfg, seconds, (folder, meta), prompt, device)
-        rows.append(row)
-        curves[row.label] = evals
-        entropy = "" if row.entropy is None else f", attention entropy {row.entropy:.2f} bits"
-        print(f"    {row.steps:,} steps, val loss {row.val_loss:.3f} ({row.val_loss / math.log(2):.3f} bits/{unit})"
-              f"{entropy}, {row.seconds:.0f} s", flush=True)
-    write_results(cfg, rows, curves, unit)
+    """Train every chosen rung in turn, then write and print what every rung in out_dir learned. A stop signal
+    (Ctrl-C, SIGTERM) stops the rung's train.py too: the rungs done before it keep their rows."""
+    with StopSignals() as stops:
+        folder, meta, prompt = check_before_training(cfg)
+        device = pick_device(cfg.device)
+        unit = "char" if meta["tokenizer"] == "char" else "token"
+        rungs = cfg.chosen()
+        for i, rung in enumerate(rungs, 1):
+            print(f"[{i}/{len(rungs)}] {rung.name}: {rung.adds} ({cfg.budget:g} s of training)", flush=True)
+            stops.doing = f"training rung {rung.name}"
+            seconds = train_rung(rung, cfg, stops)
+            stops.doing = f"reading rung {rung.name}"
+            row = read_rung(rung, cfg, seconds, (folder, meta), prompt, device)
+            entropy = "" if row.entropy is None else f", attention entropy {row.entropy:.2f} bits"
+            print(f"    {row.steps:,} steps, val loss {row.val_loss:.3f} ({row.val_loss / math.log(2):.3f} "
+                  f"bits/{unit}){entropy}, {row.seconds:.0f} s", flush=True)
+        stops.doing = "writing the table"
+        write_results(cfg, *saved_rows(cfg), cfg.rung_names(), unit)

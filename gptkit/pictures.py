@@ -1,7 +1,9 @@
 """Pictures of runs, written as PNG files (or any format savefig writes): loss curves and attention maps
 (headless: the Agg backend)."""
 
+import math
 import shutil
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -11,6 +13,8 @@ matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
+from matplotlib.font_manager import FontProperties  # noqa: E402
+from matplotlib.textpath import TextToPath  # noqa: E402
 
 from gptkit.config import shown  # noqa: E402
 from gptkit.errors import UserError  # noqa: E402
@@ -98,39 +102,93 @@ def draw_val_loss_vs_time(runs, title, path, dpi=110, dashed=()):
 # ----------------------------------------------------------------------------- attention
 
 
+LABEL_PT = 9  # token labels: the smallest text in an attention picture
+PITCH_IN = 0.165  # inches per labelled token: 9 pt labels with a gap between neighbours
+MIN_CELL_IN = 1.6  # a heatmap of a few tokens still shows its cells
+MOST_CELL_IN, MOST_GRID_IN = 12.0, 36.0  # beyond these, every k-th token is labelled instead of the figure growing
+TITLE_PT, HEAD_PT = 10, 9
+TITLE_LINE_IN = TITLE_PT * 1.4 / 72
+SPACE_IN = 0.12  # between a heatmap's labels and the next heatmap, and around the figure
+AXIS_TITLE_IN = 0.4  # beside the grid: 'layer i / query' to the left, 'head h' above and 'key' below
+COLORBAR_IN = (0.12, 0.15, 0.45)  # gap to the grid, bar, its tick labels
+MIN_WIDTH_IN = 4.5  # so that a one-head picture's title wraps into a few lines, not a column of words
+
+
+def text_inches(text, points):
+    return TextToPath().get_text_width_height_descent(text, FontProperties(size=points), ismath=False)[0] / 72
+
+
+def label_stride(T, n_layer, n_head):
+    """(every how many tokens one is labelled, inches per heatmap): each labelled token gets PITCH_IN, so
+    labels never shrink below LABEL_PT; the heatmaps grow with the prompt until the grid would pass
+    MOST_GRID_IN (or one heatmap MOST_CELL_IN), and then fewer tokens get a label."""
+    most = min(MOST_CELL_IN, max(MIN_CELL_IN, MOST_GRID_IN / max(n_layer, n_head)))
+    stride = math.ceil(T * PITCH_IN / most)
+    return stride, max(MIN_CELL_IN, math.ceil(T / stride) * PITCH_IN)
+
+
+def wrap_title(title, width_in):
+    """The title's lines, each broken at spaces where it would be wider than the figure."""
+    lines = []
+    for line in title.splitlines():
+        wide = text_inches(line, TITLE_PT)
+        lines += textwrap.wrap(line, max(20, int(len(line) * width_in / wide))) if wide > width_in else [line]
+    return lines
+
+
+def attention_grid(labels, n_layer, n_head, title):
+    """The figure for draw_attention, sized in inches from the labels out: (figure, heatmap axes by layer and
+    head, colour bar axes, label stride). Every heatmap keeps its own labels, and the colour bar sits beside
+    the grid whatever its size."""
+    stride, cell = label_stride(len(labels), n_layer, n_head)
+    label_in = max(text_inches(t, LABEL_PT) for t in labels[::stride]) + SPACE_IN
+    step = cell + label_in + SPACE_IN  # from one heatmap to the next, either way
+    grid_w, grid_h = n_head * step - label_in - SPACE_IN, n_layer * step - label_in - SPACE_IN
+    block_w = AXIS_TITLE_IN + label_in + grid_w + sum(COLORBAR_IN)
+    width = max(MIN_WIDTH_IN, block_w + 2 * SPACE_IN)
+    lines = wrap_title(title, width - 2 * SPACE_IN)
+    top = SPACE_IN + len(lines) * TITLE_LINE_IN + AXIS_TITLE_IN
+    height = top + grid_h + label_in + AXIS_TITLE_IN
+    fig = plt.figure(figsize=(width, height))
+    left = (width - block_w) / 2 + AXIS_TITLE_IN + label_in
+
+    def box(x, y_top, w, h):  # inches from the left and from the top, to figure fractions
+        return (x / width, 1 - (y_top + h) / height, w / width, h / height)
+
+    axes = [[fig.add_axes(box(left + head * step, top + layer * step, cell, cell)) for head in range(n_head)]
+            for layer in range(n_layer)]
+    bar_h = min(grid_h, max(cell, 3.0))  # as tall as a heatmap, and long enough to read across a grid
+    bar = fig.add_axes(box(left + grid_w + COLORBAR_IN[0], top + (grid_h - bar_h) / 2, COLORBAR_IN[1], bar_h))
+    fig.suptitle("\n".join(lines), y=1 - SPACE_IN / height, va="top", fontsize=TITLE_PT, parse_math=False)
+    return fig, axes, bar, stride
+
+
 def draw_attention(maps, labels, title, path, dpi=100, causal=True):
     """A grid of heatmaps, one per layer (rows) and head (columns): queries down, keys across; a causal
-    model's masked future left white."""
+    model's masked future left white. Returns the figure (written and closed)."""
     n_layer, n_head, T = len(maps), maps[0].shape[0], len(labels)
-    cell = min(3.2, max(1.8, 0.13 * T))  # inches per heatmap
-    # room for the title above a one-head grid: about 0.085 inches a character at its font size
-    width = max(6.0, cell * n_head + 1.2, 0.085 * max(map(len, title.splitlines())))
-    fig, axes = plt.subplots(n_layer, n_head, figsize=(width, cell * n_layer + 1.2), squeeze=False)
+    fig, axes, bar, stride = attention_grid(labels, n_layer, n_head, title)
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")  # masked (future) positions
-    fontsize = max(3.0, min(7.0, 0.8 * 72 * cell / T))  # points: 80% of a row's height, so labels never touch
     upper = np.triu(np.ones((T, T), dtype=bool), k=1) if causal else np.zeros((T, T), dtype=bool)
+    ticks, shown_labels = range(0, T, stride), labels[::stride]
     for layer in range(n_layer):
         for head in range(n_head):
             ax = axes[layer][head]
             image = ax.imshow(np.ma.masked_array(maps[layer][head], mask=upper), cmap=cmap, vmin=0.0, vmax=1.0,
                               interpolation="nearest")
-            if T <= 48:
-                ax.set_xticks(range(T), labels, rotation=90, fontsize=fontsize)
-                ax.set_yticks(range(T), labels, fontsize=fontsize)
-            else:
-                ax.set_xticks([])
-                ax.set_yticks([])
-            ax.tick_params(length=0, pad=1)
+            # a token such as '$x$' is text, not a formula to typeset
+            ax.set_xticks(ticks, shown_labels, rotation=90, fontsize=LABEL_PT, parse_math=False)
+            ax.set_yticks(ticks, shown_labels, fontsize=LABEL_PT, parse_math=False)
+            ax.tick_params(length=0, pad=2)
             if layer == 0:
-                ax.set_title(f"head {head}", fontsize=9)
+                ax.set_title(f"head {head}", fontsize=HEAD_PT)
             if head == 0:
-                ax.set_ylabel(f"layer {layer}\nquery", fontsize=9)
+                ax.set_ylabel(f"layer {layer}\nquery", fontsize=HEAD_PT)
             if layer == n_layer - 1:
-                ax.set_xlabel("key", fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0, 0.9, 0.95))
-    fig.colorbar(image, cax=fig.add_axes((0.915, 0.25, 0.012, 0.5)))
+                ax.set_xlabel("key" if stride == 1 else f"key (a label every {stride} tokens)", fontsize=HEAD_PT)
+    fig.colorbar(image, cax=bar).ax.tick_params(labelsize=LABEL_PT)
     save(fig, path, dpi)
+    return fig
 
 
 def draw_model_attention(model, tok, prompt, path, dpi=100, name=""):
@@ -141,4 +199,4 @@ def draw_model_attention(model, tok, prompt, path, dpi=100, name=""):
     masked = "white: the masked future" if c.causal else "no mask: every token sees every other"
     title = (f"{name + ': ' if name else ''}{c.attention} attention weights for {shown!r} ({len(labels)} tokens)\n"
              f"rows: queries, columns: keys; {masked}")
-    draw_attention(maps, labels, title, path, dpi, causal=c.causal)
+    return draw_attention(maps, labels, title, path, dpi, causal=c.causal)

@@ -1,7 +1,15 @@
 """lab.py: every rung of the attention lab trains a few steps on a tiny corpus and leaves its row, its
-attention picture and its sample; the entropy column is the one the README explains; mistakes are one line."""
+attention picture and its sample; the entropy column is the one the README explains; mistakes are one line;
+a later run keeps the rows of earlier ones, a rung folder in use is left alone, and a stopped lab stops its
+train.py."""
 
+import io
+import json
 import math
+import os
+import signal
+import sys
+import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -12,10 +20,11 @@ import lab
 import plot
 import sample
 import train
-from conftest import assert_one_error_line, run_script
+from conftest import POLL_S, REPO, Run, assert_one_error_line, run_script
 from gptkit import lab as machinery
 from gptkit.config import parse_config
 from gptkit.errors import UserError
+from gptkit.rundir import RunDir
 from gptkit.train_config import TrainConfig
 from model import GPT, GPTConfig
 from test_plot import assert_png
@@ -43,14 +52,14 @@ PROMPT = "First Citizen:"  # in the tiny corpus's vocabulary, and shorter than i
 REAL_RUN_TRAIN = machinery.run_train
 
 
-def train_in_process(args, log):
+def train_in_process(args, log, stops):
     """train.py's main in this process: the same run a subprocess makes, without its second of imports. The
     bigram rung still runs as lab.py runs every rung, in a train.py process of its own."""
     if Path(log.name).parent.name == "bigram":
-        return REAL_RUN_TRAIN(args, log)
+        return REAL_RUN_TRAIN(args, log, stops)
     with redirect_stdout(log):
         train.main(args)
-    return 0, ""
+    return 0
 
 
 def lab_args(data_dir, out_dir, *extra):
@@ -58,20 +67,25 @@ def lab_args(data_dir, out_dir, *extra):
             "--sample_tokens=20", "--device=cpu", *extra]
 
 
+def tiny_lab(data_dir, out, *extra, preset=None):
+    """lab.py's main at the tiny recipe (and the preset file given), rungs trained as train_in_process does:
+    what it printed."""
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, redirect_stdout(printed):
+        mp.setattr(machinery, "RECIPE", TINY_RECIPE)
+        if preset:
+            mp.setattr(machinery, "PRESET", preset)
+        mp.setattr(machinery, "run_train", train_in_process)
+        lab.main(lab_args(data_dir, out, *extra))
+    return printed.getvalue()
+
+
 @pytest.fixture(scope="module")
 def ladder(data_dir, workdir):
     """Every rung, trained for a fraction of a second each: (out_dir, what lab.py printed)."""
-    out = workdir / "lab"
     preset = workdir / "preset.py"
     preset.write_text(TINY_PRESET, encoding="utf-8")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(machinery, "RECIPE", TINY_RECIPE)
-        mp.setattr(machinery, "PRESET", preset)
-        mp.setattr(machinery, "run_train", train_in_process)
-        log = out.parent / "lab.txt"
-        with open(log, "w", encoding="utf-8") as f, redirect_stdout(f):
-            lab.main(lab_args(data_dir, out, "--budget=0.1"))
-    return out, log.read_text(encoding="utf-8")
+    return workdir / "lab", tiny_lab(data_dir, workdir / "lab", "--budget=0.1", preset=preset)
 
 
 def table_rows(out):
@@ -88,7 +102,7 @@ def test_every_rung_leaves_a_run_folder_a_row_a_picture_and_a_sample(ladder):
     for i, rung in enumerate(machinery.RUNGS, 1):
         label = f"{rung.name} (cheats)" if rung.cheats else rung.name
         row = rows[label]
-        assert row["what it adds"] == rung.adds
+        assert row["what it adds"] == rung.adds and row["budget"] == "0.1 s"
         assert int(row["steps"].replace(",", "")) >= 1 and int(row["parameters"].replace(",", "")) > 0
         assert float(row["bits/char"]) == pytest.approx(float(row["val loss"]) / math.log(2), abs=2e-3)
         assert (out / rung.name / "best.pt").exists() and (out / rung.name / "train.log").exists()
@@ -97,7 +111,7 @@ def test_every_rung_leaves_a_run_folder_a_row_a_picture_and_a_sample(ladder):
         else:
             assert float(row["attention entropy (bits)"]) > 0
             assert_png(out / rung.name / "attention.png")
-        assert f"## {label}\n\n```text\n{PROMPT}" in samples
+        assert f"## {label}: 0.1 s of training, seed 1337\n\n```text\n{PROMPT}" in samples
         assert f"[{i}/{len(machinery.RUNGS)}] {rung.name}: " in printed
     assert list(rows) == [f"{r.name} (cheats)" if r.cheats else r.name for r in machinery.RUNGS]
     assert_png(out / "loss_vs_time.png")
@@ -166,3 +180,96 @@ def test_mistakes_are_caught_before_any_training(data_dir, tmp_path, extra, expe
     head, _, tail = expected.partition("*")
     assert str(caught.value).startswith(head) and tail in str(caught.value)
     assert not (tmp_path / "lab").exists()
+
+
+# ----------------------------------------------------------------------------- later runs, other runs, signals
+
+
+def test_a_later_lab_run_keeps_the_rows_of_rungs_it_does_not_train(data_dir, tmp_path, monkeypatch):
+    """The README's second command after the first: every rung in out_dir stays in the table, the picture and
+    the samples, each with the budget it had; a rung trained again shows its latest run."""
+    from gptkit import pictures
+
+    drawn = {}
+
+    def draw(runs, title, path, **kw):
+        drawn.update(runs=runs, title=title)
+        return real_draw(runs, title, path, **kw)
+
+    real_draw = pictures.draw_val_loss_vs_time
+    monkeypatch.setattr(pictures, "draw_val_loss_vs_time", draw)
+    out = tmp_path / "lab"
+    tiny_lab(data_dir, out, "--rungs=uniform,scaled", "--budget=0.1")
+    first = table_rows(out)
+    assert [r["budget"] for r in first.values()] == ["0.1 s", "0.1 s"] and "per rung" in drawn["title"]
+    (out / "additive").mkdir()  # a rung stopped before it finished: a folder without a row
+    printed = tiny_lab(data_dir, out, "--rungs=scaled,dot", "--budget=0.3")
+    rows = table_rows(out)
+    budgets = {"uniform": "0.1 s", "scaled": "0.3 s", "dot": "0.3 s"}
+    assert {name: row["budget"] for name, row in rows.items()} == budgets
+    assert rows["uniform"] == first["uniform"]  # rebuilt from its lab.json as it was
+    assert json.loads((out / "uniform" / "lab.json").read_text(encoding="utf-8"))["budget"] == 0.1
+    notes = (out / "table.md").read_text(encoding="utf-8")
+    assert "rows of different budgets do not compare" in notes and "before the end): additive;" in notes
+    assert_png(out / "loss_vs_time.png")
+    assert list(drawn["runs"]) == ["uniform (0.1 s)", "scaled (0.3 s)", "dot (0.3 s)"]
+    latest = [r for r in map(json.loads, (out / "scaled" / "metrics.jsonl").read_text().splitlines())
+              if r["kind"] == "eval"]
+    assert drawn["runs"]["scaled (0.3 s)"] == latest
+    samples = (out / "samples.md").read_text(encoding="utf-8")
+    assert all(f"## {name}: {budget} of training, seed 1337" in samples for name, budget in budgets.items())
+    assert "--- dot ---" in printed and "--- uniform ---" not in printed  # printed: the rungs trained now
+
+
+def test_rows_of_another_dataset_or_damaged_rows_are_one_line_before_training(data_dir, tmp_path):
+    out = tmp_path / "lab"
+    tiny_lab(data_dir, out, "--rungs=uniform", "--budget=0.1")
+    kept = out / "uniform" / "lab.json"
+    kept.write_text(kept.read_text(encoding="utf-8").replace('"dataset": "tiny"', '"dataset": "other"'))
+    with pytest.raises(UserError, match=r"was trained on dataset 'other', not 'tiny'.*--rungs=uniform"):
+        lab.main(lab_args(data_dir, out, "--rungs=dot", "--budget=0.1"))
+    kept.write_text("{truncated")
+    with pytest.raises(UserError, match=r"lab.json is not a row the lab wrote .*--rungs=uniform"):
+        lab.main(lab_args(data_dir, out, "--rungs=dot", "--budget=0.1"))
+    assert not (out / "dot").exists()
+    tiny_lab(data_dir, out, "--rungs=uniform", "--budget=0.1")  # training it again replaces the row
+
+
+def test_a_rung_folder_in_use_is_refused_before_anything_in_it_is_deleted(data_dir, tmp_path):
+    folder = tmp_path / "lab" / "scaled"
+    live = {name: f"{name} of a run in progress" for name in ("latest.pt", "best.pt", "metrics.jsonl", "lab.json")}
+    with RunDir(folder).locked():
+        for name, text in live.items():
+            (folder / name).write_text(text)
+        with pytest.raises(UserError) as caught:
+            lab.main(lab_args(data_dir, tmp_path / "lab", "--rungs=scaled", "--budget=0.1"))
+        assert {name: (folder / name).read_text() for name in live} == live
+    message = str(caught.value)
+    assert message.startswith(f"{folder} is in use by another run (process {os.getpid()})") and "\n" not in message
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stopped_lab_stops_its_train_py_and_exits_with_the_signal(data_dir, tmp_path, signum):
+    """The signal to the lab alone, as a scheduler sends it: the lab stops and waits for its train.py, whose pid
+    run.lock holds, and says so in one line."""
+    out = tmp_path / "lab"
+    run = Run([sys.executable, str(REPO / "lab.py"), *lab_args(data_dir, out, "--rungs=scaled", "--budget=120")],
+              tmp_path / "logs")
+    lock = out / "scaled" / "run.lock"
+    try:
+        deadline, child = time.time() + 90, None
+        while child is None:  # the lab writes its own pid there first, while it clears the folder
+            text = lock.read_text() if lock.exists() else ""
+            if text.strip() and int(text) != run.proc.pid:
+                child = int(text)
+            assert run.proc.poll() is None and time.time() < deadline, run.stderr
+            time.sleep(POLL_S)
+        run.proc.send_signal(signum)
+        assert run.wait() == 128 + signum
+        assert_one_error_line(run.stderr, f"error: stopped by {signal.Signals(signum).name} while training rung scaled")
+    finally:
+        run.kill_group()
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
+    with RunDir(lock.parent).locked():  # nothing holds the folder any more
+        pass

@@ -3,12 +3,15 @@
 import json
 
 import matplotlib.image
+import matplotlib.text
+import numpy as np
 import pytest
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from conftest import assert_one_error_line, check_ok, run_script
 from gptkit.errors import UserError
-from gptkit.inspection import attention_maps
+from gptkit.inspection import attention_maps, token_label
 from model import GPT, GPTConfig
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -76,6 +79,79 @@ def test_attention_maps_are_what_the_forward_pass_uses():
 
 
 # ----------------------------------------------------------------------------- plot.py
+
+
+# ----------------------------------------------------------------------------- attention pictures
+
+MIN_TEXT_PT = 7
+# blanks that show as symbols, and '$' that must not be read as a formula
+PROSE = "First Citizen: $x$ or $$?\nBefore we proceed any further, hear me speak."
+
+
+class Chars:
+    """A character tokenizer of every code point, for token_label."""
+
+    @staticmethod
+    def decode(ids):
+        return "".join(map(chr, ids))
+
+
+def attention_picture(path, n_layer, n_head, T):
+    """draw_attention's figure for random causal maps of the first T characters of PROSE, and their labels."""
+    from gptkit.pictures import draw_attention
+
+    weights = np.tril(np.random.default_rng(0).random((n_layer, n_head, T, T)) ** 4)
+    labels = [token_label(Chars, ord(c)) for c in (PROSE * 2)[:T]]
+    title = f"scaled attention weights for {(PROSE * 2)[:T]!r} ({T} tokens)\nrows: queries, columns: keys"
+    return draw_attention(list(weights / weights.sum(-1, keepdims=True)), labels, title, path), labels
+
+
+def heatmaps(fig):
+    return [ax for ax in fig.axes if ax.images]
+
+
+@pytest.mark.parametrize("n_layer, n_head", [(1, 1), (6, 6)])
+def test_attention_pictures_grow_with_the_prompt_and_keep_every_label_readable(tmp_path, n_layer, n_head):
+    """More tokens make a larger figure, never smaller text; the labels name the tokens at their positions,
+    and no label touches its neighbour or any heatmap."""
+    sizes = {}
+    for T in (8, 64):
+        fig, labels = attention_picture(tmp_path / f"{T}.png", n_layer, n_head, T)
+        assert_png(tmp_path / f"{T}.png")
+        sizes[T] = fig.get_size_inches()
+        texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text()]
+        assert min(t.get_fontsize() for t in texts) >= MIN_TEXT_PT
+        renderer = FigureCanvasAgg(fig).get_renderer()  # closed, the figure keeps the layout saving gave it
+        maps = heatmaps(fig)
+        assert len(maps) == n_layer * n_head
+        boxes = [ax.get_window_extent(renderer) for ax in maps]
+        for ax in maps:
+            for ticks, texts, side in ((ax.get_xticks(), ax.get_xticklabels(), "x"),
+                                       (ax.get_yticks(), ax.get_yticklabels(), "y")):
+                assert [t.get_text() for t in texts] == [labels[int(i)] for i in ticks]
+                assert len(ticks) >= T / 2
+                extents = sorted((t.get_window_extent(renderer) for t in texts), key=lambda b: getattr(b, f"{side}0"))
+                assert all(getattr(a, f"{side}1") <= getattr(b, f"{side}0") for a, b in zip(extents, extents[1:]))
+                assert not any(e.overlaps(box) for e in extents for box in boxes)
+    assert (sizes[64] > sizes[8]).all(), sizes
+
+
+def test_a_one_head_picture_has_its_colour_bar_beside_the_heatmap(tmp_path):
+    fig, _ = attention_picture(tmp_path / "one.png", 1, 1, 32)
+    (heatmap,), bar = heatmaps(fig), fig.axes[-1]
+    width = fig.get_size_inches()[0]
+    assert 0 < (bar.get_position().x0 - heatmap.get_position().x1) * width < 0.3
+    assert heatmap.get_position().width > 0.6  # the heatmap fills the figure, no half of it left empty
+
+
+def test_tokens_and_titles_that_look_like_formulas_are_drawn_as_text(tmp_path):
+    """GPT-2 has tokens such as '$$': matplotlib would typeset them as (broken) formulas."""
+    from gptkit.pictures import draw_attention
+
+    fig = draw_attention([np.full((1, 3, 3), 1 / 3)], ["$$", "$x$", "a"], "weights for '$$ costs $x$'",
+                         tmp_path / "dollars.png", causal=False)
+    assert_png(tmp_path / "dollars.png")
+    assert [t.get_text() for t in heatmaps(fig)[0].get_yticklabels()] == ["$$", "$x$", "a"]
 
 
 def test_loss_png(run_dir):
