@@ -258,6 +258,15 @@ def print_train_table(summaries, targets):
             print("tokens/s: n/a (a run logged fewer than two train records; lower its log_interval)")
 
 
+def clear_run_folder(out_dir):
+    """Empty a benchmark's run folder for a new run, under its lock: a run still training there is refused in one
+    line, never deleted from under it."""
+    from gptkit.rundir import RunDir
+
+    with RunDir(out_dir).locked():
+        shutil.rmtree(out_dir)
+
+
 def train_run(name, cmd, out_dir, targets):
     """Run one train.py command to its end; its run_summary."""
     print(f"\n== {name}: {' '.join(map(str, cmd[1:]))}", flush=True)
@@ -280,7 +289,7 @@ def bench_train(argv):
     summaries = {}
     for name in cfg.run_list():
         out_dir = work / name
-        shutil.rmtree(out_dir, ignore_errors=True)
+        clear_run_folder(out_dir)
         cmd = [sys.executable, str(REPO / "train.py"), *args[name], f"--device={cfg.device}",
                f"--data_dir={work / 'data'}", "--dataset=shakespeare_char", f"--out_dir={out_dir}"]
         summaries[name] = train_run(name, cmd, out_dir, targets)
@@ -317,7 +326,7 @@ def bench_busy(argv):
     rates = {}
     for name, busy, threads in [("idle", False, 0), ("busy", True, 0), (f"busy, {fixed} threads fixed", True, fixed)]:
         out_dir = work / name.replace(" ", "_").replace(",", "")
-        shutil.rmtree(out_dir, ignore_errors=True)
+        clear_run_folder(out_dir)
         cmd = [sys.executable, str(REPO / "train.py"), cfg.config, "--device=cpu", f"--max_time={cfg.seconds}",
                f"--threads={threads}", f"--data_dir={work / 'data'}", "--dataset=shakespeare_char",
                f"--out_dir={out_dir}", "--log_interval=5"]
@@ -514,4 +523,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_main(main, memory_settings=("batch_size", "block_size", "n_embd", "n_layer", "vocab_size", "max_new_tokens"))

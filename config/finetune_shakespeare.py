@@ -1,6 +1,8 @@
 # finetune GPT-2 on tinyshakespeare (BPE), nanoGPT's finetune_shakespeare recipe
 # prepare the data first (the GPT-2 tokenizer, so the pretrained embeddings apply):
 #   python data/prepare.py --input=data/shakespeare_char/input.txt --name=shakespeare --tokenizer=gpt2
+# (data/shakespeare_char/input.txt is what an online `python data/prepare.py` downloads; offline, pass your
+# own copy of the text as --input)
 # then: python train.py config/finetune_shakespeare.py
 
 out_dir = 'out-shakespeare'

@@ -2,6 +2,8 @@
 
 import re
 
+import pytest
+
 import bench
 
 
@@ -65,3 +67,18 @@ def test_a_run_with_one_train_record_has_no_rate_and_its_real_iterations(tmp_pat
     out = capsys.readouterr().out
     assert re.search(r"iterations +25 +25", out) and re.search(r"tokens/s +n/a +n/a", out)
     assert "tokens/s: n/a (a run logged fewer than two train records" in out
+
+
+def test_a_benchmark_never_clears_a_run_folder_in_use(tmp_path):
+    """bench.py empties its run folders before each run, but only under their lock."""
+    from gptkit.errors import UserError
+    from gptkit.rundir import RunDir
+
+    folder = tmp_path / "default"
+    with RunDir(folder).locked():
+        (folder / "metrics.jsonl").write_text("{}\n")
+        with pytest.raises(UserError, match="is in use by another run"):
+            bench.clear_run_folder(folder)
+        assert (folder / "metrics.jsonl").exists()
+    bench.clear_run_folder(folder)
+    assert not folder.exists()
