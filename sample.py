@@ -133,4 +133,4 @@ def read_interactive():
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_main(main, memory_settings=("num_samples", "max_new_tokens"))

@@ -22,7 +22,7 @@ from gptkit.errors import RunStopped, UserError, run_main
 from gptkit.flops import flops_per_token, peak_flops
 from gptkit.metrics import PROCESS_START, RunLog
 from gptkit.optim import lr_multiplier, set_lr
-from gptkit.resume import continued_config
+from gptkit.resume import claim_for_a_new_run, continued_config
 from gptkit.rundir import RunDir
 from gptkit.runtime import Runtime, launched_rank
 from gptkit.signals import StopSignals
@@ -192,6 +192,8 @@ def main(argv=None):
     master = launched_rank() == 0
     with RunDir(cfg.out_dir).locked(writer=master) as run:
         note = print if master else lambda line: None
+        if master:
+            claim_for_a_new_run(cfg, run, note)
         cfg, resumed = continued_config(cfg, given, run, note)
         if resumed[0] is not None and announce_resume(cfg, resumed, run, note) and not cfg.eval_only:
             return  # a finished run: nothing to train, nothing written
@@ -237,4 +239,4 @@ def wandb_args(cfg, state):
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_main(main, memory_settings=("batch_size", "block_size", "n_embd", "n_layer", "n_head", "eval_iters"))

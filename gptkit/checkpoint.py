@@ -10,15 +10,21 @@ the header existed (torch.save's zip alone) still load, unchecked.
 import errno
 import hashlib
 import io
+import math
 import os
 import pickle
+import random
 import re
+import typing
 import warnings
+from dataclasses import fields
 from pathlib import Path
+from typing import Literal, get_args, get_origin
 
+import numpy as np
 import torch
 
-from gptkit.errors import UserError, first_line, no_links
+from gptkit.errors import RunStopped, UserError, first_line, no_links
 from model import GPT, GPTConfig
 
 FORMAT_VERSION = 1
@@ -48,10 +54,27 @@ def save_checkpoint(state, path, previous=None):
         if previous is not None and path.exists():
             os.replace(path, previous)
         os.replace(tmp, path)
-    except (OSError, RuntimeError) as e:
-        tmp.unlink(missing_ok=True)
+    except (OSError, RuntimeError, KeyboardInterrupt) as e:
+        tmp.unlink(missing_ok=True)  # interrupted too: the half-written file must not stay behind
+        stop = interruption(e, writer)
+        if stop is not None:
+            raise stop from None
         raise write_error(e, writer, path, previous) from None
     sync_folder(path.parent)
+
+
+def interruption(e, writer):
+    """What stopped a save that is no failure to write: a KeyboardInterrupt (a second Ctrl-C) or a RunStopped
+    from a signal handler. Raised inside a write, torch's zip writer replaces it with a RuntimeError; the writer
+    keeps it, and one raised as a write begins (where Python runs the handler of a signal that came while
+    torch's own code ran) is the RuntimeError's context."""
+    if isinstance(e, KeyboardInterrupt):
+        return e
+    if not isinstance(e, RuntimeError):
+        return None
+    if writer is not None and writer.error is not None:
+        return None if isinstance(writer.error, OSError) else writer.error
+    return e.__context__ if isinstance(e.__context__, (KeyboardInterrupt, RunStopped)) else None
 
 
 def write_error(e, writer, path, previous):
@@ -67,8 +90,9 @@ def write_error(e, writer, path, previous):
 
 
 class HashingWriter:
-    """Pass writes on to the file, hashing and counting them, and keep the first OSError: torch.save
-    replaces it with a message of its own."""
+    """Pass writes on to the file, hashing and counting them, and keep the first exception a write raised
+    (an OSError, or a KeyboardInterrupt from a signal handler): torch.save replaces it with a RuntimeError
+    of its own."""
 
     def __init__(self, f):
         self.f, self.error = f, None
@@ -77,12 +101,12 @@ class HashingWriter:
     def write(self, data):
         try:
             written = self.f.write(data)
-        except OSError as e:
+            self.sha256.update(data)
+            self.size += len(data)
+            return written
+        except BaseException as e:
             self.error = self.error or e
             raise
-        self.sha256.update(data)
-        self.size += len(data)
-        return written
 
     def flush(self):
         self.f.flush()
@@ -149,13 +173,156 @@ def verified_start(f, path):
     return HEADER_SIZE
 
 
-MODEL_KEYS = ("model", "model_args", "tokenizer")
-TRAINING_KEYS = MODEL_KEYS + ("optimizer", "scaler", "config", "iter_num", "best_val_loss", "rng")
+# ---------------------------------------------------------------------------------------------- its fields
+
+def shown(value):
+    """A value as an error line shows it: plain data as written (cut short), anything else by its type."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        text = repr(value)
+        return text if len(text) <= 40 else text[:37] + "..."
+    name = "tensor" if isinstance(value, torch.Tensor) else type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
-def load_checkpoint(path, map_location="cpu", required=()):
-    """The checkpoint's dict, verified against its checksum and loaded without running code;
-    refuses one lacking a required key."""
+class Kind:
+    """What one value must be: `words` say it in an error line, `test` tells."""
+
+    def __init__(self, words, test):
+        self.words, self.test = words, test
+
+    def problem(self, value, where):
+        return None if self.test(value) else f"{where} is {shown(value)}, not {self.words}"
+
+
+class Fields:
+    """A dict whose named fields are each of their kind; those in `optional` may be missing. Fields no reader
+    uses are not named, so not checked. Iterated, the names a dict must have."""
+
+    def __init__(self, kinds, optional=()):
+        self.kinds, self.optional = kinds, set(optional)
+
+    def __iter__(self):
+        return (key for key in self.kinds if key not in self.optional)
+
+    def problem(self, value, where):
+        if not isinstance(value, dict):
+            return f"{where} is {shown(value)}, not a dict"
+        for key, kind in self.kinds.items():
+            if key not in value:
+                if key not in self.optional:
+                    return f"{where} has no {key}"
+            elif problem := kind.problem(value[key], f"{where}.{key}" if where else key):
+                return problem
+        return None
+
+
+class Each:
+    """A list (or with keyed=True, a dict) each of whose items is of one kind."""
+
+    def __init__(self, kind, keyed=False):
+        self.kind, self.keyed = kind, keyed
+
+    def problem(self, value, where):
+        if not isinstance(value, dict if self.keyed else (list, tuple)):
+            return f"{where} is {shown(value)}, not a {'dict' if self.keyed else 'list'}"
+        for key, item in value.items() if self.keyed else enumerate(value):
+            if problem := self.kind.problem(item, f"{where}[{key!r}]"):
+                return problem
+        return None
+
+
+class Tagged:
+    """A dict whose field `tag` names which Fields the rest of it must have."""
+
+    def __init__(self, tag, variants):
+        self.tag, self.variants = tag, variants
+
+    def problem(self, value, where):
+        if not isinstance(value, dict):
+            return f"{where} is {shown(value)}, not a dict"
+        if self.tag not in value:
+            return f"{where} has no {self.tag}"
+        variant = value[self.tag]
+        if not isinstance(variant, str) or variant not in self.variants:
+            return f"{where}.{self.tag} is {shown(variant)}, not {' or '.join(map(repr, self.variants))}"
+        return self.variants[variant].problem(value, where)
+
+
+def maybe(**kinds):
+    """Fields that may each be missing."""
+    return Fields(kinds, optional=kinds)
+
+
+def plain(words, *types):
+    """The Kind of values of these types; a bool is not a number here, though Python counts it one."""
+    return Kind(words, lambda v: isinstance(v, types) and (bool in types or not isinstance(v, bool)))
+
+
+def restorable(words, restore):
+    """The Kind of a saved random generator state: one a fresh generator takes."""
+    def test(value):
+        try:
+            restore(value)
+        except Exception:  # whatever the generator raises, the state cannot be restored
+            return False
+        return True
+    return Kind(words, test)
+
+
+NUMBER = Kind("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v))
+COUNT = Kind("a whole number of at least 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+TEXT, FLAG, TENSOR = plain("a string", str), plain("True or False", bool), plain("a tensor", torch.Tensor)
+DICT = Fields({})
+SETTING_KINDS = {int: plain("a whole number", int), float: NUMBER, bool: FLAG, str: TEXT}
+
+
+def settings(cls):
+    """The Fields of a config dataclass saved with asdict: each field of its declared type (a Literal's choices
+    are left to the dataclass's own checks), and every one optional, since a missing one takes its default."""
+    hints, kinds = typing.get_type_hints(cls), {}
+    for f in fields(cls):
+        declared = hints[f.name]
+        kind = SETTING_KINDS.get(type(get_args(declared)[0]) if get_origin(declared) is Literal else declared)
+        if kind is not None:  # a type of another kind is left to the dataclass's own checks
+            kinds[f.name] = kind
+    return maybe(**kinds)
+
+
+TORCH_RANDOM = restorable("a torch random state", lambda v: torch.Generator().set_state(v))
+RANDOM_STATES = Fields({
+    "torch": TORCH_RANDOM,
+    "python": restorable("a Python random state", lambda v: random.Random().setstate(v)),
+    # saved as training.py saves it: the key array as an int64 tensor
+    "numpy": restorable("a numpy random state", lambda v: np.random.RandomState().set_state(
+        (v[0], v[1].numpy().astype(np.uint32), *v[2:]))),
+    "sampler": Fields({"generator": TORCH_RANDOM}),
+    "cuda": TENSOR,
+}, optional=("cuda",))
+OPTIMIZER_STATE = Fields({"state": Each(DICT, keyed=True), "param_groups": Each(Fields({"params": Each(COUNT)}))})
+# what load_checkpoint's required= takes: the fields each reader uses, and what each must be
+MODEL_KEYS = Fields({
+    "model": Each(TENSOR, keyed=True),
+    "model_args": settings(GPTConfig),
+    "tokenizer": Tagged("tokenizer", {"char": Fields({"vocab": TEXT}), "tiktoken": Fields({"encoding": TEXT})}),
+})
+TRAINING_KEYS = Fields({
+    **MODEL_KEYS.kinds,
+    "optimizer": Each(OPTIMIZER_STATE),
+    "scaler": maybe(scale=NUMBER, growth_factor=NUMBER, backoff_factor=NUMBER, growth_interval=COUNT,
+                    _growth_tracker=COUNT),
+    "config": maybe(model=DICT),  # its model settings are model_args's
+    "iter_num": COUNT,
+    "best_val_loss": NUMBER,
+    "rng": Each(RANDOM_STATES),
+    "seconds_spent": NUMBER, "loop_seconds": NUMBER, "train_time": NUMBER,  # the last two: earlier versions'
+    "wandb_id": Kind("a string or None", lambda v: v is None or isinstance(v, str)),
+    "measured": maybe(dtype=TEXT, attention_path=TEXT),
+}, optional=("seconds_spent", "loop_seconds", "train_time", "wandb_id", "measured"))
+
+
+def load_checkpoint(path, map_location="cpu", required=None):
+    """The checkpoint's dict, verified against its checksum and loaded without running code; with required
+    (MODEL_KEYS, TRAINING_KEYS), refuses one lacking a field its reader uses or holding one of another kind."""
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{path} is a folder, not a checkpoint file")
@@ -172,9 +339,13 @@ def load_checkpoint(path, map_location="cpu", required=()):
         raise UserError(f"{path} is not a checkpoint written by this tool")
     if state["format_version"] != FORMAT_VERSION:
         raise UserError(f"{path} has checkpoint format {state['format_version']}, this tool reads {FORMAT_VERSION}")
-    missing = [key for key in required if key not in state]
-    if missing:
-        raise UserError(f"{path} is incomplete: it lacks {', '.join(missing)}")
+    if required is not None:
+        missing = [key for key in required if key not in state]
+        if missing:
+            raise UserError(f"{path} is incomplete: it lacks {', '.join(missing)}")
+        problem = required.problem(state, "")
+        if problem:  # the checksum proves the file is as written, not that what wrote it wrote this tool's fields
+            raise UserError(f"{path} is damaged: {problem}")
     return state
 
 

@@ -2,6 +2,7 @@
 
 import errno
 import os
+import re
 import signal
 import sys
 
@@ -45,10 +46,11 @@ def first_line(e):
     return lines[0].split(". ")[0].rstrip(".") if lines else type(e).__name__
 
 
-def run_main(main):
+def run_main(main, memory_settings=()):
     """Run an entry script's main(), turning a UserError into `error: ...` and its exit status
-    (1, or 128 + signal for a stopped run), Ctrl-C outside a training loop into status 130, and a file
-    the system refused into one line naming it."""
+    (1, or 128 + signal for a stopped run), Ctrl-C outside a training loop into status 130, a file
+    the system refused into one line naming it, and a failed allocation into one line naming
+    memory_settings, the script's settings that size its memory."""
     try:
         main()
     except UserError as e:
@@ -64,3 +66,42 @@ def run_main(main):
             raise
         print(f"error: {e.filename}: {e.strerror or first_line(e)}", file=sys.stderr)
         sys.exit(1)
+    except (MemoryError, RuntimeError) as e:
+        asked = failed_allocation(e)
+        if asked is None:
+            raise
+        print(f"error: {out_of_memory(asked, memory_settings)}", file=sys.stderr)
+        sys.exit(1)
+
+
+# how torch's CPU, CUDA and MPS allocators say what they were asked for
+ALLOCATION = re.compile(r"[Tt]ried to allocate ([0-9.]+) ?(bytes|[KMGTPE]iB)")
+UNITS = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def failed_allocation(e):
+    """The bytes an allocation that failed asked for, 0 where the error does not say, or None when e is not
+    a failed allocation. The size tells a mistyped setting (petabytes) from a run a little too large."""
+    torch = sys.modules.get("torch")  # only torch raises its own kind, and then it has been imported
+    ran_out = isinstance(e, MemoryError) or torch is not None and isinstance(e, torch.OutOfMemoryError)
+    message = str(e)
+    if not ran_out and not any(s in message for s in ("can't allocate memory", "out of memory", "std::bad_alloc")):
+        return None
+    m = ALLOCATION.search(message)
+    return float(m.group(1)) * 1024 ** UNITS.index(m.group(2)) if m else 0
+
+
+def out_of_memory(asked, settings):
+    """The line for a failed allocation: how much was asked for, and which settings to lower."""
+    size = f": tried to allocate {in_units(asked)}" if asked else ""
+    if settings:
+        return f"out of memory{size}; lower the sizes of this run ({', '.join(settings)})"
+    return f"out of memory{size}; free some memory, or use a machine with more"
+
+
+def in_units(n):
+    """A byte count in the largest binary unit it fills at least once, e.g. 7.1 PiB."""
+    unit = 0
+    while n >= 1024 and unit < len(UNITS) - 1:
+        n, unit = n / 1024, unit + 1
+    return f"{n:,.0f} bytes" if unit == 0 else f"{n:,.1f} {UNITS[unit]}"

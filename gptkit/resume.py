@@ -1,6 +1,7 @@
 """Continuing a run: the saved state it continues from (checked, falling back to the state before it when the
 latest is damaged) and the settings it continues with (the checkpoint's, except those given again)."""
 
+import time
 from dataclasses import fields, replace
 
 import torch
@@ -22,6 +23,25 @@ def continued_config(cfg, given, run, note):
     if ckpt is None:
         return (replace(cfg, init_from="scratch") if cfg.init_from == "auto" else cfg), (None, None)
     return resumed_config(ckpt, given, path), (ckpt, path)
+
+
+def claim_for_a_new_run(cfg, run, note):
+    """A run that starts afresh (from scratch or pretrained weights) into a folder holding another run's state
+    would replace its best.pt and append to its metrics.jsonl: refuse, naming the ways on; with start_over,
+    move the old run's files into a folder beside them first, deleting nothing."""
+    found = [p for p in (run.latest, run.previous, run.best, run.legacy, run.metrics) if p.exists()]
+    if not found or cfg.init_from in ("resume", "auto"):
+        return
+    names = ", ".join(p.name for p in found)
+    if not cfg.start_over:
+        raise UserError(f"{run.path} holds another run ({names}); continue it with --init_from=auto, train "
+                        f"elsewhere with another --out_dir, or start over with --start_over=True (its files are "
+                        "moved aside, not deleted)")
+    aside = run.path / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside.mkdir()
+    for p in found:
+        p.rename(aside / p.name)
+    note(f"note: starting over in {run.path}: the previous run's {names} moved to {aside}")
 
 
 def resume_state(run, init_from, note):

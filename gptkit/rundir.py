@@ -56,7 +56,8 @@ class RunDir:
             yield self
 
     def check_folder(self):
-        """out_dir is a folder (or can become one) and each file a run writes there can be a file."""
+        """out_dir is a folder (or can become one), and each file a run writes there can be a file and be
+        written."""
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"cannot use {self.path} as out_dir (a file of that name is in the way)")
         saved = [self.latest, self.previous, self.best]
@@ -67,6 +68,17 @@ class RunDir:
         for p in in_place:  # a rename replaces a link at a saved file's name; these would be written through one
             if p.is_symlink():
                 raise UserError(link_in_place(p))
+        self.check_writable([*saved, *in_place])
+
+    def check_writable(self, files):
+        """A folder the first save could not write to would lose the work done before it: each save creates a
+        .tmp file there and renames it over the file it replaces, and some files are written in place."""
+        if self.path.is_dir() and not os.access(self.path, os.W_OK | os.X_OK):
+            raise UserError(f"cannot write to out_dir {self.path} (a run saves its state there); make it "
+                            "writable or pick another --out_dir")
+        for p in files:  # not through a link: one at a saved file's name is replaced, never written through
+            if p.exists() and not os.access(p, os.W_OK, follow_symlinks=False):
+                raise UserError(f"cannot write {p}, which a run writes; make it writable or pick another --out_dir")
 
     def resume_candidates(self):
         """The saved states a resume may start from, newest first: latest.pt, the one before it, and

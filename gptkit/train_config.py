@@ -21,6 +21,7 @@ class TrainConfig:
     eval_only: bool = False  # evaluate once, record it and exit; no checkpoint is ever written
     always_save_checkpoint: bool = True  # save latest.pt at every evaluation, not only when val loss improves
     init_from: str = "scratch"  # 'scratch', 'resume', 'auto' (resume if out_dir has a state), a GPT-2 name or HF folder
+    start_over: bool = False  # a new run into an out_dir holding another: move the old run's files aside first
     seed: int = 1337  # seeds weights, data order and dropout
     # wandb
     wandb_log: bool = False  # log to Weights & Biases

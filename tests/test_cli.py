@@ -164,3 +164,25 @@ def test_presets_train(preset, data_dir, tmp_path):
     losses = [r["loss"] for r in records if r["kind"] == "train"]
     final = next(r for r in records if r["kind"] == "final")
     assert len(losses) == 3 and all(0 < x < 10 for x in [*losses, final["val_loss"]])
+
+
+def test_a_new_run_never_takes_over_a_used_out_dir(tmp_path, data_dir, trained_run):
+    """A fresh run into a folder holding another run's state refuses in one line naming the ways on; with
+    --start_over the old files move into a folder beside them, deleting nothing."""
+    import shutil
+
+    from conftest import TRAINED_RUN, assert_one_error_line
+
+    out = tmp_path / "out"
+    shutil.copytree(trained_run[0], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "run.lock"}
+    refused = run_script("train.py", *train_args(data_dir, out, *TRAINED_RUN))
+    assert refused.returncode == 1 and assert_one_error_line(refused.stderr) == (
+        f"error: {out} holds another run (latest.pt, latest.prev.pt, best.pt, metrics.jsonl); continue it with "
+        "--init_from=auto, train elsewhere with another --out_dir, or start over with --start_over=True (its "
+        "files are moved aside, not deleted)")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != "run.lock"} == before
+    fresh = check_ok(run_script("train.py", *train_args(data_dir, out, *TRAINED_RUN, "--start_over=True")))
+    (aside,) = out.glob("replaced-*")
+    assert {p.name: p.read_bytes() for p in aside.iterdir()} == before and f"moved to {aside}" in fresh.stdout
+    assert [r["iter"] for r in read_metrics(out) if r["kind"] == "run"] == [0]  # a log of its own

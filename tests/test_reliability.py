@@ -547,7 +547,8 @@ def test_resuming_a_finished_run_says_so_and_writes_nothing(tmp_path, data_dir, 
 
 @pytest.mark.parametrize("when,extra,doing", [
     ("first", [], "evaluating before the first step (nothing was saved)"),
-    ("first", ["--eval_only=True"], "evaluating (eval_only: nothing is written but this evaluation's record)"),
+    ("first", ["--eval_only=True", "--init_from=resume"],
+     "evaluating (eval_only: nothing is written but this evaluation's record)"),
     ("final", [], "scoring the whole val split at the end (the trained state is saved in {latest})"),
 ])
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGUSR1"])
@@ -555,7 +556,7 @@ def test_a_signal_outside_the_loop_stops_with_one_line_and_its_status(tmp_path, 
     """The first evaluation, eval_only and the final score are not steps to finish: a signal there stops the
     run at once, saying what it interrupted, with the documented status 128 + the signal's number."""
     out = tmp_path / "out"
-    if "--eval_only=True" in extra:
+    if "--init_from=resume" in extra:
         Run(train_cmd(data_dir, out, *COMMON), tmp_path / "first").check_ok()
     before = {p.name: p.read_bytes() for p in out.glob("*.pt")}
     run = Run(train_cmd(data_dir, out, *COMMON, *extra, script=wrapper(tmp_path, eval_signal=(name, when))),
