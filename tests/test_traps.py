@@ -129,7 +129,7 @@ def test_bookkeeping_writes_never_go_through_a_link(tmp_path, outside):
     rung.mkdir()
     (rung / "train.log").symlink_to(outside)
     with pytest.raises(UserError, match="train.log is a link"):
-        train_rung(SimpleNamespace(name="rung"), SimpleNamespace(out_dir=tmp_path))
+        train_rung(SimpleNamespace(name="rung"), SimpleNamespace(out_dir=tmp_path), stops=None)
     run = RunDir(tmp_path / "run")
     run.path.mkdir()
     run.check_folder = lambda: None  # the link appears after the check
