@@ -11,8 +11,6 @@ one, complete, and never a mix. `.prepare.lock` keeps a second prepare of the sa
 """
 
 import codecs
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -28,6 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from gptkit.errors import UserError
+from gptkit.locks import exclusive
 from gptkit.tokenizer import make_tokenizer
 
 PROJECT_DATA = Path(__file__).resolve().parent.parent / "data"
@@ -241,29 +240,12 @@ def check_room(out_dir):
                             "move it out of the way")
 
 
-@contextlib.contextmanager
 def dataset_lock(out_dir):
     """Hold the dataset folder's lock for the whole prepare: a second prepare of the same dataset stops at once
-    with one line instead of writing over the first one's files. The OS releases the lock when the process
-    ends, however it ends."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        lock = open(out_dir / LOCK, "a+", encoding="utf-8")
-    except OSError as e:
-        raise UserError(f"cannot write the dataset to {shown(out_dir)} ({e.strerror or e})") from None
-    with lock:  # closing the file releases the lock
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip()
-            raise UserError(f"{shown(out_dir)} is being prepared by another data/prepare.py"
-                            f"{f' (process {holder})' if holder else ''}; wait for it to end or pick another "
-                            "--name") from None
-        lock.truncate(0)
-        lock.write(f"{os.getpid()}\n")
-        lock.flush()
-        yield
+    with one line instead of writing over the first one's files."""
+    return exclusive(out_dir / LOCK, f"cannot write the dataset to {shown(out_dir)}",
+                     lambda holder: f"{shown(out_dir)} is being prepared by another data/prepare.py{holder}; "
+                                    "wait for it to end or pick another --name")
 
 
 def new_version(out_dir):

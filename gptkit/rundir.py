@@ -9,13 +9,13 @@ checkpoint each command reads.
     run.lock        held (flock) by the run writing here
 """
 
-import fcntl
 import os
 from contextlib import contextmanager
 from pathlib import Path
 
 from gptkit.checkpoint import MODEL_KEYS, load_checkpoint, model_from_checkpoint
 from gptkit.errors import UserError, link_in_place, no_links
+from gptkit.locks import exclusive
 from gptkit.tokenizer import tokenizer_from_meta
 
 
@@ -37,22 +37,9 @@ class RunDir:
             yield self
             return
         self.check_folder()
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            lock = open(self.path / "run.lock", "a+", encoding="utf-8", opener=no_links)
-        except OSError as e:
-            raise UserError(f"cannot write to out_dir {self.path} ({e.strerror or e})") from None
-        with lock:  # closing the file releases the lock
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                lock.seek(0)
-                holder = lock.read().strip()
-                raise UserError(f"{self.path} is in use by another run{f' (process {holder})' if holder else ''}; "
-                                "wait for it to end or pick another --out_dir") from None
-            lock.truncate(0)
-            lock.write(f"{os.getpid()}\n")
-            lock.flush()
+        with exclusive(self.path / "run.lock", f"cannot write to out_dir {self.path}",
+                       lambda holder: f"{self.path} is in use by another run{holder}; wait for it to end or pick "
+                                      "another --out_dir", opener=no_links):
             yield self
 
     def check_folder(self):

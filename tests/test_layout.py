@@ -9,7 +9,7 @@ from conftest import REPO
 SCRIPTS = {"train", "sample", "plot", "export", "bench", "lab", "explore"}  # the commands at the root (and data/prepare.py)
 # the package's layers, lowest first: a module may import its own layer or those below, never one above
 LAYERS = {
-    "foundations": {"gptkit.errors", "gptkit.config", "gptkit.prompts"},
+    "foundations": {"gptkit.errors", "gptkit.config", "gptkit.prompts", "gptkit.locks"},
     "the model": {"model"},
     "parts": {"gptkit.tokenizer", "gptkit.corpus", "gptkit.dataset", "gptkit.metrics", "gptkit.checkpoint",
               "gptkit.hf_interop", "gptkit.decoding", "gptkit.inspection", "gptkit.flops", "gptkit.optim",
