@@ -763,6 +763,16 @@
     box.dataset.index = String(i);
   }
 
+  /** A bar filled to probability p, shared by the candidate bars and the logit lens. */
+  function probabilityTrack(p) {
+    const track = el('span', 'track');
+    const fill = el('span', 'fill');
+    fill.style.display = 'block';
+    fill.style.width = (100 * clamp01(p)).toFixed(2) + '%';
+    track.append(fill);
+    return track;
+  }
+
   function barGroup(title, sub, list, token, cls) {
     const g = el('div', 'bar-group ' + cls);
     g.append(el('h3', null, title));
@@ -772,12 +782,7 @@
       row.dataset.id = String(c.id);
       if (c.id === token.id) row.classList.add('actual');
       row.append(el('span', 'lab', c.label));
-      const track = el('span', 'track');
-      const fill = el('span', 'fill');
-      fill.style.display = 'block';
-      fill.style.width = (100 * clamp01(c.p)).toFixed(2) + '%';
-      track.append(fill);
-      row.append(track);
+      row.append(probabilityTrack(c.p));
       row.append(el('span', 'val', fmtP(c.p)));
       row.title = `${quoted(c)}: ${fmtP(c.p)}${c.id === token.id ? ' (the token that was actually there)' : ''}`;
       g.append(row);
@@ -1074,12 +1079,7 @@
         if (next && t.id === next.id) item.classList.add('next');
         item.append(el('span', 'lab', t.label));
         item.append(el('span', 'val', fmtP(t.p)));
-        const track = el('span', 'track');
-        const fill = el('span', 'fill');
-        fill.style.display = 'block';
-        fill.style.width = (100 * clamp01(t.p)).toFixed(2) + '%';
-        track.append(fill);
-        item.append(track);
+        item.append(probabilityTrack(t.p));
         item.title = `${row.name}: ${quoted(t)} ${fmtP(t.p)}`;
         tops.append(item);
       }
