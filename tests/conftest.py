@@ -4,6 +4,7 @@ per session, script runners, and the check every user-facing failure must pass (
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -134,6 +135,15 @@ def trained_run(tmp_path_factory, data_dir):
     out = tmp_path_factory.mktemp("trained") / "out"
     proc = check_ok(run_script("train.py", *train_args(data_dir, out, *TRAINED_RUN)))
     return out, proc
+
+
+@pytest.fixture
+def run(trained_run, tmp_path):
+    """A copy of the session's trained run, for a test that changes it (latest.pt at 30, latest.prev.pt at 20,
+    best.pt)."""
+    out = tmp_path / "run"
+    shutil.copytree(trained_run[0], out)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- background runs

@@ -25,14 +25,6 @@ from gptkit.resume import resume_state
 from gptkit.rundir import RunDir
 
 
-@pytest.fixture
-def run(trained_run, tmp_path):
-    """A copy of the session's trained run (30 steps; latest.pt at 30, latest.prev.pt at 20)."""
-    out = tmp_path / "run"
-    shutil.copytree(trained_run[0], out)
-    return out
-
-
 def digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

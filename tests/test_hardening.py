@@ -21,14 +21,6 @@ from gptkit.checkpoint import MODEL_KEYS, TRAINING_KEYS, HashingWriter, load_che
 from gptkit.errors import RunStopped, UserError, run_main
 
 
-@pytest.fixture
-def run(trained_run, tmp_path):
-    """A copy of the session's trained run (latest.pt at iteration 30, latest.prev.pt at 20, best.pt)."""
-    out = tmp_path / "run"
-    shutil.copytree(trained_run[0], out)
-    return out
-
-
 def files(folder):
     """Every file's bytes but run.lock's, which holds the process id of the last run to start there."""
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and p.name != "run.lock"}
