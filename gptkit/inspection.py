@@ -35,9 +35,15 @@ def residual_streams(model, idx):
 
 
 @torch.no_grad()
+def read_out(model, x):
+    """What residual-stream vectors x predict next: logits through the final norm and the head."""
+    return model.head(model.transformer.ln_f(x))
+
+
+@torch.no_grad()
 def logits_everywhere(model, idx):
     """(B, T, V) logits at every position, as the forward pass computes them with targets."""
-    return model.head(model.transformer.ln_f(residual_streams(model, idx)[-1]))
+    return read_out(model, residual_streams(model, idx)[-1])
 
 
 @torch.no_grad()
@@ -49,11 +55,10 @@ def surprise_bits(model, idx, targets):
 
 
 @torch.no_grad()
-def logit_lens(model, idx, position):
-    """What each layer's residual stream at `position` (of the first row) would predict next: n_layer + 1
-    distributions, each through the final norm and the head; the last is the model's own prediction."""
-    return [torch.softmax(model.head(model.transformer.ln_f(s[0, position])).float(), dim=-1)
-            for s in residual_streams(model, idx)]
+def logit_lens(model, streams, position):
+    """What each residual stream (from residual_streams) at `position` of the first row would predict next:
+    n_layer + 1 distributions, each through the final norm and the head; the last is the model's own prediction."""
+    return [torch.softmax(read_out(model, s[0, position]).float(), dim=-1) for s in streams]
 
 
 VISIBLE = {"\n": "\u21b5", "\t": "\u21e5", " ": "\u2423"}  # ↵ newline, ⇥ tab, ␣ space: blanks cannot be read
