@@ -4,6 +4,7 @@ Prepare a text corpus for training.
     python data/prepare.py                                   # tinyshakespeare -> data/shakespeare_char/
     python data/prepare.py --input=my.txt --name=mine        # any UTF-8 text, char-level
     python data/prepare.py --input=my.txt --name=mine_bpe --tokenizer=gpt2
+    python data/prepare.py --input=corpus/ --name=web --tokenizer=gpt2     # .jsonl(.gz/.zst), .parquet, text
 """
 
 import sys
@@ -19,8 +20,12 @@ from gptkit.errors import run_main  # noqa: E402
 def main(argv=None):
     cfg = parse_config(PrepareConfig, sys.argv[1:] if argv is None else argv, prog="data/prepare.py")
     out_dir, meta = prepare(cfg)
-    print(f"wrote {shown(out_dir)}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens, "
-          f"vocab {meta['vocab_size']:,} ({meta['tokenizer']}), {meta['dtype']}")
+    shards = len(meta["train_shards"]) + len(meta["val_shards"])
+    skipped = meta["skipped"]
+    print(f"wrote {shown(out_dir)}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens"
+          f"{f' in {shards} shards' if shards > 2 else ''}, vocab {meta['vocab_size']:,} ({meta['tokenizer']}), "
+          f"{meta['dtype']}; {meta['documents']:,} document{'s' if meta['documents'] != 1 else ''}, split {meta['split']}"
+          + (f"; skipped {skipped['empty']:,} empty and {skipped['bad']:,} bad" if any(skipped.values()) else ""))
 
 
 if __name__ == "__main__":

@@ -1,74 +1,73 @@
 """
-Turn a text file (or a folder of them) into train.bin, val.bin and meta.json.
+Turn a corpus into a dataset: its documents tokenized on every core into the train and val splits' token files
+(shards where a split is big), and a meta.json that names them with their checksums and the sources read.
 
-Text is streamed in chunks, so memory stays bounded whatever the file size; tokens go
-to disk as uint16 when the vocabulary fits and uint32 otherwise.
+Memory stays bounded whatever the corpus size: documents are read in pieces, a few batches are in flight, and
+tokens go straight to disk (uint16 when the vocabulary fits, uint32 otherwise). A prepare saves where it is as
+it goes; stopped in any way (Ctrl-C, SIGTERM, SIGKILL), the same command continues from there, and the dataset
+readers find is replaced only once the new one is whole (see gptkit/versions.py).
 
-A dataset is replaced as a whole. Its train.bin, val.bin and meta.json are links through `.current`, itself a
-link to one folder under `.versions/`: prepare writes the new dataset into a folder of its own there and then
-renames a new `.current` over the old one, so a prepare killed at any moment leaves the old dataset or the new
-one, complete, and never a mix. `.prepare.lock` keeps a second prepare of the same dataset out meanwhile.
+Splits: a corpus of text files only is cut by position, the last val_fraction of its tokens in val (as nanoGPT,
+so tinyshakespeare's split is byte for byte the one it always was). A corpus with records (JSON Lines, Parquet)
+is split by document, each document's side decided by a hash of its text, so adding files never moves one.
 """
 
-import codecs
 import hashlib
 import json
 import os
-import secrets
 import shutil
-import stat
+import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 from tqdm import tqdm
 
-from gptkit.errors import UserError
-from gptkit.locks import exclusive
+from gptkit.errors import RunStopped, UserError
+from gptkit.shards import ShardWriter, sha256_of, tokenized
+from gptkit.sources import Reader, Tally, kind_of, shown, source_files
 from gptkit.tokenizer import make_tokenizer
+from gptkit.versions import check_room, commit, dataset_lock, remove_leftovers, sync, work_folder
 
 PROJECT_DATA = Path(__file__).resolve().parent.parent / "data"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-CHUNK_BYTES = 1 << 20
 TOKEN_DTYPES = {"uint16": 2 ** 16, "uint32": 2 ** 32}  # token file types, and the largest vocabulary each holds
+CHAR_SEPARATOR = "\n\n"  # after each record's text, char-level: a blank line, from the characters text already has
+BATCH_CHARS = 4 << 20  # text per batch sent to a tokenizing process
+MOST_WORKERS = 512  # a process each: a typo'd count must not start thousands
+SAVE_EVERY = 10.0  # seconds between saved states, besides one at every finished shard
 
 
 @dataclass
 class PrepareConfig:
-    input: str = ""  # text file or folder of text files ('' = download tinyshakespeare)
+    input: str = ""  # a text, .jsonl(.gz/.zst) or .parquet file, or a folder of them ('' = download tinyshakespeare)
     name: str = "shakespeare_char"  # output folder name under data_dir
     tokenizer: str = "char"  # 'char' or a tiktoken encoding name (gpt2, r50k_base, cl100k_base, ...)
     data_dir: str = ""  # where dataset folders live ('' = this project's data/)
-    val_fraction: float = 0.1  # the last this fraction of tokens is the validation split
+    val_fraction: float = 0.1  # the share of tokens (text files) or of documents (records) in the val split
     dtype: Literal["auto", "uint16", "uint32"] = "auto"  # token file type: 'auto' is uint16 when the vocabulary fits
+    text_field: str = "text"  # the JSON field or Parquet column that holds each record's text
+    skip_bad: bool = False  # skip records that cannot be read (and count them) instead of stopping at the first
+    shard_tokens: int = 100_000_000  # tokens per shard file; a split that fits in one is a single train.bin/val.bin
+    workers: int = 0  # processes that tokenize (0 = one per core)
 
     def __post_init__(self):
         if not 0 < self.val_fraction < 1:
             raise ValueError(f"val_fraction must be between 0 and 1 (got {self.val_fraction})")
         if not self.name or "/" in self.name or self.name.startswith("."):
             raise ValueError(f"name must be a plain folder name (got {self.name!r})")
+        if self.shard_tokens < 1:
+            raise ValueError(f"shard_tokens must be at least 1 (got {self.shard_tokens})")
+        if not 0 <= self.workers <= MOST_WORKERS:
+            raise ValueError(f"workers must be 0 (one per core) to {MOST_WORKERS} (got {self.workers})")
+        if not self.text_field:
+            raise ValueError("text_field must name a field")
 
 
 def data_root(data_dir):
     return Path(data_dir) if data_dir else PROJECT_DATA
-
-
-def shown(path):
-    """A path as text that prints and stores anywhere: bytes of the name that are not UTF-8 appear escaped (\\xff),
-    where str() would hold lone surrogates that no UTF-8 file or terminal takes."""
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
-
-
-def sha256_of(paths):
-    h = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(CHUNK_BYTES), b""):
-                h.update(block)
-    return h.hexdigest()
 
 
 def download_shakespeare(dest):
@@ -85,65 +84,10 @@ def download_shakespeare(dest):
         tmp = dest.with_suffix(".part")
         tmp.write_bytes(body)
         os.replace(tmp, dest)
-    digest = sha256_of([dest])
+    digest = sha256_of(dest)
     if digest != SHAKESPEARE_SHA256:
         raise UserError(f"{shown(dest)} is not the tinyshakespeare file (sha256 {digest}); delete it and run again")
     return dest
-
-
-def source_files(path):
-    """The documents to read: the file itself, or every file under a folder in sorted order. Only regular files:
-    prepare reads its input more than once (vocabulary, tokens, checksum), which a pipe cannot give, and its size
-    reads as 0."""
-    path = Path(path)
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-        if not files:
-            raise UserError(f"input folder {shown(path)} holds no files")
-        return files
-    try:
-        mode = path.stat().st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        raise UserError(f"input file not found: {shown(path)}") from None
-    except OSError as e:
-        raise UserError(f"could not read {shown(path)} ({e.strerror or e})") from None
-    if not stat.S_ISREG(mode):
-        kind = "a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
-        raise UserError(f"input {shown(path)} is {kind}, not a regular file: prepare reads its input more than "
-                        "once; save the text to a file and pass that")
-    return [path]
-
-
-def read_text(path, progress, cut=len):
-    """Yield the file's text in pieces of about CHUNK_BYTES, checking that it is UTF-8. Each piece ends where
-    cut(text) says, the rest carried to the next; where cut finds no place (0) the piece is cut at its end
-    anyway, so memory stays bounded however long the lines are."""
-    utf8 = codecs.getincrementaldecoder("utf-8")()
-    carry, offset = "", 0
-    try:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(CHUNK_BYTES), b""):
-                if b"\x00" in block:
-                    raise UserError(f"{shown(path)} looks like a binary file (NUL byte at offset "
-                                    f"{offset + block.index(0)}), not UTF-8 text")
-                try:
-                    text = carry + utf8.decode(block)
-                except UnicodeDecodeError as e:
-                    raise UserError(f"{shown(path)} is not UTF-8 text: byte 0x{block[e.start]:02x} at offset "
-                                    f"{offset + e.start}") from None
-                offset += len(block)
-                progress.update(len(block))
-                at = cut(text) or len(text)
-                yield text[:at]
-                carry = text[at:]
-    except OSError as e:
-        raise UserError(f"could not read {shown(path)} ({e.strerror or e})") from None
-    try:
-        carry += utf8.decode(b"", final=True)
-    except UnicodeDecodeError:
-        raise UserError(f"{shown(path)} is not UTF-8 text: it ends in the middle of a character") from None
-    if carry:
-        yield carry
 
 
 def bpe_cut(text):
@@ -164,53 +108,8 @@ def progress_bar(files, desc):
     return tqdm(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True, desc=desc, disable=None)
 
 
-def corpus_chars(files):
-    chars = set()
-    with progress_bar(files, "vocabulary") as bar:
-        for path in files:
-            for text in read_text(path, bar):
-                chars.update(text)
-    return chars
-
-
-def encode_to_file(files, tok, dtype, out_path):
-    """Encode every document into one flat token file; BPE documents are separated by end-of-text."""
-    count = 0
-    eot = getattr(tok, "eot_token", None) if len(files) > 1 else None
-    cut = bpe_cut if tok.kind == "tiktoken" else len
-    with open(out_path, "wb") as out, progress_bar(files, "tokenizing") as bar:
-        for path in files:
-            for text in read_text(path, bar, cut):
-                ids = np.asarray(tok.encode(text), dtype=dtype)
-                out.write(ids.tobytes())
-                count += len(ids)
-            if eot is not None:
-                out.write(np.asarray([eot], dtype=dtype).tobytes())
-                count += 1
-    return count
-
-
-def split_tokens(all_path, outputs, dtype, n_tokens, val_fraction):
-    """Cut the token file in two: the head becomes the train file, the tail the val file."""
-    n_train = min(int(n_tokens * (1 - val_fraction)), n_tokens - 1)  # as nanoGPT: int(n * 0.9)
-    itemsize = np.dtype(dtype).itemsize
-    tokens = np.memmap(all_path, dtype=dtype, mode="r")
-    with open(outputs["val.bin"], "wb") as f:
-        for start in range(n_train, n_tokens, CHUNK_BYTES):
-            f.write(tokens[start:min(start + CHUNK_BYTES, n_tokens)].tobytes())
-    del tokens
-    os.truncate(all_path, n_train * itemsize)
-    os.replace(all_path, outputs["train.bin"])
-    return n_train, n_tokens - n_train
-
-
-OUTPUTS = ("train.bin", "val.bin", "meta.json")
-CURRENT, VERSIONS, LOCK = ".current", ".versions", ".prepare.lock"
-
-
 def prepare(cfg):
-    """Write data_dir/name/{train.bin,val.bin,meta.json}, replacing the dataset there as a whole; return the
-    folder and the metadata."""
+    """Write the dataset data_dir/name, replacing the one there as a whole; return the folder and the metadata."""
     out_dir = data_root(cfg.data_dir) / cfg.name
     if not cfg.input and cfg.name != "shakespeare_char":
         raise UserError("pass the text to prepare with --input=PATH")
@@ -220,116 +119,186 @@ def prepare(cfg):
         files = files or [download_shakespeare(out_dir / "input.txt")]
         if sum(f.stat().st_size for f in files) == 0:
             raise UserError(f"input {shown(cfg.input or files[0])} is empty")
-        version = new_version(out_dir)
+        work = work_folder(out_dir, settings_key(cfg, files))
+        remove_leftovers(out_dir, keep=work)
         try:
-            meta = write_dataset(cfg, files, version)
-            commit(out_dir, version)
-        finally:
-            remove_leftovers(out_dir)
+            meta = write_dataset(cfg, files, work)
+        except UserError:
+            shutil.rmtree(work, ignore_errors=True)  # bad input leaves nothing half-written behind
+            raise
+        except KeyboardInterrupt:
+            raise RunStopped("interrupted; run the same command again to continue where this prepare stopped") \
+                from None
+        commit(out_dir, work)
+        remove_leftovers(out_dir)
     return out_dir, meta
 
 
-def check_room(out_dir):
-    """out_dir is a folder (or can become one) and no folder stands where the dataset's files go; checked before
-    anything is written there."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"cannot write the dataset to {shown(out_dir)} (a file of that name is in the way)")
-    for name in OUTPUTS:
-        if (out_dir / name).is_dir():
-            raise UserError(f"{shown(out_dir / name)} is a folder where the dataset's {name} goes; "
-                            "move it out of the way")
+def settings_key(cfg, files):
+    """What makes a stopped prepare's work reusable: the same settings and the same source files, unchanged."""
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("data_dir", "name", "workers")}
+    stats = [(shown(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    return hashlib.sha256(json.dumps([settings, stats]).encode("utf-8")).hexdigest()[:16]
 
 
-def dataset_lock(out_dir):
-    """Hold the dataset folder's lock for the whole prepare: a second prepare of the same dataset stops at once
-    with one line instead of writing over the first one's files."""
-    return exclusive(out_dir / LOCK, f"cannot write the dataset to {shown(out_dir)}",
-                     lambda holder: f"{shown(out_dir)} is being prepared by another data/prepare.py{holder}; "
-                                    "wait for it to end or pick another --name")
+class Progress:
+    """A stopped prepare's saved state, in its work folder: where reading stopped, what the writers hold, the
+    vocabulary, the counts. Saved after the token files are flushed, so it never names more than is on disk."""
+
+    def __init__(self, work):
+        self.path = work / "state.json"
+        self.saved = json.loads(self.path.read_text(encoding="utf-8")) if self.path.is_file() else {}
+        self.last = time.monotonic()
+
+    def get(self, key, default=None):
+        return self.saved.get(key, default)
+
+    def save(self, **state):
+        self.saved.update(state)
+        tmp = self.path.with_name("state.json.tmp")
+        tmp.write_text(json.dumps(self.saved), encoding="utf-8")
+        os.replace(tmp, self.path)
+        self.last = time.monotonic()
+
+    def due(self):
+        return time.monotonic() - self.last >= SAVE_EVERY
 
 
-def new_version(out_dir):
-    """A new, empty folder under out_dir/.versions to hold one whole dataset."""
-    path = out_dir / VERSIONS / secrets.token_hex(8)
-    path.mkdir(parents=True)
-    return path
+def open_work(work):
+    """The work folder and its saved state: a stopped prepare's, to continue, or a fresh one."""
+    if work.is_dir() and not (work / "state.json").is_file():
+        shutil.rmtree(work)  # stopped before its first saved state: nothing to continue from
+    work.mkdir(parents=True, exist_ok=True)
+    progress = Progress(work)
+    if progress.get("position"):
+        file_index, _ = progress.get("position")
+        print(f"continuing the prepare that was stopped (at file {file_index + 1}, "
+              f"{sum(progress.get('docs', {}).values()):,} documents read)")
+    return progress
 
 
-def commit(out_dir, version):
-    """Make `version` the dataset readers find, in one step: with train.bin, val.bin and meta.json links through
-    .current, renaming a new .current into place swaps all three at once."""
-    link_names(out_dir)
-    point(out_dir / CURRENT, f"{VERSIONS}/{version.name}")
-    sync([out_dir])  # a prepare that returned stays done after a power cut
+def write_dataset(cfg, files, work):
+    """Tokenize the corpus into the work folder's token files and meta.json, flushed to disk before they can
+    become the dataset readers find; the metadata."""
+    progress = open_work(work)
+    by_document = any(kind_of(f) != "text" for f in files)
+    tok = choose_tokenizer(cfg, files, progress, by_document)
+    dtype = token_dtype(cfg, tok)
+    writers = {split: ShardWriter(work, split, dtype, cfg.shard_tokens, progress.get(split)) for split in ("train", "val")}
+    tally, docs = Tally(**progress.get("tally", {})), dict(progress.get("docs", {"train": 0, "val": 0}))
+    reader = Reader(cfg.text_field, cfg.skip_bad, cfg.val_fraction if by_document else None,
+                    bpe_cut if tok.kind == "tiktoken" else len, tally)
+    ends = separator(tok, files, by_document)
+    start = progress.get("position", [0, 0])
+    with progress_bar(files, "tokenizing") as bar:
+        for batch, ids in tokenized(batches(reader, files, start, bar), tok.to_meta(), cfg.workers or cores()):
+            shards = sum(len(w.done) for w in writers.values())
+            for piece, tokens in zip(batch, ids):
+                side = "val" if piece.val else "train"
+                writers[side].write(tokens)
+                if piece.ends_document:
+                    writers[side].write(ends(piece))
+                    docs[side] += 1
+            if progress.due() or sum(len(w.done) for w in writers.values()) > shards:
+                progress.save(position=batch[-1].position, tally=asdict(tally), docs=docs,
+                              **{split: w.state() for split, w in writers.items()})
+    check_documents(cfg, files, docs, tally, by_document)
+    if not by_document:
+        writers["train"].split_off(position_split(writers["train"].tokens(), cfg.val_fraction), writers["val"])
+    shards = {split: w.finish() for split, w in writers.items()}
+    return write_meta(cfg, files, work, tok, dtype, shards, docs, tally, by_document)
 
 
-def link_names(out_dir):
-    """Make train.bin, val.bin and meta.json links through .current without changing what a reader finds at any
-    moment. Files at those names (from a prepare before versions, or a copy that followed the links) are first
-    kept, by hard links, as a version of their own that .current points to."""
-    through = {name: f"{CURRENT}/{name}" for name in OUTPUTS}
-    if all(os.path.islink(out_dir / name) and os.readlink(out_dir / name) == to for name, to in through.items()):
-        return
-    kept = new_version(out_dir)
-    for name in OUTPUTS:
-        if (out_dir / name).is_file():
-            os.link(out_dir / name, kept / name)
-    current = out_dir / CURRENT
-    if current.is_dir() and not current.is_symlink():  # a copy made it a folder; the names above are kept
-        shutil.rmtree(current)
-    point(current, f"{VERSIONS}/{kept.name}")
-    for name, to in through.items():
-        point(out_dir / name, to)
+def cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def point(link, target):
-    """Make `link` a symbolic link to `target` in one step: a new link renamed over the name."""
-    tmp = link.with_name(f"{link.name}.tmp")
-    tmp.unlink(missing_ok=True)  # left by a prepare killed here
-    os.symlink(target, tmp)
-    os.replace(tmp, link)
+def batches(reader, files, start, bar):
+    """Lists of Pieces of about BATCH_CHARS of text, from file start[0] at position start[1] on; each Piece's
+    position becomes [file index, position in that file]."""
+    batch, size = [], 0
+    bar.update(sum(f.stat().st_size for f in files[:start[0]]))
+    for index in range(start[0], len(files)):
+        for piece in reader.pieces(files[index], start[1] if index == start[0] else 0, bar):
+            piece.position = [index, piece.position]
+            batch.append(piece)
+            size += len(piece.text)
+            if size >= BATCH_CHARS:
+                yield batch
+                batch, size = [], 0
+    if batch:
+        yield batch
 
 
-def remove_leftovers(out_dir):
-    """Delete every version but the one readers find (older datasets, and what failed or killed prepares left),
-    and any half-made link."""
-    current = os.path.realpath(out_dir / CURRENT)
-    for version in (out_dir / VERSIONS).iterdir():
-        if os.path.realpath(version) != current:
-            shutil.rmtree(version)
-    for name in (CURRENT, *OUTPUTS):
-        (out_dir / f"{name}.tmp").unlink(missing_ok=True)
+def choose_tokenizer(cfg, files, progress, by_document):
+    """The tokenizer; char-level, its vocabulary is every character of the corpus (one pass over it, kept in the
+    saved state so a continued prepare does not read it twice)."""
+    if cfg.tokenizer != "char":
+        return make_tokenizer(cfg.tokenizer)
+    chars = progress.get("vocab")
+    if chars is None:
+        seen = set(CHAR_SEPARATOR) if by_document else set()
+        reader = Reader(cfg.text_field, cfg.skip_bad)
+        with progress_bar(files, "vocabulary") as bar:
+            for path in files:
+                for piece in reader.pieces(path, 0, bar):
+                    seen.update(piece.text)
+        chars = "".join(sorted(seen))
+        progress.save(vocab=chars)
+    return make_tokenizer("char", chars)
 
 
-def sync(paths):
-    """Flush files or folders to disk (fsync)."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def write_dataset(cfg, files, version):
-    """Tokenize files into the version folder's train.bin, val.bin and meta.json, flushed to disk before they
-    can become the dataset readers find; the metadata."""
-    tok = make_tokenizer(cfg.tokenizer, corpus_chars(files) if cfg.tokenizer == "char" else None)
+def token_dtype(cfg, tok):
     dtype = cfg.dtype if cfg.dtype != "auto" else "uint16" if tok.vocab_size <= TOKEN_DTYPES["uint16"] else "uint32"
     if tok.vocab_size > TOKEN_DTYPES[dtype]:
         raise UserError(f"the vocabulary has {tok.vocab_size:,} tokens, more than {dtype} holds "
                         f"({TOKEN_DTYPES[dtype]:,}); use --dtype=uint32 or --dtype=auto")
-    all_path, outputs = version / "all.bin", {name: version / name for name in OUTPUTS}
-    n_tokens = encode_to_file(files, tok, dtype, all_path)
+    return dtype
+
+
+def separator(tok, files, by_document):
+    """The tokens after each document: BPE's end-of-text (as nanoGPT), where the corpus has more than one
+    document; char-level, a blank line after each record (a text file ends as it ends)."""
+    if tok.kind == "tiktoken":
+        eot = [tok.eot_token] if by_document or len(files) > 1 else []
+        return lambda piece: eot
+    blank = tok.encode(CHAR_SEPARATOR) if by_document else []
+    return lambda piece: blank if piece.record else []
+
+
+def check_documents(cfg, files, docs, tally, by_document):
+    """A corpus with documents in it, and (split by document) some in each split."""
+    source = shown(cfg.input or files[0])
+    if not sum(docs.values()):
+        raise UserError(f"input {source} holds no documents ({tally.empty:,} empty, {tally.bad:,} skipped as bad)")
+    if by_document and not all(docs.values()):
+        empty = "val" if not docs["val"] else "train"
+        raise UserError(f"none of the {sum(docs.values()):,} documents of {source} fell in the {empty} split "
+                        f"(val_fraction {cfg.val_fraction}, each document's side set by its hash); "
+                        "a corpus split by document needs more documents")
+
+
+def position_split(n_tokens, val_fraction):
+    """How many tokens go to train when the tail is val, as nanoGPT: int(n * 0.9)."""
     if n_tokens < 2:
         raise UserError(f"input has only {n_tokens} token(s): too little text to split into train and val")
-    n_train, n_val = split_tokens(all_path, outputs, dtype, n_tokens, cfg.val_fraction)
-    meta = dict(tok.to_meta(), vocab_size=tok.vocab_size, dtype=dtype, train_tokens=n_train, val_tokens=n_val,
-                train_sha256=sha256_of([outputs["train.bin"]]), val_sha256=sha256_of([outputs["val.bin"]]),
-                source=shown(cfg.input or files[0]), source_sha256=sha256_of(files))
+    return min(int(n_tokens * (1 - val_fraction)), n_tokens - 1)
+
+
+def write_meta(cfg, files, work, tok, dtype, shards, docs, tally, by_document):
+    """meta.json: the tokenizer, the token files with their counts and checksums, what was read and passed over."""
+    meta = dict(tok.to_meta(), vocab_size=tok.vocab_size, dtype=dtype,
+                train_tokens=sum(s["tokens"] for s in shards["train"]),
+                val_tokens=sum(s["tokens"] for s in shards["val"]),
+                train_shards=shards["train"], val_shards=shards["val"],
+                split="by document" if by_document else "by position", documents=sum(docs.values()),
+                **({"val_documents": docs["val"]} if by_document else {}),
+                skipped={"empty": tally.empty, "bad": tally.bad}, source=shown(cfg.input or files[0]),
+                sources=[{"path": shown(f), "bytes": f.stat().st_size, "mtime": f.stat().st_mtime} for f in files])
     meta["sha256"] = meta_checksum(meta)
-    outputs["meta.json"].write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    sync([*outputs.values(), version, version.parent])
+    (work / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    (work / "state.json").unlink(missing_ok=True)
+    sync([*(work / s["file"] for split in shards.values() for s in split), work / "meta.json", work, work.parent])
     return meta
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gptkit.corpus import CHUNK_BYTES, TOKEN_DTYPES, data_root, meta_checksum
+from gptkit.corpus import TOKEN_DTYPES, data_root, meta_checksum
+from gptkit.versions import DATASET_FILE
 from gptkit.errors import UserError, first_line
 from gptkit.tokenizer import tokenizer_from_meta
 
@@ -61,38 +62,91 @@ def check_meta(meta, path):
             raise UserError(f"{path}: vocab_size is {vocab} but the vocabulary has {len(chars)} characters; {again}")
     elif meta["tokenizer"] != "tiktoken" or not isinstance(meta.get("encoding"), str):
         raise UserError(f"{path}: tokenizer must be 'char' or 'tiktoken' with an encoding name; {again}")
+    for name in ("train", "val"):
+        check_shards(meta, name, path, again)
     if "sha256" in meta and meta["sha256"] != meta_checksum(meta):
         raise UserError(f"{path} is damaged or was edited: it does not match its checksum; {again}")
 
 
+def check_shards(meta, name, path, again):
+    """A split's list of token files, where meta.json has one: plain file names of this split, token counts
+    that add up to the split's, checksums as text."""
+    shards = meta.get(f"{name}_shards")
+    if shards is None:
+        return
+    fine = isinstance(shards, list) and shards and all(
+        isinstance(s, dict) and isinstance(s.get("file"), str) and DATASET_FILE.fullmatch(s["file"])
+        and s["file"].startswith(name) and type(s.get("tokens")) is int and s["tokens"] >= 0
+        and isinstance(s.get("sha256"), str) for s in shards)
+    if not fine:
+        raise UserError(f"{path}: '{name}_shards' must list the split's token files, each with its file, tokens "
+                        f"and sha256; {again}")
+    if sum(s["tokens"] for s in shards) != meta.get(f"{name}_tokens"):
+        raise UserError(f"{path}: the {name} shards hold {sum(s['tokens'] for s in shards):,} tokens, but "
+                        f"{name}_tokens says {meta.get(f'{name}_tokens')!r}; {again}")
+
+
 class Split:
-    """One split's tokens on disk, checked once when opened (size, token ids within the vocabulary, and the
-    checksum and count the metadata gives) and opened afresh per read so the memmap never pins memory."""
+    """One split's tokens on disk: its token file, or its shards read as one stream, each checked once when
+    opened (size, token ids within the vocabulary, the checksum and count the metadata gives) and mapped afresh
+    per read so the memmaps never pin memory however many tokens a run reads."""
 
     def __init__(self, folder, name, meta, block_size):
         self.path = Path(folder) / f"{name}.bin"
         self.dtype = np.dtype(meta["dtype"])
-        self.length, self.identity = check_tokens(self.path, self.dtype, meta, name)
+        self.shards = [Shard(Path(folder) / s["file"], self.dtype, s, meta["vocab_size"])
+                       for s in shards_of(meta, name)]
+        self.starts = np.cumsum([0] + [shard.length for shard in self.shards])
+        self.length = int(self.starts[-1])
         if self.length < block_size + 1:
-            raise UserError(f"{self.path} has {self.length} tokens, fewer than block_size + 1 = {block_size + 1}; "
-                            "use a smaller --block_size or more text")
+            raise UserError(f"{self.path if len(self.shards) == 1 else f'the {name} split'} has {self.length} "
+                            f"tokens, fewer than block_size + 1 = {block_size + 1}; use a smaller --block_size or "
+                            "more text")
         self.block_size = block_size
 
     def batch(self, offsets, device):
-        tokens = self.tokens()
-        rows = tokens[offsets.numpy()[:, None] + np.arange(self.block_size + 1)].astype(np.int64)
-        xy = torch.from_numpy(rows)
+        span = np.arange(self.block_size + 1)
+        if len(self.shards) == 1:
+            rows = self.shards[0].tokens()[offsets.numpy()[:, None] + span]
+        else:
+            rows = np.stack([self.window(int(o)) for o in offsets])
+        xy = torch.from_numpy(rows.astype(np.int64))
         if device.startswith("cuda"):
             xy = xy.pin_memory().to(device, non_blocking=True)
         else:
             xy = xy.to(device)
         return xy[:, :-1], xy[:, 1:]
 
+    def window(self, start):
+        """block_size + 1 tokens from `start` in the split's stream, across the end of a shard if need be."""
+        stop, parts = start + self.block_size + 1, []
+        k = int(np.searchsorted(self.starts, start, side="right")) - 1
+        while start < stop:
+            first, tokens = int(self.starts[k]), self.shards[k].tokens()
+            take = min(stop, int(self.starts[k + 1])) - start
+            parts.append(np.asarray(tokens[start - first:start - first + take]))
+            start, k = start + take, k + 1
+        return np.concatenate(parts)
+
     def random_offsets(self, batch_size, generator):
         return torch.randint(self.length - self.block_size, (batch_size,), generator=generator)
 
+
+def shards_of(meta, name):
+    """A split's token files as meta.json lists them; a dataset from before shards has one, {name}.bin."""
+    return meta.get(f"{name}_shards") or [{"file": f"{name}.bin", "tokens": meta.get(f"{name}_tokens"),
+                                           "sha256": meta.get(f"{name}_sha256")}]
+
+
+class Shard:
+    """One token file of a split."""
+
+    def __init__(self, path, dtype, listed, vocab_size):
+        self.path, self.dtype = path, dtype
+        self.length, self.identity = check_tokens(path, dtype, listed, vocab_size)
+
     def tokens(self):
-        """The split's tokens, mapped afresh, from the very file checked when the split was opened. Another file
+        """The file's tokens, mapped afresh, from the very file checked when the split was opened. Another file
         there (the dataset prepared again while this process reads it) or the same one rewritten would give
         windows past its end, or text the run was not started on: either ends the run with one line."""
         try:
@@ -110,9 +164,9 @@ def file_identity(stat):
     return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
-def check_tokens(path, dtype, meta, name):
-    """The number of tokens in a split file and the file's identity, after one pass over it that checks what the
-    metadata says of it."""
+def check_tokens(path, dtype, listed, vocab_size):
+    """The number of tokens in a token file and the file's identity, after one pass over it that checks what the
+    metadata lists of it (its token count and checksum, where given)."""
     again = "run data/prepare.py for this dataset again"
     if not path.is_file():
         raise UserError(f"{path} {'is a folder' if path.is_dir() else 'not found'}; {again}")
@@ -123,17 +177,17 @@ def check_tokens(path, dtype, meta, name):
             if stat.st_size % dtype.itemsize:
                 raise UserError(f"{path} has {stat.st_size:,} bytes, not a whole number of {dtype.name} tokens; "
                                 f"{again}")
-            for block in iter(lambda: f.read(CHUNK_BYTES), b""):
+            for block in iter(lambda: f.read(1 << 20), b""):
                 sha.update(block)
                 largest = max(largest, int(np.frombuffer(block, dtype=dtype).max()))
     except OSError as e:
         raise UserError(f"could not read {path} ({e.strerror or e})") from None
     length = stat.st_size // dtype.itemsize
-    if length != meta.get(f"{name}_tokens", length):
-        raise UserError(f"{path} has {length:,} tokens, meta.json says {meta[f'{name}_tokens']!r}; {again}")
-    if largest >= meta["vocab_size"]:
-        raise UserError(f"{path} holds token id {largest}, outside the vocabulary of {meta['vocab_size']}; {again}")
-    if sha.hexdigest() != meta.get(f"{name}_sha256", sha.hexdigest()):
+    if listed.get("tokens") is not None and length != listed["tokens"]:
+        raise UserError(f"{path} has {length:,} tokens, meta.json says {listed['tokens']!r}; {again}")
+    if largest >= vocab_size:
+        raise UserError(f"{path} holds token id {largest}, outside the vocabulary of {vocab_size}; {again}")
+    if listed.get("sha256") is not None and sha.hexdigest() != listed["sha256"]:
         raise UserError(f"{path} is damaged: its contents do not match the checksum in meta.json; {again}")
     return length, file_identity(stat)
 

@@ -168,7 +168,7 @@ OUT_OF_RANGE = {
     "SampleConfig": {"num_samples": [0], "max_new_tokens": [-1], "temperature": [-0.1], "top_k": [-1],
                      "top_p": [0, 1.5], "seed": [-1, 2 ** 31], "threads": [-1]},
     "PlotConfig": {"dpi": [19, 601, 0]},
-    "PrepareConfig": {"val_fraction": [0, 1, -0.5]},
+    "PrepareConfig": {"val_fraction": [0, 1, -0.5], "shard_tokens": [0, -1], "workers": [-1, 513]},
     "ExportConfig": {},
     "SampleBenchConfig": {**dict.fromkeys(["n_head", "n_embd", "block_size", "vocab_size", "max_new_tokens",
                                            "batch_size", "repeats"], [0]), "n_layer": [-1],

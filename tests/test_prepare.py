@@ -1,7 +1,6 @@
 """Corpus preparation: token files and metadata that round-trip, dtype choice, the download (from a local
 server: tests never touch the network), one-line CLI errors."""
 
-import hashlib
 import http.server
 import json
 import os
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, SHARED_TIKTOKEN, assert_one_error_line, check_ok, make_text, run_script
-from gptkit import corpus
+from gptkit import corpus, sources
 from gptkit.corpus import PrepareConfig, prepare
 from gptkit.errors import UserError
 from gptkit.tokenizer import tokenizer_from_meta
@@ -46,7 +45,8 @@ def test_char_round_trip(prepared, corpus_file, corpus_text):
     assert meta["vocab_size"] == len(set(corpus_text))
     assert "é" in meta["vocab"] and "—" in meta["vocab"]
     assert meta["dtype"] == "uint16"
-    assert meta["source_sha256"] == hashlib.sha256(corpus_file.read_bytes()).hexdigest()
+    assert [(s["path"], s["bytes"]) for s in meta["sources"]] == [(str(corpus_file), corpus_file.stat().st_size)]
+    assert meta["split"] == "by position" and meta["documents"] == 1
     n = len(corpus_text)
     assert meta["train_tokens"] == int(n * 0.9)
     assert meta["val_tokens"] == n - int(n * 0.9)
@@ -306,8 +306,9 @@ def test_make_text_is_deterministic():
 
 def test_prepare_streams_text_without_line_breaks(tmp_path, monkeypatch):
     """Memory follows the chunk size, not the line length: a file with no newline at all is read in pieces of
-    about CHUNK_BYTES, and the pieces put together are the text."""
-    monkeypatch.setattr(corpus, "CHUNK_BYTES", 1000)
+    about CHUNK_BYTES, and the pieces put together are the text. Each piece's position is where reading starts
+    again for the rest of the text (a stopped prepare continues from there)."""
+    monkeypatch.setattr(sources, "CHUNK_BYTES", 1000)
     text = "abcdefghij" * 5000 + " é" * 3000
     path = tmp_path / "long.txt"
     path.write_text(text, encoding="utf-8")
@@ -317,8 +318,12 @@ def test_prepare_streams_text_without_line_breaks(tmp_path, monkeypatch):
             pass
 
     for cut in (len, corpus.bpe_cut):
-        pieces = list(corpus.read_text(path, Bar(), cut))
-        assert "".join(pieces) == text and max(map(len, pieces)) <= 2000
+        pieces = list(sources.read_text(path, 0, Bar(), cut))
+        assert "".join(p for p, _, _ in pieces) == text and max(len(p) for p, _, _ in pieces) <= 2000
+        assert [last for _, _, last in pieces] == [False] * (len(pieces) - 1) + [True]
+        for i, (_, position, _) in enumerate(pieces[:-1]):
+            rest = "".join(p for p, _, _ in sources.read_text(path, position, Bar(), cut))
+            assert rest == "".join(p for p, _, _ in pieces[i + 1:])
 
 
 def test_bpe_pieces_encode_to_the_tokens_of_the_whole(tiktoken_cache, monkeypatch):

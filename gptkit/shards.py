@@ -1,0 +1,141 @@
+"""
+Token files too big for one piece: a split is written as shards (train_000.bin, train_001.bin, ...) of a fixed
+number of tokens, one after another, and read back as one stream. A split that fits in one shard is the
+single file it always was (train.bin).
+
+Tokenizing runs on every core, in processes: tiktoken's own threads gained little here (measured on 2 cores:
+8.8 MB/s with one thread, 9.3 with two, 12.3 with two processes).
+"""
+
+import hashlib
+import os
+import signal
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+from gptkit.tokenizer import tokenizer_from_meta
+
+CHUNK_TOKENS = 1 << 20
+
+
+class ShardWriter:
+    """One split's tokens, appended into shards of shard_tokens each. The shard being filled is a .part file,
+    renamed to its name once full and flushed; state() flushes too, so a saved state (the finished shards'
+    token counts and the part's length) names exactly what is on disk to continue from."""
+
+    def __init__(self, folder, split, dtype, shard_tokens, state=None):
+        self.folder, self.split, self.dtype, self.shard_tokens = folder, split, np.dtype(dtype), shard_tokens
+        self.done = list(state["done"]) if state else []
+        self.part = state["part"] if state else 0
+        self.file = open(self.path(len(self.done), ".part"), "ab")
+        self.file.truncate(self.part * self.dtype.itemsize)  # what was written after the saved state goes
+
+    def path(self, k, suffix=""):
+        return self.folder / f"{self.split}_{k:03d}.bin{suffix}"
+
+    def write(self, ids):
+        ids = np.asarray(ids, dtype=self.dtype)
+        while len(ids):
+            take = ids[:self.shard_tokens - self.part]
+            self.file.write(take.tobytes())
+            self.part += len(take)
+            ids = ids[len(take):]
+            if self.part == self.shard_tokens:
+                self.close_shard()
+
+    def close_shard(self):
+        self.flush()
+        self.file.close()
+        os.replace(self.path(len(self.done), ".part"), self.path(len(self.done)))
+        self.done.append(self.part)
+        self.part = 0
+        self.file = open(self.path(len(self.done), ".part"), "ab")
+
+    def flush(self):
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def state(self):
+        self.flush()
+        return {"done": list(self.done), "part": self.part}
+
+    def tokens(self):
+        return sum(self.done) + self.part
+
+    def split_off(self, keep, other):
+        """Keep the first `keep` tokens; write the rest to `other` (a ShardWriter), in order."""
+        if self.part:
+            self.close_shard()
+        start = 0
+        for k, n in enumerate(self.done):
+            if start + n > keep:
+                tokens = np.memmap(self.path(k), dtype=self.dtype, mode="r")
+                for i in range(max(0, keep - start), n, CHUNK_TOKENS):
+                    other.write(tokens[i:min(i + CHUNK_TOKENS, n)])
+                del tokens
+            start += n
+        start, kept = 0, []
+        for k, n in enumerate(self.done):
+            if start >= keep:
+                self.path(k).unlink()
+            else:
+                kept.append(min(n, keep - start))
+                os.truncate(self.path(k), kept[-1] * self.dtype.itemsize)
+            start += n
+        self.done = kept
+
+    def finish(self):
+        """Close the last shard and name them: `train.bin` where one shard holds the split. The shards, each
+        {file, tokens, sha256}."""
+        if self.part or not self.done:
+            self.close_shard()
+        self.file.close()
+        self.path(len(self.done), ".part").unlink()
+        names = [f"{self.split}.bin"] if len(self.done) == 1 else [self.path(k).name for k in range(len(self.done))]
+        if len(self.done) == 1:
+            os.replace(self.path(0), self.folder / names[0])
+        return [{"file": name, "tokens": n, "sha256": sha256_of(self.folder / name)}
+                for name, n in zip(names, self.done)]
+
+
+def sha256_of(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+ENCODER = {}
+
+
+def start_worker(tokenizer_meta):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle, once
+    ENCODER["tok"] = tokenizer_from_meta(tokenizer_meta)
+
+
+def encode_texts(texts):
+    tok = ENCODER["tok"]
+    return [np.asarray(tok.encode(text), dtype=np.uint32) for text in texts]
+
+
+def tokenized(batches, tokenizer_meta, workers):
+    """Yield (batch, its texts' token arrays) for each batch (a list of Pieces), in order, encoded by `workers`
+    processes with a few batches in flight, so memory stays bounded however long the corpus is."""
+    if workers <= 1:
+        ENCODER["tok"] = tokenizer_from_meta(tokenizer_meta)
+        for batch in batches:
+            yield batch, encode_texts([p.text for p in batch])
+        return
+    with ProcessPoolExecutor(workers, initializer=start_worker, initargs=(tokenizer_meta,)) as pool:
+        flight = deque()
+        for batch in batches:
+            flight.append((batch, pool.submit(encode_texts, [p.text for p in batch])))
+            if len(flight) > 2 * workers:
+                done, future = flight.popleft()
+                yield done, future.result()
+        while flight:
+            done, future = flight.popleft()
+            yield done, future.result()
