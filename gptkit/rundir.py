@@ -77,19 +77,26 @@ class RunDir:
         or with which='latest' the latest state."""
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"out_dir {self.path} is a file, not a run folder")
-        if which == "latest":
-            if not self.latest.exists():
-                raise UserError(f"no latest.pt in {self.path}; train there first with "
-                                f"`python train.py --out_dir={self.path}`")
-            return self.latest
         found = next((p for p in (self.best, self.legacy) if p.exists()), None)
+        if which == "latest":
+            if self.latest.exists():
+                return self.latest
+            if found:
+                raise UserError(f"no latest.pt in {self.path}, only {found.name}; leave out --checkpoint=latest "
+                                f"to use {found.name}")
+            raise UserError(f"no latest.pt in {self.path}; {self.train_first()}")
         if found:
             return found
         if self.latest.exists():
             raise UserError(f"no best.pt in {self.path} yet (the run has not finished an evaluation); "
                             "use its latest state with --checkpoint=latest")
-        raise UserError(f"no checkpoint in {self.path} (no best.pt or ckpt.pt); train one first with "
-                        f"`python train.py --out_dir={self.path}`")
+        raise UserError(f"no checkpoint in {self.path} (no best.pt or ckpt.pt); {self.train_first()}")
+
+    def train_first(self):
+        """The hint for a folder no run has saved a state in: a command with out_dir alone would train the
+        bare defaults, and a folder that nothing was saved in does not say which config was meant."""
+        return (f"train one first with `python train.py CONFIG --out_dir={self.path}`, CONFIG being the config "
+                "file of the run you meant to train there (e.g. config/shakespeare_char.py)")
 
 
 def load_model(out_dir, device, which="best"):

@@ -105,7 +105,15 @@ CASES = {
                                   "out_dir)"),
     "sample without checkpoint": ("sample", ["--out_dir={w}/none"],
                                   "error: no checkpoint in {w}/none (no best.pt or ckpt.pt); train one first with "
-                                  "`python train.py --out_dir={w}/none`"),
+                                  "`python train.py CONFIG --out_dir={w}/none`, CONFIG being the config file of the "
+                                  "run you meant to train there (e.g. config/shakespeare_char.py)"),
+    "sample latest without checkpoint": ("sample", ["--out_dir={w}/none", "--checkpoint=latest"],
+                                         "error: no latest.pt in {w}/none; train one first with `python train.py "
+                                         "CONFIG --out_dir={w}/none`, CONFIG being the config file of the run you "
+                                         "meant to train there (e.g. config/shakespeare_char.py)"),
+    "sample latest with best only": ("sample", ["--out_dir={w}/bestonly", "--checkpoint=latest"],
+                                     "error: no latest.pt in {w}/bestonly, only best.pt; leave out "
+                                     "--checkpoint=latest to use best.pt"),
     "sample before any evaluation": ("sample", ["--out_dir={w}/latestonly"],
                                      "error: no best.pt in {w}/latestonly yet (the run has not finished an "
                                      "evaluation); use its latest state with --checkpoint=latest"),
@@ -453,8 +461,9 @@ def make_inputs(w, data_dir):
     torch.save({k: v for k, v in ckpt.items() if k not in ("model_args", "optimizer")}, w / "nokeys" / "ckpt.pt")
     (w / "newer").mkdir()
     torch.save(dict(ckpt, model_args=dict(ckpt["model_args"], flash_kernels=True)), w / "newer" / "ckpt.pt")
-    (w / "latestonly").mkdir()
-    shutil.copy(t / "latest.pt", w / "latestonly" / "latest.pt")
+    for name, kept in [("latestonly", "latest.pt"), ("bestonly", "best.pt")]:
+        (w / name).mkdir()
+        shutil.copy(t / kept, w / name / kept)
     return t, ckpt
 
 
