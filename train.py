@@ -5,6 +5,7 @@ Train a GPT on a prepared dataset.
     python train.py config/shakespeare_char.py --device=cpu --max_iters=500
     python train.py config/shakespeare_char.py --init_from=resume      # continue the run in out_dir
     python train.py config/shakespeare_char.py --init_from=auto        # continue it if there is one, else start
+    python train.py config/shakespeare_char.py --processes=2           # two processes (DDP), as torchrun starts them
     torchrun --standalone --nproc_per_node=2 train.py config/shakespeare_char.py
 """
 
@@ -24,7 +25,7 @@ from gptkit.metrics import PROCESS_START, RunLog
 from gptkit.optim import lr_multiplier, set_lr
 from gptkit.resume import claim_for_a_new_run, continued_config
 from gptkit.rundir import RunDir
-from gptkit.runtime import Runtime, launched_rank
+from gptkit.runtime import Runtime, launch_processes, launched_rank, trains_here
 from gptkit.signals import StopSignals
 from gptkit.train_config import TrainConfig
 from gptkit.training import (build_training, eval_tokens, evaluate, evaluate_split, micro_steps_per_process,
@@ -187,8 +188,11 @@ def main(argv=None):
     # run as a command, the budget counts from the process's start (the interpreter's and torch's start-up
     # too); called with arguments, as tests do, from this call
     started = PROCESS_START if argv is None else time.time()
-    given = given_values(TrainConfig, sys.argv[1:] if argv is None else argv, prog="train.py")
+    argv = sys.argv[1:] if argv is None else argv
+    given = given_values(TrainConfig, argv, prog="train.py")
     cfg = make(TrainConfig, given)
+    if not trains_here(cfg.processes):
+        return launch_processes(cfg.processes, __file__, argv)  # each process runs this main with the same argv
     master = launched_rank() == 0
     with RunDir(cfg.out_dir).locked(writer=master) as run:
         note = print if master else lambda line: None

@@ -95,6 +95,7 @@ def resumed_config(ckpt, given, path):
     (config files or --key=value). The model's shape and the optimizer are the checkpoint's; giving another
     value is refused, naming the key."""
     saved = flatten(TrainConfig, ckpt["config"])
+    saved.pop("processes", None)  # how many this command started, not a setting of the run it continues
     saved.update(ckpt["model_args"])  # the model as built (a GPT-2 start takes its shape from the weights)
     for key in FIXED_ON_RESUME:
         if key in given and given[key] != saved.get(key):

@@ -1,11 +1,17 @@
-"""The run's processes and devices: which device and precision, one process or several under torchrun,
-the collectives they agree through, and compiling the model for them."""
+"""The run's processes and devices: which device and precision, one process or several (started by torchrun or
+by launch_processes), the collectives they agree through, and compiling the model for them."""
 
 import gc
+import logging
 import os
 import re
+import signal
+import sys
+import tempfile
 import traceback
+import uuid
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -62,6 +68,87 @@ def compile_blocks(model):
 def launched_rank():
     """This process's rank as torchrun set it (0 without torchrun), known before any process group exists."""
     return int(os.environ.get("RANK", 0))
+
+
+def trains_here(processes):
+    """Whether this process trains (alone, or as one of several that torchrun or launch_processes started),
+    rather than starting `processes` processes that do."""
+    if "RANK" not in os.environ:
+        return processes == 1
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if processes not in (1, world):
+        raise UserError(f"processes={processes}, but torchrun started {world} processes; under torchrun leave "
+                        "out --processes (or run `python train.py ... --processes=N` without torchrun)")
+    return True
+
+
+# the signals the launcher passes on to its processes: torch's launcher's own four, and SIGUSR1 (SLURM's warning
+# before a time limit), which would otherwise end the launcher alone and leave its processes running
+PASSED_ON = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1")
+SHUTDOWN_S = 30  # how long a stopped process has to finish its step and save before the launcher kills it
+
+
+def launch_processes(processes, script, argv):
+    """Run `python script argv` as `processes` processes on this machine, started as `torchrun --standalone`
+    starts them (torch's launcher, run in this process), and end as they ended, in one line: a stop signal is
+    passed on to them and ends this process with 128 + its number, a failed process with that process's status.
+    Their stdout is shown as they print it; their stderr when they end, rank 0's and any other rank's that says
+    something else, so that the line every rank prints when stopped is shown once."""
+    if not dist.is_available():
+        raise UserError("this torch build has no torch.distributed, so it cannot train in several processes; "
+                        "leave out --processes")
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    for name in list(logging.Logger.manager.loggerDict):  # its multi-line logs would repeat our one line
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    # each process its share of the cores (torchrun gives each one thread), unless the user said otherwise
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
+    handlers = {name: signal.getsignal(getattr(signal, name)) for name in PASSED_ON}
+    with tempfile.TemporaryDirectory(prefix="gptkit-processes-") as logs:
+        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=processes, run_id=str(uuid.uuid4()),
+                              rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+                              signals_to_handle=",".join(PASSED_ON), shutdown_timeout=SHUTDOWN_S,
+                              logs_specs=DefaultLogsSpecs(log_dir=logs, redirects=Std.ERR))
+        ranks, status, line = range(processes), 0, None
+        try:
+            elastic_launch(config, sys.executable)("-u", os.path.abspath(script), *argv)
+        except SignalException as e:
+            status = 128 + e.sigval
+            line = (f"stopped by {e.sigval.name}; the training processes ended without saying what they saved "
+                    f"(each has {SHUTDOWN_S} s to finish its step and save); continue from the latest state saved "
+                    "with --init_from=auto")
+        except ChildFailedError as e:
+            rank, failure = e.get_first_failure()  # the first to fail: the others were stopped because it failed
+            ranks, killed = [rank], failure.exitcode < 0
+            status = 128 - failure.exitcode if killed else failure.exitcode
+            line = f"training process {rank} of {processes} " + \
+                (f"was killed by {failure.signal_name()}" if killed else f"failed with exit status {status}")
+        finally:
+            for name, handler in handlers.items():  # torch's handlers would raise its exception from here on
+                signal.signal(getattr(signal, name), handler)
+        said = show_stderr(logs, ranks)
+    if status:
+        if not said:
+            print(f"error: {line}", file=sys.stderr)
+        raise SystemExit(status)  # its line is said, by a process or just above
+
+
+def show_stderr(logs, ranks):
+    """Print what the processes of these ranks wrote to stderr (under the launcher's log folder), a text
+    several wrote alike once; whether any of it was an `error: ...` line."""
+    shown = []
+    for rank in ranks:
+        path = next(iter(sorted(Path(logs).glob(f"*/attempt_*/{rank}/stderr.log"))), None)
+        text = path.read_text(encoding="utf-8", errors="replace") if path else ""
+        if text.strip() and text not in shown:
+            sys.stderr.write(text)
+            shown.append(text)
+    sys.stderr.flush()
+    return any(line.startswith("error: ") for text in shown for line in text.splitlines())
 
 
 class Runtime:

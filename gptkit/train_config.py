@@ -61,10 +61,11 @@ class TrainConfig:
     compile: bool = False  # torch.compile each transformer block
     attention_path: Literal["auto", "fused", "written", "folded"] = "auto"  # scaled/dot attention: measured or as named
     threads: int = 0  # torch CPU threads (0 = measured as it runs: 1 or torch's default, whichever steps faster)
+    processes: int = 1  # training processes on this machine (DDP); >1 starts them as torchrun --standalone does
 
     def __post_init__(self):
         require(self, ["eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps", "batch_size",
-                       "max_iters"], lambda v: v >= 1, "at least 1")
+                       "max_iters", "processes"], lambda v: v >= 1, "at least 1")
         require(self, ["warmup_iters", "lr_decay_iters", "threads", "learning_rate", "embedding_lr", "min_lr",
                        "muon_lr", "weight_decay", "muon_weight_decay", "grad_clip", "max_time", "final_eval_tokens"],
                 lambda v: v >= 0, "at least 0")

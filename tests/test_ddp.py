@@ -1,14 +1,21 @@
-"""Two CPU processes with DDP over gloo: the run finishes, rank 0 alone writes the checkpoint and metrics."""
+"""Two CPU processes with DDP over gloo: the run finishes, rank 0 alone writes the checkpoint and metrics; started by
+train.py itself (--processes=2), it ends in one line however it ends."""
 
+import os
+import re
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
-from conftest import REPO
+from conftest import REPO, Run, assert_one_error_line, train_cmd, wait_for_iteration
 from gptkit.checkpoint import load_checkpoint
+from gptkit.errors import UserError
 from gptkit.metrics import read_metrics
+from gptkit.runtime import trains_here
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="this torch build has no gloo backend")
@@ -41,6 +48,52 @@ def test_ddp_two_processes(data_dir, tmp_path):
     assert [r["iter"] for r in records if r["kind"] == "eval"] == [0, 3, 6]
     assert proc.stdout.count(f"iter {max_iters}:") == 1  # printed by rank 0 only
 
+
+# a run of two processes that goes on until it is stopped
+UNTIL_STOPPED = ["--processes=2", "--max_iters=1000000", "--eval_interval=1000000", "--eval_iters=2",
+                 "--log_interval=2", "--warmup_iters=1"]
+
+
+def test_sigterm_to_the_launcher_of_two_processes_is_one_line(data_dir, tmp_path):
+    """`python train.py --processes=2` starts its processes itself: SIGTERM to it (and to it alone) reaches both,
+    they save, and it ends with 143 and one line. (torchrun's own launcher ends with 1 and ~30 lines of its
+    traceback.) stderr is a file here, not a terminal."""
+    out = tmp_path / "out"
+    run = Run(train_cmd(data_dir, out, *UNTIL_STOPPED), tmp_path / "logs")
+    wait_for_iteration(run, out, 4)
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait() == 143, run.stderr
+    line = assert_one_error_line(run.stderr, "error: stopped by SIGTERM at iteration *")
+    assert line.endswith(f"; latest state saved to {out / 'latest.pt'}, continue with --init_from=auto"), line
+    assert load_checkpoint(out / "latest.pt")["iter_num"] == int(re.search(r"iteration (\d+);", line).group(1))
+
+
+def test_a_failure_every_process_meets_is_said_once(data_dir, tmp_path):
+    run = Run(train_cmd(data_dir, tmp_path / "out", "--processes=2", "--dataset=missing"), tmp_path / "logs")
+    assert run.wait() == 1
+    assert_one_error_line(run.stderr, f"error: dataset folder {data_dir / 'missing'} not found; *")
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the processes through Linux's /proc")
+def test_a_process_killed_under_the_launcher_is_named_in_one_line(data_dir, tmp_path):
+    out = tmp_path / "out"
+    run = Run(train_cmd(data_dir, out, *UNTIL_STOPPED), tmp_path / "logs")
+    wait_for_iteration(run, out, 2)
+    children = Path(f"/proc/{run.proc.pid}/task/{run.proc.pid}/children").read_text().split()
+    rank1 = next(pid for pid in children if "RANK=1" in Path(f"/proc/{pid}/environ").read_text().split("\0"))
+    os.kill(int(rank1), signal.SIGKILL)
+    assert run.wait() == 128 + signal.SIGKILL
+    assert_one_error_line(run.stderr, "error: training process 1 of 2 was killed by SIGKILL")
+
+
+def test_processes_under_torchrun_must_be_the_number_it_started(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    assert trains_here(1) and not trains_here(2)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert trains_here(1) and trains_here(2)  # as torchrun, or train.py's own launcher, started it
+    with pytest.raises(UserError, match=r"^processes=4, but torchrun started 2 processes; "):
+        trains_here(4)
 
 
 def test_nccl_without_cuda_is_one_line_before_any_process_group(monkeypatch):
