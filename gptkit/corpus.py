@@ -22,10 +22,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 from tqdm import tqdm
 
 from gptkit.errors import RunStopped, UserError
 from gptkit.shards import ShardWriter, sha256_of, tokenized
+from gptkit.signals import StopSignals
 from gptkit.sources import Reader, Tally, kind_of, shown, source_files
 from gptkit.tokenizer import make_tokenizer
 from gptkit.versions import check_room, commit, dataset_lock, remove_leftovers, sync, work_folder
@@ -121,17 +123,30 @@ def prepare(cfg):
             raise UserError(f"input {shown(cfg.input or files[0])} is empty")
         work = work_folder(out_dir, settings_key(cfg, files))
         remove_leftovers(out_dir, keep=work)
-        try:
-            meta = write_dataset(cfg, files, work)
-        except UserError:
-            shutil.rmtree(work, ignore_errors=True)  # bad input leaves nothing half-written behind
-            raise
-        except KeyboardInterrupt:
-            raise RunStopped("interrupted; run the same command again to continue where this prepare stopped") \
-                from None
+        with StopSignals() as stop:
+            stop.doing = "preparing"
+            meta = kept_or_cleared(lambda: write_dataset(cfg, files, work), work, out_dir)
         commit(out_dir, work)
         remove_leftovers(out_dir)
     return out_dir, meta
+
+
+def kept_or_cleared(write, work, out_dir):
+    """Run write(): stopped by a signal, its work is kept for the same command to continue; failed on bad input
+    or a full disk, nothing it wrote is left behind."""
+    try:
+        return write()
+    except RunStopped as e:
+        raise RunStopped(f"{e}; run the same command again to continue where this prepare stopped",
+                         e.exit_code - 128) from None
+    except KeyboardInterrupt:  # a second Ctrl-C
+        raise RunStopped("interrupted; run the same command again to continue where this prepare stopped") from None
+    except UserError:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    except OSError as e:  # reading errors are UserErrors already: this is the dataset's own writing
+        shutil.rmtree(work, ignore_errors=True)
+        raise UserError(f"could not write the dataset to {shown(out_dir)} ({e.strerror or e})") from None
 
 
 def settings_key(cfg, files):
@@ -170,6 +185,12 @@ def open_work(work):
         shutil.rmtree(work)  # stopped before its first saved state: nothing to continue from
     work.mkdir(parents=True, exist_ok=True)
     progress = Progress(work)
+    if progress.get("position") and not all(
+            ShardWriter.matches(work, split, np.dtype(progress.get("dtype")).itemsize, progress.get(split))
+            for split in ("train", "val")):
+        print("the stopped prepare's files do not match its saved state; starting again")
+        shutil.rmtree(work)
+        return open_work(work)
     if progress.get("position"):
         file_index, _ = progress.get("position")
         print(f"continuing the prepare that was stopped (at file {file_index + 1}, "
@@ -200,7 +221,7 @@ def write_dataset(cfg, files, work):
                     writers[side].write(ends(piece))
                     docs[side] += 1
             if progress.due() or sum(len(w.done) for w in writers.values()) > shards:
-                progress.save(position=batch[-1].position, tally=asdict(tally), docs=docs,
+                progress.save(position=batch[-1].position, tally=asdict(tally), docs=docs, dtype=dtype,
                               **{split: w.state() for split, w in writers.items()})
     check_documents(cfg, files, docs, tally, by_document)
     if not by_document:

@@ -10,6 +10,8 @@ Tokenizing runs on every core, in processes: tiktoken's own threads gained littl
 import hashlib
 import os
 import signal
+import threading
+import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 
@@ -29,8 +31,25 @@ class ShardWriter:
         self.folder, self.split, self.dtype, self.shard_tokens = folder, split, np.dtype(dtype), shard_tokens
         self.done = list(state["done"]) if state else []
         self.part = state["part"] if state else 0
-        self.file = open(self.path(len(self.done), ".part"), "ab")
+        k = len(self.done)
+        if not self.path(k, ".part").exists() and self.path(k).exists():
+            os.replace(self.path(k), self.path(k, ".part"))  # finished after the saved state: it continues
+        for later in folder.glob(f"{split}_*.bin*"):
+            if int(later.name[len(split) + 1:].split(".")[0]) > k:
+                later.unlink()
+        self.file = open(self.path(k, ".part"), "ab")
         self.file.truncate(self.part * self.dtype.itemsize)  # what was written after the saved state goes
+
+    @classmethod
+    def matches(cls, folder, split, itemsize, state):
+        """Whether a saved state's files are on disk as it says (they are, unless edited): every finished shard
+        of its size, and the part (or, finished since, its shard) at least as long as saved."""
+        sizes = [n * itemsize for n in state["done"]]
+        finished = [folder / f"{split}_{k:03d}.bin" for k in range(len(sizes) + 1)]
+        part = finished[-1].with_name(finished[-1].name + ".part")
+        part = part if part.exists() else finished[-1]
+        return (all(p.is_file() and p.stat().st_size == n for p, n in zip(finished, sizes))
+                and (state["part"] == 0 or part.is_file() and part.stat().st_size >= state["part"] * itemsize))
 
     def path(self, k, suffix=""):
         return self.folder / f"{self.split}_{k:03d}.bin{suffix}"
@@ -112,8 +131,17 @@ ENCODER = {}
 
 
 def start_worker(tokenizer_meta):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle, once
+    for signum in (signal.SIGINT, signal.SIGTERM):  # the main process's to handle, once; it ends the workers
+        signal.signal(signum, signal.SIG_IGN)
+    threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()
     ENCODER["tok"] = tokenizer_from_meta(tokenizer_meta)
+
+
+def exit_with_parent(parent):
+    """A worker whose prepare was killed (SIGKILL: no clean-up) would wait for work forever."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
 
 
 def encode_texts(texts):

@@ -59,6 +59,16 @@ def make_text(n_bytes=6000, seed=0):
 
 
 @pytest.fixture
+def tiktoken_cache(monkeypatch):
+    """GPT-2's BPE offline, from the shared cache of r50k_base (the same ranks as gpt2): the environment that
+    points tiktoken there, also set for this test and the scripts it runs."""
+    if not (SHARED_TIKTOKEN / "0ea1e91bbb3a60f729a8dc8f777fd2fc07cd8df4").is_file():
+        pytest.skip(f"no cached r50k_base encoding at {SHARED_TIKTOKEN} (and no network to fetch it)")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(SHARED_TIKTOKEN))
+    return {"TIKTOKEN_CACHE_DIR": str(SHARED_TIKTOKEN)}
+
+
+@pytest.fixture
 def corpus_text():
     return make_text()
 

@@ -16,7 +16,7 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from conftest import REPO, SHARED_TIKTOKEN, check_ok, make_text, run_script
+from conftest import REPO, check_ok, make_text, run_script
 from gptkit.errors import UserError
 from gptkit.hf_interop import load_pretrained
 from model import GPT, GPTConfig
@@ -50,14 +50,6 @@ def all_logits(model, idx):
 def hf_logits(model, idx):
     with torch.no_grad():
         return model(idx).logits
-
-
-@pytest.fixture
-def tiktoken_cache(monkeypatch):
-    if not SHARED_TIKTOKEN.is_dir():
-        pytest.skip(f"needs the r50k_base tiktoken cache at {SHARED_TIKTOKEN} (no network in tests)")
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(SHARED_TIKTOKEN))
-    return {"TIKTOKEN_CACHE_DIR": str(SHARED_TIKTOKEN)}
 
 
 # ----------------------------------------------------------------------------- import

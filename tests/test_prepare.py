@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import REPO, SHARED_TIKTOKEN, assert_one_error_line, check_ok, make_text, run_script
+from conftest import REPO, assert_one_error_line, check_ok, make_text, run_script
 from gptkit import corpus, sources
 from gptkit.corpus import PrepareConfig, prepare
 from gptkit.errors import UserError
@@ -101,14 +101,6 @@ def test_uint32_when_vocab_exceeds_uint16(tmp_path):
     assert ids.max() > 65535  # ids that a uint16 file would have wrapped
     train_text, val_text = decode_all(out_dir, meta)
     assert train_text + val_text == text
-
-
-@pytest.fixture
-def tiktoken_cache(monkeypatch):
-    if not (SHARED_TIKTOKEN / "0ea1e91bbb3a60f729a8dc8f777fd2fc07cd8df4").is_file():
-        pytest.skip(f"no cached r50k_base encoding at {SHARED_TIKTOKEN} (and no network to fetch it)")
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(SHARED_TIKTOKEN))
-    return SHARED_TIKTOKEN
 
 
 def test_bpe_round_trip(tmp_path, tiktoken_cache, corpus_file, corpus_text):
