@@ -51,6 +51,8 @@ def decode_steps(model, idx, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
         if idx.size(1) - start > window:
             start = idx.size(1) - max(1, window // 2)  # block_size 1 keeps 1 token
             cache = None
+        if start:  # tokens before the window are never read again: kept, each step's cat would copy them all
+            idx, start = idx[:, start:], 0
         if not kv_cache:
             logits, _ = model(idx[:, start:])
         elif cache is None:

@@ -114,6 +114,23 @@ def test_window_slides_by_half_a_block(pos_emb, kv_cache):
         assert [fed for _, fed in calls if fed > 1] == [3, 8, 8, 8]
 
 
+@pytest.mark.parametrize("kv_cache", [True, False])
+def test_decoding_holds_only_the_window_however_many_tokens(monkeypatch, kv_cache):
+    """The tokens before the window are dropped: a huge --max_new_tokens streams in bounded memory, each step as
+    fast as the first (it grew a tensor of every token so far and copied it at each step)."""
+    widths, cat = [], torch.cat
+
+    def spy(tensors, dim=0, **kwargs):
+        if dim == 1 and tensors[0].dtype == torch.long:  # the running context, with the new token
+            widths.append(tensors[0].size(1))
+        return cat(tensors, dim=dim, **kwargs)
+
+    monkeypatch.setattr(torch, "cat", spy)
+    steps = decoding.generate_stream(tiny_model(), prompt_tokens(40), 200, kv_cache=kv_cache, temperature=0.0)
+    assert sum(1 for _ in steps) == 200
+    assert len(widths) == 200 and max(widths) <= 16
+
+
 def test_same_seed_same_text_and_batch_rows_differ():
     model = tiny_model(sharpen=1.0)
     idx = prompt_tokens(4, batch=4)
