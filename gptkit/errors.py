@@ -85,7 +85,9 @@ def failed_allocation(e):
     torch = sys.modules.get("torch")  # only torch raises its own kind, and then it has been imported
     ran_out = isinstance(e, MemoryError) or torch is not None and isinstance(e, torch.OutOfMemoryError)
     message = str(e)
-    if not ran_out and not any(s in message for s in ("can't allocate memory", "out of memory", "std::bad_alloc")):
+    # (a size whose byte count overflows 64 bits fails before any allocator is asked: no memory holds it either)
+    if not ran_out and not any(s in message for s in ("can't allocate memory", "out of memory", "std::bad_alloc",
+                                                      "Storage size calculation overflowed")):
         return None
     m = ALLOCATION.search(message)
     return float(m.group(1)) * 1024 ** UNITS.index(m.group(2)) if m else 0

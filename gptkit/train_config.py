@@ -10,6 +10,14 @@ from gptkit.runtime import check_device_name
 from model import GPTConfig
 
 
+# Evaluation windows are drawn before the first step and held for the run, each batch's as a tensor of its own
+# (about 0.6 KB) and each window's offset in it (8 bytes): these bounds keep them under about 60 and 80 MB per
+# split, and an evaluation of this many batches already takes minutes on the smallest model. A whole split is
+# scored once at the end anyway (final_eval_tokens).
+MAX_EVAL_ITERS = 100_000
+MAX_EVAL_WINDOWS = 10_000_000
+
+
 @dataclass
 class TrainConfig:
     # I/O
@@ -72,8 +80,21 @@ class TrainConfig:
         require(self, ["beta1", "beta2", "muon_momentum"], lambda v: 0 <= v < 1, "in [0, 1)")
         require(self, ["warmdown_frac"], lambda v: 0 <= v <= 1, "in [0, 1]")
         check_seed(self.seed)
+        self.check_evaluation_size()
         check_device_name(self.device)
         starts = ["scratch", "resume", "auto", *HUB_MODELS]
         if self.init_from not in starts and os.sep not in self.init_from and not os.path.isdir(self.init_from):
             raise ValueError(f"init_from must be one of {', '.join(starts)} or a folder saved by save_pretrained "
                              f"(got {self.init_from!r}{closest(self.init_from, starts)})")
+
+    def check_evaluation_size(self):
+        """Refuse, before any work, evaluations whose fixed windows would take gigabytes to hold."""
+        if self.eval_iters > MAX_EVAL_ITERS:
+            raise ValueError(f"eval_iters must be at most {MAX_EVAL_ITERS:,} (got {self.eval_iters:,}): each "
+                             "evaluation scores that many batches of each split, drawn before the first step; the "
+                             "whole val split is scored once at the end anyway")
+        windows = self.eval_iters * self.batch_size
+        if windows > MAX_EVAL_WINDOWS:
+            raise ValueError(f"eval_iters x batch_size must be at most {MAX_EVAL_WINDOWS:,} windows of each split, "
+                             f"drawn before the first step for the evaluations (got {windows:,}); lower eval_iters "
+                             "or batch_size")

@@ -78,6 +78,17 @@ CASES = {
                        "error: init_from must be one of scratch, resume, auto, gpt2, gpt2-medium, gpt2-large, gpt2-xl "
                        "or a folder saved by save_pretrained (got 'resum'; did you mean 'resume'?)"),
     "beta1 of 2": ("train", ["--beta1=2"], "error: beta1 must be in [0, 1) (got 2.0)"),
+    "eval_iters of 10**9": ("train", ["--eval_iters=1000000000"],
+                            "error: eval_iters must be at most 100,000 (got 1,000,000,000): each evaluation scores "
+                            "that many batches of each split, drawn before the first step; the whole val split is "
+                            "scored once at the end anyway"),
+    "block_size of 10**15": ("train", ["--block_size=1000000000000000"],
+                             "error: out of memory; lower the sizes of this run (batch_size, block_size, n_embd, "
+                             "n_layer, n_head, eval_iters)"),
+    "evaluation windows past the bound": ("train", ["--batch_size=3000000"],
+                                          "error: eval_iters x batch_size must be at most 10,000,000 windows of each "
+                                          "split, drawn before the first step for the evaluations (got 60,000,000); "
+                                          "lower eval_iters or batch_size"),
     "resume without checkpoint": ("train", ["--out_dir={w}/fresh", "--init_from=resume"],
                                   "error: nothing to resume in {w}/fresh (no latest.pt, latest.prev.pt or ckpt.pt); "
                                   "start the run with --init_from=scratch or --init_from=auto"),
@@ -165,8 +176,9 @@ SCRIPT_OPTIONS = [("train", [], TrainConfig), ("sample", [], sample.SampleConfig
                   ("bench", ["throughput"], bench.ThroughputBenchConfig)]
 OUT_OF_RANGE = {
     "TrainConfig": {
-        **dict.fromkeys(["eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps", "batch_size",
-                         "max_iters", "block_size", "n_head", "n_embd"], [0, -1]),
+        **dict.fromkeys(["eval_interval", "log_interval", "gradient_accumulation_steps", "batch_size", "max_iters",
+                         "block_size", "n_head", "n_embd", "processes"], [0, -1]),
+        "eval_iters": [0, -1, 100_001],
         **dict.fromkeys(["warmup_iters", "lr_decay_iters", "threads", "final_eval_tokens", "n_layer"], [-1]),
         **dict.fromkeys(["learning_rate", "embedding_lr", "min_lr", "muon_lr", "weight_decay", "muon_weight_decay",
                          "grad_clip", "max_time", "logit_softcap"], [-1e-3]),

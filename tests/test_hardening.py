@@ -237,7 +237,6 @@ TRAIN_SIZES = "(batch_size, block_size, n_embd, n_layer, n_head, eval_iters)"
 
 
 @pytest.mark.parametrize("script,args,settings", [
-    ("train.py", ["--batch_size=10**15"], TRAIN_SIZES),
     ("train.py", ["--n_embd=2**44", "--n_head=1"], TRAIN_SIZES),
     ("sample.py", ["--num_samples=10**15"], "(num_samples, max_new_tokens)"),
     ("bench.py", ["sample", "--vocab_size=10**15"], "(batch_size, block_size, n_embd, n_layer, vocab_size, "
@@ -269,9 +268,12 @@ def test_a_size_no_memory_holds_is_one_line_naming_the_settings(trained_run, dat
      "error: out of memory: tried to allocate 256.0 MiB; lower the sizes of this run (batch_size)"),
     (MemoryError(), "error: out of memory; lower the sizes of this run (batch_size)"),
     (RuntimeError("std::bad_alloc"), "error: out of memory; lower the sizes of this run (batch_size)"),
+    (RuntimeError("Storage size calculation overflowed with sizes=[1000000000000000, 1000000000000000]"),
+     "error: out of memory; lower the sizes of this run (batch_size)"),
 ])
 def test_every_allocator_s_failure_is_the_same_one_line(capsys, error, expected):
-    """CUDA's, MPS's and Python's ways of running out, which this CPU machine cannot produce."""
+    """CUDA's, MPS's and Python's ways of running out, which this CPU machine cannot produce, and a size whose
+    byte count overflows 64 bits (its end-to-end case is in test_errors' table)."""
     def main():
         raise error
 
