@@ -365,13 +365,17 @@ def torch_load(f, path, map_location):
         raise UserError(f"{path} is truncated or not a checkpoint ({detail})") from None
 
 
-def model_from_checkpoint(ckpt, path, **overrides):
-    """The GPT a checkpoint's model_args (with overrides, e.g. dropout) and weights describe."""
+def model_config(ckpt, path, **overrides):
+    """The GPTConfig of a checkpoint's model_args (with overrides, e.g. dropout), or one line naming the file."""
     try:
-        config = GPTConfig.from_dict(dict(ckpt["model_args"], **overrides))
+        return GPTConfig.from_dict(dict(ckpt["model_args"], **overrides))
     except (ValueError, TypeError) as e:  # written by another version of this tool
         raise UserError(f"{path} was written with model settings this version cannot build ({e})") from None
-    model = GPT(config)
+
+
+def model_from_checkpoint(ckpt, path, **overrides):
+    """The GPT a checkpoint's model_args (with overrides, e.g. dropout) and weights describe."""
+    model = GPT(model_config(ckpt, path, **overrides))
     try:
         model.load_state_dict(ckpt["model"])
     except (RuntimeError, AttributeError) as e:

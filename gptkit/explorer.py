@@ -21,7 +21,7 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field, field_validator
 
-from gptkit.checkpoint import MODEL_KEYS, load_checkpoint
+from gptkit.checkpoint import MODEL_KEYS, load_checkpoint, model_config
 from gptkit.decoding import StopFilter, decode_steps, lay_out_for_decoding, shaped_probs
 from gptkit.errors import UserError
 from gptkit.inspection import attention_maps, logit_lens, read_out, residual_streams, surprise_bits, token_label
@@ -132,7 +132,7 @@ def summarize(name, folder):
         run = RunDir(folder)
         path = run.model_file("best" if (run.best.exists() or run.legacy.exists()) else "latest")
         ckpt = load_checkpoint(path, required=MODEL_KEYS)
-        config = GPTConfig.from_dict(ckpt["model_args"])
+        config = model_config(ckpt, path)
         params = sum(t.numel() for k, t in ckpt["model"].items() if k != "transformer.wpe.weight")
         if config.tie_weights:
             params -= ckpt["model"]["lm_head.weight"].numel()

@@ -7,7 +7,7 @@ from dataclasses import fields, replace
 import torch
 
 from gptkit.checkpoint import TRAINING_KEYS, load_checkpoint
-from gptkit.config import flatten, make
+from gptkit.config import coerce, flatten, make, settings
 from gptkit.errors import UserError
 from gptkit.train_config import TrainConfig
 from model import GPTConfig
@@ -62,6 +62,7 @@ def resume_state(run, init_from, note):
         try:
             ckpt = load_checkpoint(path, required=TRAINING_KEYS)
             refuse_unusable_numbers(ckpt, path)
+            saved_settings(ckpt, path)
         except UserError as e:
             problems.append(str(e))
             continue
@@ -94,11 +95,24 @@ def resumed_config(ckpt, given, path):
     """The config a resumed run continues with: the checkpoint's settings, overridden by those given again
     (config files or --key=value). The model's shape and the optimizer are the checkpoint's; giving another
     value is refused, naming the key."""
-    saved = flatten(TrainConfig, ckpt["config"])
-    saved.pop("processes", None)  # how many this command started, not a setting of the run it continues
-    saved.update(ckpt["model_args"])  # the model as built (a GPT-2 start takes its shape from the weights)
+    saved = saved_settings(ckpt, path)
     for key in FIXED_ON_RESUME:
         if key in given and given[key] != saved.get(key):
             raise UserError(f"{key}={given[key]!r} differs from {path}'s {saved.get(key)!r}; a resumed run keeps "
                             "its model's shape and optimizer (start a new out_dir to change them)")
-    return make(TrainConfig, {**saved, **given})
+    try:
+        return make(TrainConfig, {**saved, **given})
+    except UserError as e:  # the given settings passed alone: a saved one is out of range, or goes with them badly
+        raise UserError(f"{e}, with the settings saved in {path} (give one again to replace its saved value)") \
+            from None
+
+
+def saved_settings(ckpt, path):
+    """The settings saved in a checkpoint, flat, each of its type and among its choices as a config file's
+    value must be: one of another type is damage (no run saves it), named with its key."""
+    saved = flatten(TrainConfig, ckpt["config"])
+    saved.pop("processes", None)  # how many processes that command started, not a setting of the run
+    saved.update(ckpt["model_args"])  # the model as built (a GPT-2 start takes its shape from the weights)
+    known = settings(TrainConfig)  # all but vocab_size, which the checkpoint's schema checks
+    return {key: coerce(known[key], value, f"{path} is damaged: its saved config", from_text=False)
+            if key in known else value for key, value in saved.items()}

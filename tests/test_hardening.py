@@ -19,6 +19,7 @@ from conftest import REPO, assert_one_error_line, run_script, train_args, train_
 from gptkit import checkpoint
 from gptkit.checkpoint import MODEL_KEYS, TRAINING_KEYS, HashingWriter, load_checkpoint, save_checkpoint
 from gptkit.errors import RunStopped, UserError, run_main
+from gptkit.explorer import summarize
 
 
 def files(folder):
@@ -160,6 +161,67 @@ def test_sample_refuses_a_damaged_field_in_one_line(run, case):
     proc = run_script("sample.py", f"--out_dir={run}", "--device=cpu", "--num_samples=1", "--max_new_tokens=5")
     assert proc.returncode == 1
     assert_one_error_line(proc.stderr, f"error: {path} is damaged: {problem}")
+
+
+# a setting in a checkpoint's saved config that no run saves: (its key, the value written, what the line says)
+SAVED_SETTINGS = {
+    "a float a string": ("learning_rate", "x", "learning_rate must be float, got 'x'"),
+    "an int a string": ("eval_iters", "4", "eval_iters must be int, got '4'"),
+    "a flag a number": ("decay_lr", 2, "decay_lr must be bool, got 2"),
+    "a choice no run makes": ("optimizer", "sgd", "optimizer must be one of adamw, muon (got 'sgd')"),
+}
+
+
+@pytest.mark.parametrize("case", SAVED_SETTINGS)
+def test_resume_refuses_a_saved_setting_of_the_wrong_type_in_one_line(run, data_dir, case):
+    """A checksummed file whose saved config holds a value of another type: one line naming the file and the
+    setting (it was a TypeError traceback from the config's range checks), and no file changes."""
+    key, value, problem = SAVED_SETTINGS[case]
+    (run / "latest.prev.pt").unlink()
+    rewrite(run / "latest.pt", ("config", key), value)
+    before = files(run)
+    proc = run_script("train.py", f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={run}",
+                      "--init_from=auto", "--max_iters=40")
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, f"error: {run / 'latest.pt'} is damaged: its saved config: {problem}")
+    assert files(run) == before
+
+
+def test_a_saved_setting_of_the_wrong_type_falls_back_to_the_state_before(run, data_dir):
+    rewrite(run / "latest.pt", ("config", "learning_rate"), "x")
+    proc = run_script("train.py", f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={run}",
+                      "--init_from=auto", "--max_iters=25")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"note: {run / 'latest.pt'} is damaged: its saved config: learning_rate must be "
+                                  f"float, got 'x'; resuming from {run / 'latest.prev.pt'} (iteration 20)\n")
+
+
+def test_a_saved_setting_out_of_range_is_named_and_can_be_given_again(run, data_dir):
+    """A saved value of the right type but out of range: one line says it comes from the checkpoint; the same
+    setting given again replaces it and the run goes on."""
+    (run / "latest.prev.pt").unlink()
+    rewrite(run / "latest.pt", ("config", "learning_rate"), -1.0)
+    args = [f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={run}", "--init_from=auto", "--max_iters=32"]
+    proc = run_script("train.py", *args)
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, f"error: learning_rate must be at least 0 (got -1.0), with the settings saved "
+                                       f"in {run / 'latest.pt'} (give one again to replace its saved value)")
+    proc = run_script("train.py", *args, "--learning_rate=1e-3")
+    assert proc.returncode == 0, proc.stderr
+    assert load_checkpoint(run / "latest.pt")["config"]["learning_rate"] == 1e-3
+
+
+def test_a_model_setting_no_model_takes_is_one_line_naming_the_file_to_every_reader(run):
+    """A model setting of the right type but among no choice of its own (the schema checks types): sample.py,
+    and the explorer's list of runs, each say it in one line naming the file."""
+    path = run / "best.pt"
+    rewrite(path, ("model_args", "pos_emb"), "bogus")
+    line = (f"{path} was written with model settings this version cannot build (pos_emb must be one of learned, "
+            "rope, none (got 'bogus'))")
+    proc = run_script("sample.py", f"--out_dir={run}", "--device=cpu", "--num_samples=1", "--max_new_tokens=5")
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, f"error: {line}")
+    assert summarize("run", run).error == line
 
 
 # ---------------------------------------------------------------------------------------------- a folder to save in
