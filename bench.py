@@ -8,6 +8,8 @@ Benchmarks, one subcommand each; every subcommand takes its own --key=value opti
     python bench.py throughput                     # training tokens/s on the baby GPT: fp32 AdamW vs the default's settings
     python bench.py explore --out_dir=out          # the explorer: first token, streaming, page load, analysis
     python bench.py busy                           # training tokens/s idle, then beside one busy process
+    python bench.py prepare --nanogpt_dir=../nanoGPT  # a 1 GB JSON Lines corpus: ours vs nanoGPT's OpenWebText prepare
+    python bench.py prepare --size_gb=10           # peak memory preparing, then training on, 10 GB
 """
 
 import copy
@@ -505,6 +507,66 @@ def time_analysis(http, run, cfg):
             for name, (path, body) in requests.items()}
 
 
+@dataclass
+class PrepareBenchConfig:
+    input: str = ""  # text the corpus is cut from ('' = data/shakespeare_char/input.txt, which data/prepare.py downloads)
+    size_gb: float = 1.0  # size of the JSON Lines corpus to make and prepare, in GB (10**9 bytes)
+    tokenizer: str = "gpt2"  # the tokenizer both prepares use
+    workers: int = 0  # tokenizing processes, ours and nanoGPT's num_proc (0 = one per core)
+    val_fraction: float = 0.0005  # our val split's share of documents (nanoGPT's script takes 0.0005)
+    work_dir: str = "out-bench-prepare"  # the corpus, the datasets and nanoGPT's cache go here
+    nanogpt_dir: str = ""  # a checkout of nanoGPT, whose OpenWebText prepare runs beside ours ('' = ours only)
+    train_iters: int = 20  # train.py iterations reading the prepared shards, memory measured (0 = none)
+    keep: bool = False  # keep what was written (removed by default: it is as big as the corpus, twice over)
+
+    def __post_init__(self):
+        require(self, ["size_gb"], lambda v: 0 < v <= 10_000, "above 0, at most 10,000")
+        require(self, ["workers"], lambda v: 0 <= v <= 512, "0 (one per core) to 512")
+        require(self, ["train_iters"], lambda v: v >= 0, "0 or more")
+        require(self, ["val_fraction"], lambda v: 0 < v < 1, "between 0 and 1")
+
+
+def bench_prepare(argv):
+    """A JSON Lines corpus prepared by data/prepare.py (and read by train.py), beside nanoGPT's script."""
+    from gptkit import prepare_bench as pb
+
+    cfg = parse_config(PrepareBenchConfig, argv, prog="bench.py prepare")
+    workers = cfg.workers or len(os.sched_getaffinity(0))
+    if cfg.nanogpt_dir:
+        pb.nanogpt_script(cfg.nanogpt_dir)  # a wrong checkout fails now, not after our run
+    work = Path(cfg.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    corpus = work / f"corpus-{cfg.size_gb:g}GB.jsonl"
+    if not corpus.exists() or abs(corpus.stat().st_size - cfg.size_gb * 1e9) > 1e7 + pb.HUGE_BYTES:
+        print(f"making {corpus} ({cfg.size_gb:g} GB of JSON Lines)", flush=True)
+        pb.make_corpus(Path(bench_input(cfg)).read_text(encoding="utf-8"), corpus, int(cfg.size_gb * 1e9))
+    print(f"machine: {device_name('cpu')}")
+    results = {"ours": pb.run_ours(corpus, work / "data", cfg.tokenizer, cfg.val_fraction, workers)}
+    if results["ours"][0]:
+        raise UserError("data/prepare.py failed on the benchmark's corpus (its error is above)")
+    if cfg.train_iters:
+        results["training reads ours"] = pb.run_training_read(work / "data", work / "train", cfg.train_iters)
+    if cfg.nanogpt_dir:
+        results["nanoGPT"] = pb.run_nanogpt(corpus, work, cfg.nanogpt_dir, workers)
+    print_prepare_table(results, corpus.stat().st_size)
+    if not cfg.keep:
+        for name in ("data", "train", "nanogpt", "hf_cache"):
+            shutil.rmtree(work / name, ignore_errors=True)
+
+
+def print_prepare_table(results, corpus_bytes):
+    gb = 1e9
+    print(f"\ncorpus: {corpus_bytes / gb:.2f} GB of JSON Lines")
+    print(f"{'':<22}{'exit':>6}{'seconds':>10}{'MB/s':>9}{'peak RSS':>11}{'peak disk':>11}")
+    for name, (status, seconds, rss, disk) in results.items():
+        speed = f"{corpus_bytes / 1e6 / seconds:.1f}" if not name.startswith("training") else "-"
+        print(f"{name:<22}{status:>6}{seconds:>10.1f}{speed:>9}{rss / gb:>9.2f}GB{disk / gb:>9.2f}GB")
+    if "nanoGPT" in results and results["nanoGPT"][0] == 0:
+        ours, theirs = results["ours"], results["nanoGPT"]
+        print(f"ours against nanoGPT's: {theirs[1] / ours[1]:.2f}x the speed, {ours[2] / theirs[2]:.2f} of its peak "
+              f"memory, {ours[3] / theirs[3]:.2f} of its peak disk use")
+
+
 # subcommand -> function taking the remaining arguments
 COMMANDS = {
     "sample": bench_sample,
@@ -512,6 +574,7 @@ COMMANDS = {
     "throughput": bench_throughput,
     "explore": bench_explore,
     "busy": bench_busy,
+    "prepare": bench_prepare,
 }
 
 

@@ -1,5 +1,7 @@
 """bench.py's training benchmarks: the throughput comparison runs, and the side-by-side table states the ratios."""
 
+import json
+import os
 import re
 
 import pytest
@@ -82,3 +84,33 @@ def test_a_benchmark_never_clears_a_run_folder_in_use(tmp_path):
         assert (folder / "metrics.jsonl").exists()
     bench.clear_run_folder(folder)
     assert not folder.exists()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="bench.py prepare reads memory from /proc")
+def test_prepare_bench_measures_our_prepare_and_the_training_read(tmp_path, capsys, monkeypatch):
+    """A small corpus through bench.py prepare, ours only: it is made with its huge single-line documents,
+    prepared, read by train.py, and the table gives each one's exit status, speed, memory and disk."""
+    from conftest import make_text
+    from gptkit import prepare_bench
+
+    text = tmp_path / "text.txt"
+    text.write_text(make_text(200_000), encoding="utf-8")
+    monkeypatch.setattr(prepare_bench, "HUGE_BYTES", 300_000)
+    bench.main(["prepare", f"--input={text}", "--size_gb=0.002", "--tokenizer=char", "--workers=1", "--val_fraction=0.2",
+                f"--work_dir={tmp_path / 'w'}", "--train_iters=2"])
+    out = capsys.readouterr().out
+    for name in ("ours", "training reads ours"):
+        assert re.search(rf"\n{name} +0 +\d+\.\d +[-\d.]+ +\d\.\d\dGB +\d\.\d\dGB", out), out
+    lines = (tmp_path / "w" / "corpus-0.002GB.jsonl").read_text(encoding="utf-8").splitlines()
+    assert sum(len(json.loads(line)["text"]) == 300_000 for line in lines) == prepare_bench.HUGE_DOCS
+    assert not (tmp_path / "w" / "data").exists()  # removed afterwards, being as big as the corpus
+
+
+def test_prepare_bench_refuses_a_nanogpt_checkout_it_cannot_point_at_a_file(tmp_path):
+    from gptkit.errors import UserError
+
+    script = tmp_path / "data" / "openwebtext" / "prepare.py"
+    script.parent.mkdir(parents=True)
+    script.write_text("num_proc = 8\nload_dataset('somewhere else')\n", encoding="utf-8")
+    with pytest.raises(UserError, match="is not the script this benchmark knows how to point at a local file"):
+        bench.main(["prepare", f"--nanogpt_dir={tmp_path}", f"--work_dir={tmp_path / 'w'}"])

@@ -116,8 +116,9 @@ def test_eval_only_on_another_dataset_keeps_the_checkpoints(trained_run, tmp_pat
     same = tmp_path / "same_vocab"
     shutil.copytree(data_dir / "tiny", same)
     train.main([f"--dataset={same}", f"--out_dir={out}", "--init_from=resume", "--eval_only=True"])
-    other = prepare(PrepareConfig(input=str(trained_run[0] / "metrics.jsonl"), name="other",
-                                  data_dir=str(tmp_path)))[0]
+    other_text = tmp_path / "other.txt"  # text with other characters than the run's
+    shutil.copy(trained_run[0] / "metrics.jsonl", other_text)
+    other = prepare(PrepareConfig(input=str(other_text), name="other", data_dir=str(tmp_path)))[0]
     with pytest.raises(UserError, match=r"dataset '.*other' has a vocabulary of \d+ characters, but .*latest\.pt "
                                         r"was trained on a vocabulary of \d+ characters"):
         train.main([f"--dataset={other}", f"--out_dir={out}", "--init_from=resume", "--eval_only=True"])

@@ -173,7 +173,7 @@ BAD_METRICS = {  # metrics.jsonl lines that are JSON, but not records train.py w
 SCRIPT_OPTIONS = [("train", [], TrainConfig), ("sample", [], sample.SampleConfig), ("plot", ["loss"], plot.PlotConfig),
                   ("prepare", [], PrepareConfig), ("export", [], export.ExportConfig),
                   ("bench", ["sample"], bench.SampleBenchConfig), ("bench", ["train"], bench.TrainBenchConfig),
-                  ("bench", ["throughput"], bench.ThroughputBenchConfig)]
+                  ("bench", ["throughput"], bench.ThroughputBenchConfig), ("bench", ["prepare"], bench.PrepareBenchConfig)]
 OUT_OF_RANGE = {
     "TrainConfig": {
         **dict.fromkeys(["eval_interval", "log_interval", "gradient_accumulation_steps", "batch_size", "max_iters",
@@ -196,6 +196,7 @@ OUT_OF_RANGE = {
     "TrainBenchConfig": {},
     "ThroughputBenchConfig": {**dict.fromkeys(["n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps"],
                                               [0]), "warmup": [-1]},
+    "PrepareBenchConfig": {"size_gb": [0, 10_001], "workers": [-1, 513], "train_iters": [-1], "val_fraction": [0, 1]},
 }
 
 

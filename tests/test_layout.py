@@ -16,7 +16,7 @@ LAYERS = {
               "gptkit.signals", "gptkit.sources", "gptkit.shards", "gptkit.versions"},
     "measured choices, processes and settings": {"gptkit.probes", "gptkit.runtime", "gptkit.train_config"},
     "a run": {"gptkit.rundir", "gptkit.resume", "gptkit.training", "gptkit.pictures"},
-    "what the lab and the explorer do": {"gptkit.lab", "gptkit.explorer"},
+    "what the lab, the explorer and the benchmarks do": {"gptkit.lab", "gptkit.explorer", "gptkit.prepare_bench"},
 }
 
 
