@@ -28,7 +28,7 @@ from tqdm import tqdm
 from gptkit.errors import RunStopped, UserError
 from gptkit.shards import ShardWriter, sha256_of, tokenized
 from gptkit.signals import StopSignals
-from gptkit.sources import Reader, Tally, kind_of, shown, source_files
+from gptkit.sources import Reader, Tally, kind_of, read_record, shown, source_files
 from gptkit.tokenizer import make_tokenizer
 from gptkit.versions import check_room, commit, dataset_lock, remove_leftovers, sync, work_folder
 
@@ -211,11 +211,15 @@ def write_dataset(cfg, files, work):
                     bpe_cut if tok.kind == "tiktoken" else len, tally)
     ends = separator(tok, files, by_document)
     start = progress.get("position", [0, 0])
+    setup = (tok.to_meta(), cfg.text_field, cfg.val_fraction if by_document else None, dtype)
     with progress_bar(files, "tokenizing") as bar:
-        for batch, ids in tokenized(batches(reader, files, start, bar), tok.to_meta(), cfg.workers or cores()):
+        for batch, encoded in tokenized(batches(reader, files, start, bar), setup, cfg.workers or cores()):
             shards = sum(len(w.done) for w in writers.values())
-            for piece, tokens in zip(batch, ids):
-                side = "val" if piece.val else "train"
+            for piece, (tokens, val, problem) in zip(batch, encoded):
+                if problem or tokens is None:
+                    reader.passed_over(piece, problem)
+                    continue
+                side = "val" if val or piece.val else "train"
                 writers[side].write(tokens)
                 if piece.ends_document:
                     writers[side].write(ends(piece))
@@ -263,7 +267,11 @@ def choose_tokenizer(cfg, files, progress, by_document):
         with progress_bar(files, "vocabulary") as bar:
             for path in files:
                 for piece in reader.pieces(path, 0, bar):
-                    seen.update(piece.text)
+                    text, _, problem = read_record(piece.text, cfg.text_field, None) if piece.record else \
+                        (piece.text, False, None)
+                    if problem:
+                        reader.passed_over(piece, problem)
+                    seen.update(text or "")
         chars = "".join(sorted(seen))
         progress.save(vocab=chars)
     return make_tokenizer("char", chars)

@@ -17,6 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
+from gptkit.sources import read_record
 from gptkit.tokenizer import tokenizer_from_meta
 
 CHUNK_TOKENS = 1 << 20
@@ -25,11 +26,13 @@ CHUNK_TOKENS = 1 << 20
 class ShardWriter:
     """One split's tokens, appended into shards of shard_tokens each. The shard being filled is a .part file,
     renamed to its name once full and flushed; state() flushes too, so a saved state (the finished shards'
-    token counts and the part's length) names exactly what is on disk to continue from."""
+    token counts and checksums, the part's length) names exactly what is on disk to continue from. Checksums are
+    taken as the tokens are written, so finishing does not read the shards again."""
 
     def __init__(self, folder, split, dtype, shard_tokens, state=None):
         self.folder, self.split, self.dtype, self.shard_tokens = folder, split, np.dtype(dtype), shard_tokens
         self.done = list(state["done"]) if state else []
+        self.sums = list(state["sums"]) if state else []
         self.part = state["part"] if state else 0
         k = len(self.done)
         if not self.path(k, ".part").exists() and self.path(k).exists():
@@ -39,6 +42,7 @@ class ShardWriter:
                 later.unlink()
         self.file = open(self.path(k, ".part"), "ab")
         self.file.truncate(self.part * self.dtype.itemsize)  # what was written after the saved state goes
+        self.hash = sha256_of(self.path(k, ".part"), hexdigest=False)
 
     @classmethod
     def matches(cls, folder, split, itemsize, state):
@@ -58,7 +62,9 @@ class ShardWriter:
         ids = np.asarray(ids, dtype=self.dtype)
         while len(ids):
             take = ids[:self.shard_tokens - self.part]
-            self.file.write(take.tobytes())
+            data = take.tobytes()
+            self.file.write(data)
+            self.hash.update(data)
             self.part += len(take)
             ids = ids[len(take):]
             if self.part == self.shard_tokens:
@@ -69,7 +75,8 @@ class ShardWriter:
         self.file.close()
         os.replace(self.path(len(self.done), ".part"), self.path(len(self.done)))
         self.done.append(self.part)
-        self.part = 0
+        self.sums.append(self.hash.hexdigest())
+        self.part, self.hash = 0, hashlib.sha256()
         self.file = open(self.path(len(self.done), ".part"), "ab")
 
     def flush(self):
@@ -78,7 +85,7 @@ class ShardWriter:
 
     def state(self):
         self.flush()
-        return {"done": list(self.done), "part": self.part}
+        return {"done": list(self.done), "sums": list(self.sums), "part": self.part}
 
     def tokens(self):
         return sum(self.done) + self.part
@@ -101,9 +108,11 @@ class ShardWriter:
                 self.path(k).unlink()
             else:
                 kept.append(min(n, keep - start))
-                os.truncate(self.path(k), kept[-1] * self.dtype.itemsize)
+                if kept[-1] < n:
+                    os.truncate(self.path(k), kept[-1] * self.dtype.itemsize)
+                    self.sums[k] = sha256_of(self.path(k))
             start += n
-        self.done = kept
+        self.done, self.sums = kept, self.sums[:len(kept)]
 
     def finish(self):
         """Close the last shard and name them: `train.bin` where one shard holds the split. The shards, each
@@ -115,26 +124,32 @@ class ShardWriter:
         names = [f"{self.split}.bin"] if len(self.done) == 1 else [self.path(k).name for k in range(len(self.done))]
         if len(self.done) == 1:
             os.replace(self.path(0), self.folder / names[0])
-        return [{"file": name, "tokens": n, "sha256": sha256_of(self.folder / name)}
-                for name, n in zip(names, self.done)]
+        return [{"file": name, "tokens": n, "sha256": sha}
+                for name, n, sha in zip(names, self.done, self.sums)]
 
 
-def sha256_of(path):
+def sha256_of(path, hexdigest=True):
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
-    return h.hexdigest()
+    return h.hexdigest() if hexdigest else h
 
 
-ENCODER = {}
+WORKER = {}  # a tokenizing process's settings, set once as it starts
 
 
-def start_worker(tokenizer_meta):
+def start_worker(setup):
+    """setup: (tokenizer metadata, the records' text field, val_fraction or None, token dtype)."""
     for signum in (signal.SIGINT, signal.SIGTERM):  # the main process's to handle, once; it ends the workers
         signal.signal(signum, signal.SIG_IGN)
     threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()
-    ENCODER["tok"] = tokenizer_from_meta(tokenizer_meta)
+    set_up(setup)
+
+
+def set_up(setup):
+    meta, field, val_fraction, dtype = setup
+    WORKER.update(tok=tokenizer_from_meta(meta), field=field, val_fraction=val_fraction, dtype=np.dtype(dtype))
 
 
 def exit_with_parent(parent):
@@ -144,23 +159,31 @@ def exit_with_parent(parent):
     os._exit(1)
 
 
-def encode_texts(texts):
-    tok = ENCODER["tok"]
-    return [np.asarray(tok.encode(text), dtype=np.uint32) for text in texts]
+def encode_pieces(items):
+    """Each (text, record) item's (tokens or None, in val, what is wrong or None). A record's text is found here
+    (JSON parsed, checked, hashed for its split) so the main process only reads and writes."""
+    out = []
+    for text, record in items:
+        val, problem = False, None
+        if record:
+            text, val, problem = read_record(text, WORKER["field"], WORKER["val_fraction"])
+        tokens = WORKER["tok"].encode_array(text, WORKER["dtype"]) if text else None
+        out.append((tokens, val, problem))
+    return out
 
 
-def tokenized(batches, tokenizer_meta, workers):
-    """Yield (batch, its texts' token arrays) for each batch (a list of Pieces), in order, encoded by `workers`
-    processes with a few batches in flight, so memory stays bounded however long the corpus is."""
+def tokenized(batches, setup, workers):
+    """Yield (batch, encode_pieces of it) for each batch (a list of Pieces), in order, on `workers` processes with
+    a few batches in flight, so memory stays bounded however long the corpus is. setup: see start_worker."""
     if workers <= 1:
-        ENCODER["tok"] = tokenizer_from_meta(tokenizer_meta)
+        set_up(setup)
         for batch in batches:
-            yield batch, encode_texts([p.text for p in batch])
+            yield batch, encode_pieces([(p.text, p.record) for p in batch])
         return
-    with ProcessPoolExecutor(workers, initializer=start_worker, initargs=(tokenizer_meta,)) as pool:
+    with ProcessPoolExecutor(workers, initializer=start_worker, initargs=(setup,)) as pool:
         flight = deque()
         for batch in batches:
-            flight.append((batch, pool.submit(encode_texts, [p.text for p in batch])))
+            flight.append((batch, pool.submit(encode_pieces, [(p.text, p.record) for p in batch])))
             if len(flight) > 2 * workers:
                 done, future = flight.popleft()
                 yield done, future.result()

@@ -41,11 +41,12 @@ def kind_of(path):
 
 @dataclass
 class Piece:
-    text: str
+    text: object  # text to encode; of a record, what holds it: a JSON line (bytes) or a Parquet value (see read_record)
     ends_document: bool  # the last piece of its document (a text file comes in many pieces)
     position: int  # where to start reading again after this piece: a byte offset, line or row number
-    val: bool = False  # a whole document whose hash puts it in the val split
-    record: bool = False  # a JSON line or Parquet row (whole), not a piece of a text file
+    val: bool = False  # of a text file split by document: its hash puts it in the val split
+    record: bool = False  # a JSON line or Parquet row, whole, whose text read_record finds
+    where: str = ""  # the file and line or row, for a message about it
 
 
 @dataclass
@@ -117,27 +118,14 @@ class Reader:
             return self.parquet(path, start, progress)
         return self.text(path, start, progress)
 
-    def bad(self, where, what):
-        if not self.skip_bad:
-            raise UserError(f"{where}: {what} (pass --skip_bad to skip such records)")
-        self.tally.bad += 1
-
-    def document(self, text, where, position):
-        """A record's text as a whole-document Piece, or None where it is empty or cannot be used."""
-        if not isinstance(text, str):
-            self.bad(where, f"no text in field {self.text_field!r}" if text is None else
-                     f"field {self.text_field!r} holds {type(text).__name__}, not text")
-            return None
-        try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate, which JSON's \\ud800 escapes can spell
-            self.bad(where, "the text is not valid Unicode (a lone surrogate)")
-            return None
-        if not text:
+    def passed_over(self, piece, problem):
+        """A record with no document: counted as empty, or, bad, one line (counted with skip_bad)."""
+        if problem is None:
             self.tally.empty += 1
-            return None
-        val = self.val_fraction is not None and in_val(data, self.val_fraction)
-        return Piece(text, True, position, val, record=True)
+        elif self.skip_bad:
+            self.tally.bad += 1
+        else:
+            raise UserError(f"{piece.where}: {problem} (pass --skip_bad to skip such records)")
 
     def text(self, path, start, progress):
         """A text file as one document, in pieces of about CHUNK_BYTES."""
@@ -152,29 +140,15 @@ class Reader:
             yield Piece(text, last, position, val)
 
     def jsonl(self, path, start, progress):
+        """Each line as it is, for read_record to parse where it is tokenized (another process)."""
         with open_lines(path) as (f, raw):
             line_no, told = 0, raw.tell()
             for line in f:
                 line_no += 1
                 progress.update(raw.tell() - told)
                 told = raw.tell()
-                if line_no <= start or not line.strip():
-                    continue
-                where = f"{shown(path)}:{line_no}"
-                try:
-                    record = json.loads(line)
-                except UnicodeDecodeError as e:
-                    self.bad(where, f"not UTF-8 text (byte 0x{e.object[e.start]:02x})")
-                    continue
-                except (ValueError, RecursionError) as e:  # RecursionError: JSON nested too deeply
-                    self.bad(where, f"not valid JSON ({str(e).splitlines()[0][:80]})")
-                    continue
-                if not isinstance(record, dict):
-                    self.bad(where, "the line is not a JSON object")
-                    continue
-                piece = self.document(record.get(self.text_field), where, line_no)
-                if piece:
-                    yield piece
+                if line_no > start and line.strip():
+                    yield Piece(line, True, line_no, record=True, where=f"{shown(path)}:{line_no}")
 
     def parquet(self, path, start, progress):
         pf, column = open_parquet(path, self.text_field)
@@ -191,10 +165,31 @@ class Reader:
             for text in texts:
                 row += 1
                 if row > start:
-                    piece = self.document(text, f"{shown(path)}: row {row}", row)
-                    if piece:
-                        yield piece
+                    yield Piece(text, True, row, record=True, where=f"{shown(path)}: row {row}")
             progress.update(os.path.getsize(path) / pf.num_row_groups)
+
+
+def read_record(held, field, val_fraction):
+    """A record's document: (text, whether its hash puts it in val, what is wrong with it or None). `held` is a
+    JSON line (bytes) or a Parquet column's value; an empty text is '' with nothing wrong."""
+    if isinstance(held, bytes):
+        try:
+            record = json.loads(held)
+        except UnicodeDecodeError as e:
+            return None, False, f"not UTF-8 text (byte 0x{e.object[e.start]:02x})"
+        except (ValueError, RecursionError) as e:  # RecursionError: JSON nested too deeply
+            return None, False, f"not valid JSON ({str(e).splitlines()[0][:80]})"
+        if not isinstance(record, dict):
+            return None, False, "the line is not a JSON object"
+        held = record.get(field)
+    if not isinstance(held, str):
+        return None, False, (f"no text in field {field!r}" if held is None else
+                             f"field {field!r} holds {type(held).__name__}, not text")
+    try:
+        data = held.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate, which JSON's \\ud800 escapes can spell
+        return None, False, "the text is not valid Unicode (a lone surrogate)"
+    return held, bool(held) and val_fraction is not None and in_val(data, val_fraction), None
 
 
 def first_words(e):

@@ -320,3 +320,21 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
     assert proc.returncode == 1
     assert_one_error_line(proc.stderr, "error: could not write the dataset to *")
     assert os.listdir(tmp_path / "d" / "full" / ".versions") == []
+
+
+def test_train_and_sample_on_a_sharded_record_corpus(tmp_path):
+    """From the command line, as a user would: a folder of every record kind, prepared into shards, trained on
+    and sampled from."""
+    src = mixed_corpus(tmp_path / "src")
+    check_ok(run_script("data/prepare.py", f"--input={src}", "--name=mix", f"--data_dir={tmp_path / 'd'}",
+                        "--shard_tokens=50000"))
+    out = tmp_path / "out"
+    check_ok(run_script("train.py", f"--data_dir={tmp_path / 'd'}", "--dataset=mix", f"--out_dir={out}",
+                        "--device=cpu", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=32",
+                        "--block_size=32", "--batch_size=4", "--max_iters=4", "--eval_interval=2", "--eval_iters=1",
+                        "--final_eval_tokens=2000", "--max_time=0", "--compile=False"))
+    final = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
+    assert final["kind"] == "final" and final["val_loss"] < 5
+    proc = check_ok(run_script("sample.py", f"--out_dir={out}", "--num_samples=1", "--max_new_tokens=20",
+                               "--start=The"))
+    assert proc.stdout.strip()
