@@ -11,10 +11,10 @@ the file and the line or row; with skip_bad it is counted and passed over instea
 import codecs
 import gzip
 import hashlib
-import io
 import json
 import os
 import stat
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,7 +141,7 @@ class Reader:
 
     def jsonl(self, path, start, progress):
         """Each line as it is, for read_record to parse where it is tokenized (another process)."""
-        with open_lines(path) as (f, raw):
+        with LinesOf(path) as (f, raw):
             line_no, told = 0, raw.tell()
             for line in f:
                 line_no += 1
@@ -197,7 +197,7 @@ def first_words(e):
     return lines[0][:120] if lines else type(e).__name__
 
 
-class open_lines:
+class LinesOf:
     """A JSON Lines file's lines as bytes, decompressed where its name says so, and the raw file beneath (whose
     position measures progress). Damaged compressed data becomes one line naming the file."""
 
@@ -213,18 +213,44 @@ class open_lines:
         if name.endswith(".gz"):
             stream = gzip.GzipFile(fileobj=self.raw)
         elif name.endswith(".zst"):
-            import zstandard
-
-            stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(self.raw))
+            stream = lines_of(zstd_blocks(self.raw))
         else:
             stream = self.raw
         return stream, self.raw
 
     def __exit__(self, kind, e, tb):
         self.raw.close()
-        if isinstance(e, (OSError, EOFError)) or type(e).__name__ == "ZstdError":
+        if isinstance(e, (OSError, EOFError, zlib.error)) or type(e).__name__ == "ZstdError":
             raise UserError(f"could not read {shown(self.path)}: damaged or cut short ({first_words(e)})") from None
         return False
+
+
+def zstd_blocks(raw):
+    """A Zstandard file's data, frame after frame. zstandard's own stream reader ends a frame cut short without
+    a word; this says so (an EOFError, one line above)."""
+    import zstandard
+
+    frame, started = zstandard.ZstdDecompressor().decompressobj(), False
+    for block in iter(lambda: raw.read(CHUNK_BYTES), b""):
+        while block:
+            started = True
+            yield frame.decompress(block)
+            block = b""
+            if frame.eof:  # what is left starts the next frame
+                block, frame, started = frame.unused_data, zstandard.ZstdDecompressor().decompressobj(), False
+    if started:
+        raise EOFError("the last Zstandard frame is cut short")
+
+
+def lines_of(blocks):
+    """The lines of a stream of data blocks, each ending in its newline (the last one maybe not)."""
+    carry = b""
+    for block in blocks:
+        *lines, carry = (carry + block).split(b"\n")
+        for line in lines:
+            yield line + b"\n"
+    if carry:
+        yield carry
 
 
 def open_parquet(path, field):

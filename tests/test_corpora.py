@@ -269,8 +269,13 @@ def test_empty_documents_are_skipped_and_counted(tmp_path):
     assert meta["skipped"] == {"empty": 1, "bad": 0} and meta["documents"] == 300
 
 
-def damaged_gzip(path):
-    path.write_bytes(gzip.compress(b'{"text": "a"}\n' * 1000)[:-10])
+def damaged_gzip(path, cut):
+    data = bytearray(gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in DOCS).encode()))
+    if cut:
+        del data[-10:]
+    else:
+        data[len(data) // 2:len(data) // 2 + 8] = b"garbage!"
+    path.write_bytes(bytes(data))
 
 
 BAD_FILES = {
@@ -283,7 +288,11 @@ BAD_FILES = {
     "not parquet": ("t.parquet", lambda p: p.write_bytes(b"PAR1 but not really"), "error: could not read {p} as Parquet*"),
     "null in parquet": ("t.parquet", lambda p: pq.write_table(pa.table({"text": ["a", None]}), p),
                         "error: {p}: row 2: no text in field 'text' (pass --skip_bad to skip such records)"),
-    "damaged gzip": ("t.jsonl.gz", damaged_gzip, "error: could not read {p}: damaged or cut short*"),
+    "gzip cut short": ("t.jsonl.gz", lambda p: damaged_gzip(p, True), "error: could not read {p}: damaged or cut short*"),
+    # damage inside deflated data may first come out as bytes that are not JSON, before gzip's check sees it
+    "gzip damaged": ("t.jsonl.gz", lambda p: damaged_gzip(p, False), "error: *"),
+    "zstd cut short": ("t.jsonl.zst", lambda p: p.write_bytes(write_jsonl(p, DOCS).read_bytes()[:-3]),
+                     "error: could not read {p}: damaged or cut short*"),
     "no documents": ("t.jsonl", lambda p: p.write_text('{"text": ""}\n\n'),
                      "error: input {p} holds no documents (1 empty, 0 skipped as bad)"),
     "empty file": ("t.jsonl", lambda p: p.write_bytes(b""), "error: input {p} is empty"),
@@ -297,7 +306,7 @@ def test_a_bad_file_is_one_line_and_leaves_nothing(tmp_path, case):
     make(path)
     proc = run_script("data/prepare.py", f"--input={path}", "--name=bad", f"--data_dir={tmp_path / 'd'}")
     assert proc.returncode == 1
-    assert_one_error_line(proc.stderr, expected.format(p=path))
+    assert str(path) in assert_one_error_line(proc.stderr, expected.format(p=path))
     folder = tmp_path / "d" / "bad"
     assert not (folder / "meta.json").exists()
     assert not (folder / ".versions").exists() or os.listdir(folder / ".versions") == []
