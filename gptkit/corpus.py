@@ -209,21 +209,17 @@ def write_dataset(cfg, files, work):
     tally, docs = Tally(**progress.get("tally", {})), dict(progress.get("docs", {"train": 0, "val": 0}))
     reader = Reader(cfg.text_field, cfg.skip_bad, cfg.val_fraction if by_document else None,
                     bpe_cut if tok.kind == "tiktoken" else len, tally)
-    ends = separator(tok, files, by_document)
     start = progress.get("position", [0, 0])
-    setup = (tok.to_meta(), cfg.text_field, cfg.val_fraction if by_document else None, dtype)
+    setup = (tok.to_meta(), cfg.text_field, cfg.val_fraction if by_document else None, dtype,
+             separators(tok, files, by_document))
     with progress_bar(files, "tokenizing") as bar:
-        for batch, encoded in tokenized(batches(reader, files, start, bar), setup, cfg.workers or cores()):
+        for batch, out in tokenized(batches(reader, files, start, bar), setup, cfg.workers or cores()):
             shards = sum(len(w.done) for w in writers.values())
-            for piece, (tokens, val, problem) in zip(batch, encoded):
-                if problem or tokens is None:
-                    reader.passed_over(piece, problem)
-                    continue
-                side = "val" if val or piece.val else "train"
-                writers[side].write(tokens)
-                if piece.ends_document:
-                    writers[side].write(ends(piece))
-                    docs[side] += 1
+            for index, problem in out["passed_over"]:
+                reader.passed_over(batch[index], problem)
+            for side in ("train", "val"):
+                writers[side].write(out[side])
+                docs[side] += out["documents"][side]
             if progress.due() or sum(len(w.done) for w in writers.values()) > shards:
                 progress.save(position=batch[-1].position, tally=asdict(tally), docs=docs, dtype=dtype,
                               **{split: w.state() for split, w in writers.items()})
@@ -285,14 +281,14 @@ def token_dtype(cfg, tok):
     return dtype
 
 
-def separator(tok, files, by_document):
-    """The tokens after each document: BPE's end-of-text (as nanoGPT), where the corpus has more than one
-    document; char-level, a blank line after each record (a text file ends as it ends)."""
+def separators(tok, files, by_document):
+    """The tokens after each document, (after a text file, after a record): BPE's end-of-text (as nanoGPT),
+    where the corpus has more than one document; char-level, a blank line after each record (a text file ends
+    as it ends)."""
     if tok.kind == "tiktoken":
         eot = [tok.eot_token] if by_document or len(files) > 1 else []
-        return lambda piece: eot
-    blank = tok.encode(CHAR_SEPARATOR) if by_document else []
-    return lambda piece: blank if piece.record else []
+        return eot, eot
+    return [], tok.encode(CHAR_SEPARATOR) if by_document else []
 
 
 def check_documents(cfg, files, docs, tally, by_document):

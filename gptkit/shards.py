@@ -140,7 +140,8 @@ WORKER = {}  # a tokenizing process's settings, set once as it starts
 
 
 def start_worker(setup):
-    """setup: (tokenizer metadata, the records' text field, val_fraction or None, token dtype)."""
+    """setup: (tokenizer metadata, the records' text field, val_fraction or None, token dtype, the tokens after a
+    text file and after a record)."""
     for signum in (signal.SIGINT, signal.SIGTERM):  # the main process's to handle, once; it ends the workers
         signal.signal(signum, signal.SIG_IGN)
     threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()
@@ -148,8 +149,10 @@ def start_worker(setup):
 
 
 def set_up(setup):
-    meta, field, val_fraction, dtype = setup
-    WORKER.update(tok=tokenizer_from_meta(meta), field=field, val_fraction=val_fraction, dtype=np.dtype(dtype))
+    meta, field, val_fraction, dtype, (after_text, after_record) = setup
+    dtype = np.dtype(dtype)
+    WORKER.update(tok=tokenizer_from_meta(meta), field=field, val_fraction=val_fraction, dtype=dtype,
+                  after={False: np.asarray(after_text, dtype=dtype), True: np.asarray(after_record, dtype=dtype)})
 
 
 def exit_with_parent(parent):
@@ -160,15 +163,25 @@ def exit_with_parent(parent):
 
 
 def encode_pieces(items):
-    """Each (text, record) item's (tokens or None, in val, what is wrong or None). A record's text is found here
-    (JSON parsed, checked, hashed for its split) so the main process only reads and writes."""
-    out = []
-    for text, record in items:
-        val, problem = False, None
+    """A batch's tokens, each document's followed by its separator: {'train': tokens, 'val': tokens, 'documents':
+    each split's count, 'passed_over': [(index, what is wrong, or None for an empty record)]}. A record's text is
+    found here (JSON parsed, checked, hashed for its split), so the main process only reads and writes; each
+    item is (text or what holds a record, whether it is a record, whether it ends its document, in val)."""
+    sides = {"train": [], "val": []}
+    out = {"documents": {"train": 0, "val": 0}, "passed_over": []}
+    for index, (text, record, ends, val) in enumerate(items):
         if record:
             text, val, problem = read_record(text, WORKER["field"], WORKER["val_fraction"])
-        tokens = WORKER["tok"].encode_array(text, WORKER["dtype"]) if text else None
-        out.append((tokens, val, problem))
+            if not text:
+                out["passed_over"].append((index, problem))
+                continue
+        side = "val" if val else "train"
+        sides[side].append(WORKER["tok"].encode_array(text, WORKER["dtype"]))
+        if ends:
+            sides[side].append(WORKER["after"][record])
+            out["documents"][side] += 1
+    for side, parts in sides.items():
+        out[side] = np.concatenate(parts) if parts else np.zeros(0, WORKER["dtype"])
     return out
 
 
@@ -178,12 +191,12 @@ def tokenized(batches, setup, workers):
     if workers <= 1:
         set_up(setup)
         for batch in batches:
-            yield batch, encode_pieces([(p.text, p.record) for p in batch])
+            yield batch, encode_pieces([(p.text, p.record, p.ends_document, p.val) for p in batch])
         return
     with ProcessPoolExecutor(workers, initializer=start_worker, initargs=(setup,)) as pool:
         flight = deque()
         for batch in batches:
-            flight.append((batch, pool.submit(encode_pieces, [(p.text, p.record) for p in batch])))
+            flight.append((batch, pool.submit(encode_pieces, [(p.text, p.record, p.ends_document, p.val) for p in batch])))
             if len(flight) > 2 * workers:
                 done, future = flight.popleft()
                 yield done, future.result()

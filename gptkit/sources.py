@@ -145,10 +145,12 @@ class Reader:
             line_no, told = 0, raw.tell()
             for line in f:
                 line_no += 1
-                progress.update(raw.tell() - told)
-                told = raw.tell()
+                if line_no % 64 == 0:  # often enough for the bar, rarely enough to cost nothing
+                    progress.update(raw.tell() - told)
+                    told = raw.tell()
                 if line_no > start and line.strip():
                     yield Piece(line, True, line_no, record=True, where=f"{shown(path)}:{line_no}")
+            progress.update(raw.tell() - told)
 
     def parquet(self, path, start, progress):
         pf, column = open_parquet(path, self.text_field)
