@@ -130,7 +130,7 @@ class SelfAttention(nn.Module):
                              persistent=False)
         self.path = "fused"
         self.attn_dropout = config.dropout
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = Dropout(config.dropout)
         self.qk_norm = config.qk_norm
         self.qk_norm_fn = F.rms_norm if config.norm == "rmsnorm" else F.layer_norm
 
@@ -163,20 +163,23 @@ class SelfAttention(nn.Module):
 
     def attend(self, q, k, v, n_queries):
         """Each query's weighted average of the values it sees: (B, H, T, D)."""
-        dropout = self.attn_dropout if self.training else 0.0
+        p = self.attn_dropout if self.training else 0.0
         n_keys = v.size(2)
-        if self.kind in ("scaled", "dot") and self.path == "fused":
+        # SDPA would draw its dropout mask its own way: on a CPU every path draws it with dropout(), so a run's
+        # masks do not depend on the path its start-up measured fastest
+        fused = self.path == "fused" and not (p and v.device.type == "cpu")
+        if self.kind in ("scaled", "dot") and fused:
             mask = None
             if self.causal and 1 < n_queries < n_keys:  # new queries after cached keys (one alone sees them all)
                 mask = self.visible(n_queries, n_keys)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
                                                   is_causal=self.causal and n_queries == n_keys,
                                                   scale=None if self.kind == "scaled" else 1.0)
-        if self.kind in ("scaled", "dot") and self.path == "folded":
+        if self.kind in ("scaled", "dot") and self.path in ("folded", "fused"):
             weights = self.folded_weights(q, k)
         else:
             weights = self.attention_weights(q, k, n_queries, n_keys)
-        return F.dropout(weights, dropout, self.training) @ v
+        return dropout(weights, p, self.training) @ v
 
     def visible(self, n_queries, n_keys):
         """(n_queries, n_keys) booleans, True where a query may look: the queries are the last n_queries
@@ -212,6 +215,31 @@ class SelfAttention(nn.Module):
         return scores.view(B, H, T, S).softmax(dim=-1)
 
 
+def dropout(x, p, training):
+    """F.dropout: in training, zero each element with probability p (kept to 1/32768) and scale the rest by
+    1/(1-p). On a CPU, torch draws a whole generator call for each element of the mask (about 6 ns), which
+    costs a small model as much as its matmuls; here one 64-bit draw gives four elements 15 bits each."""
+    if not training or p == 0:
+        return x
+    if x.device.type != "cpu":
+        return F.dropout(x, p, True)
+    draws = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_()  # 63 random bits each
+    bits = draws.view(torch.int16)[:x.numel()].view(x.shape) & 0x7FFF
+    kept = torch.tensor(1 / (1 - p), dtype=x.dtype)
+    return x * torch.where(bits >= round(p * 32768), kept, torch.zeros((), dtype=x.dtype))
+
+
+class Dropout(nn.Module):
+    """nn.Dropout, through dropout() above."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        return dropout(x, self.p, self.training)
+
+
 class ReLUSquared(torch.autograd.Function):
     """relu(x)^2 with one multiply each way: autograd through relu(x).square() runs four more
     element-wise kernels, a noticeable share of an eager CPU step for a small model."""
@@ -233,7 +261,7 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.act = config.mlp_act
 
     def forward(self, x):
@@ -267,7 +295,7 @@ class GPT(nn.Module):
         self.config = config
         modules = dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
-            drop=nn.Dropout(config.dropout),
+            drop=Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
             ln_f=make_norm(config),
         )

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from gptkit.decoding import KVCache, generate, sample_next
 from gptkit.flops import flops_per_token
-from model import GPT, GPTConfig, ReLUSquared, SelfAttention, apply_rotary, rotary_tables
+from model import GPT, GPTConfig, ReLUSquared, SelfAttention, apply_rotary, dropout, rotary_tables
 
 BASE = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
 MODERN = dict(pos_emb="rope", norm="rmsnorm", qk_norm=True, mlp_act="relu2", tie_weights=False,
@@ -59,6 +59,42 @@ def naive_attention(attn, x, rotary=None, qk_norm=None):
     y = y.transpose(1, 2).reshape(B, T, C)
     return y @ attn.c_proj.weight.T + attn.c_proj.bias
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_zeroes_a_share_p_and_scales_the_rest_as_f_dropout_does(dtype):
+    """The CPU mask drawn 15 bits an element: over 2M elements the zeroed share is p to within 0.2%, what is
+    kept is scaled by exactly 1/(1-p), the gradient flows through the same mask, each call draws a new mask
+    from torch's generator (so a seed repeats it), and outside training, or with p = 0, it is the identity."""
+    x = torch.ones(2_000_000, dtype=dtype, requires_grad=True)
+    torch.manual_seed(0)
+    y = dropout(x, 0.25, True)
+    assert abs((y == 0).float().mean().item() - 0.25) < 0.002
+    assert torch.equal(y[y != 0], torch.full_like(y[y != 0], 1 / 0.75)) and y.dtype == dtype
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x, 0.25, True), y) and not torch.equal(dropout(x, 0.25, True), y)
+    assert dropout(x, 0.25, False) is x and dropout(x, 0.0, True) is x
+
+
+def test_with_dropout_every_attention_path_trains_alike():
+    """With dropout, every attention path draws the same masks from the same seed, so which path a run's
+    start-up measured fastest does not change its losses or gradients."""
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=50, dropout=0.1)
+    torch.manual_seed(1)
+    model = GPT(config)
+    x = torch.randint(50, (4, 16))
+    seen = []
+    for path in ("fused", "written", "folded"):
+        model.set_attention_path(path)
+        model.zero_grad()
+        torch.manual_seed(2)
+        loss = model(x, x)[1]
+        loss.backward()
+        seen.append((loss.item(), model.lm_head.weight.grad.clone()))
+    for loss, grad in seen[1:]:
+        assert abs(loss - seen[0][0]) < 1e-5 and torch.allclose(grad, seen[0][1], atol=1e-6)
 
 
 def test_relu_squared_matches_autograd_of_the_plain_formula():
