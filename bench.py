@@ -529,9 +529,10 @@ class PrepareBenchConfig:
 def bench_prepare(argv):
     """A JSON Lines corpus prepared by data/prepare.py (and read by train.py), beside nanoGPT's script."""
     from gptkit import prepare_bench as pb
+    from gptkit.corpus import cores
 
     cfg = parse_config(PrepareBenchConfig, argv, prog="bench.py prepare")
-    workers = cfg.workers or len(os.sched_getaffinity(0))
+    workers = cfg.workers or cores()
     if cfg.nanogpt_dir:
         pb.nanogpt_script(cfg.nanogpt_dir)  # a wrong checkout fails now, not after our run
     work = Path(cfg.work_dir)

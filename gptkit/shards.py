@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from gptkit.sources import read_record
+from gptkit.sources import hashed, read_record
 from gptkit.tokenizer import tokenizer_from_meta
 
 CHUNK_TOKENS = 1 << 20
@@ -42,7 +42,7 @@ class ShardWriter:
                 later.unlink()
         self.file = open(self.path(k, ".part"), "ab")
         self.file.truncate(self.part * self.dtype.itemsize)  # what was written after the saved state goes
-        self.hash = sha256_of(self.path(k, ".part"), hexdigest=False)
+        self.hash = hashed(self.path(k, ".part"), hashlib.sha256())
 
     @classmethod
     def matches(cls, folder, split, itemsize, state):
@@ -128,12 +128,8 @@ class ShardWriter:
                 for name, n, sha in zip(names, self.done, self.sums)]
 
 
-def sha256_of(path, hexdigest=True):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest() if hexdigest else h
+def sha256_of(path):
+    return hashed(path, hashlib.sha256()).hexdigest()
 
 
 WORKER = {}  # a tokenizing process's settings, set once as it starts

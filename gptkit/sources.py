@@ -88,16 +88,20 @@ def hashed_in_val(h, val_fraction):
     return int.from_bytes(h.digest(), "little") < val_fraction * 2 ** 64
 
 
+def hashed(path, h):
+    """The hash h (a hashlib object), updated with the file's bytes, read in blocks."""
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK_BYTES), b""):
+            h.update(block)
+    return h
+
+
 def file_in_val(path, val_fraction):
-    """in_val for a whole text file, read in blocks: the hash of its bytes is the hash of its text."""
-    h = hashlib.blake2b(digest_size=8)
+    """in_val for a whole text file: the hash of its bytes is the hash of its text."""
     try:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(CHUNK_BYTES), b""):
-                h.update(block)
+        return hashed_in_val(hashed(path, hashlib.blake2b(digest_size=8)), val_fraction)
     except OSError as e:
         raise UserError(f"could not read {shown(path)} ({e.strerror or e})") from None
-    return hashed_in_val(h, val_fraction)
 
 
 class Reader:

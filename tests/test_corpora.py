@@ -21,6 +21,7 @@ from gptkit import corpus
 from gptkit.corpus import PrepareConfig, prepare
 from gptkit.dataset import Split, TrainingData, load_meta
 from gptkit.errors import UserError
+from gptkit.prepare_bench import tree_rss
 from gptkit.sources import in_val
 from gptkit.tokenizer import tokenizer_from_meta
 
@@ -111,11 +112,6 @@ def test_shards_read_as_the_stream_a_single_file_holds(tmp_path):
         assert all(torch.equal(a, b) for a, b in zip(opened[0].sampler.next(), opened[1].sampler.next()))
 
 
-def rss_kib():
-    with open("/proc/self/status", encoding="ascii") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads resident memory from /proc")
 def test_reading_every_shard_keeps_resident_memory_flat(tmp_path):
     """96 MB of shards read from end to end: resident memory grows by a small fraction of that (a memmap kept
@@ -129,10 +125,10 @@ def test_reading_every_shard_keeps_resident_memory_flat(tmp_path):
         shards.append({"file": f"train_{k:03d}.bin", "tokens": n, "sha256": None})
     meta = {"dtype": "uint16", "vocab_size": 50_000, "train_shards": shards}
     split = Split(folder, "train", meta, 4096)
-    before = rss_kib()
+    before = tree_rss(os.getpid())
     for start in range(0, split.length - 4097, 64 * 4096):
         split.batch(torch.arange(start, start + 64 * 4096, 4096).clamp(max=split.length - 4097), "cpu")
-    assert rss_kib() - before < 24 << 10
+    assert tree_rss(os.getpid()) - before < 24 << 20
 
 
 def test_a_shard_missing_or_damaged_is_one_line_before_training(tmp_path):

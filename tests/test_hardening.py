@@ -27,6 +27,12 @@ def files(folder):
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and p.name != "run.lock"}
 
 
+def train_again(run, data_dir, init_from, max_iters, *extra):
+    """train.py on the tiny dataset into the copied run folder, continuing it as init_from says."""
+    return run_script("train.py", f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={run}",
+                      f"--init_from={init_from}", f"--max_iters={max_iters}", *extra)
+
+
 # ---------------------------------------------------------------------------------------------- checkpoint fields
 
 DELETE = object()
@@ -127,8 +133,7 @@ def test_resume_refuses_a_damaged_field_in_one_line(run, data_dir, case):
     path = run / "latest.pt"
     problem = damage(path, case)
     before = files(run)
-    proc = run_script("train.py", f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={run}",
-                      "--init_from=resume", "--max_iters=40")
+    proc = train_again(run, data_dir, "resume", 40)
     assert proc.returncode == 1
     assert_one_error_line(proc.stderr, f"error: {path} is damaged: {problem}")
     assert files(run) == before
@@ -137,16 +142,14 @@ def test_resume_refuses_a_damaged_field_in_one_line(run, data_dir, case):
 def test_resume_without_iter_num_is_one_line(run, data_dir):
     (run / "latest.prev.pt").unlink()
     rewrite(run / "latest.pt", ("iter_num",), DELETE)
-    proc = run_script("train.py", f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={run}",
-                      "--init_from=resume", "--max_iters=40")
+    proc = train_again(run, data_dir, "resume", 40)
     assert proc.returncode == 1
     assert_one_error_line(proc.stderr, f"error: {run / 'latest.pt'} is incomplete: it lacks iter_num")
 
 
 def test_a_damaged_field_in_latest_falls_back_to_the_state_before(run, data_dir):
     problem = damage(run / "latest.pt", "best_val_loss a string")
-    proc = run_script("train.py", f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={run}",
-                      "--init_from=resume", "--max_iters=25")
+    proc = train_again(run, data_dir, "resume", 25)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"note: {run / 'latest.pt'} is damaged: {problem}; resuming from "
                                   f"{run / 'latest.prev.pt'} (iteration 20)\n"), proc.stdout
@@ -180,8 +183,7 @@ def test_resume_refuses_a_saved_setting_of_the_wrong_type_in_one_line(run, data_
     (run / "latest.prev.pt").unlink()
     rewrite(run / "latest.pt", ("config", key), value)
     before = files(run)
-    proc = run_script("train.py", f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={run}",
-                      "--init_from=auto", "--max_iters=40")
+    proc = train_again(run, data_dir, "auto", 40)
     assert proc.returncode == 1
     assert_one_error_line(proc.stderr, f"error: {run / 'latest.pt'} is damaged: its saved config: {problem}")
     assert files(run) == before
@@ -189,8 +191,7 @@ def test_resume_refuses_a_saved_setting_of_the_wrong_type_in_one_line(run, data_
 
 def test_a_saved_setting_of_the_wrong_type_falls_back_to_the_state_before(run, data_dir):
     rewrite(run / "latest.pt", ("config", "learning_rate"), "x")
-    proc = run_script("train.py", f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={run}",
-                      "--init_from=auto", "--max_iters=25")
+    proc = train_again(run, data_dir, "auto", 25)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"note: {run / 'latest.pt'} is damaged: its saved config: learning_rate must be "
                                   f"float, got 'x'; resuming from {run / 'latest.prev.pt'} (iteration 20)\n")
@@ -252,8 +253,7 @@ def test_a_run_folder_that_cannot_be_written_is_refused_before_any_work(run, dat
     target = run if what == "the folder" else run / what
     before = files(run)
     immutable(target)
-    proc = run_script("train.py", f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={run}",
-                      "--init_from=auto", "--max_iters=40", "--eval_interval=5")
+    proc = train_again(run, data_dir, "auto", 40, "--eval_interval=5")
     assert proc.returncode == 1 and "iter " not in proc.stdout, proc.stdout
     expected = (f"error: cannot write to out_dir {run} (a run saves its state there); make it writable or pick "
                 "another --out_dir" if what == "the folder" else
