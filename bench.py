@@ -8,6 +8,7 @@ Benchmarks, one subcommand each; every subcommand takes its own --key=value opti
     python bench.py throughput                     # training tokens/s on the baby GPT: fp32 AdamW vs the default's settings
     python bench.py explore --out_dir=out          # the explorer: first token, streaming, page load, analysis
     python bench.py busy                           # training tokens/s idle, then beside one busy process
+    python bench.py presets                        # each preset trained with 3 seeds: mean val loss, spread, target
     python bench.py prepare --nanogpt_dir=../nanoGPT  # a 1 GB JSON Lines corpus: ours vs nanoGPT's OpenWebText prepare
     python bench.py prepare --size_gb=10           # peak memory preparing, then training on, 10 GB
 """
@@ -17,6 +18,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -31,8 +33,8 @@ from gptkit.decoding import generate_stream, lay_out_for_decoding
 from gptkit.errors import UserError, run_main
 from gptkit.flops import flops_per_token
 from gptkit.metrics import read_metrics
-from gptkit.probes import (attention_path_for, matmul_peak, pick_decode_dtype, pick_decode_threads, pick_dtype,
-                           synchronize)
+from gptkit.probes import (attention_path_for, matmul_peak, pick_decode_dtype, pick_decode_threads,
+                           pick_training_dtype, synchronize)
 from gptkit.runtime import DTYPES, autocast, check_device_name, compile_blocks, pick_device
 from gptkit.train_config import TrainConfig
 from model import GPT, GPTConfig
@@ -175,12 +177,16 @@ class TrainBenchConfig:
     config: str = "config/shakespeare_char.py"  # the new default, compared with the classic recipe
     device: str = "cpu"  # device for both runs
     targets: str = "1.886,1.60"  # val losses to time, comma-separated
-    runs: str = "classic,default"  # which runs to do, comma-separated
+    # which runs to do, comma-separated; 'fitted' is the default with max_time set so that its whole run ends
+    # within the classic run's wall time (so it needs 'classic' too)
+    runs: str = "classic,default,fitted"
     default_args: str = ""  # more train.py options for the default run, space-separated (e.g. "--max_time=45")
 
     def __post_init__(self):
-        if set(self.run_list()) - {"classic", "default"} or not self.run_list():
-            raise ValueError(f"runs must be 'classic', 'default' or both (got {self.runs!r})")
+        runs = self.run_list()
+        if set(runs) - {"classic", "default", "fitted"} or not runs or ("fitted" in runs and "classic" not in runs):
+            raise ValueError(f"runs must be some of 'classic', 'default' and 'fitted', 'fitted' with 'classic' "
+                             f"(got {self.runs!r})")
         try:
             targets = self.target_list()
         except ValueError:
@@ -246,7 +252,7 @@ def print_train_table(summaries, targets):
     print(f"\n{'':<24}" + "".join(f"{n:>14}" for n in names))
     for label, cell in rows:
         print(f"{label:<24}" + "".join(f"{cell(summaries[n]):>14}" for n in names))
-    if len(names) == 2:
+    if "classic" in summaries and "default" in summaries:
         a, b = summaries["classic"], summaries["default"]
         for t in targets:
             if b["hit"][t]:
@@ -258,6 +264,11 @@ def print_train_table(summaries, targets):
             print(f"tokens/s: {b['tok_s'] / a['tok_s']:.2f}x, GFLOP/s: {b['gflops'] / a['gflops']:.2f}x")
         else:
             print("tokens/s: n/a (a run logged fewer than two train records; lower its log_interval)")
+    if "fitted" in summaries:
+        a, f = summaries["classic"], summaries["fitted"]
+        print(f"fitted to the classic run's wall time, the default's whole run took {fmt_s(f['wall_s'])} against "
+              f"{fmt_s(a['wall_s'])} ({'within' if f['wall_s'] <= a['wall_s'] else 'OVER'}) and ended at "
+              f"{f['final_val']:.4f}, the classic run at {a['final_val']:.4f}")
 
 
 def clear_run_folder(out_dir):
@@ -289,7 +300,9 @@ def bench_train(argv):
     args = {"classic": CLASSIC_ARGS, "default": [cfg.config, *cfg.default_args.split()]}
     print(f"machine: {device_name(cfg.device)}, torch {torch.__version__}")
     summaries = {}
-    for name in cfg.run_list():
+    for name in sorted(cfg.run_list(), key=["classic", "default", "fitted"].index):
+        if name == "fitted":  # the clock starts once train.py is up: leave its start-up out of the budget too
+            args["fitted"] = [*args["default"], f"--max_time={max(1, int(summaries['classic']['wall_s']) - 3)}"]
         out_dir = work / name
         clear_run_folder(out_dir)
         cmd = [sys.executable, str(REPO / "train.py"), *args[name], f"--device={cfg.device}",
@@ -300,6 +313,88 @@ def bench_train(argv):
 
     draw_val_loss_vs_time({name: s["evals"] for name, s in summaries.items()},
                           "tinyshakespeare, val loss against wall time", work / "loss_vs_time.png")
+
+
+@dataclass
+class PresetsBenchConfig:
+    input: str = ""  # text to train on ('' = data/shakespeare_char/input.txt, which data/prepare.py downloads)
+    work_dir: str = "out-bench-presets"  # prepared data and every run go here
+    configs: str = ("config/shakespeare_char.py,config/shakespeare_char_5min.py,"
+                    "config/shakespeare_char_10min.py")  # presets to train, comma-separated
+    targets: str = "1.46,1.43,1.41"  # each preset's target: mean val loss on the whole split ('' = none)
+    seeds: str = "1337,1338,1339"  # each preset trains once per seed, comma-separated
+    device: str = "cpu"  # device for every run
+    args: str = ""  # more train.py options for every run, space-separated
+
+    def __post_init__(self):
+        if not self.config_list() or not self.seed_list():
+            raise ValueError("configs and seeds must each name at least one")
+        for seed in self.seed_list():
+            check_seed(seed)
+        targets = self.target_list()
+        if targets and (len(targets) != len(self.config_list()) or not all(t > 0 for t in targets)):
+            raise ValueError(f"targets must be one positive val loss per config, or '' (got {self.targets!r})")
+        check_device_name(self.device)
+
+    def config_list(self):
+        return [c.strip() for c in self.configs.split(",") if c.strip()]
+
+    def seed_list(self):
+        try:
+            return [int(s) for s in self.seeds.split(",") if s.strip()]
+        except ValueError:
+            raise ValueError(f"seeds must be integers, comma-separated (got {self.seeds!r})") from None
+
+    def target_list(self):
+        try:
+            return [float(t) for t in self.targets.split(",") if t.strip()]
+        except ValueError:
+            raise ValueError(f"targets must be val losses, comma-separated (got {self.targets!r})") from None
+
+
+def bench_presets(argv):
+    """Each preset trained once per seed, one run after another, wall time taken from process start to exit;
+    each preset's mean whole-split val loss, its spread, and its target."""
+    from gptkit.corpus import PrepareConfig, prepare
+
+    cfg = parse_config(PresetsBenchConfig, argv, prog="bench.py presets")
+    work = Path(cfg.work_dir)
+    prepare(PrepareConfig(input=bench_input(cfg), name="shakespeare_char", data_dir=str(work / "data")))
+    print(f"machine: {device_name(cfg.device)}, torch {torch.__version__}")
+    results = {}
+    for config in cfg.config_list():
+        results[config] = []
+        for seed in cfg.seed_list():
+            out_dir = work / f"{Path(config).stem}-{seed}"
+            clear_run_folder(out_dir)
+            cmd = [sys.executable, str(REPO / "train.py"), config, *cfg.args.split(), f"--seed={seed}",
+                   f"--device={cfg.device}", f"--data_dir={work / 'data'}", "--dataset=shakespeare_char",
+                   f"--out_dir={out_dir}"]
+            results[config].append(train_run(f"{config}, seed {seed}", cmd, out_dir, []))
+    budgets = {config: parse_config(TrainConfig, [config, *cfg.args.split()]).max_time for config in results}
+    print_presets_table(results, dict(zip(cfg.config_list(), cfg.target_list())), budgets, cfg.seed_list())
+
+
+def print_presets_table(results, targets, budgets, seeds):
+    """One row per run, then each preset's mean and spread over its seeds against its target and time budget."""
+    print(f"\n{'preset':<36}{'seed':>6}{'final val':>11}{'wall time':>11}{'iterations':>12}{'precision':>11}")
+    for config, runs in results.items():
+        for seed, s in zip(seeds, runs):
+            print(f"{config:<36}{seed:>6}{s['final_val']:>11.4f}{fmt_s(s['wall_s']):>11}{s['iters']:>12}"
+                  f"{s['dtype']:>11}")
+    print()
+    for config, runs in results.items():
+        losses, walls = [s["final_val"] for s in runs], [s["wall_s"] for s in runs]
+        mean = statistics.mean(losses)
+        spread = f"{min(losses):.4f}-{max(losses):.4f}" + (f", std {statistics.stdev(losses):.4f}" if len(runs) > 1
+                                                           else "")
+        line = f"{config}: mean {mean:.4f} over {len(runs)} seed{'s' if len(runs) > 1 else ''} ({spread})"
+        if budgets[config] > 0:
+            line += (f"; wall time {min(walls):.1f}-{max(walls):.1f} s, " +
+                     ("within" if max(walls) <= budgets[config] else "OVER") + f" max_time {budgets[config]:g} s")
+        if config in targets:
+            line += f"; target <= {targets[config]}: " + ("met" if mean <= targets[config] else "missed")
+        print(line)
 
 
 @dataclass
@@ -367,13 +462,14 @@ class ThroughputBenchConfig:
 
 def steps_per_second(tcfg, steps, warmup, device):
     """Optimizer steps per second of tcfg's model, optimizer, precision and attention path (chosen as train.py
-    chooses them) on random tokens; FLOPs per token; and the attention path taken."""
+    chooses them) on random tokens; FLOPs per token; the precision and the attention path taken."""
     from gptkit.optim import build_optimizers
 
     torch.manual_seed(0)
     model = GPT(replace(tcfg.model, vocab_size=65)).to(device)
     optimizers = build_optimizers(model, tcfg, device)
-    ctx = autocast(device, pick_dtype(tcfg.dtype, device))
+    dtype = pick_training_dtype(tcfg.dtype, model, tcfg.batch_size, device)[0]
+    ctx = autocast(device, dtype)
     path, _ = attention_path_for(tcfg.attention_path, model, tcfg.batch_size, ctx, device)
     model.set_attention_path(path)
     if tcfg.compile:
@@ -390,7 +486,7 @@ def steps_per_second(tcfg, steps, warmup, device):
             opt.step()
             opt.zero_grad(set_to_none=True)
     synchronize(device)
-    return steps / (time.perf_counter() - start), flops_per_token(model, tcfg.model.block_size), path
+    return steps / (time.perf_counter() - start), flops_per_token(model, tcfg.model.block_size), dtype, path
 
 
 def bench_throughput(argv):
@@ -408,9 +504,8 @@ def bench_throughput(argv):
     print(f"machine: {device_name(device)}, torch {torch.__version__}")
     rates = {}
     for name, tcfg in candidates.items():
-        steps_s, token_flops, path = steps_per_second(tcfg, cfg.steps, cfg.warmup, device)
+        steps_s, token_flops, dtype, path = steps_per_second(tcfg, cfg.steps, cfg.warmup, device)
         tokens_s = steps_s * cfg.batch_size * cfg.block_size
-        dtype = pick_dtype(tcfg.dtype, device)
         peak = matmul_peak(dtype, device)
         rates[name] = tokens_s
         print(f"{name:<36} {dtype:>9} {tcfg.optimizer:>6} compile={tcfg.compile!s:<5} "
@@ -575,6 +670,7 @@ COMMANDS = {
     "throughput": bench_throughput,
     "explore": bench_explore,
     "busy": bench_busy,
+    "presets": bench_presets,
     "prepare": bench_prepare,
 }
 

@@ -3,6 +3,7 @@ path, and the precision and thread count for decoding, each timed in a probe of 
 and the matmul peak that utilisation figures are measured against."""
 
 import collections
+import contextlib
 import copy
 import functools
 import math
@@ -47,18 +48,6 @@ def cpu_has_bf16():
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def matmul_seconds(dtype, size=768):
-    a = torch.randn(size, size).to(dtype)
-    return fastest_seconds(lambda: a @ a, 3)
-
-
-@functools.cache
-def cpu_bf16_speedup():
-    """How many times faster bf16 matmuls run than fp32 here (0 without bf16 instructions): some CPUs that
-    list the instructions run them slower than fp32, so ask the hardware."""
-    return matmul_seconds(torch.float32) / matmul_seconds(torch.bfloat16) if cpu_has_bf16() else 0.0
-
-
 @functools.cache
 def matmul_peak(dtype, device="cpu", size=2048, repeats=5):
     """FLOP/s of the fastest of a few size x size matmuls in dtype on device: the most a training step's
@@ -68,17 +57,54 @@ def matmul_peak(dtype, device="cpu", size=2048, repeats=5):
 
 
 def pick_dtype(name, device):
-    """The training precision: as asked, or for 'auto' bf16 on a GPU that has it and on a CPU where a probe
-    finds bf16 matmuls clearly faster than fp32; else fp32."""
+    """The training precision: as asked, or for 'auto' bf16 on a GPU that has it, else fp32 (on a CPU with bf16
+    instructions, training then times its own step in each: pick_training_dtype)."""
     if name != "auto":
         if name == "float16" and device == "cpu":
             raise UserError("dtype float16 is not supported on CPU; use bfloat16 or float32")
         return name
     if device.startswith("cuda"):
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    if device == "cpu" and cpu_bf16_speedup() > 1.2:
-        return "bfloat16"
     return "float32"
+
+
+def training_step_seconds(model, batch_size, dtype):
+    """The fastest of a few timings of the model's forward and backward at the training shape in dtype on a
+    CPU, on fixed tokens, leaving its gradients and the random generators as they were."""
+    c = model.config
+    x = torch.randint(c.vocab_size, (batch_size, c.block_size), generator=torch.Generator().manual_seed(0))
+    cast = torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bfloat16" else contextlib.nullcontext()
+
+    def forward_backward():
+        with cast:
+            loss = model(x, x)[1]
+        loss.backward()
+
+    seconds = []
+    with torch.random.fork_rng(devices=[]):
+        try:
+            for _ in range(4):
+                start = time.perf_counter()
+                forward_backward()
+                seconds.append(time.perf_counter() - start)
+                if len(seconds) == 2 and seconds[0] > 0.25:  # a slow step: one timing after the first will do
+                    break
+        finally:
+            model.zero_grad(set_to_none=True)
+    return min(seconds[1:])  # the first call paid for kernel selection and autocast's casts
+
+
+def pick_training_dtype(name, model, batch_size, device, margin=1.15):
+    """The training precision for this model: pick_dtype's, but for 'auto' on a CPU with bf16 instructions,
+    bfloat16 only when the model's own training step runs clearly faster in it than in float32, timed here. A
+    matmul probe can mislead: a small model's step is not bound by its matmuls, and bf16 adds casts to its
+    elementwise work. (dtype, a line saying why, or None)."""
+    if name != "auto" or device != "cpu" or not cpu_has_bf16():
+        return pick_dtype(name, device), None
+    seconds = {dtype: training_step_seconds(model, batch_size, dtype) for dtype in ("float32", "bfloat16")}
+    best = "bfloat16" if seconds["bfloat16"] * margin < seconds["float32"] else "float32"
+    return best, (f"precision: {best} (a training step, forward and backward, took {seconds['float32'] * 1e3:.0f} ms "
+                  f"in float32 and {seconds['bfloat16'] * 1e3:.0f} ms in bfloat16 here)")
 
 
 def attention_path_for(setting, model, batch_size, autocast, device):

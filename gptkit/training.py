@@ -14,7 +14,7 @@ from gptkit.dataset import TrainingData, load_meta
 from gptkit.errors import UserError
 from gptkit.hf_interop import load_pretrained
 from gptkit.optim import build_optimizers
-from gptkit.probes import ThreadTuner, attention_path_for, cpu_bf16_speedup, cpu_has_bf16
+from gptkit.probes import ThreadTuner, attention_path_for, pick_training_dtype
 from gptkit.runtime import compile_blocks
 from gptkit.tokenizer import describe_vocabulary, same_token_ids
 from model import GPT
@@ -224,14 +224,16 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
 
 def settle_measured_choices(cfg, rt, model, ckpt):
     """The precision and the attention path: as configured; for 'auto', as the resumed run was trained (a
-    resume continues exactly: the two attention paths draw dropout differently), or else measured here by
-    rank 0 and printed. Returns them, for the checkpoint."""
+    resume continues exactly), or else measured here on this model by rank 0 and printed. Returns them, for
+    the checkpoint."""
     saved = ckpt.get("measured", {}) if ckpt is not None else {}
     if cfg.dtype == "auto" and "dtype" in saved:
         rt.set_dtype(saved["dtype"])
-    elif cfg.dtype == "auto" and rt.master and rt.device == "cpu" and cpu_has_bf16():
-        print(f"precision: {rt.dtype} (bfloat16 matmuls ran at {cpu_bf16_speedup():.2f}x the float32 speed "
-              "in a probe here)")
+    elif cfg.dtype == "auto":
+        dtype, why = pick_training_dtype(cfg.dtype, model, cfg.batch_size, rt.device) if rt.master else (None, None)
+        rt.set_dtype(rt.broadcast(dtype))  # rank 0's measurement: every process trains in one precision
+        if why and rt.master:
+            print(why)
     if cfg.attention_path == "auto" and "attention_path" in saved:
         path = saved["attention_path"]
     else:

@@ -114,3 +114,39 @@ def test_prepare_bench_refuses_a_nanogpt_checkout_it_cannot_point_at_a_file(tmp_
     script.write_text("num_proc = 8\nload_dataset('somewhere else')\n", encoding="utf-8")
     with pytest.raises(UserError, match="is not the script this benchmark knows how to point at a local file"):
         bench.main(["prepare", f"--nanogpt_dir={tmp_path}", f"--work_dir={tmp_path / 'w'}"])
+
+
+def test_presets_bench_trains_each_preset_once_per_seed_and_states_the_mean(tmp_path, capsys):
+    text = tmp_path / "input.txt"
+    text.write_text("To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 40)
+    tiny = ("--max_iters=3 --max_time=0 --n_layer=1 --n_head=2 --n_embd=16 --block_size=16 --batch_size=2 "
+            "--eval_interval=1 --eval_iters=1 --log_interval=1 --final_eval_tokens=64 --dtype=float32 "
+            "--attention_path=fused --compile=False")
+    bench.main(["presets", f"--input={text}", f"--work_dir={tmp_path / 'w'}", "--configs=config/shakespeare_char.py",
+                "--targets=9.0", "--seeds=1,2", f"--args={tiny}"])
+    out = capsys.readouterr().out
+    rows = re.findall(r"^config/shakespeare_char.py +(\d+) +(\d\.\d{4}) +[\d.]+ s +3 +float32$", out, re.M)
+    assert [seed for seed, _ in rows] == ["1", "2"] and rows[0][1] != rows[1][1]  # the seed reached train.py
+    losses = [float(loss) for _, loss in rows]
+    mean = re.search(r"^config/shakespeare_char.py: mean (\d\.\d{4}) over 2 seeds \((\d\.\d{4})-(\d\.\d{4}), std ",
+                     out, re.M)
+    assert abs(float(mean[1]) - sum(losses) / 2) <= 1e-4 and (float(mean[2]), float(mean[3])) == tuple(sorted(losses))
+    assert out.rstrip().endswith("target <= 9.0: met")
+
+
+def test_presets_table_states_budget_and_target_misses(capsys):
+    runs = [summary(301.0, {}), summary(299.0, {})]
+    runs[1]["final_val"] = 1.46
+    bench.print_presets_table({"c.py": runs}, {"c.py": 1.45}, {"c.py": 300}, [1, 2])
+    out = capsys.readouterr().out
+    assert ("c.py: mean 1.4800 over 2 seeds (1.4600-1.5000, std 0.0283); wall time 299.0-301.0 s, OVER max_time "
+            "300 s; target <= 1.45: missed") in out
+
+
+def test_train_bench_fits_a_run_to_the_classic_wall_time(capsys):
+    classic, fitted = summary(80.0, {1.886: 60.0}), summary(79.5, {1.886: 20.0})
+    bench.print_train_table({"classic": classic, "fitted": fitted}, [1.886])
+    assert ("fitted to the classic run's wall time, the default's whole run took 79.5 s against 80.0 s (within) "
+            "and ended at 1.5000, the classic run at 1.5000") in capsys.readouterr().out
+    with pytest.raises(ValueError, match="'fitted' with 'classic'"):
+        bench.TrainBenchConfig(runs="default,fitted")

@@ -193,21 +193,33 @@ def test_gradient_accumulation_gives_the_update_of_one_big_batch(tmp_path, data_
         torch.testing.assert_close(accum[key], big[key], rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("bf16_instructions,bf16_faster,want", [(True, True, "bfloat16"), (True, False, "float32"),
-                                                                (False, True, "float32")])
-def test_pick_dtype_trusts_the_probe_not_the_flags(monkeypatch, bf16_instructions, bf16_faster, want):
-    probes.cpu_bf16_speedup.cache_clear()
+@pytest.mark.parametrize("bf16_instructions,bf16_speedup,want", [(True, 2.0, "bfloat16"), (True, 1.1, "float32"),
+                                                                 (True, 0.5, "float32"), (False, 2.0, "float32")])
+def test_training_precision_is_the_faster_step_not_the_flags(monkeypatch, bf16_instructions, bf16_speedup, want):
+    """'auto' on a CPU times the model's own step in each precision; bf16 must win clearly, and without its
+    instructions it is not tried."""
     monkeypatch.setattr(probes, "cpu_has_bf16", lambda: bf16_instructions)
-    monkeypatch.setattr(probes, "matmul_seconds",
-                        lambda dtype, **kw: 1.0 if (dtype == torch.bfloat16) == bf16_faster else 3.0)
-    try:
-        assert pick_dtype("auto", "cpu") == want
-    finally:
-        probes.cpu_bf16_speedup.cache_clear()
-    assert pick_dtype("float32", "cpu") == "float32" and pick_dtype("bfloat16", "cpu") == "bfloat16"
+    monkeypatch.setattr(probes, "training_step_seconds", lambda model, batch_size, dtype: {
+        "float32": 1.0, "bfloat16": 1.0 / bf16_speedup}[dtype])
+    dtype, why = probes.pick_training_dtype("auto", tiny_model(config(**TINY)), 4, "cpu")
+    assert dtype == want
+    assert why == (f"precision: {want} (a training step, forward and backward, took 1000 ms in float32 and "
+                   f"{1000 / bf16_speedup:.0f} ms in bfloat16 here)" if bf16_instructions else None)
+    assert probes.pick_training_dtype("float32", tiny_model(config(**TINY)), 4, "cpu") == ("float32", None)
+    assert pick_dtype("bfloat16", "cpu") == "bfloat16" and pick_dtype("auto", "mps") == "float32"
     with pytest.raises(UserError, match="float16 is not supported on CPU"):
         pick_dtype("float16", "cpu")
-    assert pick_dtype("auto", "mps") == "float32"
+
+
+def test_timing_a_training_step_leaves_no_trace():
+    """The probe runs before training: it must leave no gradients and not move the random generators, so that a
+    run's data order and dropout masks do not depend on it."""
+    model = tiny_model(config(**{**TINY, "dropout": 0.1}))
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    assert probes.training_step_seconds(model, 2, "bfloat16") > 0
+    assert torch.equal(torch.get_rng_state(), before)
+    assert all(p.grad is None for p in model.parameters())
 
 
 @pytest.mark.parametrize("max_tokens", [0, 100, 37])
