@@ -467,8 +467,8 @@ def steps_per_second(tcfg, steps, warmup, device):
 
     torch.manual_seed(0)
     model = GPT(replace(tcfg.model, vocab_size=65)).to(device)
-    optimizers = build_optimizers(model, tcfg, device)
     dtype = pick_training_dtype(tcfg.dtype, model, tcfg.batch_size, device)[0]
+    optimizers = build_optimizers(model, tcfg, device, dtype)
     ctx = autocast(device, dtype)
     path, _ = attention_path_for(tcfg.attention_path, model, tcfg.batch_size, ctx, device)
     model.set_attention_path(path)

@@ -79,7 +79,7 @@ class TrainState:
     def __init__(self, cfg, model, tokenizer, sampler, rt, measured):
         self.cfg, self.model, self.tokenizer, self.sampler = cfg, model, tokenizer, sampler
         self.measured = measured  # the precision and attention path chosen by measurement, kept for a resume
-        self.optimizers = build_optimizers(model, cfg, rt.device)
+        self.optimizers = build_optimizers(model, cfg, rt.device, rt.dtype)
         self.scaler = torch.amp.GradScaler(rt.device.split(":")[0], enabled=rt.dtype == "float16")
         self.iter_num = 0  # optimizer steps taken
         self.best_val_loss = math.inf

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from gptkit import probes
+from gptkit import optim, probes
 from gptkit.config import build
 from gptkit.errors import UserError
 from gptkit.optim import build_optimizers, is_hidden_matrix, lr_multiplier, set_lr
@@ -84,6 +84,39 @@ def test_bf16_autocast_trains_without_nan():
     cfg = config(**TINY, **OPTIONS["default_bundle"], learning_rate=3e-3, warmup_iters=2, max_iters=8)
     losses = train_steps(cfg, dtype=torch.bfloat16)
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+
+
+def muon_steps(make, steps=3):
+    """Parameters of three shapes (two sharing one, and a tall one) after `steps` steps of make(params) on
+    fixed random gradients."""
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(shape, generator=gen) * 0.05) for shape in [(48, 16), (16, 16),
+                                                                                              (16, 16), (16, 64)]]
+    opt = make(params)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        opt.step()
+    return [p.detach() for p in params], opt
+
+
+@pytest.mark.parametrize("ns_dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_muon_matches_torch_muon_with_its_newton_schulz_in_the_run_precision(ns_dtype):
+    """In bfloat16 it is torch's Muon exactly; in float32 it is float64's result to float32's precision (torch's
+    bf16 iterations differ from that by far more), and a torch Muon's checkpoint state carries over."""
+    settings = dict(lr=0.02, weight_decay=0.3, momentum=0.95)
+    torch_params, torch_opt = muon_steps(lambda ps: torch.optim.Muon(ps, **settings))
+    ours, _ = muon_steps(lambda ps: optim.Muon(ps, ns_dtype=ns_dtype, **settings))
+    exact, _ = muon_steps(lambda ps: optim.Muon(ps, ns_dtype=torch.float64, **settings))
+    for mine, theirs, best in zip(ours, torch_params, exact):
+        if ns_dtype == torch.bfloat16:
+            assert torch.equal(mine, theirs)
+        else:
+            torch.testing.assert_close(mine, best, rtol=0, atol=1e-6)
+            assert (theirs - best).abs().max() > 1e-4
+    resumed = optim.Muon([p.clone() for p in torch_params], ns_dtype=ns_dtype, **settings)
+    resumed.load_state_dict(torch_opt.state_dict())
+    assert resumed.state_dict()["state"][0]["momentum_buffer"].equal(torch_opt.state_dict()["state"][0]["momentum_buffer"])
 
 
 @pytest.mark.parametrize("tie", [True, False])
