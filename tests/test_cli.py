@@ -133,20 +133,20 @@ def test_max_time_covers_the_whole_run_and_a_resume_spends_only_what_is_left(tmp
 
     out = tmp_path / "timed"
     args = ["--max_iters=1000000", "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1",
-            "--max_time=1.5"]
+            "--max_time=3.0"]  # the budget keeps a second for the process to exit, so give it more than that
     start = time.time()
     train.main(train_args(data_dir, out, *args))
     whole = time.time() - start
     first = load_checkpoint(out / "latest.pt")
-    assert 0.5 < first["seconds_spent"] <= 1.5 * 1.05 and 0 < first["iter_num"] < 1000000 and whole < 1.5 * 1.05 + 0.3
+    assert 1.0 < first["seconds_spent"] <= 3.0 * 1.05 and 0 < first["iter_num"] < 1000000 and whole < 3.0 * 1.05 + 0.3
     assert max(logged(out)) == first["iter_num"]  # stopped after the step that crossed the budget, and saved it
 
     train.main(train_args(data_dir, out, *args, "--init_from=resume"))  # a finished run: nothing to do
     assert load_checkpoint(out / "latest.pt")["iter_num"] == first["iter_num"]
 
-    train.main(train_args(data_dir, out, *args[:-1], "--max_time=3.0", "--init_from=resume"))
+    train.main(train_args(data_dir, out, *args[:-1], "--max_time=5.0", "--init_from=resume"))
     second = load_checkpoint(out / "latest.pt")
-    assert 1.5 < second["seconds_spent"] <= 3.0 * 1.05 and second["iter_num"] > first["iter_num"]
+    assert 3.0 < second["seconds_spent"] <= 5.0 * 1.05 and second["iter_num"] > first["iter_num"]
     assert sorted(logged(out)) == list(range(1, second["iter_num"] + 1))
 
 
