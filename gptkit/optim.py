@@ -51,6 +51,10 @@ class Muon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         for group in self.param_groups:
             if group["adjust_lr_fn"] not in (None, "original"):
                 raise ValueError("this Muon scales the learning rate as torch's 'original' does, and only so")
@@ -67,6 +71,7 @@ class Muon(torch.optim.Muon):
                 for (p, _), update in zip(pairs, updates):
                     p.mul_(1 - group["lr"] * group["weight_decay"])
                     p.add_(update, alpha=-lr)
+        return loss
 
 
 def build_optimizers(model, cfg, device, dtype="float32"):

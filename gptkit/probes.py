@@ -1,6 +1,6 @@
 """The choices made by measuring this machine rather than by rules: the training precision, the attention
-path, and the precision and thread count for decoding, each timed in a probe of milliseconds to a second;
-and the matmul peak that utilisation figures are measured against."""
+path, and the precision and thread count for decoding, each timed on the model itself in a probe of
+milliseconds to a few seconds; and the matmul peak that utilisation figures are measured against."""
 
 import collections
 import contextlib
@@ -49,6 +49,16 @@ def cpu_has_bf16():
 
 
 @functools.cache
+def bf16_matmul_speedup(size=768):
+    """How many times faster a size x size matmul runs in bf16 than in fp32 on this CPU (a few milliseconds)."""
+    seconds = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a = torch.randn(size, size).to(dtype)
+        seconds[dtype] = fastest_seconds(lambda: a @ a, 3)
+    return seconds[torch.float32] / seconds[torch.bfloat16]
+
+
+@functools.cache
 def matmul_peak(dtype, device="cpu", size=2048, repeats=5):
     """FLOP/s of the fastest of a few size x size matmuls in dtype on device: the most a training step's
     matmuls can reach here, measured rather than read off a datasheet."""
@@ -69,8 +79,8 @@ def pick_dtype(name, device):
 
 
 def training_step_seconds(model, batch_size, dtype):
-    """The fastest of a few timings of the model's forward and backward at the training shape in dtype on a
-    CPU, on fixed tokens, leaving its gradients and the random generators as they were."""
+    """The faster of two timings of the model's forward and backward at the training shape in dtype on a
+    CPU, after one untimed, on fixed tokens, leaving its gradients and the random generators as they were."""
     c = model.config
     x = torch.randint(c.vocab_size, (batch_size, c.block_size), generator=torch.Generator().manual_seed(0))
     cast = torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bfloat16" else contextlib.nullcontext()
@@ -83,7 +93,7 @@ def training_step_seconds(model, batch_size, dtype):
     seconds = []
     with torch.random.fork_rng(devices=[]):
         try:
-            for _ in range(4):
+            for _ in range(3):
                 start = time.perf_counter()
                 forward_backward()
                 seconds.append(time.perf_counter() - start)
@@ -101,6 +111,9 @@ def pick_training_dtype(name, model, batch_size, device, margin=1.15):
     elementwise work. (dtype, a line saying why, or None)."""
     if name != "auto" or device != "cpu" or not cpu_has_bf16():
         return pick_dtype(name, device), None
+    if bf16_matmul_speedup() < 1:  # its matmuls already lose: no need to spend seconds timing steps
+        return "float32", (f"precision: float32 (bfloat16 matmuls ran at {bf16_matmul_speedup():.2f}x the float32 "
+                           "speed here)")
     seconds = {dtype: training_step_seconds(model, batch_size, dtype) for dtype in ("float32", "bfloat16")}
     best = "bfloat16" if seconds["bfloat16"] * margin < seconds["float32"] else "float32"
     return best, (f"precision: {best} (a training step, forward and backward, took {seconds['float32'] * 1e3:.0f} ms "

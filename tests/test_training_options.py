@@ -226,18 +226,26 @@ def test_gradient_accumulation_gives_the_update_of_one_big_batch(tmp_path, data_
         torch.testing.assert_close(accum[key], big[key], rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("bf16_instructions,bf16_speedup,want", [(True, 2.0, "bfloat16"), (True, 1.1, "float32"),
-                                                                 (True, 0.5, "float32"), (False, 2.0, "float32")])
-def test_training_precision_is_the_faster_step_not_the_flags(monkeypatch, bf16_instructions, bf16_speedup, want):
-    """'auto' on a CPU times the model's own step in each precision; bf16 must win clearly, and without its
-    instructions it is not tried."""
+@pytest.mark.parametrize("bf16_instructions,matmul_speedup,step_speedup,want", [
+    (True, 2.0, 2.0, "bfloat16"), (True, 2.0, 1.1, "float32"), (True, 4.0, 0.5, "float32"),
+    (True, 0.5, None, "float32"), (False, 2.0, 2.0, "float32")])
+def test_training_precision_is_the_faster_step_not_the_flags(monkeypatch, bf16_instructions, matmul_speedup,
+                                                             step_speedup, want):
+    """'auto' on a CPU times the model's own step in each precision, and bf16 must win clearly; where bf16
+    matmuls are slower than fp32 no step is timed, and without bf16 instructions nothing is."""
     monkeypatch.setattr(probes, "cpu_has_bf16", lambda: bf16_instructions)
+    monkeypatch.setattr(probes, "bf16_matmul_speedup", lambda: matmul_speedup)
     monkeypatch.setattr(probes, "training_step_seconds", lambda model, batch_size, dtype: {
-        "float32": 1.0, "bfloat16": 1.0 / bf16_speedup}[dtype])
+        "float32": 1.0, "bfloat16": 1.0 / step_speedup}[dtype])
     dtype, why = probes.pick_training_dtype("auto", tiny_model(config(**TINY)), 4, "cpu")
     assert dtype == want
-    assert why == (f"precision: {want} (a training step, forward and backward, took 1000 ms in float32 and "
-                   f"{1000 / bf16_speedup:.0f} ms in bfloat16 here)" if bf16_instructions else None)
+    if not bf16_instructions:
+        assert why is None
+    elif step_speedup is None:
+        assert why == "precision: float32 (bfloat16 matmuls ran at 0.50x the float32 speed here)"
+    else:
+        assert why == (f"precision: {want} (a training step, forward and backward, took 1000 ms in float32 and "
+                       f"{1000 / step_speedup:.0f} ms in bfloat16 here)")
     assert probes.pick_training_dtype("float32", tiny_model(config(**TINY)), 4, "cpu") == ("float32", None)
     assert pick_dtype("bfloat16", "cpu") == "bfloat16" and pick_dtype("auto", "mps") == "float32"
     with pytest.raises(UserError, match="float16 is not supported on CPU"):
