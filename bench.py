@@ -180,7 +180,7 @@ class TrainBenchConfig:
     # which runs to do, comma-separated; 'fitted' is the default with max_time set so that its whole run ends
     # within the classic run's wall time (so it needs 'classic' too)
     runs: str = "classic,default,fitted"
-    default_args: str = ""  # more train.py options for the default run, space-separated (e.g. "--max_time=45")
+    default_args: str = ""  # more train.py options for the default's runs, space-separated (e.g. "--max_time=45")
 
     def __post_init__(self):
         runs = self.run_list()
