@@ -77,7 +77,7 @@ def train(cfg, rt, data, state, log, run, budget, stop):
                     state.best_val_loss = losses["val"]
                     state.save_best(run, rt)  # before latest.pt, which must never claim a best that best.pt lacks
                 if improved or cfg.always_save_checkpoint or done:
-                    save_latest(state, run, rt, budget)
+                    save_latest(state, run, rt, budget, ended_by_time=done and state.iter_num < cfg.max_iters)
                     saved = True
             signum = int(rt.max(stop.signum))  # every process stops at the step where any one was signalled
             if signum:
@@ -96,9 +96,11 @@ def finished(cfg, rt, state, budget):
     return state.iter_num >= cfg.max_iters or (cfg.max_time > 0 and state.iter_num > 0 and rt.any(budget.over()))
 
 
-def save_latest(state, run, rt, budget):
-    """latest.pt, with the time spent so far in it; how long the save took is kept for the end's reserve."""
-    state.seconds_spent = budget.spent()
+def save_latest(state, run, rt, budget, ended_by_time=False):
+    """latest.pt, with the time spent so far in it; how long the save took is kept for the end's reserve. A run
+    its time budget ends has spent all of it (what is left pays for its end), so a resume with the same
+    max_time finds nothing to do."""
+    state.seconds_spent = max(budget.spent(), budget.max_time) if ended_by_time else budget.spent()
     start = time.time()
     state.save_latest(run, rt)
     budget.saved(time.time() - start)

@@ -127,26 +127,26 @@ def test_eval_only_on_another_dataset_keeps_the_checkpoints(trained_run, tmp_pat
 
 def test_max_time_covers_the_whole_run_and_a_resume_spends_only_what_is_left(tmp_path, data_dir):
     """max_time is the whole run's: start-up, steps, evaluations, saves and the final score. The seconds spent
-    travel in the checkpoint: a resumed run with the same budget takes no step, and with a larger one it trains
-    until the two runs together reach it."""
+    travel in the checkpoint (all of them, once the budget ended the run): a resumed run with the same budget
+    takes no step, and with a larger one it trains until the two runs together reach it."""
     import time
 
     out = tmp_path / "timed"
     args = ["--max_iters=1000000", "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1",
-            "--max_time=3.0"]  # the budget keeps a second for the process to exit, so give it more than that
+            "--max_time=4.0"]  # the budget keeps two seconds for the process to exit, so give it more than that
     start = time.time()
     train.main(train_args(data_dir, out, *args))
     whole = time.time() - start
     first = load_checkpoint(out / "latest.pt")
-    assert 1.0 < first["seconds_spent"] <= 3.0 * 1.05 and 0 < first["iter_num"] < 1000000 and whole < 3.0 * 1.05 + 0.3
+    assert first["seconds_spent"] == 4.0 and 0 < first["iter_num"] < 1000000 and whole < 4.0 * 1.05 + 0.3
     assert max(logged(out)) == first["iter_num"]  # stopped after the step that crossed the budget, and saved it
 
     train.main(train_args(data_dir, out, *args, "--init_from=resume"))  # a finished run: nothing to do
     assert load_checkpoint(out / "latest.pt")["iter_num"] == first["iter_num"]
 
-    train.main(train_args(data_dir, out, *args[:-1], "--max_time=5.0", "--init_from=resume"))
+    train.main(train_args(data_dir, out, *args[:-1], "--max_time=8.0", "--init_from=resume"))
     second = load_checkpoint(out / "latest.pt")
-    assert 3.0 < second["seconds_spent"] <= 5.0 * 1.05 and second["iter_num"] > first["iter_num"]
+    assert second["seconds_spent"] == 8.0 and second["iter_num"] > first["iter_num"]
     assert sorted(logged(out)) == list(range(1, second["iter_num"] + 1))
 
 
