@@ -40,6 +40,11 @@ from gptkit.train_config import TrainConfig
 from model import GPT, GPTConfig
 
 
+def comma_items(text):
+    """The items of a comma-separated option, stripped, empty ones left out."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 @dataclass
 class SampleBenchConfig:
     out_dir: str = ""  # a run folder, whose best.pt is timed ('' = a random-weight model of the shape below)
@@ -71,7 +76,7 @@ class SampleBenchConfig:
             raise ValueError(f"modes must be 'cache', 'nocache' or both, comma-separated (got {self.modes!r})")
 
     def mode_list(self):
-        return [m.strip() for m in self.modes.split(",") if m.strip()]
+        return comma_items(self.modes)
 
     def shape(self):
         return GPTConfig(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, block_size=self.block_size,
@@ -196,10 +201,10 @@ class TrainBenchConfig:
         check_device_name(self.device)
 
     def target_list(self):
-        return [float(t) for t in self.targets.split(",") if t.strip()]
+        return [float(t) for t in comma_items(self.targets)]
 
     def run_list(self):
-        return [r.strip() for r in self.runs.split(",") if r.strip()]
+        return comma_items(self.runs)
 
 
 def bench_input(cfg):
@@ -209,6 +214,15 @@ def bench_input(cfg):
     if not path.exists():
         raise UserError("no tinyshakespeare here: run `python data/prepare.py` first or pass --input=PATH")
     return str(path)
+
+
+def prepared_work_dir(cfg):
+    """A training benchmark's work folder, its text (cfg.input, or tinyshakespeare) prepared in work/data."""
+    from gptkit.corpus import PrepareConfig, prepare
+
+    work = Path(cfg.work_dir)
+    prepare(PrepareConfig(input=bench_input(cfg), name="shakespeare_char", data_dir=str(work / "data")))
+    return work
 
 
 def run_summary(out_dir, targets, wall_s):
@@ -280,8 +294,11 @@ def clear_run_folder(out_dir):
         shutil.rmtree(out_dir)
 
 
-def train_run(name, cmd, out_dir, targets):
-    """Run one train.py command to its end; its run_summary."""
+def train_run(name, args, work, out_dir, targets):
+    """train.py with args on the data prepared in work, into out_dir (emptied first), to its end; its run_summary."""
+    clear_run_folder(out_dir)
+    cmd = [sys.executable, str(REPO / "train.py"), *args, f"--data_dir={work / 'data'}", "--dataset=shakespeare_char",
+           f"--out_dir={out_dir}"]
     print(f"\n== {name}: {' '.join(map(str, cmd[1:]))}", flush=True)
     start = time.time()
     if subprocess.run(cmd, cwd=REPO).returncode:
@@ -291,23 +308,16 @@ def train_run(name, cmd, out_dir, targets):
 
 def bench_train(argv):
     """The classic nanoGPT CPU recipe and the new default, one after the other on this machine."""
-    from gptkit.corpus import PrepareConfig, prepare
-
     cfg = parse_config(TrainBenchConfig, argv, prog="bench.py train")
     targets = cfg.target_list()
-    work = Path(cfg.work_dir)
-    prepare(PrepareConfig(input=bench_input(cfg), name="shakespeare_char", data_dir=str(work / "data")))
+    work = prepared_work_dir(cfg)
     args = {"classic": CLASSIC_ARGS, "default": [cfg.config, *cfg.default_args.split()]}
     print(f"machine: {device_name(cfg.device)}, torch {torch.__version__}")
     summaries = {}
     for name in sorted(cfg.run_list(), key=["classic", "default", "fitted"].index):
         if name == "fitted":  # max_time counts from process start to exit, as wall_s does
             args["fitted"] = [*args["default"], f"--max_time={max(1, int(summaries['classic']['wall_s']))}"]
-        out_dir = work / name
-        clear_run_folder(out_dir)
-        cmd = [sys.executable, str(REPO / "train.py"), *args[name], f"--device={cfg.device}",
-               f"--data_dir={work / 'data'}", "--dataset=shakespeare_char", f"--out_dir={out_dir}"]
-        summaries[name] = train_run(name, cmd, out_dir, targets)
+        summaries[name] = train_run(name, [*args[name], f"--device={cfg.device}"], work, work / name, targets)
     print_train_table(summaries, targets)
     from gptkit.pictures import draw_val_loss_vs_time
 
@@ -337,17 +347,17 @@ class PresetsBenchConfig:
         check_device_name(self.device)
 
     def config_list(self):
-        return [c.strip() for c in self.configs.split(",") if c.strip()]
+        return comma_items(self.configs)
 
     def seed_list(self):
         try:
-            return [int(s) for s in self.seeds.split(",") if s.strip()]
+            return [int(s) for s in comma_items(self.seeds)]
         except ValueError:
             raise ValueError(f"seeds must be integers, comma-separated (got {self.seeds!r})") from None
 
     def target_list(self):
         try:
-            return [float(t) for t in self.targets.split(",") if t.strip()]
+            return [float(t) for t in comma_items(self.targets)]
         except ValueError:
             raise ValueError(f"targets must be val losses, comma-separated (got {self.targets!r})") from None
 
@@ -355,22 +365,16 @@ class PresetsBenchConfig:
 def bench_presets(argv):
     """Each preset trained once per seed, one run after another, wall time taken from process start to exit;
     each preset's mean whole-split val loss, its spread, and its target."""
-    from gptkit.corpus import PrepareConfig, prepare
-
     cfg = parse_config(PresetsBenchConfig, argv, prog="bench.py presets")
-    work = Path(cfg.work_dir)
-    prepare(PrepareConfig(input=bench_input(cfg), name="shakespeare_char", data_dir=str(work / "data")))
+    work = prepared_work_dir(cfg)
     print(f"machine: {device_name(cfg.device)}, torch {torch.__version__}")
     results = {}
     for config in cfg.config_list():
         results[config] = []
         for seed in cfg.seed_list():
+            args = [config, *cfg.args.split(), f"--seed={seed}", f"--device={cfg.device}"]
             out_dir = work / f"{Path(config).stem}-{seed}"
-            clear_run_folder(out_dir)
-            cmd = [sys.executable, str(REPO / "train.py"), config, *cfg.args.split(), f"--seed={seed}",
-                   f"--device={cfg.device}", f"--data_dir={work / 'data'}", "--dataset=shakespeare_char",
-                   f"--out_dir={out_dir}"]
-            results[config].append(train_run(f"{config}, seed {seed}", cmd, out_dir, []))
+            results[config].append(train_run(f"{config}, seed {seed}", args, work, out_dir, []))
     budgets = {config: parse_config(TrainConfig, [config, *cfg.args.split()]).max_time for config in results}
     print_presets_table(results, dict(zip(cfg.config_list(), cfg.target_list())), budgets, cfg.seed_list())
 
@@ -413,23 +417,16 @@ class BusyBenchConfig:
 def bench_busy(argv):
     """Training tokens/s on an idle machine, then beside one busy process (a core held by a spinning Python):
     the run's own thread choice (threads=0, measured as it goes) against a fixed thread count."""
-    from gptkit.corpus import PrepareConfig, prepare
-
     cfg = parse_config(BusyBenchConfig, argv, prog="bench.py busy")
-    work = Path(cfg.work_dir)
-    prepare(PrepareConfig(input=bench_input(cfg), name="shakespeare_char", data_dir=str(work / "data")))
+    work = prepared_work_dir(cfg)
     fixed = cfg.fixed_threads or torch.get_num_threads()
     print(f"machine: {device_name('cpu')}, torch {torch.__version__}")
     rates = {}
     for name, busy, threads in [("idle", False, 0), ("busy", True, 0), (f"busy, {fixed} threads fixed", True, fixed)]:
-        out_dir = work / name.replace(" ", "_").replace(",", "")
-        clear_run_folder(out_dir)
-        cmd = [sys.executable, str(REPO / "train.py"), cfg.config, "--device=cpu", f"--max_time={cfg.seconds}",
-               f"--threads={threads}", f"--data_dir={work / 'data'}", "--dataset=shakespeare_char",
-               f"--out_dir={out_dir}", "--log_interval=5"]
+        args = [cfg.config, "--device=cpu", f"--max_time={cfg.seconds}", f"--threads={threads}", "--log_interval=5"]
         spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
         try:
-            rates[name] = train_run(name, cmd, out_dir, [])["tok_s"]
+            rates[name] = train_run(name, args, work, work / name.replace(" ", "_").replace(",", ""), [])["tok_s"]
         finally:
             if spinner:
                 spinner.kill()
