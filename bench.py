@@ -431,9 +431,15 @@ def bench_busy(argv):
             if spinner:
                 spinner.kill()
                 spinner.wait()
+    print_busy_table(rates)
+
+
+def print_busy_table(rates):
+    """Each run's tokens/s and its share of the idle run's; n/a where a run logged too little to have a rate."""
     print()
     for name, tok_s in rates.items():
-        print(f"{name:<28} {tok_s:10,.0f} tokens/s  {tok_s / rates['idle']:5.0%} of idle")
+        share = tok_s / rates["idle"] if tok_s and rates["idle"] else None
+        print(f"{name:<28} {rate(tok_s, '{:,.0f}'):>10} tokens/s  {rate(share, '{:.0%}'):>5} of idle")
 
 
 @dataclass

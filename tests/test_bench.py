@@ -150,3 +150,11 @@ def test_train_bench_fits_a_run_to_the_classic_wall_time(capsys):
             "and ended at 1.5000, the classic run at 1.5000") in capsys.readouterr().out
     with pytest.raises(ValueError, match="'fitted' with 'classic'"):
         bench.TrainBenchConfig(runs="default,fitted")
+
+
+def test_busy_table_says_n_a_for_a_run_too_short_to_have_a_rate(capsys):
+    """A run of a few seconds may log fewer than two train records: its rate is n/a, not a traceback."""
+    bench.print_busy_table({"idle": 20000.0, "busy": 13000.0, "busy, 2 threads fixed": None})
+    out = capsys.readouterr().out
+    assert re.search(r"^busy +13,000 tokens/s +65% of idle$", out, re.M)
+    assert re.search(r"^busy, 2 threads fixed +n/a tokens/s +n/a of idle$", out, re.M)
