@@ -35,7 +35,7 @@ from gptkit.flops import flops_per_token
 from gptkit.metrics import read_metrics
 from gptkit.probes import (attention_path_for, matmul_peak, pick_decode_dtype, pick_decode_threads,
                            pick_training_dtype, synchronize)
-from gptkit.runtime import DTYPES, autocast, check_device_name, compile_blocks, pick_device
+from gptkit.runtime import DTYPES, autocast, check_device_name, compile_blocks, keep_freed_memory, pick_device
 from gptkit.train_config import TrainConfig
 from model import GPT, GPTConfig
 
@@ -498,6 +498,7 @@ def bench_throughput(argv):
     measured here for the precision it trains in."""
     cfg = parse_config(ThroughputBenchConfig, argv, prog="bench.py throughput")
     device = pick_device(cfg.device)
+    keep_freed_memory()  # as train.py does
     shape = [f"--{k}={getattr(cfg, k)}" for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size")]
     baseline = [*shape, "--dtype=float32", "--dropout=0.0", "--attention_path=fused"]  # as nanoGPT runs
     candidates = {"fp32 AdamW GPT-2": parse_config(TrainConfig, baseline),
