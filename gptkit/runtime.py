@@ -35,7 +35,7 @@ def keep_freed_memory():
     if not hasattr(libc, "gnu_get_libc_version"):
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h; both take C ints
-    libc.mallopt(m_trim_threshold, 2**31 - 1)  # nor give back the top of the heap below 2 GB
+    libc.mallopt(m_trim_threshold, 2**31 - 1)  # and keep up to 2 GB freed at the heap's top, not trimmed
     return bool(libc.mallopt(m_mmap_threshold, 1 << 30))
 
 

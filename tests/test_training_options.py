@@ -358,7 +358,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 @pytest.mark.skipif(not hasattr(__import__("ctypes").CDLL(None), "gnu_get_libc_version"), reason="glibc only")
 def test_training_processes_reuse_freed_memory_for_big_tensors():
     """A big activation freed and allocated again each step must not fault its pages in afresh: by default glibc
-    maps every allocation over 32 MB anew, which cost the baby GPT's eager CPU step 40% of its time."""
+    maps every allocation over 32 MB anew, which cost the baby GPT's eager CPU step nearly half its time."""
     import subprocess
     import sys
     from pathlib import Path
@@ -368,5 +368,6 @@ def test_training_processes_reuse_freed_memory_for_big_tensors():
         run = subprocess.run([sys.executable, "-c", FAULTS_OF_BIG_TENSORS, mode], capture_output=True, text=True,
                              check=True, cwd=Path(__file__).resolve().parents[1])
         faults[mode] = int(run.stdout)
-    assert faults["default"] > 10 * 16_000  # 16,384 pages of 4 KB each time: the default is what the test assumes
+    if faults["default"] < 10 * 16_000:  # 16,384 pages of 4 KB each time, unless huge pages back them
+        pytest.skip(f"big allocations fault in {faults['default']:,} pages here, not page by page")
     assert faults["kept"] < faults["default"] / 20
