@@ -49,21 +49,16 @@ def cpu_has_bf16():
 
 
 @functools.cache
-def bf16_matmul_speedup(size=768):
-    """How many times faster a size x size matmul runs in bf16 than in fp32 on this CPU (a few milliseconds)."""
-    seconds = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        a = torch.randn(size, size).to(dtype)
-        seconds[dtype] = fastest_seconds(lambda: a @ a, 3)
-    return seconds[torch.float32] / seconds[torch.bfloat16]
-
-
-@functools.cache
 def matmul_peak(dtype, device="cpu", size=2048, repeats=5):
     """FLOP/s of the fastest of a few size x size matmuls in dtype on device: the most a training step's
     matmuls can reach here, measured rather than read off a datasheet."""
     a = torch.randn(size, size, device=device).to(getattr(torch, dtype))
     return 2 * size ** 3 / fastest_seconds(lambda: a @ a, repeats, device)
+
+
+def bf16_matmul_speedup(size=768):
+    """How many times faster a size x size matmul runs in bf16 than in fp32 on this CPU (a few milliseconds)."""
+    return matmul_peak("bfloat16", "cpu", size, 3) / matmul_peak("float32", "cpu", size, 3)
 
 
 def pick_dtype(name, device):
@@ -111,9 +106,9 @@ def pick_training_dtype(name, model, batch_size, device, margin=1.15):
     elementwise work. (dtype, a line saying why, or None)."""
     if name != "auto" or device != "cpu" or not cpu_has_bf16():
         return pick_dtype(name, device), None
-    if bf16_matmul_speedup() < 1:  # its matmuls already lose: no need to spend seconds timing steps
-        return "float32", (f"precision: float32 (bfloat16 matmuls ran at {bf16_matmul_speedup():.2f}x the float32 "
-                           "speed here)")
+    matmul_speedup = bf16_matmul_speedup()
+    if matmul_speedup < 1:  # its matmuls already lose: no need to spend seconds timing steps
+        return "float32", f"precision: float32 (bfloat16 matmuls ran at {matmul_speedup:.2f}x the float32 speed here)"
     seconds = {dtype: training_step_seconds(model, batch_size, dtype) for dtype in ("float32", "bfloat16")}
     best = "bfloat16" if seconds["bfloat16"] * margin < seconds["float32"] else "float32"
     return best, (f"precision: {best} (a training step, forward and backward, took {seconds['float32'] * 1e3:.0f} ms "
