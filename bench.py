@@ -6,6 +6,7 @@ Benchmarks, one subcommand each; every subcommand takes its own --key=value opti
     python bench.py sample --dtype=bfloat16 --threads=1
     python bench.py train                          # nanoGPT's CPU recipe vs config/shakespeare_char.py, side by side
     python bench.py throughput                     # training tokens/s on the baby GPT: fp32 AdamW vs the default's settings
+    python bench.py dropout                        # the share of the default's steps that dropout 0.1 costs
     python bench.py explore --out_dir=out          # the explorer: first token, streaming, page load, analysis
     python bench.py busy                           # training tokens/s idle, then beside one busy process
     python bench.py presets                        # each preset trained with 3 seeds: mean val loss, spread, target
@@ -463,9 +464,9 @@ class ThroughputBenchConfig:
         GPTConfig(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, block_size=self.block_size)
 
 
-def steps_per_second(tcfg, steps, warmup, device):
-    """Optimizer steps per second of tcfg's model, optimizer, precision and attention path (chosen as train.py
-    chooses them) on random tokens; FLOPs per token; the precision and the attention path taken."""
+def training_step(tcfg, device):
+    """One optimizer step of tcfg's model, optimizer, precision and attention path (chosen as train.py chooses
+    them) on random tokens, as a function; and the model, the precision and the attention path taken."""
     from gptkit.optim import build_optimizers
 
     torch.manual_seed(0)
@@ -478,16 +479,28 @@ def steps_per_second(tcfg, steps, warmup, device):
     if tcfg.compile:
         compile_blocks(model)
     x = torch.randint(65, (tcfg.batch_size, tcfg.model.block_size), device=device)
-    for i in range(warmup + steps):
-        if i == warmup:
-            synchronize(device)
-            start = time.perf_counter()
+
+    def step():
         with ctx:
             loss = model(x, x)[1]
         loss.backward()
         for opt in optimizers:
             opt.step()
             opt.zero_grad(set_to_none=True)
+
+    return step, model, dtype, path
+
+
+def steps_per_second(tcfg, steps, warmup, device):
+    """Optimizer steps per second of training_step(tcfg) after warmup untimed ones; FLOPs per token; the
+    precision and the attention path taken."""
+    step, model, dtype, path = training_step(tcfg, device)
+    for _ in range(warmup):
+        step()
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
     synchronize(device)
     return steps / (time.perf_counter() - start), flops_per_token(model, tcfg.model.block_size), dtype, path
 
@@ -519,6 +532,52 @@ def bench_throughput(argv):
     base, *others = rates
     for name in others:
         print(f"throughput ratio, {name}: {rates[name] / rates[base]:.2f}x")
+
+
+@dataclass
+class DropoutBenchConfig:
+    config: str = "config/shakespeare_char.py"  # whose model, batch, optimizer, precision and compile setting to time
+    dropout: float = 0.1  # the rate timed against no dropout
+    rounds: int = 16  # rounds of each, alternating; the median round counts
+    steps: int = 6  # timed optimizer steps per round
+    warmup: int = 3  # untimed steps of each first (compilation happens here)
+    device: str = "cpu"  # 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'
+
+    def __post_init__(self):
+        require(self, ["rounds", "steps"], lambda v: v >= 1, "at least 1")
+        require(self, ["warmup"], lambda v: v >= 0, "at least 0")
+        require(self, ["dropout"], lambda v: 0 < v < 1, "above 0 and below 1")
+        check_device_name(self.device)
+
+
+def bench_dropout(argv):
+    """The share of the steps dropout costs: the config's training step without dropout and with it, in
+    alternating rounds in one process, so that a machine whose speed drifts slows both alike."""
+    cfg = parse_config(DropoutBenchConfig, argv, prog="bench.py dropout")
+    device = pick_device(cfg.device)
+    keep_freed_memory()  # as train.py does
+    steps, seconds = {}, {}
+    for p in (0.0, cfg.dropout):
+        step, _, dtype, path = training_step(parse_config(TrainConfig, [cfg.config, f"--dropout={p}"]), device)
+        for _ in range(cfg.warmup):
+            step()
+        steps[p], seconds[p] = step, []
+        print(f"dropout {p}: {dtype}, attention path {path}", flush=True)
+    print(f"machine: {device_name(device)}, torch {torch.__version__}; {cfg.config}, {cfg.rounds} rounds of "
+          f"{cfg.steps} steps each")
+    for _ in range(cfg.rounds):
+        for p, step in steps.items():
+            synchronize(device)
+            start = time.perf_counter()
+            for _ in range(cfg.steps):
+                step()
+            synchronize(device)
+            seconds[p].append((time.perf_counter() - start) / cfg.steps)
+    median = {p: statistics.median(s) for p, s in seconds.items()}
+    for p, s in seconds.items():
+        print(f"dropout {p:<4} {1000 * median[p]:7.1f} ms a step (median round; rounds "
+              f"{1000 * min(s):.0f}-{1000 * max(s):.0f} ms)")
+    print(f"dropout {cfg.dropout} costs {1 - median[0.0] / median[cfg.dropout]:.1%} of the steps")
 
 
 @dataclass
@@ -672,6 +731,7 @@ COMMANDS = {
     "sample": bench_sample,
     "train": bench_train,
     "throughput": bench_throughput,
+    "dropout": bench_dropout,
     "explore": bench_explore,
     "busy": bench_busy,
     "presets": bench_presets,

@@ -215,18 +215,45 @@ class SelfAttention(nn.Module):
         return scores.view(B, H, T, S).softmax(dim=-1)
 
 
+MASK_CHUNK = 1 << 20  # elements of the mask table drawn from one fixed seed
+_mask_tables = {}  # (p, dtype) -> the CPU mask table for that dropout rate and precision
+
+
+def mask_table(p, dtype, size):
+    """At least `size` elements, each 0 with probability p (to within 1/32768) or else 1/(1-p), built chunk by
+    chunk from fixed seeds: its first elements are the same however large it has grown, and whatever torch's
+    generator drew before."""
+    table = _mask_tables.get((p, dtype))
+    have = 0 if table is None else table.numel()
+    if have < size:
+        kept, dropped = torch.tensor(1 / (1 - p), dtype=dtype), torch.zeros((), dtype=dtype)
+        chunks = [] if table is None else [table]
+        for seed in range(have // MASK_CHUNK, -(-size // MASK_CHUNK)):
+            seeded = torch.Generator().manual_seed(seed)
+            draws = torch.empty(MASK_CHUNK // 4, dtype=torch.int64).random_(generator=seeded)
+            bits = draws.view(torch.int16) & 0x7FFF  # four 15-bit draws from each 63 random bits
+            chunks.append(torch.where(bits >= round(p * 32768), kept, dropped))
+        table = _mask_tables[p, dtype] = torch.cat(chunks)
+    return table
+
+
 def dropout(x, p, training):
-    """F.dropout: in training, zero each element with probability p (kept to 1/32768) and scale the rest by
-    1/(1-p). On a CPU, torch draws a whole generator call for each element of the mask (about 6 ns), which
-    costs a small model as much as its matmuls; here one 64-bit draw gives four elements 15 bits each."""
+    """F.dropout: in training, zero each element with probability p and scale the rest by 1/(1-p).
+
+    On a CPU, drawing a fresh mask (torch's generator runs serially, several ns an element) cost a small model
+    as much as its matmuls. Here a mask is a window of a table of random masks at an offset drawn from torch's
+    generator: within a window the elements are independent draws; from one call to the next the window moves
+    by a random amount among at least 4M places, so an element's mask in one step tells nothing of its mask
+    in the next. The offset comes from torch's generator, so a seed (and a resumed run's restored state)
+    repeats the masks."""
     if not training or p == 0:
         return x
     if x.device.type != "cpu":
         return F.dropout(x, p, True)
-    draws = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_()  # 63 random bits each
-    bits = draws.view(torch.int16)[:x.numel()].view(x.shape) & 0x7FFF
-    kept = torch.tensor(1 / (1 - p), dtype=x.dtype)
-    return x * torch.where(bits >= round(p * 32768), kept, torch.zeros((), dtype=x.dtype))
+    n = x.numel()
+    span = max(2 * n, 1 << 22)  # the offsets a window can start at: a function of n alone, never of the past
+    offset = int(torch.randint(span, ()))
+    return x * mask_table(p, x.dtype, span + n)[offset:offset + n].view(x.shape)
 
 
 class Dropout(nn.Module):

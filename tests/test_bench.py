@@ -18,6 +18,19 @@ def test_throughput_times_the_baseline_and_the_config(capsys):
     assert re.search(r"GFLOP/s = +\d+% of the float32 matmul peak measured here", out)
 
 
+def test_dropout_bench_times_both_rates_and_states_the_share_of_the_steps(tmp_path, capsys):
+    config = tmp_path / "tiny.py"
+    config.write_text("n_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 16\nbatch_size = 2\ndtype = 'float32'\n")
+    bench.main(["dropout", f"--config={config}", "--dropout=0.2", "--rounds=3", "--steps=1", "--warmup=0"])
+    out = capsys.readouterr().out
+    medians = {p: float(ms) for p, ms in re.findall(r"^dropout (0\.0|0\.2) +(\d+\.\d) ms a step", out, re.M)}
+    share = re.search(r"^dropout 0\.2 costs (-?\d+\.\d)% of the steps$", out, re.M)
+    assert set(medians) == {"0.0", "0.2"} and share
+    without, with_dropout = medians["0.0"], medians["0.2"]
+    rounding = 100 * 0.05 / with_dropout * (1 + without / with_dropout) + 0.05  # the printed figures' rounding
+    assert abs(float(share[1]) - 100 * (1 - without / with_dropout)) <= rounding
+
+
 def summary(wall_s, hits):
     return {"wall_s": wall_s, "final_val": 1.5, "iters": 10, "dtype": "float32", "tok_s": 1000.0, "gflops": 1.0,
             "peak_pct": 40.0, "hit": hits}

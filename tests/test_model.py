@@ -63,9 +63,10 @@ def naive_attention(attn, x, rotary=None, qk_norm=None):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dropout_zeroes_a_share_p_and_scales_the_rest_as_f_dropout_does(dtype):
-    """The CPU mask drawn 15 bits an element: over 2M elements the zeroed share is p to within 0.2%, what is
-    kept is scaled by exactly 1/(1-p), the gradient flows through the same mask, each call draws a new mask
-    from torch's generator (so a seed repeats it), and outside training, or with p = 0, it is the identity."""
+    """The CPU mask, a window of a table of random masks: over 2M elements the zeroed share is p to within
+    0.2%, what is kept is scaled by exactly 1/(1-p), the gradient flows through the same mask, each call takes
+    a new mask from torch's generator (so a seed repeats it), and outside training, or with p = 0, it is the
+    identity."""
     x = torch.ones(2_000_000, dtype=dtype, requires_grad=True)
     torch.manual_seed(0)
     y = dropout(x, 0.25, True)
@@ -76,6 +77,20 @@ def test_dropout_zeroes_a_share_p_and_scales_the_rest_as_f_dropout_does(dtype):
     torch.manual_seed(0)
     assert torch.equal(dropout(x, 0.25, True), y) and not torch.equal(dropout(x, 0.25, True), y)
     assert dropout(x, 0.25, False) is x and dropout(x, 0.0, True) is x
+
+
+def test_dropout_masks_of_successive_calls_are_independent_and_never_depend_on_the_past():
+    """An element dropped in one call is dropped in the next with probability p, as with fresh masks (a
+    table reused at one offset would drop it again); and a seed gives the same masks in a process whose
+    table grew for bigger tensors first, as a resumed run's must."""
+    x = torch.ones(1_000_000)
+    torch.manual_seed(3)
+    first = [dropout(x, 0.2, True) == 0 for _ in range(4)]
+    for a, b in zip(first, first[1:]):
+        assert abs((a & b).float().mean().item() - 0.2 * 0.2) < 0.002
+    dropout(torch.ones(5_000_000), 0.2, True)  # grows the table beyond what the calls above used
+    torch.manual_seed(3)
+    assert all(torch.equal(dropout(x, 0.2, True) == 0, mask) for mask in first)
 
 
 def test_with_dropout_every_attention_path_trains_alike():
