@@ -562,6 +562,8 @@ def bench_dropout(argv):
         for _ in range(cfg.warmup):
             step()
         steps[p], seconds[p] = step, []
+        if p and path == "fused" and device == "cpu":
+            path = "folded (SDPA's fused CPU kernel takes no dropout)"
         print(f"dropout {p}: {dtype}, attention path {path}", flush=True)
     print(f"machine: {device_name(device)}, torch {torch.__version__}; {cfg.config}, {cfg.rounds} rounds of "
           f"{cfg.steps} steps each")
