@@ -79,7 +79,7 @@ def test_dropout_zeroes_a_share_p_and_scales_the_rest_as_f_dropout_does(dtype):
     assert dropout(x, 0.25, False) is x and dropout(x, 0.0, True) is x
 
 
-def test_dropout_masks_of_successive_calls_are_independent_and_never_depend_on_the_past():
+def test_dropout_masks_change_from_call_to_call_and_never_depend_on_the_past():
     """An element dropped in one call is dropped in the next with probability p, as with fresh masks (a
     table reused at one offset would drop it again); and a seed gives the same masks in a process whose
     table grew for bigger tensors first, as a resumed run's must."""
