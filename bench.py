@@ -491,18 +491,23 @@ def training_step(tcfg, device):
     return step, model, dtype, path
 
 
+def seconds_per_step(step, steps, device):
+    """The mean seconds of `steps` calls of step(), the device's queued work included."""
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    synchronize(device)
+    return (time.perf_counter() - start) / steps
+
+
 def steps_per_second(tcfg, steps, warmup, device):
     """Optimizer steps per second of training_step(tcfg) after warmup untimed ones; FLOPs per token; the
     precision and the attention path taken."""
     step, model, dtype, path = training_step(tcfg, device)
     for _ in range(warmup):
         step()
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    synchronize(device)
-    return steps / (time.perf_counter() - start), flops_per_token(model, tcfg.model.block_size), dtype, path
+    return 1 / seconds_per_step(step, steps, device), flops_per_token(model, tcfg.model.block_size), dtype, path
 
 
 def bench_throughput(argv):
@@ -569,12 +574,7 @@ def bench_dropout(argv):
           f"{cfg.steps} steps each")
     for _ in range(cfg.rounds):
         for p, step in steps.items():
-            synchronize(device)
-            start = time.perf_counter()
-            for _ in range(cfg.steps):
-                step()
-            synchronize(device)
-            seconds[p].append((time.perf_counter() - start) / cfg.steps)
+            seconds[p].append(seconds_per_step(step, cfg.steps, device))
     median = {p: statistics.median(s) for p, s in seconds.items()}
     for p, s in seconds.items():
         print(f"dropout {p:<4} {1000 * median[p]:7.1f} ms a step (median round; rounds "

@@ -2,7 +2,10 @@
 gradient accumulation; the choice of precision."""
 
 import math
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -359,10 +362,6 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 def test_training_processes_reuse_freed_memory_for_big_tensors():
     """A big activation freed and allocated again each step must not fault its pages in afresh: by default glibc
     maps every allocation over 32 MB anew, which cost the baby GPT's eager CPU step nearly half its time."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     faults = {}
     for mode in ("default", "kept"):
         run = subprocess.run([sys.executable, "-c", FAULTS_OF_BIG_TENSORS, mode], capture_output=True, text=True,
