@@ -68,7 +68,7 @@ RUNGS = (
     Rung("additive", "Bahdanau's scores instead: softmax(v·tanh(q+k))", ("--attention=additive", "--mlp=False")),
     Rung("four_heads", "four scaled heads of a quarter the size", ("--n_head=4", "--mlp=False")),
     Rung("blocks", "an MLP after attention: full GPT blocks", ("--n_head=4",)),
-    Rung("modern", "the tool's default, config/shakespeare_char.py", (), preset=True),
+    Rung("modern", "the tool's default, config/shakespeare_char.py", ("--min_tokens_per_param=0",), preset=True),
     Rung("encoder", "CHEATS: blocks without the causal mask see the answer", ("--n_head=4", "--causal=False"),
          cheats=True),
 )

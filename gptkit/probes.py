@@ -74,11 +74,14 @@ def pick_dtype(name, device):
 
 
 def training_step_seconds(model, batch_size, dtype):
-    """The faster of two timings of the model's forward and backward at the training shape in dtype on a
-    CPU, after one untimed, on fixed tokens, leaving its gradients and the random generators as they were."""
+    """The faster of two timings of the model's forward and backward at the training shape in dtype, on the
+    model's device, after one untimed, on fixed tokens, leaving its gradients and the random generators as
+    they were."""
     c = model.config
+    device = next(model.parameters()).device
     x = torch.randint(c.vocab_size, (batch_size, c.block_size), generator=torch.Generator().manual_seed(0))
-    cast = torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bfloat16" else contextlib.nullcontext()
+    x = x.to(device)
+    cast = contextlib.nullcontext() if dtype == "float32" else torch.autocast(device.type, getattr(torch, dtype))
 
     def forward_backward():
         with cast:
@@ -86,17 +89,26 @@ def training_step_seconds(model, batch_size, dtype):
         loss.backward()
 
     seconds = []
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         try:
             for _ in range(3):
+                synchronize(str(device))
                 start = time.perf_counter()
                 forward_backward()
+                synchronize(str(device))
                 seconds.append(time.perf_counter() - start)
                 if len(seconds) == 2 and seconds[0] > 0.25:  # a slow step: one timing after the first will do
                     break
         finally:
             model.zero_grad(set_to_none=True)
     return min(seconds[1:])  # the first call paid for kernel selection and autocast's casts
+
+
+def tokens_per_parameter(model, batch_size, dtype, seconds, processes=1):
+    """Tokens each of the model's parameters would see in `seconds` of training at the speed of its step
+    (forward and backward at the training shape, timed here), with `processes` stepping side by side."""
+    step = training_step_seconds(model, batch_size, dtype)
+    return seconds * processes * batch_size * model.config.block_size / step / model.num_params()
 
 
 def pick_training_dtype(name, model, batch_size, device, margin=1.15):

@@ -1,7 +1,7 @@
 """train.py's settings: every key a training run takes, with its default, its meaning and its range."""
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gptkit.config import check_seed, closest, require
@@ -62,6 +62,9 @@ class TrainConfig:
     min_lr: float = 6e-5  # floor of the cosine schedule
     warmdown_frac: float = 0.5  # 'wsd': fraction of the run spent decaying to min_lr
     max_time: float = 0.0  # >0: seconds for the whole run, start-up and final score included; the schedule follows it
+    min_tokens_per_param: float = 0.0  # >0: train smaller below this many tokens per parameter in max_time, timed
+    smaller_n_layer: int = 0  # that smaller model's layers (0 = n_layer)
+    smaller_n_embd: int = 0  # that smaller model's width (0 = n_embd)
     # system
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # DDP backend: 'auto' is nccl on CUDA, gloo on CPU
     device: str = "auto"  # 'auto' (cuda, then mps, then cpu), or 'cpu', 'cuda', 'cuda:1', 'mps'
@@ -75,17 +78,32 @@ class TrainConfig:
         require(self, ["eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps", "batch_size",
                        "max_iters", "processes"], lambda v: v >= 1, "at least 1")
         require(self, ["warmup_iters", "lr_decay_iters", "threads", "learning_rate", "embedding_lr", "min_lr",
-                       "muon_lr", "weight_decay", "muon_weight_decay", "grad_clip", "max_time", "final_eval_tokens"],
+                       "muon_lr", "weight_decay", "muon_weight_decay", "grad_clip", "max_time", "final_eval_tokens",
+                       "min_tokens_per_param", "smaller_n_layer", "smaller_n_embd"],
                 lambda v: v >= 0, "at least 0")
         require(self, ["beta1", "beta2", "muon_momentum"], lambda v: 0 <= v < 1, "in [0, 1)")
         require(self, ["warmdown_frac"], lambda v: 0 <= v <= 1, "in [0, 1]")
         check_seed(self.seed)
         self.check_evaluation_size()
+        if self.smaller_shape():
+            try:
+                replace(self.model, **self.smaller_shape())
+            except ValueError as e:
+                raise ValueError(f"smaller_n_layer and smaller_n_embd make no model: {e}") from None
         check_device_name(self.device)
         starts = ["scratch", "resume", "auto", *HUB_MODELS]
         if self.init_from not in starts and os.sep not in self.init_from and not os.path.isdir(self.init_from):
             raise ValueError(f"init_from must be one of {', '.join(starts)} or a folder saved by save_pretrained "
                              f"(got {self.init_from!r}{closest(self.init_from, starts)})")
+
+    def smaller_shape(self):
+        """The shape min_tokens_per_param falls back to, as GPTConfig settings; None where there is no fallback
+        (no budget, or nothing smaller than the model as configured)."""
+        if not (self.min_tokens_per_param > 0 and self.max_time > 0 and self.init_from == "scratch"):
+            return None
+        shape = {"n_layer": min(self.smaller_n_layer or self.model.n_layer, self.model.n_layer),
+                 "n_embd": min(self.smaller_n_embd or self.model.n_embd, self.model.n_embd)}
+        return shape if shape != {"n_layer": self.model.n_layer, "n_embd": self.model.n_embd} else None
 
     def check_evaluation_size(self):
         """Refuse, before any work, evaluations whose fixed windows would take gigabytes to hold."""

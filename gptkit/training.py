@@ -14,7 +14,7 @@ from gptkit.dataset import TrainingData, load_meta
 from gptkit.errors import UserError
 from gptkit.hf_interop import load_pretrained
 from gptkit.optim import build_optimizers
-from gptkit.probes import ThreadTuner, attention_path_for, pick_training_dtype
+from gptkit.probes import ThreadTuner, attention_path_for, pick_training_dtype, tokens_per_parameter
 from gptkit.runtime import compile_blocks
 from gptkit.tokenizer import describe_vocabulary, same_token_ids
 from model import GPT
@@ -213,9 +213,14 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
     if model.config.vocab_size < meta["vocab_size"]:
         raise UserError(f"dataset vocabulary ({meta['vocab_size']}) is larger than the model's "
                         f"({model.config.vocab_size})")
+    settle_precision(cfg, rt, model, ckpt)
+    cfg, model, fitted_from = fit_to_budget(cfg, rt, model, meta)
     data = TrainingData(folder, meta, model.config.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed + rt.rank,
                         rt.device)
-    measured = settle_measured_choices(cfg, rt, model, ckpt)
+    measured = {"dtype": rt.dtype, "attention_path": settle_attention_path(cfg, rt, model, ckpt)}
+    fitted_from = fitted_from or (ckpt or {}).get("measured", {}).get("fitted_from")
+    if fitted_from:
+        measured["fitted_from"] = fitted_from
     state = TrainState(cfg, model, data.tokenizer, data.sampler, rt, measured)
     if ckpt is not None:
         state.restore(ckpt, rt)
@@ -224,10 +229,9 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
     return data, state
 
 
-def settle_measured_choices(cfg, rt, model, ckpt):
-    """The precision and the attention path: as configured; for 'auto', as the resumed run was trained (a
-    resume continues exactly), or else measured here on this model by rank 0 and printed. Returns them, for
-    the checkpoint."""
+def settle_precision(cfg, rt, model, ckpt):
+    """The precision: as configured; for 'auto', as the resumed run was trained (a resume continues exactly),
+    or else measured here on this model by rank 0 and printed."""
     saved = ckpt.get("measured", {}) if ckpt is not None else {}
     if cfg.dtype == "auto" and "dtype" in saved:
         rt.set_dtype(saved["dtype"])
@@ -236,6 +240,38 @@ def settle_measured_choices(cfg, rt, model, ckpt):
         rt.set_dtype(rt.broadcast(dtype))  # rank 0's measurement: every process trains in one precision
         if why and rt.master:
             print(why)
+
+
+def fit_to_budget(cfg, rt, model, meta):
+    """(cfg, model, the shape it was configured with or None): the model as configured, or, where its step timed
+    here by rank 0 would give each parameter fewer than min_tokens_per_param tokens in max_time, the smaller
+    model (TrainConfig.smaller_shape), started as a run configured with that shape would start it."""
+    shape = cfg.smaller_shape()
+    if shape is None:
+        return cfg, model, None
+    seen = tokens_per_parameter(model, cfg.batch_size, rt.dtype, cfg.max_time, rt.world) if rt.master else None
+    seen = rt.broadcast(seen)
+    c = model.config
+    size = f"n_layer={c.n_layer}, n_embd={c.n_embd}"
+    if seen >= cfg.min_tokens_per_param:
+        if rt.master:
+            print(f"shape: {size} as configured ({seen:.1f} tokens per parameter in {cfg.max_time:g} s at the "
+                  f"step timed here; min_tokens_per_param={cfg.min_tokens_per_param:g})")
+        return cfg, model, None
+    fitted = replace(cfg, model=replace(cfg.model, **shape))
+    seed_everything(cfg.seed + rt.rank)
+    smaller = build_model(fitted, meta).to(rt.device)
+    if rt.master:
+        print(f"shape: n_layer={shape['n_layer']}, n_embd={shape['n_embd']} instead of {size}: at the step timed here the "
+              f"configured model would see {seen:.1f} tokens per parameter in {cfg.max_time:g} s, fewer than "
+              f"min_tokens_per_param={cfg.min_tokens_per_param:g} (--min_tokens_per_param=0 keeps it)")
+    return fitted, smaller, {"n_layer": c.n_layer, "n_embd": c.n_embd}
+
+
+def settle_attention_path(cfg, rt, model, ckpt):
+    """The attention path: as configured; for 'auto', as the resumed run was trained, or else measured here on
+    this model by rank 0 and printed. Set on the model and returned, for the checkpoint."""
+    saved = ckpt.get("measured", {}) if ckpt is not None else {}
     if cfg.attention_path == "auto" and "attention_path" in saved:
         path = saved["attention_path"]
     else:
@@ -244,7 +280,7 @@ def settle_measured_choices(cfg, rt, model, ckpt):
         if why and rt.master:
             print(why)
     model.set_attention_path(path)
-    return {"dtype": rt.dtype, "attention_path": path}
+    return path
 
 
 def micro_steps_per_process(accumulation_steps, world):

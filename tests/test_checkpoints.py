@@ -270,6 +270,25 @@ def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path, data_dir):
 
 # ---------------------------------------------------------------------------------------------- resume rules
 
+def test_a_run_its_budget_made_smaller_resumes_with_the_command_that_started_it(tmp_path, data_dir, capsys):
+    """The config file still says the bigger shape: given again on resume it is the shape the run was fitted
+    from, not another one; the run keeps the smaller model. A shape that differs from both is refused."""
+    out = tmp_path / "fitted"
+    start = train_args(data_dir, out, "--n_layer=2", "--max_time=600", "--min_tokens_per_param=1e12",
+                       "--smaller_n_layer=1", "--max_iters=4", "--eval_interval=2", "--eval_iters=1")
+    train.main(start)
+    assert "shape: n_layer=1, n_embd=32 instead of n_layer=2, n_embd=32" in capsys.readouterr().out
+    ckpt = load_checkpoint(out / "latest.pt")
+    assert ckpt["model_args"]["n_layer"] == 1 and ckpt["measured"]["fitted_from"] == {"n_layer": 2, "n_embd": 32}
+    train.main([*start, "--max_iters=6", "--init_from=auto"])
+    assert "shape:" not in capsys.readouterr().out  # a resumed run is not fitted again
+    ckpt = load_checkpoint(out / "latest.pt")
+    assert (ckpt["iter_num"], ckpt["model_args"]["n_layer"], ckpt["config"]["model"]["n_layer"]) == (6, 1, 1)
+    assert ckpt["measured"]["fitted_from"] == {"n_layer": 2, "n_embd": 32}
+    with pytest.raises(UserError, match="n_layer=3 differs from .*'s 1; a resumed run keeps its model's shape"):
+        train.main([*start, "--max_iters=8", "--init_from=auto", "--n_layer=3"])
+
+
 def test_a_resume_continues_with_the_saved_settings_and_those_given_again(run, data_dir):
     """Given only where the data is, a resumed run is the saved one (its model shape, batch size, learning rate);
     a key given again, here learning_rate and max_iters, is honoured, by the optimizer too."""

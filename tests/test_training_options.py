@@ -309,7 +309,7 @@ def test_a_resume_keeps_the_measured_choices_it_was_trained_with(monkeypatch):
     """Re-measuring on resume could switch path or precision mid-run (and SDPA draws dropout differently
     from the written-out paths), so the saved choices win; fresh runs measure."""
     from gptkit.runtime import Runtime
-    from gptkit.training import settle_measured_choices
+    from gptkit.training import settle_attention_path, settle_precision
 
     def no_probe(*args):
         raise AssertionError("a resumed run measured again")
@@ -317,11 +317,57 @@ def test_a_resume_keeps_the_measured_choices_it_was_trained_with(monkeypatch):
     monkeypatch.setattr(probes, "attention_seconds", no_probe)
     rt, model = Runtime(device="cpu", dtype="float32"), tiny_model(config(**TINY))
     saved = {"measured": {"dtype": "bfloat16", "attention_path": "folded"}}
-    assert settle_measured_choices(config(**TINY), rt, model, saved) == saved["measured"]
+    settle_precision(config(**TINY), rt, model, saved)
+    assert settle_attention_path(config(**TINY), rt, model, saved) == "folded"
     assert rt.dtype == "bfloat16" and model.transformer.h[0].attn.path == "folded"
     explicit = config(**TINY, dtype="float32", attention_path="fused")  # what the command line says wins
     rt = Runtime(device="cpu", dtype="float32")
-    assert settle_measured_choices(explicit, rt, model, saved) == {"dtype": "float32", "attention_path": "fused"}
+    settle_precision(explicit, rt, model, saved)
+    assert settle_attention_path(explicit, rt, model, saved) == "fused" and rt.dtype == "float32"
+
+
+@pytest.mark.parametrize("seen", [5.9, 6.0])
+def test_a_model_too_big_for_its_budget_trains_as_the_smaller_shape(monkeypatch, capsys, seen):
+    """Below min_tokens_per_param (tokens each parameter would see in max_time at the timed step) the run
+    trains the smaller shape, from the weights a run configured with that shape starts from; at or above it,
+    the model as configured. Both say why in one line."""
+    from gptkit import training
+    from gptkit.runtime import Runtime
+
+    timed = []
+    monkeypatch.setattr(training, "tokens_per_parameter", lambda model, batch_size, dtype, seconds, processes: (
+        timed.append((model.config.n_layer, batch_size, dtype, seconds, processes)) or seen))
+    cfg = config(**TINY, max_time=60, min_tokens_per_param=6, smaller_n_layer=1)
+    meta = {"vocab_size": 20, "tokenizer": "char"}
+    training.seed_everything(cfg.seed)
+    configured = training.build_model(cfg, meta)
+    fitted_cfg, model, fitted_from = training.fit_to_budget(cfg, Runtime(device="cpu", dtype="float32"),
+                                                            configured, meta)
+    assert timed == [(2, 4, "float32", 60, 1)]
+    line = capsys.readouterr().out
+    if seen >= 6:
+        assert (fitted_cfg, model, fitted_from) == (cfg, configured, None)
+        assert line == "shape: n_layer=2, n_embd=32 as configured (6.0 tokens per parameter in 60 s at the step timed " \
+                       "here; min_tokens_per_param=6)\n"
+        return
+    assert model.config.n_layer == fitted_cfg.model.n_layer == 1 and fitted_from == {"n_layer": 2, "n_embd": 32}
+    assert line.startswith("shape: n_layer=1, n_embd=32 instead of n_layer=2, n_embd=32: at the step timed here the configured "
+                           "model would see 5.9 tokens per parameter in 60 s, fewer than min_tokens_per_param=6")
+    training.seed_everything(cfg.seed)
+    direct = training.build_model(config(**{**TINY, "n_layer": 1}), meta).state_dict()
+    assert direct.keys() == model.state_dict().keys()
+    assert all(torch.equal(direct[k], v) for k, v in model.state_dict().items())
+
+
+def test_the_smaller_shape_is_checked_and_only_where_a_budget_can_ask_for_it():
+    budget = dict(TINY, max_time=60, min_tokens_per_param=6)
+    assert config(**budget, smaller_n_embd=16).smaller_shape() == {"n_layer": 2, "n_embd": 16}
+    assert config(**budget, smaller_n_layer=5).smaller_shape() is None  # nothing smaller than the model
+    assert config(**{**budget, "max_time": 0}, smaller_n_layer=1).smaller_shape() is None  # no budget
+    assert config(**budget, smaller_n_layer=1, init_from="gpt2").smaller_shape() is None  # its shape is GPT-2's
+    with pytest.raises(ValueError, match=r"^smaller_n_layer and smaller_n_embd make no model: n_embd \(15\) must "
+                                        r"be divisible by n_head \(2\)$"):
+        config(**budget, smaller_n_embd=15)
 
 
 def test_the_thread_count_follows_the_faster_steps():
