@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import asdict
 
 import httpx
