@@ -73,10 +73,10 @@ def pick_dtype(name, device):
     return "float32"
 
 
-def training_step_seconds(model, batch_size, dtype):
-    """The faster of two timings of the model's forward and backward at the training shape in dtype, on the
-    model's device, after one untimed, on fixed tokens, leaving its gradients and the random generators as
-    they were."""
+def training_step_seconds(model, batch_size, dtype, repeats=2, slow=0.25):
+    """The fastest of `repeats` timings of the model's forward and backward at the training shape in dtype, on
+    the model's device, after one untimed (a first call slower than `slow` seconds: one timing), on fixed tokens,
+    leaving its gradients and the random generators as they were."""
     c = model.config
     device = next(model.parameters()).device
     x = torch.randint(c.vocab_size, (batch_size, c.block_size), generator=torch.Generator().manual_seed(0))
@@ -91,13 +91,13 @@ def training_step_seconds(model, batch_size, dtype):
     seconds = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         try:
-            for _ in range(3):
+            for _ in range(repeats + 1):
                 synchronize(str(device))
                 start = time.perf_counter()
                 forward_backward()
                 synchronize(str(device))
                 seconds.append(time.perf_counter() - start)
-                if len(seconds) == 2 and seconds[0] > 0.25:  # a slow step: one timing after the first will do
+                if len(seconds) == 2 and seconds[0] > slow:  # a slow step: one timing after the first will do
                     break
         finally:
             model.zero_grad(set_to_none=True)
@@ -107,7 +107,7 @@ def training_step_seconds(model, batch_size, dtype):
 def tokens_per_parameter(model, batch_size, dtype, seconds, processes=1):
     """Tokens each of the model's parameters would see in `seconds` of training at the speed of its step
     (forward and backward at the training shape, timed here), with `processes` stepping side by side."""
-    step = training_step_seconds(model, batch_size, dtype)
+    step = training_step_seconds(model, batch_size, dtype, repeats=3, slow=math.inf)  # it decides a whole run
     return seconds * processes * batch_size * model.config.block_size / step / model.num_params()
 
 

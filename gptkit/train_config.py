@@ -85,7 +85,7 @@ class TrainConfig:
         require(self, ["warmdown_frac"], lambda v: 0 <= v <= 1, "in [0, 1]")
         check_seed(self.seed)
         self.check_evaluation_size()
-        if self.smaller_shape():
+        if self.min_tokens_per_param > 0 and self.smaller_shape():
             try:
                 replace(self.model, **self.smaller_shape())
             except ValueError as e:
@@ -97,10 +97,8 @@ class TrainConfig:
                              f"(got {self.init_from!r}{closest(self.init_from, starts)})")
 
     def smaller_shape(self):
-        """The shape min_tokens_per_param falls back to, as GPTConfig settings; None where there is no fallback
-        (no budget, or nothing smaller than the model as configured)."""
-        if not (self.min_tokens_per_param > 0 and self.max_time > 0 and self.init_from == "scratch"):
-            return None
+        """The shape min_tokens_per_param falls back to, as GPTConfig settings (0 or more than configured: as
+        configured); None where that is no smaller than the model as configured."""
         shape = {"n_layer": min(self.smaller_n_layer or self.model.n_layer, self.model.n_layer),
                  "n_embd": min(self.smaller_n_embd or self.model.n_embd, self.model.n_embd)}
         return shape if shape != {"n_layer": self.model.n_layer, "n_embd": self.model.n_embd} else None

@@ -247,12 +247,12 @@ def fit_to_budget(cfg, rt, model, meta):
     here by rank 0 would give each parameter fewer than min_tokens_per_param tokens in max_time, the smaller
     model (TrainConfig.smaller_shape), started as a run configured with that shape would start it."""
     shape = cfg.smaller_shape()
-    if shape is None:
-        return cfg, model, None
+    if not (cfg.min_tokens_per_param > 0 and cfg.max_time > 0 and cfg.init_from == "scratch" and shape):
+        return cfg, model, None  # no budget to fit, nothing smaller to fit into, or a shape not ours to change
     seen = tokens_per_parameter(model, cfg.batch_size, rt.dtype, cfg.max_time, rt.world) if rt.master else None
     seen = rt.broadcast(seen)
     c = model.config
-    size = f"n_layer={c.n_layer}, n_embd={c.n_embd}"
+    size, smaller = f"n_layer={c.n_layer}, n_embd={c.n_embd}", f"n_layer={shape['n_layer']}, n_embd={shape['n_embd']}"
     if seen >= cfg.min_tokens_per_param:
         if rt.master:
             print(f"shape: {size} as configured ({seen:.1f} tokens per parameter in {cfg.max_time:g} s at the "
@@ -260,12 +260,11 @@ def fit_to_budget(cfg, rt, model, meta):
         return cfg, model, None
     fitted = replace(cfg, model=replace(cfg.model, **shape))
     seed_everything(cfg.seed + rt.rank)
-    smaller = build_model(fitted, meta).to(rt.device)
     if rt.master:
-        print(f"shape: n_layer={shape['n_layer']}, n_embd={shape['n_embd']} instead of {size}: at the step timed here the "
-              f"configured model would see {seen:.1f} tokens per parameter in {cfg.max_time:g} s, fewer than "
+        print(f"shape: {smaller} instead of {size}: at the step timed here the configured model would see "
+              f"{seen:.1f} tokens per parameter in {cfg.max_time:g} s, fewer than "
               f"min_tokens_per_param={cfg.min_tokens_per_param:g} (--min_tokens_per_param=0 keeps it)")
-    return fitted, smaller, {"n_layer": c.n_layer, "n_embd": c.n_embd}
+    return fitted, build_model(fitted, meta).to(rt.device), {"n_layer": c.n_layer, "n_embd": c.n_embd}
 
 
 def settle_attention_path(cfg, rt, model, ckpt):

@@ -145,7 +145,7 @@ def test_the_modern_rung_is_the_preset_itself_with_only_what_the_lab_must_set():
         ("somewhere/modern", 7, "elsewhere", 5)
     assert lab_run.max_iters >= 1e5 and lab_run.init_from == "scratch"
     assert lab_run.model == preset.model and lab_run.optimizer == preset.optimizer  # the preset's model, as it is
-    assert lab_run.smaller_shape() is None  # whatever the budget: rungs compare models, not machines
+    assert lab_run.min_tokens_per_param == 0  # never fitted to its budget: rungs compare models, not machines
     assert (lab_run.learning_rate, lab_run.batch_size, lab_run.lr_schedule) == \
         (preset.learning_rate, preset.batch_size, preset.lr_schedule)
 

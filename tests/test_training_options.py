@@ -326,6 +326,15 @@ def test_a_resume_keeps_the_measured_choices_it_was_trained_with(monkeypatch):
     assert settle_attention_path(explicit, rt, model, saved) == "fused" and rt.dtype == "float32"
 
 
+def test_tokens_per_parameter_is_the_budget_at_the_timed_step_over_the_parameters(monkeypatch):
+    model = tiny_model(config(**TINY))
+    timed = []
+    monkeypatch.setattr(probes, "training_step_seconds", lambda *args, **kwargs: timed.append(args) or 0.5)
+    seen = probes.tokens_per_parameter(model, 4, "float32", 60, processes=2)
+    assert timed == [(model, 4, "float32")]
+    assert seen == pytest.approx(60 * 2 * 4 * 16 / 0.5 / model.num_params())  # 2 processes of 4 x 16 tokens
+
+
 @pytest.mark.parametrize("seen", [5.9, 6.0])
 def test_a_model_too_big_for_its_budget_trains_as_the_smaller_shape(monkeypatch, capsys, seen):
     """Below min_tokens_per_param (tokens each parameter would see in max_time at the timed step) the run
@@ -359,15 +368,22 @@ def test_a_model_too_big_for_its_budget_trains_as_the_smaller_shape(monkeypatch,
     assert all(torch.equal(direct[k], v) for k, v in model.state_dict().items())
 
 
-def test_the_smaller_shape_is_checked_and_only_where_a_budget_can_ask_for_it():
+def test_the_smaller_shape_is_checked_and_fitted_only_where_a_budget_can_ask_for_it(monkeypatch):
+    from gptkit import training
+    from gptkit.runtime import Runtime
+
     budget = dict(TINY, max_time=60, min_tokens_per_param=6)
     assert config(**budget, smaller_n_embd=16).smaller_shape() == {"n_layer": 2, "n_embd": 16}
     assert config(**budget, smaller_n_layer=5).smaller_shape() is None  # nothing smaller than the model
-    assert config(**{**budget, "max_time": 0}, smaller_n_layer=1).smaller_shape() is None  # no budget
-    assert config(**budget, smaller_n_layer=1, init_from="gpt2").smaller_shape() is None  # its shape is GPT-2's
     with pytest.raises(ValueError, match=r"^smaller_n_layer and smaller_n_embd make no model: n_embd \(15\) must "
                                         r"be divisible by n_head \(2\)$"):
         config(**budget, smaller_n_embd=15)
+    monkeypatch.setattr(training, "tokens_per_parameter", lambda *args: 0.0)  # far too few, if it were asked
+    meta = {"vocab_size": 20, "tokenizer": "char"}
+    for unfitted in (dict(budget, max_time=0), dict(budget, min_tokens_per_param=0), dict(budget, n_layer=1)):
+        cfg = config(**unfitted, smaller_n_layer=1)
+        model = training.build_model(cfg, meta)
+        assert training.fit_to_budget(cfg, Runtime(device="cpu", dtype="float32"), model, meta) == (cfg, model, None)
 
 
 def test_the_thread_count_follows_the_faster_steps():
