@@ -85,9 +85,10 @@ class TrainConfig:
         require(self, ["warmdown_frac"], lambda v: 0 <= v <= 1, "in [0, 1]")
         check_seed(self.seed)
         self.check_evaluation_size()
-        if self.min_tokens_per_param > 0 and self.smaller_shape():
+        smaller = self.smaller_shape()
+        if self.min_tokens_per_param > 0 and smaller:
             try:
-                replace(self.model, **self.smaller_shape())
+                replace(self.model, **smaller)
             except ValueError as e:
                 raise ValueError(f"smaller_n_layer and smaller_n_embd make no model: {e}") from None
         check_device_name(self.device)

@@ -213,12 +213,13 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
     if model.config.vocab_size < meta["vocab_size"]:
         raise UserError(f"dataset vocabulary ({meta['vocab_size']}) is larger than the model's "
                         f"({model.config.vocab_size})")
-    settle_precision(cfg, rt, model, ckpt)
+    saved = ckpt.get("measured", {}) if ckpt is not None else {}  # what the resumed run measured
+    settle_precision(cfg, rt, model, saved)
     cfg, model, fitted_from = fit_to_budget(cfg, rt, model, meta)
     data = TrainingData(folder, meta, model.config.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed + rt.rank,
                         rt.device)
-    measured = {"dtype": rt.dtype, "attention_path": settle_attention_path(cfg, rt, model, ckpt)}
-    fitted_from = fitted_from or (ckpt or {}).get("measured", {}).get("fitted_from")
+    measured = {"dtype": rt.dtype, "attention_path": settle_attention_path(cfg, rt, model, saved)}
+    fitted_from = fitted_from or saved.get("fitted_from")
     if fitted_from:
         measured["fitted_from"] = fitted_from
     state = TrainState(cfg, model, data.tokenizer, data.sampler, rt, measured)
@@ -229,10 +230,9 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
     return data, state
 
 
-def settle_precision(cfg, rt, model, ckpt):
-    """The precision: as configured; for 'auto', as the resumed run was trained (a resume continues exactly),
-    or else measured here on this model by rank 0 and printed."""
-    saved = ckpt.get("measured", {}) if ckpt is not None else {}
+def settle_precision(cfg, rt, model, saved):
+    """The precision: as configured; for 'auto', as the resumed run was trained (its checkpoint's measured
+    choices, `saved`: a resume continues exactly), or else measured here on this model by rank 0 and printed."""
     if cfg.dtype == "auto" and "dtype" in saved:
         rt.set_dtype(saved["dtype"])
     elif cfg.dtype == "auto":
@@ -267,10 +267,9 @@ def fit_to_budget(cfg, rt, model, meta):
     return fitted, build_model(fitted, meta).to(rt.device), {"n_layer": c.n_layer, "n_embd": c.n_embd}
 
 
-def settle_attention_path(cfg, rt, model, ckpt):
-    """The attention path: as configured; for 'auto', as the resumed run was trained, or else measured here on
-    this model by rank 0 and printed. Set on the model and returned, for the checkpoint."""
-    saved = ckpt.get("measured", {}) if ckpt is not None else {}
+def settle_attention_path(cfg, rt, model, saved):
+    """The attention path: as configured; for 'auto', as the resumed run was trained (`saved`), or else measured
+    here on this model by rank 0 and printed. Set on the model and returned, for the checkpoint."""
     if cfg.attention_path == "auto" and "attention_path" in saved:
         path = saved["attention_path"]
     else:

@@ -316,7 +316,7 @@ def test_a_resume_keeps_the_measured_choices_it_was_trained_with(monkeypatch):
 
     monkeypatch.setattr(probes, "attention_seconds", no_probe)
     rt, model = Runtime(device="cpu", dtype="float32"), tiny_model(config(**TINY))
-    saved = {"measured": {"dtype": "bfloat16", "attention_path": "folded"}}
+    saved = {"dtype": "bfloat16", "attention_path": "folded"}  # a checkpoint's measured choices
     settle_precision(config(**TINY), rt, model, saved)
     assert settle_attention_path(config(**TINY), rt, model, saved) == "folded"
     assert rt.dtype == "bfloat16" and model.transformer.h[0].attn.path == "folded"
