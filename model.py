@@ -244,8 +244,9 @@ def dropout(x, p, training):
     as much as its matmuls. Here a mask is a window of a table of random masks at an offset drawn from torch's
     generator: within a window the elements are independent draws, and from one call to the next the window
     moves by a random amount among at least 4M places, so an element dropped in one call is dropped in the
-    next with probability p, as with fresh masks. The offset comes from torch's generator, so a seed (and a
-    resumed run's restored state) repeats the masks."""
+    next with probability p, as with fresh masks. The offset comes from torch's generator (in a compiled
+    block, from inductor's, seeded from torch's), so a seed (and a resumed run's restored state) repeats the
+    masks."""
     if not training or p == 0:
         return x
     if x.device.type != "cpu":

@@ -173,6 +173,17 @@ def test_compiled_blocks_keep_the_plain_parameter_names():
     assert all(block._compiled_call_impl is not None for block in model.transformer.h)
 
 
+def test_a_compiled_block_keeps_its_dropouts_in_one_graph():
+    """Dropout draws its mask's offset as a number inside the block; compiled blocks capture it rather than
+    breaking the graph at every dropout, which cost compiled steps with dropout 0.1 about 5% more."""
+    model = tiny_model(config(**dict(TINY, dropout=0.1))).train()
+    compile_blocks(model)
+    block, x = model.transformer.h[0], torch.randn(4, 16, 32)
+    type(block).forward(block, x)  # eagerly, as a run's start-up probes do: builds the table of masks
+    explained = torch._dynamo.explain(type(block).forward)(block, x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
 def schedule(**overrides):
     return replace(TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=100), **overrides)
 
