@@ -241,7 +241,8 @@ def wandb_args(cfg, state):
         return None
     # our own id (wandb.util.generate_id is gone from recent wandb), kept in the checkpoint for resume
     state.wandb_id = state.wandb_id or uuid.uuid4().hex[:12]
-    return dict(project=cfg.wandb_project, name=cfg.wandb_run_name, id=state.wandb_id, config=asdict(cfg))
+    # the settings trained with: a model fitted to its budget has its fitted shape there
+    return dict(project=cfg.wandb_project, name=cfg.wandb_run_name, id=state.wandb_id, config=asdict(state.cfg))
 
 
 if __name__ == "__main__":

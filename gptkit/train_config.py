@@ -65,6 +65,7 @@ class TrainConfig:
     min_tokens_per_param: float = 0.0  # >0: train smaller below this many tokens per parameter in max_time, timed
     smaller_n_layer: int = 0  # that smaller model's layers (0 = n_layer)
     smaller_n_embd: int = 0  # that smaller model's width (0 = n_embd)
+    smaller_muon_weight_decay: float = -1.0  # that smaller model's Muon weight decay (below 0 = muon_weight_decay)
     # system
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # DDP backend: 'auto' is nccl on CUDA, gloo on CPU
     device: str = "auto"  # 'auto' (cuda, then mps, then cpu), or 'cpu', 'cuda', 'cuda:1', 'mps'

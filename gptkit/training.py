@@ -243,28 +243,36 @@ def settle_precision(cfg, rt, model, saved):
 
 
 def fit_to_budget(cfg, rt, model, meta):
-    """(cfg, model, the shape it was configured with or None): the model as configured, or, where its step timed
-    here by rank 0 would give each parameter fewer than min_tokens_per_param tokens in max_time, the smaller
-    model (TrainConfig.smaller_shape), started as a run configured with that shape would start it."""
+    """(cfg, model, the settings it replaced or None): the model as configured, or, where its step timed here by
+    rank 0 would give each parameter fewer than min_tokens_per_param tokens in max_time, the smaller model
+    (TrainConfig.smaller_shape, with smaller_muon_weight_decay if set), started as a run configured with that
+    shape would start it."""
     shape = cfg.smaller_shape()
     if not (cfg.min_tokens_per_param > 0 and cfg.max_time > 0 and cfg.init_from == "scratch" and shape):
         return cfg, model, None  # no budget to fit, nothing smaller to fit into, or a shape not ours to change
     seen = tokens_per_parameter(model, cfg.batch_size, rt.dtype, cfg.max_time, rt.world) if rt.master else None
     seen = rt.broadcast(seen)
-    c = model.config
-    size, smaller = f"n_layer={c.n_layer}, n_embd={c.n_embd}", f"n_layer={shape['n_layer']}, n_embd={shape['n_embd']}"
+    configured = {"n_layer": model.config.n_layer, "n_embd": model.config.n_embd}
     if seen >= cfg.min_tokens_per_param:
         if rt.master:
-            print(f"shape: {size} as configured ({seen:.1f} tokens per parameter in {cfg.max_time:g} s at the "
-                  f"step timed here; min_tokens_per_param={cfg.min_tokens_per_param:g})")
+            print(f"shape: {settings_line(configured)} as configured ({seen:.1f} tokens per parameter in "
+                  f"{cfg.max_time:g} s at the step timed here; min_tokens_per_param={cfg.min_tokens_per_param:g})")
         return cfg, model, None
     fitted = replace(cfg, model=replace(cfg.model, **shape))
+    decay = cfg.smaller_muon_weight_decay
+    if decay >= 0 and decay != cfg.muon_weight_decay:  # the decay tuned for the smaller model goes with it
+        fitted, shape = replace(fitted, muon_weight_decay=decay), {**shape, "muon_weight_decay": decay}
+        configured["muon_weight_decay"] = cfg.muon_weight_decay
     seed_everything(cfg.seed + rt.rank)
     if rt.master:
-        print(f"shape: {smaller} instead of {size}: at the step timed here the configured model would see "
-              f"{seen:.1f} tokens per parameter in {cfg.max_time:g} s, fewer than "
+        print(f"shape: {settings_line(shape)} instead of {settings_line(configured)}: at the step timed here the "
+              f"configured model would see {seen:.1f} tokens per parameter in {cfg.max_time:g} s, fewer than "
               f"min_tokens_per_param={cfg.min_tokens_per_param:g} (--min_tokens_per_param=0 keeps it)")
-    return fitted, build_model(fitted, meta).to(rt.device), {"n_layer": c.n_layer, "n_embd": c.n_embd}
+    return fitted, build_model(fitted, meta).to(rt.device), configured
+
+
+def settings_line(settings):
+    return ", ".join(f"{key}={value:g}" for key, value in settings.items())
 
 
 def settle_attention_path(cfg, rt, model, saved):

@@ -11,6 +11,8 @@ import shutil
 import signal
 import struct
 import zipfile
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,10 +21,12 @@ import train
 from conftest import Run, logged, train_args, train_cmd, wait_for_iteration
 from gptkit import checkpoint, metrics
 from gptkit.checkpoint import HEADER_SIZE, load_checkpoint, save_checkpoint
+from gptkit.config import make
 from gptkit.errors import UserError
 from gptkit.metrics import read_metrics
 from gptkit.resume import resume_state
 from gptkit.rundir import RunDir
+from gptkit.train_config import TrainConfig
 
 
 def digest(path):
@@ -271,22 +275,35 @@ def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path, data_dir):
 # ---------------------------------------------------------------------------------------------- resume rules
 
 def test_a_run_its_budget_made_smaller_resumes_with_the_command_that_started_it(tmp_path, data_dir, capsys):
-    """The config file still says the bigger shape: given again on resume it is the shape the run was fitted
-    from, not another one; the run keeps the smaller model. A shape that differs from both is refused."""
+    """The config file still says the bigger shape and its decay: given again on resume they are what the run was
+    fitted from, not other settings; the run keeps the smaller model and its decay. A shape that differs from
+    both is refused."""
     out = tmp_path / "fitted"
     start = train_args(data_dir, out, "--n_layer=2", "--max_time=600", "--min_tokens_per_param=1e12",
-                       "--smaller_n_layer=1", "--max_iters=4", "--eval_interval=2", "--eval_iters=1")
+                       "--smaller_n_layer=1", "--optimizer=muon", "--muon_weight_decay=0.6",
+                       "--smaller_muon_weight_decay=0.3", "--max_iters=4", "--eval_interval=2", "--eval_iters=1")
+    fitted_from = {"n_layer": 2, "n_embd": 32, "muon_weight_decay": 0.6}
     train.main(start)
-    assert "shape: n_layer=1, n_embd=32 instead of n_layer=2, n_embd=32" in capsys.readouterr().out
+    assert ("shape: n_layer=1, n_embd=32, muon_weight_decay=0.3 instead of n_layer=2, n_embd=32, "
+            "muon_weight_decay=0.6: ") in capsys.readouterr().out
     ckpt = load_checkpoint(out / "latest.pt")
-    assert ckpt["model_args"]["n_layer"] == 1 and ckpt["measured"]["fitted_from"] == {"n_layer": 2, "n_embd": 32}
+    assert ckpt["model_args"]["n_layer"] == 1 and ckpt["measured"]["fitted_from"] == fitted_from
     train.main([*start, "--max_iters=6", "--init_from=auto"])
     assert "shape:" not in capsys.readouterr().out  # a resumed run is not fitted again
     ckpt = load_checkpoint(out / "latest.pt")
     assert (ckpt["iter_num"], ckpt["model_args"]["n_layer"], ckpt["config"]["model"]["n_layer"]) == (6, 1, 1)
-    assert ckpt["measured"]["fitted_from"] == {"n_layer": 2, "n_embd": 32}
+    assert ckpt["config"]["muon_weight_decay"] == 0.3 and ckpt["measured"]["fitted_from"] == fitted_from
+    assert 0.3 in {g["weight_decay"] for opt in ckpt["optimizer"] for g in opt["param_groups"]}  # Muon's matrices
     with pytest.raises(UserError, match="n_layer=3 differs from .*'s 1; a resumed run keeps its model's shape"):
         train.main([*start, "--max_iters=8", "--init_from=auto", "--n_layer=3"])
+
+
+def test_wandb_records_the_settings_the_run_trains_with():
+    """A run fitted to its budget trains other settings than it was given: wandb's config is the trained ones."""
+    given = make(TrainConfig, {"wandb_log": True, "n_layer": 4, "muon_weight_decay": 0.6})
+    fitted = replace(given, model=replace(given.model, n_layer=3), muon_weight_decay=0.3)
+    args = train.wandb_args(given, SimpleNamespace(wandb_id="run-id", cfg=fitted))
+    assert (args["id"], args["config"]["model"]["n_layer"], args["config"]["muon_weight_decay"]) == ("run-id", 3, 0.3)
 
 
 def test_a_resume_continues_with_the_saved_settings_and_those_given_again(run, data_dir):

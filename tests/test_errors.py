@@ -185,6 +185,7 @@ OUT_OF_RANGE = {
                          "grad_clip", "max_time", "logit_softcap", "min_tokens_per_param"], [-1e-3]),
         **dict.fromkeys(["beta1", "beta2", "muon_momentum", "dropout"], [-0.1, 1.0, 2]),
         "warmdown_frac": [-0.1, 1.5], "seed": [-1, 2 ** 31], "rope_base": [0, -1],
+        "smaller_muon_weight_decay": [],  # below 0 means the configured decay
     },
     "SampleConfig": {"num_samples": [0], "max_new_tokens": [-1], "temperature": [-0.1], "top_k": [-1],
                      "top_p": [0, 1.5], "seed": [-1, 2 ** 31], "threads": [-1]},
