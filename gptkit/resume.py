@@ -96,7 +96,7 @@ def resumed_config(ckpt, given, path):
     (config files or --key=value). The model's shape and the optimizer are the checkpoint's; giving another
     value is refused, naming the key (giving the shape a time budget made smaller is not another value)."""
     saved = saved_settings(ckpt, path)
-    fitted_from = ckpt.get("measured", {}).get("fitted_from", {})  # the shape configured before its budget fitted it
+    fitted_from = ckpt.get("measured", {}).get("fitted_from", {})  # what was configured before its budget fitted it
     given = {key: value for key, value in given.items() if key not in fitted_from or value != fitted_from[key]}
     for key in FIXED_ON_RESUME:
         if key in given and given[key] != saved.get(key):
