@@ -258,14 +258,14 @@ def fit_to_budget(cfg, rt, model, meta):
             print(f"shape: {settings_line(configured)} as configured ({seen:.1f} tokens per parameter in "
                   f"{cfg.max_time:g} s at the step timed here; min_tokens_per_param={cfg.min_tokens_per_param:g})")
         return cfg, model, None
-    fitted = replace(cfg, model=replace(cfg.model, **shape))
+    fitted, smaller = replace(cfg, model=replace(cfg.model, **shape)), dict(shape)
     decay = cfg.smaller_muon_weight_decay
     if decay >= 0 and decay != cfg.muon_weight_decay:  # the decay tuned for the smaller model goes with it
-        fitted, shape = replace(fitted, muon_weight_decay=decay), {**shape, "muon_weight_decay": decay}
+        fitted, smaller["muon_weight_decay"] = replace(fitted, muon_weight_decay=decay), decay
         configured["muon_weight_decay"] = cfg.muon_weight_decay
     seed_everything(cfg.seed + rt.rank)
     if rt.master:
-        print(f"shape: {settings_line(shape)} instead of {settings_line(configured)}: at the step timed here the "
+        print(f"shape: {settings_line(smaller)} instead of {settings_line(configured)}: at the step timed here the "
               f"configured model would see {seen:.1f} tokens per parameter in {cfg.max_time:g} s, fewer than "
               f"min_tokens_per_param={cfg.min_tokens_per_param:g} (--min_tokens_per_param=0 keeps it)")
     return fitted, build_model(fitted, meta).to(rt.device), configured
