@@ -45,7 +45,6 @@ class GPTConfig:
     attention: Literal["scaled", "dot", "uniform", "additive"] = "scaled"  # q.k/sqrt(d), q.k, all equal, or v.tanh(q+k)
     causal: bool = True  # mask the future (a decoder); False lets every position see every other (an encoder)
     mlp: bool = True  # a feed-forward MLP after attention in each block; False leaves attention alone
-    x0_mix: bool = False  # each block's input mixes the embeddings back in, a*x + b*x0, a and b learned per block
 
     def __post_init__(self):
         for f in fields(self):
@@ -310,16 +309,8 @@ class Block(nn.Module):
         if config.mlp:
             self.ln_2 = make_norm(config)
             self.mlp = MLP(config)
-        if config.x0_mix:  # starts as the plain block: all of x, none of x0 (modded-nanogpt's skip to the embeddings)
-            self.x0_mix = nn.Parameter(torch.tensor([1.0, 0.0]))
 
-    def mixed_input(self, x, x0):
-        """The stream the block adds to: x itself, or with x0_mix its learned mix with the embeddings x0 that
-        the first block took in."""
-        return self.x0_mix[0] * x + self.x0_mix[1] * x0 if hasattr(self, "x0_mix") else x
-
-    def forward(self, x, rotary=None, cache=None, layer=0, x0=None):
-        x = self.mixed_input(x, x0)
+    def forward(self, x, rotary=None, cache=None, layer=0):
         x = x + self.attn(self.ln_1(x), rotary, cache, layer)
         if hasattr(self, "mlp"):
             x = x + self.mlp(self.ln_2(x))
@@ -383,9 +374,8 @@ class GPT(nn.Module):
         With a cache (see SelfAttention.forward), idx continues the tokens already cached."""
         first_position = cache.pos if cache is not None else 0
         x, rotary = self.embed(idx, first_position)
-        x0 = x
         for i, block in enumerate(self.transformer.h):
-            x = block(x, rotary, cache, i, x0)
+            x = block(x, rotary, cache, i)
         if cache is not None:
             cache.pos += idx.size(1)
         x = self.transformer.ln_f(x)

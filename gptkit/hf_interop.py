@@ -154,7 +154,6 @@ def check_exportable(config):
         (config.attention != "scaled", f"attention={config.attention!r} (GPT-2 scores q.k/sqrt(d))"),
         (not config.causal, "causal=False (GPT-2 is a decoder: it masks the future)"),
         (not config.mlp, "mlp=False (every GPT-2 block has an MLP)"),
-        (config.x0_mix, "x0_mix=True (GPT-2's blocks take only the residual stream)"),
     ]
     for refused, what in refusals:
         if refused:

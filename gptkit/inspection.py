@@ -12,24 +12,24 @@ from gptkit.errors import UserError
 def attention_maps(model, idx):
     """Every layer's attention weights for idx, a list of (B, H, T, T) tensors: the weights the forward pass
     applies to the values (SDPA's kernels never materialise them), from the model's own attention modules."""
-    x0, rotary = model.embed(idx)
-    x, maps = x0, []
+    x, rotary = model.embed(idx)
+    maps = []
     for block in model.transformer.h:
         attn = block.attn
-        q, k, _ = attn.qkv(block.ln_1(block.mixed_input(x, x0)), rotary)
+        q, k, _ = attn.qkv(block.ln_1(x), rotary)
         T = idx.size(1)
         maps.append(attn.attention_weights(q, k, T, T).expand(idx.size(0), attn.n_head, T, T))
-        x = block(x, rotary, x0=x0)
+        x = block(x, rotary)
     return maps
 
 
 @torch.no_grad()
 def residual_streams(model, idx):
     """The residual stream after the embeddings and after each block: n_layer + 1 tensors of (B, T, C)."""
-    x0, rotary = model.embed(idx)
-    x, streams = x0, [x0]
+    x, rotary = model.embed(idx)
+    streams = [x]
     for block in model.transformer.h:
-        x = block(x, rotary, x0=x0)
+        x = block(x, rotary)
         streams.append(x)
     return streams
 

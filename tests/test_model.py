@@ -13,7 +13,7 @@ from model import GPT, GPTConfig, ReLUSquared, SelfAttention, apply_rotary, drop
 
 BASE = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
 MODERN = dict(pos_emb="rope", norm="rmsnorm", qk_norm=True, mlp_act="relu2", tie_weights=False,
-              logit_softcap=15.0, zero_init_proj=False, x0_mix=True)
+              logit_softcap=15.0, zero_init_proj=False)
 ARCHS = {"gpt2": {}, "modern": MODERN}
 
 
@@ -21,10 +21,6 @@ def make_model(seed=0, sharpen=1.0, **overrides):
     """A tiny GPT in eval mode; sharpen > 1 scales the head so sampling is far from uniform."""
     torch.manual_seed(seed)
     model = GPT(GPTConfig(**dict(BASE, **overrides))).eval()
-    with torch.no_grad():
-        for block in model.transformer.h:
-            if hasattr(block, "x0_mix"):  # away from its start, where it is the identity
-                block.x0_mix.uniform_(0.5, 1.5)
     if sharpen != 1.0:
         with torch.no_grad():
             model.lm_head.weight.mul_(sharpen)
@@ -244,31 +240,6 @@ def test_kv_cache_chunked_prefill_matches_full_forward(arch):
         for a, b in [(0, 5), (5, 9), (9, 10), (10, 14)]:
             out, _ = model(idx[:, a:b], cache=cache)
             torch.testing.assert_close(out[:, -1], full[:, b - 1], atol=1e-5, rtol=1e-5)
-
-
-def test_x0_mix_feeds_each_block_its_two_weights_of_the_stream_and_the_embeddings():
-    mixed = make_model(**MODERN)
-    plain = GPT(GPTConfig(**dict(BASE, **dict(MODERN, x0_mix=False)))).eval()
-    loaded = plain.load_state_dict(mixed.state_dict(), strict=False)
-    assert not loaded.missing_keys and len(loaded.unexpected_keys) == BASE["n_layer"]
-    idx = random_tokens((2, 12))
-    with torch.no_grad():
-        x0, rotary = plain.embed(idx)
-        x = x0
-        for block, weights in zip(plain.transformer.h, (b.x0_mix for b in mixed.transformer.h)):
-            x = block(weights[0] * x + weights[1] * x0, rotary)
-        want = plain.head(plain.transformer.ln_f(x))
-        torch.testing.assert_close(mixed(idx, idx)[0], want, atol=1e-5, rtol=1e-5)
-
-
-def test_x0_mix_starts_as_the_plain_model():
-    torch.manual_seed(0)
-    mixed = GPT(GPTConfig(**dict(BASE, **MODERN)))
-    torch.manual_seed(0)
-    plain = GPT(GPTConfig(**dict(BASE, **dict(MODERN, x0_mix=False))))
-    idx = random_tokens((2, 12))
-    with torch.no_grad():
-        torch.testing.assert_close(mixed(idx, idx)[0], plain(idx, idx)[0], atol=0, rtol=0)
 
 
 def test_forward_rejects_sequences_longer_than_block():

@@ -40,7 +40,6 @@ OPTIONS = {
     "untied": dict(tie_weights=False),
     "softcap": dict(logit_softcap=15.0),
     "zero_init": dict(zero_init_proj=True),
-    "x0_mix": dict(x0_mix=True),
     "bias": dict(bias=True),
     "muon": dict(optimizer="muon"),
     "wsd": dict(lr_schedule="wsd"),
