@@ -207,7 +207,7 @@ def main(argv=None):
             stop.doing = "starting (nothing was saved)"
             data, state = build_training(cfg, rt, *resumed)
             del resumed  # the state holds what it needs of the checkpoint
-            log = RunLog(run.metrics, wandb_args(cfg, state)) if rt.master else None
+            log = RunLog(run.metrics, wandb_args(state)) if rt.master else None
             try:
                 if cfg.eval_only:
                     stop.doing = "evaluating (eval_only: nothing is written but this evaluation's record)"
@@ -236,13 +236,14 @@ def announce_resume(cfg, resumed, run, note):
     return True
 
 
-def wandb_args(cfg, state):
+def wandb_args(state):
+    # the settings trained with (state.cfg): a model fitted to its budget has its fitted shape there
+    cfg = state.cfg
     if not cfg.wandb_log:
         return None
     # our own id (wandb.util.generate_id is gone from recent wandb), kept in the checkpoint for resume
     state.wandb_id = state.wandb_id or uuid.uuid4().hex[:12]
-    # the settings trained with: a model fitted to its budget has its fitted shape there
-    return dict(project=cfg.wandb_project, name=cfg.wandb_run_name, id=state.wandb_id, config=asdict(state.cfg))
+    return dict(project=cfg.wandb_project, name=cfg.wandb_run_name, id=state.wandb_id, config=asdict(cfg))
 
 
 if __name__ == "__main__":

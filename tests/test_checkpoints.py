@@ -302,7 +302,7 @@ def test_wandb_records_the_settings_the_run_trains_with():
     """A run fitted to its budget trains other settings than it was given: wandb's config is the trained ones."""
     given = make(TrainConfig, {"wandb_log": True, "n_layer": 4, "muon_weight_decay": 0.6})
     fitted = replace(given, model=replace(given.model, n_layer=3), muon_weight_decay=0.3)
-    args = train.wandb_args(given, SimpleNamespace(wandb_id="run-id", cfg=fitted))
+    args = train.wandb_args(SimpleNamespace(wandb_id="run-id", cfg=fitted))
     assert (args["id"], args["config"]["model"]["n_layer"], args["config"]["muon_weight_decay"]) == ("run-id", 3, 0.3)
 
 
