@@ -207,21 +207,28 @@ def pick_decode_threads(threads, model, device, batch_size=1, tokens=16):
 class ThreadTuner:
     """CPU threads for training, measured as the run goes: each small op waits for all its threads, so when
     another process holds a core, two threads stall each other at every step while one runs on. `first` seconds
-    in, and every `every` seconds after, a few steps run on the other thread count, and it is kept when its
-    steps are faster by more than `margin`. after_step() returns a line saying so when it changes the count, else None."""
+    in, a few steps run on the other thread count, and it is kept when its steps are faster by more than
+    `margin`. Trials cost steps, so while they keep the count the wait for the next one doubles from `every` (up
+    to `longest` on the most threads, to twice `every` on one, where a core freed again would go unseen); and a
+    trial comes at once when the current count's steps slow down or speed up by more than `drift` from what the
+    last trial measured: another process came or went. after_step() returns a line saying so when it changes
+    the count, else None."""
 
-    def __init__(self, most, every=15.0, first=2.0, trial_steps=4, margin=1.1):
-        self.current, self.other = most, 1
-        self.every, self.trial_steps, self.margin = every, trial_steps, margin
+    def __init__(self, most, every=15.0, first=2.0, trial_steps=4, margin=1.1, longest=120.0, drift=1.25,
+                 clock=time.perf_counter):
+        self.most, self.current, self.other = most, most, 1
+        self.every, self.longest, self.wait = every, longest, every
+        self.trial_steps, self.margin, self.drift, self.clock = trial_steps, margin, drift, clock
         self.recent = []  # the latest steps' seconds on the current count
         self.trial = None  # steps' seconds on the other count, while a trial runs
-        self.last_trial = time.perf_counter() - every + first  # the first trial comes early: a run starts busy
+        self.measured = None  # the current count's median step at the last trial
+        self.last_trial = clock() - every + first  # the first trial comes early: a run starts busy
         torch.set_num_threads(most)
 
     def after_step(self, seconds, iteration):
         if self.trial is None:
             self.recent = (self.recent + [seconds])[-self.trial_steps:]
-            if len(self.recent) == self.trial_steps and time.perf_counter() - self.last_trial >= self.every:
+            if len(self.recent) == self.trial_steps and (self.drifted() or self.clock() - self.last_trial >= self.wait):
                 self.trial = []
                 torch.set_num_threads(self.other)
             return None
@@ -229,11 +236,25 @@ class ThreadTuner:
         if len(self.trial) <= self.trial_steps:  # the first step after a switch pays for it: not counted
             return None
         mine, theirs = statistics.median(self.recent), statistics.median(self.trial[1:])
-        self.trial, self.recent, self.last_trial = None, [], time.perf_counter()
+        self.trial, self.recent, self.last_trial = None, [], self.clock()
         if mine <= theirs * self.margin:
+            self.measured = mine
+            self.wait = min(2 * self.wait, self.longest if self.current == self.most else 2 * self.every)
             torch.set_num_threads(self.current)
             return None
         old, (self.current, self.other) = self.current, (self.other, self.current)
+        self.measured, self.wait = theirs, self.every
         torch.set_num_threads(self.current)
         return (f"threads: {self.current} from iteration {iteration} (its steps took {theirs * 1e3:.0f} ms, on "
                 f"{old} thread{'s' if old > 1 else ''} {mine * 1e3:.0f} ms)")
+
+    def drifted(self):
+        """Every one of the latest steps on the current count is slower or faster by more than `drift` than the
+        last trial measured (one slow step is noise): try again now, and soon after."""
+        if self.measured is None:
+            return False
+        slower, faster = min(self.recent) > self.measured * self.drift, max(self.recent) < self.measured / self.drift
+        if not (slower or faster):
+            return False
+        self.wait = self.every
+        return True

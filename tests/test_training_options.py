@@ -417,6 +417,42 @@ def test_the_thread_count_follows_the_faster_steps():
         torch.set_num_threads(before)
 
 
+def test_thread_trials_back_off_while_they_keep_the_count_and_come_at_once_when_steps_drift():
+    """Each trial costs steps: on an idle machine they must grow rare (up to `longest` apart on the most threads,
+    twice `every` on one), yet a process arriving (the steps slowing by more than `drift`) must be tried at once."""
+    from gptkit.probes import ThreadTuner
+
+    now, before = [0.0], torch.get_num_threads()
+
+    def steps(tuner, seconds, count, advance=0.0):
+        lines = []
+        for _ in range(count):
+            now[0] += advance
+            lines.append(tuner.after_step(seconds, 0))
+        return [line for line in lines if line]
+
+    try:
+        tuner = ThreadTuner(2, every=10.0, first=0.0, trial_steps=4, longest=40.0, drift=1.25, clock=lambda: now[0])
+        assert steps(tuner, 0.1, 4) == [] and torch.get_num_threads() == 1  # the first trial, at once
+        assert steps(tuner, 0.2, 5) == [] and torch.get_num_threads() == 2  # kept: next wait 20 s
+        assert steps(tuner, 0.1, 15, advance=1.0) == [] and torch.get_num_threads() == 2  # 15 s: none yet
+        steps(tuner, 0.1, 6, advance=1.0)
+        assert torch.get_num_threads() == 1  # 21 s after the last: tried
+        assert steps(tuner, 0.2, 5) == [] and tuner.wait == 40.0
+        steps(tuner, 0.1, 1000, advance=0.03)  # 30 s of steady steps: no trial before the 40 s wait
+        assert torch.get_num_threads() == 2 and tuner.trial is None
+        assert steps(tuner, 0.3, 3) == [] and torch.get_num_threads() == 2  # three slow steps may be noise
+        assert steps(tuner, 0.3, 1) == [] and torch.get_num_threads() == 1  # four: tried at once
+        assert steps(tuner, 0.15, 5) == ["threads: 1 from iteration 0 (its steps took 150 ms, on 2 threads 300 ms)"]
+        assert tuner.wait == 10.0
+        for _ in range(3):  # on one thread the wait stops at twice `every`: a core freed again is found soon
+            steps(tuner, 0.15, 4, advance=10.0)
+            steps(tuner, 0.3, 5)
+        assert tuner.current == 1 and tuner.wait == 20.0
+    finally:
+        torch.set_num_threads(before)
+
+
 FAULTS_OF_BIG_TENSORS = """
 import resource, sys, torch
 from gptkit.runtime import keep_freed_memory
