@@ -8,7 +8,7 @@ Benchmarks, one subcommand each; every subcommand takes its own --key=value opti
     python bench.py throughput                     # training tokens/s on the baby GPT: fp32 AdamW vs the default's settings
     python bench.py dropout                        # the share of the default's steps that dropout 0.1 costs
     python bench.py explore --out_dir=out          # the explorer: first token, streaming, page load, analysis
-    python bench.py busy                           # training tokens/s idle, then beside one busy process
+    python bench.py busy                           # training tokens/s idle and beside one busy process
     python bench.py presets                        # each preset trained with 3 seeds: mean val loss, spread, target
     python bench.py prepare --nanogpt_dir=../nanoGPT  # a 1 GB JSON Lines corpus: ours vs nanoGPT's OpenWebText prepare
     python bench.py prepare --size_gb=10           # peak memory preparing, then training on, 10 GB
@@ -408,7 +408,7 @@ class BusyBenchConfig:
     work_dir: str = "out-bench-busy"  # prepared data and the runs go here
     config: str = "config/shakespeare_char.py"  # the run timed idle and beside a busy process
     seconds: float = 40.0  # each run's max_time
-    fixed_threads: int = 0  # also time this many threads, fixed, beside the busy process (0 = torch's default)
+    fixed_threads: int = 0  # also time this many threads, fixed, idle and busy (0 = torch's default)
 
     def __post_init__(self):
         require(self, ["seconds"], lambda v: v > 0, "more than 0")
@@ -416,16 +416,20 @@ class BusyBenchConfig:
 
 
 def bench_busy(argv):
-    """Training tokens/s on an idle machine, then beside one busy process (a core held by a spinning Python):
-    the run's own thread choice (threads=0, measured as it goes) against a fixed thread count."""
+    """Training tokens/s on an idle machine, beside one busy process (a core held by a spinning Python) and beside
+    one that starts halfway through: the run's own thread choice (threads=0, measured as it goes) against a fixed
+    thread count, idle (what measuring costs) and busy (what it saves)."""
     cfg = parse_config(BusyBenchConfig, argv, prog="bench.py busy")
     work = prepared_work_dir(cfg)
     fixed = cfg.fixed_threads or torch.get_num_threads()
     print(f"machine: {device_name('cpu')}, torch {torch.__version__}")
     rates = {}
-    for name, busy, threads in [("idle", False, 0), ("busy", True, 0), (f"busy, {fixed} threads fixed", True, fixed)]:
+    for name, busy_after, threads in [("idle", None, 0), (f"idle, {fixed} threads fixed", None, fixed),
+                                      ("busy", 0, 0), (f"busy, {fixed} threads fixed", 0, fixed),
+                                      ("busy from halfway", cfg.seconds / 2, 0)]:
         args = [cfg.config, "--device=cpu", f"--max_time={cfg.seconds}", f"--threads={threads}", "--log_interval=5"]
-        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+        spinner = None if busy_after is None else subprocess.Popen(
+            [sys.executable, "-c", f"import time\ntime.sleep({busy_after})\nwhile True: pass"])
         try:
             rates[name] = train_run(name, args, work, work / name.replace(" ", "_").replace(",", ""), [])["tok_s"]
         finally:
