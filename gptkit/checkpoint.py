@@ -295,7 +295,7 @@ RANDOM_STATES = Fields({
     # saved as training.py saves it: the key array as an int64 tensor
     "numpy": restorable("a numpy random state", lambda v: np.random.RandomState().set_state(
         (v[0], v[1].numpy().astype(np.uint32), *v[2:]))),
-    "sampler": Fields({"generator": TORCH_RANDOM}),
+    "sampler": Fields({"generator": TORCH_RANDOM, "position": COUNT}, optional=("position",)),
     "cuda": TENSOR,
 }, optional=("cuda",))
 OPTIMIZER_STATE = Fields({"state": Each(DICT, keyed=True), "param_groups": Each(Fields({"params": Each(COUNT)}))})

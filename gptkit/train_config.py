@@ -40,6 +40,7 @@ class TrainConfig:
     dataset: str = "shakespeare_char"  # subfolder of data_dir made by data/prepare.py
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step (over all DDP ranks)
     batch_size: int = 12  # sequences per micro-batch
+    batch_order: Literal["random", "epochs"] = "random"  # windows at random offsets (nanoGPT's), or each once an epoch
     # the model: every setting of model.py's GPTConfig, except the vocabulary, which the dataset sets
     model: GPTConfig = field(default_factory=GPTConfig, metadata={"not_settable": ("vocab_size",)})
     # optimizer

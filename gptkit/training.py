@@ -217,7 +217,7 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
     settle_precision(cfg, rt, model, saved)
     cfg, model, fitted_from = fit_to_budget(cfg, rt, model, meta)
     data = TrainingData(folder, meta, model.config.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed + rt.rank,
-                        rt.device)
+                        rt.device, cfg.batch_order)
     measured = {"dtype": rt.dtype, "attention_path": settle_attention_path(cfg, rt, model, saved)}
     fitted_from = fitted_from or saved.get("fitted_from")
     if fitted_from:

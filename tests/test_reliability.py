@@ -29,7 +29,7 @@ COMMON = [f"--max_iters={ITERS}", "--log_interval=1", "--eval_interval=5", "--ev
           "--always_save_checkpoint=True", "--dropout=0.1", "--warmup_iters=5"]
 CONFIGS = {  # dropout makes the torch RNG matter, accumulation the sampler's state between micro-batches
     "adamw": ["--optimizer=adamw"],
-    "muon-accum2": ["--optimizer=muon", "--gradient_accumulation_steps=2"],
+    "muon-accum2": ["--optimizer=muon", "--gradient_accumulation_steps=2", "--batch_order=epochs"],
     "ddp": ["--optimizer=adamw", "--gradient_accumulation_steps=2"],  # 2 processes under torchrun, 1 micro-batch each
 }
 LOSS_TOL = 1e-6
@@ -238,8 +238,10 @@ def test_stop_signal_saves_and_auto_resumes_exactly(signame, name, at, tmp_path,
     assert_same_losses(out, reference(name))
 
 
-def test_every_rng_round_trips_through_a_checkpoint(tmp_path):
-    """torch, numpy, python and the sampler (which redraws the batch it had fetched ahead) come back exactly."""
+@pytest.mark.parametrize("order", ["random", "epochs"])
+def test_every_rng_round_trips_through_a_checkpoint(tmp_path, order):
+    """torch, numpy, python and the sampler (which redraws the batch it had fetched ahead) come back exactly; in
+    epochs, with the batch fetched ahead running from the end of one epoch into the next."""
     import random
 
     import numpy as np
@@ -248,7 +250,9 @@ def test_every_rng_round_trips_through_a_checkpoint(tmp_path):
     from gptkit.training import rng_state, set_rng_state
 
     (tmp_path / "train.bin").write_bytes(np.arange(1000, dtype=np.uint16).tobytes())
-    sampler = BatchSampler(Split(tmp_path, "train", {"dtype": "uint16", "vocab_size": 1000}, 8), 3, 0, "cpu")
+    sampler = BatchSampler(Split(tmp_path, "train", {"dtype": "uint16", "vocab_size": 1000}, 8), 3, 0, "cpu", order)
+    for _ in range(41):  # 123 of an epoch's 124 windows
+        sampler.next()
     torch.manual_seed(1), np.random.seed(2), random.seed(3)
     pending, _ = sampler.next()
     save_checkpoint({"rng": [rng_state(sampler)]}, tmp_path / "ckpt.pt")
@@ -261,6 +265,37 @@ def test_every_rng_round_trips_through_a_checkpoint(tmp_path):
     set_rng_state(load_checkpoint(tmp_path / "ckpt.pt")["rng"][0], sampler)
     assert sampler.next()[0].tolist() == pending.tolist()
     assert draws() == first
+
+
+@pytest.mark.parametrize("length, block_size, batch_size", [(1000, 8, 3), (50, 16, 4), (9, 8, 2)])
+def test_an_epoch_shows_every_window_once_before_any_again(tmp_path, length, block_size, batch_size):
+    """batch_order='epochs': an epoch's windows lie block_size apart from a random first offset, so every token
+    after it is a target once, and come each once in a random order; the batches run on into the next epoch, even
+    where a batch holds more windows than the split."""
+    import numpy as np
+
+    from gptkit.dataset import BatchSampler, Split
+
+    (tmp_path / "train.bin").write_bytes(np.arange(length, dtype=np.uint16).tobytes())
+    split = Split(tmp_path, "train", {"dtype": "uint16", "vocab_size": length}, block_size)
+    sampler = BatchSampler(split, batch_size, 0, "cpu", "epochs")
+    starts, epochs, start_epoch = [], [], sampler.start_epoch
+
+    def noted_start():
+        start_epoch()
+        epochs.append(sampler.epoch)
+
+    sampler.start_epoch = noted_start
+    while len(epochs) < 3:  # two whole epochs drawn
+        x, y = sampler.next()
+        assert torch.equal(y, x + 1) and int(y.max()) < length  # the tokens are their own offsets
+        starts += x[:, 0].tolist()
+    for epoch in epochs[:2]:
+        seen, starts = starts[:epoch.windows], starts[epoch.windows:]
+        assert sorted(seen) == list(range(epoch.phase, epoch.phase + epoch.windows * block_size, block_size))
+        assert epoch.phase + epoch.windows * block_size + 1 > length - block_size  # no whole window left out
+        if epoch.windows > 20:
+            assert seen != sorted(seen)
 
 
 # ---------------------------------------------------------------------------------------------- atomic writes
