@@ -232,7 +232,7 @@ class BatchSampler:
     def state_now(self):
         if self.epoch is None:
             return {"generator": self.generator.get_state()}
-        return {"generator": self.epoch_drawn_from.clone(), "position": self.position}
+        return {"generator": self.epoch_drawn_from, "position": self.position}  # replaced, never changed: state_dict copies
 
     def state_dict(self):
         state = self.state_before_last if self.state_before_last is not None else self.state_now()
