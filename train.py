@@ -59,6 +59,8 @@ def train(cfg, rt, data, state, log, run, budget, stop):
                     state.scaler.scale(micro_loss).backward()
                 loss += micro_loss.detach()
             step_optimizers(state, cfg.grad_clip)
+            if state.average is not None:
+                state.average.update(lr_scale)
             state.iter_num += 1
             state.seconds_spent = budget.spent()
             if tuner and (line := tuner.after_step(time.perf_counter() - step_start, state.iter_num)):
@@ -122,7 +124,8 @@ def step_optimizers(state, grad_clip):
 def evaluate_on_rank0(rt, data, state, budget=None):
     """Rank 0 evaluates the plain model; every process gets its losses. The budget learns what it cost."""
     start = time.time()
-    losses = rt.broadcast(evaluate(state.model, data, rt.autocast) if rt.master else None)
+    with state.scored():
+        losses = rt.broadcast(evaluate(state.model, data, rt.autocast) if rt.master else None)
     if budget is not None:
         budget.evaluated(time.time() - start, eval_tokens(data))
     return losses
@@ -130,7 +133,8 @@ def evaluate_on_rank0(rt, data, state, budget=None):
 
 def final_evaluation(cfg, data, state, rt):
     """The trained model's loss on the whole val split (or its first final_eval_tokens), every token once."""
-    return evaluate_split(state.model, data.splits["val"], rt.autocast, cfg.batch_size, cfg.final_eval_tokens)
+    with state.scored():
+        return evaluate_split(state.model, data.splits["val"], rt.autocast, cfg.batch_size, cfg.final_eval_tokens)
 
 
 def stop_if_diverged(what, value, iteration, dtype):

@@ -307,6 +307,7 @@ MODEL_KEYS = Fields({
 })
 TRAINING_KEYS = Fields({
     **MODEL_KEYS.kinds,
+    "trained": Each(TENSOR, keyed=True),  # with a weight average, which "model" then holds: the weights trained on
     "optimizer": Each(OPTIMIZER_STATE),
     "scaler": maybe(scale=NUMBER, growth_factor=NUMBER, backoff_factor=NUMBER, growth_interval=COUNT,
                     _growth_tracker=COUNT),
@@ -317,7 +318,7 @@ TRAINING_KEYS = Fields({
     "seconds_spent": NUMBER, "loop_seconds": NUMBER, "train_time": NUMBER,  # the last two: earlier versions'
     "wandb_id": Kind("a string or None", lambda v: v is None or isinstance(v, str)),
     "measured": maybe(dtype=TEXT, attention_path=TEXT),
-}, optional=("seconds_spent", "loop_seconds", "train_time", "wandb_id", "measured"))
+}, optional=("trained", "seconds_spent", "loop_seconds", "train_time", "wandb_id", "measured"))
 
 
 def load_checkpoint(path, map_location="cpu", required=None):

@@ -1,8 +1,10 @@
-"""Optimizers (AdamW, or Muon for hidden matrices plus AdamW) and the learning-rate schedule."""
+"""Optimizers (AdamW, or Muon for hidden matrices plus AdamW), the learning-rate schedule, and the average of
+the weights that evaluations score."""
 
 import collections
 import inspect
 import math
+from contextlib import contextmanager
 
 import torch
 
@@ -131,3 +133,40 @@ def set_lr(optimizers, multiplier):
     for opt in optimizers:
         for group in opt.param_groups:
             group["lr"] = group["base_lr"] * multiplier
+
+
+class WeightAverage:
+    """A moving average of a model's parameters: what evaluations score and checkpoints keep as the model.
+
+    Each step moves it 1 - decay * (1 - lr) of the way to the weights, lr being the step's fraction of the peak
+    learning rate. At the peak it is the weights themselves (an average of a model still learning fast lags
+    behind it); as the rate decays it averages over more steps, about 1 / (1 - decay) at the end, smoothing
+    out the noise of the last updates."""
+
+    def __init__(self, model, decay):
+        self.model, self.decay = model, decay
+        self.params = list(model.parameters())
+        self.average = [p.detach().clone() for p in self.params]
+
+    @torch.no_grad()
+    def update(self, lr_fraction):
+        torch._foreach_lerp_(self.average, self.params, 1 - self.decay * (1 - min(1.0, lr_fraction)))
+
+    def state_dict(self):
+        """The model's state dict with the average in place of its parameters (under every name a tied one has)."""
+        averages = {id(p): a for p, a in zip(self.params, self.average)}
+        return {name: averages.get(id(t), t).detach() for name, t in self.model.state_dict(keep_vars=True).items()}
+
+    @contextmanager
+    def swapped_in(self):
+        """The model holds the average inside the block and its own weights again after it."""
+        trained = [p.detach().clone() for p in self.params]
+        with torch.no_grad():
+            for p, a in zip(self.params, self.average):
+                p.copy_(a)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, t in zip(self.params, trained):
+                    p.copy_(t)

@@ -55,6 +55,7 @@ class TrainConfig:
     muon_lr: float = 0.02  # Muon learning rate for hidden matrices
     muon_momentum: float = 0.95  # Muon momentum
     muon_weight_decay: float = 0.0  # Muon weight decay
+    ema_decay: float = 0.0  # >0: evaluations and checkpoints use a moving average of the weights (optim.WeightAverage)
     # learning-rate schedule
     decay_lr: bool = True  # False keeps learning_rate constant (no warmup either, as nanoGPT)
     lr_schedule: Literal["cosine", "wsd"] = "cosine"  # nanoGPT's cosine, or warmup-stable-decay (linear)
@@ -83,7 +84,7 @@ class TrainConfig:
                        "muon_lr", "weight_decay", "muon_weight_decay", "grad_clip", "max_time", "final_eval_tokens",
                        "min_tokens_per_param", "smaller_n_layer", "smaller_n_embd"],
                 lambda v: v >= 0, "at least 0")
-        require(self, ["beta1", "beta2", "muon_momentum"], lambda v: 0 <= v < 1, "in [0, 1)")
+        require(self, ["beta1", "beta2", "muon_momentum", "ema_decay"], lambda v: 0 <= v < 1, "in [0, 1)")
         require(self, ["warmdown_frac"], lambda v: 0 <= v <= 1, "in [0, 1]")
         check_seed(self.seed)
         self.check_evaluation_size()

@@ -4,6 +4,7 @@ from, the choices measured for it, and evaluation."""
 import math
 import random
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, replace
 
 import numpy as np
@@ -11,9 +12,9 @@ import torch
 
 from gptkit.checkpoint import model_from_checkpoint, save_checkpoint
 from gptkit.dataset import TrainingData, load_meta
-from gptkit.errors import UserError
+from gptkit.errors import UserError, first_line
 from gptkit.hf_interop import load_pretrained
-from gptkit.optim import build_optimizers
+from gptkit.optim import WeightAverage, build_optimizers
 from gptkit.probes import ThreadTuner, attention_path_for, pick_training_dtype, tokens_per_parameter
 from gptkit.runtime import compile_blocks
 from gptkit.tokenizer import describe_vocabulary, same_token_ids
@@ -74,12 +75,15 @@ def set_rng_state(state, sampler):
 
 class TrainState:
     """What a checkpoint saves and restores: the model, its optimizers and gradient scaler, the tokenizer,
-    the loop's counters, and every process's random generators, the data sampler's included."""
+    the loop's counters, and every process's random generators, the data sampler's included. With ema_decay,
+    the average of the weights is what evaluations score and what checkpoints keep as the model; latest.pt
+    also keeps the weights themselves, which training goes on from."""
 
     def __init__(self, cfg, model, tokenizer, sampler, rt, measured):
         self.cfg, self.model, self.tokenizer, self.sampler = cfg, model, tokenizer, sampler
         self.measured = measured  # the precision and attention path chosen by measurement, kept for a resume
         self.optimizers = build_optimizers(model, cfg, rt.device, rt.dtype)
+        self.average = WeightAverage(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
         self.scaler = torch.amp.GradScaler(rt.device.split(":")[0], enabled=rt.dtype == "float16")
         self.iter_num = 0  # optimizer steps taken
         self.best_val_loss = math.inf
@@ -91,8 +95,10 @@ class TrainState:
         call this (each one's RNG state goes in)."""
         rng = rt.gather(rng_state(self.sampler))
         if rt.master:
+            trained = {} if self.average is None else {"trained": self.model.state_dict()}
             save_checkpoint({
-                "model": self.model.state_dict(),
+                "model": self.scored_weights(),
+                **trained,
                 "optimizer": [opt.state_dict() for opt in self.optimizers],
                 "scaler": self.scaler.state_dict(),
                 "model_args": asdict(self.model.config),
@@ -109,9 +115,16 @@ class TrainState:
     def save_best(self, run, rt):
         """Write best.pt from rank 0: what sample.py needs of the model whose val loss is best_val_loss."""
         if rt.master:
-            save_checkpoint({"model": self.model.state_dict(), "model_args": asdict(self.model.config),
+            save_checkpoint({"model": self.scored_weights(), "model_args": asdict(self.model.config),
                              "config": asdict(self.cfg), "tokenizer": self.tokenizer.to_meta(),
                              "iter_num": self.iter_num, "val_loss": self.best_val_loss}, run.best)
+
+    def scored_weights(self):
+        return self.model.state_dict() if self.average is None else self.average.state_dict()
+
+    def scored(self):
+        """Inside this block the model holds the weights evaluations score."""
+        return nullcontext() if self.average is None else self.average.swapped_in()
 
     def restore(self, ckpt, rt):
         """Continue from ckpt (its model weights are already loaded). The optimizers keep this run's settings
@@ -128,6 +141,11 @@ class TrainState:
             for group, own in zip(opt.param_groups, settings):
                 group.update(own)
         self.scaler.load_state_dict(ckpt["scaler"])
+        if "trained" in ckpt:  # the model holds the checkpoint's average (this run's, if it keeps one)
+            try:
+                self.model.load_state_dict(ckpt["trained"])
+            except RuntimeError as e:
+                raise UserError(f"the checkpoint's trained weights do not fit its model ({first_line(e)})") from None
         self.iter_num, self.best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
         self.seconds_spent = seconds_spent(ckpt)
         self.wandb_id = ckpt.get("wandb_id")

@@ -183,7 +183,7 @@ OUT_OF_RANGE = {
                          "smaller_n_layer", "smaller_n_embd"], [-1]),
         **dict.fromkeys(["learning_rate", "embedding_lr", "min_lr", "muon_lr", "weight_decay", "muon_weight_decay",
                          "grad_clip", "max_time", "logit_softcap", "min_tokens_per_param"], [-1e-3]),
-        **dict.fromkeys(["beta1", "beta2", "muon_momentum", "dropout"], [-0.1, 1.0, 2]),
+        **dict.fromkeys(["beta1", "beta2", "muon_momentum", "ema_decay", "dropout"], [-0.1, 1.0, 2]),
         "warmdown_frac": [-0.1, 1.5], "seed": [-1, 2 ** 31], "rope_base": [0, -1],
         "smaller_muon_weight_decay": [],  # below 0 means the configured decay
     },

@@ -29,7 +29,9 @@ COMMON = [f"--max_iters={ITERS}", "--log_interval=1", "--eval_interval=5", "--ev
           "--always_save_checkpoint=True", "--dropout=0.1", "--warmup_iters=5"]
 CONFIGS = {  # dropout makes the torch RNG matter, accumulation the sampler's state between micro-batches
     "adamw": ["--optimizer=adamw"],
-    "muon-accum2": ["--optimizer=muon", "--gradient_accumulation_steps=2", "--batch_order=epochs"],
+    "muon-accum2": [  # the weight average must come back too: a rate decayed early makes it lag the weights
+        "--optimizer=muon", "--gradient_accumulation_steps=2", "--batch_order=epochs", "--ema_decay=0.9",
+        "--lr_decay_iters=20"],
     "ddp": ["--optimizer=adamw", "--gradient_accumulation_steps=2"],  # 2 processes under torchrun, 1 micro-batch each
 }
 LOSS_TOL = 1e-6

@@ -240,6 +240,55 @@ def test_gradient_accumulation_gives_the_update_of_one_big_batch(tmp_path, data_
         torch.testing.assert_close(accum[key], big[key], rtol=0, atol=1e-6)
 
 
+def test_the_weight_average_follows_the_weights_at_the_peak_and_averages_more_as_the_rate_decays():
+    """Against the average written out step by step; the state dict gives it under both names of a tied table,
+    and swapping it in for an evaluation leaves the weights as they were."""
+    model = tiny_model(config(**TINY, tie_weights=True))
+    params = list(model.parameters())
+    average = optim.WeightAverage(model, decay=0.9)
+    expected = [p.detach().clone() for p in params]
+    generator = torch.Generator().manual_seed(0)
+    for lr in (0.5, 1.0, 0.25, 0.0, 0.0):
+        with torch.no_grad():
+            for p in params:
+                p.add_(torch.randn(p.shape, generator=generator))
+        average.update(lr)
+        step = 1 - 0.9 * (1 - lr)  # at the peak (lr 1) a step all the way to the weights
+        expected = [e + step * (p.detach() - e) for e, p in zip(expected, params)]
+        for a, e in zip(average.average, expected):
+            torch.testing.assert_close(a, e)
+    state = average.state_dict()
+    assert state["lm_head.weight"].data_ptr() == state["transformer.wte.weight"].data_ptr()
+    torch.testing.assert_close(state["transformer.wte.weight"], expected[0])
+    weights = [p.detach().clone() for p in params]
+    x = torch.randint(0, 20, (2, 16))
+    with average.swapped_in():
+        inside = model(x)[0]
+    reference = tiny_model(config(**TINY, tie_weights=True))
+    reference.load_state_dict(state)
+    torch.testing.assert_close(inside, reference(x)[0])
+    for p, w in zip(params, weights):
+        assert torch.equal(p, w)
+
+
+def test_with_a_weight_average_the_runs_score_and_checkpoint_the_average(tmp_path, data_dir):
+    """The final score is the score of latest.pt's model, the average; the weights trained on are kept beside it."""
+    import train
+    from conftest import logged, train_args
+    from gptkit.checkpoint import load_checkpoint, model_from_checkpoint
+    from gptkit.dataset import Split, load_meta
+    from gptkit.training import evaluate_split
+
+    train.main(train_args(data_dir, tmp_path, "--max_iters=20", "--eval_interval=10", "--eval_iters=1",
+                          "--warmup_iters=2", "--learning_rate=1e-2", "--ema_decay=0.9"))
+    ckpt = load_checkpoint(tmp_path / "latest.pt")
+    assert any(not torch.equal(ckpt["model"][k], ckpt["trained"][k]) for k in ckpt["model"])
+    folder, meta = load_meta(str(data_dir), "tiny")
+    model = model_from_checkpoint(ckpt, "latest.pt")
+    loss, _ = evaluate_split(model, Split(folder, "val", meta, 16), torch.autocast("cpu", enabled=False), 4)
+    assert logged(tmp_path, "final", "val_loss")[20] == pytest.approx(loss, rel=1e-6)
+
+
 @pytest.mark.parametrize("bf16_instructions,matmul_speedup,step_speedup,want", [
     (True, 2.0, 2.0, "bfloat16"), (True, 2.0, 1.1, "float32"), (True, 4.0, 0.5, "float32"),
     (True, 0.5, None, "float32"), (False, 2.0, 2.0, "float32")])
