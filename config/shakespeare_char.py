@@ -49,7 +49,7 @@ min_lr = 0.0
 max_iters = 2000
 max_time = 150  # seconds for the whole run, the final score included; the schedule follows iterations or time
 # evaluations, checkpoints and the final score take a moving average of the weights, over about 50 steps by
-# the end of the decay: at equal steps it scored 0.003-0.005 below the last step's weights (docs/speed.md)
+# the end of the decay: at equal steps it scored 0.003 below the last step's weights, timed about level (docs/speed.md)
 ema_decay = 0.98
 
 # a model too big for the budget on this machine trains smaller: the run times its step before the first

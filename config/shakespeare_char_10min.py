@@ -8,7 +8,6 @@ wandb_run_name = 'cpu-10min'
 
 n_embd = 192  # with twice the time, a wider model pays
 muon_weight_decay = 0.6  # a wider model overfits sooner: more decay
-ema_decay = 0.99  # twice the steps average best over about twice as many (docs/speed.md)
 # where the 192-wide model would see too few tokens per parameter in 600 s (config/shakespeare_char.py),
 # the 128-wide one of the 5-minute preset trains instead, with that preset's decay
 smaller_n_layer = 0
