@@ -377,8 +377,13 @@ def model_config(ckpt, path, **overrides):
 def model_from_checkpoint(ckpt, path, **overrides):
     """The GPT a checkpoint's model_args (with overrides, e.g. dropout) and weights describe."""
     model = GPT(model_config(ckpt, path, **overrides))
-    try:
-        model.load_state_dict(ckpt["model"])
-    except (RuntimeError, AttributeError) as e:
-        raise UserError(f"{path}'s weights do not fit its model settings ({first_line(e)})") from None
+    load_weights(model, ckpt["model"], path)
     return model
+
+
+def load_weights(model, weights, path, what="weights"):
+    """Load a checkpoint's weights into model, or one line naming the file."""
+    try:
+        model.load_state_dict(weights)
+    except (RuntimeError, AttributeError) as e:
+        raise UserError(f"{path}'s {what} do not fit its model settings ({first_line(e)})") from None

@@ -10,9 +10,9 @@ from dataclasses import asdict, replace
 import numpy as np
 import torch
 
-from gptkit.checkpoint import model_from_checkpoint, save_checkpoint
+from gptkit.checkpoint import load_weights, model_from_checkpoint, save_checkpoint
 from gptkit.dataset import TrainingData, load_meta
-from gptkit.errors import UserError, first_line
+from gptkit.errors import UserError
 from gptkit.hf_interop import load_pretrained
 from gptkit.optim import WeightAverage, build_optimizers
 from gptkit.probes import ThreadTuner, attention_path_for, pick_training_dtype, tokens_per_parameter
@@ -83,7 +83,8 @@ class TrainState:
         self.cfg, self.model, self.tokenizer, self.sampler = cfg, model, tokenizer, sampler
         self.measured = measured  # the precision and attention path chosen by measurement, kept for a resume
         self.optimizers = build_optimizers(model, cfg, rt.device, rt.dtype)
-        self.average = WeightAverage(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
+        # only rank 0 evaluates and saves, so only it keeps the average
+        self.average = WeightAverage(model, cfg.ema_decay) if cfg.ema_decay > 0 and rt.master else None
         self.scaler = torch.amp.GradScaler(rt.device.split(":")[0], enabled=rt.dtype == "float16")
         self.iter_num = 0  # optimizer steps taken
         self.best_val_loss = math.inf
@@ -126,9 +127,9 @@ class TrainState:
         """Inside this block the model holds the weights evaluations score."""
         return nullcontext() if self.average is None else self.average.swapped_in()
 
-    def restore(self, ckpt, rt):
-        """Continue from ckpt (its model weights are already loaded). The optimizers keep this run's settings
-        (learning rates, betas, weight decay), which are the checkpoint's unless given again."""
+    def restore(self, ckpt, path, rt):
+        """Continue from ckpt, read from path (its model weights are already loaded). The optimizers keep this
+        run's settings (learning rates, betas, weight decay), which are the checkpoint's unless given again."""
         if len(ckpt["optimizer"]) != len(self.optimizers):
             raise UserError("the checkpoint was trained with a different optimizer; resume with the same one")
         for opt, state in zip(self.optimizers, ckpt["optimizer"]):
@@ -142,10 +143,7 @@ class TrainState:
                 group.update(own)
         self.scaler.load_state_dict(ckpt["scaler"])
         if "trained" in ckpt:  # the model holds the checkpoint's average (this run's, if it keeps one)
-            try:
-                self.model.load_state_dict(ckpt["trained"])
-            except RuntimeError as e:
-                raise UserError(f"the checkpoint's trained weights do not fit its model ({first_line(e)})") from None
+            load_weights(self.model, ckpt["trained"], path, "trained weights")
         self.iter_num, self.best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
         self.seconds_spent = seconds_spent(ckpt)
         self.wandb_id = ckpt.get("wandb_id")
@@ -242,7 +240,7 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
         measured["fitted_from"] = fitted_from
     state = TrainState(cfg, model, data.tokenizer, data.sampler, rt, measured)
     if ckpt is not None:
-        state.restore(ckpt, rt)
+        state.restore(ckpt, ckpt_path, rt)
     if cfg.compile:
         compile_blocks(model)
     return data, state
