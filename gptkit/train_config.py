@@ -101,11 +101,14 @@ class TrainConfig:
                              f"(got {self.init_from!r}{closest(self.init_from, starts)})")
 
     def smaller_shape(self):
-        """The shape min_tokens_per_param falls back to, as GPTConfig settings (0 or more than configured: as
-        configured); None where that is no smaller than the model as configured."""
-        shape = {"n_layer": min(self.smaller_n_layer or self.model.n_layer, self.model.n_layer),
-                 "n_embd": min(self.smaller_n_embd or self.model.n_embd, self.model.n_embd)}
-        return shape if shape != {"n_layer": self.model.n_layer, "n_embd": self.model.n_embd} else None
+        """The shape min_tokens_per_param falls back to, as GPTConfig settings (0: as configured); None where it
+        is no smaller than the model as configured. Smaller means fewer layers x width squared, the blocks'
+        weights: a deeper, narrower model can be the smaller one, and a run told --n_layer=2 does not grow to a
+        fallback of 3."""
+        shape = {"n_layer": self.smaller_n_layer or self.model.n_layer,
+                 "n_embd": self.smaller_n_embd or self.model.n_embd}
+        smaller = shape["n_layer"] * shape["n_embd"] ** 2 < self.model.n_layer * self.model.n_embd ** 2
+        return shape if smaller else None
 
     def check_evaluation_size(self):
         """Refuse, before any work, evaluations whose fixed windows would take gigabytes to hold."""

@@ -435,6 +435,9 @@ def test_the_smaller_shape_is_checked_and_fitted_only_where_a_budget_can_ask_for
     budget = dict(TINY, max_time=60, min_tokens_per_param=6)
     assert config(**budget, smaller_n_embd=16).smaller_shape() == {"n_layer": 2, "n_embd": 16}
     assert config(**budget, smaller_n_layer=5).smaller_shape() is None  # nothing smaller than the model
+    # smaller counts the blocks' weights, layers x width squared: deeper and narrower can be smaller, not wider
+    assert config(**budget, smaller_n_layer=3, smaller_n_embd=16).smaller_shape() == {"n_layer": 3, "n_embd": 16}
+    assert config(**budget, smaller_n_layer=1, smaller_n_embd=48).smaller_shape() is None
     with pytest.raises(ValueError, match=r"^smaller_n_layer and smaller_n_embd make no model: n_embd \(15\) must "
                                         r"be divisible by n_head \(2\)$"):
         config(**budget, smaller_n_embd=15)
