@@ -231,10 +231,12 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
                         f"({model.config.vocab_size})")
     saved = ckpt.get("measured", {}) if ckpt is not None else {}  # what the resumed run measured
     settle_precision(cfg, rt, model, saved)
+    path = settle_attention_path(cfg, rt, model, saved)  # first: the budget is fitted to the step as it will run
     cfg, model, fitted_from = fit_to_budget(cfg, rt, model, meta)
+    model.set_attention_path(path)  # a smaller model takes the path measured on the configured one
     data = TrainingData(folder, meta, model.config.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed + rt.rank,
                         rt.device, cfg.batch_order)
-    measured = {"dtype": rt.dtype, "attention_path": settle_attention_path(cfg, rt, model, saved)}
+    measured = {"dtype": rt.dtype, "attention_path": path}
     fitted_from = fitted_from or saved.get("fitted_from")
     if fitted_from:
         measured["fitted_from"] = fitted_from
@@ -252,7 +254,8 @@ def settle_precision(cfg, rt, model, saved):
     if cfg.dtype == "auto" and "dtype" in saved:
         rt.set_dtype(saved["dtype"])
     elif cfg.dtype == "auto":
-        dtype, why = pick_training_dtype(cfg.dtype, model, cfg.batch_size, rt.device) if rt.master else (None, None)
+        dtype, why = (pick_training_dtype(cfg.dtype, model, cfg.batch_size, rt.device, cfg.attention_path)
+                      if rt.master else (None, None))
         rt.set_dtype(rt.broadcast(dtype))  # rank 0's measurement: every process trains in one precision
         if why and rt.master:
             print(why)

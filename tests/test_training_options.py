@@ -315,6 +315,46 @@ def test_training_precision_is_the_faster_step_not_the_flags(monkeypatch, bf16_i
         pick_dtype("float16", "cpu")
 
 
+def test_each_precision_is_timed_on_the_attention_path_it_would_train_on(monkeypatch):
+    """SDPA's fused kernel can take three times the folded path's time on a CPU: a step timed on a path the run
+    will not take misjudges the precision. Each precision's step runs on the path measured fastest in it, or on
+    the configured one, and the model's own path is put back."""
+    monkeypatch.setattr(probes, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(probes, "bf16_matmul_speedup", lambda: 2.0)
+    fastest = {"float32": "written", "bfloat16": "folded"}
+    monkeypatch.setattr(probes, "attention_seconds", lambda attn, shape, autocast, path: 1e-3 if path == fastest[
+        "bfloat16" if isinstance(autocast, torch.autocast) else "float32"] else 3e-3)
+    timed = []
+    monkeypatch.setattr(probes, "training_step_seconds", lambda model, batch_size, dtype: timed.append(
+        (dtype, [block.attn.path for block in model.transformer.h])) or 1.0)
+    model = tiny_model(config(**TINY))
+    probes.pick_training_dtype("auto", model, 4, "cpu")
+    assert timed == [("float32", ["written"] * 2), ("bfloat16", ["folded"] * 2)]
+    assert [block.attn.path for block in model.transformer.h] == ["fused"] * 2
+    timed.clear()
+    probes.pick_training_dtype("auto", model, 4, "cpu", attention_path="written")
+    assert timed == [("float32", ["written"] * 2), ("bfloat16", ["written"] * 2)]
+
+
+def test_the_budget_is_fitted_to_the_step_on_the_measured_attention_path(monkeypatch, data_dir):
+    """The shape probe times the configured model on the path the run measured, and the smaller model it trains
+    instead takes that path too (and the checkpoint records it)."""
+    from gptkit import training
+    from gptkit.runtime import Runtime
+
+    monkeypatch.setattr(probes, "attention_seconds",
+                        lambda attn, shape, autocast, path: 1e-3 if path == "written" else 3e-3)
+    paths = []
+    monkeypatch.setattr(training, "tokens_per_parameter", lambda model, *args: paths.append(
+        [block.attn.path for block in model.transformer.h]) or 0.0)
+    cfg = config(**TINY, max_time=60, min_tokens_per_param=6, smaller_n_layer=1, dtype="float32",
+                 data_dir=str(data_dir), dataset="tiny")
+    data, state = training.build_training(cfg, Runtime(device="cpu", dtype="float32"))
+    assert paths == [["written"] * 2]
+    assert [block.attn.path for block in state.model.transformer.h] == ["written"]
+    assert state.measured["attention_path"] == "written"
+
+
 def test_timing_a_training_step_leaves_no_trace():
     """The probe runs before training: it must leave no gradients and not move the random generators, so that a
     run's data order and dropout masks do not depend on it."""
