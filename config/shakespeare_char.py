@@ -54,7 +54,7 @@ ema_decay = 0.98
 
 # a model too big for the budget on this machine trains smaller: the run times its step before the first
 # one, and where 4 layers would see fewer than 6 tokens per parameter in max_time (a CPU without fast bf16
-# steps about half as fast) it trains 3 layers, which end lower there (docs/speed.md)
+# steps about half as fast) it trains 3 layers, which end lower there; where 3 would too, 2 (docs/speed.md)
 min_tokens_per_param = 6
 smaller_n_layer = 3
 

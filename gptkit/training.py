@@ -20,6 +20,9 @@ from gptkit.runtime import compile_blocks
 from gptkit.tokenizer import describe_vocabulary, same_token_ids
 from model import GPT
 
+# two layers are the fewest in which attention can read what attention wrote (an induction head takes two)
+FEWEST_FITTED_LAYERS = 2
+
 
 def build_model(cfg, meta, ckpt=None, path=None):
     """The model to train: fresh, from the checkpoint (at path) being resumed, or pretrained GPT-2 weights."""
@@ -232,8 +235,7 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
     saved = ckpt.get("measured", {}) if ckpt is not None else {}  # what the resumed run measured
     settle_precision(cfg, rt, model, saved)
     path = settle_attention_path(cfg, rt, model, saved)  # first: the budget is fitted to the step as it will run
-    cfg, model, fitted_from = fit_to_budget(cfg, rt, model, meta)
-    model.set_attention_path(path)  # a smaller model takes the path measured on the configured one
+    cfg, model, fitted_from = fit_to_budget(cfg, rt, model, meta, path)
     data = TrainingData(folder, meta, model.config.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed + rt.rank,
                         rt.device, cfg.batch_order)
     measured = {"dtype": rt.dtype, "attention_path": path}
@@ -261,16 +263,16 @@ def settle_precision(cfg, rt, model, saved):
             print(why)
 
 
-def fit_to_budget(cfg, rt, model, meta):
+def fit_to_budget(cfg, rt, model, meta, attention_path):
     """(cfg, model, the settings it replaced or None): the model as configured, or, where its step timed here by
     rank 0 would give each parameter fewer than min_tokens_per_param tokens in max_time, the smaller model
-    (TrainConfig.smaller_shape, with smaller_muon_weight_decay if set), started as a run configured with that
-    shape would start it."""
+    (TrainConfig.smaller_shape, with smaller_muon_weight_decay if set), and where that too would, one layer fewer
+    at a time down to FEWEST_FITTED_LAYERS; started as a run configured with that shape would start it, each timed
+    and trained on attention_path, the one measured on the configured model."""
     shape = cfg.smaller_shape()
     if not (cfg.min_tokens_per_param > 0 and cfg.max_time > 0 and cfg.init_from == "scratch" and shape):
         return cfg, model, None  # no budget to fit, nothing smaller to fit into, or a shape not ours to change
-    seen = tokens_per_parameter(model, cfg.batch_size, rt.dtype, cfg.max_time, rt.world) if rt.master else None
-    seen = rt.broadcast(seen)
+    seen = budget_seen_by(model, cfg, rt)
     configured = {"n_layer": model.config.n_layer, "n_embd": model.config.n_embd}
     if seen >= cfg.min_tokens_per_param:
         if rt.master:
@@ -282,12 +284,33 @@ def fit_to_budget(cfg, rt, model, meta):
     if decay >= 0 and decay != cfg.muon_weight_decay:  # the decay tuned for the smaller model goes with it
         fitted, smaller["muon_weight_decay"] = replace(fitted, muon_weight_decay=decay), decay
         configured["muon_weight_decay"] = cfg.muon_weight_decay
-    seed_everything(cfg.seed + rt.rank)
+    model, too_few = fresh_model(fitted, rt, meta, attention_path), []
+    while fitted.model.n_layer > FEWEST_FITTED_LAYERS:
+        seen_smaller = budget_seen_by(model, fitted, rt)
+        if seen_smaller >= cfg.min_tokens_per_param:
+            break
+        too_few.append(f"n_layer={fitted.model.n_layer} {seen_smaller:.1f}")
+        fitted = replace(fitted, model=replace(fitted.model, n_layer=fitted.model.n_layer - 1))
+        smaller["n_layer"], model = fitted.model.n_layer, fresh_model(fitted, rt, meta, attention_path)
     if rt.master:
         print(f"shape: {settings_line(smaller)} instead of {settings_line(configured)}: at the step timed here the "
-              f"configured model would see {seen:.1f} tokens per parameter in {cfg.max_time:g} s, fewer than "
-              f"min_tokens_per_param={cfg.min_tokens_per_param:g} (--min_tokens_per_param=0 keeps it)")
-    return fitted, build_model(fitted, meta).to(rt.device), configured
+              f"configured model would see {seen:.1f} tokens per parameter in {cfg.max_time:g} s"
+              f"{''.join(', ' + line for line in too_few)}, fewer than min_tokens_per_param="
+              f"{cfg.min_tokens_per_param:g} (--min_tokens_per_param=0 keeps it)")
+    return fitted, model, configured
+
+
+def budget_seen_by(model, cfg, rt):
+    """Tokens per parameter the model would see in cfg.max_time at its step timed by rank 0, on every rank."""
+    seen = tokens_per_parameter(model, cfg.batch_size, rt.dtype, cfg.max_time, rt.world) if rt.master else None
+    return rt.broadcast(seen)
+
+
+def fresh_model(cfg, rt, meta, attention_path):
+    seed_everything(cfg.seed + rt.rank)  # the weights a run configured with this shape starts from
+    model = build_model(cfg, meta).to(rt.device)
+    model.set_attention_path(attention_path)
+    return model
 
 
 def settings_line(settings):

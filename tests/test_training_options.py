@@ -451,7 +451,7 @@ def test_a_model_too_big_for_its_budget_trains_as_the_smaller_shape(monkeypatch,
     training.seed_everything(cfg.seed)
     configured = training.build_model(cfg, meta)
     fitted_cfg, model, fitted_from = training.fit_to_budget(cfg, Runtime(device="cpu", dtype="float32"),
-                                                            configured, meta)
+                                                            configured, meta, "fused")
     assert timed == [(2, 4, "float32", 60, 1)]
     line = capsys.readouterr().out
     if seen >= 6:
@@ -465,6 +465,36 @@ def test_a_model_too_big_for_its_budget_trains_as_the_smaller_shape(monkeypatch,
     training.seed_everything(cfg.seed)
     direct = training.build_model(config(**{**TINY, "n_layer": 1}), meta).state_dict()
     assert direct.keys() == model.state_dict().keys()
+    assert all(torch.equal(direct[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("seen, trained", [({4: 2.8, 3: 6.5}, 3), ({4: 2.8, 3: 4.0}, 2)])
+def test_a_fallback_too_big_for_its_budget_loses_a_layer_at_a_time_down_to_two(monkeypatch, capsys, seen, trained):
+    """The smaller shape is timed too, on the attention path measured for the configured model; where it also
+    falls short it drops a layer at a time, never below two, and the line names each shape that fell short."""
+    from gptkit import training
+    from gptkit.runtime import Runtime
+
+    timed = []
+    monkeypatch.setattr(training, "tokens_per_parameter", lambda model, *args: (
+        timed.append((model.config.n_layer, {block.attn.path for block in model.transformer.h})) or
+        seen[model.config.n_layer]))
+    cfg = config(**{**TINY, "n_layer": 4}, max_time=60, min_tokens_per_param=6, smaller_n_layer=3)
+    meta = {"vocab_size": 20, "tokenizer": "char"}
+    configured = training.build_model(cfg, meta)
+    configured.set_attention_path("written")
+    fitted_cfg, model, fitted_from = training.fit_to_budget(cfg, Runtime(device="cpu", dtype="float32"),
+                                                            configured, meta, "written")
+    assert timed == [(4, {"written"}), (3, {"written"})]
+    assert model.config.n_layer == fitted_cfg.model.n_layer == trained and fitted_from == {"n_layer": 4, "n_embd": 32}
+    assert {block.attn.path for block in model.transformer.h} == {"written"}
+    fell_short = ", n_layer=3 4.0" if trained == 2 else ""
+    assert capsys.readouterr().out == (
+        f"shape: n_layer={trained}, n_embd=32 instead of n_layer=4, n_embd=32: at the step timed here the configured "
+        f"model would see 2.8 tokens per parameter in 60 s{fell_short}, fewer than min_tokens_per_param=6 "
+        "(--min_tokens_per_param=0 keeps it)\n")
+    training.seed_everything(cfg.seed)
+    direct = training.build_model(config(**{**TINY, "n_layer": trained}), meta).state_dict()
     assert all(torch.equal(direct[k], v) for k, v in model.state_dict().items())
 
 
@@ -486,7 +516,8 @@ def test_the_smaller_shape_is_checked_and_fitted_only_where_a_budget_can_ask_for
     for unfitted in (dict(budget, max_time=0), dict(budget, min_tokens_per_param=0), dict(budget, n_layer=1)):
         cfg = config(**unfitted, smaller_n_layer=1)
         model = training.build_model(cfg, meta)
-        assert training.fit_to_budget(cfg, Runtime(device="cpu", dtype="float32"), model, meta) == (cfg, model, None)
+        rt = Runtime(device="cpu", dtype="float32")
+        assert training.fit_to_budget(cfg, rt, model, meta, "fused") == (cfg, model, None)
 
 
 def test_the_thread_count_follows_the_faster_steps():
