@@ -276,7 +276,7 @@ def fit_to_budget(cfg, rt, model, meta, attention_path):
     configured = {"n_layer": model.config.n_layer, "n_embd": model.config.n_embd}
     if seen >= cfg.min_tokens_per_param:
         if rt.master:
-            print(f"shape: {settings_line(configured)} as configured ({seen:.1f} tokens per parameter in "
+            print(f"shape: {settings_line(configured)} as configured ({tenths(seen)} tokens per parameter in "
                   f"{cfg.max_time:g} s at the step timed here; min_tokens_per_param={cfg.min_tokens_per_param:g})")
         return cfg, model, None
     fitted, smaller = replace(cfg, model=replace(cfg.model, **shape)), dict(shape)
@@ -289,12 +289,12 @@ def fit_to_budget(cfg, rt, model, meta, attention_path):
         seen_smaller = budget_seen_by(model, fitted, rt)
         if seen_smaller >= cfg.min_tokens_per_param:
             break
-        too_few.append(f"n_layer={fitted.model.n_layer} {seen_smaller:.1f}")
+        too_few.append(f"n_layer={fitted.model.n_layer} {tenths(seen_smaller)}")
         fitted = replace(fitted, model=replace(fitted.model, n_layer=fitted.model.n_layer - 1))
         smaller["n_layer"], model = fitted.model.n_layer, fresh_model(fitted, rt, meta, attention_path)
     if rt.master:
         print(f"shape: {settings_line(smaller)} instead of {settings_line(configured)}: at the step timed here the "
-              f"configured model would see {seen:.1f} tokens per parameter in {cfg.max_time:g} s"
+              f"configured model would see {tenths(seen)} tokens per parameter in {cfg.max_time:g} s"
               f"{''.join(', ' + line for line in too_few)}, fewer than min_tokens_per_param="
               f"{cfg.min_tokens_per_param:g} (--min_tokens_per_param=0 keeps it)")
     return fitted, model, configured
@@ -304,6 +304,11 @@ def budget_seen_by(model, cfg, rt):
     """Tokens per parameter the model would see in cfg.max_time at its step timed by rank 0, on every rank."""
     seen = tokens_per_parameter(model, cfg.batch_size, rt.dtype, cfg.max_time, rt.world) if rt.master else None
     return rt.broadcast(seen)
+
+
+def tenths(tokens_per_param):
+    """Rounded down, so that 5.96 reads 5.9, not 6.0, beside 'fewer than min_tokens_per_param=6'."""
+    return f"{math.floor(tokens_per_param * 10) / 10:.1f}"
 
 
 def fresh_model(cfg, rt, meta, attention_path):
