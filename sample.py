@@ -58,7 +58,8 @@ def generate_texts(model, tok, prompt, cfg, stop="", stream=None):
     if not ids:
         raise UserError("the prompt is empty: pass some text with --start")
     device = next(model.parameters()).device
-    idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)
+    # repeated by torch, not as a Python list: a num_samples no memory holds fails at once, naming its size
+    idx = torch.tensor([ids], dtype=torch.long, device=device).repeat(cfg.num_samples, 1)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     decoders = [tok.stream_decoder() for _ in range(cfg.num_samples)]
     filters = [StopFilter(stop) for _ in range(cfg.num_samples)]
