@@ -116,28 +116,33 @@ def pick_training_dtype(name, model, batch_size, device, attention_path="auto", 
     bfloat16 only when the model's own training step runs clearly faster in it than in float32, timed here, each
     on the attention path the run would take in it (attention_path_for). A matmul probe can mislead: a small
     model's step is not bound by its matmuls, and bf16 adds casts to its elementwise work. (dtype, a line saying
-    why, or None)."""
+    why or None, the attention path chosen for that dtype as attention_path_for gives it, or None where no step
+    was timed): the run keeps that path rather than measure again and perhaps pick another."""
     if name != "auto" or device != "cpu" or not cpu_has_bf16():
-        return pick_dtype(name, device), None
+        return pick_dtype(name, device), None, None
     matmul_speedup = bf16_matmul_speedup()
     if matmul_speedup < 1:  # its matmuls already lose: no need to spend seconds timing steps
-        return "float32", f"precision: float32 (bfloat16 matmuls ran at {matmul_speedup:.2f}x the float32 speed here)"
-    seconds = {dtype: step_seconds_on_its_path(model, batch_size, dtype, attention_path)
-               for dtype in ("float32", "bfloat16")}
+        return ("float32", f"precision: float32 (bfloat16 matmuls ran at {matmul_speedup:.2f}x the float32 speed "
+                "here)", None)
+    timed = {dtype: step_seconds_on_its_path(model, batch_size, dtype, attention_path)
+             for dtype in ("float32", "bfloat16")}
+    seconds = {dtype: step for dtype, (step, _) in timed.items()}
     best = "bfloat16" if seconds["bfloat16"] * margin < seconds["float32"] else "float32"
     return best, (f"precision: {best} (a training step, forward and backward, took {seconds['float32'] * 1e3:.0f} ms "
-                  f"in float32 and {seconds['bfloat16'] * 1e3:.0f} ms in bfloat16 here)")
+                  f"in float32 and {seconds['bfloat16'] * 1e3:.0f} ms in bfloat16 here)"), timed[best][1]
 
 
 def step_seconds_on_its_path(model, batch_size, dtype, attention_path):
     """training_step_seconds with the attention on the path attention_path_for picks for dtype, as the run would
     take it (SDPA's fused kernel, measured on a 2-core EPYC, took three times the folded path's time: a step
-    timed on it would misjudge the precision), the model's own path restored after."""
+    timed on it would misjudge the precision), the model's own path restored after. (seconds, attention_path_for's
+    (path, line))."""
     cast = contextlib.nullcontext() if dtype == "float32" else torch.autocast("cpu", getattr(torch, dtype))
     was = [block.attn.path for block in model.transformer.h]
-    model.set_attention_path(attention_path_for(attention_path, model, batch_size, cast, "cpu")[0])
+    chosen = attention_path_for(attention_path, model, batch_size, cast, "cpu")
+    model.set_attention_path(chosen[0])
     try:
-        return training_step_seconds(model, batch_size, dtype)
+        return training_step_seconds(model, batch_size, dtype), chosen
     finally:
         for block, path in zip(model.transformer.h, was):
             block.attn.path = path

@@ -233,8 +233,8 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
         raise UserError(f"dataset vocabulary ({meta['vocab_size']}) is larger than the model's "
                         f"({model.config.vocab_size})")
     saved = ckpt.get("measured", {}) if ckpt is not None else {}  # what the resumed run measured
-    settle_precision(cfg, rt, model, saved)
-    path = settle_attention_path(cfg, rt, model, saved)  # first: the budget is fitted to the step as it will run
+    timed_on = settle_precision(cfg, rt, model, saved)
+    path = settle_attention_path(cfg, rt, model, saved, timed_on)  # first: the budget is fitted to the step as run
     cfg, model, fitted_from = fit_to_budget(cfg, rt, model, meta, path)
     data = TrainingData(folder, meta, model.config.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed + rt.rank,
                         rt.device, cfg.batch_order)
@@ -252,15 +252,18 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
 
 def settle_precision(cfg, rt, model, saved):
     """The precision: as configured; for 'auto', as the resumed run was trained (its checkpoint's measured
-    choices, `saved`: a resume continues exactly), or else measured here on this model by rank 0 and printed."""
+    choices, `saved`: a resume continues exactly), or else measured here on this model by rank 0 and printed.
+    Returns the attention path (path, line) its step was timed on where it timed one, else None."""
     if cfg.dtype == "auto" and "dtype" in saved:
         rt.set_dtype(saved["dtype"])
     elif cfg.dtype == "auto":
-        dtype, why = (pick_training_dtype(cfg.dtype, model, cfg.batch_size, rt.device, cfg.attention_path)
-                      if rt.master else (None, None))
+        dtype, why, path = (pick_training_dtype(cfg.dtype, model, cfg.batch_size, rt.device, cfg.attention_path)
+                            if rt.master else (None, None, None))
         rt.set_dtype(rt.broadcast(dtype))  # rank 0's measurement: every process trains in one precision
         if why and rt.master:
             print(why)
+        return path
+    return None
 
 
 def fit_to_budget(cfg, rt, model, meta, attention_path):
@@ -322,13 +325,15 @@ def settings_line(settings):
     return ", ".join(f"{key}={value:g}" for key, value in settings.items())
 
 
-def settle_attention_path(cfg, rt, model, saved):
-    """The attention path: as configured; for 'auto', as the resumed run was trained (`saved`), or else measured
-    here on this model by rank 0 and printed. Set on the model and returned, for the checkpoint."""
+def settle_attention_path(cfg, rt, model, saved, measured=None):
+    """The attention path: as configured; for 'auto', as the resumed run was trained (`saved`), or else the one
+    the precision's step was timed on (`measured`, settle_precision's), or else measured here on this model by
+    rank 0 and printed. Set on the model and returned, for the checkpoint."""
     if cfg.attention_path == "auto" and "attention_path" in saved:
         path = saved["attention_path"]
     else:
-        path, why = attention_path_for(cfg.attention_path, model, cfg.batch_size, rt.autocast, rt.device)
+        path, why = measured or attention_path_for(cfg.attention_path, model, cfg.batch_size, rt.autocast,
+                                                   rt.device)
         path = rt.broadcast(path)  # rank 0's measurement: every process runs one path
         if why and rt.master:
             print(why)

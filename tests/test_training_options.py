@@ -300,7 +300,7 @@ def test_training_precision_is_the_faster_step_not_the_flags(monkeypatch, bf16_i
     monkeypatch.setattr(probes, "bf16_matmul_speedup", lambda: matmul_speedup)
     monkeypatch.setattr(probes, "training_step_seconds", lambda model, batch_size, dtype: {
         "float32": 1.0, "bfloat16": 1.0 / step_speedup}[dtype])
-    dtype, why = probes.pick_training_dtype("auto", tiny_model(config(**TINY)), 4, "cpu")
+    dtype, why, _ = probes.pick_training_dtype("auto", tiny_model(config(**TINY)), 4, "cpu")
     assert dtype == want
     if not bf16_instructions:
         assert why is None
@@ -309,7 +309,7 @@ def test_training_precision_is_the_faster_step_not_the_flags(monkeypatch, bf16_i
     else:
         assert why == (f"precision: {want} (a training step, forward and backward, took 1000 ms in float32 and "
                        f"{1000 / step_speedup:.0f} ms in bfloat16 here)")
-    assert probes.pick_training_dtype("float32", tiny_model(config(**TINY)), 4, "cpu") == ("float32", None)
+    assert probes.pick_training_dtype("float32", tiny_model(config(**TINY)), 4, "cpu") == ("float32", None, None)
     assert pick_dtype("bfloat16", "cpu") == "bfloat16" and pick_dtype("auto", "mps") == "float32"
     with pytest.raises(UserError, match="float16 is not supported on CPU"):
         pick_dtype("float16", "cpu")
@@ -318,22 +318,36 @@ def test_training_precision_is_the_faster_step_not_the_flags(monkeypatch, bf16_i
 def test_each_precision_is_timed_on_the_attention_path_it_would_train_on(monkeypatch):
     """SDPA's fused kernel can take three times the folded path's time on a CPU: a step timed on a path the run
     will not take misjudges the precision. Each precision's step runs on the path measured fastest in it, or on
-    the configured one, and the model's own path is put back."""
+    the configured one, and the model's own path is put back; the run then trains on the chosen precision's
+    path without measuring the paths again (noise could pick another)."""
+    from gptkit.runtime import Runtime
+    from gptkit.training import settle_attention_path, settle_precision
+
     monkeypatch.setattr(probes, "cpu_has_bf16", lambda: True)
     monkeypatch.setattr(probes, "bf16_matmul_speedup", lambda: 2.0)
-    fastest = {"float32": "written", "bfloat16": "folded"}
-    monkeypatch.setattr(probes, "attention_seconds", lambda attn, shape, autocast, path: 1e-3 if path == fastest[
-        "bfloat16" if isinstance(autocast, torch.autocast) else "float32"] else 3e-3)
+    fastest, measured = {"float32": "written", "bfloat16": "folded"}, []
+
+    def attention_seconds(attn, shape, autocast, path):
+        measured.append(path)
+        return 1e-3 if path == fastest["bfloat16" if isinstance(autocast, torch.autocast) else "float32"] else 3e-3
+
+    monkeypatch.setattr(probes, "attention_seconds", attention_seconds)
     timed = []
     monkeypatch.setattr(probes, "training_step_seconds", lambda model, batch_size, dtype: timed.append(
-        (dtype, [block.attn.path for block in model.transformer.h])) or 1.0)
+        (dtype, [block.attn.path for block in model.transformer.h])) or {"float32": 1.0, "bfloat16": 0.5}[dtype])
     model = tiny_model(config(**TINY))
-    probes.pick_training_dtype("auto", model, 4, "cpu")
+    dtype, _, (path, why) = probes.pick_training_dtype("auto", model, 4, "cpu")
     assert timed == [("float32", ["written"] * 2), ("bfloat16", ["folded"] * 2)]
+    assert (dtype, path) == ("bfloat16", "folded") and why.startswith("attention: the folded path (")
     assert [block.attn.path for block in model.transformer.h] == ["fused"] * 2
     timed.clear()
-    probes.pick_training_dtype("auto", model, 4, "cpu", attention_path="written")
+    assert probes.pick_training_dtype("auto", model, 4, "cpu", attention_path="written")[2] == ("written", None)
     assert timed == [("float32", ["written"] * 2), ("bfloat16", ["written"] * 2)]
+    measured.clear()
+    rt = Runtime(device="cpu", dtype="float32")
+    assert settle_attention_path(config(**TINY), rt, model, {}, settle_precision(config(**TINY), rt, model, {})) \
+        == "folded"
+    assert rt.dtype == "bfloat16" and len(measured) == 6  # three paths in each precision, none after
 
 
 def test_the_budget_is_fitted_to_the_step_on_the_measured_attention_path(monkeypatch, data_dir):
