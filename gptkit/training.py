@@ -332,8 +332,11 @@ def settle_attention_path(cfg, rt, model, saved, measured=None):
     if cfg.attention_path == "auto" and "attention_path" in saved:
         path = saved["attention_path"]
     else:
-        path, why = measured or attention_path_for(cfg.attention_path, model, cfg.batch_size, rt.autocast,
-                                                   rt.device)
+        if rt.master:  # only rank 0 measures, as for the precision: ranks timing at once would slow each other
+            path, why = measured or attention_path_for(cfg.attention_path, model, cfg.batch_size, rt.autocast,
+                                                       rt.device)
+        else:
+            path, why = None, None
         path = rt.broadcast(path)  # rank 0's measurement: every process runs one path
         if why and rt.master:
             print(why)
