@@ -25,14 +25,22 @@ def synchronize(device):
 
 def fastest_seconds(run, repeats, device="cpu"):
     """The fastest of `repeats` timings of run(), after one untimed call that pays for kernel selection."""
-    best = math.inf
+    return fastest_in_turns({None: run}, repeats, device)[None]
+
+
+def fastest_in_turns(runs, repeats, device="cpu"):
+    """{name: the fastest of `repeats` timings of runs[name]()}, after one untimed call of each; the runs take
+    turns, so that a machine whose speed moves while they are timed (a 2-core EPYC guest's did, by a fifth within
+    minutes) slows each of them alike rather than the ones timed last."""
+    best = dict.fromkeys(runs, math.inf)
     for i in range(repeats + 1):
-        synchronize(device)
-        start = time.perf_counter()
-        run()
-        synchronize(device)
-        if i:
-            best = min(best, time.perf_counter() - start)
+        for name, run in runs.items():
+            synchronize(device)
+            start = time.perf_counter()
+            run()
+            synchronize(device)
+            if i:
+                best[name] = min(best[name], time.perf_counter() - start)
     return best
 
 
@@ -158,25 +166,25 @@ def attention_path_for(setting, model, batch_size, autocast, device):
     if device != "cpu" or c.attention not in ("scaled", "dot") or c.n_layer == 0:
         return "fused", None
     shape = (batch_size, c.n_head, c.block_size, c.n_embd // c.n_head)
-    seconds = {path: attention_seconds(model.transformer.h[0].attn, shape, autocast, path)
-               for path in ("fused", "written", "folded")}
+    seconds = attention_seconds(model.transformer.h[0].attn, shape, autocast, ("fused", "written", "folded"))
     best = min(seconds, key=seconds.get)
     times = ", ".join(f"{path} {s * 1e3:.1f} ms" for path, s in seconds.items())
     return best, f"attention: the {best} path ({times} per layer, forward and backward, measured)"
 
 
-def attention_seconds(attn, shape, autocast, path, repeats=3):
-    """The fastest of a few timings of one attention layer's forward and backward on path."""
+def attention_seconds(attn, shape, autocast, paths, repeats=3):
+    """{path: the fastest of a few timings of one attention layer's forward and backward on it}, in turns."""
     q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
 
-    def forward_backward():
+    def forward_backward(path):
+        attn.path = path
         with autocast:
             y = attn.attend(q, k, v, shape[2])
         y.float().sum().backward()
 
-    was, attn.path = attn.path, path
+    was = attn.path
     try:
-        return fastest_seconds(forward_backward, repeats)
+        return fastest_in_turns({path: functools.partial(forward_backward, path) for path in paths}, repeats)
     finally:
         attn.path = was
 

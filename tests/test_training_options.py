@@ -228,8 +228,9 @@ def test_gradient_accumulation_gives_the_update_of_one_big_batch(tmp_path, data_
     from conftest import train_args
     from gptkit.checkpoint import load_checkpoint
 
+    # one attention path for both: each run's probe could pick another, whose sums round differently
     common = ["--max_iters=2", "--eval_interval=100", "--eval_iters=1", "--warmup_iters=0", "--learning_rate=1e-2",
-              "--grad_clip=0"]
+              "--grad_clip=0", "--attention_path=written"]
     shapes = {"big": ["--batch_size=8"], "accum": ["--batch_size=4", "--gradient_accumulation_steps=2"]}
     for name, shape in shapes.items():
         train.main(train_args(data_dir, tmp_path / name, *common, *shape))
@@ -327,9 +328,10 @@ def test_each_precision_is_timed_on_the_attention_path_it_would_train_on(monkeyp
     monkeypatch.setattr(probes, "bf16_matmul_speedup", lambda: 2.0)
     fastest, measured = {"float32": "written", "bfloat16": "folded"}, []
 
-    def attention_seconds(attn, shape, autocast, path):
-        measured.append(path)
-        return 1e-3 if path == fastest["bfloat16" if isinstance(autocast, torch.autocast) else "float32"] else 3e-3
+    def attention_seconds(attn, shape, autocast, paths):
+        measured.extend(paths)
+        best = fastest["bfloat16" if isinstance(autocast, torch.autocast) else "float32"]
+        return {path: 1e-3 if path == best else 3e-3 for path in paths}
 
     monkeypatch.setattr(probes, "attention_seconds", attention_seconds)
     timed = []
@@ -356,8 +358,8 @@ def test_the_budget_is_fitted_to_the_step_on_the_measured_attention_path(monkeyp
     from gptkit import training
     from gptkit.runtime import Runtime
 
-    monkeypatch.setattr(probes, "attention_seconds",
-                        lambda attn, shape, autocast, path: 1e-3 if path == "written" else 3e-3)
+    monkeypatch.setattr(probes, "attention_seconds", lambda attn, shape, autocast, paths: {
+        path: 1e-3 if path == "written" else 3e-3 for path in paths})
     paths = []
     monkeypatch.setattr(training, "tokens_per_parameter", lambda model, *args: paths.append(
         [block.attn.path for block in model.transformer.h]) or 0.0)
@@ -406,10 +408,25 @@ def test_split_evaluation_scores_every_target_once(tmp_path, max_tokens):
     assert loss == pytest.approx(sum(losses) / n, rel=1e-5)
 
 
+def test_probes_time_their_candidates_in_turns_and_keep_each_ones_fastest(monkeypatch):
+    """A machine whose speed moves while a probe runs must slow each candidate alike, not the ones timed last;
+    the untimed first call of each (kernel selection) never counts."""
+    clock, order = [0.0], []
+    monkeypatch.setattr(probes.time, "perf_counter", lambda: clock[0])
+    durations = {"a": [0.1, 9, 7, 8], "b": [0.1, 5, 6, 3]}
+
+    def run(name):
+        order.append(name)
+        clock[0] += durations[name][order.count(name) - 1]
+
+    assert probes.fastest_in_turns({name: lambda name=name: run(name) for name in durations}, 3) == {"a": 7, "b": 3}
+    assert order == ["a", "b"] * 4
+
+
 @pytest.mark.parametrize("fastest", ["fused", "written", "folded"])
 def test_attention_path_is_the_fastest_one_measured(monkeypatch, fastest):
-    monkeypatch.setattr(probes, "attention_seconds",
-                        lambda attn, shape, autocast, path: (1.0 if path == fastest else 3.0) / 1e3)
+    monkeypatch.setattr(probes, "attention_seconds", lambda attn, shape, autocast, paths: {
+        path: (1.0 if path == fastest else 3.0) / 1e3 for path in paths})
     model = tiny_model(config(**TINY))
     path, why = probes.attention_path_for("auto", model, 4, torch.autocast("cpu", enabled=False), "cpu")
     assert path == fastest and why.startswith(f"attention: the {fastest} path (") and "3.0 ms" in why
