@@ -455,13 +455,15 @@ class ThroughputBenchConfig:
     n_embd: int = 384  # width
     block_size: int = 256  # context length
     batch_size: int = 64  # sequences per step (nanoGPT: 64 x 256 = 16,384 tokens)
-    steps: int = 10  # timed optimizer steps
+    steps: int = 10  # timed optimizer steps of each, shared among the rounds
+    rounds: int = 5  # rounds of each candidate and of the matmul peak, alternating; the median round counts
     warmup: int = 2  # untimed steps first (compilation happens here)
     device: str = "cpu"  # 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'
     compiled: bool = True  # also time the config's settings compiled, when the config itself runs eagerly
 
     def __post_init__(self):
-        require(self, ["n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps"], lambda v: v >= 1,
+        require(self, ["n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps", "rounds"],
+                lambda v: v >= 1,
                 "at least 1")
         require(self, ["warmup"], lambda v: v >= 0, "at least 0")
         check_device_name(self.device)
@@ -505,19 +507,11 @@ def seconds_per_step(step, steps, device):
     return (time.perf_counter() - start) / steps
 
 
-def steps_per_second(tcfg, steps, warmup, device):
-    """Optimizer steps per second of training_step(tcfg) after warmup untimed ones; FLOPs per token; the
-    precision and the attention path taken."""
-    step, model, dtype, path = training_step(tcfg, device)
-    for _ in range(warmup):
-        step()
-    return 1 / seconds_per_step(step, steps, device), flops_per_token(model, tcfg.model.block_size), dtype, path
-
-
 def bench_throughput(argv):
     """Training tokens/s on one shape: fp32 AdamW GPT-2 (the baseline) against a config's settings,
     and against them compiled when the config itself runs eagerly; each as a share of the matmul peak
-    measured here for the precision it trains in."""
+    measured here for the precision it trains in. The steps and the peaks are timed in alternating rounds in
+    one process and the median round counts, so that a machine whose speed drifts slows each of them alike."""
     cfg = parse_config(ThroughputBenchConfig, argv, prog="bench.py throughput")
     device = pick_device(cfg.device)
     keep_freed_memory()  # as train.py does
@@ -527,20 +521,40 @@ def bench_throughput(argv):
                   cfg.config: parse_config(TrainConfig, [cfg.config, *shape, "--dropout=0.0"])}
     if cfg.compiled and not candidates[cfg.config].compile:
         candidates[f"{cfg.config}, compiled"] = replace(candidates[cfg.config], compile=True)
-    print(f"machine: {device_name(device)}, torch {torch.__version__}")
-    rates = {}
+    print(f"machine: {device_name(device)}, torch {torch.__version__}", flush=True)
+    taken = {}
     for name, tcfg in candidates.items():
-        steps_s, token_flops, dtype, path = steps_per_second(tcfg, cfg.steps, cfg.warmup, device)
-        tokens_s = steps_s * cfg.batch_size * cfg.block_size
-        peak = matmul_peak(dtype, device)
-        rates[name] = tokens_s
-        print(f"{name:<36} {dtype:>9} {tcfg.optimizer:>6} compile={tcfg.compile!s:<5} "
-              f"attention={path:<7} {tokens_s:8,.0f} tokens/s "
-              f"{tokens_s * token_flops / 1e9:7.1f} GFLOP/s = {100 * tokens_s * token_flops / peak:3.0f}% of "
-              f"the {dtype} matmul peak measured here ({peak / 1e9:.0f} GFLOP/s)", flush=True)
+        step, model, dtype, path = training_step(tcfg, device)
+        for _ in range(cfg.warmup):
+            step()
+        taken[name] = step, flops_per_token(model, tcfg.model.block_size), dtype, path
+    rounds = timed_rounds(taken, cfg, device)
+    rates = {}
+    for name, (_, token_flops, dtype, path) in taken.items():
+        tokens = cfg.batch_size * cfg.block_size
+        rates[name] = statistics.median(tokens / s for s, _ in rounds[name])
+        share = statistics.median(tokens / s * token_flops / peak for s, peak in rounds[name])
+        peaks = sorted(peak / 1e9 for _, peak in rounds[name])
+        print(f"{name:<36} {dtype:>9} {candidates[name].optimizer:>6} compile={candidates[name].compile!s:<5} "
+              f"attention={path:<7} {rates[name]:8,.0f} tokens/s {rates[name] * token_flops / 1e9:7.1f} GFLOP/s = "
+              f"{100 * share:3.0f}% of the {dtype} matmul peak measured here (median round; peaks "
+              f"{peaks[0]:.0f}-{peaks[-1]:.0f} GFLOP/s)")
     base, *others = rates
     for name in others:
         print(f"throughput ratio, {name}: {rates[name] / rates[base]:.2f}x")
+
+
+def timed_rounds(taken, cfg, device):
+    """[(seconds a step took, the matmul peak of its precision timed just before)] of each candidate, one of each
+    a round, in cfg.rounds rounds sharing cfg.steps timed steps per candidate (at least one a round): on a
+    machine whose speed moves from minute to minute, a step's share of the peak is the share of that moment's."""
+    rounds, per_round = {name: [] for name in taken}, max(1, cfg.steps // cfg.rounds)
+    print(f"{cfg.rounds} rounds of {per_round} step{'s' * (per_round > 1)} each, alternating", flush=True)
+    for _ in range(cfg.rounds):
+        for name, (step, _, dtype, _) in taken.items():
+            peak = matmul_peak(dtype, device)
+            rounds[name].append((seconds_per_step(step, per_round, device), peak))
+    return rounds
 
 
 @dataclass

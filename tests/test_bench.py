@@ -9,11 +9,17 @@ import pytest
 import bench
 
 
-def test_throughput_times_the_baseline_and_the_config(capsys):
+def test_throughput_times_the_baseline_and_the_config_in_alternating_rounds(capsys, monkeypatch):
+    timed = []
+    seconds_per_step = bench.seconds_per_step
+    monkeypatch.setattr(bench, "seconds_per_step", lambda step, steps, device: timed.append((step, steps)) or
+                        seconds_per_step(step, steps, device))
     bench.main(["throughput", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=2",
-                "--steps=2", "--warmup=1", "--compiled=False"])
+                "--steps=6", "--rounds=3", "--warmup=1", "--compiled=False"])
     out = capsys.readouterr().out
     assert "fp32 AdamW GPT-2" in out and "config/shakespeare_char.py" in out
+    baseline, config = timed[0][0], timed[1][0]
+    assert baseline is not config and timed == [(baseline, 2), (config, 2)] * 3  # the candidates take turns
     assert re.search(r"throughput ratio, config/shakespeare_char.py: \d+\.\d+x", out)
     assert re.search(r"GFLOP/s = +\d+% of the float32 matmul peak measured here", out)
 
