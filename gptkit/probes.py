@@ -28,20 +28,26 @@ def fastest_seconds(run, repeats, device="cpu"):
     return fastest_in_turns({None: run}, repeats, device)[None]
 
 
-def fastest_in_turns(runs, repeats, device="cpu"):
-    """{name: the fastest of `repeats` timings of runs[name]()}, after one untimed call of each; the runs take
-    turns, so that a machine whose speed moves while they are timed (a 2-core EPYC guest's did, by a fifth within
-    minutes) slows each of them alike rather than the ones timed last."""
+def fastest_in_turns(runs, repeats, device="cpu", slow=math.inf):
+    """{name: the fastest of `repeats` timings of runs[name]()}, after one untimed call of each (where one of
+    those took over `slow` seconds, one timing each will do); the runs take turns, so that a machine whose speed
+    moves while they are timed (a 2-core EPYC guest's did, by a fifth within minutes) slows each of them alike
+    rather than the ones timed last."""
+    if max(seconds_of(run, device) for run in runs.values()) > slow:
+        repeats = 1
     best = dict.fromkeys(runs, math.inf)
-    for i in range(repeats + 1):
+    for _ in range(repeats):
         for name, run in runs.items():
-            synchronize(device)
-            start = time.perf_counter()
-            run()
-            synchronize(device)
-            if i:
-                best[name] = min(best[name], time.perf_counter() - start)
+            best[name] = min(best[name], seconds_of(run, device))
     return best
+
+
+def seconds_of(run, device):
+    synchronize(device)
+    start = time.perf_counter()
+    run()
+    synchronize(device)
+    return time.perf_counter() - start
 
 
 def cpu_has_bf16():
@@ -82,34 +88,38 @@ def pick_dtype(name, device):
 
 
 def training_step_seconds(model, batch_size, dtype, repeats=2, slow=0.25):
-    """The fastest of `repeats` timings of the model's forward and backward at the training shape in dtype, on
-    the model's device, after one untimed (a first call slower than `slow` seconds: one timing), on fixed tokens,
-    leaving its gradients and the random generators as they were."""
+    """step_seconds_in_turns for one precision, on the model's own attention path."""
+    return step_seconds_in_turns(model, batch_size, {dtype: None}, repeats, slow)[dtype]
+
+
+def step_seconds_in_turns(model, batch_size, paths, repeats=2, slow=0.25):
+    """{dtype: the fastest of `repeats` timings of the model's forward and backward at the training shape in
+    dtype, on attention path paths[dtype] (None: the model's own)}, the precisions taking turns after one untimed
+    call of each (one slower than `slow` seconds: one timing each), on the model's device and fixed tokens, leaving
+    its gradients, its attention path and the random generators as they were."""
     c = model.config
     device = next(model.parameters()).device
     x = torch.randint(c.vocab_size, (batch_size, c.block_size), generator=torch.Generator().manual_seed(0))
     x = x.to(device)
-    cast = contextlib.nullcontext() if dtype == "float32" else torch.autocast(device.type, getattr(torch, dtype))
+    was = [block.attn.path for block in model.transformer.h]
 
-    def forward_backward():
-        with cast:
+    def take(paths):
+        for block, path in zip(model.transformer.h, paths):
+            block.attn.path = path
+
+    def forward_backward(dtype, path):
+        take([path] * len(was) if path else was)
+        with autocast_for(dtype, device.type):
             loss = model(x, x)[1]
         loss.backward()
 
-    seconds = []
+    runs = {dtype: functools.partial(forward_backward, dtype, path) for dtype, path in paths.items()}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        try:
-            for _ in range(repeats + 1):
-                synchronize(str(device))
-                start = time.perf_counter()
-                forward_backward()
-                synchronize(str(device))
-                seconds.append(time.perf_counter() - start)
-                if len(seconds) == 2 and seconds[0] > slow:  # a slow step: one timing after the first will do
-                    break
+        try:  # the first call of each pays for kernel selection and autocast's casts
+            return fastest_in_turns(runs, repeats, str(device), slow)
         finally:
             model.zero_grad(set_to_none=True)
-    return min(seconds[1:])  # the first call paid for kernel selection and autocast's casts
+            take(was)
 
 
 def tokens_per_parameter(model, batch_size, dtype, seconds, processes=1):
@@ -132,28 +142,19 @@ def pick_training_dtype(name, model, batch_size, device, attention_path="auto", 
     if matmul_speedup < 1:  # its matmuls already lose: no need to spend seconds timing steps
         return ("float32", f"precision: float32 (bfloat16 matmuls ran at {matmul_speedup:.2f}x the float32 speed "
                 "here)", None)
-    timed = {dtype: step_seconds_on_its_path(model, batch_size, dtype, attention_path)
-             for dtype in ("float32", "bfloat16")}
-    seconds = {dtype: step for dtype, (step, _) in timed.items()}
+    # each precision on the attention path measured fastest in it, as the run would take it: SDPA's fused kernel
+    # took three times the folded path's time on a 2-core EPYC, and a step timed on it would misjudge the precision
+    chosen = {dtype: attention_path_for(attention_path, model, batch_size, autocast_for(dtype), "cpu")
+              for dtype in ("float32", "bfloat16")}
+    seconds = step_seconds_in_turns(model, batch_size, {dtype: path for dtype, (path, _) in chosen.items()})
     best = "bfloat16" if seconds["bfloat16"] * margin < seconds["float32"] else "float32"
     return best, (f"precision: {best} (a training step, forward and backward, took {seconds['float32'] * 1e3:.0f} ms "
-                  f"in float32 and {seconds['bfloat16'] * 1e3:.0f} ms in bfloat16 here)"), timed[best][1]
+                  f"in float32 and {seconds['bfloat16'] * 1e3:.0f} ms in bfloat16 here)"), chosen[best]
 
 
-def step_seconds_on_its_path(model, batch_size, dtype, attention_path):
-    """training_step_seconds with the attention on the path attention_path_for picks for dtype, as the run would
-    take it (SDPA's fused kernel, measured on a 2-core EPYC, took three times the folded path's time: a step
-    timed on it would misjudge the precision), the model's own path restored after. (seconds, attention_path_for's
-    (path, line))."""
-    cast = contextlib.nullcontext() if dtype == "float32" else torch.autocast("cpu", getattr(torch, dtype))
-    was = [block.attn.path for block in model.transformer.h]
-    chosen = attention_path_for(attention_path, model, batch_size, cast, "cpu")
-    model.set_attention_path(chosen[0])
-    try:
-        return training_step_seconds(model, batch_size, dtype), chosen
-    finally:
-        for block, path in zip(model.transformer.h, was):
-            block.attn.path = path
+def autocast_for(dtype, device_type="cpu"):
+    """runtime.autocast's mixed precision (which imports this module)."""
+    return contextlib.nullcontext() if dtype == "float32" else torch.autocast(device_type, getattr(torch, dtype))
 
 
 def attention_path_for(setting, model, batch_size, autocast, device):

@@ -299,8 +299,8 @@ def test_training_precision_is_the_faster_step_not_the_flags(monkeypatch, bf16_i
     matmuls are slower than fp32 no step is timed, and without bf16 instructions nothing is."""
     monkeypatch.setattr(probes, "cpu_has_bf16", lambda: bf16_instructions)
     monkeypatch.setattr(probes, "bf16_matmul_speedup", lambda: matmul_speedup)
-    monkeypatch.setattr(probes, "training_step_seconds", lambda model, batch_size, dtype: {
-        "float32": 1.0, "bfloat16": 1.0 / step_speedup}[dtype])
+    monkeypatch.setattr(probes, "step_seconds_in_turns", lambda model, batch_size, paths: {
+        "float32": 1.0, "bfloat16": 1.0 / step_speedup})
     dtype, why, _ = probes.pick_training_dtype("auto", tiny_model(config(**TINY)), 4, "cpu")
     assert dtype == want
     if not bf16_instructions:
@@ -335,16 +335,16 @@ def test_each_precision_is_timed_on_the_attention_path_it_would_train_on(monkeyp
 
     monkeypatch.setattr(probes, "attention_seconds", attention_seconds)
     timed = []
-    monkeypatch.setattr(probes, "training_step_seconds", lambda model, batch_size, dtype: timed.append(
-        (dtype, [block.attn.path for block in model.transformer.h])) or {"float32": 1.0, "bfloat16": 0.5}[dtype])
+    monkeypatch.setattr(probes, "step_seconds_in_turns", lambda model, batch_size, paths: timed.append(
+        dict(paths)) or {"float32": 1.0, "bfloat16": 0.5})
     model = tiny_model(config(**TINY))
     dtype, _, (path, why) = probes.pick_training_dtype("auto", model, 4, "cpu")
-    assert timed == [("float32", ["written"] * 2), ("bfloat16", ["folded"] * 2)]
+    assert timed == [{"float32": "written", "bfloat16": "folded"}]
     assert (dtype, path) == ("bfloat16", "folded") and why.startswith("attention: the folded path (")
     assert [block.attn.path for block in model.transformer.h] == ["fused"] * 2
     timed.clear()
     assert probes.pick_training_dtype("auto", model, 4, "cpu", attention_path="written")[2] == ("written", None)
-    assert timed == [("float32", ["written"] * 2), ("bfloat16", ["written"] * 2)]
+    assert timed == [{"float32": "written", "bfloat16": "written"}]
     measured.clear()
     rt = Runtime(device="cpu", dtype="float32")
     assert settle_attention_path(config(**TINY), rt, model, {}, settle_precision(config(**TINY), rt, model, {})) \
@@ -371,15 +371,22 @@ def test_the_budget_is_fitted_to_the_step_on_the_measured_attention_path(monkeyp
     assert state.measured["attention_path"] == "written"
 
 
-def test_timing_a_training_step_leaves_no_trace():
-    """The probe runs before training: it must leave no gradients and not move the random generators, so that a
-    run's data order and dropout masks do not depend on it."""
+def test_timing_training_steps_takes_turns_on_each_precisions_path_and_leaves_no_trace():
+    """Each precision's step runs on its own attention path, the two taking turns (a machine whose speed moves
+    must slow both alike). The probe runs before training: it must leave no gradients, the model's own path, and
+    the random generators unmoved, so that a run's data order and dropout masks do not depend on it."""
     model = tiny_model(config(**{**TINY, "dropout": 0.1}))
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(
+        ([block.attn.path for block in module.transformer.h], torch.is_autocast_enabled("cpu"))))
     torch.manual_seed(3)
     before = torch.get_rng_state()
-    assert probes.training_step_seconds(model, 2, "bfloat16") > 0
+    seconds = probes.step_seconds_in_turns(model, 2, {"float32": "written", "bfloat16": "folded"}, repeats=2)
+    assert set(seconds) == {"float32", "bfloat16"} and min(seconds.values()) > 0
+    assert calls == [(["written"] * 2, False), (["folded"] * 2, True)] * 3  # one untimed call each, then 2 turns
     assert torch.equal(torch.get_rng_state(), before)
     assert all(p.grad is None for p in model.parameters())
+    assert [block.attn.path for block in model.transformer.h] == ["fused"] * 2
 
 
 @pytest.mark.parametrize("max_tokens", [0, 100, 37])
