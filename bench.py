@@ -463,8 +463,7 @@ class ThroughputBenchConfig:
 
     def __post_init__(self):
         require(self, ["n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps", "rounds"],
-                lambda v: v >= 1,
-                "at least 1")
+                lambda v: v >= 1, "at least 1")
         require(self, ["warmup"], lambda v: v >= 0, "at least 0")
         check_device_name(self.device)
         GPTConfig(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, block_size=self.block_size)
@@ -529,9 +528,8 @@ def bench_throughput(argv):
             step()
         taken[name] = step, flops_per_token(model, tcfg.model.block_size), dtype, path
     rounds = timed_rounds(taken, cfg, device)
-    rates = {}
+    rates, tokens = {}, cfg.batch_size * cfg.block_size
     for name, (_, token_flops, dtype, path) in taken.items():
-        tokens = cfg.batch_size * cfg.block_size
         rates[name] = statistics.median(tokens / s for s, _ in rounds[name])
         share = statistics.median(tokens / s * token_flops / peak for s, peak in rounds[name])
         peaks = sorted(peak / 1e9 for _, peak in rounds[name])
