@@ -153,7 +153,7 @@ def pick_training_dtype(name, model, batch_size, device, attention_path="auto", 
 
 
 def autocast_for(dtype, device_type="cpu"):
-    """runtime.autocast's mixed precision (which imports this module)."""
+    """Mixed precision: weights stay fp32, matmuls run in dtype."""
     return contextlib.nullcontext() if dtype == "float32" else torch.autocast(device_type, getattr(torch, dtype))
 
 

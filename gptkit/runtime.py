@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gptkit.errors import UserError
-from gptkit.probes import pick_dtype
+from gptkit.probes import autocast_for, pick_dtype
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -60,10 +60,8 @@ def pick_device(name):
 
 
 def autocast(device, dtype):
-    """Mixed precision: weights stay fp32, matmuls run in dtype."""
-    if dtype == "float32":
-        return nullcontext()
-    return torch.autocast(device_type=device.split(":")[0], dtype=DTYPES[dtype])
+    """probes.autocast_for on a device named as the runtime names it ('cuda:1', 'cpu')."""
+    return autocast_for(dtype, device.split(":")[0])
 
 
 def allow_eager_fallback():
