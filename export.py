@@ -5,7 +5,7 @@ Export a trained checkpoint (best.pt, or latest.pt with --checkpoint=latest) as 
     python export.py --out_dir=out-shakespeare --hf_dir=hf-shakespeare
 
 Then `GPT2LMHeadModel.from_pretrained("hf-shakespeare")` gives the same logits. Needs `transformers`.
-Models with options GPT-2 has no place for (rope, rmsnorm, qk_norm, logit_softcap) are refused.
+Models with options GPT-2 has no place for (rope, rmsnorm, qk_norm, logit_softcap, token_shift) are refused.
 """
 
 import sys

@@ -5,7 +5,8 @@ and the loss. Decoding (the KV cache and sampling) lives in gptkit/decoding.py.
 The defaults are GPT-2's shape and parameter names (learned positions, LayerNorm, tied head),
 without biases; `bias=True, mlp_act='gelu_tanh'` is GPT-2 exactly, so its weights load.
 Options switch on the modern pieces that train faster on small data: rotary positions,
-RMSNorm, QK-norm, ReLU^2, an untied head, logit soft-capping and zero-initialised projections.
+RMSNorm, QK-norm, ReLU^2, an untied head, logit soft-capping, zero-initialised projections, and
+RWKV's token shift (each block's inputs mixed with the previous position's).
 
 Other options take the model apart, for learning what each piece buys: how attention scores
 (scaled or unscaled dot products, Bahdanau's additive scoring, or a plain average of the past),
@@ -45,6 +46,7 @@ class GPTConfig:
     attention: Literal["scaled", "dot", "uniform", "additive"] = "scaled"  # q.k/sqrt(d), q.k, all equal, or v.tanh(q+k)
     causal: bool = True  # mask the future (a decoder); False lets every position see every other (an encoder)
     mlp: bool = True  # a feed-forward MLP after attention in each block; False leaves attention alone
+    token_shift: bool = False  # mix each block's normed inputs with the previous position's, a learned share per channel
 
     def __post_init__(self):
         for f in fields(self):
@@ -268,6 +270,20 @@ class Dropout(nn.Module):
         return dropout(x, self.p, self.training)
 
 
+def token_shift(h, share, before=None):
+    """RWKV's token shift: each position of h (B, T, C) mixed with the position before it, h[t] + share * (h[t-1]
+    - h[t]), a learned share per channel. The first position's predecessor is `before` (B, 1, C), the last one
+    of the chunk before (gptkit.decoding.KVCache), or zeros at the start of a window, as in training.
+
+    A character-level model learns most from the character just before: attention has to learn to look one
+    position back; the shift hands every block that position directly, for a few element-wise operations."""
+    if before is None:
+        previous = F.pad(h[:, :-1], (0, 0, 1, 0))
+    else:
+        previous = torch.cat((before.to(h.dtype), h[:, :-1]), dim=1)
+    return torch.lerp(h, previous, share.to(h.dtype))
+
+
 class ReLUSquared(torch.autograd.Function):
     """relu(x)^2 with one multiply each way: autograd through relu(x).square() runs four more
     element-wise kernels, a noticeable share of an eager CPU step for a small model."""
@@ -309,11 +325,24 @@ class Block(nn.Module):
         if config.mlp:
             self.ln_2 = make_norm(config)
             self.mlp = MLP(config)
+        # token_shift's shares start at half and half: paired at equal steps, a start at 0 (no shift) ended higher
+        self.shares = nn.ParameterList(nn.Parameter(torch.full((config.n_embd,), 0.5))
+                                       for _ in range((1 + config.mlp) if config.token_shift else 0))
+
+    def normed(self, x, i, norm, cache, layer):
+        """What branch i (0: attention, 1: the MLP) reads: the normed stream, token-shifted when the model is."""
+        h = norm(x)
+        if not self.shares:
+            return h
+        return token_shift(h, self.shares[i], cache.previous(layer, i, h) if cache is not None else None)
+
+    def attention_input(self, x, cache=None, layer=0):
+        return self.normed(x, 0, self.ln_1, cache, layer)
 
     def forward(self, x, rotary=None, cache=None, layer=0):
-        x = x + self.attn(self.ln_1(x), rotary, cache, layer)
+        x = x + self.attn(self.attention_input(x, cache, layer), rotary, cache, layer)
         if hasattr(self, "mlp"):
-            x = x + self.mlp(self.ln_2(x))
+            x = x + self.mlp(self.normed(x, 1, self.ln_2, cache, layer))
         return x
 
 

@@ -20,6 +20,17 @@ class KVCache:
         self.v_layers = self.v.unbind(0)
         self.k_layers = self.k.unbind(0) if self.k is not None else [None] * config.n_layer
         self.pos = 0  # tokens already cached
+        # token_shift: each block's last normed inputs (attention's and the MLP's), the next position's predecessors
+        self.last = torch.zeros(config.n_layer, 2, batch_size, 1, config.n_embd, device=device, dtype=dtype) \
+            if config.token_shift else None
+
+    def previous(self, layer, branch, h):
+        """The position before h's first in that layer's branch (zeros before the first token), keeping h's last
+        for the next call."""
+        last = self.last[layer, branch]
+        before = last.clone()
+        last.copy_(h[:, -1:])
+        return before
 
     def update(self, layer, k, v):
         """Append this step's keys and values (k is None where attention has no keys); all so far."""

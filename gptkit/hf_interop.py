@@ -154,6 +154,7 @@ def check_exportable(config):
         (config.attention != "scaled", f"attention={config.attention!r} (GPT-2 scores q.k/sqrt(d))"),
         (not config.causal, "causal=False (GPT-2 is a decoder: it masks the future)"),
         (not config.mlp, "mlp=False (every GPT-2 block has an MLP)"),
+        (config.token_shift, "token_shift=True (GPT-2's blocks read only their own position's stream)"),
     ]
     for refused, what in refusals:
         if refused:

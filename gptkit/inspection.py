@@ -16,7 +16,7 @@ def attention_maps(model, idx):
     maps = []
     for block in model.transformer.h:
         attn = block.attn
-        q, k, _ = attn.qkv(block.ln_1(x), rotary)
+        q, k, _ = attn.qkv(block.attention_input(x), rotary)
         T = idx.size(1)
         maps.append(attn.attention_weights(q, k, T, T).expand(idx.size(0), attn.n_head, T, T))
         x = block(x, rotary)

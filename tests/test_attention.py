@@ -20,6 +20,7 @@ CAUSAL_VARIANTS = {
     "attention_only": dict(mlp=False),
     "bigram": dict(n_layer=0, pos_emb="none"),
     "rope_qknorm_no_mlp": dict(pos_emb="rope", qk_norm=True, mlp=False),
+    "token_shift": dict(pos_emb="rope", qk_norm=True, token_shift=True),
 }
 
 
@@ -165,17 +166,17 @@ def test_an_encoder_generates_from_the_whole_context_every_step():
     assert torch.equal(a, generate(model, idx, 15, temperature=0.0, kv_cache=False))
 
 
-@pytest.mark.parametrize("kind", ["scaled", "dot", "uniform", "additive"])
-def test_attention_maps_are_the_weights_the_forward_pass_applies(kind):
-    model = make_model(attention=kind)
+@pytest.mark.parametrize("kind,shift", [("scaled", False), ("dot", False), ("uniform", False), ("additive", False),
+                                        ("scaled", True)], ids=["scaled", "dot", "uniform", "additive", "token_shift"])
+def test_attention_maps_are_the_weights_the_forward_pass_applies(kind, shift):
+    model = make_model(attention=kind, token_shift=shift)
     idx = tokens((1, 8))
     maps = attention_maps(model, idx)
     attn, block = model.transformer.h[0].attn, model.transformer.h[0]
     with torch.no_grad():
         x, rotary = model.embed(idx)
-        _, _, v = attn.qkv(block.ln_1(x), rotary)
-        torch.testing.assert_close(maps[0] @ v, attn.attend(*attn.qkv(block.ln_1(x), rotary), 8), atol=1e-5,
-                                   rtol=1e-5)
+        q, k, v = attn.qkv(block.attention_input(x), rotary)
+        torch.testing.assert_close(maps[0] @ v, attn.attend(q, k, v, 8), atol=1e-5, rtol=1e-5)
     assert torch.equal(maps[0][..., torch.ones(8, 8, dtype=torch.bool).triu(1)], torch.zeros(1, 2, 28))
 
 

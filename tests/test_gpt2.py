@@ -180,8 +180,10 @@ def test_export_refuses_incompatible_model(tmp_path):
 
 
 @pytest.mark.parametrize("option", [dict(norm="rmsnorm"), dict(qk_norm=True), dict(logit_softcap=30.0),
-                                    dict(pos_emb="none"), dict(attention="dot"), dict(causal=False), dict(mlp=False)],
-                         ids=["rmsnorm", "qk_norm", "softcap", "no_positions", "dot", "encoder", "no_mlp"])
+                                    dict(pos_emb="none"), dict(attention="dot"), dict(causal=False), dict(mlp=False),
+                                    dict(token_shift=True)],
+                         ids=["rmsnorm", "qk_norm", "softcap", "no_positions", "dot", "encoder", "no_mlp",
+                              "token_shift"])
 def test_export_names_the_option_it_cannot_represent(option):
     from gptkit.hf_interop import check_exportable
 

@@ -9,12 +9,14 @@ import torch.nn.functional as F
 
 from gptkit.decoding import KVCache, generate, sample_next
 from gptkit.flops import flops_per_token
+from gptkit.optim import build_optimizers
+from gptkit.train_config import TrainConfig
 from model import GPT, GPTConfig, ReLUSquared, SelfAttention, apply_rotary, dropout, rotary_tables
 
 BASE = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
 MODERN = dict(pos_emb="rope", norm="rmsnorm", qk_norm=True, mlp_act="relu2", tie_weights=False,
               logit_softcap=15.0, zero_init_proj=False)
-ARCHS = {"gpt2": {}, "modern": MODERN}
+ARCHS = {"gpt2": {}, "modern": MODERN, "token_shift": dict(MODERN, token_shift=True)}
 
 
 def make_model(seed=0, sharpen=1.0, **overrides):
@@ -296,6 +298,29 @@ def test_tied_and_untied_heads():
     untied = make_model(tie_weights=False)
     assert untied.lm_head.weight is not untied.transformer.wte.weight
     assert "wpe" not in make_model(pos_emb="rope").transformer
+
+
+def test_token_shift_mixes_each_position_with_the_one_before():
+    """What each branch reads, against a loop: h[t] + share * (h[t-1] - h[t]) of the normed stream h, zeros before
+    the first position, a share per channel; the shares train under AdamW without weight decay, not Muon."""
+    model = make_model(token_shift=True, bias=False)
+    block = model.transformer.h[0]
+    with torch.no_grad():
+        for share in block.shares:
+            share.uniform_(0, 1)
+    x = torch.randn(2, 7, BASE["n_embd"])
+    with torch.no_grad():
+        for i, norm in enumerate((block.ln_1, block.ln_2)):
+            h, share = norm(x), block.shares[i]
+            want = torch.stack([h[:, t] + share * ((h[:, t - 1] if t else 0) - h[:, t]) for t in range(7)], dim=1)
+            torch.testing.assert_close(block.normed(x, i, norm, None, 0), want)
+        torch.testing.assert_close(block.attention_input(x), block.normed(x, 0, block.ln_1, None, 0))
+    cfg = TrainConfig(optimizer="muon", weight_decay=0.1)
+    adamw, muon = build_optimizers(model, cfg, "cpu")
+    shares = {id(p) for b in model.transformer.h for p in b.shares}
+    assert len(shares) == 2 * BASE["n_layer"] and not shares & {id(p) for g in muon.param_groups for p in g["params"]}
+    assert all(g["weight_decay"] == 0 for g in adamw.param_groups if shares & {id(p) for p in g["params"]})
+    assert not make_model().transformer.h[0].shares  # off by default: GPT-2's blocks
 
 
 def test_zero_init_proj():
