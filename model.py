@@ -329,20 +329,20 @@ class Block(nn.Module):
         self.shares = nn.ParameterList(nn.Parameter(torch.full((config.n_embd,), 0.5))
                                        for _ in range((1 + config.mlp) if config.token_shift else 0))
 
-    def normed(self, x, i, norm, cache, layer):
-        """What branch i (0: attention, 1: the MLP) reads: the normed stream, token-shifted when the model is."""
-        h = norm(x)
+    def branch_input(self, x, branch, cache=None, layer=0):
+        """What a branch (0: attention, 1: the MLP) reads: the normed stream, token-shifted when the model is."""
+        h = (self.ln_2 if branch else self.ln_1)(x)
         if not self.shares:
             return h
-        return token_shift(h, self.shares[i], cache.previous(layer, i, h) if cache is not None else None)
+        return token_shift(h, self.shares[branch], cache.previous(layer, branch, h) if cache is not None else None)
 
     def attention_input(self, x, cache=None, layer=0):
-        return self.normed(x, 0, self.ln_1, cache, layer)
+        return self.branch_input(x, 0, cache, layer)
 
     def forward(self, x, rotary=None, cache=None, layer=0):
         x = x + self.attn(self.attention_input(x, cache, layer), rotary, cache, layer)
         if hasattr(self, "mlp"):
-            x = x + self.mlp(self.normed(x, 1, self.ln_2, cache, layer))
+            x = x + self.mlp(self.branch_input(x, 1, cache, layer))
         return x
 
 

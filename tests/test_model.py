@@ -313,8 +313,8 @@ def test_token_shift_mixes_each_position_with_the_one_before():
         for i, norm in enumerate((block.ln_1, block.ln_2)):
             h, share = norm(x), block.shares[i]
             want = torch.stack([h[:, t] + share * ((h[:, t - 1] if t else 0) - h[:, t]) for t in range(7)], dim=1)
-            torch.testing.assert_close(block.normed(x, i, norm, None, 0), want)
-        torch.testing.assert_close(block.attention_input(x), block.normed(x, 0, block.ln_1, None, 0))
+            torch.testing.assert_close(block.branch_input(x, i), want)
+        torch.testing.assert_close(block.attention_input(x), block.branch_input(x, 0))
     cfg = TrainConfig(optimizer="muon", weight_decay=0.1)
     adamw, muon = build_optimizers(model, cfg, "cpu")
     shares = {id(p) for b in model.transformer.h for p in b.shares}
