@@ -298,6 +298,18 @@ def test_a_run_its_budget_made_smaller_resumes_with_the_command_that_started_it(
         train.main([*start, "--max_iters=8", "--init_from=auto", "--n_layer=3"])
 
 
+def test_a_checkpoint_from_before_a_model_setting_resumes_with_its_default(run, data_dir):
+    """A run saved before token_shift existed was built without it: resumed, it continues so, and a config that
+    asks for the shift is refused naming the checkpoint's value, not a missing one."""
+    ckpt = load_checkpoint(run / "latest.pt")
+    del ckpt["model_args"]["token_shift"], ckpt["config"]["model"]["token_shift"]
+    save_checkpoint(ckpt, run / "latest.pt")
+    with pytest.raises(UserError, match=r"token_shift=True differs from .*latest.pt's False; a resumed run keeps"):
+        train.main(resume(data_dir, run, "--token_shift=True", "--max_iters=32"))
+    train.main(resume(data_dir, run, "--max_iters=32"))
+    assert load_checkpoint(run / "latest.pt")["model_args"]["token_shift"] is False
+
+
 def test_wandb_records_the_settings_the_run_trains_with():
     """A run fitted to its budget trains other settings than it was given: wandb's config is the trained ones."""
     given = make(TrainConfig, {"wandb_log": True, "n_layer": 4, "muon_weight_decay": 0.6})
