@@ -232,12 +232,14 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
     if model.config.vocab_size < meta["vocab_size"]:
         raise UserError(f"dataset vocabulary ({meta['vocab_size']}) is larger than the model's "
                         f"({model.config.vocab_size})")
+    # the data before the probes: a missing or damaged shard is one line at once, not after seconds (for a big
+    # model on a CPU with bf16, minutes) of timing steps; fitting the budget changes neither the context nor the batch
+    data = TrainingData(folder, meta, model.config.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed + rt.rank,
+                        rt.device, cfg.batch_order)
     saved = ckpt.get("measured", {}) if ckpt is not None else {}  # what the resumed run measured
     timed_on = settle_precision(cfg, rt, model, saved)
     path = settle_attention_path(cfg, rt, model, saved, timed_on)  # first: the budget is fitted to the step as run
     cfg, model, fitted_from = fit_to_budget(cfg, rt, model, meta, path)
-    data = TrainingData(folder, meta, model.config.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed + rt.rank,
-                        rt.device, cfg.batch_order)
     measured = {"dtype": rt.dtype, "attention_path": path}
     fitted_from = fitted_from or saved.get("fitted_from")
     if fitted_from:
