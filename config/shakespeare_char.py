@@ -33,7 +33,7 @@ mlp_act = 'relu2'
 tie_weights = False
 zero_init_proj = True
 # each block also reads the previous character's stream (RWKV's token shift, a learned share per channel): at
-# 1,000 equal steps 0.033 and 0.030 lower (two seeds), for a few element-wise operations (docs/speed.md)
+# 1,000 equal steps 0.030-0.034 lower (three seeds), for a few element-wise operations (docs/speed.md)
 token_shift = True
 
 # Muon on the hidden matrices, AdamW on embeddings, head and gains
