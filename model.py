@@ -142,7 +142,7 @@ class SelfAttention(nn.Module):
         if self.kind == "uniform":
             return None, None, self.c_attn(x).view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)
-        qk, v = qkv[:, :, :2], qkv[:, :, 2]
+        qk, v = qkv.split((2, 1), dim=2)
         # queries and keys normalised and rotated together: on a CPU each small op costs more than its arithmetic
         if self.qk_norm:
             qk = self.qk_norm_fn(qk, (qk.size(-1),))
@@ -150,7 +150,7 @@ class SelfAttention(nn.Module):
             cos, sin = rotary
             qk = apply_rotary(qk, cos[:, None, None, :], sin[:, None, None, :])  # (T, 1, 1, D) against (B, T, 2, H, D)
         q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)
-        return q, k, v.transpose(1, 2)
+        return q, k, v.squeeze(2).transpose(1, 2)
 
     def forward(self, x, rotary=None, cache=None, layer=0):
         """cache: anything with update(layer, k, v) that appends this step's keys and values and returns all
