@@ -338,7 +338,7 @@ class Block(nn.Module):
             return h
         if torch.is_autocast_enabled(h.device.type):
             # autocast leaves the norm's output in fp32 and casts it at the branch's first matmul anyway: cast first
-            # and the shift moves half the bytes each way: the default's eager bf16 CPU step 2-4% faster, loss level
+            # and the shift moves half the bytes each way: the default's eager bf16 CPU step 0.6-3.6% faster, loss level
             h = h.to(torch.get_autocast_dtype(h.device.type))
         return token_shift(h, self.shares[branch], cache.previous(layer, branch, h) if cache is not None else None)
 
