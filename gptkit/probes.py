@@ -122,10 +122,11 @@ def step_seconds_in_turns(model, batch_size, paths, repeats=2, slow=0.25):
             take(was)
 
 
-def tokens_per_parameter(model, batch_size, dtype, seconds, processes=1):
+def tokens_per_parameter(model, batch_size, dtype, seconds, processes=1, step=None):
     """Tokens each of the model's parameters would see in `seconds` of training at the speed of its step
-    (forward and backward at the training shape, timed here), with `processes` stepping side by side."""
-    step = training_step_seconds(model, batch_size, dtype, repeats=3, slow=math.inf)  # it decides a whole run
+    (forward and backward at the training shape: `step` seconds where it was timed already, else timed here),
+    with `processes` stepping side by side."""
+    step = step or training_step_seconds(model, batch_size, dtype, repeats=3, slow=math.inf)  # it decides a whole run
     return seconds * processes * batch_size * model.config.block_size / step / model.num_params()
 
 
@@ -135,21 +136,23 @@ def pick_training_dtype(name, model, batch_size, device, attention_path="auto", 
     on the attention path the run would take in it (attention_path_for). A matmul probe can mislead: a small
     model's step is not bound by its matmuls, and bf16 adds casts to its elementwise work. (dtype, a line saying
     why or None, the attention path chosen for that dtype as attention_path_for gives it, or None where no step
-    was timed): the run keeps that path rather than measure again and perhaps pick another."""
+    was timed): the run keeps that path rather than measure again and perhaps pick another; and the seconds of
+    the chosen precision's step, or None: the shape probe's first figure, which it need not time again."""
     if name != "auto" or device != "cpu" or not cpu_has_bf16():
-        return pick_dtype(name, device), None, None
+        return pick_dtype(name, device), None, None, None
     matmul_speedup = bf16_matmul_speedup()
     if matmul_speedup < 1:  # its matmuls already lose: no need to spend seconds timing steps
         return ("float32", f"precision: float32 (bfloat16 matmuls ran at {matmul_speedup:.2f}x the float32 speed "
-                "here)", None)
+                "here)", None, None)
     # each precision on the attention path measured fastest in it, as the run would take it: SDPA's fused kernel
     # took three times the folded path's time on a 2-core EPYC, and a step timed on it would misjudge the precision
     chosen = {dtype: attention_path_for(attention_path, model, batch_size, autocast_for(dtype), "cpu")
               for dtype in ("float32", "bfloat16")}
     seconds = step_seconds_in_turns(model, batch_size, {dtype: path for dtype, (path, _) in chosen.items()})
     best = "bfloat16" if seconds["bfloat16"] * margin < seconds["float32"] else "float32"
-    return best, (f"precision: {best} (a training step, forward and backward, took {seconds['float32'] * 1e3:.0f} ms "
-                  f"in float32 and {seconds['bfloat16'] * 1e3:.0f} ms in bfloat16 here)"), chosen[best]
+    why = (f"precision: {best} (a training step, forward and backward, took {seconds['float32'] * 1e3:.0f} ms in "
+           f"float32 and {seconds['bfloat16'] * 1e3:.0f} ms in bfloat16 here)")
+    return best, why, chosen[best], seconds[best]
 
 
 def autocast_for(dtype, device_type="cpu"):

@@ -237,9 +237,9 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
     data = TrainingData(folder, meta, model.config.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed + rt.rank,
                         rt.device, cfg.batch_order)
     saved = ckpt.get("measured", {}) if ckpt is not None else {}  # what the resumed run measured
-    timed_on = settle_precision(cfg, rt, model, saved)
+    timed_on, step_seconds = settle_precision(cfg, rt, model, saved)
     path = settle_attention_path(cfg, rt, model, saved, timed_on)  # first: the budget is fitted to the step as run
-    cfg, model, fitted_from = fit_to_budget(cfg, rt, model, meta, path)
+    cfg, model, fitted_from = fit_to_budget(cfg, rt, model, meta, path, step_seconds)
     measured = {"dtype": rt.dtype, "attention_path": path}
     fitted_from = fitted_from or saved.get("fitted_from")
     if fitted_from:
@@ -255,29 +255,31 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
 def settle_precision(cfg, rt, model, saved):
     """The precision: as configured; for 'auto', as the resumed run was trained (its checkpoint's measured
     choices, `saved`: a resume continues exactly), or else measured here on this model by rank 0 and printed.
-    Returns the attention path (path, line) its step was timed on where it timed one, else None."""
+    Returns the attention path (path, line) its step was timed on and that step's seconds in the chosen
+    precision where it timed one, else None and None."""
     if cfg.dtype == "auto" and "dtype" in saved:
         rt.set_dtype(saved["dtype"])
     elif cfg.dtype == "auto":
-        dtype, why, path = (pick_training_dtype(cfg.dtype, model, cfg.batch_size, rt.device, cfg.attention_path)
-                            if rt.master else (None, None, None))
+        dtype, why, path, seconds = (pick_training_dtype(cfg.dtype, model, cfg.batch_size, rt.device,
+                                                         cfg.attention_path) if rt.master else (None,) * 4)
         rt.set_dtype(rt.broadcast(dtype))  # rank 0's measurement: every process trains in one precision
         if why and rt.master:
             print(why)
-        return path
-    return None
+        return path, seconds
+    return None, None
 
 
-def fit_to_budget(cfg, rt, model, meta, attention_path):
+def fit_to_budget(cfg, rt, model, meta, attention_path, step_seconds=None):
     """(cfg, model, the settings it replaced or None): the model as configured, or, where its step timed here by
     rank 0 would give each parameter fewer than min_tokens_per_param tokens in max_time, the smaller model
     (TrainConfig.smaller_shape, with smaller_muon_weight_decay if set), and where that too would, one layer fewer
     at a time down to FEWEST_FITTED_LAYERS; started as a run configured with that shape would start it, each timed
-    and trained on attention_path, the one measured on the configured model."""
+    and trained on attention_path, the one measured on the configured model. step_seconds: the configured
+    model's step as the precision probe timed it on that path (rank 0's), if it did: not timed again."""
     shape = cfg.smaller_shape()
     if not (cfg.min_tokens_per_param > 0 and cfg.max_time > 0 and cfg.init_from == "scratch" and shape):
         return cfg, model, None  # no budget to fit, nothing smaller to fit into, or a shape not ours to change
-    seen = budget_seen_by(model, cfg, rt)
+    seen = budget_seen_by(model, cfg, rt, step_seconds)
     configured = {"n_layer": model.config.n_layer, "n_embd": model.config.n_embd}
     if seen >= cfg.min_tokens_per_param:
         if rt.master:
@@ -305,9 +307,11 @@ def fit_to_budget(cfg, rt, model, meta, attention_path):
     return fitted, model, configured
 
 
-def budget_seen_by(model, cfg, rt):
-    """Tokens per parameter the model would see in cfg.max_time at its step timed by rank 0, on every rank."""
-    seen = tokens_per_parameter(model, cfg.batch_size, rt.dtype, cfg.max_time, rt.world) if rt.master else None
+def budget_seen_by(model, cfg, rt, step_seconds=None):
+    """Tokens per parameter the model would see in cfg.max_time at its step timed by rank 0 (or at step_seconds,
+    timed already), on every rank."""
+    seen = (tokens_per_parameter(model, cfg.batch_size, rt.dtype, cfg.max_time, rt.world, step_seconds)
+            if rt.master else None)
     return rt.broadcast(seen)
 
 

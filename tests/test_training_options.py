@@ -301,8 +301,10 @@ def test_training_precision_is_the_faster_step_not_the_flags(monkeypatch, bf16_i
     monkeypatch.setattr(probes, "bf16_matmul_speedup", lambda: matmul_speedup)
     monkeypatch.setattr(probes, "step_seconds_in_turns", lambda model, batch_size, paths: {
         "float32": 1.0, "bfloat16": 1.0 / step_speedup})
-    dtype, why, _ = probes.pick_training_dtype("auto", tiny_model(config(**TINY)), 4, "cpu")
+    dtype, why, _, seconds = probes.pick_training_dtype("auto", tiny_model(config(**TINY)), 4, "cpu")
     assert dtype == want
+    step = 1.0 if want == "float32" else 1.0 / step_speedup  # the chosen precision's step, where one was timed
+    assert seconds == (None if not bf16_instructions or step_speedup is None else step)
     if not bf16_instructions:
         assert why is None
     elif step_speedup is None:
@@ -310,7 +312,7 @@ def test_training_precision_is_the_faster_step_not_the_flags(monkeypatch, bf16_i
     else:
         assert why == (f"precision: {want} (a training step, forward and backward, took 1000 ms in float32 and "
                        f"{1000 / step_speedup:.0f} ms in bfloat16 here)")
-    assert probes.pick_training_dtype("float32", tiny_model(config(**TINY)), 4, "cpu") == ("float32", None, None)
+    assert probes.pick_training_dtype("float32", tiny_model(config(**TINY)), 4, "cpu") == ("float32",) + (None,) * 3
     assert pick_dtype("bfloat16", "cpu") == "bfloat16" and pick_dtype("auto", "mps") == "float32"
     with pytest.raises(UserError, match="float16 is not supported on CPU"):
         pick_dtype("float16", "cpu")
@@ -338,7 +340,7 @@ def test_each_precision_is_timed_on_the_attention_path_it_would_train_on(monkeyp
     monkeypatch.setattr(probes, "step_seconds_in_turns", lambda model, batch_size, paths: timed.append(
         dict(paths)) or {"float32": 1.0, "bfloat16": 0.5})
     model = tiny_model(config(**TINY))
-    dtype, _, (path, why) = probes.pick_training_dtype("auto", model, 4, "cpu")
+    dtype, _, (path, why), _ = probes.pick_training_dtype("auto", model, 4, "cpu")
     assert timed == [{"float32": "written", "bfloat16": "folded"}]
     assert (dtype, path) == ("bfloat16", "folded") and why.startswith("attention: the folded path (")
     assert [block.attn.path for block in model.transformer.h] == ["fused"] * 2
@@ -347,8 +349,8 @@ def test_each_precision_is_timed_on_the_attention_path_it_would_train_on(monkeyp
     assert timed == [{"float32": "written", "bfloat16": "written"}]
     measured.clear()
     rt = Runtime(device="cpu", dtype="float32")
-    assert settle_attention_path(config(**TINY), rt, model, {}, settle_precision(config(**TINY), rt, model, {})) \
-        == "folded"
+    assert settle_attention_path(config(**TINY), rt, model, {},
+                                 settle_precision(config(**TINY), rt, model, {})[0]) == "folded"
     assert rt.dtype == "bfloat16" and len(measured) == 6  # three paths in each precision, none after
 
 
@@ -369,6 +371,27 @@ def test_the_budget_is_fitted_to_the_step_on_the_measured_attention_path(monkeyp
     assert paths == [["written"] * 2]
     assert [block.attn.path for block in state.model.transformer.h] == ["written"]
     assert state.measured["attention_path"] == "written"
+
+
+def test_the_shape_probe_counts_the_budget_at_the_step_the_precision_probe_timed(monkeypatch, data_dir):
+    """The precision probe has just timed the configured model's step in the chosen precision, on the path the
+    run takes: the shape probe counts its budget at that step instead of timing it again (half a second of a
+    150-second run's start on a 2-core EPYC)."""
+    from gptkit import training
+    from gptkit.runtime import Runtime
+
+    monkeypatch.setattr(probes, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(probes, "bf16_matmul_speedup", lambda: 2.0)
+    monkeypatch.setattr(probes, "step_seconds_in_turns", lambda model, batch_size, paths: {
+        "float32": 1.0, "bfloat16": 0.5})
+    timed = []
+    monkeypatch.setattr(probes, "training_step_seconds", lambda model, *args, **kwargs: timed.append(model) or 1e-6)
+    cfg = config(**TINY, max_time=60, min_tokens_per_param=6, smaller_n_layer=1, data_dir=str(data_dir),
+                 dataset="tiny")
+    rt = Runtime(device="cpu", dtype="float32")
+    data, state = training.build_training(cfg, rt)
+    assert timed == [] and rt.dtype == "bfloat16"
+    assert state.model.config.n_layer == 1  # at 0.5 s a step, 60 s give each parameter far fewer than 6 tokens
 
 
 def test_timing_training_steps_takes_turns_on_each_precisions_path_and_leaves_no_trace():
@@ -471,6 +494,8 @@ def test_tokens_per_parameter_is_the_budget_at_the_timed_step_over_the_parameter
     seen = probes.tokens_per_parameter(model, 4, "float32", 60, processes=2)
     assert timed == [(model, 4, "float32")]
     assert seen == pytest.approx(60 * 2 * 4 * 16 / 0.5 / model.num_params())  # 2 processes of 4 x 16 tokens
+    assert probes.tokens_per_parameter(model, 4, "float32", 60, 2, step=0.25) == pytest.approx(2 * seen)
+    assert len(timed) == 1  # a step timed already is not timed again
 
 
 @pytest.mark.parametrize("seen", [5.9, 5.96, 6.0])
@@ -482,8 +507,8 @@ def test_a_model_too_big_for_its_budget_trains_as_the_smaller_shape(monkeypatch,
     from gptkit.runtime import Runtime
 
     timed = []
-    monkeypatch.setattr(training, "tokens_per_parameter", lambda model, batch_size, dtype, seconds, processes: (
-        timed.append((model.config.n_layer, batch_size, dtype, seconds, processes)) or seen))
+    monkeypatch.setattr(training, "tokens_per_parameter", lambda model, batch_size, dtype, seconds, processes,
+                        step: timed.append((model.config.n_layer, batch_size, dtype, seconds, processes)) or seen)
     cfg = config(**TINY, max_time=60, min_tokens_per_param=6, smaller_n_layer=1)
     meta = {"vocab_size": 20, "tokenizer": "char"}
     training.seed_everything(cfg.seed)
