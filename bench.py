@@ -491,7 +491,7 @@ def training_step(tcfg, device):
         loss.backward()
         for opt in optimizers:
             opt.step()
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
 
     return step, model, dtype, path
 

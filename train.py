@@ -118,7 +118,7 @@ def step_optimizers(state, grad_clip):
         state.scaler.step(opt)
     state.scaler.update()
     for opt in state.optimizers:
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
 
 
 def evaluate_on_rank0(rt, data, state, budget=None):

@@ -3,6 +3,7 @@ from, the choices measured for it, and evaluation."""
 
 import math
 import random
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, replace
@@ -359,13 +360,18 @@ def micro_steps_per_process(accumulation_steps, world):
     return max(1, accumulation_steps // world)
 
 
+def eagerly():
+    """Compiled blocks run eagerly inside: a second, inference-only graph would cost more compile time than it
+    saves. Where torch's compiler was never imported nothing is compiled, and importing it would cost a second."""
+    return torch.compiler.set_stance("force_eager") if "torch._dynamo" in sys.modules else nullcontext()
+
+
 def evaluate(model, data, autocast):
     """Mean loss per split over the fixed evaluation windows."""
     model.eval()
     device = str(next(model.parameters()).device)
     out = {}
-    # eagerly: a second, inference-only graph would cost more compile time than it saves here
-    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+    with torch.no_grad(), eagerly():
         for name, split in data.splits.items():
             losses = []
             for offsets in data.eval_offsets[name]:
@@ -389,7 +395,7 @@ def evaluate_split(model, split, autocast, batch_size, max_tokens=0):
     device = str(next(model.parameters()).device)
     total, count = 0.0, 0
     model.eval()
-    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+    with torch.no_grad(), eagerly():
         for i in range(0, len(offsets), batch_size):
             x, y = split.batch(torch.tensor(offsets[i:i + batch_size]), device)
             if tail and i + batch_size >= len(offsets):

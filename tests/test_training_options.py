@@ -70,7 +70,7 @@ def train_steps(cfg, steps=8, dtype=None):
         loss.backward()
         for opt in optimizers:
             opt.step()
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
         losses.append(loss.item())
     return losses
 
@@ -120,6 +120,47 @@ def test_muon_matches_torch_muon_with_its_newton_schulz_in_the_run_precision(ns_
     resumed = optim.Muon([p.clone() for p in torch_params], ns_dtype=ns_dtype, **settings)
     resumed.load_state_dict(torch_opt.state_dict())
     assert resumed.state_dict()["state"][0]["momentum_buffer"].equal(torch_opt.state_dict()["state"][0]["momentum_buffer"])
+
+
+def test_adamw_matches_torch_adamw_and_loads_its_checkpoint_state():
+    """Group by group (each with its own rate and decay) it takes torch's AdamW's steps, and a torch AdamW's
+    state dict loads into it and comes back out in torch's format."""
+    def adamw_steps(make, steps=4):
+        gen = torch.Generator().manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(shape, generator=gen)) for shape in [(8, 4), (4,), (3, 5)]]
+        opt = make([{"params": params[:2], "weight_decay": 0.1}, {"params": params[2:], "weight_decay": 0.0,
+                                                                  "lr": 0.03}], lr=3e-3, betas=(0.9, 0.95))
+        for _ in range(steps):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=gen)
+            opt.step()
+        return params, opt
+
+    theirs, torch_opt = adamw_steps(torch.optim.AdamW)
+    ours, opt = adamw_steps(optim.AdamW)
+    for mine, reference in zip(ours, theirs):
+        torch.testing.assert_close(mine, reference, rtol=0, atol=1e-6)
+    _, resumed = adamw_steps(optim.AdamW, steps=0)
+    resumed.load_state_dict(torch_opt.state_dict())
+    saved, loaded = torch_opt.state_dict(), resumed.state_dict()
+    assert loaded["param_groups"][1]["params"] == saved["param_groups"][1]["params"] == [2]
+    assert loaded["param_groups"][1]["lr"] == 0.03
+    for key in ("step", "exp_avg", "exp_avg_sq"):
+        assert loaded["state"][2][key].equal(saved["state"][2][key])
+
+
+def test_an_eager_run_never_imports_torchs_compiler(tmp_path, data_dir):
+    """Building a torch.optim optimizer, or asking for eager evaluation, imports torch's compiler: about a second
+    before the first step on a 2-core CPU. A run that compiles nothing trains, evaluates and saves without it."""
+    from conftest import REPO, check_ok, train_args
+
+    code = ("import sys, train; train.main(sys.argv[1:]); "
+            "print('compiler imported' if 'torch._dynamo' in sys.modules else 'compiler never imported')")
+    args = train_args(data_dir, tmp_path / "out", "--optimizer=muon", "--ema_decay=0.9", "--max_iters=3",
+                      "--eval_interval=2", "--compile=False")
+    proc = check_ok(subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True,
+                                   timeout=120))
+    assert proc.stdout.strip().endswith("compiler never imported"), proc.stdout
 
 
 @pytest.mark.parametrize("tie", [True, False])
