@@ -44,9 +44,9 @@ learning_rate = 3e-3
 embedding_lr = 0.03  # each step touches only the rows of the characters it saw: let them move faster
 beta2 = 0.95
 
-# warmup, a short stable phase, then a linear decay to zero over the last 80% of the time budget
+# no warmup, a short stable phase, then a linear decay to zero over the last 80% of the time budget
 lr_schedule = 'wsd'
-warmup_iters = 10
+warmup_iters = 0  # against 10: 0.002-0.031 lower at step 100 in eight runs, ends within 0.006 (docs/speed.md)
 warmdown_frac = 0.8  # of 40, 60 and 80% decay, 80% reached 1.60 soonest and ended lowest
 min_lr = 0.0
 max_iters = 2000
@@ -56,9 +56,10 @@ max_time = 150  # seconds for the whole run, the final score included; the sched
 ema_decay = 0.98
 
 # a model too big for the budget on this machine trains smaller: the run times its step before the first
-# one, and where 4 layers would see fewer than 6 tokens per parameter in max_time (a CPU without fast bf16
-# steps about half as fast) it trains 3 layers, which end lower there; where 3 would too, 2 (docs/speed.md)
-min_tokens_per_param = 6
+# one, and where 4 layers would see fewer than 8 tokens per parameter in max_time (a CPU without fast bf16
+# steps about half as fast) it trains 3 layers, which end as low or lower there and reach every loss on the
+# way sooner; where 3 would too, 2 (docs/speed.md)
+min_tokens_per_param = 8
 smaller_n_layer = 3
 
 # compiling the blocks costs seconds before the first step and then makes steps faster: worth it in the
