@@ -477,7 +477,7 @@ def training_step(tcfg, device):
     torch.manual_seed(0)
     model = GPT(replace(tcfg.model, vocab_size=65)).to(device)
     dtype, _, measured, _ = pick_training_dtype(tcfg.dtype, model, tcfg.batch_size, device, tcfg.attention_path)
-    optimizers = build_optimizers(model, tcfg, device, dtype)
+    optimizers = build_optimizers(model, tcfg, dtype)
     ctx = autocast(device, dtype)
     path, _ = measured or attention_path_for(tcfg.attention_path, model, tcfg.batch_size, ctx, device)
     model.set_attention_path(path)

@@ -19,10 +19,6 @@ def is_embedding(name):
     return name.startswith(("transformer.wte.", "transformer.wpe."))
 
 
-def adamw(groups, cfg, device):
-    return AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
-
-
 class Optimizer:
     """What this project uses of torch.optim.Optimizer, without it: building a torch.optim optimizer the first
     time imports torch's compiler, about a second on a 2-core CPU before every run's first step. Parameter groups
@@ -141,7 +137,7 @@ class Muon(Optimizer):
                     p.add_(update, alpha=-lr)
 
 
-def build_optimizers(model, cfg, device, dtype="float32"):
+def build_optimizers(model, cfg, dtype="float32"):
     """AdamW over everything, or Muon over hidden matrices and AdamW over the rest; Muon orthogonalizes in
     bfloat16 when the run trains in it, else in float32.
 
@@ -157,7 +153,7 @@ def build_optimizers(model, cfg, device, dtype="float32"):
               {"params": [p for n, p in rest if p.ndim >= 2 and not is_embedding(n)],
                "weight_decay": cfg.weight_decay},
               {"params": [p for n, p in rest if p.ndim < 2], "weight_decay": 0.0}]
-    optimizers = [adamw([g for g in groups if g["params"]], cfg, device)]
+    optimizers = [AdamW([g for g in groups if g["params"]], lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))]
     if muon:
         optimizers.append(Muon(muon, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay,
                                ns_dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32))

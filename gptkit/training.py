@@ -86,7 +86,7 @@ class TrainState:
     def __init__(self, cfg, model, tokenizer, sampler, rt, measured):
         self.cfg, self.model, self.tokenizer, self.sampler = cfg, model, tokenizer, sampler
         self.measured = measured  # the precision and attention path chosen by measurement, kept for a resume
-        self.optimizers = build_optimizers(model, cfg, rt.device, rt.dtype)
+        self.optimizers = build_optimizers(model, cfg, rt.dtype)
         # only rank 0 evaluates and saves, so only it keeps the average
         self.average = WeightAverage(model, cfg.ema_decay) if cfg.ema_decay > 0 and rt.master else None
         self.scaler = torch.amp.GradScaler(rt.device.split(":")[0], enabled=rt.dtype == "float16")

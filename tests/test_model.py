@@ -316,7 +316,7 @@ def test_token_shift_mixes_each_position_with_the_one_before():
             torch.testing.assert_close(block.branch_input(x, i), want)
         torch.testing.assert_close(block.attention_input(x), block.branch_input(x, 0))
     cfg = TrainConfig(optimizer="muon", weight_decay=0.1)
-    adamw, muon = build_optimizers(model, cfg, "cpu")
+    adamw, muon = build_optimizers(model, cfg)
     shares = {id(p) for b in model.transformer.h for p in b.shares}
     assert len(shares) == 2 * BASE["n_layer"] and not shares & {id(p) for g in muon.param_groups for p in g["params"]}
     assert all(g["weight_decay"] == 0 for g in adamw.param_groups if shares & {id(p) for p in g["params"]})

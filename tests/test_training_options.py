@@ -58,7 +58,7 @@ OPTIONS = {
 def train_steps(cfg, steps=8, dtype=None):
     torch.manual_seed(0)
     model = tiny_model(cfg)
-    optimizers = build_optimizers(model, cfg, "cpu")
+    optimizers = build_optimizers(model, cfg)
     data = torch.randint(20, (cfg.batch_size, cfg.model.block_size + 1))
     losses = []
     for it in range(steps):
@@ -167,7 +167,7 @@ def test_an_eager_run_never_imports_torchs_compiler(tmp_path, data_dir):
 def test_muon_gets_only_hidden_matrices(tie):
     cfg = config(**TINY, optimizer="muon", tie_weights=tie)
     model = tiny_model(cfg)
-    adamw, muon = build_optimizers(model, cfg, "cpu")
+    adamw, muon = build_optimizers(model, cfg)
     muon_ids = {id(p) for g in muon.param_groups for p in g["params"]}
     names = {id(p): n for n, p in model.named_parameters()}
     in_muon = sorted(names[i] for i in muon_ids)
@@ -186,7 +186,7 @@ def test_muon_gets_only_hidden_matrices(tie):
 def test_adamw_decays_matrices_not_gains():
     cfg = config(**{**TINY, "bias": True})
     model = tiny_model(cfg)
-    (adamw,) = build_optimizers(model, cfg, "cpu")
+    (adamw,) = build_optimizers(model, cfg)
     for group in adamw.param_groups:
         assert all((p.ndim >= 2) == (group["weight_decay"] > 0) for p in group["params"])
 
@@ -196,7 +196,7 @@ def test_adamw_decays_matrices_not_gains():
 def test_embeddings_get_their_own_learning_rate(optimizer, embedding_lr):
     cfg = config(**TINY, optimizer=optimizer, learning_rate=1e-3, embedding_lr=embedding_lr)
     model = tiny_model(cfg)
-    adamw = build_optimizers(model, cfg, "cpu")[0]
+    adamw = build_optimizers(model, cfg)[0]
     lr_of = {id(p): g["lr"] for g in adamw.param_groups for p in g["params"]}
     assert lr_of[id(model.transformer.wte.weight)] == lr_of[id(model.transformer.wpe.weight)] == (embedding_lr or 1e-3)
     others = [lr for pid, lr in lr_of.items() if pid not in (id(model.transformer.wte.weight),
