@@ -28,7 +28,6 @@ class Optimizer:
         groups = list(params)
         if groups and not isinstance(groups[0], dict):
             groups = [{"params": groups}]
-        self.defaults = defaults
         self.param_groups = [{**defaults, **group, "params": list(group["params"])} for group in groups]
         self.state = collections.defaultdict(dict)
 
@@ -71,12 +70,12 @@ class AdamW(Optimizer):
     def step(self):
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
             for p in params:
                 if not self.state[p]:
                     self.state[p] = {"step": torch.zeros((), device=p.device), "exp_avg": torch.zeros_like(p),
                                      "exp_avg_sq": torch.zeros_like(p)}
-            if not params:
-                continue
             states = [self.state[p] for p in params]
             steps = [state["step"] for state in states]
             torch._foreach_add_(steps, 1)
