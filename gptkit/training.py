@@ -275,7 +275,8 @@ def fit_to_budget(cfg, rt, model, meta, attention_path, step_seconds=None):
     rank 0 would give each parameter fewer than min_tokens_per_param tokens in max_time, the smaller model
     (TrainConfig.smaller_shape, with smaller_muon_weight_decay if set), and where that too would, one layer fewer
     at a time down to FEWEST_FITTED_LAYERS; started as a run configured with that shape would start it, each timed
-    and trained on attention_path, the one measured on the configured model. step_seconds: the configured
+    (unless the bigger one's figure shows it has enough: seen_at_least) and trained on attention_path, the one
+    measured on the configured model. step_seconds: the configured
     model's step as the precision probe timed it on that path (rank 0's), if it did: not timed again."""
     shape = cfg.smaller_shape()
     if not (cfg.min_tokens_per_param > 0 and cfg.max_time > 0 and cfg.init_from == "scratch" and shape):
@@ -292,12 +293,15 @@ def fit_to_budget(cfg, rt, model, meta, attention_path, step_seconds=None):
     if decay >= 0 and decay != cfg.muon_weight_decay:  # the decay tuned for the smaller model goes with it
         fitted, smaller["muon_weight_decay"] = replace(fitted, muon_weight_decay=decay), decay
         configured["muon_weight_decay"] = cfg.muon_weight_decay
+    bigger, bigger_seen = model, seen
     model, too_few = fresh_model(fitted, rt, meta, attention_path), []
     while fitted.model.n_layer > FEWEST_FITTED_LAYERS:
-        seen_smaller = budget_seen_by(model, fitted, rt)
+        floor = seen_at_least(bigger, bigger_seen, model)
+        seen_smaller = floor if floor >= cfg.min_tokens_per_param else budget_seen_by(model, fitted, rt)
         if seen_smaller >= cfg.min_tokens_per_param:
             break
         too_few.append(f"n_layer={fitted.model.n_layer} {tenths(seen_smaller)}")
+        bigger, bigger_seen = model, seen_smaller
         fitted = replace(fitted, model=replace(fitted.model, n_layer=fitted.model.n_layer - 1))
         smaller["n_layer"], model = fitted.model.n_layer, fresh_model(fitted, rt, meta, attention_path)
     if rt.master:
@@ -314,6 +318,15 @@ def budget_seen_by(model, cfg, rt, step_seconds=None):
     seen = (tokens_per_parameter(model, cfg.batch_size, rt.dtype, cfg.max_time, rt.world, step_seconds)
             if rt.master else None)
     return rt.broadcast(seen)
+
+
+def seen_at_least(bigger, seen, smaller):
+    """A floor, without timing it, on the tokens per parameter the smaller model would see where the bigger one
+    sees `seen`: where it is the bigger one with fewer layers, its step runs a part of the bigger one's work and is
+    no slower, so each of its parameters sees at least seen x (the bigger one's parameters / its own); else 0."""
+    if replace(bigger.config, n_layer=smaller.config.n_layer) != smaller.config:
+        return 0.0
+    return seen * bigger.num_params() / smaller.num_params()
 
 
 def tenths(tokens_per_param):

@@ -602,6 +602,33 @@ def test_a_fallback_too_big_for_its_budget_loses_a_layer_at_a_time_down_to_two(m
     assert all(torch.equal(direct[k], v) for k, v in model.state_dict().items())
 
 
+@pytest.mark.parametrize("smaller_n_embd, timed_layers", [(0, [4]), (16, [4, 3])])
+def test_a_fallback_one_layer_short_of_a_timed_model_is_timed_only_where_its_figure_cannot_tell(
+        monkeypatch, smaller_n_embd, timed_layers):
+    """A fallback with fewer layers and nothing else changed runs a part of the bigger model's step, no slower: its
+    parameters see at least the bigger one's tokens per parameter scaled by the bigger one's parameters over its
+    own. Where that floor reaches min_tokens_per_param it trains untimed (a third of a second of the default's
+    start on a 2-core EPYC); a narrower fallback is timed."""
+    from gptkit import training
+    from gptkit.runtime import Runtime
+
+    timed = []
+    monkeypatch.setattr(training, "tokens_per_parameter", lambda model, *args: timed.append(model.config.n_layer)
+                        or 5.0)
+    cfg = config(**{**TINY, "n_layer": 4}, max_time=60, min_tokens_per_param=6, smaller_n_layer=3,
+                 smaller_n_embd=smaller_n_embd)
+    meta = {"vocab_size": 20, "tokenizer": "char"}
+    configured = training.build_model(cfg, meta)
+    fitted_cfg, model, _ = training.fit_to_budget(cfg, Runtime(device="cpu", dtype="float32"), configured, meta,
+                                                  "fused")
+    assert timed == timed_layers
+    if smaller_n_embd:  # timed at 5.0, under 6: one layer fewer again
+        assert model.config.n_layer == fitted_cfg.model.n_layer == 2
+    else:  # 4 layers' 5.0 tokens per parameter are over 6 for each of 3 layers'
+        assert model.config.n_layer == fitted_cfg.model.n_layer == 3
+        assert 5.0 * configured.num_params() / model.num_params() >= 6
+
+
 def test_the_smaller_shape_is_checked_and_fitted_only_where_a_budget_can_ask_for_it(monkeypatch):
     from gptkit import training
     from gptkit.runtime import Runtime
