@@ -28,9 +28,10 @@ def fastest_seconds(run, repeats, device="cpu"):
     return fastest_in_turns({None: run}, repeats, device)[None]
 
 
-def fastest_in_turns(runs, repeats, device="cpu", slow=math.inf):
+def fastest_in_turns(runs, repeats, device="cpu", slow=math.inf, settled=None):
     """{name: the fastest of `repeats` timings of runs[name]()}, after one untimed call of each (where one of
-    those took over `slow` seconds, one timing each will do); the runs take turns, so that a machine whose speed
+    those took over `slow` seconds, one timing each will do; where settled(the fastest so far) says that what
+    they are timed for is decided already, no more turns); the runs take turns, so that a machine whose speed
     moves while they are timed (a 2-core EPYC guest's did, by a fifth within minutes) slows each of them alike
     rather than the ones timed last."""
     if max(seconds_of(run, device) for run in runs.values()) > slow:
@@ -39,6 +40,8 @@ def fastest_in_turns(runs, repeats, device="cpu", slow=math.inf):
     for _ in range(repeats):
         for name, run in runs.items():
             best[name] = min(best[name], seconds_of(run, device))
+        if settled is not None and settled(best):
+            break
     return best
 
 
@@ -92,11 +95,12 @@ def training_step_seconds(model, batch_size, dtype, repeats=2, slow=0.25):
     return step_seconds_in_turns(model, batch_size, {dtype: None}, repeats, slow)[dtype]
 
 
-def step_seconds_in_turns(model, batch_size, paths, repeats=2, slow=0.25):
+def step_seconds_in_turns(model, batch_size, paths, repeats=2, slow=0.25, settled=None):
     """{dtype: the fastest of `repeats` timings of the model's forward and backward at the training shape in
     dtype, on attention path paths[dtype] (None: the model's own)}, the precisions taking turns after one untimed
-    call of each (one slower than `slow` seconds: one timing each), on the model's device and fixed tokens, leaving
-    its gradients, its attention path and the random generators as they were."""
+    call of each (one slower than `slow` seconds: one timing each; fewer turns where `settled` says so, as in
+    fastest_in_turns), on the model's device and fixed tokens, leaving its gradients, its attention path and the
+    random generators as they were."""
     c = model.config
     device = next(model.parameters()).device
     x = torch.randint(c.vocab_size, (batch_size, c.block_size), generator=torch.Generator().manual_seed(0))
@@ -116,7 +120,7 @@ def step_seconds_in_turns(model, batch_size, paths, repeats=2, slow=0.25):
     runs = {dtype: functools.partial(forward_backward, dtype, path) for dtype, path in paths.items()}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         try:  # the first call of each pays for kernel selection and autocast's casts
-            return fastest_in_turns(runs, repeats, str(device), slow)
+            return fastest_in_turns(runs, repeats, str(device), slow, settled)
         finally:
             model.zero_grad(set_to_none=True)
             take(was)
@@ -130,14 +134,16 @@ def tokens_per_parameter(model, batch_size, dtype, seconds, processes=1, step=No
     return seconds * processes * batch_size * model.config.block_size / step / model.num_params()
 
 
-def pick_training_dtype(name, model, batch_size, device, attention_path="auto", margin=1.15):
+def pick_training_dtype(name, model, batch_size, device, attention_path="auto", margin=1.15, doubt=1.3):
     """The training precision for this model: pick_dtype's, but for 'auto' on a CPU with bf16 instructions,
     bfloat16 only when the model's own training step runs clearly faster in it than in float32, timed here, each
     on the attention path the run would take in it (attention_path_for). A matmul probe can mislead: a small
     model's step is not bound by its matmuls, and bf16 adds casts to its elementwise work. (dtype, a line saying
     why or None, the attention path chosen for that dtype as attention_path_for gives it, or None where no step
     was timed): the run keeps that path rather than measure again and perhaps pick another; and the seconds of
-    the chosen precision's step, or None: the shape probe's first figure, which it need not time again."""
+    the chosen precision's step, or None: the shape probe's first figure, which it need not time again. Each
+    precision is timed once, and again only where bf16's speed-up falls within `doubt` of the margin either way:
+    a second timing of each took a third of a second of the default's start on a 2-core EPYC (2.0x there)."""
     if name != "auto" or device != "cpu" or not cpu_has_bf16():
         return pick_dtype(name, device), None, None, None
     matmul_speedup = bf16_matmul_speedup()
@@ -148,7 +154,12 @@ def pick_training_dtype(name, model, batch_size, device, attention_path="auto", 
     # took three times the folded path's time on a 2-core EPYC, and a step timed on it would misjudge the precision
     chosen = {dtype: attention_path_for(attention_path, model, batch_size, autocast_for(dtype), "cpu")
               for dtype in ("float32", "bfloat16")}
-    seconds = step_seconds_in_turns(model, batch_size, {dtype: path for dtype, (path, _) in chosen.items()})
+
+    def far_from_the_margin(seconds):
+        return not margin / doubt <= seconds["float32"] / seconds["bfloat16"] <= margin * doubt
+
+    seconds = step_seconds_in_turns(model, batch_size, {dtype: path for dtype, (path, _) in chosen.items()},
+                                    settled=far_from_the_margin)
     best = "bfloat16" if seconds["bfloat16"] * margin < seconds["float32"] else "float32"
     why = (f"precision: {best} (a training step, forward and backward, took {seconds['float32'] * 1e3:.0f} ms in "
            f"float32 and {seconds['bfloat16'] * 1e3:.0f} ms in bfloat16 here)")

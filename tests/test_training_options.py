@@ -340,10 +340,17 @@ def test_training_precision_is_the_faster_step_not_the_flags(monkeypatch, bf16_i
     matmuls are slower than fp32 no step is timed, and without bf16 instructions nothing is."""
     monkeypatch.setattr(probes, "cpu_has_bf16", lambda: bf16_instructions)
     monkeypatch.setattr(probes, "bf16_matmul_speedup", lambda: matmul_speedup)
-    monkeypatch.setattr(probes, "step_seconds_in_turns", lambda model, batch_size, paths: {
-        "float32": 1.0, "bfloat16": 1.0 / step_speedup})
+    asked = {}
+
+    def step_seconds_in_turns(model, batch_size, paths, settled):
+        asked["settled"] = settled
+        return {"float32": 1.0, "bfloat16": 1.0 / step_speedup}
+
+    monkeypatch.setattr(probes, "step_seconds_in_turns", step_seconds_in_turns)
     dtype, why, _, seconds = probes.pick_training_dtype("auto", tiny_model(config(**TINY)), 4, "cpu")
     assert dtype == want
+    if "settled" in asked:  # one timing of each settles it, unless bf16's speed-up is within 1.3x of the 1.15x margin
+        assert asked["settled"]({"float32": 1.0, "bfloat16": 1.0 / step_speedup}) == (step_speedup != 1.1)
     step = 1.0 if want == "float32" else 1.0 / step_speedup  # the chosen precision's step, where one was timed
     assert seconds == (None if not bf16_instructions or step_speedup is None else step)
     if not bf16_instructions:
@@ -378,7 +385,7 @@ def test_each_precision_is_timed_on_the_attention_path_it_would_train_on(monkeyp
 
     monkeypatch.setattr(probes, "attention_seconds", attention_seconds)
     timed = []
-    monkeypatch.setattr(probes, "step_seconds_in_turns", lambda model, batch_size, paths: timed.append(
+    monkeypatch.setattr(probes, "step_seconds_in_turns", lambda model, batch_size, paths, settled: timed.append(
         dict(paths)) or {"float32": 1.0, "bfloat16": 0.5})
     model = tiny_model(config(**TINY))
     dtype, _, (path, why), _ = probes.pick_training_dtype("auto", model, 4, "cpu")
@@ -423,7 +430,7 @@ def test_the_shape_probe_counts_the_budget_at_the_step_the_precision_probe_timed
 
     monkeypatch.setattr(probes, "cpu_has_bf16", lambda: True)
     monkeypatch.setattr(probes, "bf16_matmul_speedup", lambda: 2.0)
-    monkeypatch.setattr(probes, "step_seconds_in_turns", lambda model, batch_size, paths: {
+    monkeypatch.setattr(probes, "step_seconds_in_turns", lambda model, batch_size, paths, settled: {
         "float32": 1.0, "bfloat16": 0.5})
     timed = []
     monkeypatch.setattr(probes, "training_step_seconds", lambda model, *args, **kwargs: timed.append(model) or 1e-6)
@@ -492,6 +499,10 @@ def test_probes_time_their_candidates_in_turns_and_keep_each_ones_fastest(monkey
 
     assert probes.fastest_in_turns({name: lambda name=name: run(name) for name in durations}, 3) == {"a": 7, "b": 3}
     assert order == ["a", "b"] * 4
+    order.clear()  # where the first turn settles what the timings are for, the other turns are not run
+    assert probes.fastest_in_turns({name: lambda name=name: run(name) for name in durations}, 3,
+                                   settled=lambda best: best["b"] < best["a"]) == {"a": 9, "b": 5}
+    assert order == ["a", "b"] * 2
 
 
 @pytest.mark.parametrize("fastest", ["fused", "written", "folded"])
