@@ -324,7 +324,8 @@ def seen_at_least(bigger, seen, smaller):
     """A floor, without timing it, on the tokens per parameter the smaller model would see where the bigger one
     sees `seen`: where it is the bigger one with fewer layers, its step runs a part of the bigger one's work and is
     no slower, so each of its parameters sees at least seen x (the bigger one's parameters / its own); else 0."""
-    if replace(bigger.config, n_layer=smaller.config.n_layer) != smaller.config:
+    fewer_layers = smaller.config.n_layer < bigger.config.n_layer
+    if not fewer_layers or replace(bigger.config, n_layer=smaller.config.n_layer) != smaller.config:
         return 0.0
     return seen * bigger.num_params() / smaller.num_params()
 

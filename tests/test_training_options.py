@@ -638,6 +638,7 @@ def test_a_fallback_one_layer_short_of_a_timed_model_is_timed_only_where_its_fig
     else:  # 4 layers' 5.0 tokens per parameter are over 6 for each of 3 layers'
         assert model.config.n_layer == fitted_cfg.model.n_layer == 3
         assert 5.0 * configured.num_params() / model.num_params() >= 6
+        assert training.seen_at_least(model, 5.0, configured) == 0.0  # more layers: no floor
 
 
 def test_the_smaller_shape_is_checked_and_fitted_only_where_a_budget_can_ask_for_it(monkeypatch):
