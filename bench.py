@@ -32,7 +32,7 @@ import torch
 from gptkit.config import check_seed, parse_config, pick_subcommand, require
 from gptkit.decoding import generate_stream, lay_out_for_decoding
 from gptkit.errors import UserError, run_main
-from gptkit.flops import flops_per_token
+from gptkit.flops import flops_per_token, peak_flops
 from gptkit.metrics import read_metrics
 from gptkit.probes import (attention_path_for, matmul_peak, pick_decode_dtype, pick_decode_threads,
                            pick_training_dtype, synchronize)
@@ -455,6 +455,7 @@ class ThroughputBenchConfig:
     n_embd: int = 384  # width
     block_size: int = 256  # context length
     batch_size: int = 64  # sequences per step (nanoGPT: 64 x 256 = 16,384 tokens)
+    vocab_size: int = 65  # the random tokens' vocabulary: tinyshakespeare's characters, or GPT-2's 50304
     steps: int = 10  # timed optimizer steps of each, shared among the rounds
     rounds: int = 5  # rounds of each candidate and of the matmul peak, alternating; the median round counts
     warmup: int = 2  # untimed steps first (compilation happens here)
@@ -462,20 +463,20 @@ class ThroughputBenchConfig:
     compiled: bool = True  # also time the config's settings compiled, when the config itself runs eagerly
 
     def __post_init__(self):
-        require(self, ["n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps", "rounds"],
+        require(self, ["n_layer", "n_head", "n_embd", "block_size", "batch_size", "vocab_size", "steps", "rounds"],
                 lambda v: v >= 1, "at least 1")
         require(self, ["warmup"], lambda v: v >= 0, "at least 0")
         check_device_name(self.device)
         GPTConfig(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd, block_size=self.block_size)
 
 
-def training_step(tcfg, device):
+def training_step(tcfg, device, vocab_size=65):
     """One optimizer step of tcfg's model, optimizer, precision and attention path (chosen as train.py chooses
     them) on random tokens, as a function; and the model, the precision and the attention path taken."""
     from gptkit.optim import build_optimizers
 
     torch.manual_seed(0)
-    model = GPT(replace(tcfg.model, vocab_size=65)).to(device)
+    model = GPT(replace(tcfg.model, vocab_size=vocab_size)).to(device)
     dtype, _, measured, _ = pick_training_dtype(tcfg.dtype, model, tcfg.batch_size, device, tcfg.attention_path)
     optimizers = build_optimizers(model, tcfg, dtype)
     ctx = autocast(device, dtype)
@@ -483,7 +484,7 @@ def training_step(tcfg, device):
     model.set_attention_path(path)
     if tcfg.compile:
         compile_blocks(model)
-    x = torch.randint(65, (tcfg.batch_size, tcfg.model.block_size), device=device)
+    x = torch.randint(vocab_size, (tcfg.batch_size, tcfg.model.block_size), device=device)
 
     def step():
         with ctx:
@@ -514,6 +515,8 @@ def bench_throughput(argv):
     cfg = parse_config(ThroughputBenchConfig, argv, prog="bench.py throughput")
     device = pick_device(cfg.device)
     keep_freed_memory()  # as train.py does
+    if device.startswith("cuda"):  # as train.py's Runtime does: fp32 matmuls on TF32 tensor cores
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     shape = [f"--{k}={getattr(cfg, k)}" for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size")]
     baseline = [*shape, "--dtype=float32", "--dropout=0.0", "--attention_path=fused"]  # as nanoGPT runs
     candidates = {"fp32 AdamW GPT-2": parse_config(TrainConfig, baseline),
@@ -523,7 +526,7 @@ def bench_throughput(argv):
     print(f"machine: {device_name(device)}, torch {torch.__version__}", flush=True)
     taken = {}
     for name, tcfg in candidates.items():
-        step, model, dtype, path = training_step(tcfg, device)
+        step, model, dtype, path = training_step(tcfg, device, cfg.vocab_size)
         for _ in range(cfg.warmup):
             step()
         taken[name] = step, flops_per_token(model, tcfg.model.block_size), dtype, path
@@ -536,10 +539,16 @@ def bench_throughput(argv):
         print(f"{name:<36} {dtype:>9} {candidates[name].optimizer:>6} compile={candidates[name].compile!s:<5} "
               f"attention={path:<7} {rates[name]:8,.0f} tokens/s {rates[name] * token_flops / 1e9:7.1f} GFLOP/s = "
               f"{100 * share:3.0f}% of the {dtype} matmul peak measured here (median round; peaks "
-              f"{peaks[0]:.0f}-{peaks[-1]:.0f} GFLOP/s)")
+              f"{peaks[0]:.0f}-{peaks[-1]:.0f} GFLOP/s){datasheet_mfu(rates[name] * token_flops, device, dtype)}")
     base, *others = rates
     for name in others:
         print(f"throughput ratio, {name}: {rates[name] / rates[base]:.2f}x")
+
+
+def datasheet_mfu(flops, device, dtype):
+    """', N% MFU' against the device's datasheet peak for dtype (TF32's for float32), or '' where none is known."""
+    peak = peak_flops(device, dtype)
+    return f", {100 * flops / peak:.1f}% MFU of the datasheet's {peak / 1e12:.0f} TFLOP/s" if peak else ""
 
 
 def timed_rounds(taken, cfg, device):

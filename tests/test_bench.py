@@ -5,6 +5,7 @@ import os
 import re
 
 import pytest
+import torch
 
 import bench
 
@@ -22,6 +23,25 @@ def test_throughput_times_the_baseline_and_the_config_in_alternating_rounds(caps
     assert baseline is not config and timed == [(baseline, 2), (config, 2)] * 3  # the candidates take turns
     assert re.search(r"throughput ratio, config/shakespeare_char.py: \d+\.\d+x", out)
     assert re.search(r"GFLOP/s = +\d+% of the float32 matmul peak measured here", out)
+
+
+def test_throughput_times_the_vocabulary_asked_for(monkeypatch, capsys):
+    """GPT-2's shape is timed with its 50,304-token head: its largest matmul and the loss it feeds."""
+    heads = []
+    monkeypatch.setattr(bench, "flops_per_token", lambda model, seq_len: heads.append(model.lm_head.out_features)
+                        or 1.0)
+    bench.main(["throughput", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=2",
+                "--vocab_size=97", "--steps=1", "--rounds=1", "--warmup=0", "--compiled=False"])
+    assert heads == [97, 97]  # the baseline and the config alike
+
+
+def test_the_datasheet_mfu_is_added_only_where_the_device_has_a_known_peak(monkeypatch):
+    assert bench.datasheet_mfu(1e12, "cpu", "bfloat16") == ""  # a CPU's peak is measured, never looked up
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H200")
+    assert bench.datasheet_mfu(494.5e12, "cuda", "bfloat16") == ", 50.0% MFU of the datasheet's 989 TFLOP/s"
+    assert bench.datasheet_mfu(247.25e12, "cuda", "float32") == ", 50.0% MFU of the datasheet's 494 TFLOP/s"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Some Future GPU")
+    assert bench.datasheet_mfu(1e12, "cuda", "bfloat16") == ""
 
 
 def test_dropout_bench_times_both_rates_and_states_the_share_of_the_steps(tmp_path, capsys):
