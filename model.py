@@ -352,6 +352,15 @@ class Block(nn.Module):
         return x
 
 
+class TokenLoss(nn.Module):
+    """The mean cross-entropy of logits against targets (-1: not scored), in float32. A module of its own so
+    that it can be compiled alone (runtime.compile_blocks): compiled on a GPU, the float32 copy of a large
+    vocabulary's logits never reaches memory."""
+
+    def forward(self, logits, targets):
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+
+
 class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -368,6 +377,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.transformer.wte.weight = self.lm_head.weight
+        self.token_loss = TokenLoss()
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
@@ -419,8 +429,7 @@ class GPT(nn.Module):
         logits = self.head(x)
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        return logits, self.token_loss(logits, targets)
 
     def head(self, x):
         """Logits from the final-normed residual stream (soft-capped when logit_softcap is set)."""

@@ -71,15 +71,20 @@ def allow_eager_fallback():
 
 
 def compile_blocks(model):
-    """Compile each transformer block in place, a block that cannot be compiled running eagerly. The blocks
-    share one graph, so this compiles in about half the time of the whole model, and the steps come out
-    faster too; parameter names stay those of the plain model."""
+    """Compile each transformer block in place, a block that cannot be compiled running eagerly, and on a GPU
+    the loss too. The blocks share one graph, so this compiles in about half the time of the whole model, and
+    the steps come out faster too; parameter names stay those of the plain model."""
     allow_eager_fallback()
     # dropout's window offset is a number drawn inside each block: captured, it stays in the block's graph, where
     # a break at every dropout made a compiled step with dropout 0.1 cost 11% more rather than 5-6% (bench.py dropout)
     torch._dynamo.config.capture_scalar_outputs = True
     for block in model.transformer.h:
         block.compile()
+    # on a GPU the loss over GPT-2's 50,304 tokens is memory-bound: compiled, GPT-2's step ran 1.23x faster on an
+    # H200 (docs/speed.md). Eager on a CPU: the presets' loss over 65 characters is a sliver of their step, and a
+    # compile there would come out of their time budgets, unmeasured
+    if next(model.parameters()).is_cuda:
+        model.token_loss.compile()
 
 
 def launched_rank():
