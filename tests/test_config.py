@@ -246,3 +246,8 @@ def test_the_longer_presets_build_on_the_default():
     assert "base = 'shakespeare_char_5min.py'" in texts["shakespeare_char_10min.py"]
     ten = parse_config(TrainConfig, [str(REPO / "config/shakespeare_char_10min.py")])
     assert (ten.model.n_embd, ten.compile, ten.model.pos_emb, ten.max_time) == (192, True, "rope", 600)
+    assert "base = 'shakespeare_char.py'" in texts["shakespeare_char_gpu_30s.py"]
+    gpu = parse_config(TrainConfig, [str(REPO / "config/shakespeare_char_gpu_30s.py")])
+    assert (gpu.model.n_layer, gpu.model.n_embd, gpu.model.block_size, gpu.batch_size) == (6, 384, 256, 64)
+    assert (gpu.optimizer, gpu.model.token_shift, gpu.compile, gpu.min_tokens_per_param, gpu.max_time) == \
+        ("muon", True, False, 0, 30)
