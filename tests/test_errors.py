@@ -196,8 +196,8 @@ OUT_OF_RANGE = {
                                            "batch_size", "repeats"], [0]), "n_layer": [-1],
                           **dict.fromkeys(["warmup_tokens", "temperature", "threads"], [-1]), "seed": [-1, 2 ** 31]},
     "TrainBenchConfig": {},
-    "ThroughputBenchConfig": {**dict.fromkeys(["n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps",
-                                               "rounds"], [0]), "warmup": [-1]},
+    "ThroughputBenchConfig": {**dict.fromkeys(["n_layer", "n_head", "n_embd", "block_size", "batch_size", "vocab_size",
+                                               "steps", "rounds"], [0]), "warmup": [-1]},
     "PrepareBenchConfig": {"size_gb": [0, 10_001], "workers": [-1, 513], "train_iters": [-1], "val_fraction": [0, 1]},
 }
 
