@@ -25,7 +25,7 @@ def test_throughput_times_the_baseline_and_the_config_in_alternating_rounds(caps
     assert re.search(r"GFLOP/s = +\d+% of the float32 matmul peak measured here", out)
 
 
-def test_throughput_times_the_vocabulary_asked_for(monkeypatch, capsys):
+def test_throughput_times_the_vocabulary_asked_for(monkeypatch):
     """GPT-2's shape is timed with its 50,304-token head: its largest matmul and the loss it feeds."""
     heads = []
     monkeypatch.setattr(bench, "flops_per_token", lambda model, seq_len: heads.append(model.lm_head.out_features)
