@@ -36,7 +36,8 @@ from gptkit.flops import flops_per_token, peak_flops
 from gptkit.metrics import read_metrics
 from gptkit.probes import (attention_path_for, matmul_peak, pick_decode_dtype, pick_decode_threads,
                            pick_training_dtype, synchronize)
-from gptkit.runtime import DTYPES, autocast, check_device_name, compile_blocks, keep_freed_memory, pick_device
+from gptkit.runtime import (DTYPES, allow_tf32, autocast, check_device_name, compile_blocks, keep_freed_memory,
+                            pick_device)
 from gptkit.train_config import TrainConfig
 from model import GPT, GPTConfig
 
@@ -515,8 +516,7 @@ def bench_throughput(argv):
     cfg = parse_config(ThroughputBenchConfig, argv, prog="bench.py throughput")
     device = pick_device(cfg.device)
     keep_freed_memory()  # as train.py does
-    if device.startswith("cuda"):  # as train.py's Runtime does: fp32 matmuls on TF32 tensor cores
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    allow_tf32(device)  # as train.py's Runtime does
     shape = [f"--{k}={getattr(cfg, k)}" for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size")]
     baseline = [*shape, "--dtype=float32", "--dropout=0.0", "--attention_path=fused"]  # as nanoGPT runs
     candidates = {"fp32 AdamW GPT-2": parse_config(TrainConfig, baseline),

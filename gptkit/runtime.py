@@ -59,6 +59,13 @@ def pick_device(name):
     return name
 
 
+def allow_tf32(device):
+    """On a CUDA device, float32 matmuls and convolutions run on the TF32 tensor cores (process-wide)."""
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
 def autocast(device, dtype):
     """probes.autocast_for on a device named as the runtime names it ('cuda:1', 'cpu')."""
     return autocast_for(dtype, device.split(":")[0])
@@ -198,9 +205,7 @@ class Runtime:
                 raise UserError(f"backend nccl needs CUDA GPUs and a torch built with NCCL (device here: {device}); "
                                 "use --backend=gloo, or auto")
             dist.init_process_group(backend=backend)
-        if device.startswith("cuda"):
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+        allow_tf32(device)
         self.device = device
         self.set_dtype(self.broadcast(pick_dtype(dtype, device)))  # rank 0's measurement for all
 
