@@ -276,8 +276,8 @@ def fit_to_budget(cfg, rt, model, meta, attention_path, step_seconds=None):
     (TrainConfig.smaller_shape, with smaller_muon_weight_decay if set), and where that too would, one layer fewer
     at a time down to FEWEST_FITTED_LAYERS; started as a run configured with that shape would start it, each timed
     (unless the bigger one's figure shows it has enough: seen_at_least) and trained on attention_path, the one
-    measured on the configured model. step_seconds: the configured
-    model's step as the precision probe timed it on that path (rank 0's), if it did: not timed again."""
+    measured on the configured model. step_seconds: the configured model's step as the precision probe timed it
+    on that path (rank 0's), if it did: not timed again."""
     shape = cfg.smaller_shape()
     if not (cfg.min_tokens_per_param > 0 and cfg.max_time > 0 and cfg.init_from == "scratch" and shape):
         return cfg, model, None  # no budget to fit, nothing smaller to fit into, or a shape not ours to change
