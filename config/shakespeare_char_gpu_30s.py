@@ -8,7 +8,7 @@ base = 'shakespeare_char.py'
 
 out_dir = 'out-gpu-30s'
 wandb_run_name = 'gpu-30s'
-eval_interval = 100  # each evaluation with its checkpoint writes took about 0.7 s there, as long as 25 steps
+eval_interval = 100  # each evaluation with its checkpoint writes took about 0.7 s on the H200, as long as 25 steps
 eval_iters = 20
 log_interval = 50
 
@@ -24,6 +24,6 @@ max_iters = 100000  # out of reach: the clock ends the run
 max_time = 30  # seconds for the whole run: start-up and the final whole-split score included
 min_tokens_per_param = 0  # the configured shape, untimed: a GPU has time for it
 
-# eager: from a cold cache, compiling took longer than the whole budget (one step in 32 s there); eager
-# steps take about twice as long (25-35 ms against 17 ms), and the run needs only 300-400 of them
+# eager: from a cold cache, compiling took longer than the whole budget (one step in 32 s on the H200); eager
+# steps took about twice as long there (25-35 ms against 17 ms), and the run needs only 300-400 of them
 compile = False
