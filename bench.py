@@ -34,7 +34,7 @@ from gptkit.decoding import generate_stream, lay_out_for_decoding
 from gptkit.errors import UserError, run_main
 from gptkit.flops import flops_per_token, peak_flops
 from gptkit.metrics import read_metrics
-from gptkit.probes import (attention_path_for, matmul_peak, pick_decode_dtype, pick_decode_threads,
+from gptkit.timing import (attention_path_for, matmul_peak, pick_decode_dtype, pick_decode_threads,
                            pick_training_dtype, synchronize)
 from gptkit.runtime import (DTYPES, allow_tf32, autocast, check_device_name, compile_blocks, keep_freed_memory,
                             pick_device)

@@ -22,7 +22,7 @@ from gptkit.config import given_values, make
 from gptkit.errors import RunStopped, UserError, run_main
 from gptkit.flops import flops_per_token, peak_flops
 from gptkit.metrics import PROCESS_START, RunLog
-from gptkit.optim import lr_multiplier, set_lr
+from gptkit.optim import lr_factor_at, set_lr
 from gptkit.resume import claim_for_a_new_run, continued_config
 from gptkit.rundir import RunDir
 from gptkit.runtime import Runtime, launch_processes, launched_rank, trains_here
@@ -37,18 +37,18 @@ def train(cfg, rt, data, state, log, run, budget, stop):
     best.pt is written only when val loss improves; latest.pt at evaluations, at the end and on a stop signal."""
     model = rt.wrap(state.model)  # DDP when there are several processes
     accum = micro_steps_per_process(cfg.gradient_accumulation_steps, rt.world)
-    meter = Meter(cfg, rt, data, state, log, accum)
+    report = Reporter(cfg, rt, data, state, log, accum)
     if state.iter_num == 0:
         stop.doing = "evaluating before the first step (nothing was saved)"
-        losses = meter.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state, budget))
+        losses = report.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state, budget))
         stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
     x, y = data.sampler.next()
     done, tuner = finished(cfg, rt, state, budget), thread_tuner(cfg, rt)
     with stop.deferred():
         while not done:
             step_start = time.perf_counter()
-            lr_scale = lr_multiplier(cfg, state.iter_num, budget.progress())
-            set_lr(state.optimizers, lr_scale)
+            lr_factor = lr_factor_at(cfg, state.iter_num, budget.progress())
+            set_lr(state.optimizers, lr_factor)
             loss = torch.zeros((), device=rt.device)
             for micro in range(accum):
                 with rt.no_sync(model, sync=micro == accum - 1):
@@ -59,8 +59,8 @@ def train(cfg, rt, data, state, log, run, budget, stop):
                     state.scaler.scale(micro_loss).backward()
                 loss += micro_loss.detach()
             step_optimizers(state, cfg.grad_clip)
-            if state.average is not None:
-                state.average.update(lr_scale)
+            if state.ema is not None:
+                state.ema.update(lr_factor)
             state.iter_num += 1
             state.seconds_spent = budget.spent()
             if tuner and (line := tuner.after_step(time.perf_counter() - step_start, state.iter_num)):
@@ -68,11 +68,11 @@ def train(cfg, rt, data, state, log, run, budget, stop):
             if state.iter_num % cfg.log_interval == 0:
                 mean_loss = rt.mean(loss.item())  # the step's loss reaches the host here, and only here
                 stop_if_diverged("loss", mean_loss, state.iter_num, rt.dtype)
-                meter.trained(state.iter_num, mean_loss, lr_scale * cfg.learning_rate)
+                report.trained(state.iter_num, mean_loss, lr_factor)
             done = finished(cfg, rt, state, budget)
             saved = False
             if state.iter_num % cfg.eval_interval == 0 or done:
-                losses = meter.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state, budget))
+                losses = report.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state, budget))
                 stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
                 improved = losses["val"] < state.best_val_loss
                 if improved:  # the only place the best weights change: stopping a run never touches them
@@ -89,7 +89,7 @@ def train(cfg, rt, data, state, log, run, budget, stop):
                 raise RunStopped(f"stopped by {signal.Signals(signum).name} at iteration {state.iter_num}; latest "
                                  f"state saved to {run.latest}, continue with --init_from=auto", signum)
     stop.doing = f"scoring the whole val split at the end (the trained state is saved in {run.latest})"
-    meter.final(state.iter_num, rt.broadcast(final_evaluation(cfg, data, state, rt) if rt.master else None))
+    report.final(state.iter_num, rt.broadcast(final_evaluation(cfg, data, state, rt) if rt.master else None))
 
 
 def finished(cfg, rt, state, budget):
@@ -145,12 +145,14 @@ def stop_if_diverged(what, value, iteration, dtype):
                         f"kept (try a lower learning_rate or {remedy})")
 
 
-class Meter:
+class Reporter:
     """What a run reports: a console line per log_interval (loss, ms/iter, tokens/s, MFU) and per
     evaluation, the same numbers in metrics.jsonl (and wandb); printed and written by rank 0 only."""
 
     def __init__(self, cfg, rt, data, state, log, accum):
         self.rt, self.log = rt, log
+        # each optimizer's peak rate, named for it: Muon's is another scale entirely than AdamW's
+        self.peak_lrs = {"adamw_lr": cfg.learning_rate, **({"muon_lr": cfg.muon_lr} if cfg.optimizer == "muon" else {})}
         self.tokens_per_iter = accum * rt.world * cfg.batch_size * data.block_size
         token_flops = flops_per_token(state.model, data.block_size)
         self.flops_per_iter = token_flops * self.tokens_per_iter
@@ -164,15 +166,17 @@ class Meter:
                        "processes": rt.world, "params": params, "tokens_per_iter": self.tokens_per_iter,
                        "flops_per_token": token_flops})
 
-    def trained(self, iter_num, loss, lr):
-        """Report a step's loss (its mean over all processes)."""
+    def trained(self, iter_num, loss, lr_factor):
+        """Report a step's loss (its mean over all processes) and each optimizer's learning rate."""
         dt = (time.time() - self.window_start) / max(1, iter_num - self.window_iter)
         self.window_start, self.window_iter = time.time(), iter_num
         if self.rt.master:
             mfu = f", mfu {100 * self.flops_per_iter / dt / self.peak:.1f}%" if self.peak else ""
-            print(f"iter {iter_num}: loss {loss:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
+            lrs = {name: peak * lr_factor for name, peak in self.peak_lrs.items()}
+            shown = "".join(f", {name.replace('_', ' ')} {lr:.2e}" for name, lr in lrs.items())
+            print(f"iter {iter_num}: loss {loss:.4f}{shown}, {dt * 1000:.1f} ms/iter, "
                   f"{self.tokens_per_iter / dt:,.0f} tok/s{mfu}", flush=True)
-            self.log.write({"kind": "train", "iter": iter_num, "loss": loss, "lr": lr,
+            self.log.write({"kind": "train", "iter": iter_num, "loss": loss, **lrs,
                             "tokens": iter_num * self.tokens_per_iter})
 
     def evaluated(self, iter_num, losses):
@@ -216,7 +220,7 @@ def main(argv=None):
                 if cfg.eval_only:
                     stop.doing = "evaluating (eval_only: nothing is written but this evaluation's record)"
                     losses = evaluate_on_rank0(rt, data, state)
-                    Meter(cfg, rt, data, state, log, 1).evaluated(state.iter_num, losses)
+                    Reporter(cfg, rt, data, state, log, 1).evaluated(state.iter_num, losses)
                     stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
                 else:
                     train(cfg, rt, data, state, log, run, time_budget(cfg, data, state, started), stop)

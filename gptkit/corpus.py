@@ -5,7 +5,7 @@ Turn a corpus into a dataset: its documents tokenized on every core into the tra
 Memory stays bounded whatever the corpus size: documents are read in pieces, a few batches are in flight, and
 tokens go straight to disk (uint16 when the vocabulary fits, uint32 otherwise). A prepare saves where it is as
 it goes; stopped in any way (Ctrl-C, SIGTERM, SIGKILL), the same command continues from there, and the dataset
-readers find is replaced only once the new one is whole (see gptkit/versions.py).
+readers find is replaced only once the new one is whole (see gptkit/dataset_folder.py).
 
 Splits: a corpus of text files only is cut by position, the last val_fraction of its tokens in val (as nanoGPT,
 so tinyshakespeare's split is byte for byte the one it always was). A corpus with records (JSON Lines, Parquet)
@@ -30,7 +30,7 @@ from gptkit.shards import ShardWriter, sha256_of, tokenized
 from gptkit.signals import StopSignals
 from gptkit.sources import Reader, Tally, kind_of, read_record, shown, source_files
 from gptkit.tokenizer import make_tokenizer
-from gptkit.versions import check_room, commit, dataset_lock, remove_leftovers, sync, work_folder
+from gptkit.dataset_folder import check_room, commit, dataset_lock, remove_leftovers, sync, work_folder
 
 PROJECT_DATA = Path(__file__).resolve().parent.parent / "data"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"

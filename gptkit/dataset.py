@@ -11,7 +11,7 @@ import torch
 from gptkit.corpus import TOKEN_DTYPES, data_root, meta_checksum
 from gptkit.errors import UserError, first_line
 from gptkit.tokenizer import tokenizer_from_meta
-from gptkit.versions import DATASET_FILE
+from gptkit.dataset_folder import DATASET_FILE
 
 
 def load_meta(data_dir, dataset):

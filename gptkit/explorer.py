@@ -26,7 +26,7 @@ from gptkit.decoding import StopFilter, decode_steps, lay_out_for_decoding, shap
 from gptkit.errors import UserError
 from gptkit.inspection import attention_maps, logit_lens, read_out, residual_streams, surprise_bits, token_label
 from gptkit.metrics import read_metrics, wall_clock
-from gptkit.probes import pick_decode_dtype, pick_decode_threads
+from gptkit.timing import pick_decode_dtype, pick_decode_threads
 from gptkit.rundir import RunDir, load_model
 from gptkit.runtime import DTYPES
 from gptkit.tokenizer import describe_vocabulary

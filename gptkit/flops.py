@@ -23,7 +23,7 @@ GPU_PEAKS = {"H200": 989e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 312e12
 
 def peak_flops(device, dtype):
     """The device's dense peak FLOP/s for dtype, or None where it is not known (every CPU: their peak is
-    measured instead, by probes.matmul_peak)."""
+    measured instead, by timing.matmul_peak)."""
     if not device.startswith("cuda"):
         return None
     name = torch.cuda.get_device_name(device)

@@ -75,7 +75,7 @@ def append_line(path, line):
 
 # the fields each kind of record must have, all numbers; other kinds are passed over
 RECORD_FIELDS = {"train": ("iter", "loss"), "eval": ("iter", "val_loss")}
-NUMBER_FIELDS = ("loss", "lr", "tokens", "train_loss", "val_loss", "elapsed_s")
+NUMBER_FIELDS = ("loss", "adamw_lr", "muon_lr", "lr", "tokens", "train_loss", "val_loss", "elapsed_s")
 
 
 def read_metrics(out_dir):

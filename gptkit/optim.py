@@ -1,4 +1,4 @@
-"""Optimizers (AdamW, or Muon for hidden matrices plus AdamW), the learning-rate schedule, and the average of
+"""Optimizers (AdamW, or Muon for hidden matrices plus AdamW), the learning-rate schedule, and the EMA of
 the weights that evaluations score."""
 
 import collections
@@ -162,7 +162,7 @@ def build_optimizers(model, cfg, dtype="float32"):
     return optimizers
 
 
-def lr_multiplier(cfg, iter_num, time_progress=0.0):
+def lr_factor_at(cfg, iter_num, time_progress=0.0):
     """Fraction of the peak learning rate for this step; never divides by zero.
 
     Warmup counts optimizer steps. With a time budget (max_time) the decay follows whichever is further
@@ -189,14 +189,15 @@ def lr_multiplier(cfg, iter_num, time_progress=0.0):
     return floor + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (1.0 - floor)
 
 
-def set_lr(optimizers, multiplier):
+def set_lr(optimizers, lr_factor):
     for opt in optimizers:
         for group in opt.param_groups:
-            group["lr"] = group["base_lr"] * multiplier
+            group["lr"] = group["base_lr"] * lr_factor
 
 
-class WeightAverage:
-    """A moving average of a model's parameters: what evaluations score and checkpoints keep as the model.
+class EMA:
+    """The exponential moving average (EMA) of a model's parameters: what evaluations score and checkpoints keep
+    as the model.
 
     Each step moves it 1 - decay * (1 - lr) of the way to the weights, lr being the step's fraction of the peak
     learning rate. At the peak it is the weights themselves (an average of a model still learning fast lags
@@ -206,23 +207,23 @@ class WeightAverage:
     def __init__(self, model, decay):
         self.model, self.decay = model, decay
         self.params = list(model.parameters())
-        self.average = [p.detach().clone() for p in self.params]
+        self.values = [p.detach().clone() for p in self.params]
 
     @torch.no_grad()
-    def update(self, lr_fraction):
-        torch._foreach_lerp_(self.average, self.params, 1 - self.decay * (1 - min(1.0, lr_fraction)))
+    def update(self, lr_factor):
+        torch._foreach_lerp_(self.values, self.params, 1 - self.decay * (1 - min(1.0, lr_factor)))
 
     def state_dict(self):
-        """The model's state dict with the average in place of its parameters (under every name a tied one has)."""
-        averages = {id(p): a for p, a in zip(self.params, self.average)}
+        """The model's state dict with the EMA in place of its parameters (under every name a tied one has)."""
+        averages = {id(p): a for p, a in zip(self.params, self.values)}
         return {name: averages.get(id(t), t).detach() for name, t in self.model.state_dict(keep_vars=True).items()}
 
     @contextmanager
     def swapped_in(self):
-        """The model holds the average inside the block and its own weights again after it."""
+        """The model holds the EMA inside the block and its own weights again after it."""
         trained = [p.detach().clone() for p in self.params]
         with torch.no_grad():
-            for p, a in zip(self.params, self.average):
+            for p, a in zip(self.params, self.values):
                 p.copy_(a)
         try:
             yield

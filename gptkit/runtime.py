@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gptkit.errors import UserError
-from gptkit.probes import autocast_for, pick_dtype
+from gptkit.timing import autocast_for, pick_dtype
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -67,7 +67,7 @@ def allow_tf32(device):
 
 
 def autocast(device, dtype):
-    """probes.autocast_for on a device named as the runtime names it ('cuda:1', 'cpu')."""
+    """timing.autocast_for on a device named as the runtime names it ('cuda:1', 'cpu')."""
     return autocast_for(dtype, device.split(":")[0])
 
 

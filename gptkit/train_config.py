@@ -55,7 +55,7 @@ class TrainConfig:
     muon_lr: float = 0.02  # Muon learning rate for hidden matrices
     muon_momentum: float = 0.95  # Muon momentum
     muon_weight_decay: float = 0.0  # Muon weight decay
-    ema_decay: float = 0.0  # >0: evaluations and checkpoints use a moving average of the weights (optim.WeightAverage)
+    ema_decay: float = 0.0  # >0: evaluations and checkpoints use a moving average of the weights (optim.EMA)
     # learning-rate schedule
     decay_lr: bool = True  # False keeps learning_rate constant (no warmup either, as nanoGPT)
     lr_schedule: Literal["cosine", "wsd"] = "cosine"  # nanoGPT's cosine, or warmup-stable-decay (linear)

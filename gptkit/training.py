@@ -15,8 +15,8 @@ from gptkit.checkpoint import load_weights, model_from_checkpoint, save_checkpoi
 from gptkit.dataset import TrainingData, load_meta
 from gptkit.errors import UserError
 from gptkit.hf_interop import load_pretrained
-from gptkit.optim import WeightAverage, build_optimizers
-from gptkit.probes import ThreadTuner, attention_path_for, pick_training_dtype, tokens_per_parameter
+from gptkit.optim import EMA, build_optimizers
+from gptkit.timing import ThreadTuner, attention_path_for, pick_training_dtype, tokens_per_parameter
 from gptkit.runtime import compile_blocks
 from gptkit.tokenizer import describe_vocabulary, same_token_ids
 from model import GPT
@@ -80,15 +80,15 @@ def set_rng_state(state, sampler):
 class TrainState:
     """What a checkpoint saves and restores: the model, its optimizers and gradient scaler, the tokenizer,
     the loop's counters, and every process's random generators, the data sampler's included. With ema_decay,
-    the average of the weights is what evaluations score and what checkpoints keep as the model; latest.pt
+    the EMA of the weights is what evaluations score and what checkpoints keep as the model; latest.pt
     also keeps the weights themselves, which training goes on from."""
 
     def __init__(self, cfg, model, tokenizer, sampler, rt, measured):
         self.cfg, self.model, self.tokenizer, self.sampler = cfg, model, tokenizer, sampler
         self.measured = measured  # the precision and attention path chosen by measurement, kept for a resume
         self.optimizers = build_optimizers(model, cfg, rt.dtype)
-        # only rank 0 evaluates and saves, so only it keeps the average
-        self.average = WeightAverage(model, cfg.ema_decay) if cfg.ema_decay > 0 and rt.master else None
+        # only rank 0 evaluates and saves, so only it keeps the EMA
+        self.ema = EMA(model, cfg.ema_decay) if cfg.ema_decay > 0 and rt.master else None
         self.scaler = torch.amp.GradScaler(rt.device.split(":")[0], enabled=rt.dtype == "float16")
         self.iter_num = 0  # optimizer steps taken
         self.best_val_loss = math.inf
@@ -100,7 +100,7 @@ class TrainState:
         call this (each one's RNG state goes in)."""
         rng = rt.gather(rng_state(self.sampler))
         if rt.master:
-            trained = {} if self.average is None else {"trained": self.model.state_dict()}
+            trained = {} if self.ema is None else {"trained": self.model.state_dict()}
             save_checkpoint({
                 "model": self.scored_weights(),
                 **trained,
@@ -125,11 +125,11 @@ class TrainState:
                              "iter_num": self.iter_num, "val_loss": self.best_val_loss}, run.best)
 
     def scored_weights(self):
-        return self.model.state_dict() if self.average is None else self.average.state_dict()
+        return self.model.state_dict() if self.ema is None else self.ema.state_dict()
 
     def scored(self):
         """Inside this block the model holds the weights evaluations score."""
-        return nullcontext() if self.average is None else self.average.swapped_in()
+        return nullcontext() if self.ema is None else self.ema.swapped_in()
 
     def restore(self, ckpt, path, rt):
         """Continue from ckpt, read from path (its model weights are already loaded). The optimizers keep this
@@ -146,7 +146,7 @@ class TrainState:
             for group, own in zip(opt.param_groups, settings):
                 group.update(own)
         self.scaler.load_state_dict(ckpt["scaler"])
-        if "trained" in ckpt:  # the model holds the checkpoint's average (this run's, if it keeps one)
+        if "trained" in ckpt:  # the model holds the checkpoint's EMA (this run's, if it keeps one)
             load_weights(self.model, ckpt["trained"], path, "trained weights")
         self.iter_num, self.best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
         self.seconds_spent = seconds_spent(ckpt)
@@ -233,7 +233,7 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
     if model.config.vocab_size < meta["vocab_size"]:
         raise UserError(f"dataset vocabulary ({meta['vocab_size']}) is larger than the model's "
                         f"({model.config.vocab_size})")
-    # the data before the probes: a missing or damaged shard is one line at once, not after seconds (for a big
+    # the data before the timings: a missing or damaged shard is one line at once, not after seconds (for a big
     # model on a CPU with bf16, minutes) of timing steps; fitting the budget changes neither the context nor the batch
     data = TrainingData(folder, meta, model.config.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed + rt.rank,
                         rt.device, cfg.batch_order)

@@ -44,9 +44,9 @@ def test_train_writes_checkpoint_and_metrics(trained_run, data_dir):
     evals = [r for r in records if r["kind"] == "eval"]
     assert [r["iter"] for r in train] == [5, 10, 15, 20, 25, 30]
     for r in train:
-        assert {"kind", "iter", "loss", "lr", "tokens", "elapsed_s"} <= r.keys()
+        assert {"kind", "iter", "loss", "adamw_lr", "tokens", "elapsed_s"} <= r.keys()
         assert r["tokens"] == r["iter"] * 8 * 32
-        assert 0 < r["lr"] <= 3e-3 and r["loss"] > 0
+        assert 0 < r["adamw_lr"] <= 3e-3 and r["loss"] > 0
     assert [r["iter"] for r in evals] == [0, 10, 20, 30]
     final = records[-1]  # the whole val split, every target scored once
     assert final["kind"] == "final" and final["iter"] == 30 and final["val_loss"] > 0

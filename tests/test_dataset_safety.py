@@ -13,7 +13,7 @@ import torch
 
 from conftest import REPO, assert_one_error_line, check_ok, make_text, run_script
 from gptkit.corpus import PrepareConfig, prepare
-from gptkit.versions import LOCK, OUTPUTS
+from gptkit.dataset_folder import LOCK, OUTPUTS
 from gptkit.dataset import Split, TrainingData, load_meta
 from gptkit.errors import UserError
 

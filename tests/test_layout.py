@@ -13,8 +13,8 @@ LAYERS = {
     "the model": {"model"},
     "parts": {"gptkit.tokenizer", "gptkit.corpus", "gptkit.dataset", "gptkit.metrics", "gptkit.checkpoint",
               "gptkit.hf_interop", "gptkit.decoding", "gptkit.inspection", "gptkit.flops", "gptkit.optim",
-              "gptkit.signals", "gptkit.sources", "gptkit.shards", "gptkit.versions"},
-    "measured choices, processes and settings": {"gptkit.probes", "gptkit.runtime", "gptkit.train_config"},
+              "gptkit.signals", "gptkit.sources", "gptkit.shards", "gptkit.dataset_folder"},
+    "measured choices, processes and settings": {"gptkit.timing", "gptkit.runtime", "gptkit.train_config"},
     "a run": {"gptkit.rundir", "gptkit.resume", "gptkit.training", "gptkit.pictures"},
     "what the lab, the explorer and the benchmarks do": {"gptkit.lab", "gptkit.explorer", "gptkit.prepare_bench"},
 }

@@ -41,7 +41,7 @@ LOSS_TOL = 1e-6
 
 def assert_same_losses(resumed_dir, reference):
     """Every iteration's loss (and learning rate, and every evaluation) equals the uninterrupted run's."""
-    for kind, field, tol in [("train", "loss", LOSS_TOL), ("train", "lr", 0.0), ("eval", "val_loss", LOSS_TOL)]:
+    for kind, field, tol in [("train", "loss", LOSS_TOL), ("train", "adamw_lr", 0.0), ("eval", "val_loss", LOSS_TOL)]:
         resumed, straight = logged(resumed_dir, kind, field), reference[kind, field]
         assert sorted(resumed) == sorted(straight) and len(straight) >= ITERS // 5, (kind, sorted(resumed))
         for i in straight:
@@ -66,7 +66,7 @@ def reference(workdir, data_dir):
         if name not in cache:
             runs[name].check_ok()
             cache[name] = {(kind, field): logged(workdir / f"ref-{name}", kind, field)
-                           for kind, field in [("train", "loss"), ("train", "lr"), ("eval", "val_loss")]}
+                           for kind, field in [("train", "loss"), ("train", "adamw_lr"), ("eval", "val_loss")]}
             assert sorted(cache[name]["train", "loss"]) == list(range(1, ITERS + 1))
         return cache[name]
 

@@ -11,7 +11,7 @@ import torch
 
 import sample
 from conftest import REPO, SHARED_TIKTOKEN, assert_one_error_line, check_ok, run_script
-from gptkit import decoding, probes
+from gptkit import decoding, timing
 from gptkit.decoding import lay_out_for_decoding, sample_next
 from gptkit.errors import UserError
 from gptkit.prompts import read_prompt, unescape
@@ -441,12 +441,12 @@ def test_bench_sample_reports_both_rates_and_the_speedup(capsys):
 
 @pytest.mark.parametrize("bf16_speedup,want", [(2.0, "bfloat16"), (1.1, "float32"), (0.5, "float32")])
 def test_decode_precision_is_measured_and_must_win_clearly(monkeypatch, bf16_speedup, want):
-    monkeypatch.setattr(probes, "cpu_has_bf16", lambda: True)
-    monkeypatch.setattr(probes, "decode_seconds", lambda model, batch, tokens: {
+    monkeypatch.setattr(timing, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(timing, "decode_seconds", lambda model, batch, tokens: {
         torch.float32: 1.0, torch.bfloat16: 1.0 / bf16_speedup}[next(model.parameters()).dtype])
-    dtype, why = probes.pick_decode_dtype("auto", tiny_model(), "cpu")
+    dtype, why = timing.pick_decode_dtype("auto", tiny_model(), "cpu")
     assert dtype == want and why == f"decoding in {want} (bfloat16 was {bf16_speedup:.2f}x as fast as float32 on this model)"
-    assert probes.pick_decode_dtype("float32", tiny_model(), "cpu")[0] == "float32"
+    assert timing.pick_decode_dtype("float32", tiny_model(), "cpu")[0] == "float32"
 
 
 @pytest.mark.parametrize("two_thread_speedup,want", [(1.8, 2), (1.1, 1), (0.2, 1)])
@@ -454,14 +454,14 @@ def test_decode_threads_are_measured_and_more_must_win_clearly(monkeypatch, two_
     """On a busy machine a second thread stalls every step, so it is taken only when a probe shows it
     clearly faster; the count chosen is the one left set."""
     before = torch.get_num_threads()
-    monkeypatch.setattr(probes, "decode_seconds", lambda model, batch, tokens: 1.0 / (
+    monkeypatch.setattr(timing, "decode_seconds", lambda model, batch, tokens: 1.0 / (
         two_thread_speedup if torch.get_num_threads() == 2 else 1.0))
     try:
         torch.set_num_threads(2)
-        threads, why = probes.pick_decode_threads(0, tiny_model(), "cpu")
+        threads, why = timing.pick_decode_threads(0, tiny_model(), "cpu")
         assert threads == want == torch.get_num_threads()
         assert why.endswith(f" (2 threads were {two_thread_speedup:.2f}x as fast as 1 on this model)")
-        assert probes.pick_decode_threads(3, tiny_model(), "cpu")[0] == 3 == torch.get_num_threads()
+        assert timing.pick_decode_threads(3, tiny_model(), "cpu")[0] == 3 == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
 

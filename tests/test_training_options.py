@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptkit import optim, probes
+from gptkit import optim, timing
 from gptkit.config import build
 from gptkit.errors import UserError
-from gptkit.optim import build_optimizers, is_hidden_matrix, lr_multiplier, set_lr
-from gptkit.probes import pick_dtype
+from gptkit.optim import build_optimizers, is_hidden_matrix, lr_factor_at, set_lr
+from gptkit.timing import pick_dtype
 from gptkit.runtime import compile_blocks
 from gptkit.train_config import TrainConfig
 from model import GPT
@@ -64,7 +64,7 @@ def train_steps(cfg, steps=8, dtype=None):
     for it in range(steps):
         for opt in optimizers:
             for group in opt.param_groups:
-                group["lr"] = group["base_lr"] * lr_multiplier(cfg, it)
+                group["lr"] = group["base_lr"] * lr_factor_at(cfg, it)
         with torch.autocast("cpu", dtype=dtype) if dtype else torch.autocast("cpu", enabled=False):
             _, loss = model(data[:, :-1], data[:, 1:])
         loss.backward()
@@ -231,35 +231,35 @@ def schedule(**overrides):
 
 def test_warmup_reaches_the_peak_and_cosine_ends_at_min_lr():
     cfg = schedule()
-    assert lr_multiplier(cfg, 0) == pytest.approx(0.1)
-    assert lr_multiplier(cfg, 9) == pytest.approx(1.0)
-    assert lr_multiplier(cfg, 10) == pytest.approx(1.0)
-    assert lr_multiplier(cfg, 100) == pytest.approx(0.1)
-    assert lr_multiplier(cfg, 500) == pytest.approx(0.1)  # flat at min_lr after lr_decay_iters
+    assert lr_factor_at(cfg, 0) == pytest.approx(0.1)
+    assert lr_factor_at(cfg, 9) == pytest.approx(1.0)
+    assert lr_factor_at(cfg, 10) == pytest.approx(1.0)
+    assert lr_factor_at(cfg, 100) == pytest.approx(0.1)
+    assert lr_factor_at(cfg, 500) == pytest.approx(0.1)  # flat at min_lr after lr_decay_iters
 
 
 def test_warmup_equal_to_decay_never_divides_by_zero():
     cfg = schedule(warmup_iters=50, lr_decay_iters=50)
-    assert [lr_multiplier(cfg, it) for it in (49, 50, 51)] == pytest.approx([1.0, 0.1, 0.1])
+    assert [lr_factor_at(cfg, it) for it in (49, 50, 51)] == pytest.approx([1.0, 0.1, 0.1])
 
 
 def test_constant_lr_without_decay_has_no_warmup():
-    assert lr_multiplier(schedule(decay_lr=False), 0) == 1.0
+    assert lr_factor_at(schedule(decay_lr=False), 0) == 1.0
 
 
 def test_wsd_is_flat_then_linear_to_min_lr():
     cfg = schedule(lr_schedule="wsd", warmdown_frac=0.4)
-    assert lr_multiplier(cfg, 59) == 1.0
-    assert lr_multiplier(cfg, 80) == pytest.approx(1.0 - 0.5 * 0.9)
-    assert lr_multiplier(cfg, 100) == pytest.approx(0.1)
+    assert lr_factor_at(cfg, 59) == 1.0
+    assert lr_factor_at(cfg, 80) == pytest.approx(1.0 - 0.5 * 0.9)
+    assert lr_factor_at(cfg, 100) == pytest.approx(0.1)
 
 
 def test_time_budget_drives_the_decay():
     cfg = schedule(lr_schedule="wsd", warmdown_frac=0.4, max_time=100.0)
-    assert lr_multiplier(cfg, 20, time_progress=0.1) == 1.0  # iterations ahead of time
-    assert lr_multiplier(cfg, 20, time_progress=0.8) == pytest.approx(1.0 - 0.5 * 0.9)  # time ahead
-    assert lr_multiplier(cfg, 20, time_progress=1.0) == pytest.approx(0.1)
-    assert lr_multiplier(cfg, 5, time_progress=0.9) == pytest.approx(0.6)  # warmup still counts steps
+    assert lr_factor_at(cfg, 20, time_progress=0.1) == 1.0  # iterations ahead of time
+    assert lr_factor_at(cfg, 20, time_progress=0.8) == pytest.approx(1.0 - 0.5 * 0.9)  # time ahead
+    assert lr_factor_at(cfg, 20, time_progress=1.0) == pytest.approx(0.1)
+    assert lr_factor_at(cfg, 5, time_progress=0.9) == pytest.approx(0.6)  # warmup still counts steps
 
 
 def test_gradient_accumulation_gives_the_update_of_one_big_batch(tmp_path, data_dir):
@@ -287,7 +287,7 @@ def test_the_weight_average_follows_the_weights_at_the_peak_and_averages_more_as
     and swapping it in for an evaluation leaves the weights as they were."""
     model = tiny_model(config(**TINY, tie_weights=True))
     params = list(model.parameters())
-    average = optim.WeightAverage(model, decay=0.9)
+    average = optim.EMA(model, decay=0.9)
     expected = [p.detach().clone() for p in params]
     generator = torch.Generator().manual_seed(0)
     for lr in (0.5, 1.0, 0.25, 0.0, 0.0):
@@ -297,7 +297,7 @@ def test_the_weight_average_follows_the_weights_at_the_peak_and_averages_more_as
         average.update(lr)
         step = 1 - 0.9 * (1 - lr)  # at the peak (lr 1) a step all the way to the weights
         expected = [e + step * (p.detach() - e) for e, p in zip(expected, params)]
-        for a, e in zip(average.average, expected):
+        for a, e in zip(average.values, expected):
             torch.testing.assert_close(a, e)
     state = average.state_dict()
     assert state["lm_head.weight"].data_ptr() == state["transformer.wte.weight"].data_ptr()
@@ -338,16 +338,16 @@ def test_training_precision_is_the_faster_step_not_the_flags(monkeypatch, bf16_i
                                                              step_speedup, want):
     """'auto' on a CPU times the model's own step in each precision, and bf16 must win clearly; where bf16
     matmuls are slower than fp32 no step is timed, and without bf16 instructions nothing is."""
-    monkeypatch.setattr(probes, "cpu_has_bf16", lambda: bf16_instructions)
-    monkeypatch.setattr(probes, "bf16_matmul_speedup", lambda: matmul_speedup)
+    monkeypatch.setattr(timing, "cpu_has_bf16", lambda: bf16_instructions)
+    monkeypatch.setattr(timing, "bf16_matmul_speedup", lambda: matmul_speedup)
     asked = {}
 
     def step_seconds_in_turns(model, batch_size, paths, settled):
         asked["settled"] = settled
         return {"float32": 1.0, "bfloat16": 1.0 / step_speedup}
 
-    monkeypatch.setattr(probes, "step_seconds_in_turns", step_seconds_in_turns)
-    dtype, why, _, seconds = probes.pick_training_dtype("auto", tiny_model(config(**TINY)), 4, "cpu")
+    monkeypatch.setattr(timing, "step_seconds_in_turns", step_seconds_in_turns)
+    dtype, why, _, seconds = timing.pick_training_dtype("auto", tiny_model(config(**TINY)), 4, "cpu")
     assert dtype == want
     if "settled" in asked:  # one timing of each settles it, unless bf16's speed-up is within 1.3x of the 1.15x margin
         assert asked["settled"]({"float32": 1.0, "bfloat16": 1.0 / step_speedup}) == (step_speedup != 1.1)
@@ -360,7 +360,7 @@ def test_training_precision_is_the_faster_step_not_the_flags(monkeypatch, bf16_i
     else:
         assert why == (f"precision: {want} (a training step, forward and backward, took 1000 ms in float32 and "
                        f"{1000 / step_speedup:.0f} ms in bfloat16 here)")
-    assert probes.pick_training_dtype("float32", tiny_model(config(**TINY)), 4, "cpu") == ("float32",) + (None,) * 3
+    assert timing.pick_training_dtype("float32", tiny_model(config(**TINY)), 4, "cpu") == ("float32",) + (None,) * 3
     assert pick_dtype("bfloat16", "cpu") == "bfloat16" and pick_dtype("auto", "mps") == "float32"
     with pytest.raises(UserError, match="float16 is not supported on CPU"):
         pick_dtype("float16", "cpu")
@@ -374,8 +374,8 @@ def test_each_precision_is_timed_on_the_attention_path_it_would_train_on(monkeyp
     from gptkit.runtime import Runtime
     from gptkit.training import settle_attention_path, settle_precision
 
-    monkeypatch.setattr(probes, "cpu_has_bf16", lambda: True)
-    monkeypatch.setattr(probes, "bf16_matmul_speedup", lambda: 2.0)
+    monkeypatch.setattr(timing, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(timing, "bf16_matmul_speedup", lambda: 2.0)
     fastest, measured = {"float32": "written", "bfloat16": "folded"}, []
 
     def attention_seconds(attn, shape, autocast, paths):
@@ -383,17 +383,17 @@ def test_each_precision_is_timed_on_the_attention_path_it_would_train_on(monkeyp
         best = fastest["bfloat16" if isinstance(autocast, torch.autocast) else "float32"]
         return {path: 1e-3 if path == best else 3e-3 for path in paths}
 
-    monkeypatch.setattr(probes, "attention_seconds", attention_seconds)
+    monkeypatch.setattr(timing, "attention_seconds", attention_seconds)
     timed = []
-    monkeypatch.setattr(probes, "step_seconds_in_turns", lambda model, batch_size, paths, settled: timed.append(
+    monkeypatch.setattr(timing, "step_seconds_in_turns", lambda model, batch_size, paths, settled: timed.append(
         dict(paths)) or {"float32": 1.0, "bfloat16": 0.5})
     model = tiny_model(config(**TINY))
-    dtype, _, (path, why), _ = probes.pick_training_dtype("auto", model, 4, "cpu")
+    dtype, _, (path, why), _ = timing.pick_training_dtype("auto", model, 4, "cpu")
     assert timed == [{"float32": "written", "bfloat16": "folded"}]
     assert (dtype, path) == ("bfloat16", "folded") and why.startswith("attention: the folded path (")
     assert [block.attn.path for block in model.transformer.h] == ["fused"] * 2
     timed.clear()
-    assert probes.pick_training_dtype("auto", model, 4, "cpu", attention_path="written")[2] == ("written", None)
+    assert timing.pick_training_dtype("auto", model, 4, "cpu", attention_path="written")[2] == ("written", None)
     assert timed == [{"float32": "written", "bfloat16": "written"}]
     measured.clear()
     rt = Runtime(device="cpu", dtype="float32")
@@ -408,7 +408,7 @@ def test_the_budget_is_fitted_to_the_step_on_the_measured_attention_path(monkeyp
     from gptkit import training
     from gptkit.runtime import Runtime
 
-    monkeypatch.setattr(probes, "attention_seconds", lambda attn, shape, autocast, paths: {
+    monkeypatch.setattr(timing, "attention_seconds", lambda attn, shape, autocast, paths: {
         path: 1e-3 if path == "written" else 3e-3 for path in paths})
     paths = []
     monkeypatch.setattr(training, "tokens_per_parameter", lambda model, *args: paths.append(
@@ -428,12 +428,12 @@ def test_the_shape_probe_counts_the_budget_at_the_step_the_precision_probe_timed
     from gptkit import training
     from gptkit.runtime import Runtime
 
-    monkeypatch.setattr(probes, "cpu_has_bf16", lambda: True)
-    monkeypatch.setattr(probes, "bf16_matmul_speedup", lambda: 2.0)
-    monkeypatch.setattr(probes, "step_seconds_in_turns", lambda model, batch_size, paths, settled: {
+    monkeypatch.setattr(timing, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(timing, "bf16_matmul_speedup", lambda: 2.0)
+    monkeypatch.setattr(timing, "step_seconds_in_turns", lambda model, batch_size, paths, settled: {
         "float32": 1.0, "bfloat16": 0.5})
     timed = []
-    monkeypatch.setattr(probes, "training_step_seconds", lambda model, *args, **kwargs: timed.append(model) or 1e-6)
+    monkeypatch.setattr(timing, "training_step_seconds", lambda model, *args, **kwargs: timed.append(model) or 1e-6)
     cfg = config(**TINY, max_time=60, min_tokens_per_param=6, smaller_n_layer=1, data_dir=str(data_dir),
                  dataset="tiny")
     rt = Runtime(device="cpu", dtype="float32")
@@ -452,7 +452,7 @@ def test_timing_training_steps_takes_turns_on_each_precisions_path_and_leaves_no
         ([block.attn.path for block in module.transformer.h], torch.is_autocast_enabled("cpu"))))
     torch.manual_seed(3)
     before = torch.get_rng_state()
-    seconds = probes.step_seconds_in_turns(model, 2, {"float32": "written", "bfloat16": "folded"}, repeats=2)
+    seconds = timing.step_seconds_in_turns(model, 2, {"float32": "written", "bfloat16": "folded"}, repeats=2)
     assert set(seconds) == {"float32", "bfloat16"} and min(seconds.values()) > 0
     assert calls == [(["written"] * 2, False), (["folded"] * 2, True)] * 3  # one untimed call each, then 2 turns
     assert torch.equal(torch.get_rng_state(), before)
@@ -490,32 +490,32 @@ def test_probes_time_their_candidates_in_turns_and_keep_each_ones_fastest(monkey
     """A machine whose speed moves while a probe runs must slow each candidate alike, not the ones timed last;
     the untimed first call of each (kernel selection) never counts."""
     clock, order = [0.0], []
-    monkeypatch.setattr(probes.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
     durations = {"a": [0.1, 9, 7, 8], "b": [0.1, 5, 6, 3]}
 
     def run(name):
         order.append(name)
         clock[0] += durations[name][order.count(name) - 1]
 
-    assert probes.fastest_in_turns({name: lambda name=name: run(name) for name in durations}, 3) == {"a": 7, "b": 3}
+    assert timing.fastest_in_turns({name: lambda name=name: run(name) for name in durations}, 3) == {"a": 7, "b": 3}
     assert order == ["a", "b"] * 4
     order.clear()  # where the first turn settles what the timings are for, the other turns are not run
-    assert probes.fastest_in_turns({name: lambda name=name: run(name) for name in durations}, 3,
+    assert timing.fastest_in_turns({name: lambda name=name: run(name) for name in durations}, 3,
                                    settled=lambda best: best["b"] < best["a"]) == {"a": 9, "b": 5}
     assert order == ["a", "b"] * 2
 
 
 @pytest.mark.parametrize("fastest", ["fused", "written", "folded"])
 def test_attention_path_is_the_fastest_one_measured(monkeypatch, fastest):
-    monkeypatch.setattr(probes, "attention_seconds", lambda attn, shape, autocast, paths: {
+    monkeypatch.setattr(timing, "attention_seconds", lambda attn, shape, autocast, paths: {
         path: (1.0 if path == fastest else 3.0) / 1e3 for path in paths})
     model = tiny_model(config(**TINY))
-    path, why = probes.attention_path_for("auto", model, 4, torch.autocast("cpu", enabled=False), "cpu")
+    path, why = timing.attention_path_for("auto", model, 4, torch.autocast("cpu", enabled=False), "cpu")
     assert path == fastest and why.startswith(f"attention: the {fastest} path (") and "3.0 ms" in why
-    assert probes.attention_path_for("auto", model, 4, None, "cuda") == ("fused", None)  # no probe on a GPU
-    assert probes.attention_path_for("written", model, 4, None, "cpu") == ("written", None)  # as set
+    assert timing.attention_path_for("auto", model, 4, None, "cuda") == ("fused", None)  # no probe on a GPU
+    assert timing.attention_path_for("written", model, 4, None, "cpu") == ("written", None)  # as set
     uniform = tiny_model(config(**TINY, attention="uniform"))
-    assert probes.attention_path_for("auto", uniform, 4, None, "cpu") == ("fused", None)  # nothing to choose
+    assert timing.attention_path_for("auto", uniform, 4, None, "cpu") == ("fused", None)  # nothing to choose
 
 
 def test_a_resume_keeps_the_measured_choices_it_was_trained_with(monkeypatch):
@@ -527,7 +527,7 @@ def test_a_resume_keeps_the_measured_choices_it_was_trained_with(monkeypatch):
     def no_probe(*args):
         raise AssertionError("a resumed run measured again")
 
-    monkeypatch.setattr(probes, "attention_seconds", no_probe)
+    monkeypatch.setattr(timing, "attention_seconds", no_probe)
     rt, model = Runtime(device="cpu", dtype="float32"), tiny_model(config(**TINY))
     saved = {"dtype": "bfloat16", "attention_path": "folded"}  # a checkpoint's measured choices
     settle_precision(config(**TINY), rt, model, saved)
@@ -542,11 +542,11 @@ def test_a_resume_keeps_the_measured_choices_it_was_trained_with(monkeypatch):
 def test_tokens_per_parameter_is_the_budget_at_the_timed_step_over_the_parameters(monkeypatch):
     model = tiny_model(config(**TINY))
     timed = []
-    monkeypatch.setattr(probes, "training_step_seconds", lambda *args, **kwargs: timed.append(args) or 0.5)
-    seen = probes.tokens_per_parameter(model, 4, "float32", 60, processes=2)
+    monkeypatch.setattr(timing, "training_step_seconds", lambda *args, **kwargs: timed.append(args) or 0.5)
+    seen = timing.tokens_per_parameter(model, 4, "float32", 60, processes=2)
     assert timed == [(model, 4, "float32")]
     assert seen == pytest.approx(60 * 2 * 4 * 16 / 0.5 / model.num_params())  # 2 processes of 4 x 16 tokens
-    assert probes.tokens_per_parameter(model, 4, "float32", 60, 2, step=0.25) == pytest.approx(2 * seen)
+    assert timing.tokens_per_parameter(model, 4, "float32", 60, 2, step=0.25) == pytest.approx(2 * seen)
     assert len(timed) == 1  # a step timed already is not timed again
 
 
@@ -666,7 +666,7 @@ def test_the_smaller_shape_is_checked_and_fitted_only_where_a_budget_can_ask_for
 def test_the_thread_count_follows_the_faster_steps():
     """On a busy machine one thread can step faster than two: a trial of the other count wins only when its
     steps (the first after the switch not counted) are faster by more than the margin; a loss changes nothing."""
-    from gptkit.probes import ThreadTuner
+    from gptkit.timing import ThreadTuner
 
     before = torch.get_num_threads()
     try:
@@ -686,7 +686,7 @@ def test_the_thread_count_follows_the_faster_steps():
 def test_thread_trials_back_off_while_they_keep_the_count_and_come_at_once_when_steps_drift():
     """Each trial costs steps: on an idle machine they must grow rare (up to `longest` apart on the most threads,
     twice `every` on one), yet a process arriving (the steps slowing by more than `drift`) must be tried at once."""
-    from gptkit.probes import ThreadTuner
+    from gptkit.timing import ThreadTuner
 
     now, before = [0.0], torch.get_num_threads()
 
