@@ -29,7 +29,7 @@ from gptkit.runtime import Runtime, launch_processes, launched_rank, trains_here
 from gptkit.signals import StopSignals
 from gptkit.train_config import TrainConfig
 from gptkit.training import (build_training, eval_tokens, evaluate, evaluate_split, micro_steps_per_process,
-                             seconds_spent, thread_tuner, time_budget)
+                             seconds_spent, step_optimizers, thread_tuner, time_budget)
 
 
 def train(cfg, rt, data, state, log, run, budget, stop):
@@ -58,7 +58,7 @@ def train(cfg, rt, data, state, log, run, budget, stop):
                     x, y = data.sampler.next()  # fetch the next batch while the device computes
                     state.scaler.scale(micro_loss).backward()
                 loss += micro_loss.detach()
-            step_optimizers(state, cfg.grad_clip)
+            step_optimizers(state.model, state.optimizers, state.scaler, cfg.grad_clip)
             if state.ema is not None:
                 state.ema.update(lr_factor)
             state.iter_num += 1
@@ -106,19 +106,6 @@ def save_latest(state, run, rt, budget, ended_by_time=False):
     start = time.time()
     state.save_latest(run, rt)
     budget.saved(time.time() - start)
-
-
-def step_optimizers(state, grad_clip):
-    """Clip the accumulated gradients, step every optimizer and clear the gradients."""
-    if grad_clip > 0:
-        for opt in state.optimizers:
-            state.scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(state.model.parameters(), grad_clip)
-    for opt in state.optimizers:
-        state.scaler.step(opt)
-    state.scaler.update()
-    for opt in state.optimizers:
-        opt.zero_grad()
 
 
 def evaluate_on_rank0(rt, data, state, budget=None):

@@ -365,6 +365,19 @@ def settle_attention_path(cfg, rt, model, saved, measured=None):
     return path
 
 
+def step_optimizers(model, optimizers, scaler, grad_clip):
+    """Clip the accumulated gradients, step every optimizer and clear the gradients."""
+    if grad_clip > 0:
+        for opt in optimizers:
+            scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    for opt in optimizers:
+        scaler.step(opt)
+    scaler.update()
+    for opt in optimizers:
+        opt.zero_grad()
+
+
 def micro_steps_per_process(accumulation_steps, world):
     """How many micro-batches each process runs per optimizer step: the steps divided among the processes,
     at least one each."""

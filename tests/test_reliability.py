@@ -132,15 +132,18 @@ if "signal" in FAULTS or "rank1" in FAULTS:
     import torch.distributed as dist
     from gptkit.errors import UserError
     real_step = train.step_optimizers
+    steps = 0  # optimizer steps taken: the runs these faults go into start from scratch
 
-    def step_optimizers(state, grad_clip):
+    def step_optimizers(*args):
+        global steps
         rank = dist.get_rank() if dist.is_initialized() else 0
-        if "rank1" in FAULTS and rank == 1 and state.iter_num == FAULTS["rank1"]:
+        if "rank1" in FAULTS and rank == 1 and steps == FAULTS["rank1"]:
             raise UserError("rank 1 failed on purpose")  # on its own, after DDP is up
-        real_step(state, grad_clip)
+        real_step(*args)
+        steps += 1
         if "signal" in FAULTS:  # arrives during step N: the run must stop right after it
             name, iteration, ranks = FAULTS["signal"]
-            if state.iter_num + 1 == iteration and rank in ranks:
+            if steps == iteration and rank in ranks:
                 os.kill(os.getpid(), getattr(signal, name))
 
     train.step_optimizers = step_optimizers
