@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from gptkit.errors import RunStopped, UserError, first_line, no_links
+from gptkit.kernels import KERNELS
 from model import GPT, GPTConfig
 
 FORMAT_VERSION = 1
@@ -307,7 +308,7 @@ MODEL_KEYS = Fields({
 })
 TRAINING_KEYS = Fields({
     **MODEL_KEYS.kinds,
-    "trained": Each(TENSOR, keyed=True),  # with a weight average, which "model" then holds: the weights trained on
+    "trained": Each(TENSOR, keyed=True),  # with an EMA, which "model" then holds: the weights trained on
     "optimizer": Each(OPTIMIZER_STATE),
     "scaler": maybe(scale=NUMBER, growth_factor=NUMBER, backoff_factor=NUMBER, growth_interval=COUNT,
                     _growth_tracker=COUNT),
@@ -317,7 +318,9 @@ TRAINING_KEYS = Fields({
     "rng": Each(RANDOM_STATES),
     "seconds_spent": NUMBER, "loop_seconds": NUMBER, "train_time": NUMBER,  # the last two: earlier versions'
     "wandb_id": Kind("a string or None", lambda v: v is None or isinstance(v, str)),
-    "measured": maybe(dtype=TEXT, attention_path=TEXT),
+    # what the run chose for its speed: a resume takes the same, and so continues exactly
+    "measured": maybe(dtype=TEXT, attention_path=TEXT,
+                      kernels=Each(Kind(f"one of {', '.join(KERNELS)}", lambda v: v in KERNELS))),
 }, optional=("trained", "seconds_spent", "loop_seconds", "train_time", "wandb_id", "measured"))
 
 
@@ -368,8 +371,13 @@ def torch_load(f, path, map_location):
 
 def model_config(ckpt, path, **overrides):
     """The GPTConfig of a checkpoint's model_args (with overrides, e.g. dropout), or one line naming the file."""
+    settings = dict(ckpt["model_args"], **overrides)
+    # a setting dropped silently would build a different model: one this version does not know is refused
+    unknown = sorted(set(settings) - {f.name for f in fields(GPTConfig)})
     try:
-        return GPTConfig.from_dict(dict(ckpt["model_args"], **overrides))
+        if unknown:
+            raise ValueError(f"unknown model settings: {', '.join(unknown)}")
+        return GPTConfig(**settings)
     except (ValueError, TypeError) as e:  # written by another version of this tool
         raise UserError(f"{path} was written with model settings this version cannot build ({e})") from None
 

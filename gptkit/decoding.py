@@ -14,11 +14,11 @@ class KVCache:
         head_dim = config.n_embd // config.n_head
         shape = (config.n_layer, batch_size, config.n_head, config.block_size, head_dim)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.k = torch.zeros(shape, device=device, dtype=dtype) if config.attention != "uniform" else None
+        key_dim = 0 if config.attention == "uniform" else head_dim  # uniform attention's keys have no width
+        self.k = torch.zeros(shape[:-1] + (key_dim,), device=device, dtype=dtype)
         # per-layer views made once: a decode step then costs two narrows and a copy, not a chain of
         # select/slice ops (on CPU, per-op overhead is a large part of a 1-token step)
-        self.v_layers = self.v.unbind(0)
-        self.k_layers = self.k.unbind(0) if self.k is not None else [None] * config.n_layer
+        self.v_layers, self.k_layers = self.v.unbind(0), self.k.unbind(0)
         self.pos = 0  # tokens already cached
         # token_shift: each block's last normed inputs (attention's and the MLP's), the next position's predecessors
         self.last = torch.zeros(config.n_layer, 2, batch_size, 1, config.n_embd, device=device, dtype=dtype) \
@@ -33,12 +33,10 @@ class KVCache:
         return before
 
     def update(self, layer, k, v):
-        """Append this step's keys and values (k is None where attention has no keys); all so far."""
+        """Append this step's keys and values; all so far."""
         t, end = v.size(2), self.pos + v.size(2)
         keys, values = self.k_layers[layer], self.v_layers[layer]
         values.narrow(2, self.pos, t).copy_(v)
-        if keys is None:
-            return None, values.narrow(2, 0, end)
         keys.narrow(2, self.pos, t).copy_(k)
         return keys.narrow(2, 0, end), values.narrow(2, 0, end)
 

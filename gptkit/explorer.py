@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, field_validator
 from gptkit.checkpoint import MODEL_KEYS, load_checkpoint, model_config
 from gptkit.decoding import StopFilter, decode_steps, lay_out_for_decoding, shaped_probs
 from gptkit.errors import UserError
-from gptkit.inspection import attention_maps, logit_lens, read_out, residual_streams, surprise_bits, token_label
+from gptkit.inspection import attention_maps, logit_lens, look_inside, read_out, surprise_bits, token_label
 from gptkit.metrics import read_metrics, wall_clock
 from gptkit.timing import pick_decode_dtype, pick_decode_threads
 from gptkit.rundir import RunDir, load_model
@@ -348,9 +348,8 @@ def position_report(shelf, loaded, req):
         raise ApiError(400, f"position {req.position} is past the last of {len(req.ids)} tokens")
     idx, tok, c = checked_ids(loaded, req.ids), loaded.tok, loaded.model.config
     with shelf.lock:
-        streams = residual_streams(loaded.model, idx)  # one pass for the candidates and the lens
+        streams, maps = look_inside(loaded.model, idx)  # one pass for the candidates, the attention and the lens
         logits = read_out(loaded.model, streams[-1])
-        maps = attention_maps(loaded.model, idx)
         lens = logit_lens(loaded.model, streams, req.position)
     why = {"note": None, "surprise_bits": None, "raw": [], "shaped": []}
     if req.position == 0:

@@ -1,37 +1,86 @@
-"""Looking inside a model: the attention weights every layer applies, the residual stream after each layer and
-what it would predict (the logit lens), how surprised the model is by each token, and tokens as labels."""
+"""Looking inside a model through its hook points: every layer's attention weights and residual stream as the real
+forward pass computes them, what each layer's stream would predict next (the logit lens), how surprised the model
+is by each token, and tokens as labels. Hook points are named as TransformerLens names them: hook_embed,
+blocks.0.hook_resid_pre, blocks.0.attn.hook_pattern, ..., ln_final.hook_scale; layers and heads count from 0."""
 
 import math
+from contextlib import contextmanager
 
 import torch
 
 from gptkit.errors import UserError
+from model import HookPoint
+
+# the model's module paths (nanoGPT's, which checkpoints and GPT-2's weights use) as TransformerLens names them
+RENAMED = (("transformer.h.", "blocks."), ("transformer.ln_f.", "ln_final."), ("ln_1.", "ln1."), ("ln_2.", "ln2."))
+
+
+def hook_points(model):
+    """{name: HookPoint} of every hook point in the model, under TransformerLens's names."""
+    points = {}
+    for name, module in model.named_modules():
+        if isinstance(module, HookPoint):
+            for old, new in RENAMED:
+                name = name.replace(old, new)
+            points[name] = module
+    return points
+
+
+@contextmanager
+def hooked(model, hooks):
+    """Within the block, each hook point named in hooks calls its function with (activation, name) in the forward
+    pass; a function that returns a tensor replaces the activation with it."""
+    points = hook_points(model)
+    unknown = [name for name in hooks if name not in points]
+    if unknown:
+        raise UserError(f"no hook point {unknown[0]!r} in this model (it has {', '.join(points)})")
+    handles = [points[name].register_forward_hook(lambda module, args, out, name=name, fn=fn: fn(out, name))
+               for name, fn in hooks.items()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @torch.no_grad()
+def run_with_cache(model, idx, names):
+    """Run the model's forward pass on idx, keeping the activation at each named hook point:
+    (the last position's logits, {name: activation})."""
+    cache = {}
+    with hooked(model, {name: lambda x, name: cache.__setitem__(name, x) for name in names}):
+        logits, _ = model(idx)
+    return logits, cache
+
+
+def stream_names(model):
+    """The hook points holding the residual stream after the embeddings and after each block."""
+    return ["blocks.0.hook_resid_pre", *(f"blocks.{i}.hook_resid_post" for i in range(model.config.n_layer))]
+
+
+def pattern_names(model):
+    """The hook points holding each layer's attention weights."""
+    return [f"blocks.{i}.attn.hook_pattern" for i in range(model.config.n_layer)]
+
+
+@torch.no_grad()
+def look_inside(model, idx):
+    """One forward pass of idx: (the residual stream after the embeddings and after each block, n_layer + 1
+    tensors of (B, T, C); every layer's attention weights, n_layer tensors of (B, H, T, T))."""
+    if model.config.n_layer == 0:  # a bigram: no block to watch, its stream is the embeddings
+        return [model.embed(idx)[0]], []
+    _, cache = run_with_cache(model, idx, stream_names(model) + pattern_names(model))
+    return [cache[name] for name in stream_names(model)], [cache[name] for name in pattern_names(model)]
+
+
 def attention_maps(model, idx):
-    """Every layer's attention weights for idx, a list of (B, H, T, T) tensors: the weights the forward pass
-    applies to the values (SDPA's kernels never materialise them), from the model's own attention modules."""
-    x, rotary = model.embed(idx)
-    maps = []
-    for block in model.transformer.h:
-        attn = block.attn
-        q, k, _ = attn.qkv(block.attention_input(x), rotary)
-        T = idx.size(1)
-        maps.append(attn.attention_weights(q, k, T, T).expand(idx.size(0), attn.n_head, T, T))
-        x = block(x, rotary)
-    return maps
+    """Every layer's attention weights for idx, a list of (B, H, T, T) tensors, as the forward pass applies them."""
+    return look_inside(model, idx)[1]
 
 
-@torch.no_grad()
 def residual_streams(model, idx):
     """The residual stream after the embeddings and after each block: n_layer + 1 tensors of (B, T, C)."""
-    x, rotary = model.embed(idx)
-    streams = [x]
-    for block in model.transformer.h:
-        x = block(x, rotary)
-        streams.append(x)
-    return streams
+    return look_inside(model, idx)[0]
 
 
 @torch.no_grad()

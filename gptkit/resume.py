@@ -115,7 +115,7 @@ def saved_settings(ckpt, path):
     saved = flatten(TrainConfig, ckpt["config"])
     saved.pop("processes", None)  # how many processes that command started, not a setting of the run
     # the model as built (a GPT-2 start takes its shape from the weights); a model setting newer than the
-    # checkpoint was built at its default, which from_dict gives it too
+    # checkpoint was built at its default, which model_config gives it too
     saved.update({f.name: f.default for f in fields(GPTConfig)} | ckpt["model_args"])
     known = settings(TrainConfig)  # all but vocab_size, which the checkpoint's schema checks
     return {key: coerce(known[key], value, f"{path} is damaged: its saved config", from_text=False)

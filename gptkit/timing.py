@@ -15,6 +15,7 @@ import torch
 
 from gptkit.decoding import generate_stream
 from gptkit.errors import UserError
+from gptkit.kernels import ATTENTION_PATHS, attention_function
 
 
 def synchronize(device):
@@ -32,8 +33,8 @@ def fastest_in_turns(runs, repeats, device="cpu", slow=math.inf, settled=None):
     """{name: the fastest of `repeats` timings of runs[name]()}, after one untimed call of each (where one of
     those took over `slow` seconds, one timing each will do; where settled(the fastest so far) says that what
     they are timed for is decided already, no more turns); the runs take turns, so that a machine whose speed
-    moves while they are timed (a 2-core EPYC guest's did, by a fifth within minutes) slows each of them alike
-    rather than the ones timed last."""
+    moves while they are timed (a shared virtual machine's does, from minute to minute: docs/speed.md#machines)
+    slows each of them alike rather than the ones timed last."""
     if max(seconds_of(run, device) for run in runs.values()) > slow:
         repeats = 1
     best = dict.fromkeys(runs, math.inf)
@@ -107,14 +108,14 @@ def step_seconds_in_turns(model, batch_size, paths, repeats=2, slow=0.25, settle
     device = next(model.parameters()).device
     x = torch.randint(c.vocab_size, (batch_size, c.block_size), generator=torch.Generator().manual_seed(0))
     x = x.to(device)
-    was = [block.attn.path for block in model.transformer.h]
+    was = [block.attn.attend for block in model.transformer.h]
 
-    def take(paths):
-        for block, path in zip(model.transformer.h, paths):
-            block.attn.path = path
+    def take(functions):
+        for block, attend in zip(model.transformer.h, functions):
+            block.attn.attend = attend
 
     def forward_backward(dtype, path):
-        take([path] * len(was) if path else was)
+        take([attention_function(block.attn, path) for block in model.transformer.h] if path else was)
         with autocast_for(dtype, device.type):
             loss = model(x, x)[1]
         loss.backward()
@@ -145,7 +146,7 @@ def pick_training_dtype(name, model, batch_size, device, attention_path="auto", 
     was timed): the run keeps that path rather than measure again and perhaps pick another; and the seconds of
     the chosen precision's step, or None: the shape probe's first figure, which it need not time again. Each
     precision is timed once, and again only where bf16's speed-up falls within `doubt` of the margin either way:
-    a second timing of each took a third of a second of the default's start on a 2-core EPYC (2.0x there)."""
+    a second timing of each delays the run's start where the first already decided (docs/speed.md#what-was-tried)."""
     if name != "auto" or device != "cpu" or not cpu_has_bf16():
         return pick_dtype(name, device), None, None, None
     matmul_speedup = bf16_matmul_speedup()
@@ -153,7 +154,7 @@ def pick_training_dtype(name, model, batch_size, device, attention_path="auto", 
         return ("float32", f"precision: float32 (bfloat16 matmuls ran at {matmul_speedup:.2f}x the float32 speed "
                 "here)", None, None)
     # each precision on the attention path measured fastest in it, as the run would take it: SDPA's fused kernel
-    # took three times the folded path's time on a 2-core EPYC, and a step timed on it would misjudge the precision
+    # can be far slower than the folded path on a CPU, and a step timed on it would misjudge the precision
     chosen = {dtype: attention_path_for(attention_path, model, batch_size, autocast_for(dtype), "cpu")
               for dtype in ("float32", "bfloat16")}
 
@@ -174,16 +175,19 @@ def autocast_for(dtype, device_type="cpu"):
 
 
 def attention_path_for(setting, model, batch_size, autocast, device):
-    """The attention path for scaled or dot attention: as set, or for 'auto' the fastest on this CPU of SDPA's
-    fused kernels and the softmax written out, plain or folded (faster for short contexts on some CPUs), each
-    timed on one layer's forward and backward at the training shape. (path, a line saying why, or None)."""
+    """The attention path for scaled or dot attention (gptkit.kernels): as set, or for 'auto' the fastest on this
+    CPU of SDPA's fused kernels and the softmax written out, plain or folded (faster for short contexts on some
+    CPUs), each timed on one layer's forward and backward at the training shape; SDPA only where it can take the
+    model's dropout (table_dropout's masks it cannot). (path, a line saying why, or None)."""
     c = model.config
     if setting != "auto":
         return setting, None
     if device != "cpu" or c.attention not in ("scaled", "dot") or c.n_layer == 0:
         return "fused", None
+    attn = model.transformer.h[0].attn
+    paths = ATTENTION_PATHS if isinstance(attn.attn_dropout, torch.nn.Dropout) else ATTENTION_PATHS[1:]
     shape = (batch_size, c.n_head, c.block_size, c.n_embd // c.n_head)
-    seconds = attention_seconds(model.transformer.h[0].attn, shape, autocast, ("fused", "written", "folded"))
+    seconds = attention_seconds(attn, shape, autocast, paths)
     best = min(seconds, key=seconds.get)
     times = ", ".join(f"{path} {s * 1e3:.1f} ms" for path, s in seconds.items())
     return best, f"attention: the {best} path ({times} per layer, forward and backward, measured)"
@@ -194,16 +198,11 @@ def attention_seconds(attn, shape, autocast, paths, repeats=3):
     q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
 
     def forward_backward(path):
-        attn.path = path
         with autocast:
-            y = attn.attend(q, k, v, shape[2])
+            y = attention_function(attn, path)(q, k, v)
         y.float().sum().backward()
 
-    was = attn.path
-    try:
-        return fastest_in_turns({path: functools.partial(forward_backward, path) for path in paths}, repeats)
-    finally:
-        attn.path = was
+    return fastest_in_turns({path: functools.partial(forward_backward, path) for path in paths}, repeats)
 
 
 def decode_seconds(model, batch_size, tokens, repeats=3):

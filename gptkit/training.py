@@ -15,6 +15,7 @@ from gptkit.checkpoint import load_weights, model_from_checkpoint, save_checkpoi
 from gptkit.dataset import TrainingData, load_meta
 from gptkit.errors import UserError
 from gptkit.hf_interop import load_pretrained
+from gptkit.kernels import by_rule, install, set_attention_path
 from gptkit.optim import EMA, build_optimizers
 from gptkit.timing import ThreadTuner, attention_path_for, pick_training_dtype, tokens_per_parameter
 from gptkit.runtime import compile_blocks
@@ -185,8 +186,8 @@ class TimeBudget:
 
     def reserve(self):
         """Seconds kept for the end: one more evaluation and save, then the final score, with half again as a
-        margin (on a noisy machine one run's final score took 4.3 s, another's 1.6), and two seconds for the
-        process to exit (a compiled run's took 1.4 s)."""
+        margin (on a noisy machine the final score's time moves from run to run), and two seconds for the
+        process to exit, which takes a compiled run a while too (docs/speed.md#what-was-tried)."""
         return 1.5 * (self.eval_seconds + self.save_seconds + self.eval_seconds_per_token * self.final_tokens) + 2.0
 
     def progress(self):
@@ -229,6 +230,7 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
         raise UserError(f"dataset {cfg.dataset!r} has {describe_vocabulary(meta)}, but {ckpt_path} was trained on "
                         f"{describe_vocabulary(ckpt['tokenizer'])}; a resumed run must see the token ids it "
                         "learned (prepare the data with the checkpoint's vocabulary, or start a new out_dir)")
+    saved = ckpt.get("measured", {}) if ckpt is not None else {}  # what the resumed run chose
     model = build_model(cfg, meta, ckpt, ckpt_path).to(rt.device)
     if model.config.vocab_size < meta["vocab_size"]:
         raise UserError(f"dataset vocabulary ({meta['vocab_size']}) is larger than the model's "
@@ -237,11 +239,9 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
     # model on a CPU with bf16, minutes) of timing steps; fitting the budget changes neither the context nor the batch
     data = TrainingData(folder, meta, model.config.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed + rt.rank,
                         rt.device, cfg.batch_order)
-    saved = ckpt.get("measured", {}) if ckpt is not None else {}  # what the resumed run measured
-    timed_on, step_seconds = settle_precision(cfg, rt, model, saved)
-    path = settle_attention_path(cfg, rt, model, saved, timed_on)  # first: the budget is fitted to the step as run
-    cfg, model, fitted_from = fit_to_budget(cfg, rt, model, meta, path, step_seconds)
-    measured = {"dtype": rt.dtype, "attention_path": path}
+    measured, step_seconds = settle_speed(cfg, rt, model, saved)  # first: the budget is fitted to the step as run
+    cfg, model, fitted_from = fit_to_budget(cfg, rt, model, meta, (measured["kernels"], measured["attention_path"]),
+                                            step_seconds)
     fitted_from = fitted_from or saved.get("fitted_from")
     if fitted_from:
         measured["fitted_from"] = fitted_from
@@ -251,6 +251,18 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
     if cfg.compile:
         compile_blocks(model)
     return data, state
+
+
+def settle_speed(cfg, rt, model, saved):
+    """Put the model on the run's speed path: the kernels (gptkit.kernels: the resumed run's, `saved`, or those the
+    rule gives, installed before any timing, so that the steps timed are the steps the run takes), then the
+    precision and the attention path. Returns those choices, for the checkpoint, and the chosen precision's step
+    seconds where they were timed (settle_precision)."""
+    kernels = saved.get("kernels", by_rule(rt.device))  # a checkpoint from before kernels were recorded ran these
+    install(model, kernels)
+    timed_on, step_seconds = settle_precision(cfg, rt, model, saved)
+    path = settle_attention_path(cfg, rt, model, saved, timed_on)
+    return {"dtype": rt.dtype, "attention_path": path, "kernels": kernels}, step_seconds
 
 
 def settle_precision(cfg, rt, model, saved):
@@ -270,14 +282,14 @@ def settle_precision(cfg, rt, model, saved):
     return None, None
 
 
-def fit_to_budget(cfg, rt, model, meta, attention_path, step_seconds=None):
+def fit_to_budget(cfg, rt, model, meta, speed_path, step_seconds=None):
     """(cfg, model, the settings it replaced or None): the model as configured, or, where its step timed here by
     rank 0 would give each parameter fewer than min_tokens_per_param tokens in max_time, the smaller model
     (TrainConfig.smaller_shape, with smaller_muon_weight_decay if set), and where that too would, one layer fewer
     at a time down to FEWEST_FITTED_LAYERS; started as a run configured with that shape would start it, each timed
-    (unless the bigger one's figure shows it has enough: seen_at_least) and trained on attention_path, the one
-    measured on the configured model. step_seconds: the configured model's step as the precision probe timed it
-    on that path (rank 0's), if it did: not timed again."""
+    (unless the bigger one's figure shows it has enough: seen_at_least) and trained with speed_path, the
+    configured model's (kernels, attention path). step_seconds: the configured model's step as the precision probe
+    timed it on that path (rank 0's), if it did: not timed again."""
     shape = cfg.smaller_shape()
     if not (cfg.min_tokens_per_param > 0 and cfg.max_time > 0 and cfg.init_from == "scratch" and shape):
         return cfg, model, None  # no budget to fit, nothing smaller to fit into, or a shape not ours to change
@@ -294,7 +306,7 @@ def fit_to_budget(cfg, rt, model, meta, attention_path, step_seconds=None):
         fitted, smaller["muon_weight_decay"] = replace(fitted, muon_weight_decay=decay), decay
         configured["muon_weight_decay"] = cfg.muon_weight_decay
     bigger, bigger_seen = model, seen
-    model, too_few = fresh_model(fitted, rt, meta, attention_path), []
+    model, too_few = fresh_model(fitted, rt, meta, speed_path), []
     while fitted.model.n_layer > FEWEST_FITTED_LAYERS:
         floor = seen_at_least(bigger, bigger_seen, model)
         seen_smaller = floor if floor >= cfg.min_tokens_per_param else budget_seen_by(model, fitted, rt)
@@ -303,7 +315,7 @@ def fit_to_budget(cfg, rt, model, meta, attention_path, step_seconds=None):
         too_few.append(f"n_layer={fitted.model.n_layer} {tenths(seen_smaller)}")
         bigger, bigger_seen = model, seen_smaller
         fitted = replace(fitted, model=replace(fitted.model, n_layer=fitted.model.n_layer - 1))
-        smaller["n_layer"], model = fitted.model.n_layer, fresh_model(fitted, rt, meta, attention_path)
+        smaller["n_layer"], model = fitted.model.n_layer, fresh_model(fitted, rt, meta, speed_path)
     if rt.master:
         print(f"shape: {settings_line(smaller)} instead of {settings_line(configured)}: at the step timed here the "
               f"configured model would see {tenths(seen)} tokens per parameter in {cfg.max_time:g} s"
@@ -335,10 +347,10 @@ def tenths(tokens_per_param):
     return f"{math.floor(tokens_per_param * 10) / 10:.1f}"
 
 
-def fresh_model(cfg, rt, meta, attention_path):
+def fresh_model(cfg, rt, meta, speed_path):
     seed_everything(cfg.seed + rt.rank)  # the weights a run configured with this shape starts from
     model = build_model(cfg, meta).to(rt.device)
-    model.set_attention_path(attention_path)
+    install(model, *speed_path)
     return model
 
 
@@ -349,7 +361,7 @@ def settings_line(settings):
 def settle_attention_path(cfg, rt, model, saved, measured=None):
     """The attention path: as configured; for 'auto', as the resumed run was trained (`saved`), or else the one
     the precision's step was timed on (`measured`, settle_precision's), or else measured here on this model by
-    rank 0 and printed. Set on the model and returned, for the checkpoint."""
+    rank 0 and printed. Set on the model, and the path taken returned, for the checkpoint."""
     if cfg.attention_path == "auto" and "attention_path" in saved:
         path = saved["attention_path"]
     else:
@@ -361,8 +373,7 @@ def settle_attention_path(cfg, rt, model, saved, measured=None):
         path = rt.broadcast(path)  # rank 0's measurement: every process runs one path
         if why and rt.master:
             print(why)
-    model.set_attention_path(path)
-    return path
+    return set_attention_path(model, path)
 
 
 def step_optimizers(model, optimizers, scaler, grad_clip):
@@ -389,7 +400,7 @@ def micro_steps_per_process(accumulation_steps, world):
 
 def eagerly():
     """Compiled blocks run eagerly inside: a second, inference-only graph would cost more compile time than it
-    saves. Where torch's compiler was never imported nothing is compiled, and importing it would cost a second."""
+    saves. Where torch's compiler was never imported nothing is compiled, and importing it would cost start-up time."""
     return torch.compiler.set_stance("force_eager") if "torch._dynamo" in sys.modules else nullcontext()
 
 

@@ -2,6 +2,7 @@
 per session, script runners, and the check every user-facing failure must pass (one `error:` line)."""
 
 import json
+import math
 import os
 import random
 import shutil
@@ -56,6 +57,69 @@ def make_text(n_bytes=6000, seed=0):
         lines.append(line)
         size += len(line.encode("utf-8"))
     return "".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- tiny models
+
+TINY = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
+MODERN = dict(pos_emb="rope", norm="rmsnorm", qk_norm=True, mlp_act="relu2", tie_weights=False,
+              logit_softcap=15.0, zero_init_proj=False)
+
+
+def tiny_model(seed=0, sharpen=1.0, attention_weights=0.0, **overrides):
+    """A tiny GPT (TINY with overrides) in eval mode. sharpen > 1 scales the head so that sampling is far from
+    uniform; attention_weights > 0 redraws attention's weights with that spread, so that its weights are far
+    from uniform and every term matters."""
+    from model import GPT, GPTConfig
+
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**dict(TINY, **overrides))).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpen)
+        for name, p in model.named_parameters():
+            if attention_weights and ".attn." in name:
+                p.normal_(0, attention_weights)
+    return model
+
+
+def random_tokens(shape, vocab=TINY["vocab_size"], seed=1):
+    return torch.randint(vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def naive_attention(attn, x, rotary=None, qk_norm=None):
+    """The oracle every attention path is held to, written as the notes write it: per batch row, head and query
+    position, a score against every key it may see (all of them without the causal mask), a softmax, and the
+    weighted sum of the values; then the output projection. rotary: (cos, sin) tables; qk_norm: a function."""
+    from model import apply_rotary
+
+    B, T, C = x.shape
+    H, D = attn.n_head, C // attn.n_head
+    proj = x @ attn.c_attn.weight.T + (0 if attn.c_attn.bias is None else attn.c_attn.bias)
+    q = k = None
+    if attn.kind == "uniform":
+        v = proj.reshape(B, T, H, D)
+    else:
+        q, k, v = (t.reshape(B, T, H, D) for t in proj.split(C, dim=-1))
+    if qk_norm:
+        q, k = qk_norm(q), qk_norm(k)
+    if rotary is not None:
+        cos, sin = rotary[0][:, None, :], rotary[1][:, None, :]
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    out = torch.zeros(B, T, H, D)
+    for b in range(B):
+        for h in range(H):
+            for t in range(T):
+                seen = range(t + 1) if attn.causal else range(T)
+                if attn.kind == "uniform":
+                    weights = torch.full((len(seen),), 1 / len(seen))
+                elif attn.kind == "additive":
+                    weights = torch.stack([(attn.score_v[h] * torch.tanh(q[b, t, h] + k[b, s, h])).sum()
+                                           for s in seen]).softmax(0)
+                else:
+                    scale = math.sqrt(D) if attn.kind == "scaled" else 1.0
+                    weights = torch.stack([(q[b, t, h] * k[b, s, h]).sum() / scale for s in seen]).softmax(0)
+                out[b, t, h] = sum(w * v[b, s, h] for w, s in zip(weights, seen))
+    return out.reshape(B, T, C) @ attn.c_proj.weight.T + (0 if attn.c_proj.bias is None else attn.c_proj.bias)
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import signal
 import struct
 import zipfile
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -60,6 +61,16 @@ def parts(data):
     out["central directory"] = (central, end_records)
     out["end records"] = (end_records, len(data))
     return out
+
+
+def test_a_checkpoint_written_before_hook_points_and_kernels_samples_the_same_text(tmp_path, capsys):
+    """tests/data/written_before_hooks/best.pt was trained by the model file as it stood before hook points and
+    gptkit/kernels.py (2 layers, rotary, QK-norm, ReLU^2, token shift); its sample is the text that code wrote."""
+    shutil.copytree(Path(__file__).parent / "data" / "written_before_hooks", tmp_path / "run")
+    sample.main([f"--out_dir={tmp_path / 'run'}", "--device=cpu", "--dtype=float32", "--num_samples=1",
+                 "--max_new_tokens=80", "--seed=7", "--start=ROMEO:"])
+    assert capsys.readouterr().out == ("ROMEO:\nThe ver ca2 the foul srod. 1t an e. 52 thom!. kner crs.\n\nROMEO:\n"
+                                       "The mergy watse\n---------------\n")
 
 
 @pytest.mark.parametrize("name", ["latest.pt", "best.pt"])

@@ -1,36 +1,33 @@
-"""The transformer: attention against a naive loop, causality, rotary positions, KV cache and generation."""
+"""model.py: every attention kind against the naive loop, causality, rotary positions, the KV cache, the variants a
+learner trains side by side, the hook points, and what the config refuses."""
 
 import math
-from dataclasses import asdict
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from gptkit.decoding import KVCache, generate, sample_next
+from conftest import MODERN, TINY, naive_attention, random_tokens, tiny_model
+from gptkit.decoding import KVCache, generate
 from gptkit.flops import flops_per_token
+from gptkit.inspection import hook_points, hooked
 from gptkit.optim import build_optimizers
 from gptkit.train_config import TrainConfig
-from model import GPT, GPTConfig, ReLUSquared, SelfAttention, apply_rotary, dropout, rotary_tables
+from model import GPTConfig, SelfAttention, apply_rotary, rotary_tables
 
-BASE = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
-MODERN = dict(pos_emb="rope", norm="rmsnorm", qk_norm=True, mlp_act="relu2", tie_weights=False,
-              logit_softcap=15.0, zero_init_proj=False)
-ARCHS = {"gpt2": {}, "modern": MODERN, "token_shift": dict(MODERN, token_shift=True)}
-
-
-def make_model(seed=0, sharpen=1.0, **overrides):
-    """A tiny GPT in eval mode; sharpen > 1 scales the head so sampling is far from uniform."""
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(**dict(BASE, **overrides))).eval()
-    if sharpen != 1.0:
-        with torch.no_grad():
-            model.lm_head.weight.mul_(sharpen)
-    return model
-
-
-def random_tokens(shape, vocab=BASE["vocab_size"], seed=1):
-    return torch.randint(vocab, shape, generator=torch.Generator().manual_seed(seed))
+# the variants a learner trains side by side, every one causal
+VARIANTS = {
+    "scaled": {},
+    "dot": dict(attention="dot"),
+    "uniform": dict(attention="uniform"),
+    "additive": dict(attention="additive"),
+    "no_positions": dict(pos_emb="none"),
+    "attention_only": dict(mlp=False),
+    "bigram": dict(n_layer=0, pos_emb="none"),
+    "modern": MODERN,
+    "rope_qknorm_no_mlp": dict(pos_emb="rope", qk_norm=True, mlp=False),
+    "token_shift": dict(MODERN, token_shift=True),
+}
 
 
 def naive_rms(x):
@@ -42,103 +39,54 @@ def naive_layer_norm(x):
     return centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + 1e-5)
 
 
-def naive_attention(attn, x, rotary=None, qk_norm=None):
-    """Per position t: softmax over keys 0..t of q.k/sqrt(d), weighted sum of values, then c_proj."""
-    B, T, C = x.shape
-    H = attn.n_head
-    D = C // H
-    qkv = x @ attn.c_attn.weight.T + attn.c_attn.bias
-    q, k, v = (t.reshape(B, T, H, D).transpose(1, 2) for t in qkv.split(C, dim=-1))
-    if qk_norm:
-        q, k = qk_norm(q), qk_norm(k)
-    if rotary is not None:
-        q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-    y = torch.zeros(B, H, T, D)
-    for t in range(T):
-        scores = (q[:, :, t:t + 1, :] * k[:, :, :t + 1, :]).sum(-1) / math.sqrt(D)  # (B, H, t+1)
-        weights = torch.softmax(scores, dim=-1)
-        y[:, :, t, :] = (weights[..., None] * v[:, :, :t + 1, :]).sum(2)
-    y = y.transpose(1, 2).reshape(B, T, C)
-    return y @ attn.c_proj.weight.T + attn.c_proj.bias
-
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_dropout_zeroes_a_share_p_and_scales_the_rest_as_f_dropout_does(dtype):
-    """The CPU mask, a window of a table of random masks: over 2M elements the zeroed share is p to within
-    0.2%, what is kept is scaled by exactly 1/(1-p), the gradient flows through the same mask, each call takes
-    a new mask from torch's generator (so a seed repeats it), and outside training, or with p = 0, it is the
-    identity."""
-    x = torch.ones(2_000_000, dtype=dtype, requires_grad=True)
-    torch.manual_seed(0)
-    y = dropout(x, 0.25, True)
-    assert abs((y == 0).float().mean().item() - 0.25) < 0.002
-    assert torch.equal(y[y != 0], torch.full_like(y[y != 0], 1 / 0.75)) and y.dtype == dtype
-    y.sum().backward()
-    assert torch.equal(x.grad, y.detach())
-    torch.manual_seed(0)
-    assert torch.equal(dropout(x, 0.25, True), y) and not torch.equal(dropout(x, 0.25, True), y)
-    assert dropout(x, 0.25, False) is x and dropout(x, 0.0, True) is x
-
-
-def test_dropout_masks_change_from_call_to_call_and_never_depend_on_the_past():
-    """An element dropped in one call is dropped in the next with probability p, as with fresh masks (a
-    table reused at one offset would drop it again); and a seed gives the same masks in a process whose
-    table grew for bigger tensors first, as a resumed run's must."""
-    x = torch.ones(1_000_000)
-    torch.manual_seed(3)
-    first = [dropout(x, 0.2, True) == 0 for _ in range(4)]
-    for a, b in zip(first, first[1:]):
-        assert abs((a & b).float().mean().item() - 0.2 * 0.2) < 0.002
-    dropout(torch.ones(5_000_000), 0.2, True)  # grows the table beyond what the calls above used
-    torch.manual_seed(3)
-    assert all(torch.equal(dropout(x, 0.2, True) == 0, mask) for mask in first)
-
-
-def test_with_dropout_every_attention_path_trains_alike():
-    """With dropout, every attention path draws the same masks from the same seed, so which path a run's
-    start-up measured fastest does not change its losses or gradients."""
-    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=50, dropout=0.1)
-    torch.manual_seed(1)
-    model = GPT(config)
-    x = torch.randint(50, (4, 16))
-    seen = []
-    for path in ("fused", "written", "folded"):
-        model.set_attention_path(path)
-        model.zero_grad()
-        torch.manual_seed(2)
-        loss = model(x, x)[1]
-        loss.backward()
-        seen.append((loss.item(), model.lm_head.weight.grad.clone()))
-    for loss, grad in seen[1:]:
-        assert abs(loss - seen[0][0]) < 1e-5 and torch.allclose(grad, seen[0][1], atol=1e-6)
-
-
-def test_relu_squared_matches_autograd_of_the_plain_formula():
-    x = torch.randn(64, 48, dtype=torch.float64, requires_grad=True)
-    x_ref = x.detach().clone().requires_grad_()
-    grad = torch.randn(64, 48, dtype=torch.float64)
-    ReLUSquared.apply(x).backward(grad)
-    F.relu(x_ref).square().backward(grad)
-    torch.testing.assert_close(ReLUSquared.apply(x), F.relu(x_ref).square())
-    torch.testing.assert_close(x.grad, x_ref.grad)
-
-@pytest.mark.parametrize("rope,norm", [(False, "layernorm"), (True, "rmsnorm"), (True, "layernorm")],
-                         ids=["learned", "rope_qk_rmsnorm", "rope_qk_layernorm"])
-def test_attention_matches_naive_loop(rope, norm):
-    cfg = GPTConfig(**dict(BASE, pos_emb="rope" if rope else "learned", qk_norm=rope, norm=norm))
-    torch.manual_seed(0)
-    attn = SelfAttention(cfg).eval()
-    with torch.no_grad():  # non-trivial biases and projection, so every term matters
-        for p in attn.parameters():
-            p.normal_(0, 0.3)
-    x = torch.randn(2, 11, cfg.n_embd)
-    rotary = rotary_tables(cfg.n_embd // cfg.n_head, torch.arange(11), cfg.rope_base) if rope else None
+@pytest.mark.parametrize("causal", [True, False], ids=["decoder", "encoder"])
+@pytest.mark.parametrize("kind", ["scaled", "dot", "uniform", "additive"])
+def test_attention_matches_the_naive_loop(kind, causal):
+    attn = tiny_model(attention=kind, causal=causal, attention_weights=0.5).transformer.h[0].attn
+    x = torch.randn(2, 7, TINY["n_embd"])
     with torch.no_grad():
-        got = attn(x, rotary)
-        qk = {"rmsnorm": naive_rms, "layernorm": naive_layer_norm}[norm] if rope else None
-        want = naive_attention(attn, x, rotary, qk_norm=qk)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(attn(x), naive_attention(attn, x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+def test_rotated_and_normed_queries_and_keys_match_the_naive_loop(norm):
+    attn = tiny_model(pos_emb="rope", qk_norm=True, norm=norm, attention_weights=0.3).transformer.h[0].attn
+    x = torch.randn(2, 11, TINY["n_embd"])
+    rotary = rotary_tables(TINY["n_embd"] // TINY["n_head"], torch.arange(11), 10000.0)
+    qk_norm = {"rmsnorm": naive_rms, "layernorm": naive_layer_norm}[norm]
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, rotary), naive_attention(attn, x, rotary, qk_norm), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["scaled", "dot", "additive", "uniform"])
+def test_the_naive_loop_catches_a_mask_on_the_allowed_positions(kind):
+    """One learner's note masks with masked_fill(tril, -inf), hiding the positions a query may see instead of the
+    future. Planted in the model's mask, the comparison with the naive loop fails; without it, it holds."""
+    attn = tiny_model(attention=kind, attention_weights=0.5).transformer.h[0].attn
+    x = torch.randn(1, 6, TINY["n_embd"])
+
+    def written_out():  # the weights as the model writes them out (SDPA's kernel keeps its own mask)
+        return attn.c_proj(attn.written(*attn.project(x, None)).transpose(1, 2).reshape(1, 6, -1))
+
+    with torch.no_grad():
+        want = naive_attention(attn, x)
+        torch.testing.assert_close(written_out(), want, atol=1e-5, rtol=1e-5)
+        attn.tril.logical_not_()  # the note's mask: True on the future, so the past is what gets hidden
+        assert not torch.allclose(written_out().nan_to_num(), want, atol=1e-3)
+
+
+def test_uniform_attention_averages_the_past_as_the_notes_double_loop_does():
+    attn = tiny_model(attention="uniform").transformer.h[0].attn
+    T, x = 9, torch.randn(3, 9, TINY["n_embd"])
+    with torch.no_grad():
+        q, k, v = attn.project(x, None)
+        tril = torch.tril(torch.ones(T, T))
+        assert q.size(-1) == k.size(-1) == 0  # no queries or keys: every score is 0
+        assert torch.equal(attn.pattern(q, k), (tril / tril.sum(1, keepdim=True)).expand(3, TINY["n_head"], T, T))
+        v = v.transpose(1, 2).reshape(3, T, -1)  # (B, T, C), heads side by side
+        x_avg = torch.stack([torch.stack([v[b, :t + 1].mean(0) for t in range(T)]) for b in range(3)])
+        got = attn.attend(q, k, attn.project(x, None)[2]).transpose(1, 2).reshape(3, T, -1)
+    torch.testing.assert_close(got, x_avg, atol=1e-6, rtol=1e-6)
 
 
 def test_rotary_rotates_pairs_by_position_angle():
@@ -171,118 +119,70 @@ def test_rotary_scores_depend_only_on_relative_position():
     assert not torch.allclose(score(7, 3), score(7, 4), atol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ARCHS, ids=list(ARCHS))
-def test_causality(arch):
-    model = make_model(**ARCHS[arch])
-    T = BASE["block_size"]
+def test_rope_base_sets_the_rotary_frequencies():
+    slow, fast = tiny_model(pos_emb="rope", rope_base=10000.0), tiny_model(pos_emb="rope", rope_base=10.0)
+    idx = random_tokens((1, 12))
+    with torch.no_grad():
+        assert not torch.allclose(slow(idx, idx)[0], fast(idx, idx)[0])  # same weights, other angles
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=list(VARIANTS))
+def test_causal_variants_never_see_the_future(variant):
+    model = tiny_model(attention_weights=0.5, **VARIANTS[variant])
+    T = TINY["block_size"]
     idx = random_tokens((2, T))
     with torch.no_grad():
         ref, _ = model(idx, idx)
         for t in [0, 3, 9, T - 2]:
             changed = idx.clone()
             changed[:, t + 1:] = random_tokens((2, T - t - 1), seed=100 + t)
-            assert not torch.equal(changed, idx)
             logits, _ = model(changed, changed)
             torch.testing.assert_close(logits[:, :t + 1], ref[:, :t + 1], atol=1e-6, rtol=0)
-            # and the future did change something later on, so the check is not vacuous
-            assert not torch.allclose(logits[:, t + 1:], ref[:, t + 1:], atol=1e-4)
+            assert not torch.allclose(logits[:, t + 1:], ref[:, t + 1:], atol=1e-4)  # the future was read later
+
+
+def test_the_encoder_sees_the_future():
+    model = tiny_model(causal=False, attention_weights=0.5)
+    idx = random_tokens((1, 10))
+    changed = idx.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % TINY["vocab_size"]
+    with torch.no_grad():
+        assert not torch.allclose(model(idx, idx)[0][:, 0], model(changed, changed)[0][:, 0], atol=1e-4)
+
+
+def test_bigram_logits_depend_only_on_the_current_token():
+    model = tiny_model(n_layer=0, pos_emb="none")
+    idx = random_tokens((3, TINY["block_size"]))
+    with torch.no_grad():
+        logits, _ = model(idx, idx)
+        table, _ = model(torch.arange(TINY["vocab_size"])[:, None], torch.zeros(TINY["vocab_size"], 1).long())
+    torch.testing.assert_close(logits, table[:, 0][idx])  # one row of a table per token, wherever it stands
 
 
 def test_logits_without_targets_are_the_last_position():
-    model = make_model(**MODERN)
+    model = tiny_model(**MODERN)
     idx = random_tokens((3, 10))
     with torch.no_grad():
         full, loss = model(idx, idx)
         last, none = model(idx)
     assert none is None and loss.ndim == 0
-    assert last.shape == (3, 1, BASE["vocab_size"])
+    assert last.shape == (3, 1, TINY["vocab_size"])
     torch.testing.assert_close(last[:, 0], full[:, -1])
 
 
-def test_softcap_is_scaled_tanh_of_raw_logits():
-    capped = make_model(sharpen=300.0, **MODERN)
-    raw = make_model(sharpen=300.0, **dict(MODERN, logit_softcap=0.0))
+def test_softcap_is_a_scaled_tanh_of_the_raw_logits_and_bounds_them():
+    capped = tiny_model(sharpen=300.0, **MODERN)
+    raw = tiny_model(sharpen=300.0, **dict(MODERN, logit_softcap=0.0))
     idx = random_tokens((2, 8))
     with torch.no_grad():
         want = 15.0 * torch.tanh(raw(idx, idx)[0] / 15.0)
         got = capped(idx, idx)[0]
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-
-
-def test_softcap_bounds_logits():
-    model = make_model(sharpen=500.0, **MODERN)
-    with torch.no_grad():
-        logits, _ = model(random_tokens((2, 8)), random_tokens((2, 8)))
-    assert logits.abs().max() <= 15.0 + 1e-4
-    assert logits.abs().max() > 10.0  # the cap was actually exercised
-
-
-@pytest.mark.parametrize("arch", ARCHS, ids=list(ARCHS))
-def test_kv_cache_step_by_step_matches_full_forward(arch):
-    model = make_model(**ARCHS[arch])
-    B, T = 2, BASE["block_size"]
-    idx = random_tokens((B, T))
-    with torch.no_grad():
-        full, _ = model(idx, idx)
-        cache = KVCache(model.config, B, "cpu", torch.float32)
-        for t in range(T):
-            step, _ = model(idx[:, t:t + 1], cache=cache)
-            torch.testing.assert_close(step[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
-        assert cache.pos == T
-
-
-@pytest.mark.parametrize("arch", ARCHS, ids=list(ARCHS))
-def test_kv_cache_chunked_prefill_matches_full_forward(arch):
-    """Several new tokens after cached ones (the masked branch of attention)."""
-    model = make_model(**ARCHS[arch])
-    idx = random_tokens((2, 14))
-    with torch.no_grad():
-        full, _ = model(idx, idx)
-        cache = KVCache(model.config, 2, "cpu", torch.float32)
-        for a, b in [(0, 5), (5, 9), (9, 10), (10, 14)]:
-            out, _ = model(idx[:, a:b], cache=cache)
-            torch.testing.assert_close(out[:, -1], full[:, b - 1], atol=1e-5, rtol=1e-5)
-
-
-def test_forward_rejects_sequences_longer_than_block():
-    model = make_model()
-    with pytest.raises(ValueError, match="block_size"):
-        model(random_tokens((1, BASE["block_size"] + 1)))
-
-
-@pytest.mark.parametrize("kv_cache", [True, False])
-def test_generation_reads_only_the_last_block_of_context(kv_cache):
-    """Tokens further back than block_size never reach the model: changing them changes nothing,
-    while changing one inside the window does."""
-    model = make_model(sharpen=20.0, block_size=8)
-    prompt = random_tokens((1, 30))
-    out = generate(model, prompt, 1, temperature=0.0, kv_cache=kv_cache)
-    far = prompt.clone()
-    far[:, :22] = random_tokens((1, 22), seed=5)  # all but the last 8 tokens
-    assert torch.equal(generate(model, far, 1, temperature=0.0, kv_cache=kv_cache)[:, -1], out[:, -1])
-    with torch.no_grad():
-        logits, _ = model(prompt[:, -8:])
-        near = prompt.clone()
-        near[:, -8] = (near[:, -8] + 1) % BASE["vocab_size"]
-        moved, _ = model(near[:, -8:])
-    assert not torch.allclose(logits, moved)  # the first token of the window does matter
-
-
-def test_sample_next_filters():
-    logits = torch.tensor([[5.0, 4.0, 1.0, 0.0, -1.0]])
-    assert sample_next(logits, temperature=0).item() == 0
-    g = torch.Generator().manual_seed(0)
-    picks = {sample_next(logits, temperature=1.0, top_k=2, generator=g).item() for _ in range(200)}
-    assert picks == {0, 1}
-    # p(0) = 0.72, p(1) = 0.27: top_p=0.5 keeps only the first, top_p=0.9 the first two
-    picks = {sample_next(logits, temperature=1.0, top_p=0.5, generator=g).item() for _ in range(100)}
-    assert picks == {0}
-    picks = {sample_next(logits, temperature=1.0, top_p=0.9, generator=g).item() for _ in range(300)}
-    assert picks == {0, 1}
+    assert 10.0 < got.abs().max() <= 15.0 + 1e-4  # the cap was exercised
 
 
 def test_loss_ignores_minus_one_targets():
-    model = make_model()
+    model = tiny_model()
     idx = random_tokens((2, 8))
     targets = idx.clone()
     targets[:, :4] = -1
@@ -292,42 +192,108 @@ def test_loss_ignores_minus_one_targets():
     torch.testing.assert_close(loss, want)
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=list(VARIANTS))
+def test_the_kv_cache_step_by_step_and_in_chunks_matches_the_full_forward(variant):
+    """One token at a time, and several new tokens after cached ones (the masked branch of attention)."""
+    model = tiny_model(attention_weights=0.5, **VARIANTS[variant])
+    idx = random_tokens((2, 14))
+    with torch.no_grad():
+        full, _ = model(idx, idx)
+        for chunks in [[(t, t + 1) for t in range(14)], [(0, 5), (5, 9), (9, 10), (10, 14)]]:
+            cache = KVCache(model.config, 2, "cpu", torch.float32)
+            for a, b in chunks:
+                out, _ = model(idx[:, a:b], cache=cache)
+                torch.testing.assert_close(out[:, -1], full[:, b - 1], atol=1e-5, rtol=1e-5)
+            assert cache.pos == 14
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=list(VARIANTS))
+def test_kv_cache_generation_equals_full_context_generation(variant):
+    model = tiny_model(sharpen=5.0, block_size=12, **VARIANTS[variant])  # confident: a wrong context shows
+    idx = random_tokens((2, 3))
+    runs = [generate(model, idx, 30, temperature=1.0, kv_cache=kv, generator=torch.Generator().manual_seed(3))
+            for kv in (True, False)]  # 30 new tokens: the 12-token window slides several times
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_an_encoder_generates_from_the_whole_context_every_step():
+    model = tiny_model(causal=False)
+    idx = random_tokens((1, 3))
+    a = generate(model, idx, 15, temperature=0.0, kv_cache=True)
+    assert torch.equal(a, generate(model, idx, 15, temperature=0.0, kv_cache=False))
+
+
+@pytest.mark.parametrize("kv_cache", [True, False])
+def test_generation_reads_only_the_last_block_of_context(kv_cache):
+    """Tokens further back than block_size never reach the model: changing them changes nothing, while changing
+    one inside the window does."""
+    model = tiny_model(sharpen=20.0, block_size=8)
+    prompt = random_tokens((1, 30))
+    out = generate(model, prompt, 1, temperature=0.0, kv_cache=kv_cache)
+    far = prompt.clone()
+    far[:, :22] = random_tokens((1, 22), seed=5)  # all but the last 8 tokens
+    assert torch.equal(generate(model, far, 1, temperature=0.0, kv_cache=kv_cache)[:, -1], out[:, -1])
+    with torch.no_grad():
+        logits, _ = model(prompt[:, -8:])
+        near = prompt.clone()
+        near[:, -8] = (near[:, -8] + 1) % TINY["vocab_size"]
+        moved, _ = model(near[:, -8:])
+    assert not torch.allclose(logits, moved)  # the first token of the window does matter
+
+
+def test_forward_rejects_sequences_longer_than_block():
+    with pytest.raises(ValueError, match="block_size"):
+        tiny_model()(random_tokens((1, TINY["block_size"] + 1)))
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=list(VARIANTS))
+def test_every_variant_decodes_with_bfloat16_weights(variant):
+    """sample.py and the explorer may decode in bfloat16: every piece's weights must meet the values' dtype."""
+    model = tiny_model(**VARIANTS[variant]).to(torch.bfloat16)
+    assert generate(model, random_tokens((1, 3)), 15, temperature=0.0).shape == (1, 18)
+
+
 def test_tied_and_untied_heads():
-    tied = make_model()
+    tied = tiny_model()
     assert tied.lm_head.weight is tied.transformer.wte.weight
-    untied = make_model(tie_weights=False)
+    untied = tiny_model(tie_weights=False)
     assert untied.lm_head.weight is not untied.transformer.wte.weight
-    assert "wpe" not in make_model(pos_emb="rope").transformer
+    assert "wpe" not in tiny_model(pos_emb="rope").transformer
 
 
 def test_token_shift_mixes_each_position_with_the_one_before():
     """What each branch reads, against a loop: h[t] + share * (h[t-1] - h[t]) of the normed stream h, zeros before
     the first position, a share per channel; the shares train under AdamW without weight decay, not Muon."""
-    model = make_model(token_shift=True, bias=False)
+    model = tiny_model(token_shift=True, bias=False)
     block = model.transformer.h[0]
     with torch.no_grad():
         for share in block.shares:
             share.uniform_(0, 1)
-    x = torch.randn(2, 7, BASE["n_embd"])
+    x = torch.randn(2, 7, TINY["n_embd"])
     with torch.no_grad():
         for i, norm in enumerate((block.ln_1, block.ln_2)):
             h, share = norm(x), block.shares[i]
             want = torch.stack([h[:, t] + share * ((h[:, t - 1] if t else 0) - h[:, t]) for t in range(7)], dim=1)
             torch.testing.assert_close(block.branch_input(x, i), want)
-        torch.testing.assert_close(block.attention_input(x), block.branch_input(x, 0))
-    cfg = TrainConfig(optimizer="muon", weight_decay=0.1)
-    adamw, muon = build_optimizers(model, cfg)
+    adamw, muon = build_optimizers(model, TrainConfig(optimizer="muon", weight_decay=0.1))
     shares = {id(p) for b in model.transformer.h for p in b.shares}
-    assert len(shares) == 2 * BASE["n_layer"] and not shares & {id(p) for g in muon.param_groups for p in g["params"]}
+    assert len(shares) == 2 * TINY["n_layer"] and not shares & {id(p) for g in muon.param_groups for p in g["params"]}
     assert all(g["weight_decay"] == 0 for g in adamw.param_groups if shares & {id(p) for p in g["params"]})
-    assert not make_model().transformer.h[0].shares  # off by default: GPT-2's blocks
+    plain = tiny_model().transformer.h[0]
+    assert not plain.shares and plain.shift is None  # off by default: GPT-2's blocks
 
 
 def test_zero_init_proj():
-    model = make_model(zero_init_proj=True)
-    projs = [p for n, p in model.named_parameters() if n.endswith("c_proj.weight")]
-    assert len(projs) == 2 * BASE["n_layer"]
-    assert all(torch.count_nonzero(p) == 0 for p in projs)
+    projs = [p for n, p in tiny_model(zero_init_proj=True).named_parameters() if n.endswith("c_proj.weight")]
+    assert len(projs) == 2 * TINY["n_layer"] and all(torch.count_nonzero(p) == 0 for p in projs)
+
+
+def test_optional_parts_exist_only_where_configured():
+    """A block without its MLP has no MLP, second norm or the hook points that go with them; uniform attention
+    projects values only."""
+    block = tiny_model(mlp=False).transformer.h[0]
+    assert block.mlp is None and not hasattr(block, "ln_2") and not hasattr(block, "hook_mlp_out")
+    assert SelfAttention(GPTConfig(**TINY, attention="uniform")).c_attn.out_features == TINY["n_embd"]
 
 
 @pytest.mark.parametrize("bad,message", [
@@ -336,26 +302,14 @@ def test_zero_init_proj():
     (dict(pos_emb="alibi"), "pos_emb must be one of learned, rope"),
     (dict(n_layer=-1), "n_layer must be at least 0"),
     (dict(attention="uniform", qk_norm=True), "uniform.*no queries or keys"),
+    (dict(attention="uniform", pos_emb="rope"), "no queries or keys"),
+    (dict(attention="additive", pos_emb="rope"), "adds them"),
     (dict(dropout=1.0), "dropout"),
 ])
 def test_config_refuses_what_cannot_be_built(bad, message):
     with pytest.raises(ValueError, match=message):
         GPTConfig(**bad)
     GPTConfig(n_embd=32, n_head=4)  # a valid one is fine
-
-
-def test_from_dict_refuses_unknown_settings():
-    saved = asdict(GPTConfig(n_layer=3))
-    assert GPTConfig.from_dict(saved) == GPTConfig(n_layer=3)
-    with pytest.raises(ValueError, match="unknown model settings: flash"):
-        GPTConfig.from_dict(dict(saved, flash=True))
-
-
-def test_rope_base_sets_the_rotary_frequencies():
-    slow, fast = make_model(pos_emb="rope", rope_base=10000.0), make_model(pos_emb="rope", rope_base=10.0)
-    idx = random_tokens((1, 12))
-    with torch.no_grad():
-        assert not torch.allclose(slow(idx, idx)[0], fast(idx, idx)[0])  # same weights, other angles
 
 
 def test_flops_per_token_by_hand():
@@ -365,6 +319,50 @@ def test_flops_per_token_by_hand():
     L, C, V, T = 2, 32, 37, 16
     per_layer = C + 3 * C * C + C * C + C + 4 * C * C + 4 * C * C  # ln_1, c_attn, c_proj, ln_2, c_fc, c_proj
     n = L * per_layer + C + V * C  # the blocks, ln_f and the head
-    model = make_model(bias=False)
+    model = tiny_model(bias=False)
     assert flops_per_token(model, T) == 6 * n + L * 2 * 2 * T * C * 3
-    assert flops_per_token(make_model(bias=False, tie_weights=False), T) == flops_per_token(model, T)
+    assert flops_per_token(tiny_model(bias=False, tie_weights=False), T) == flops_per_token(model, T)
+
+
+# ---------------------------------------------------------------------------------------------- hook points
+
+@pytest.mark.parametrize("variant", ["scaled", "modern", "token_shift", "additive", "uniform", "attention_only"])
+def test_watched_activations_are_the_ones_the_forward_pass_computes(variant):
+    """With every hook point watched (the scores and the pattern written out), the logits are the unwatched
+    forward pass's; the pattern holds the weights the values are averaged with, the streams add up, the final
+    norm's scale is the spread of the stream it normalizes, and nothing is watched once the block ends."""
+    model = tiny_model(attention_weights=0.5, **VARIANTS[variant])
+    idx = random_tokens((2, 9))
+    with torch.no_grad():
+        want = model(idx, idx)[0]
+        cache = {}
+        with hooked(model, {name: lambda x, name: cache.__setitem__(name, x) for name in hook_points(model)}):
+            got = model(idx, idx)[0]
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        z = cache["blocks.0.attn.hook_pattern"] @ cache["blocks.0.attn.hook_v"].transpose(1, 2)
+        torch.testing.assert_close(z.transpose(1, 2), cache["blocks.0.attn.hook_z"], atol=1e-6, rtol=1e-5)
+        mid = "blocks.0.hook_resid_mid" if "blocks.0.hook_resid_mid" in cache else "blocks.0.hook_resid_post"
+        torch.testing.assert_close(cache["blocks.0.hook_resid_pre"] + cache["blocks.0.hook_attn_out"], cache[mid])
+        final = cache[f"blocks.{model.config.n_layer - 1}.hook_resid_post"]
+        spread = (final - final.mean(-1, keepdim=True)) if model.config.norm == "layernorm" else final
+        torch.testing.assert_close(cache["ln_final.hook_scale"], (spread.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()
+                                   if model.config.norm == "layernorm" else
+                                   (spread.pow(2).mean(-1, keepdim=True) + torch.finfo(final.dtype).eps).sqrt())
+    assert not any(point.hooked for point in hook_points(model).values())
+
+
+def test_a_hook_that_returns_a_tensor_replaces_the_activation():
+    """Zeroing head 1's output of layer 0 by a hook is zeroing its slice of the output projection's input."""
+    model = tiny_model(attention_weights=0.5)
+    idx = random_tokens((1, 6))
+
+    def zero_head_1(z, name):
+        z = z.clone()
+        z[:, :, 1] = 0
+        return z
+
+    with torch.no_grad(), hooked(model, {"blocks.0.attn.hook_z": zero_head_1}):
+        ablated = model(idx, idx)[0]
+    with torch.no_grad():
+        model.transformer.h[0].attn.c_proj.weight[:, 8:16] = 0  # head 1's columns
+        torch.testing.assert_close(ablated, model(idx, idx)[0])

@@ -1,4 +1,4 @@
-"""Pictures: the attention weights behind attention.png, and plot.py's loss and attention PNGs."""
+"""Pictures: plot.py's loss and attention PNGs."""
 
 import json
 
@@ -11,8 +11,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from conftest import assert_one_error_line, check_ok, run_script
 from gptkit.errors import UserError
-from gptkit.inspection import attention_maps, token_label
-from model import GPT, GPTConfig
+from gptkit.inspection import token_label
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -34,48 +33,6 @@ def assert_png(path):
     assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
     assert image.std() > 0  # not a blank canvas
     return image
-
-
-# ----------------------------------------------------------------------------- attention weights
-
-
-@pytest.mark.parametrize("arch", [dict(), dict(pos_emb="rope", norm="rmsnorm", qk_norm=True)],
-                         ids=["gpt2", "rope_qknorm"])
-def test_attention_maps_are_causal_distributions(arch):
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=32, vocab_size=50, n_layer=3, n_head=4, n_embd=32, **arch)).eval()
-    with torch.no_grad():  # larger weights make the attention far from uniform
-        for block in model.transformer.h:
-            block.attn.c_attn.weight.mul_(10)
-    idx = torch.randint(50, (2, 20), generator=torch.Generator().manual_seed(1))
-    maps = attention_maps(model, idx)
-    assert len(maps) == 3
-    future = torch.ones(20, 20, dtype=torch.bool).triu(diagonal=1)
-    for weights in maps:
-        assert weights.shape == (2, 4, 20, 20)
-        assert (weights[..., future] == 0).all()  # exactly zero above the diagonal
-        assert (weights[..., ~future] > 0).all()
-        torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 20), rtol=0, atol=1e-5)
-        assert weights[..., 0, 0].eq(1).all()  # the first token can only attend to itself
-    assert maps[0].max() > 0.5  # the test is not passing on uniform attention
-
-
-def test_attention_maps_are_what_the_forward_pass_uses():
-    """Weights @ values reproduces the attention output computed by scaled_dot_product_attention."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=16, vocab_size=30, n_layer=2, n_head=2, n_embd=16, pos_emb="rope")).eval()
-    idx = torch.randint(30, (1, 12), generator=torch.Generator().manual_seed(2))
-    outputs = []
-    handle = model.transformer.h[1].attn.c_proj.register_forward_pre_hook(lambda m, a: outputs.append(a[0]))
-    maps = attention_maps(model, idx)
-    handle.remove()
-    with torch.no_grad():
-        x, rotary = model.embed(idx)
-        x = model.transformer.h[0](x, rotary)
-        block = model.transformer.h[1]
-        _, _, v = block.attn.qkv(block.ln_1(x), rotary)
-        y = (maps[1] @ v).transpose(1, 2).reshape(1, 12, 16)
-    torch.testing.assert_close(y, outputs[-1], rtol=1e-5, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- plot.py

@@ -17,6 +17,7 @@ from gptkit.optim import build_optimizers, is_hidden_matrix, lr_factor_at, set_l
 from gptkit.timing import pick_dtype
 from gptkit.runtime import compile_blocks
 from gptkit.train_config import TrainConfig
+from gptkit.kernels import attention_path_of, by_rule, install, set_attention_path
 from model import GPT
 
 
@@ -218,6 +219,7 @@ def test_a_compiled_block_keeps_its_dropouts_in_one_graph():
     """Dropout draws its mask's offset as a number inside the block; compiled blocks capture it rather than
     breaking the graph at every dropout, which cost compiled steps with dropout 0.1 about 5% more."""
     model = tiny_model(config(**dict(TINY, dropout=0.1))).train()
+    install(model, by_rule("cpu"))  # dropout's masks from the table, as a CPU run draws them
     compile_blocks(model)
     block, x = model.transformer.h[0], torch.randn(4, 16, 32)
     type(block).forward(block, x)  # eagerly, as a run's start-up probes do: builds the table of masks
@@ -391,7 +393,7 @@ def test_each_precision_is_timed_on_the_attention_path_it_would_train_on(monkeyp
     dtype, _, (path, why), _ = timing.pick_training_dtype("auto", model, 4, "cpu")
     assert timed == [{"float32": "written", "bfloat16": "folded"}]
     assert (dtype, path) == ("bfloat16", "folded") and why.startswith("attention: the folded path (")
-    assert [block.attn.path for block in model.transformer.h] == ["fused"] * 2
+    assert [attention_path_of(block.attn) for block in model.transformer.h] == ["fused"] * 2
     timed.clear()
     assert timing.pick_training_dtype("auto", model, 4, "cpu", attention_path="written")[2] == ("written", None)
     assert timed == [{"float32": "written", "bfloat16": "written"}]
@@ -412,12 +414,12 @@ def test_the_budget_is_fitted_to_the_step_on_the_measured_attention_path(monkeyp
         path: 1e-3 if path == "written" else 3e-3 for path in paths})
     paths = []
     monkeypatch.setattr(training, "tokens_per_parameter", lambda model, *args: paths.append(
-        [block.attn.path for block in model.transformer.h]) or 0.0)
+        [attention_path_of(block.attn) for block in model.transformer.h]) or 0.0)
     cfg = config(**TINY, max_time=60, min_tokens_per_param=6, smaller_n_layer=1, dtype="float32",
                  data_dir=str(data_dir), dataset="tiny")
     data, state = training.build_training(cfg, Runtime(device="cpu", dtype="float32"))
     assert paths == [["written"] * 2]
-    assert [block.attn.path for block in state.model.transformer.h] == ["written"]
+    assert [attention_path_of(block.attn) for block in state.model.transformer.h] == ["written"]
     assert state.measured["attention_path"] == "written"
 
 
@@ -449,7 +451,7 @@ def test_timing_training_steps_takes_turns_on_each_precisions_path_and_leaves_no
     model = tiny_model(config(**{**TINY, "dropout": 0.1}))
     calls = []
     model.register_forward_pre_hook(lambda module, args: calls.append(
-        ([block.attn.path for block in module.transformer.h], torch.is_autocast_enabled("cpu"))))
+        ([attention_path_of(block.attn) for block in module.transformer.h], torch.is_autocast_enabled("cpu"))))
     torch.manual_seed(3)
     before = torch.get_rng_state()
     seconds = timing.step_seconds_in_turns(model, 2, {"float32": "written", "bfloat16": "folded"}, repeats=2)
@@ -457,7 +459,7 @@ def test_timing_training_steps_takes_turns_on_each_precisions_path_and_leaves_no
     assert calls == [(["written"] * 2, False), (["folded"] * 2, True)] * 3  # one untimed call each, then 2 turns
     assert torch.equal(torch.get_rng_state(), before)
     assert all(p.grad is None for p in model.parameters())
-    assert [block.attn.path for block in model.transformer.h] == ["fused"] * 2
+    assert [attention_path_of(block.attn) for block in model.transformer.h] == ["fused"] * 2
 
 
 @pytest.mark.parametrize("max_tokens", [0, 100, 37])
@@ -532,7 +534,7 @@ def test_a_resume_keeps_the_measured_choices_it_was_trained_with(monkeypatch):
     saved = {"dtype": "bfloat16", "attention_path": "folded"}  # a checkpoint's measured choices
     settle_precision(config(**TINY), rt, model, saved)
     assert settle_attention_path(config(**TINY), rt, model, saved) == "folded"
-    assert rt.dtype == "bfloat16" and model.transformer.h[0].attn.path == "folded"
+    assert rt.dtype == "bfloat16" and attention_path_of(model.transformer.h[0].attn) == "folded"
     explicit = config(**TINY, dtype="float32", attention_path="fused")  # what the command line says wins
     rt = Runtime(device="cpu", dtype="float32")
     settle_precision(explicit, rt, model, saved)
@@ -566,7 +568,7 @@ def test_a_model_too_big_for_its_budget_trains_as_the_smaller_shape(monkeypatch,
     training.seed_everything(cfg.seed)
     configured = training.build_model(cfg, meta)
     fitted_cfg, model, fitted_from = training.fit_to_budget(cfg, Runtime(device="cpu", dtype="float32"),
-                                                            configured, meta, "fused")
+                                                            configured, meta, ([], "fused"))
     assert timed == [(2, 4, "float32", 60, 1)]
     line = capsys.readouterr().out
     if seen >= 6:
@@ -592,17 +594,17 @@ def test_a_fallback_too_big_for_its_budget_loses_a_layer_at_a_time_down_to_two(m
 
     timed = []
     monkeypatch.setattr(training, "tokens_per_parameter", lambda model, *args: (
-        timed.append((model.config.n_layer, {block.attn.path for block in model.transformer.h})) or
+        timed.append((model.config.n_layer, {attention_path_of(block.attn) for block in model.transformer.h})) or
         seen[model.config.n_layer]))
     cfg = config(**{**TINY, "n_layer": 4}, max_time=60, min_tokens_per_param=6, smaller_n_layer=3)
     meta = {"vocab_size": 20, "tokenizer": "char"}
     configured = training.build_model(cfg, meta)
-    configured.set_attention_path("written")
+    set_attention_path(configured, "written")
     fitted_cfg, model, fitted_from = training.fit_to_budget(cfg, Runtime(device="cpu", dtype="float32"),
-                                                            configured, meta, "written")
+                                                            configured, meta, ([], "written"))
     assert timed == [(4, {"written"}), (3, {"written"})]
     assert model.config.n_layer == fitted_cfg.model.n_layer == trained and fitted_from == {"n_layer": 4, "n_embd": 32}
-    assert {block.attn.path for block in model.transformer.h} == {"written"}
+    assert {attention_path_of(block.attn) for block in model.transformer.h} == {"written"}
     fell_short = ", n_layer=3 4.0" if trained == 2 else ""
     assert capsys.readouterr().out == (
         f"shape: n_layer={trained}, n_embd=32 instead of n_layer=4, n_embd=32: at the step timed here the configured "
@@ -631,7 +633,7 @@ def test_a_fallback_one_layer_short_of_a_timed_model_is_timed_only_where_its_fig
     meta = {"vocab_size": 20, "tokenizer": "char"}
     configured = training.build_model(cfg, meta)
     fitted_cfg, model, _ = training.fit_to_budget(cfg, Runtime(device="cpu", dtype="float32"), configured, meta,
-                                                  "fused")
+                                                  ([], "fused"))
     assert timed == timed_layers
     if smaller_n_embd:  # timed at 5.0, under 6: one layer fewer again
         assert model.config.n_layer == fitted_cfg.model.n_layer == 2
@@ -660,7 +662,7 @@ def test_the_smaller_shape_is_checked_and_fitted_only_where_a_budget_can_ask_for
         cfg = config(**unfitted, smaller_n_layer=1)
         model = training.build_model(cfg, meta)
         rt = Runtime(device="cpu", dtype="float32")
-        assert training.fit_to_budget(cfg, rt, model, meta, "fused") == (cfg, model, None)
+        assert training.fit_to_budget(cfg, rt, model, meta, ([], "fused")) == (cfg, model, None)
 
 
 def test_the_thread_count_follows_the_faster_steps():

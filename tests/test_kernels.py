@@ -1,0 +1,141 @@
+"""gptkit/kernels.py: each kernel against the plain piece of model.py it stands in for (the same numbers, or the
+same function at a stated tolerance, or for the dropout table the same statistics), and what installing does."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import MODERN, random_tokens, tiny_model
+from gptkit import kernels
+from gptkit.decoding import generate
+from gptkit.inspection import hooked
+from gptkit.kernels import ATTENTION_PATHS, TableDropout, by_rule, install
+
+DROPOUT_MODEL = dict(MODERN, dropout=0.1, token_shift=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_table_dropout_zeroes_a_share_p_and_scales_the_rest_as_f_dropout_does(dtype):
+    """Over 2M elements the zeroed share is p to within 0.2%, what is kept is scaled by exactly 1/(1-p), the
+    gradient flows through the same mask, each call takes a new mask from torch's generator (so a seed repeats
+    it), and outside training, or with p = 0, it is the identity."""
+    x = torch.ones(2_000_000, dtype=dtype, requires_grad=True)
+    drop = TableDropout(0.25)
+    torch.manual_seed(0)
+    y = drop(x)
+    assert abs((y == 0).float().mean().item() - 0.25) < 0.002
+    assert torch.equal(y[y != 0], torch.full_like(y[y != 0], 1 / 0.75)) and y.dtype == dtype
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())
+    torch.manual_seed(0)
+    assert torch.equal(drop(x), y) and not torch.equal(drop(x), y)
+    assert drop.eval()(x) is x and TableDropout(0.0)(x) is x
+
+
+def test_table_dropout_masks_change_from_call_to_call_and_never_depend_on_the_past():
+    """An element dropped in one call is dropped in the next with probability p, as with fresh masks (a table
+    reused at one offset would drop it again); and a seed gives the same masks in a process whose table grew for
+    bigger tensors first, as a resumed run's must."""
+    x, drop = torch.ones(1_000_000), TableDropout(0.2)
+    torch.manual_seed(3)
+    first = [drop(x) == 0 for _ in range(4)]
+    for a, b in zip(first, first[1:]):
+        assert abs((a & b).float().mean().item() - 0.2 * 0.2) < 0.002
+    drop(torch.ones(5_000_000))  # grows the table beyond what the calls above used
+    torch.manual_seed(3)
+    assert all(torch.equal(drop(x) == 0, mask) for mask in first)
+
+
+def test_relu_squared_function_gives_autograd_s_numbers_exactly():
+    """Doubling is exact in floating point, so the one-kernel backward's 2 * grad * r equals autograd's."""
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        x = torch.randn(64, 48, dtype=dtype, requires_grad=True)
+        x_ref = x.detach().clone().requires_grad_()
+        grad = torch.randn(64, 48, dtype=dtype)
+        y = kernels.FusedReLUSquared()(x)
+        y.backward(grad)
+        F.relu(x_ref).square().backward(grad)
+        assert torch.equal(y, F.relu(x_ref).square()) and torch.equal(x.grad, x_ref.grad)
+
+
+def train_step(model, idx, dtype, seed=5):
+    """Logits, loss and gradients of one forward and backward pass in dtype, dropout drawn from `seed`."""
+    model.train().zero_grad()
+    torch.manual_seed(seed)
+    with torch.autocast("cpu", dtype, enabled=dtype != torch.float32):
+        logits, loss = model(idx, idx)
+    loss.backward()
+    return logits.detach().float(), loss.item(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 0.0), (torch.bfloat16, 0.05)])
+def test_without_dropout_the_kernels_compute_the_plain_model_s_function(dtype, tolerance):
+    """At p = 0 every kernel computes what the plain model does: in float32 the very same numbers (the shift's
+    cast does nothing there); under bfloat16 autocast the shift in bfloat16 rounds otherwise, within `tolerance`
+    of the logits."""
+    config = dict(DROPOUT_MODEL, dropout=0.0)
+    idx = random_tokens((4, 16))
+    plain = train_step(tiny_model(**config), idx, dtype)
+    fast = tiny_model(**config)
+    install(fast, kernels.KERNELS)
+    got = train_step(fast, idx, dtype)
+    if tolerance == 0:
+        assert torch.equal(got[0], plain[0]) and all(torch.equal(a, b) for a, b in zip(got[2], plain[2]))
+    else:
+        assert 0 < (got[0] - plain[0]).abs().max() < tolerance
+        assert abs(got[1] - plain[1]) < tolerance / 10
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["decoder", "encoder"])
+@pytest.mark.parametrize("kind", ["scaled", "dot"])
+def test_the_three_attention_paths_agree(kind, causal):
+    """SDPA's kernel, the softmax written out as the notes write it, and the same folded into one matmul: the same
+    outputs and gradients, also when new queries follow cached keys."""
+    model = tiny_model(attention=kind, causal=causal, pos_emb="rope", qk_norm=True, attention_weights=0.5)
+    idx = random_tokens((2, 10))
+    results, runs = [], []
+    for path in ATTENTION_PATHS:
+        assert kernels.set_attention_path(model, path) == path
+        results.append(train_step(model, idx, torch.float32))
+        runs.append(generate(model.eval(), idx[:, :3], 20, temperature=0.0) if causal else None)
+    for logits, _, grads in results[1:]:
+        torch.testing.assert_close(logits, results[0][0], atol=1e-5, rtol=1e-5)
+        for a, b in zip(grads, results[0][2]):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert all(run is None or torch.equal(run, runs[0]) for run in runs)
+
+
+def test_with_table_dropout_every_path_draws_the_same_masks():
+    """With dropout every path draws the same masks from one seed, so which one start-up timed fastest changes
+    nothing; 'fused' runs folded in training, since SDPA would draw its own, and SDPA in evaluation."""
+    model = tiny_model(**DROPOUT_MODEL)
+    install(model, by_rule("cpu"), "fused")
+    idx = random_tokens((4, 16))
+    seen = []
+    for path in ("written", "folded", "fused"):
+        kernels.set_attention_path(model, path)
+        seen.append(train_step(model, idx, torch.float32))
+    for other in seen[1:]:
+        assert abs(other[1] - seen[0][1]) < 1e-5 and torch.allclose(other[2][0], seen[0][2][0], atol=1e-6)
+    assert torch.equal(seen[2][0], seen[1][0])  # fused, in training: the folded path itself
+    sdpa = []
+    with torch.no_grad(), hooked(model.eval(), {"blocks.0.attn.hook_z": lambda z, name: sdpa.append(z)}):
+        model(idx)
+    attn = model.transformer.h[0].attn
+    attn.attend = attn.sdpa
+    with torch.no_grad(), hooked(model, {"blocks.0.attn.hook_z": lambda z, name: sdpa.append(z)}):
+        model(idx)
+    assert torch.equal(sdpa[0], sdpa[1])
+
+
+def test_install_swaps_what_the_model_has_and_the_rule_keeps_gpu_masks():
+    model = tiny_model(**DROPOUT_MODEL)
+    install(model, by_rule("cpu"))
+    kinds = {type(m).__name__ for m in model.modules()}
+    assert {"TableDropout", "FusedReLUSquared", "CastTokenShift"} <= kinds and "Dropout" not in kinds
+    assert by_rule("cuda") == ["relu2", "shift_cast"] and by_rule("cpu") == list(kernels.KERNELS)
+    gelu = tiny_model(dropout=0.1)
+    install(gelu, ["relu2", "shift_cast"])  # nothing of theirs to swap, and nn.Dropout stays
+    assert not {"FusedReLUSquared", "CastTokenShift", "TableDropout"} & {type(m).__name__ for m in gelu.modules()}
+    with pytest.raises(ValueError, match="unknown kernels: fast"):
+        install(gelu, ["fast"])
