@@ -1,4 +1,5 @@
-"""bench.py's training benchmarks: the throughput comparison runs, and the side-by-side table states the ratios."""
+"""bench.py's training benchmarks (gptkit/benchmarks/): the throughput comparison runs, and the side-by-side table
+states the ratios."""
 
 import json
 import os
@@ -8,12 +9,13 @@ import pytest
 import torch
 
 import bench
+from gptkit.benchmarks import busy, common, presets, throughput, train
 
 
 def test_throughput_times_the_baseline_and_the_config_in_alternating_rounds(capsys, monkeypatch):
     timed = []
-    seconds_per_step = bench.seconds_per_step
-    monkeypatch.setattr(bench, "seconds_per_step", lambda step, steps, device: timed.append((step, steps)) or
+    seconds_per_step = throughput.seconds_per_step
+    monkeypatch.setattr(throughput, "seconds_per_step", lambda step, steps, device: timed.append((step, steps)) or
                         seconds_per_step(step, steps, device))
     bench.main(["throughput", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=2",
                 "--steps=6", "--rounds=3", "--warmup=1", "--compiled=False"])
@@ -28,7 +30,7 @@ def test_throughput_times_the_baseline_and_the_config_in_alternating_rounds(caps
 def test_throughput_times_the_vocabulary_asked_for(monkeypatch):
     """GPT-2's shape is timed with its 50,304-token head: its largest matmul and the loss it feeds."""
     heads = []
-    monkeypatch.setattr(bench, "flops_per_token", lambda model, seq_len: heads.append(model.lm_head.out_features)
+    monkeypatch.setattr(throughput, "flops_per_token", lambda model, seq_len: heads.append(model.lm_head.out_features)
                         or 1.0)
     bench.main(["throughput", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=2",
                 "--vocab_size=97", "--steps=1", "--rounds=1", "--warmup=0", "--compiled=False"])
@@ -36,12 +38,31 @@ def test_throughput_times_the_vocabulary_asked_for(monkeypatch):
 
 
 def test_the_datasheet_mfu_is_added_only_where_the_device_has_a_known_peak(monkeypatch):
-    assert bench.datasheet_mfu(1e12, "cpu", "bfloat16") == ""  # a CPU's peak is measured, never looked up
+    assert throughput.datasheet_mfu(1e12, "cpu", "bfloat16") == ""  # a CPU's peak is measured, never looked up
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H200")
-    assert bench.datasheet_mfu(494.5e12, "cuda", "bfloat16") == ", 50.0% MFU of the datasheet's 989 TFLOP/s"
-    assert bench.datasheet_mfu(247.25e12, "cuda", "float32") == ", 50.0% MFU of the datasheet's 494 TFLOP/s"
+    assert throughput.datasheet_mfu(494.5e12, "cuda", "bfloat16") == ", 50.0% MFU of the datasheet's 989 TFLOP/s"
+    assert throughput.datasheet_mfu(247.25e12, "cuda", "float32") == ", 50.0% MFU of the datasheet's 494 TFLOP/s"
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Some Future GPU")
-    assert bench.datasheet_mfu(1e12, "cuda", "bfloat16") == ""
+    assert throughput.datasheet_mfu(1e12, "cuda", "bfloat16") == ""
+
+
+def test_the_timed_step_is_the_trainings_own(monkeypatch):
+    """throughput and dropout time train.py's step: gptkit.training's clip, step and clear, with the precision and
+    attention path that a fresh run settles."""
+    from gptkit.config import parse_config
+    from gptkit.train_config import TrainConfig
+
+    clips, step_optimizers = [], common.step_optimizers
+    monkeypatch.setattr(common, "step_optimizers", lambda model, optimizers, scaler, grad_clip: clips.append(grad_clip)
+                        or step_optimizers(model, optimizers, scaler, grad_clip))
+    tcfg = parse_config(TrainConfig, ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=2",
+                                      "--grad_clip=0.5", "--dtype=float32", "--attention_path=written"])
+    step, model, dtype, path = common.training_step(tcfg, "cpu", vocab_size=11)
+    before = [p.detach().clone() for p in model.parameters()]
+    step()
+    assert clips == [0.5] and (dtype, path) == ("float32", "written")
+    assert all(p.grad is None for p in model.parameters())  # cleared after the step, as train.py clears them
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
 
 
 def test_dropout_bench_times_both_rates_and_states_the_share_of_the_steps(tmp_path, capsys):
@@ -65,7 +86,7 @@ def summary(wall_s, hits):
 def test_train_table_compares_times_to_each_target(capsys):
     classic = summary(80.0, {1.886: 60.0, 1.6: None})
     default = summary(150.0, {1.886: 20.0, 1.6: 120.0})
-    bench.print_train_table({"classic": classic, "default": default}, [1.886, 1.6])
+    train.print_train_table({"classic": classic, "default": default}, [1.886, 1.6])
     out = capsys.readouterr().out
     assert ("time to 1.886: the default gets there 4.0x sooner than the classic run's wall time, "
             "3.0x sooner than the classic run does") in out
@@ -85,8 +106,8 @@ def test_run_summary_reads_what_the_run_recorded(tmp_path, monkeypatch):
                {"kind": "eval", "iter": 20, "train_loss": 1.7, "val_loss": 1.7, "elapsed_s": 4.5},
                {"kind": "final", "iter": 20, "val_loss": 1.75, "val_tokens": 99, "elapsed_s": 5.0}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    monkeypatch.setattr(bench, "matmul_peak", lambda dtype, device: {"bfloat16": 4e9}[dtype])
-    s = bench.run_summary(tmp_path, [1.886, 1.6], wall_s=6.0)
+    monkeypatch.setattr(common, "matmul_peak", lambda dtype, device: {"bfloat16": 4e9}[dtype])
+    s = common.run_summary(tmp_path, [1.886, 1.6], wall_s=6.0)
     assert (s["wall_s"], s["iters"], s["final_val"], s["dtype"]) == (6.0, 20, 1.75, "bfloat16")
     assert s["tok_s"] == 2000.0 and s["gflops"] == 2.0 and s["peak_pct"] == 50.0
     assert s["hit"] == {1.886: 3.5, 1.6: None}
@@ -102,9 +123,9 @@ def test_a_run_with_one_train_record_has_no_rate_and_its_real_iterations(tmp_pat
                {"kind": "eval", "iter": 25, "train_loss": 1.8, "val_loss": 1.8, "elapsed_s": 3.5},
                {"kind": "final", "iter": 25, "val_loss": 1.75, "val_tokens": 99, "elapsed_s": 5.0}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    s = bench.run_summary(tmp_path, [1.886], wall_s=6.0)
+    s = common.run_summary(tmp_path, [1.886], wall_s=6.0)
     assert s["iters"] == 25 and s["tok_s"] is None and s["gflops"] is None
-    bench.print_train_table({"classic": s, "default": s}, [1.886])
+    train.print_train_table({"classic": s, "default": s}, [1.886])
     out = capsys.readouterr().out
     assert re.search(r"iterations +25 +25", out) and re.search(r"tokens/s +n/a +n/a", out)
     assert "tokens/s: n/a (a run logged fewer than two train records" in out
@@ -119,9 +140,9 @@ def test_a_benchmark_never_clears_a_run_folder_in_use(tmp_path):
     with RunDir(folder).locked():
         (folder / "metrics.jsonl").write_text("{}\n")
         with pytest.raises(UserError, match="is in use by another run"):
-            bench.clear_run_folder(folder)
+            common.clear_run_folder(folder)
         assert (folder / "metrics.jsonl").exists()
-    bench.clear_run_folder(folder)
+    common.clear_run_folder(folder)
     assert not folder.exists()
 
 
@@ -130,7 +151,7 @@ def test_prepare_bench_measures_our_prepare_and_the_training_read(tmp_path, caps
     """A small corpus through bench.py prepare, ours only: it is made with its huge single-line documents,
     prepared, read by train.py, and the table gives each one's exit status, speed, memory and disk."""
     from conftest import make_text
-    from gptkit import prepare_bench
+    from gptkit.benchmarks import prepare as prepare_bench
 
     text = tmp_path / "text.txt"
     text.write_text(make_text(200_000), encoding="utf-8")
@@ -176,7 +197,7 @@ def test_presets_bench_trains_each_preset_once_per_seed_and_states_the_mean(tmp_
 def test_presets_table_states_budget_and_target_misses(capsys):
     runs = [summary(301.0, {}), summary(299.0, {})]
     runs[1]["final_val"] = 1.46
-    bench.print_presets_table({"c.py": runs}, {"c.py": 1.45}, {"c.py": 300}, [1, 2])
+    presets.print_presets_table({"c.py": runs}, {"c.py": 1.45}, {"c.py": 300}, [1, 2])
     out = capsys.readouterr().out
     assert ("c.py: mean 1.4800 over 2 seeds (1.4600-1.5000, std 0.0283); wall time 299.0-301.0 s, OVER max_time "
             "300 s; target <= 1.45: missed") in out
@@ -184,16 +205,16 @@ def test_presets_table_states_budget_and_target_misses(capsys):
 
 def test_train_bench_fits_a_run_to_the_classic_wall_time(capsys):
     classic, fitted = summary(80.0, {1.886: 60.0}), summary(79.5, {1.886: 20.0})
-    bench.print_train_table({"classic": classic, "fitted": fitted}, [1.886])
+    train.print_train_table({"classic": classic, "fitted": fitted}, [1.886])
     assert ("fitted to the classic run's wall time, the default's whole run took 79.5 s against 80.0 s (within) "
             "and ended at 1.5000, the classic run at 1.5000") in capsys.readouterr().out
     with pytest.raises(ValueError, match="'fitted' with 'classic'"):
-        bench.TrainBenchConfig(runs="default,fitted")
+        train.TrainBenchConfig(runs="default,fitted")
 
 
 def test_busy_table_says_n_a_for_a_run_too_short_to_have_a_rate(capsys):
     """A run of a few seconds may log fewer than two train records: its rate is n/a, not a traceback."""
-    bench.print_busy_table({"idle": 20000.0, "busy": 13000.0, "busy, 2 threads fixed": None})
+    busy.print_busy_table({"idle": 20000.0, "busy": 13000.0, "busy, 2 threads fixed": None})
     out = capsys.readouterr().out
     assert re.search(r"^busy +13,000 tokens/s +65% of idle$", out, re.M)
     assert re.search(r"^busy, 2 threads fixed +n/a tokens/s +n/a of idle$", out, re.M)

@@ -18,10 +18,10 @@ import zstandard
 
 from conftest import REPO, assert_one_error_line, check_ok, make_text, run_script
 from gptkit import corpus
+from gptkit.benchmarks.prepare import tree_rss
 from gptkit.corpus import PrepareConfig, prepare
 from gptkit.dataset import Split, TrainingData, load_meta
 from gptkit.errors import UserError
-from gptkit.prepare_bench import tree_rss
 from gptkit.sources import in_val
 from gptkit.tokenizer import tokenizer_from_meta
 

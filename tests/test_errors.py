@@ -17,12 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import bench
 import export
 import plot
 import sample
 import train
 from conftest import MODEL, REPO, assert_one_error_line, make_text
+from gptkit.benchmarks.prepare import PrepareBenchConfig
+from gptkit.benchmarks.sample import SampleBenchConfig
+from gptkit.benchmarks.throughput import ThroughputBenchConfig
+from gptkit.benchmarks.train import TrainBenchConfig
 from gptkit.checkpoint import load_checkpoint
 from gptkit.config import settings
 from gptkit.corpus import PrepareConfig, prepare
@@ -172,8 +175,8 @@ BAD_METRICS = {  # metrics.jsonl lines that are JSON, but not records train.py w
 # float option is also given 1e999 and -1e999 (infinity) and every integer one 2**63, which the parser refuses
 SCRIPT_OPTIONS = [("train", [], TrainConfig), ("sample", [], sample.SampleConfig), ("plot", ["loss"], plot.PlotConfig),
                   ("prepare", [], PrepareConfig), ("export", [], export.ExportConfig),
-                  ("bench", ["sample"], bench.SampleBenchConfig), ("bench", ["train"], bench.TrainBenchConfig),
-                  ("bench", ["throughput"], bench.ThroughputBenchConfig), ("bench", ["prepare"], bench.PrepareBenchConfig)]
+                  ("bench", ["sample"], SampleBenchConfig), ("bench", ["train"], TrainBenchConfig),
+                  ("bench", ["throughput"], ThroughputBenchConfig), ("bench", ["prepare"], PrepareBenchConfig)]
 OUT_OF_RANGE = {
     "TrainConfig": {
         **dict.fromkeys(["eval_interval", "log_interval", "gradient_accumulation_steps", "batch_size", "max_iters",

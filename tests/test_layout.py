@@ -7,17 +7,26 @@ import ast
 from conftest import REPO
 
 SCRIPTS = {"train", "sample", "plot", "export", "bench", "lab", "explore"}  # the commands at the root (and data/prepare.py)
+# gptkit/benchmarks/: one module per `bench.py` subcommand, and what several of them share
+BENCHMARKS = ["common", "sample", "train", "presets", "busy", "throughput", "dropout", "hooks", "explore", "prepare"]
 # the package's layers, lowest first: a module may import its own layer or those below, never one above
 LAYERS = {
     "foundations": {"gptkit.errors", "gptkit.config", "gptkit.prompts", "gptkit.locks"},
     "the model": {"model"},
     "parts": {"gptkit.tokenizer", "gptkit.corpus", "gptkit.dataset", "gptkit.metrics", "gptkit.checkpoint",
               "gptkit.hf_interop", "gptkit.decoding", "gptkit.inspection", "gptkit.flops", "gptkit.optim",
-              "gptkit.signals", "gptkit.sources", "gptkit.shards", "gptkit.dataset_folder"},
+              "gptkit.signals", "gptkit.sources", "gptkit.shards", "gptkit.dataset_folder", "gptkit.kernels"},
     "measured choices, processes and settings": {"gptkit.timing", "gptkit.runtime", "gptkit.train_config"},
     "a run": {"gptkit.rundir", "gptkit.resume", "gptkit.training", "gptkit.pictures"},
-    "what the lab, the explorer and the benchmarks do": {"gptkit.lab", "gptkit.explorer", "gptkit.prepare_bench"},
+    "what the lab, the explorer and the benchmarks do": {"gptkit.lab", "gptkit.explorer",
+                                                         *(f"gptkit.benchmarks.{name}" for name in BENCHMARKS)},
 }
+
+
+def package_modules():
+    """{dotted name: path} of every module of the package, a subpackage's named as 'gptkit.benchmarks.train'."""
+    return {".".join(p.relative_to(REPO).with_suffix("").parts): p for p in (REPO / "gptkit").rglob("*.py")
+            if p.stem != "__init__"}
 
 
 def project_imports(path):
@@ -28,9 +37,8 @@ def project_imports(path):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
-            if node.module == "gptkit":
-                names.update(f"gptkit.{alias.name}" for alias in node.names)
-    package = {f"gptkit.{p.stem}" for p in (REPO / "gptkit").glob("*.py")}
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)  # from gptkit(.sub) import module
+    package = package_modules()
     return {n for n in names if n in package or n in SCRIPTS | {"model"}}
 
 
@@ -41,14 +49,14 @@ def test_the_root_holds_only_commands_and_the_model():
 
 
 def test_nothing_imports_a_script_and_the_model_imports_nothing_of_the_project():
-    files = [*REPO.glob("*.py"), *(REPO / "gptkit").glob("*.py"), REPO / "data" / "prepare.py"]
+    files = [*REPO.glob("*.py"), *(REPO / "gptkit").rglob("*.py"), REPO / "data" / "prepare.py"]
     for path in files:
         assert not project_imports(path) & SCRIPTS, (path, project_imports(path))
     assert project_imports(REPO / "model.py") == set()
 
 
 def test_the_package_has_no_import_cycles():
-    graph = {f"gptkit.{p.stem}": project_imports(p) for p in (REPO / "gptkit").glob("*.py")}
+    graph = {module: project_imports(path) for module, path in package_modules().items()}
     graph["model"] = project_imports(REPO / "model.py")
 
     def reaches(start, goal, seen=()):
@@ -59,9 +67,9 @@ def test_the_package_has_no_import_cycles():
 
 def test_every_module_imports_only_its_own_layer_or_those_below():
     level = {module: i for i, layer in enumerate(LAYERS.values()) for module in layer}
-    package = {f"gptkit.{p.stem}" for p in (REPO / "gptkit").glob("*.py") if p.stem != "__init__"}
-    assert package | {"model"} == set(level), "every module belongs to one layer"
+    package = package_modules()
+    assert set(package) | {"model"} == set(level), "every module belongs to one layer"
     for module in level:
-        path = REPO / (module.replace(".", "/") + ".py")
+        path = package.get(module, REPO / "model.py")
         above = [m for m in project_imports(path) if level.get(m, -1) > level[module]]
         assert not above, f"{module} imports {above}, from a layer above its own"

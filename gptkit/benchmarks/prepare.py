@@ -1,22 +1,22 @@
-"""
-What `bench.py prepare` measures: a JSON Lines corpus of a chosen size made from real text, prepared by
-data/prepare.py and then read by train.py, each with the peak resident memory of its whole process tree (the
-tokenizing workers included) and its disk use, and beside it nanoGPT's OpenWebText prepare script pointed at
-the same file.
-"""
+"""`bench.py prepare`: a JSON Lines corpus of a chosen size made from real text, prepared by data/prepare.py and
+then read by train.py, each with the peak resident memory of its whole process tree (the tokenizing workers
+included) and its disk use, and beside it nanoGPT's OpenWebText prepare script pointed at the same file."""
 
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from gptkit.benchmarks.common import REPO, bench_input, device_name
+from gptkit.config import parse_config, require
 from gptkit.errors import UserError
 
-REPO = Path(__file__).resolve().parent.parent
 HUGE_DOCS = 3  # single-line documents of HUGE_BYTES each, among the small ones
 HUGE_BYTES = 8 << 20
 
@@ -36,6 +36,67 @@ NANOGPT_EDITS = [
 ]
 
 
+@dataclass
+class PrepareBenchConfig:
+    input: str = ""  # text the corpus is cut from ('' = data/shakespeare_char/input.txt, which data/prepare.py downloads)
+    size_gb: float = 1.0  # size of the JSON Lines corpus to make and prepare, in GB (10**9 bytes)
+    tokenizer: str = "gpt2"  # the tokenizer both prepares use
+    workers: int = 0  # tokenizing processes, ours and nanoGPT's num_proc (0 = one per core)
+    val_fraction: float = 0.0005  # our val split's share of documents (nanoGPT's script takes 0.0005)
+    work_dir: str = "out-bench-prepare"  # the corpus, the datasets and nanoGPT's cache go here
+    nanogpt_dir: str = ""  # a checkout of nanoGPT, whose OpenWebText prepare runs beside ours ('' = ours only)
+    train_iters: int = 20  # train.py iterations reading the prepared shards, memory measured (0 = none)
+    keep: bool = False  # keep what was written (removed by default: it is as big as the corpus, twice over)
+
+    def __post_init__(self):
+        require(self, ["size_gb"], lambda v: 0 < v <= 10_000, "above 0, at most 10,000")
+        require(self, ["workers"], lambda v: 0 <= v <= 512, "0 (one per core) to 512")
+        require(self, ["train_iters"], lambda v: v >= 0, "0 or more")
+        require(self, ["val_fraction"], lambda v: 0 < v < 1, "between 0 and 1")
+
+
+def main(argv):
+    """A JSON Lines corpus prepared by data/prepare.py (and read by train.py), beside nanoGPT's script."""
+    from gptkit.corpus import cores
+
+    cfg = parse_config(PrepareBenchConfig, argv, prog="bench.py prepare")
+    workers = cfg.workers or cores()
+    if cfg.nanogpt_dir:
+        nanogpt_script(cfg.nanogpt_dir)  # a wrong checkout fails now, not after our run
+    work = Path(cfg.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    corpus = work / f"corpus-{cfg.size_gb:g}GB.jsonl"
+    if not corpus.exists() or abs(corpus.stat().st_size - cfg.size_gb * 1e9) > 1e7 + HUGE_BYTES:
+        print(f"making {corpus} ({cfg.size_gb:g} GB of JSON Lines)", flush=True)
+        make_corpus(Path(bench_input(cfg)).read_text(encoding="utf-8"), corpus, int(cfg.size_gb * 1e9))
+    print(f"machine: {device_name('cpu')}")
+    results = {"ours": run_ours(corpus, work / "data", cfg.tokenizer, cfg.val_fraction, workers)}
+    if results["ours"][0]:
+        raise UserError("data/prepare.py failed on the benchmark's corpus (its error is above)")
+    if cfg.train_iters:
+        results["training reads ours"] = run_training_read(work / "data", work / "train", cfg.train_iters)
+    if cfg.nanogpt_dir:
+        results["nanoGPT"] = run_nanogpt(corpus, work, cfg.nanogpt_dir, workers)
+    print_prepare_table(results, corpus.stat().st_size)
+    if not cfg.keep:
+        for name in ("data", "train", "nanogpt", "hf_cache"):
+            shutil.rmtree(work / name, ignore_errors=True)
+
+
+def print_prepare_table(results, corpus_bytes):
+    """Each command's exit status, seconds, speed, peak memory and peak disk; then ours against nanoGPT's."""
+    gb = 1e9
+    print(f"\ncorpus: {corpus_bytes / gb:.2f} GB of JSON Lines")
+    print(f"{'':<22}{'exit':>6}{'seconds':>10}{'MB/s':>9}{'peak RSS':>11}{'peak disk':>11}")
+    for name, (status, seconds, rss, disk) in results.items():
+        speed = f"{corpus_bytes / 1e6 / seconds:.1f}" if not name.startswith("training") else "-"
+        print(f"{name:<22}{status:>6}{seconds:>10.1f}{speed:>9}{rss / gb:>9.2f}GB{disk / gb:>9.2f}GB")
+    if "nanoGPT" in results and results["nanoGPT"][0] == 0:
+        ours, theirs = results["ours"], results["nanoGPT"]
+        print(f"ours against nanoGPT's: {theirs[1] / ours[1]:.2f}x the speed, {ours[2] / theirs[2]:.2f} of its peak "
+              f"memory, {ours[3] / theirs[3]:.2f} of its peak disk use")
+
+
 def nanogpt_script(nanogpt_dir):
     """nanoGPT's OpenWebText prepare script from a checkout of nanoGPT, edited to read a local file."""
     path = Path(nanogpt_dir) / "data" / "openwebtext" / "prepare.py"
@@ -43,7 +104,7 @@ def nanogpt_script(nanogpt_dir):
         text = path.read_text(encoding="utf-8")
     except OSError:
         raise UserError(f"no nanoGPT OpenWebText prepare script at {path}: pass --nanogpt_dir=PATH to a "
-                        "checkout of github.com/karpathy/nanoGPT, or --baseline=False") from None
+                        "checkout of github.com/karpathy/nanoGPT, or leave it out to time ours alone") from None
     for old, new in NANOGPT_EDITS:
         if text.count(old) != 1:
             raise UserError(f"{path} is not the script this benchmark knows how to point at a local file "

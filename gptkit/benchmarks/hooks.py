@@ -1,0 +1,78 @@
+"""`bench.py hooks`: what model.py's idle hook points cost, on a config's training step (taken as train.py takes it)
+and on cached decoding, against the same model with every hook point a bare `return x`, in alternating rounds."""
+
+import collections
+import statistics
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from gptkit.benchmarks.common import device_name, seconds_per_step, training_step
+from gptkit.config import parse_config, require
+from gptkit.decoding import generate_stream
+from gptkit.runtime import check_device_name, pick_device
+from gptkit.train_config import TrainConfig
+from model import HookPoint
+
+
+@dataclass
+class HooksBenchConfig:
+    config: str = "config/shakespeare_char.py"  # whose model, batch, precision and kernels to time
+    rounds: int = 12  # rounds of each, alternating; the median round counts
+    steps: int = 4  # timed optimizer steps per round
+    tokens: int = 200  # tokens decoded (one at a time, with the KV cache) per round
+    warmup: int = 2  # untimed steps and decodes of each first
+    device: str = "cpu"  # 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'
+
+    def __post_init__(self):
+        require(self, ["rounds", "steps", "tokens"], lambda v: v >= 1, "at least 1")
+        require(self, ["warmup"], lambda v: v >= 0, "at least 0")
+        check_device_name(self.device)
+
+
+@contextmanager
+def bare_hook_points():
+    """Every HookPoint a plain `return x`, without even the check for a hook: the least a hook point can cost."""
+    call = HookPoint.__call__
+    HookPoint.__call__ = lambda self, x: x
+    try:
+        yield
+    finally:
+        HookPoint.__call__ = call
+
+
+def main(argv):
+    """Seconds per training step and per decoded token, the hook points idle as shipped and bare, in turns."""
+    cfg = parse_config(HooksBenchConfig, argv, prog="bench.py hooks")
+    device = pick_device(cfg.device)
+    step, model, dtype, _ = training_step(parse_config(TrainConfig, [cfg.config]), device)
+    prompt = torch.zeros((1, 1), dtype=torch.long, device=device)
+
+    def decode():
+        model.eval()
+        collections.deque(generate_stream(model, prompt, cfg.tokens), maxlen=0)
+        model.train()
+
+    calls = sum(isinstance(m, HookPoint) for m in model.modules())
+    print(f"machine: {device_name(device)}, torch {torch.__version__}; {cfg.config} in {dtype}, {calls} hook points "
+          f"a pass; {cfg.rounds} rounds of {cfg.steps} steps and {cfg.tokens} decoded tokens each", flush=True)
+    # (what is timed, how many calls a round, how many units each call does)
+    work = {"training step": (step, cfg.steps, 1), "decoded token": (decode, 1, cfg.tokens)}
+    seconds = {(what, bare): [] for what in work for bare in (False, True)}
+    for _ in range(cfg.warmup):
+        step(), decode()
+    for _ in range(cfg.rounds):
+        for (what, bare), times in seconds.items():
+            run, calls, units = work[what]
+            with bare_hook_points() if bare else nullcontext():
+                times.append(seconds_per_step(run, calls, device) / units)
+    print_hooks_table(seconds)
+
+
+def print_hooks_table(seconds):
+    """Each kind of work's median round, idle hook points against bare ones, and the cost of idle ones."""
+    for what in dict.fromkeys(what for what, _ in seconds):
+        idle, bare = (statistics.median(seconds[what, b]) for b in (False, True))
+        print(f"{what:<14} hook points idle {1e3 * idle:8.3f} ms, bare {1e3 * bare:8.3f} ms: idle ones cost "
+              f"{idle / bare - 1:+.1%}")
