@@ -5,8 +5,8 @@
 # prepare the data first: python data/prepare.py
 
 out_dir = 'out'
-# each evaluation (2 fixed batches per split) costs about a step and a half: every 25 steps they took 5% of the
-# budget (7.9 s of 147 s, 47 of them), every 50 (about 6 s) half that; the log still shows the loss every 25
+# evaluations (2 fixed batches per split) come out of the budget: every 50 steps they cost half what they did
+# every 25, and the runs ended as low (docs/speed.md#what-was-tried); the log still shows the loss every 25
 eval_interval = 50
 eval_iters = 2
 log_interval = 25
@@ -19,7 +19,7 @@ dataset = 'shakespeare_char'
 gradient_accumulation_steps = 1
 batch_size = 32  # 4,096 tokens per step: more, cheaper steps beat fewer big ones in a 150-second budget
 block_size = 128
-batch_order = 'epochs'  # every window once an epoch: at 2,000 equal steps 0.017 lower than nanoGPT's random offsets
+batch_order = 'epochs'  # every window once an epoch: lower than nanoGPT's random offsets, at equal steps and timed
 
 # small and modern: 0.8M parameters, rotary positions, QK-norm, ReLU^2, untied head,
 # residual projections starting at zero; on a CPU, a small model seeing more text wins
@@ -35,32 +35,32 @@ mlp_act = 'relu2'
 tie_weights = False
 zero_init_proj = True
 # each block also reads the previous character's stream (RWKV's token shift, a learned share per channel): at
-# 1,000 equal steps 0.030-0.034 lower (three seeds), for a few element-wise operations (docs/speed.md)
+# equal steps clearly lower in every seed, for a few element-wise operations (docs/speed.md#what-was-tried)
 token_shift = True
 
 # Muon on the hidden matrices, AdamW on embeddings, head and gains
 optimizer = 'muon'
 muon_lr = 0.02
-muon_weight_decay = 0.3  # six epochs in 150 s begin to overfit: decay holds val loss down
+muon_weight_decay = 0.3  # several epochs in 150 s begin to overfit: decay holds val loss down
 learning_rate = 3e-3
 embedding_lr = 0.03  # each step touches only the rows of the characters it saw: let them move faster
 beta2 = 0.95
 
 # no warmup, a short stable phase, then a linear decay to zero over the last 80% of the time budget
 lr_schedule = 'wsd'
-warmup_iters = 0  # against 10: 0.002-0.031 lower at step 100 in eight runs, ends within 0.006 (docs/speed.md)
+warmup_iters = 0  # against 10: lower at step 100 in every paired run, about level at the end (docs/speed.md)
 warmdown_frac = 0.8  # of 40, 60 and 80% decay, 80% reached 1.60 soonest and ended lowest
 min_lr = 0.0
 max_iters = 2000
 max_time = 150  # seconds for the whole run, the final score included; the schedule follows iterations or time
 # evaluations, checkpoints and the final score take a moving average of the weights, over about 50 steps by
-# the end of the decay: at equal steps it scored 0.003 below the last step's weights, timed about level (docs/speed.md)
+# the end of the decay: at equal steps it scored below the last step's weights, timed about level (docs/speed.md)
 ema_decay = 0.98
 
 # a model too big for the budget on this machine trains smaller: the run times its step before the first
 # one, and where 4 layers would see fewer than 8 tokens per parameter in max_time (a CPU without fast bf16
-# steps about half as fast) it trains 3 layers, which end as low or lower there and reach every loss on the
-# way sooner; where 3 would too, 2 (docs/speed.md)
+# steps slower) it trains 3 layers, which end as low or lower there and reach every loss on the way sooner;
+# where 3 would too, 2 (docs/speed.md)
 min_tokens_per_param = 8
 smaller_n_layer = 3
 

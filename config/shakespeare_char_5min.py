@@ -10,7 +10,7 @@ wandb_run_name = 'cpu-5min'
 
 max_iters = 100000  # out of reach: the clock ends the run
 max_time = 300  # seconds for the whole run: start-up, compilation and the final whole-split score included
-ema_decay = 0.99  # from about 2,000 steps on, an average over about 100 scored lower than over 50 (docs/speed.md)
+ema_decay = 0.99  # a longer run scored lower averaging over about 100 steps than over 50 (docs/speed.md)
 # the default's warmup and shape threshold before they changed for its 150 s, as this preset and the
 # 10-minute one were measured with (docs/speed.md)
 warmup_iters = 10

@@ -21,8 +21,8 @@ def is_embedding(name):
 
 class Optimizer:
     """What this project uses of torch.optim.Optimizer, without it: building a torch.optim optimizer the first
-    time imports torch's compiler, about a second on a 2-core CPU before every run's first step. Parameter groups
-    over defaults, state per parameter, and state dicts in torch's format, so that either loads the other's."""
+    time imports torch's compiler, which delays every run's first step (docs/speed.md#what-was-tried). Parameter
+    groups over defaults, state per parameter, and state dicts in torch's format, so that either loads the other's."""
 
     def __init__(self, params, defaults):
         groups = list(params)
@@ -61,7 +61,7 @@ class Optimizer:
 
 class AdamW(Optimizer):
     """torch's AdamW (its defaults, state and results) in one fused kernel on every device: torch's own default on
-    a CPU loops over the parameters (0.56 against 0.12 ms a step on the default model's 19 tensors)."""
+    a CPU loops over the parameters, a slower step for a model of many small tensors."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
@@ -103,8 +103,9 @@ def orthogonalize(updates, coefficients, steps, eps, dtype):
 
 class Muon(Optimizer):
     """torch's Muon (its settings, state and checkpoints), with the Newton-Schulz iterations run in the
-    precision the run trains in and over every same-shaped matrix together: in bfloat16 they run at half the
-    float32 speed on CPUs without fast bf16, and one matrix at a time they are many small multiplies."""
+    precision the run trains in and over every same-shaped matrix together: in bfloat16 they run slower than in
+    float32 on CPUs without fast bf16, and one matrix at a time they are many small multiplies
+    (docs/speed.md#what-was-tried)."""
 
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-7, ns_steps=5, ns_dtype=torch.bfloat16):

@@ -28,9 +28,10 @@ def keep_freed_memory():
     """Have glibc's malloc keep freed memory for the next tensor instead of handing it back to the system.
 
     By default every allocation over 32 MB is a fresh mmap whose pages fault in, zeroed, one by one when first
-    written: an eager CPU step of the baby GPT (6 layers, 384 wide, 64 x 256 tokens) took 1.3 million page
-    faults and 10.3 s, and 5.6 s with this (docs/speed.md). The price: the process keeps its peak memory until
-    it exits. Only glibc has these knobs; elsewhere this does nothing. True when the threshold was taken."""
+    written: an eager CPU step of a model as big as the baby GPT (6 layers, 384 wide, 64 x 256 tokens) spends
+    much of its time faulting them in (docs/speed.md#what-was-tried). The price: the process keeps its peak
+    memory until it exits. Only glibc has these knobs; elsewhere this does nothing. True when the threshold
+    was taken."""
     libc = ctypes.CDLL(None)
     if not hasattr(libc, "gnu_get_libc_version"):
         return False
@@ -79,17 +80,17 @@ def allow_eager_fallback():
 
 def compile_blocks(model):
     """Compile each transformer block in place, a block that cannot be compiled running eagerly, and on a GPU
-    the loss too. The blocks share one graph, so this compiles in about half the time of the whole model, and
+    the loss too. The blocks share one graph, so this compiles in far less time than the whole model, and
     the steps come out faster too; parameter names stay those of the plain model."""
     allow_eager_fallback()
     # dropout's window offset is a number drawn inside each block: captured, it stays in the block's graph, where
-    # a break at every dropout made a compiled step with dropout 0.1 cost 11% more rather than 5-6% (bench.py dropout)
+    # a break at every dropout would make dropout cost compiled steps far more (docs/speed.md#what-was-tried)
     torch._dynamo.config.capture_scalar_outputs = True
     for block in model.transformer.h:
         block.compile()
-    # on a GPU the loss over GPT-2's 50,304 tokens is memory-bound: compiled, GPT-2's step ran 1.23x faster on an
-    # H200 (docs/speed.md). Eager on a CPU: the presets' loss over 65 characters is a sliver of their step, and a
-    # compile there would come out of their time budgets, unmeasured
+    # on a GPU the loss over GPT-2's 50,304 tokens is memory-bound: compiled, it makes GPT-2's step faster
+    # (docs/speed.md#what-was-tried). Eager on a CPU: the presets' loss over 65 characters is a sliver of their
+    # step, and a compile there would come out of their time budgets, unmeasured
     if next(model.parameters()).is_cuda:
         model.token_loss.compile()
 

@@ -3,8 +3,8 @@ Token files too big for one piece: a split is written as shards (train_000.bin, 
 number of tokens, one after another, and read back as one stream. A split that fits in one shard is the
 single file it always was (train.bin).
 
-Tokenizing runs on every core, in processes: faster than tiktoken's own threads (measured on 2 idle cores:
-8.3 MB/s with one thread, 16.2 with two, 18.5 with two processes).
+Tokenizing runs on every core, in processes: faster than tiktoken's own threads
+(docs/corpora.md#speed-and-memory).
 """
 
 import hashlib
