@@ -8,6 +8,7 @@ the page does no model arithmetic."""
 import copy
 import json
 import math
+import mimetypes
 import threading
 import time
 from collections import OrderedDict
@@ -361,7 +362,7 @@ def position_report(shelf, loaded, req):
                    shaped=top(tok, shaped_probs(before[None, :tok.vocab_size], req.temperature, req.top_k,
                                                 req.top_p)[0], req.k))
     rows = [[[round(w, 6) for w in m[0, h, req.position].tolist()] for h in range(c.n_head)] for m in maps]
-    names = ["embeddings", *[f"block {i + 1}" for i in range(c.n_layer)]]
+    names = ["embeddings", *[f"after layer {i}" for i in range(c.n_layer)]]  # layers count from 0, as L0H3 does
     names[-1] += " (the model's prediction)"
     return {"position": req.position, "token": token_json(tok, req.ids[req.position]), "why": why,
             "attention": {"note": attention_note(c), "layers": len(maps), "heads": c.n_head if maps else 0,
@@ -410,6 +411,7 @@ def picked(name, loaded):
 def make_app(shelf):
     """The explorer's FastAPI app over a Shelf of runs."""
     app = FastAPI(title="gptkit explorer", docs_url=None, redoc_url=None, openapi_url=None)
+    mimetypes.add_type("text/javascript", ".js")  # modules run only if served so; Windows may map .js otherwise
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.exception_handler(ApiError)

@@ -1,7 +1,9 @@
 """The explorer in a real browser: headless Chromium (Debian's chromium and chromium-driver, which .ci/run installs)
 opens the page served by explore.py from a model trained in the test, types a prompt, waits for the streamed
-tokens, clicks one, and checks that the candidate bars, every head's attention and the logit lens appear with the
-model's numbers. Screenshots go to the test's folder, and also to $EXPLORER_SCREENSHOTS when it is set
+tokens, clicks one, and checks that the candidate bars, every head's attention (named L0H0, L0H1, ...: layers and
+heads count from 0) and the logit lens appear with the model's numbers, and that one head's map has its axes and
+labels. The page is ES modules, so the test also checks that they are served as JavaScript and load without an
+error. Screenshots go to the test's folder, and also to $EXPLORER_SCREENSHOTS when it is set
 (the README's come from `EXPLORER_RUN=out EXPLORER_SCREENSHOTS=assets python -m pytest tests/test_explorer_browser.py`)."""
 
 import os
@@ -40,6 +42,7 @@ def served(trained_run, tmp_path):
 def browser():
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # to see a module that fails to load
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000",
                 "--disable-gpu", "--no-first-run"):
         options.add_argument(arg)
@@ -93,11 +96,55 @@ def test_a_learner_writes_clicks_a_token_and_sees_the_models_numbers(served, bro
     assert [b.find_element(By.CSS_SELECTOR, ".val").text for b in bars] == [percent(c["p"]) for c in want["why"]["raw"]]
     cells = browser.find_elements(By.CSS_SELECTOR, "#attention .head-cell")
     assert len(cells) == info["n_layer"] * info["n_head"] == want["attention"]["layers"] * want["attention"]["heads"]
+    check_attention_grid(browser, cells, want["attention"]["rows"], want["token"]["label"], info)
     rows = browser.find_elements(By.CSS_SELECTOR, "#lens .lens-row")
     assert len(rows) == info["n_layer"] + 1 == len(want["lens"])
+    assert [r.find_element(By.CSS_SELECTOR, ".lens-name").text for r in rows[:2]] == ["embeddings", "after layer 0"]
     shoot(browser, tmp_path, "explorer_write.png")
 
     cells[-1].click()  # the last layer's last head: its whole query x key map
     wait.until(lambda d: d.find_element(By.ID, "attention-map").get_attribute("data-ready"))
-    browser.execute_script("document.getElementById('attention').scrollIntoView()")
+    last = f"L{info['n_layer'] - 1}H{info['n_head'] - 1}"
+    assert browser.find_element(By.ID, "map-title").text.startswith(last + " (layer")
+    assert browser.find_element(By.ID, "map-query-axis").text.startswith("query")
+    assert browser.find_element(By.ID, "map-key-axis").text.startswith("key")
+    assert browser.find_element(By.ID, "attention-map").get_attribute("data-ticks") in ("tokens", "every 5", "every 10")
+    browser.execute_script("document.getElementById('numbering').scrollIntoView()")  # the note, the grid, the map
     shoot(browser, tmp_path, "explorer_attention.png")
+    assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def check_attention_grid(browser, cells, rows, pinned, info):
+    """Heads named from L0H0, no cell a scroll box, every strip ending on (or around) the pinned token, and each
+    cell naming the token its head weighs most, with the model's weight."""
+    names = [c.find_element(By.CSS_SELECTOR, ".head-name").text for c in cells]
+    assert names == [f"L{l}H{h}" for l in range(info["n_layer"]) for h in range(info["n_head"])]
+    heads = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#attention .att-head-label")]
+    assert heads == [f"H{h}" for h in range(info["n_head"])]
+    scrollers = browser.execute_script("""
+        return [...document.querySelectorAll('#attention .head-cell, #attention .head-cell *')].filter((e) => {
+          const s = getComputedStyle(e);
+          return ['auto', 'scroll'].includes(s.overflowY) || ['auto', 'scroll'].includes(s.overflowX)
+            || e.scrollHeight > e.clientHeight + 1;
+        }).length;""")
+    assert scrollers == 0
+    for cell in cells:
+        layer, head = int(cell.get_attribute("data-layer")), int(cell.get_attribute("data-head"))
+        assert [q.text for q in cell.find_elements(By.CSS_SELECTOR, ".strip .tok.query")] == [pinned]
+        weights = rows[layer][head]
+        best = max(range(len(weights)), key=weights.__getitem__)
+        assert percent(weights[best]) in cell.find_element(By.CSS_SELECTOR, ".head-max").text
+
+
+def test_the_page_modules_are_served_as_javascript_and_nothing_outside_their_folder(served):
+    """A browser runs a module only when it comes as JavaScript; the folder's parent (gptkit/) stays out of reach."""
+    url, _ = served
+    static = REPO / "gptkit" / "explorer_static"
+    modules = sorted(p.name for p in static.glob("*.js"))
+    assert "explorer.js" in modules and len(modules) > 5
+    for name in modules:
+        r = httpx.get(f"{url}/static/{name}")
+        assert r.status_code == 200 and r.headers["content-type"].split(";")[0] in ("text/javascript",
+                                                                                     "application/javascript")
+    assert (REPO / "gptkit" / "explorer.py").is_file()
+    assert httpx.get(f"{url}/static/%2e%2e/explorer.py").status_code == 404  # sent as typed: httpx keeps %2e%2e

@@ -14,8 +14,9 @@ from gptkit.benchmarks.common import REPO
 from gptkit.config import parse_config, require
 from gptkit.errors import UserError
 
-PAGE_FILES = ["/", "/static/explorer.js", "/static/explorer.css", "/static/vendor/uPlot.iife.min.js",
-              "/static/vendor/uPlot.min.css", "/api/runs"]
+# the page and every file it loads: its modules, one per panel, and the vendored plotting library
+MODULES = sorted((REPO / "gptkit" / "explorer_static").glob("*.js"))
+PAGE_FILES = ["/", *(f"/static/{p.name}" for p in MODULES), "/static/explorer.css", "/static/vendor/uPlot.iife.min.js", "/static/vendor/uPlot.min.css", "/api/runs"]
 
 
 @dataclass

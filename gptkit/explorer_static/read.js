@@ -1,0 +1,136 @@
+/* Read a text: every token of a pasted text shaded by the model's surprise at it (POST /api/read), and with
+   a second run, the difference token by token. The page's only arithmetic is that difference of two API
+   numbers. */
+
+import { api } from './api.js';
+import { $, el, setLine } from './dom.js';
+import { fmtBits, fmtInt, fmtSigned, isBlank, quoted, shownText } from './format.js';
+import { BETTER_RGB, SURPRISE_RGB, WORSE_RGB, diffAlpha, shade, surpriseAlpha, swatch } from './shades.js';
+import { state } from './state.js';
+
+let readSeq = 0; // counts reads, so that an answer for an earlier text or run is dropped
+
+export function clearReadOutput() {
+  readSeq++;
+  $('#read-output').textContent = '';
+  setLine('#read-status', '');
+  $('#read-go').disabled = false;
+}
+
+export function fillSecondRunPicker() {
+  const sel = $('#read-run2');
+  const keep = sel.value;
+  sel.textContent = '';
+  sel.append(new Option('(no second run)', ''));
+  for (const r of state.runs) if (!r.error) sel.append(new Option(r.name, r.name));
+  if ([...sel.options].some((o) => o.value === keep)) sel.value = keep;
+}
+
+export async function readText() {
+  if (!state.run) return setLine('#read-status', 'pick a run first', true);
+  const text = $('#read-text').value;
+  if (!text) return setLine('#read-status', 'type or paste a text first', true);
+  const runA = state.run;
+  const runB = $('#read-run2').value || null;
+  const seq = ++readSeq;
+  setLine('#read-status', runB ? `reading with ${runA} and ${runB}…` : `reading with ${runA}…`);
+  $('#read-go').disabled = true;
+  const asks = [api('POST', '/api/read', { run: runA, text })];
+  if (runB) asks.push(api('POST', '/api/read', { run: runB, text }));
+  const results = await Promise.allSettled(asks);
+  if (seq !== readSeq) return;
+  $('#read-go').disabled = false;
+  setLine('#read-status', '');
+  const out = $('#read-output');
+  out.textContent = '';
+  const pair = el('div', 'read-pair' + (runB ? '' : ' single'));
+  pair.append(readRow(runA, results[0]));
+  if (runB) pair.append(readRow(runB, results[1]));
+  out.append(pair);
+  if (runB && results.every((r) => r.status === 'fulfilled')) out.append(diffRow(runA, results[0].value, runB, results[1].value));
+  const failed = results.filter((r) => r.status === 'rejected').length;
+  if (failed) setLine('#read-status', failed === results.length ? 'the text could not be read' : 'one run could not read the text', true);
+}
+
+/** A chip per token, and a line break after each newline so that the text keeps its lines. */
+function tokenChips(tokens, paint) {
+  const chips = el('div', 'chips');
+  tokens.forEach((t, j) => {
+    const c = el('span', 'chip read-chip', shownText(t));
+    if (isBlank(t.text)) c.classList.add('ws');
+    paint(c, t, j);
+    chips.append(c);
+    if (isBlank(t.text)) for (const ch of t.text) if (ch === '\n') chips.append(document.createElement('br'));
+  });
+  return chips;
+}
+
+function readRow(name, result) {
+  const row = el('div', 'read-row');
+  row.dataset.run = name;
+  row.append(el('h3', null, name));
+  if (result.status === 'rejected') {
+    const e = result.reason;
+    row.append(el('p', 'line-status error', e && e.message ? e.message : String(e)));
+    return row;
+  }
+  const r = result.value;
+  const totals = el('p', 'totals');
+  const bpc = r.bits_per_char === null || r.bits_per_char === undefined ? '—' : r.bits_per_char.toFixed(3);
+  totals.append(el('b', null, `${fmtBits(r.total_bits)} bits`), ' in all · ', el('b', null, `${bpc} bits per character`));
+  totals.append(` · ${fmtInt(r.chars)} characters, ${fmtInt((r.tokens || []).length)} tokens`);
+  if (r.loss !== null && r.loss !== undefined) totals.append(` · loss ${r.loss.toFixed(4)} nats per token`);
+  row.append(totals);
+  row.append(tokenChips(r.tokens || [], (c, t) => {
+    c.dataset.id = String(t.id);
+    const b = t.surprise_bits;
+    if (b === null || b === undefined) {
+      c.classList.add('none');
+      c.title = `${quoted(t)}: the first token, nothing before it to predict it from`;
+      return;
+    }
+    shade(c, SURPRISE_RGB, surpriseAlpha(b));
+    c.title = `${quoted(t)}: ${fmtBits(b)} bits of surprise`;
+    c.dataset.bits = String(b);
+  }));
+  return row;
+}
+
+function diffLegend(nameB) {
+  const legend = el('div', 'diff-legend');
+  for (const [d, words] of [[-4, `${nameB} better (fewer bits)`], [-1, ''], [1, ''], [4, `${nameB} worse (more bits)`]]) {
+    legend.append(swatch(fmtSigned(d, 0), d < 0 ? BETTER_RGB : WORSE_RGB, diffAlpha(d)));
+    if (words) legend.append(el('span', null, words));
+  }
+  return legend;
+}
+
+function diffRow(nameA, a, nameB, b) {
+  const row = el('div', 'read-row diff');
+  row.append(el('h3', null, `${nameB} minus ${nameA}, token by token`));
+  const ta = a.tokens || [];
+  const tb = b.tokens || [];
+  if (ta.length !== tb.length || !ta.every((t, j) => t.id === tb[j].id)) {
+    row.append(el('p', 'totals', 'The two runs cut this text into different tokens, so there is no token-by-token difference: compare their bits per character above.'));
+    return row;
+  }
+  const total = b.total_bits - a.total_bits;
+  const totals = el('p', 'totals');
+  totals.append(el('b', null, `${fmtSigned(total)} bits in all`));
+  totals.append(total < 0 ? `: ${nameB} needs fewer bits (it predicts this text better)` : total > 0 ? `: ${nameB} needs more bits (it predicts this text worse)` : ': the same');
+  row.append(totals, diffLegend(nameB));
+  row.append(tokenChips(ta, (c, t, j) => {
+    const ba = t.surprise_bits;
+    const bb = tb[j].surprise_bits;
+    if (ba === null || ba === undefined || bb === null || bb === undefined) {
+      c.classList.add('none');
+      c.title = `${quoted(t)}: no prediction for the first token`;
+      return;
+    }
+    const d = bb - ba;
+    shade(c, d < 0 ? BETTER_RGB : WORSE_RGB, diffAlpha(d));
+    c.title = `${quoted(t)}: ${nameA} ${fmtBits(ba)} bits, ${nameB} ${fmtBits(bb)} bits, difference ${fmtSigned(d)}`;
+    c.dataset.diff = String(d);
+  }));
+  return row;
+}

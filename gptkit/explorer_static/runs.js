@@ -1,0 +1,140 @@
+/* The runs on the left: the list (GET /api/runs), picking one (GET /api/runs/{name}) and its card. Picking
+   a run empties the panels that showed the last one. */
+
+import { api, runUrl } from './api.js';
+import { loadMetrics } from './curves.js';
+import { $, el, oneLine, setLine } from './dom.js';
+import { fmtInt, headName, plural } from './format.js';
+import { clearReadOutput, fillSecondRunPicker } from './read.js';
+import { state } from './state.js';
+import { clearOutput, stopGeneration } from './write.js';
+
+export async function loadRuns() {
+  let data;
+  try {
+    data = await api('GET', '/api/runs');
+  } catch (e) {
+    $('#runs').textContent = '';
+    setLine('#runs-status', e.message, true);
+    return;
+  }
+  state.runs = Array.isArray(data && data.runs) ? data.runs : [];
+  $('#root').textContent = (data && data.root) || '?';
+  renderRuns();
+  fillSecondRunPicker();
+  const first = state.runs.find((r) => !r.error);
+  if (!state.runs.length) setLine('#runs-status', 'no runs in this folder (a run folder holds best.pt or latest.pt)', true);
+  else if (!first) setLine('#runs-status', 'none of these runs can be opened', true);
+  else pickRun(first.name);
+}
+
+function renderRuns() {
+  const box = $('#runs');
+  box.textContent = '';
+  for (const r of state.runs) {
+    const b = el('button', 'run');
+    b.type = 'button';
+    b.dataset.name = r.name;
+    b.setAttribute('role', 'listitem');
+    b.append(el('span', 'run-name', r.name));
+    if (r.error) {
+      b.classList.add('broken');
+      b.disabled = true;
+      b.setAttribute('aria-disabled', 'true');
+      b.append(el('span', 'run-error', r.error));
+      b.title = 'this run cannot be opened: ' + oneLine(r.error);
+    } else {
+      appendRunStats(b, r);
+      b.addEventListener('click', () => pickRun(r.name));
+    }
+    box.append(b);
+  }
+}
+
+function appendRunStats(b, r) {
+  if (r.settings) b.append(el('span', 'run-settings', r.settings));
+  const part = (before, bold, after) => {
+    const s = el('span', 'nw');
+    s.append(before, el('b', null, bold), after);
+    return s;
+  };
+  const iters = r.iterations === null || r.iterations === undefined ? '—' : fmtInt(r.iterations);
+  const loss = r.final_val_loss === null || r.final_val_loss === undefined ? '—' : r.final_val_loss.toFixed(4);
+  const stats = el('span', 'run-stats');
+  stats.append(part('', fmtInt(r.params), ' parameters'), ' · ', part('', iters, ' iterations'), ' · ', part('val loss ', loss, ''));
+  b.append(stats);
+  if (r.tokenizer) b.append(el('span', 'run-stats', 'tokens: ' + r.tokenizer));
+}
+
+export function pickRun(name) {
+  if (state.run === name && (state.info || state.infoPromise)) return state.infoPromise;
+  const seq = ++state.pickSeq;
+  stopGeneration('run');
+  state.run = name;
+  state.info = null;
+  for (const b of document.querySelectorAll('#runs .run')) {
+    const on = b.dataset.name === name;
+    b.classList.toggle('selected', on);
+    if (on) b.setAttribute('aria-current', 'true');
+    else b.removeAttribute('aria-current');
+  }
+  const cur = $('#current-run');
+  cur.textContent = 'picked: ';
+  cur.append(el('b', null, name));
+  $('#read-run1').textContent = name;
+  $('#run-title').textContent = 'Picked run: ' + name;
+  $('#run-note').hidden = true;
+  renderFacts([['loading', 'the model…']]);
+  setLine('#run-status', '');
+  clearOutput('Picked ' + name + '. Type a prompt and press Generate.');
+  clearReadOutput();
+  loadMetrics(name, seq);
+  state.infoPromise = loadInfo(name, seq);
+  return state.infoPromise;
+}
+
+async function loadInfo(name, seq) {
+  try {
+    const info = await api('GET', runUrl(name));
+    if (seq !== state.pickSeq) return null;
+    state.info = info;
+    renderInfo(info);
+    return info;
+  } catch (e) {
+    if (seq !== state.pickSeq) return null;
+    renderFacts([]);
+    setLine('#run-status', e.message, true);
+    setLine('#status', 'this run could not be loaded: ' + e.message, true);
+    return null;
+  }
+}
+
+function renderFacts(rows) {
+  const dl = $('#run-info');
+  dl.textContent = '';
+  for (const [k, v] of rows) dl.append(el('dt', null, k), el('dd', null, v));
+}
+
+/** The model's shape in words, and the names its heads go by on this page (counted from 0). */
+function shapeInWords(info) {
+  const shape = `${plural(info.n_layer, 'layer')} × ${plural(info.n_head, 'head')}`;
+  if (!info.n_layer || !info.n_head) return shape;
+  return `${shape}: ${headName(0, 0)} … ${headName(info.n_layer - 1, info.n_head - 1)}`;
+}
+
+function renderInfo(info) {
+  renderFacts([
+    ['settings', info.settings || '—'],
+    ['shape', shapeInWords(info)],
+    ['context', `${fmtInt(info.block_size)} tokens`],
+    ['attention', `${info.attention}${info.causal ? ', causal (sees only the past)' : ', not causal (sees the future too)'}`],
+    ['vocabulary', `${fmtInt(info.vocab_size)} tokens (${info.tokenizer})`],
+    ['decoding', info.decode || '—'],
+  ]);
+  const note = $('#run-note');
+  note.hidden = !info.note;
+  note.textContent = info.note || '';
+  note.classList.toggle('cheat', info.causal === false);
+  setLine('#run-status', '');
+  setLine('#status', `Loaded ${info.name}. Type a prompt and press Generate (or Enter).`);
+}

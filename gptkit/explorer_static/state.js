@@ -1,0 +1,14 @@
+/* What more than one panel reads or changes. A panel's own bookkeeping (its chart, its request counters)
+   stays in its module. */
+
+export const state = {
+  runs: [], // GET /api/runs: every run in the folder
+  run: null, // the picked run's name
+  info: null, // GET /api/runs/{name}: the picked run's model
+  infoPromise: null, // that request while it runs
+  pickSeq: 0, // counts run picks, so that an answer for an earlier pick is dropped
+  chips: [], // the tokens written: {id, text, label, p, p_shaped, gen}
+  pinned: null, // index of the clicked token
+  shown: null, // what the inspector panels show: {index, idsKey, key, window, data}
+  selectedHead: null, // {layer, head} whose whole map is open
+};
