@@ -16,7 +16,8 @@ from gptkit.errors import UserError
 
 # the page and every file it loads: its modules, one per panel, and the vendored plotting library
 MODULES = sorted((REPO / "gptkit" / "explorer_static").glob("*.js"))
-PAGE_FILES = ["/", *(f"/static/{p.name}" for p in MODULES), "/static/explorer.css", "/static/vendor/uPlot.iife.min.js", "/static/vendor/uPlot.min.css", "/api/runs"]
+PAGE_FILES = ["/", *(f"/static/{p.name}" for p in MODULES), "/static/explorer.css",
+              "/static/vendor/uPlot.iife.min.js", "/static/vendor/uPlot.min.css", "/api/runs"]
 
 
 @dataclass
