@@ -1,6 +1,13 @@
 """Shared fixtures: the repo on sys.path, wandb kept offline, one tiny prepared corpus and one tiny trained run
-per session, script runners, and the check every user-facing failure must pass (one `error:` line)."""
+per session, script runners, train.py with faults injected, and the check every user-facing failure must pass
+(one `error:` line).
 
+Tests marked `slow` are left out of the quick loop, `python -m pytest -q -m "not slow" tests`: those that start
+train.py, data/prepare.py, lab.py, explore.py or torchrun, or train for more than a second or two. Every test that
+uses the session's prepared corpus or trained run (the data_dir, trained_run and run fixtures) is marked slow here,
+as building them starts data/prepare.py and train.py."""
+
+import dataclasses
 import json
 import math
 import os
@@ -26,6 +33,24 @@ os.environ["WANDB_SILENT"] = "true"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+# the fixtures that build the session's corpus and trained run through data/prepare.py and train.py
+SLOW_FIXTURES = {"data_dir", "trained_run", "run"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: starts a script (train.py, data/prepare.py, lab.py, explore.py, "
+                                       "torchrun) or trains for more than a second or two; the quick loop, "
+                                       "`python -m pytest -q -m \"not slow\" tests`, leaves these out")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """A test that uses the session's corpus or trained run is slow, whether it says so or not."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 SHARED_TIKTOKEN = REPO.parent / "shared" / "data" / "tiktoken"
 POLL_S = 0.02  # how often a test looks at a background run: often enough, without taking a core from it
@@ -66,20 +91,33 @@ MODERN = dict(pos_emb="rope", norm="rmsnorm", qk_norm=True, mlp_act="relu2", tie
               logit_softcap=15.0, zero_init_proj=False)
 
 
-def tiny_model(seed=0, sharpen=1.0, attention_weights=0.0, **overrides):
-    """A tiny GPT (TINY with overrides) in eval mode. sharpen > 1 scales the head so that sampling is far from
-    uniform; attention_weights > 0 redraws attention's weights with that spread, so that its weights are far
-    from uniform and every term matters."""
+def tiny_model(seed=0, sharpen=1.0, attention_weights=0.0, config=None, **overrides):
+    """A tiny GPT (TINY with overrides, or the GPTConfig `config` with overrides) in eval mode. sharpen > 1 scales
+    the head so that sampling is far from uniform; attention_weights > 0 redraws attention's weights with that
+    spread, so that its weights are far from uniform and every term matters."""
     from model import GPT, GPTConfig
 
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(**dict(TINY, **overrides))).eval()
+    settings = dataclasses.asdict(config) if config is not None else TINY
+    model = GPT(GPTConfig(**dict(settings, **overrides))).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(sharpen)
         for name, p in model.named_parameters():
             if attention_weights and ".attn." in name:
                 p.normal_(0, attention_weights)
     return model
+
+
+# a tiny run's settings, flat as its command line gives them (the model's among them)
+TINY_RUN = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, bias=False, dropout=0.0)
+
+
+def train_config(**values):
+    """A TrainConfig from flat keys, as the command line gives them: TINY_RUN's, and values over them."""
+    from gptkit.config import build
+    from gptkit.train_config import TrainConfig
+
+    return build(TrainConfig, dict(TINY_RUN, **values))
 
 
 def random_tokens(shape, vocab=TINY["vocab_size"], seed=1):
@@ -154,6 +192,43 @@ def run_script(script, *args, cwd=REPO, env=None, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def run_here(script, *args):
+    """`python script args...` as run_script runs it, but in this process, without the second or two of a new
+    interpreter importing torch: the script's `if __name__ == "__main__"` block under its sys.argv, in the repo
+    root, its exit status, stdout and stderr (warnings shown there each time, as a new process shows them), and a
+    traceback for anything uncaught. For every case but one of a table whose one case run_script runs as a user
+    would."""
+    import contextlib
+    import io
+    import runpy
+    import traceback
+    import warnings
+
+    path, out, err = REPO / script, io.StringIO(), io.StringIO()
+    argv, cwd = sys.argv, os.getcwd()
+    sys.argv = [str(path), *map(str, args)]
+    os.chdir(REPO)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: \
+                sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+            try:
+                runpy.run_path(str(path), run_name="__main__")
+                code = 0
+            except SystemExit as e:  # as the interpreter exits: None is 0, a message is printed and is 1
+                code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+                if not isinstance(e.code, (int, type(None))):
+                    print(e.code, file=sys.stderr)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+    finally:
+        sys.argv = argv
+        os.chdir(cwd)
+    return subprocess.CompletedProcess(sys.argv, code, out.getvalue(), err.getvalue())
+
+
 def check_ok(proc):
     """Assert a finished subprocess exited 0, showing its output if not."""
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
@@ -172,6 +247,15 @@ def assert_one_error_line(stderr, expected=None):
         else:
             assert lines[0] == expected, stderr
     return lines[0]
+
+
+@pytest.fixture
+def outside(tmp_path):
+    """A file of the user's, outside any run folder, that a link in one points at."""
+    target = tmp_path / "elsewhere" / "precious.txt"
+    target.parent.mkdir()
+    target.write_text("precious\n")
+    return target
 
 
 @pytest.fixture(scope="module")
@@ -289,3 +373,112 @@ def wait_for_iteration(run, out_dir, at_least, timeout=90):
         time.sleep(POLL_S)
     run.kill_group()
     raise AssertionError(f"no iteration {at_least} within {timeout} s")
+
+
+def torchrun(script, *args):
+    """The command line of `script args...` in two processes under torchrun."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
+
+
+# ---------------------------------------------------------------------------------------------- faults
+
+FAULTY_TRAIN = '''
+import io, os, signal, sys
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+sys.argv[0] = os.path.join({repo!r}, "train.py")
+import train
+from gptkit import checkpoint
+from gptkit.errors import run_main
+
+FAULTS = {faults!r}
+saves = 0
+
+
+class Faulty(io.FileIO):
+    """A checkpoint file past whose first 4 KiB the process dies (SIGKILL), the disk fills, or Ctrl-C is pressed
+    twice."""
+    written = 0
+
+    def write(self, data):
+        if self.written + len(data) > 4096:
+            if "kill" in FAULTS:
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif "ctrl_c" in FAULTS:
+                signal.raise_signal(signal.SIGINT)  # the first: stop after this step, saved
+                signal.raise_signal(signal.SIGINT)  # the second: stop now
+            else:
+                raise OSError(28, os.strerror(28))  # ENOSPC
+        self.written += len(data)
+        return super().write(data)
+
+
+def faulty_open(path, mode="r", *args, **kwargs):
+    global saves
+    name, nth = FAULTS.get("kill") or FAULTS.get("ctrl_c") or FAULTS["enospc"]  # the file whose nth write fails
+    if Path(path).name == name + ".tmp":
+        saves += 1
+        if saves == nth:
+            return Faulty(path, "wb")
+    return open(path, mode, *args, **kwargs)
+
+
+if "kill" in FAULTS or "enospc" in FAULTS or "ctrl_c" in FAULTS:
+    checkpoint.open = faulty_open
+if "nan" in FAULTS:  # the training loss of forward pass NTH becomes NaN
+    import model
+    real_forward = model.GPT.forward
+    calls = 0
+
+    def forward(self, *args, **kwargs):
+        global calls
+        logits, loss = real_forward(self, *args, **kwargs)
+        if self.training and loss is not None:
+            calls += 1
+            if calls == FAULTS["nan"]:
+                loss = loss * float("nan")
+        return logits, loss
+
+    model.GPT.forward = forward
+if "signal" in FAULTS or "rank1" in FAULTS:
+    import torch.distributed as dist
+    from gptkit.errors import UserError
+    real_step = train.step_optimizers
+    steps = 0  # optimizer steps taken: the runs these faults go into start from scratch
+
+    def step_optimizers(*args):
+        global steps
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if "rank1" in FAULTS and rank == 1 and steps == FAULTS["rank1"]:
+            raise UserError("rank 1 failed on purpose")  # on its own, after DDP is up
+        real_step(*args)
+        steps += 1
+        if "signal" in FAULTS:  # arrives during step N: the run must stop right after it
+            name, iteration, ranks = FAULTS["signal"]
+            if steps == iteration and rank in ranks:
+                os.kill(os.getpid(), getattr(signal, name))
+
+    train.step_optimizers = step_optimizers
+if "eval_signal" in FAULTS:  # arrives while the first evaluation or the final score runs
+    name, when = FAULTS["eval_signal"]
+    target = {{"first": "evaluate", "final": "evaluate_split"}}[when]
+    real_eval = getattr(train, target)
+
+    def interrupted(*args, **kwargs):
+        os.kill(os.getpid(), getattr(signal, name))
+        return real_eval(*args, **kwargs)
+
+    setattr(train, target, interrupted)
+run_main(train.main)
+'''
+
+
+def faulty_train(folder, **faults):
+    """A test-only script that runs train.py with faults injected (the product code has no hooks for them), written
+    into folder. kill/enospc/ctrl_c=(the file name, which save of it): SIGKILL, a full disk, or Ctrl-C pressed twice
+    once 4 KiB of that save are written; nan=which forward pass's loss; signal=(name, iteration, ranks) during that
+    optimizer step; rank1=the step at which rank 1 alone fails; eval_signal=(name, 'first' evaluation or 'final'
+    score)."""
+    path = Path(folder) / f"train_{'_'.join(faults)}.py"
+    path.write_text(FAULTY_TRAIN.format(repo=str(REPO), faults=faults), encoding="utf-8")
+    return path

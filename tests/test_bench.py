@@ -1,5 +1,5 @@
-"""bench.py's training benchmarks (gptkit/benchmarks/): the throughput comparison runs, and the side-by-side table
-states the ratios."""
+"""bench.py's benchmarks (gptkit/benchmarks/): the throughput comparison runs, the side-by-side tables state the
+ratios, and the sampling benchmark reports both decoding rates."""
 
 import json
 import os
@@ -10,6 +10,7 @@ import torch
 
 import bench
 from gptkit.benchmarks import busy, common, presets, throughput, train
+from gptkit.errors import UserError
 
 
 def test_throughput_times_the_baseline_and_the_config_in_alternating_rounds(capsys, monkeypatch):
@@ -146,6 +147,7 @@ def test_a_benchmark_never_clears_a_run_folder_in_use(tmp_path):
     assert not folder.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="bench.py prepare reads memory from /proc")
 def test_prepare_bench_measures_our_prepare_and_the_training_read(tmp_path, capsys, monkeypatch):
     """A small corpus through bench.py prepare, ours only: it is made with its huge single-line documents,
@@ -176,6 +178,7 @@ def test_prepare_bench_refuses_a_nanogpt_checkout_it_cannot_point_at_a_file(tmp_
         bench.main(["prepare", f"--nanogpt_dir={tmp_path}", f"--work_dir={tmp_path / 'w'}"])
 
 
+@pytest.mark.slow
 def test_presets_bench_trains_each_preset_once_per_seed_and_states_the_mean(tmp_path, capsys):
     text = tmp_path / "input.txt"
     text.write_text("To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 40)
@@ -218,3 +221,15 @@ def test_busy_table_says_n_a_for_a_run_too_short_to_have_a_rate(capsys):
     out = capsys.readouterr().out
     assert re.search(r"^busy +13,000 tokens/s +65% of idle$", out, re.M)
     assert re.search(r"^busy, 2 threads fixed +n/a tokens/s +n/a of idle$", out, re.M)
+
+
+def test_bench_sample_reports_both_rates_and_the_speedup(capsys):
+    bench.main(["sample", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--max_new_tokens=40",
+                "--warmup_tokens=2", "--pos_emb=rope", "--dtype=float32"])
+    out = capsys.readouterr().out
+    assert "with KV cache (float32):" in out and "without cache (float32):" in out and "tokens/s" in out
+    assert "speedup: " in out and "same tokens: yes" in out
+    with pytest.raises(UserError, match="unknown benchmark"):
+        bench.main(["nope"])
+    with pytest.raises(UserError, match="modes must be"):
+        bench.main(["sample", "--modes=fast"])

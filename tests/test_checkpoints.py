@@ -1,42 +1,44 @@
-"""A run's folder under damage and misuse: a flipped byte anywhere in a checkpoint is named and refused, a damaged
-latest state falls back to the one before it, stopping a run never touches the best weights, a full disk
-keeps whole records, two runs cannot share a folder, and a resume continues with the saved settings."""
+"""One checkpoint file (gptkit/checkpoint.py): a flipped byte anywhere is named and refused, a field of the wrong
+kind is named on load, a hostile file is refused without running it, a file of an earlier version still loads,
+and a save is atomic: a full disk, a failed rename, SIGKILL or Ctrl-C in the middle of a write leave the previous
+checkpoint whole and no .tmp behind, and a save never writes through a link."""
 
 import errno
 import hashlib
 import io
 import os
+import pickle
 import random
 import shutil
 import signal
 import struct
+import subprocess
+import sys
 import zipfile
-from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+import torch
 
 import sample
 import train
-from conftest import Run, logged, train_args, train_cmd, wait_for_iteration
-from gptkit import checkpoint, metrics
-from gptkit.checkpoint import HEADER_SIZE, load_checkpoint, save_checkpoint
-from gptkit.config import make
-from gptkit.errors import UserError
-from gptkit.metrics import read_metrics
+from conftest import REPO, assert_one_error_line, run_script, train_args
+from gptkit import checkpoint
+from gptkit.checkpoint import (HEADER_SIZE, MODEL_KEYS, TRAINING_KEYS, HashingWriter, load_checkpoint,
+                               save_checkpoint)
+from gptkit.errors import RunStopped, UserError
+from gptkit.explorer import summarize
 from gptkit.resume import resume_state
 from gptkit.rundir import RunDir
-from gptkit.train_config import TrainConfig
 
 
 def digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def resume(data_dir, out, *extra):
-    """A command line that says only where the data and the run are: everything else comes from the run."""
-    return [f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={out}", "--init_from=auto", *extra]
+def files(folder):
+    """Every file's bytes but run.lock's, which holds the process id of the last run to start there."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and p.name != "run.lock"}
 
 
 # ---------------------------------------------------------------------------------------------- integrity
@@ -109,58 +111,202 @@ def test_a_checkpoint_without_a_checksum_still_loads(run, data_dir, capsys):
     old.mkdir()
     (old / "ckpt.pt").write_bytes(payload)
     sample.main([f"--out_dir={old}", "--device=cpu", "--num_samples=1", "--max_new_tokens=5"])
-    train.main(resume(data_dir, old, "--max_iters=35"))
+    train.main([f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={old}", "--init_from=auto", "--max_iters=35"])
     assert load_checkpoint(old / "latest.pt")["iter_num"] == 35 and digest(old / "ckpt.pt") == hashlib.sha256(
         payload).hexdigest()
 
 
-def flip(path, offset=-100):
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0xFF
-    path.write_bytes(bytes(data))
+# ---------------------------------------------------------------------------------------------- checkpoint fields
+
+DELETE = object()
 
 
-def nan_optimizer_state(path):
-    """Rewrite path with a NaN in its optimizer state and a valid checksum: damage done before it was saved."""
+def rewrite(path, where, value):
+    """Rewrite a checkpoint with the field at `where` (keys and list indices, outermost first) set to value, or
+    deleted, through save_checkpoint: its checksum is right, only the field is wrong."""
     ckpt = load_checkpoint(path)
-    state = next(iter(ckpt["optimizer"][0]["state"].values()))
-    state["exp_avg"].view(-1)[0] = float("nan")
-    save_checkpoint({k: v for k, v in ckpt.items() if k != "format_version"}, path)
-
-
-@pytest.mark.parametrize("damage", ["flipped byte", "missing", "nan in the optimizer state"])
-def test_a_damaged_latest_state_falls_back_to_the_one_before(run, data_dir, capsys, damage):
-    """The note names latest.pt and the state resumed from (iteration 20); the steps after it are trained again
-    and log the very losses the first run logged."""
-    first = logged(run)
-    if damage == "flipped byte":
-        flip(run / "latest.pt")
-    elif damage == "missing":  # a crash between the two renames of a save
-        (run / "latest.pt").unlink()
+    del ckpt["format_version"]
+    *outer, last = where
+    holder = ckpt
+    for key in outer:
+        holder = holder[key]
+    if value is DELETE:
+        del holder[last]
     else:
-        nan_optimizer_state(run / "latest.pt")
-    train.main(resume(data_dir, run))
-    note = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("note:"))
-    expected = {"flipped byte": "is damaged: its contents do not match the checksum written with them",
-                "missing": "is missing (its save was interrupted)",
-                "nan in the optimizer state": "is damaged: non-finite values in exp_avg of its optimizer state"}
-    assert note.startswith(f"note: {run / 'latest.pt'} {expected[damage]}")
-    assert note.endswith(f"; resuming from {run / 'latest.prev.pt'} (iteration 20)")
-    again = logged(run)
-    assert sorted(again) == sorted(first) and all(abs(again[i] - first[i]) <= 1e-6 for i in first)
-    assert load_checkpoint(run / "latest.pt")["iter_num"] == 30
+        holder[last] = value
+    save_checkpoint(ckpt, path)
 
 
-def test_every_saved_state_damaged_is_one_error_naming_each(run, data_dir):
-    flip(run / "latest.pt")
-    nan_optimizer_state(run / "latest.prev.pt")
-    before = {p.name: digest(p) for p in run.glob("*.pt")}
+def first_weight(path):
+    return next(iter(load_checkpoint(path)["model"]))
+
+
+# (the field, the value written there, what the error line says of it)
+DAMAGE = {
+    "best_val_loss a string": (("best_val_loss",), "x", "best_val_loss is 'x', not a number"),
+    "best_val_loss NaN": (("best_val_loss",), float("nan"), "best_val_loss is nan, not a number"),
+    "best_val_loss a bool": (("best_val_loss",), True, "best_val_loss is True, not a number"),
+    "iter_num a float": (("iter_num",), 2.5, "iter_num is 2.5, not a whole number of at least 0"),
+    "iter_num negative": (("iter_num",), -1, "iter_num is -1, not a whole number of at least 0"),
+    "vocabulary not a string": (("tokenizer", "vocab"), 65, "tokenizer.vocab is 65, not a string"),
+    "vocabulary missing": (("tokenizer", "vocab"), DELETE, "tokenizer has no vocab"),
+    "tokenizer unknown": (("tokenizer", "tokenizer"), "bpe", "tokenizer.tokenizer is 'bpe', not 'char' or 'tiktoken'"),
+    "tokenizer not a dict": (("tokenizer",), "char", "tokenizer is 'char', not a dict"),
+    "model_args not a dict": (("model_args",), [1, 2], "model_args is a list, not a dict"),
+    "a model setting of another type": (("model_args", "n_layer"), "2",
+                                        "model_args.n_layer is '2', not a whole number"),
+    "a model flag not a bool": (("model_args", "bias"), 1, "model_args.bias is 1, not True or False"),
+    "weights not a dict": (("model",), 3, "model is 3, not a dict"),
+    "a weight not a tensor": (("model", "FIRST"), [0.5], "model['FIRST'] is a list, not a tensor"),
+    "optimizer not a list": (("optimizer",), {"state": {}}, "optimizer is a dict, not a list"),
+    "optimizer state not a dict": (("optimizer", 0, "state"), 5, "optimizer[0].state is 5, not a dict"),
+    "scaler not a dict": (("scaler",), None, "scaler is None, not a dict"),
+    "config not a dict": (("config",), "x", "config is 'x', not a dict"),
+    "rng not a list": (("rng",), 5, "rng is 5, not a list"),
+    "python random state": (("rng", 0, "python"), (3, (1, 2), None),
+                            "rng[0].python is a tuple, not a Python random state"),
+    "numpy random state": (("rng", 0, "numpy"), ["MT19937"], "rng[0].numpy is a list, not a numpy random state"),
+    "torch random state": (("rng", 0, "torch"), torch.zeros(3), "rng[0].torch is a tensor, not a torch random state"),
+    "sampler state missing": (("rng", 0, "sampler", "generator"), DELETE, "rng[0].sampler has no generator"),
+    "seconds_spent a string": (("seconds_spent",), "12", "seconds_spent is '12', not a number"),
+    "measured not a dict": (("measured",), "float32", "measured is 'float32', not a dict"),
+    "wandb_id a number": (("wandb_id",), 7, "wandb_id is 7, not a string or None"),
+}
+
+
+def damage(path, case):
+    """Write one DAMAGE case into the checkpoint at path; the problem its error line names."""
+    where, value, problem = DAMAGE[case]
+    if "FIRST" in where:
+        name = first_weight(path)
+        where, problem = tuple(name if k == "FIRST" else k for k in where), problem.replace("FIRST", name)
+    rewrite(path, where, value)
+    return problem
+
+
+@pytest.mark.parametrize("case", DAMAGE)
+def test_a_field_of_the_wrong_kind_is_named_on_load(run, case):
+    """Every field a resume reads, broken in turn, in a file whose checksum is right: refused with one line
+    naming the file and the field. Loaded for sampling, the file is refused too where the field is one
+    sampling reads, and loads where it is not."""
+    path = run / "latest.pt"
+    problem = damage(path, case)
     with pytest.raises(UserError) as info:
-        train.main(resume(data_dir, run))
+        load_checkpoint(path, required=TRAINING_KEYS)
+    assert str(info.value) == f"{path} is damaged: {problem}"
+    if DAMAGE[case][0][0] in MODEL_KEYS:
+        with pytest.raises(UserError, match="is damaged: "):
+            load_checkpoint(path, required=MODEL_KEYS)
+    else:  # a field sample.py never reads does not stop it
+        load_checkpoint(path, required=MODEL_KEYS)
+
+
+def test_every_checkpoint_a_run_writes_passes_its_checks(run):
+    for name in ("latest.pt", "latest.prev.pt"):
+        load_checkpoint(run / name, required=TRAINING_KEYS)
+    load_checkpoint(run / "best.pt", required=MODEL_KEYS)
+
+
+def test_a_model_setting_no_model_takes_is_one_line_naming_the_file_to_every_reader(run):
+    """A model setting of the right type but among no choice of its own (the schema checks types): sample.py,
+    and the explorer's list of runs, each say it in one line naming the file."""
+    path = run / "best.pt"
+    rewrite(path, ("model_args", "pos_emb"), "bogus")
+    line = (f"{path} was written with model settings this version cannot build (pos_emb must be one of learned, "
+            "rope, none (got 'bogus'))")
+    proc = run_script("sample.py", f"--out_dir={run}", "--device=cpu", "--num_samples=1", "--max_new_tokens=5")
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, f"error: {line}")
+    assert summarize("run", run).error == line
+
+
+class RunsCode:
+    """Unpickling this runs a shell command: what a hostile 'checkpoint' would do."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("form", ["torch.save", "with a valid checksum", "plain pickle"])
+def test_hostile_checkpoint_is_refused_without_running_it(tmp_path, data_dir, form):
+    """Neither sampling nor resuming runs a crafted checkpoint. A checksum proves a file undamaged, not harmless:
+    one written by someone else with a correct header is still loaded with weights_only and refused."""
+    out, marker = tmp_path / "out", tmp_path / "MARKER"
+    out.mkdir()
+    state = {"format_version": 1, "model": RunsCode(marker), "iter_num": 0}
+    if form == "plain pickle":
+        with open(out / "ckpt.pt", "wb") as f:
+            pickle.dump(state, f)
+    else:
+        torch.save(state, out / "ckpt.pt")
+    if form == "with a valid checksum":
+        payload = (out / "ckpt.pt").read_bytes()
+        (out / "ckpt.pt").write_bytes(checkpoint.HEADER % (hashlib.sha256(payload).hexdigest().encode(), len(payload))
+                                      + payload)
+    for command in [lambda: sample.main([f"--out_dir={out}", "--device=cpu"]),
+                    lambda: train.main(train_args(data_dir, out, "--init_from=resume", "--max_iters=2"))]:
+        with pytest.raises(UserError) as info:
+            command()
+        if form == "plain pickle":  # not a zip, not a header: not read any further
+            assert str(info.value) == f"{out / 'ckpt.pt'} is damaged or not a checkpoint (it does not begin with " \
+                                      "a checkpoint header)"
+        else:
+            assert str(info.value).startswith(f"refusing to load {out / 'ckpt.pt'}: it holds objects other than "
+                                              "tensors") and "GLOBAL posix.system" in str(info.value)  # names it
+        assert not marker.exists(), "the checkpoint ran code"
+    with open(out / "ckpt.pt", "rb") as f:  # proof the file is hostile: plain unpickling runs it
+        try:
+            pickle.load(f) if form == "plain pickle" else torch.load(checkpoint.Payload(
+                f, checkpoint.HEADER_SIZE if form == "with a valid checksum" else 0), weights_only=False)
+        except Exception:
+            pass
+    assert marker.exists()
+
+
+# ---------------------------------------------------------------------------------------------- atomic writes
+
+def full_disk_file(limit):
+    class Full(io.FileIO):
+        def write(self, data):
+            if self.tell() + len(data) > limit:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return super().write(data)
+    return Full
+
+
+@pytest.mark.parametrize("fault", ["write", "fsync", "replace"])
+def test_failed_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch, fault):
+    """A full disk (during the writes or at fsync) or a failing rename: one clear error, old ckpt.pt intact."""
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint({"iter_num": 1, "w": torch.ones(4)}, path)
+    real_open = open
+    if fault == "write":
+        full = full_disk_file(10_000)
+        monkeypatch.setattr(checkpoint, "open", lambda p, mode="r", *a, **k:
+                            full(p, "wb") if "w" in mode else real_open(p, mode, *a, **k), raising=False)
+    elif fault == "fsync":
+        def fsync(fd):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        monkeypatch.setattr(checkpoint.os, "fsync", fsync)
+    else:
+        def replace(src, dst):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(dst))
+        monkeypatch.setattr(checkpoint.os, "replace", replace)
+    with pytest.raises(UserError) as info:
+        save_checkpoint({"iter_num": 2, "w": torch.zeros(100_000)}, path)
     message = str(info.value)
-    assert message.startswith(f"{run / 'latest.pt'} is damaged: its contents do not match") and "\n" not in message
-    assert f"; {run / 'latest.prev.pt'} is damaged: non-finite values in exp_avg" in message
-    assert {p.name: digest(p) for p in run.glob("*.pt")} == before
+    assert "\n" not in message and "the previous checkpoint is intact" in message
+    if fault == "replace":
+        assert message.startswith(f"could not write checkpoint {path} (") and "Permission denied" in message
+    else:
+        assert message == f"disk full while writing {path}; the previous checkpoint is intact"
+    monkeypatch.undo()
+    state = load_checkpoint(path)
+    assert state["iter_num"] == 1 and torch.equal(state["w"], torch.ones(4))
+    assert not path.with_name("ckpt.pt.tmp").exists()
 
 
 def test_a_failed_rename_keeps_the_previous_state_and_resume_finds_it(tmp_path, monkeypatch, capsys):
@@ -186,158 +332,135 @@ def test_a_failed_rename_keeps_the_previous_state_and_resume_finds_it(tmp_path, 
     assert notes == [] and not rundir.latest.exists() and load_checkpoint(rundir.previous)["iter_num"] == 1
 
 
-# ---------------------------------------------------------------------------------------------- best and latest
+def test_sigkill_while_saving_a_large_checkpoint(tmp_path):
+    """A process SIGKILLed 1 MB into streaming a 64 MB state: the old file loads, the .tmp is ignored
+    (and named when it is all there is), and the next save cleans up."""
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint({"iter_num": 1, "w": torch.ones(4)}, path)
+    script = tmp_path / "big_save.py"
+    script.write_text(f"""
+import io, os, signal, sys
+sys.path.insert(0, {str(REPO)!r})
+import torch
+from gptkit import checkpoint
 
-def test_ctrl_c_after_val_got_worse_keeps_the_best_weights(tmp_path, data_dir, capsys, monkeypatch):
-    """Issue #12: with always_save_checkpoint=False (the shipped default's), Ctrl-C saved the current model over the
-    best one. Val loss improves at iteration 5 and only gets worse after it; Ctrl-C arrives during step 17.
-    best.pt stays the weights of iteration 5, and sample.py samples them; latest.pt holds step 17. Running on
-    to the end (as a max_time stop would, still worse) does not touch best.pt either."""
-    out = tmp_path / "out"
-    args = train_args(data_dir, out, "--max_iters=20", "--eval_interval=5", "--eval_iters=2", "--log_interval=1",
-                      "--always_save_checkpoint=False", "--init_from=auto",
-                      "--learning_rate=1e-2", "--warmup_iters=0")  # 5 and 17 sample differently
-    real_evaluate, real_step = train.evaluate_on_rank0, train.step_optimizers
+class DiesMidWrite(io.FileIO):
+    def write(self, data):
+        if self.tell() > 1 << 20:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().write(data)
 
-    def worse_after_5(rt, data, state, budget=None):
-        losses = real_evaluate(rt, data, state, budget)
-        return dict(losses, val=losses["val"] + 100) if state.iter_num > 5 else losses
+checkpoint.open = lambda p, mode="r", *a, **k: DiesMidWrite(p, "wb")
+torch.manual_seed(0)
+checkpoint.save_checkpoint({{"iter_num": 2, "w": [torch.randn(4_000_000) for _ in range(4)]}}, {str(path)!r})
+""", encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    tmp = tmp_path / "ckpt.pt.tmp"
+    assert tmp.stat().st_size > 1 << 20
+    state = load_checkpoint(path)
+    assert state["iter_num"] == 1 and torch.equal(state["w"], torch.ones(4))
+    path.unlink()
+    with pytest.raises(UserError, match=r"no checkpoint at .*ckpt\.pt \(ckpt\.pt\.tmp is an unfinished write"):
+        load_checkpoint(path)
+    save_checkpoint({"iter_num": 3}, path)
+    assert load_checkpoint(path)["iter_num"] == 3 and not tmp.exists()
 
-    steps = []
 
-    def ctrl_c_during_17(*args):
-        real_step(*args)
-        steps.append(1)
-        if len(steps) == 17:
-            os.kill(os.getpid(), signal.SIGINT)
+@pytest.mark.parametrize("name,nth,kept", [("best.pt", 1, ""), ("latest.pt", 2, "; the previous checkpoint is intact")])
+def test_disk_full_while_saving_is_one_line_and_keeps_what_was_saved(tmp_path, data_dir, monkeypatch, name, nth, kept):
+    """The disk fills while best.pt is first written at iteration 5 (there is no previous one to keep, and the
+    message does not claim one), or while latest.pt is written at iteration 10 (iteration 5's is kept)."""
+    out, real_open, full, opened = tmp_path / "out", open, full_disk_file(4096), []
 
-    monkeypatch.setattr(train, "evaluate_on_rank0", worse_after_5)
-    monkeypatch.setattr(train, "step_optimizers", ctrl_c_during_17)
+    def open_filling_the_disk(path, mode="r", *args, **kwargs):
+        if Path(path).name == name + ".tmp":
+            opened.append(path)
+            if len(opened) == nth:
+                return full(path, "wb")
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "open", open_filling_the_disk, raising=False)
     with pytest.raises(UserError) as info:
-        train.main(args)
-    assert str(info.value).startswith("stopped by SIGINT at iteration 17;") and info.value.exit_code == 130
-    best = digest(out / "best.pt")
-    assert load_checkpoint(out / "best.pt")["iter_num"] == 5 and load_checkpoint(out / "latest.pt")["iter_num"] == 17
-
-    alone = tmp_path / "best_alone"
-    alone.mkdir()
-    shutil.copy(out / "best.pt", alone / "best.pt")
-    texts = {}
-    for name, folder, extra in [("default", out, []), ("best", alone, []), ("latest", out, ["--checkpoint=latest"])]:
-        capsys.readouterr()
-        sample.main([f"--out_dir={folder}", "--device=cpu", "--num_samples=1", "--max_new_tokens=40", *extra])
-        texts[name] = capsys.readouterr().out
-    assert texts["default"] == texts["best"] != texts["latest"]
-
-    monkeypatch.setattr(train, "step_optimizers", real_step)
-    train.main(args)
-    assert load_checkpoint(out / "latest.pt")["iter_num"] == 20 and digest(out / "best.pt") == best
+        train.main(train_args(data_dir, out, "--max_iters=20", "--log_interval=1", "--eval_interval=5",
+                              "--eval_iters=2", "--always_save_checkpoint=True", "--dropout=0.1",
+                              "--warmup_iters=5"))
+    assert str(info.value) == f"disk full while writing {out / name}{kept}"
+    assert not (out / f"{name}.tmp").exists()
+    if kept:
+        assert load_checkpoint(out / name)["iter_num"] == 5
+    else:
+        assert not (out / "best.pt").exists() and not (out / "latest.pt").exists()
 
 
-# ---------------------------------------------------------------------------------------------- full disk, two runs
+class InterruptedFile(io.FileIO):
+    """A checkpoint file whose writes past its first 4 KiB raise `stop`, as a signal handler does."""
+    stop = KeyboardInterrupt()
 
-def full_after(n_ok):
-    """An unbuffered file whose writes fail after n_ok of them, the failing one having written half its bytes."""
-    class Full(io.FileIO):
-        writes = 0
-
-        def write(self, data):
-            Full.writes += 1
-            if Full.writes > n_ok:
-                super().write(bytes(data)[:len(data) // 2])
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            return super().write(data)
-    return Full
+    def write(self, data):
+        if self.tell() + len(data) > 4096:
+            raise self.stop
+        return super().write(data)
 
 
-def test_full_disk_while_writing_metrics(run, data_dir, monkeypatch):
-    """One line; metrics.jsonl keeps whole records only (the half-written one is cut off); the saved states
-    are untouched."""
-    before = {p.name: digest(p) for p in run.glob("*.pt")}
-    lines = len(read_metrics(run))
-    full = full_after(3)
-    monkeypatch.setattr(metrics, "open", lambda path, mode, **kw: full(path, mode), raising=False)
-    with pytest.raises(UserError) as info:
-        train.main(resume(data_dir, run, "--max_iters=100", "--log_interval=1", "--eval_interval=1000"))
-    assert str(info.value) == f"disk full while writing {run / 'metrics.jsonl'}; the records before it are intact"
-    monkeypatch.undo()
-    assert len(read_metrics(run)) == lines + 3 and (run / "metrics.jsonl").read_bytes().endswith(b"\n")
-    assert {p.name: digest(p) for p in run.glob("*.pt")} == before
+@pytest.fixture
+def saved(tmp_path):
+    """A folder with a saved latest.pt, and the state of a larger one to save over it."""
+    path = tmp_path / "latest.pt"
+    save_checkpoint({"w": torch.zeros(4)}, path)
+    return path, {f"w{i}": torch.randn(1000) for i in range(8)}
 
 
-def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path, data_dir):
-    """While one run trains, another on its out_dir stops at once with one line and writes nothing; the first
-    goes on undisturbed (its log is its own), and once it has stopped, the folder is free again."""
-    out = tmp_path / "out"
-    args = ["--max_iters=100000", "--eval_interval=5", "--eval_iters=1", "--log_interval=1", "--init_from=auto"]
-    first = Run(train_cmd(data_dir, out, *args), tmp_path / "first")
-    try:
-        wait_for_iteration(first, out, 3)
-        with pytest.raises(UserError) as info:
-            train.main(train_args(data_dir, out, *args))
-        assert str(info.value) == (f"{out} is in use by another run (process {first.proc.pid}); wait for it to end "
-                                   "or pick another --out_dir")
-        seen = max(logged(out))
-        wait_for_iteration(first, out, seen + 3)
-    finally:
-        first.proc.send_signal(signal.SIGTERM)
-    assert first.wait() == 143
-    assert sorted(logged(out)) == list(range(1, max(logged(out)) + 1))  # one run's records, each once
-    train.main(train_args(data_dir, out, *args[1:], "--max_iters=1"))  # free: resumes, has nothing left to do
+@pytest.mark.parametrize("stop", [KeyboardInterrupt(), RunStopped("stopped by SIGTERM while saving", signal.SIGTERM)])
+def test_an_interrupt_inside_a_checkpoint_write_is_raised_as_itself(saved, monkeypatch, stop):
+    """A signal handler's exception raised by the file's write: torch's zip writer turns it into a RuntimeError,
+    which must not be reported as a failed write. The previous checkpoint is kept and the .tmp removed."""
+    path, state = saved
+    before = path.read_bytes()
+    monkeypatch.setattr(InterruptedFile, "stop", stop)
+    monkeypatch.setattr(checkpoint, "open", lambda p, mode, **kw: InterruptedFile(p, mode), raising=False)
+    with pytest.raises(type(stop)):
+        save_checkpoint(state, path, previous=path.with_name("latest.prev.pt"))
+    assert path.read_bytes() == before and sorted(p.name for p in path.parent.iterdir()) == ["latest.pt"]
 
 
-# ---------------------------------------------------------------------------------------------- resume rules
+def test_an_interrupt_as_a_write_begins_is_raised_as_itself(saved, monkeypatch):
+    """Where a signal comes while torch's own code runs, Python raises its handler's exception as the next write
+    is entered, before the writer's code runs: still an interrupt, not a failed write."""
+    path, state = saved
+    before = path.read_bytes()
+    real_write, calls = HashingWriter.write, []
 
-def test_a_run_its_budget_made_smaller_resumes_with_the_command_that_started_it(tmp_path, data_dir, capsys):
-    """The config file still says the bigger shape and its decay: given again on resume they are what the run was
-    fitted from, not other settings; the run keeps the smaller model and its decay. A shape that differs from
-    both is refused."""
-    out = tmp_path / "fitted"
-    start = train_args(data_dir, out, "--n_layer=2", "--max_time=600", "--min_tokens_per_param=1e12",
-                       "--smaller_n_layer=1", "--optimizer=muon", "--muon_weight_decay=0.6",
-                       "--smaller_muon_weight_decay=0.3", "--max_iters=4", "--eval_interval=2", "--eval_iters=1")
-    fitted_from = {"n_layer": 2, "n_embd": 32, "muon_weight_decay": 0.6}
-    train.main(start)
-    assert ("shape: n_layer=1, n_embd=32, muon_weight_decay=0.3 instead of n_layer=2, n_embd=32, "
-            "muon_weight_decay=0.6: ") in capsys.readouterr().out
-    ckpt = load_checkpoint(out / "latest.pt")
-    assert ckpt["model_args"]["n_layer"] == 1 and ckpt["measured"]["fitted_from"] == fitted_from
-    train.main([*start, "--max_iters=6", "--init_from=auto"])
-    assert "shape:" not in capsys.readouterr().out  # a resumed run is not fitted again
-    ckpt = load_checkpoint(out / "latest.pt")
-    assert (ckpt["iter_num"], ckpt["model_args"]["n_layer"], ckpt["config"]["model"]["n_layer"]) == (6, 1, 1)
-    assert ckpt["config"]["muon_weight_decay"] == 0.3 and ckpt["measured"]["fitted_from"] == fitted_from
-    assert 0.3 in {g["weight_decay"] for opt in ckpt["optimizer"] for g in opt["param_groups"]}  # Muon's matrices
-    with pytest.raises(UserError, match="n_layer=3 differs from .*'s 1; a resumed run keeps its model's shape"):
-        train.main([*start, "--max_iters=8", "--init_from=auto", "--n_layer=3"])
+    def write(self, data):
+        calls.append(len(data))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_write(self, data)
+
+    monkeypatch.setattr(HashingWriter, "write", write)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(state, path, previous=path.with_name("latest.prev.pt"))
+    assert path.read_bytes() == before and sorted(p.name for p in path.parent.iterdir()) == ["latest.pt"]
 
 
-def test_a_checkpoint_from_before_a_model_setting_resumes_with_its_default(run, data_dir):
-    """A run saved before token_shift existed was built without it: resumed, it continues so, and a config that
-    asks for the shift is refused naming the checkpoint's value, not a missing one."""
-    ckpt = load_checkpoint(run / "latest.pt")
-    del ckpt["model_args"]["token_shift"], ckpt["config"]["model"]["token_shift"]
-    save_checkpoint(ckpt, run / "latest.pt")
-    with pytest.raises(UserError, match=r"token_shift=True differs from .*latest.pt's False; a resumed run keeps"):
-        train.main(resume(data_dir, run, "--token_shift=True", "--max_iters=32"))
-    train.main(resume(data_dir, run, "--max_iters=32"))
-    assert load_checkpoint(run / "latest.pt")["model_args"]["token_shift"] is False
+def test_an_interrupt_after_the_writes_removes_the_tmp(saved, monkeypatch):
+    """Ctrl-C while the file is flushed to disk, outside torch's writer: raised as itself, nothing left behind."""
+    path, state = saved
+    before = path.read_bytes()
+
+    def fsync(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint.os, "fsync", fsync)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(state, path, previous=path.with_name("latest.prev.pt"))
+    assert path.read_bytes() == before and sorted(p.name for p in path.parent.iterdir()) == ["latest.pt"]
 
 
-def test_wandb_records_the_settings_the_run_trains_with():
-    """A run fitted to its budget trains other settings than it was given: wandb's config is the trained ones."""
-    given = make(TrainConfig, {"wandb_log": True, "n_layer": 4, "muon_weight_decay": 0.6})
-    fitted = replace(given, model=replace(given.model, n_layer=3), muon_weight_decay=0.3)
-    args = train.wandb_args(SimpleNamespace(wandb_id="run-id", cfg=fitted))
-    assert (args["id"], args["config"]["model"]["n_layer"], args["config"]["muon_weight_decay"]) == ("run-id", 3, 0.3)
-
-
-def test_a_resume_continues_with_the_saved_settings_and_those_given_again(run, data_dir):
-    """Given only where the data is, a resumed run is the saved one (its model shape, batch size, learning rate);
-    a key given again, here learning_rate and max_iters, is honoured, by the optimizer too."""
-    train.main(resume(data_dir, run, "--learning_rate=1e-3", "--max_iters=32"))
-    ckpt = load_checkpoint(run / "latest.pt")
-    cfg = ckpt["config"]
-    assert (ckpt["iter_num"], cfg["max_iters"], cfg["learning_rate"], cfg["batch_size"]) == (32, 32, 1e-3, 8)
-    assert (cfg["model"]["n_layer"], cfg["model"]["pos_emb"], cfg["model"]["block_size"]) == (2, "rope", 32)
-    assert {g["base_lr"] for g in ckpt["optimizer"][0]["param_groups"]} == {1e-3}
+def test_a_save_never_writes_through_a_link(tmp_path, outside):
+    """Below the run's check at its start: a link at a save's .tmp name, made while the run runs, is refused and
+    never written through."""
+    (tmp_path / "best.pt.tmp").symlink_to(outside)
+    with pytest.raises(UserError, match="best.pt.tmp is a link"):
+        save_checkpoint({"iter_num": 1}, tmp_path / "best.pt")
+    assert outside.read_text() == "precious\n"

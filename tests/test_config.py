@@ -1,12 +1,13 @@
-"""The config parser: literal-only config files, typed --key=value overrides, one-line errors."""
+"""The config parser (gptkit/config.py): literal-only config files, typed --key=value overrides, presets built on
+a base, one-line errors, even for input nested too deeply for Python's parsers."""
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from dataclasses import fields
-
-from conftest import REPO
+import plot
+from conftest import REPO, assert_one_error_line, run_script
 from gptkit.config import parse_config, settings
 from gptkit.errors import UserError
 from gptkit.train_config import TrainConfig
@@ -251,3 +252,61 @@ def test_the_longer_presets_build_on_the_default():
     assert (gpu.model.n_layer, gpu.model.n_embd, gpu.model.block_size, gpu.batch_size) == (6, 384, 256, 64)
     assert (gpu.optimizer, gpu.model.token_shift, gpu.compile, gpu.min_tokens_per_param, gpu.max_time) == \
         ("muon", True, False, 0, 30)
+
+
+# ---------------------------------------------------------------------------------------------- hostile input
+
+@pytest.mark.slow
+def test_config_file_is_parsed_never_executed(tmp_path):
+    marker = tmp_path / "MARKER"
+    config = tmp_path / "evil.py"
+    config.write_text(f"batch_size = __import__('os').system('touch {marker}')\n", encoding="utf-8")
+    proc = run_script("train.py", str(config), cwd=tmp_path)
+    assert proc.returncode == 1
+    assert assert_one_error_line(proc.stderr) == (f"error: {config}:1: batch_size must be a literal value "
+                                                  "(config files are parsed, never executed)")
+    assert not marker.exists()
+
+
+DEEP = 100_000
+DEEP_VALUES = {"parens": "(" * DEEP + "1" + ")" * DEEP, "list": "[" * DEEP + "]" * DEEP,
+               "list_within_the_parser": "[" * 150 + "]" * 150, "minus": "-" * DEEP + "1",
+               "not": "not " * DEEP + "1", "sum": "1" + "+1" * DEEP}
+
+
+@pytest.mark.parametrize("value", DEEP_VALUES.values(), ids=DEEP_VALUES)
+def test_a_config_file_nested_too_deeply_is_one_error_line(tmp_path, value):
+    path = tmp_path / "deep.py"
+    path.write_text(f"dpi = {value}\n")
+    with pytest.raises(UserError) as e:
+        plot.main(["loss", str(path)])
+    assert str(e.value).startswith(str(path)) and "\n" not in str(e.value) and len(str(e.value)) < 400
+
+
+@pytest.mark.parametrize("key", ["dpi", "output"])
+@pytest.mark.parametrize("value", DEEP_VALUES.values(), ids=DEEP_VALUES)
+def test_a_command_line_value_nested_too_deeply_is_one_error_line(tmp_path, key, value):
+    with pytest.raises(UserError) as e:
+        plot.main(["loss", f"--out_dir={tmp_path}", f"--{key}={value}"])
+    assert "\n" not in str(e.value) and len(str(e.value)) < 400
+
+
+@pytest.mark.slow
+def test_deep_nesting_through_the_command_itself(tmp_path):
+    """As a user meets it: one line on stderr, from a file and from an argument (an argument is at most 128 KiB)."""
+    path = tmp_path / "deep.py"
+    path.write_text("dpi = " + "-" * DEEP + "1\n")
+    for args in ([path], ["--dpi=" + "(" * 60_000 + "1" + ")" * 60_000]):
+        proc = run_script("plot.py", "loss", f"--out_dir={tmp_path}", *args)
+        assert proc.returncode == 1
+        assert len(assert_one_error_line(proc.stderr)) < 400
+
+
+def test_a_chain_of_presets_too_long_is_one_error_line(tmp_path):
+    for i in range(2000):
+        (tmp_path / f"c{i}.py").write_text(f"base = 'c{i + 1}.py'\n")
+    (tmp_path / "c2000.py").write_text("batch_size = 3\n")
+    with pytest.raises(UserError, match="too many bases in a row"):
+        parse_config(TrainConfig, [str(tmp_path / "c0.py")])
+    (tmp_path / "c50.py").write_text("batch_size = 3\n")  # a chain of 51 is fine
+    assert parse_config(TrainConfig, [str(tmp_path / "c0.py")]).batch_size == 3

@@ -131,6 +131,7 @@ def test_reading_every_shard_keeps_resident_memory_flat(tmp_path):
     assert tree_rss(os.getpid()) - before < 24 << 20
 
 
+@pytest.mark.slow
 def test_a_shard_missing_or_damaged_is_one_line_before_training(tmp_path):
     src = write_jsonl(tmp_path / "docs.jsonl", DOCS[:600])
     out_dir, meta = prepare(PrepareConfig(input=str(src), name="s", data_dir=str(tmp_path / "d"), shard_tokens=5000))
@@ -172,6 +173,7 @@ run_main(lambda: prepare(PrepareConfig(input=sys.argv[2], name="s", data_dir=sys
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokenizer,workers,how", [("char", 1, "kill"), ("r50k_base", 2, "kill"),
                                                    ("r50k_base", 2, "SIGTERM")])
 def test_a_stopped_prepare_continues_to_the_same_dataset(tmp_path, tokenizer, workers, how, request):
@@ -243,6 +245,7 @@ BAD_LINES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", BAD_LINES)
 def test_a_bad_record_names_its_file_and_line_and_skip_bad_counts_it(tmp_path, case):
     content, what = BAD_LINES[case]
@@ -295,6 +298,7 @@ BAD_FILES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", BAD_FILES)
 def test_a_bad_file_is_one_line_and_leaves_nothing(tmp_path, case):
     name, make, expected = BAD_FILES[case]
@@ -314,6 +318,7 @@ def test_too_few_documents_for_a_split_by_document(tmp_path):
         prepare(PrepareConfig(input=str(path), name="few", data_dir=str(tmp_path / "d")))
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
     """Files may grow to 64 KiB only (RLIMIT_FSIZE), as on a disk that fills up during the prepare."""
     src = write_jsonl(tmp_path / "docs.jsonl", DOCS)
@@ -327,6 +332,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
     assert os.listdir(tmp_path / "d" / "full" / ".versions") == []
 
 
+@pytest.mark.slow
 def test_train_and_sample_on_a_sharded_record_corpus(tmp_path):
     """From the command line, as a user would: a folder of every record kind, prepared into shards, trained on
     and sampled from."""

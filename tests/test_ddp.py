@@ -1,21 +1,24 @@
-"""Two CPU processes with DDP over gloo: the run finishes, rank 0 alone writes the checkpoint and metrics; started by
-train.py itself (--processes=2), it ends in one line however it ends."""
+"""Several processes (gptkit/runtime.py): two CPU processes with DDP over gloo finish the run, rank 0 alone writing
+the checkpoint and metrics; one rank failing on its own stops every rank; started by train.py itself
+(--processes=2), the run ends in one line however it ends. (Stop signals and an exact resume on two processes: see
+test_resume.py.)"""
 
 import os
 import re
 import signal
 import subprocess
-import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
-from conftest import REPO, Run, assert_one_error_line, train_cmd, wait_for_iteration
+from conftest import REPO, Run, assert_one_error_line, faulty_train, torchrun, train_cmd, wait_for_iteration
 from gptkit.checkpoint import load_checkpoint
 from gptkit.errors import UserError
 from gptkit.metrics import read_metrics
 from gptkit.runtime import trains_here
+from test_resume import command
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="this torch build has no gloo backend")
@@ -23,15 +26,14 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 def test_ddp_two_processes(data_dir, tmp_path):
     """gradient_accumulation_steps=1 with 2 processes: fewer micro-batches than processes, each takes one.
-    (Two micro-batches over two processes run in test_reliability's DDP tests.)"""
+    (Two micro-batches over two processes run in test_resume's DDP test.)"""
     accum = 1
     out = tmp_path / "out"
     max_iters, log_interval = 6, 2
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-           f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={out}", "--device=cpu", "--dtype=float32",
-           "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4",
-           f"--gradient_accumulation_steps={accum}", f"--max_iters={max_iters}", "--eval_interval=3", "--eval_iters=2",
-           f"--log_interval={log_interval}", "--warmup_iters=1"]
+    cmd = torchrun("train.py", f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={out}", "--device=cpu",
+                   "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4",
+                   f"--gradient_accumulation_steps={accum}", f"--max_iters={max_iters}", "--eval_interval=3",
+                   "--eval_iters=2", f"--log_interval={log_interval}", "--warmup_iters=1")
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     ckpt = load_checkpoint(out / "latest.pt")
@@ -47,6 +49,23 @@ def test_ddp_two_processes(data_dir, tmp_path):
     assert train[-1]["tokens"] == max_iters * 2 * 4 * 16
     assert [r["iter"] for r in records if r["kind"] == "eval"] == [0, 3, 6]
     assert proc.stdout.count(f"iter {max_iters}:") == 1  # printed by rank 0 only
+
+
+@pytest.mark.parametrize("failure", ["rank 1 raises", "rank 0 cannot save"])
+def test_ddp_rank_failure_stops_every_rank(tmp_path, data_dir, failure):
+    """One rank fails on its own (a test wrapper raising on rank 1, or rank 0 alone finding the disk full as it
+    writes latest.pt); the other must not hang in a collective: the whole job exits non-zero within a minute."""
+    out = tmp_path / "out"
+    if failure == "rank 1 raises":
+        script, expected = faulty_train(tmp_path, rank1=3), "error: rank 1 failed on purpose"
+    else:  # only rank 0 writes checkpoints
+        script, expected = faulty_train(tmp_path, enospc=("latest.pt", 2)), f"error: disk full while writing {out}"
+    run = Run(command("ddp", data_dir, out, script=script), tmp_path / "log")
+    start = time.time()
+    rc = run.wait(timeout=60)
+    assert rc != 0
+    assert expected in run.stderr, run.stderr
+    assert time.time() - start < 60
 
 
 # a run of two processes that goes on until it is stopped

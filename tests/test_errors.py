@@ -1,5 +1,6 @@
-"""Bad input through the command lines: each is one `error:` line on stderr, a non-zero exit, no traceback, and
-every file written before it is left as it was.
+"""Errors a user can cause (gptkit/errors.py) and bad input through the command lines: each is one `error:` line on
+stderr, a non-zero exit, no traceback, and every file written before it is left as it was; a failed allocation,
+however the allocator says it, is one line naming the settings that size the command's memory.
 
 The hand-written table names each message in full. Three generated sweeps cover the kinds of bad input: a value
 out of range for every numeric option of every script, random damage to each file of a dataset, and the paths a
@@ -9,6 +10,7 @@ fixture, each script's cases in one process of its own (see DRIVER); each case t
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +23,7 @@ import export
 import plot
 import sample
 import train
-from conftest import MODEL, REPO, assert_one_error_line, make_text
+from conftest import MODEL, REPO, assert_one_error_line, make_text, train_args
 from gptkit.benchmarks.prepare import PrepareBenchConfig
 from gptkit.benchmarks.sample import SampleBenchConfig
 from gptkit.benchmarks.throughput import ThroughputBenchConfig
@@ -29,6 +31,7 @@ from gptkit.benchmarks.train import TrainBenchConfig
 from gptkit.checkpoint import load_checkpoint
 from gptkit.config import settings
 from gptkit.corpus import PrepareConfig, prepare
+from gptkit.errors import run_main
 from gptkit.train_config import TrainConfig
 
 PROMPT = "Zebra ~ 😀 ROMEO"
@@ -526,3 +529,68 @@ def test_bad_input_is_one_error_line(results, case):
         assert_one_error_line(stderr, line and line.format(w=w, t=t))
     assert rc == 1
     assert not changed, f"a failed command changed files written before it, under {changed}"
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+# runs a script with its address space capped at 8 GiB: should a change make the first allocation a small one,
+# the test fails on its size instead of filling this machine's memory
+LIMITED = ("import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30)); "
+           "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+TRAIN_SIZES = "(batch_size, block_size, n_embd, n_layer, n_head, eval_iters)"
+
+
+@pytest.mark.parametrize("script,args,settings", [
+    ("train.py", ["--n_embd=2**44", "--n_head=1"], TRAIN_SIZES),
+    ("sample.py", ["--num_samples=10**15"], "(num_samples, max_new_tokens)"),
+    ("bench.py", ["sample", "--vocab_size=10**15"], "(batch_size, block_size, n_embd, n_layer, vocab_size, "
+                                                   "max_new_tokens)"),
+])
+def test_a_size_no_memory_holds_is_one_line_naming_the_settings(trained_run, data_dir, tmp_path, script, args,
+                                                                 settings):
+    """Sizes of petabytes: the first tensor they shape fails at once, before anything else is allocated (so the
+    test itself takes no memory), and the line names the settings that size this command's memory."""
+    args = [a.replace("10**15", str(10 ** 15)).replace("2**44", str(2 ** 44)) for a in args]
+    if script == "train.py":
+        args = train_args(data_dir, tmp_path / "out", "--max_iters=2", *args)
+    elif script == "sample.py":
+        # measured choices off: on a CPU with nothing to time, sample.py prints its choice before decoding fails
+        args = [f"--out_dir={trained_run[0]}", "--device=cpu", "--dtype=float32", "--threads=1", *args]
+    proc = subprocess.run([sys.executable, "-c", LIMITED, str(REPO / script), *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1
+    line = assert_one_error_line(proc.stderr)
+    assert re.fullmatch(r"error: out of memory: tried to allocate [0-9.,]+ [PE]iB; lower the sizes of this run "
+                        + re.escape(settings), line), line
+
+
+@pytest.mark.parametrize("error,expected", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
+                            "79.11 GiB of which 3.50 GiB is free."),
+     "error: out of memory: tried to allocate 20.0 GiB; lower the sizes of this run (batch_size)"),
+    (RuntimeError("MPS backend out of memory (MPS allocated: 1.00 GiB, other allocations: 2.00 MiB, max allowed: "
+                  "9.07 GiB). Tried to allocate 256.00 MiB on private pool."),
+     "error: out of memory: tried to allocate 256.0 MiB; lower the sizes of this run (batch_size)"),
+    (MemoryError(), "error: out of memory; lower the sizes of this run (batch_size)"),
+    (RuntimeError("std::bad_alloc"), "error: out of memory; lower the sizes of this run (batch_size)"),
+    (RuntimeError("Storage size calculation overflowed with sizes=[1000000000000000, 1000000000000000]"),
+     "error: out of memory; lower the sizes of this run (batch_size)"),
+])
+def test_every_allocator_s_failure_is_the_same_one_line(capsys, error, expected):
+    """CUDA's, MPS's and Python's ways of running out, which this CPU machine cannot produce, and a size whose
+    byte count overflows 64 bits (its end-to-end case is in test_errors' table)."""
+    def main():
+        raise error
+
+    with pytest.raises(SystemExit) as info:
+        run_main(main, memory_settings=("batch_size",))
+    assert info.value.code == 1
+    assert_one_error_line(capsys.readouterr().err, expected)
+
+
+def test_another_runtime_error_is_not_called_out_of_memory():
+    def main():
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    with pytest.raises(RuntimeError, match="shapes"):
+        run_main(main, memory_settings=("batch_size",))

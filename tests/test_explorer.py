@@ -16,14 +16,13 @@ import httpx
 import pytest
 import torch
 
-from conftest import REPO, check_ok, run_script
+from conftest import REPO, check_ok, run_script, tiny_model
 from gptkit.checkpoint import save_checkpoint
 from gptkit.decoding import shaped_probs
 from gptkit.explorer import Shelf, make_app
 from gptkit.inspection import attention_maps
 from gptkit.tokenizer import CharTokenizer
 from gptkit.train_config import TrainConfig
-from model import GPT, GPTConfig
 
 TestClient = pytest.importorskip("fastapi.testclient").TestClient
 
@@ -35,8 +34,7 @@ VARIANTS = {"scaled": {}, "uniform": dict(attention="uniform"), "additive": dict
 
 def fake_run(folder, seed=0, **overrides):
     """A run folder as train.py leaves it (best.pt with its keys, a metrics.jsonl), with random weights."""
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(**dict(SHAPE, **overrides)))
+    model = tiny_model(seed, **dict(SHAPE, **overrides))
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(8.0)  # far from uniform, so every number the tests compare means something
@@ -188,6 +186,7 @@ def test_a_stop_string_ends_the_generation(client):
     assert got == {"type": "done", "reason": "stop", "text": full[:full.index(stop)]}
 
 
+@pytest.mark.slow
 def test_streamed_text_is_sample_pys_for_the_same_seed_and_settings(lab, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(lab[0] / "rope", run)
@@ -275,6 +274,7 @@ def server(lab):
         proc.wait()
 
 
+@pytest.mark.slow
 def test_a_client_that_goes_away_stops_its_generation(server):
     url, _ = server
     with httpx.Client(base_url=url, timeout=30) as http:
@@ -285,6 +285,7 @@ def test_a_client_that_goes_away_stops_its_generation(server):
         assert done[-1]["type"] == "done"
 
 
+@pytest.mark.slow
 def test_ten_clients_streaming_at_once_are_all_served(server):
     url, _ = server
     results = []
@@ -307,6 +308,7 @@ def test_ten_clients_streaming_at_once_are_all_served(server):
     assert texts[3] == solo  # interleaved with nine others, a generation is the one it is alone
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_server_cleanly(server):
     _, proc = server
     proc.send_signal(signal.SIGINT)
@@ -314,6 +316,7 @@ def test_ctrl_c_stops_the_server_cleanly(server):
     assert proc.returncode == 0 and "Traceback" not in err and "explorer stopped" in out, (out, err)
 
 
+@pytest.mark.slow
 def test_listening_beyond_this_machine_warns_in_one_line(lab):
     proc = subprocess.Popen([sys.executable, str(REPO / "explore.py"), str(lab[0] / "scaled"), "--host=0.0.0.0",
                              "--port=0", "--device=cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -325,6 +328,7 @@ def test_listening_beyond_this_machine_warns_in_one_line(lab):
     assert err.startswith("warning: listening on 0.0.0.0: the page is reachable from the network")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,message", [
     (["no-such-folder"], "no-such-folder is not a folder"),
     (["--port=70000"], "port must be a port number"),

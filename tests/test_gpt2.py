@@ -16,10 +16,10 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from conftest import REPO, check_ok, make_text, run_script
+from conftest import REPO, check_ok, make_text, run_script, tiny_model
 from gptkit.errors import UserError
 from gptkit.hf_interop import load_pretrained
-from model import GPT, GPTConfig
+from model import GPTConfig
 
 TINY_HF = dict(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=100)
 
@@ -97,6 +97,7 @@ def test_load_pretrained_refuses_what_it_cannot_load(tmp_path):
         load_pretrained(str(folder))
 
 
+@pytest.mark.slow
 def test_hub_name_offline_is_one_error_line(tmp_path):
     pytest.importorskip("transformers")
     home = tmp_path / "hf_home"  # an empty cache, and no network
@@ -154,8 +155,7 @@ def test_export_round_trip(tmp_path, options):
     transformers = pytest.importorskip("transformers")
     import export
 
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=24, vocab_size=37, n_layer=2, n_head=4, n_embd=32, **options)).eval()
+    model = tiny_model(**{"block_size": 24, "bias": False, **options})
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))  # so a zero bias or a wrong transpose shows
@@ -169,8 +169,9 @@ def test_export_round_trip(tmp_path, options):
     torch.testing.assert_close(all_logits(back, idx), all_logits(model, idx), atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_export_refuses_incompatible_model(tmp_path):
-    model = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=1, n_head=2, n_embd=16, pos_emb="rope"))
+    model = tiny_model(n_layer=1, n_head=2, n_embd=16, bias=False, pos_emb="rope")
     save_fake_run(model, tmp_path / "out", {"tokenizer": "char", "vocab": CHARS})
     proc = run_script("export.py", f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}")
     assert proc.returncode == 1, proc.stderr
@@ -222,6 +223,7 @@ def test_bpe_prepare_round_trip(tmp_path, tiktoken_cache):
     assert r50k.encode(docs[0]) == tok.encode(docs[0]) and r50k.decode(tok.encode(docs[0])) == docs[0]
 
 
+@pytest.mark.slow
 def test_finetune_sample_export_end_to_end(tmp_path, tiktoken_cache):
     transformers = pytest.importorskip("transformers")
     from gptkit.checkpoint import load_checkpoint

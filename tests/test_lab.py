@@ -12,6 +12,7 @@ import sys
 import time
 from contextlib import redirect_stdout
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,13 +21,12 @@ import lab
 import plot
 import sample
 import train
-from conftest import POLL_S, REPO, Run, assert_one_error_line, run_script
+from conftest import POLL_S, REPO, Run, assert_one_error_line, run_script, tiny_model
 from gptkit import lab as machinery
 from gptkit.config import parse_config
 from gptkit.errors import UserError
 from gptkit.rundir import RunDir
 from gptkit.train_config import TrainConfig
-from model import GPT, GPTConfig
 from test_plot import assert_png
 
 # the lab's recipe at a size that trains a few steps in a fraction of a second on one core
@@ -151,17 +151,17 @@ def test_the_modern_rung_is_the_preset_itself_with_only_what_the_lab_must_set():
 
 
 def test_entropy_is_in_bits_and_falls_as_the_softmax_sharpens():
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=8, attention="dot")).eval()
+    model = tiny_model(block_size=8, vocab_size=11, n_head=2, n_embd=8, bias=False, attention="dot")
     idx = torch.randint(11, (3, 8))
     diffuse = machinery.attention_entropy(model, idx)
     with torch.no_grad():
         for block in model.transformer.h:
             block.attn.c_attn.weight.mul_(30)  # large scores: a saturated softmax
     assert machinery.attention_entropy(model, idx) < diffuse <= sum(math.log2(t + 1) for t in range(8)) / 8
-    assert machinery.attention_entropy(GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=0)), idx) is None
+    assert machinery.attention_entropy(tiny_model(block_size=8, vocab_size=11, n_layer=0), idx) is None
 
 
+@pytest.mark.slow
 def test_an_unknown_rung_is_one_line_naming_the_valid_ones():
     proc = run_script("lab.py", "--rungs=bigram,trigram")
     assert proc.returncode == 1
@@ -247,6 +247,17 @@ def test_a_rung_folder_in_use_is_refused_before_anything_in_it_is_deleted(data_d
         assert {name: (folder / name).read_text() for name in live} == live
     message = str(caught.value)
     assert message.startswith(f"{folder} is in use by another run (process {os.getpid()})") and "\n" not in message
+
+
+def test_a_rung_s_log_is_never_written_through_a_link(tmp_path, outside):
+    """Below the checks at a run's start: a link at a rung's train.log, made while the lab runs, is refused and
+    never written through."""
+    rung = tmp_path / "rung"
+    rung.mkdir()
+    (rung / "train.log").symlink_to(outside)
+    with pytest.raises(UserError, match="train.log is a link"):
+        machinery.train_rung(SimpleNamespace(name="rung"), SimpleNamespace(out_dir=tmp_path), stops=None)
+    assert outside.read_text() == "precious\n"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

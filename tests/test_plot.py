@@ -1,17 +1,20 @@
-"""Pictures: plot.py's loss and attention PNGs."""
+"""plot.py and the pictures it draws (gptkit/pictures.py): loss and attention PNGs whose every label is readable,
+each subcommand taking only its own options, and an output it cannot write refused before any work."""
 
 import json
+import re
 
 import matplotlib.image
 import matplotlib.text
 import numpy as np
 import pytest
-import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from conftest import assert_one_error_line, check_ok, run_script
+from conftest import assert_one_error_line, check_ok, run_here, run_script
+from gptkit.config import settings
 from gptkit.errors import UserError
 from gptkit.inspection import token_label
+from test_metrics import write_metrics
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -33,9 +36,6 @@ def assert_png(path):
     assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
     assert image.std() > 0  # not a blank canvas
     return image
-
-
-# ----------------------------------------------------------------------------- plot.py
 
 
 # ----------------------------------------------------------------------------- attention pictures
@@ -67,7 +67,7 @@ def heatmaps(fig):
     return [ax for ax in fig.axes if ax.images]
 
 
-@pytest.mark.parametrize("n_layer, n_head", [(1, 1), (6, 6)])
+@pytest.mark.parametrize("n_layer, n_head", [(1, 1), pytest.param(6, 6, marks=pytest.mark.slow)])
 def test_attention_pictures_grow_with_the_prompt_and_keep_every_label_readable(tmp_path, n_layer, n_head):
     """More tokens make a larger figure, never smaller text; the labels name the tokens at their positions,
     and no label touches its neighbour or any heatmap."""
@@ -111,6 +111,8 @@ def test_tokens_and_titles_that_look_like_formulas_are_drawn_as_text(tmp_path):
     assert [t.get_text() for t in heatmaps(fig)[0].get_yticklabels()] == ["$$", "$x$", "a"]
 
 
+# ----------------------------------------------------------------------------- plot.py
+
 def test_loss_png(run_dir):
     check_ok(run_script("plot.py", "loss", f"--out_dir={run_dir}"))
     assert_png(run_dir / "loss.png")
@@ -138,19 +140,7 @@ def test_loss_png_of_a_resumed_run(run_dir, tmp_path):
     assert_png(resumed / "loss.png")
 
 
-def test_wall_clock_continues_across_resumes():
-    from gptkit.metrics import loss_series, wall_clock
-
-    records = [{"kind": "train", "iter": 10, "loss": 3.0, "elapsed_s": 5.0},
-               {"kind": "eval", "iter": 20, "train_loss": 2.5, "val_loss": 2.7, "elapsed_s": 9.0},
-               {"kind": "train", "iter": 30, "loss": 2.2, "elapsed_s": 2.0},  # resumed: a new process
-               {"kind": "eval", "iter": 40, "train_loss": 2.0, "val_loss": 2.4, "elapsed_s": 6.0}]
-    assert wall_clock(records) == [5.0, 9.0, 11.0, 15.0]
-    series = loss_series(records)
-    assert series["val"] == ([20, 40], [9.0, 15.0], [2.7, 2.4])
-    assert series["train (batch)"] == ([10, 30], [5.0, 11.0], [3.0, 2.2])
-
-
+@pytest.mark.slow
 def test_missing_inputs_are_one_line_errors(tmp_path):
     proc = run_script("plot.py", "loss", f"--out_dir={tmp_path}")
     assert proc.returncode == 1
@@ -170,3 +160,70 @@ def test_missing_inputs_are_one_line_errors(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("")
     with pytest.raises(UserError, match="no train or eval records"):
         plot.main(["loss", f"--out_dir={tmp_path}"])
+
+
+# ----------------------------------------------------------------------------- plot.py's options
+
+@pytest.mark.slow
+def test_each_plot_subcommand_lists_and_takes_only_its_own_options():
+    import plot
+
+    listed = {}
+    for name, (_, config) in plot.COMMANDS.items():
+        proc = check_ok(run_script("plot.py", name, "--help"))
+        listed[name] = set(re.findall(r"^  --(\w+)=", proc.stdout, flags=re.M))
+        assert listed[name] == set(settings(config)), (name, proc.stdout)
+    assert listed["loss"] == {"out_dir", "output", "dpi"}
+    assert listed["attention"] == listed["loss"] | {"checkpoint", "start", "device"}
+    for key in listed["attention"] - listed["loss"]:  # refused, not silently ignored
+        with pytest.raises(UserError, match=f"unknown config key '{key}'"):
+            plot.main(["loss", f"--{key}=best"])
+
+
+@pytest.mark.parametrize("picture, output", [
+    pytest.param("loss", "picture.foo", marks=pytest.mark.slow),  # as a user runs it; the others in this process
+    *(pair for pair in [(p, o) for p in ("loss", "attention") for o in ("picture.foo", "picture", "picture.png.bak")]
+      if pair != ("loss", "picture.foo"))])
+def test_an_output_matplotlib_cannot_write_is_refused_before_any_work(tmp_path, picture, output):
+    """The run folder is empty: had the command read metrics or loaded a model first, it would fail on that."""
+    run = run_script if (picture, output) == ("loss", "picture.foo") else run_here
+    proc = run("plot.py", picture, f"--out_dir={tmp_path}", f"--output={tmp_path / output}")
+    assert proc.returncode == 1
+    line = assert_one_error_line(proc.stderr, "error: output must end in one of *")
+    assert {".png", ".pdf", ".svg"} <= set(re.findall(r"\.\w+", line))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("picture", [pytest.param("loss", marks=pytest.mark.slow), "attention"])
+def test_an_output_that_is_a_folder_or_under_a_file_is_refused_before_any_work(tmp_path, picture):
+    """loss as a user runs it, attention in this process."""
+    run = run_script if picture == "loss" else run_here
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    (tmp_path / "notes.txt").write_text("mine\n")
+    for output, expected in [(folder, f"error: output {folder} is a folder, not a picture file*"),
+                             (tmp_path / "notes.txt" / "x.png", f"error: output {tmp_path / 'notes.txt' / 'x.png'} "
+                              f"cannot be written: {tmp_path / 'notes.txt'} is a file, not a folder")]:
+        proc = run("plot.py", picture, f"--out_dir={tmp_path}", f"--output={output}")
+        assert proc.returncode == 1
+        assert_one_error_line(proc.stderr, expected)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "pictures"]  # no pictures.png beside it
+    assert list(folder.iterdir()) == [] and (tmp_path / "notes.txt").read_text() == "mine\n"
+
+
+@pytest.mark.slow
+def test_a_folder_at_the_default_picture_path_is_refused(tmp_path):
+    (write_metrics(tmp_path) / "loss.png").mkdir()
+    proc = run_script("plot.py", "loss", f"--out_dir={tmp_path}")
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, f"error: output {tmp_path / 'loss.png'} is a folder*")
+
+
+@pytest.mark.parametrize("output, signature", [pytest.param("loss.svg", b"<?xml", marks=pytest.mark.slow),
+                                               ("loss.PDF", b"%PDF")])
+def test_the_output_extension_picks_the_format(tmp_path, output, signature):
+    """svg as a user runs it, PDF in this process."""
+    run = run_script if output == "loss.svg" else run_here
+    proc = check_ok(run("plot.py", "loss", f"--out_dir={write_metrics(tmp_path)}", f"--output={tmp_path / output}"))
+    assert proc.stdout.strip() == f"wrote {tmp_path / output}"
+    assert (tmp_path / output).read_bytes().startswith(signature)

@@ -1,5 +1,6 @@
-"""Corpus preparation: token files and metadata that round-trip, dtype choice, the download (from a local
-server: tests never touch the network), one-line CLI errors."""
+"""data/prepare.py on a text file or a folder of them (gptkit/corpus.py): token files and metadata that round-trip,
+the dtype chosen, text read in pieces that encode as the whole does, the download (from a local server: tests
+never touch the network), one-line CLI errors. (Corpora of records: see test_corpora.py.)"""
 
 import http.server
 import json
@@ -117,14 +118,6 @@ def test_bpe_round_trip(tmp_path, tiktoken_cache, corpus_file, corpus_text):
     assert tok.decode(train.tolist() + val.tolist()) == corpus_text
 
 
-def test_bpe_stream_decoder_joins_split_characters(tiktoken_cache):
-    tok = tokenizer_from_meta({"tokenizer": "tiktoken", "encoding": "r50k_base"})
-    text = "naïve — café 漢字"
-    ids = tok.encode(text)
-    decode = tok.stream_decoder()
-    assert "".join(decode(i) for i in ids) == text
-
-
 def test_bpe_folder_separates_documents_with_end_of_text(tmp_path, tiktoken_cache):
     folder = tmp_path / "docs"
     folder.mkdir()
@@ -151,13 +144,7 @@ def test_too_little_text(tmp_path):
         prepare(PrepareConfig(input=str(path), name="x", data_dir=str(tmp_path / "d")))
 
 
-def assert_one_line_error(proc, *words):
-    assert proc.returncode != 0
-    line = assert_one_error_line(proc.stderr)
-    for word in words:
-        assert word in line
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("name,content,word", [
     ("empty.txt", b"", "empty"),
     ("binary.txt", b"some text\x00\x01\x02 more", "binary"),
@@ -168,16 +155,13 @@ def test_cli_rejects_bad_input(tmp_path, name, content, word):
     path = tmp_path / name
     path.write_bytes(content)
     proc = run_script("data/prepare.py", f"--input={path}", "--name=bad", f"--data_dir={tmp_path / 'd'}")
-    assert_one_line_error(proc, word, name)
+    assert proc.returncode != 0
+    line = assert_one_error_line(proc.stderr)
+    assert word in line and name in line
     assert not (tmp_path / "d" / "bad" / "meta.json").exists()
 
 
-def test_cli_missing_input(tmp_path):
-    proc = run_script("data/prepare.py", f"--input={tmp_path / 'nope.txt'}", "--name=bad",
-                      f"--data_dir={tmp_path / 'd'}")
-    assert_one_line_error(proc, "nope.txt")
-
-
+@pytest.mark.slow
 def test_cli_names_that_are_not_utf8(tmp_path, corpus_text):
     """File names are bytes: one that is not UTF-8 is read like any other, and shown (in meta.json, the summary
     line, an error) with those bytes escaped."""
@@ -198,6 +182,7 @@ def test_cli_names_that_are_not_utf8(tmp_path, corpus_text):
         assert_one_error_line(proc.stderr, line)
 
 
+@pytest.mark.slow
 def test_cli_refuses_pipes_and_devices(tmp_path):
     """prepare reads its input more than once, so a pipe (a FIFO, or /dev/stdin fed by one) is refused in one line,
     not read as empty, and never opened: opening a FIFO no one writes to would wait forever."""
@@ -215,6 +200,7 @@ def test_cli_refuses_pipes_and_devices(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.slow
 def test_cli_reads_stdin_redirected_from_a_file(tmp_path, corpus_file, corpus_text):
     with open(corpus_file, "rb") as stdin:
         check_ok(subprocess.run([sys.executable, str(REPO / "data" / "prepare.py"), "--input=/dev/stdin",
@@ -225,11 +211,7 @@ def test_cli_reads_stdin_redirected_from_a_file(tmp_path, corpus_file, corpus_te
     assert "".join(decode_all(out_dir, meta)) == corpus_text
 
 
-def test_cli_bad_option(tmp_path):
-    proc = run_script("data/prepare.py", "--inptu=x.txt")
-    assert_one_line_error(proc, "inptu", "'input'")
-
-
+@pytest.mark.slow
 def test_cli_success(tmp_path, corpus_file, corpus_text):
     proc = run_script("data/prepare.py", f"--input={corpus_file}", "--name=tiny", f"--data_dir={tmp_path / 'd'}",
                       cwd=tmp_path)

@@ -1,7 +1,7 @@
-"""Sampling: KV cache against full recompute (also past block_size), stop strings, top-p, streaming
-of multi-byte characters, and sample.py end to end (CLI, FILE: prompts, interactive mode)."""
+"""sample.py: stop strings, texts generated row by row and streamed in whole characters, every sampling value its
+parser accepts, and the command end to end (reproducible from the checkpoint alone, with or without the KV cache,
+FILE: prompts, interactive mode), refusing a damaged checkpoint in one line."""
 
-import codecs
 import io
 import subprocess
 import sys
@@ -10,14 +10,12 @@ import pytest
 import torch
 
 import sample
-from conftest import REPO, SHARED_TIKTOKEN, assert_one_error_line, check_ok, run_script
-from gptkit import decoding, timing
-from gptkit.decoding import lay_out_for_decoding, sample_next
-from gptkit.errors import UserError
-from gptkit.prompts import read_prompt, unescape
-from gptkit.tokenizer import CharTokenizer, TiktokenTokenizer
-from model import GPT, GPTConfig
+from conftest import REPO, assert_one_error_line, check_ok, run_here, run_script, tiny_model
+from gptkit.checkpoint import load_checkpoint
+from gptkit.tokenizer import CharTokenizer
 from sample import SampleConfig, StopFilter, generate_texts
+from test_checkpoints import damage
+from test_tokenizer import EMOJI_TEXT, byte_level_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -32,152 +30,7 @@ def trained(run_dir):
     return load_model(run_dir, "cpu")
 
 
-def tiny_model(pos_emb="learned", block_size=16, seed=0, sharpen=8.0):
-    """A random GPT in eval mode; sharpen scales the head so sampling is far from uniform."""
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(block_size=block_size, vocab_size=29, n_layer=2, n_head=2, n_embd=32,
-                          pos_emb=pos_emb, dropout=0.0)).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(sharpen)
-    return model
-
-
-def prompt_tokens(length, batch=1, seed=3):
-    return torch.randint(29, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
-def generate(model, idx, n, kv_cache, seed=7, **kwargs):
-    return decoding.generate(model, idx, n, kv_cache=kv_cache, generator=torch.Generator().manual_seed(seed), **kwargs)
-
-
-def recorded_logits(model, idx, n, kv_cache, seed=7, **kwargs):
-    """The tokens and the logits of every step, as decode_steps samples them (generate's seed by default)."""
-    steps = list(decoding.decode_steps(model, idx, n, kv_cache=kv_cache, generator=torch.Generator().manual_seed(seed),
-                                       **kwargs))
-    return torch.cat([idx] + [token for token, _, _ in steps], dim=1), torch.stack([logits for _, logits, _ in steps])
-
-
-# ----------------------------------------------------------------------------- KV cache vs full recompute
-
-
-@pytest.mark.parametrize("pos_emb", ["learned", "rope"])
-@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=1.0),
-                                      dict(temperature=0.8, top_k=10, top_p=0.9)],
-                         ids=["greedy", "seeded", "topk_topp"])
-def test_cache_matches_full_recompute_past_block_size(pos_emb, sampling):
-    """3.5 blocks of new tokens: the window slides several times; every step's logits and token agree."""
-    model = tiny_model(pos_emb)
-    idx = prompt_tokens(5, batch=3)
-    cached, logits_cached = recorded_logits(model, idx, 56, True, **sampling)
-    full, logits_full = recorded_logits(model, idx, 56, False, **sampling)
-    assert cached.shape == (3, 5 + 56)
-    torch.testing.assert_close(logits_cached, logits_full, rtol=1e-4, atol=1e-4)
-    assert torch.equal(cached, full)
-
-
-@pytest.mark.parametrize("pos_emb", ["learned", "rope"])
-def test_prompt_longer_than_block_size(pos_emb):
-    model = tiny_model(pos_emb)
-    idx = prompt_tokens(40)  # 2.5 blocks: only the last block is seen
-    a, b = generate(model, idx, 20, True, temperature=0.0), generate(model, idx, 20, False, temperature=0.0)
-    assert torch.equal(a, b)
-    assert torch.equal(a[:, :40], idx)
-    # the continuation depends only on the last block of the prompt
-    c = generate(model, idx[:, -16:], 20, True, temperature=0.0)
-    assert torch.equal(a[:, 40:], c[:, 16:])
-
-
-@pytest.mark.parametrize("pos_emb", ["learned", "rope"])
-@pytest.mark.parametrize("kv_cache", [True, False])
-def test_window_slides_by_half_a_block(pos_emb, kv_cache):
-    """Every forward stays inside block_size; once full, the context restarts from the last half block."""
-    model = tiny_model(pos_emb)
-    calls = []  # (cache position before the call, tokens fed)
-
-    def hook(module, args, kwargs):
-        cache = kwargs.get("cache")
-        calls.append((cache.pos if cache is not None else 0, args[0].size(1)))
-
-    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        generate(model, prompt_tokens(3), 40, kv_cache, temperature=0.0)
-    finally:
-        handle.remove()
-    assert len(calls) == 40
-    assert all(start + fed <= 16 for start, fed in calls)
-    contexts = [start + fed for start, fed in calls]  # tokens the model saw at each step
-    # 3 prompt tokens grow to a full block, then slide to 8 and grow again
-    assert contexts[:14] == list(range(3, 17))
-    assert contexts[14:23] == list(range(8, 17))
-    assert contexts[23:32] == list(range(8, 17))
-    if kv_cache:  # re-prefilled exactly at the slides, one token per step otherwise
-        assert [fed for _, fed in calls if fed > 1] == [3, 8, 8, 8]
-
-
-@pytest.mark.parametrize("kv_cache", [True, False])
-def test_decoding_holds_only_the_window_however_many_tokens(monkeypatch, kv_cache):
-    """The tokens before the window are dropped: a huge --max_new_tokens streams in bounded memory, each step as
-    fast as the first (it grew a tensor of every token so far and copied it at each step)."""
-    widths, cat = [], torch.cat
-
-    def spy(tensors, dim=0, **kwargs):
-        if dim == 1 and tensors[0].dtype == torch.long:  # the running context, with the new token
-            widths.append(tensors[0].size(1))
-        return cat(tensors, dim=dim, **kwargs)
-
-    monkeypatch.setattr(torch, "cat", spy)
-    steps = decoding.generate_stream(tiny_model(), prompt_tokens(40), 200, kv_cache=kv_cache, temperature=0.0)
-    assert sum(1 for _ in steps) == 200
-    assert len(widths) == 200 and max(widths) <= 16
-
-
-def test_same_seed_same_text_and_batch_rows_differ():
-    model = tiny_model(sharpen=1.0)
-    idx = prompt_tokens(4, batch=4)
-    a, b = generate(model, idx, 30, True, seed=11), generate(model, idx, 30, True, seed=11)
-    assert torch.equal(a, b)
-    assert len({tuple(row[4:].tolist()) for row in a}) > 1  # one batch, independent samples
-    assert not torch.equal(a, generate(model, idx, 30, True, seed=12))
-
-
-# ----------------------------------------------------------------------------- sampling controls
-
-
-def test_top_p_one_is_plain_sampling():
-    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
-    for temperature in (1.0, 0.7):
-        got = sample_next(logits, temperature=temperature, top_p=1.0, generator=torch.Generator().manual_seed(4))
-        plain = torch.multinomial((logits / temperature).softmax(-1), 1, generator=torch.Generator().manual_seed(4))
-        assert torch.equal(got, plain)
-
-
-def test_tiny_top_p_is_greedy():
-    logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(1))
-    greedy = sample_next(logits, temperature=0.0)
-    assert torch.equal(greedy, logits.argmax(-1, keepdim=True))
-    for seed in range(5):
-        got = sample_next(logits, temperature=1.5, top_p=1e-9, generator=torch.Generator().manual_seed(seed))
-        assert torch.equal(got, greedy)
-
-
-def test_top_p_keeps_the_smallest_covering_set():
-    # probabilities 0.5, 0.3, 0.15, 0.05: top_p=0.7 keeps the first two, top_p=0.8 still two, 0.81 three
-    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
-    for top_p, allowed in ((0.5, {0}), (0.7, {0, 1}), (0.8, {0, 1}), (0.81, {0, 1, 2})):
-        g = torch.Generator().manual_seed(0)
-        drawn = {sample_next(logits, top_p=top_p, generator=g).item() for _ in range(300)}
-        assert drawn == allowed, top_p
-
-
-def test_top_k_and_temperature_zero():
-    logits = torch.tensor([[0.0, 3.0, 2.0, 1.0]])
-    g = torch.Generator().manual_seed(0)
-    assert {sample_next(logits, temperature=5.0, top_k=2, generator=g).item() for _ in range(200)} == {1, 2}
-    assert sample_next(logits, temperature=0.0, top_k=2).item() == 1
-
-
 # ----------------------------------------------------------------------------- stop strings
-
 
 @pytest.mark.parametrize("pieces, stop, expected", [
     (["ab", "\n", "\ncd"], "\n\n", "ab"),  # the stop string split across two pieces
@@ -262,38 +115,6 @@ def test_stop_string_end_to_end_on_a_trained_model(trained):
     assert stop not in stopped[0][len(prompt):]
 
 
-# ----------------------------------------------------------------------------- BPE streaming
-
-EMOJI_TEXT = "é—😀"
-
-
-class ByteEncoding:
-    """A fake tiktoken encoding with one token per byte: every multi-byte character is split."""
-
-    def decode_single_token_bytes(self, token):
-        return bytes([token])
-
-
-def byte_level_tokenizer():
-    tok = object.__new__(TiktokenTokenizer)
-    tok.enc, tok.name, tok.vocab_size = ByteEncoding(), "bytes", 256
-    return tok
-
-
-def stream_pieces(tok, tokens):
-    decode = tok.stream_decoder()
-    return [decode(t) for t in tokens]
-
-
-def test_stream_decoder_holds_back_partial_utf8_characters():
-    tok = byte_level_tokenizer()
-    tokens = list(EMOJI_TEXT.encode("utf-8"))  # 2 + 3 + 4 bytes
-    pieces = stream_pieces(tok, tokens)
-    assert "".join(pieces) == EMOJI_TEXT
-    assert "\ufffd" not in "".join(pieces)
-    assert pieces == ["", "é", "", "", "—", "", "", "", "😀"]  # each character appears once complete
-
-
 def test_bpe_streaming_through_generate_texts_never_prints_half_a_character(scripted_decoding):
     tok = byte_level_tokenizer()
     tok.encode = lambda text: list(text.encode("utf-8"))
@@ -315,35 +136,29 @@ def test_bpe_streaming_through_generate_texts_never_prints_half_a_character(scri
     assert "😀" in stream.writes  # streamed as soon as its last byte arrived
 
 
-@pytest.fixture
-def r50k(monkeypatch):
-    if not (SHARED_TIKTOKEN / "0ea1e91bbb3a60f729a8dc8f777fd2fc07cd8df4").exists():
-        pytest.skip(f"no cached r50k_base tiktoken files at {SHARED_TIKTOKEN} (offline: cannot download them)")
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(SHARED_TIKTOKEN))
-    return TiktokenTokenizer("r50k_base")
-
-
-def test_r50k_streaming_of_characters_split_across_tokens(r50k):
-    text = "naïve café — " + EMOJI_TEXT + " 😀😀 done"
-    tokens = r50k.encode(text)
-    pieces = stream_pieces(r50k, tokens)
-    assert "".join(pieces) == text
-    assert all("\ufffd" not in p for p in pieces)
-    # the test means something only if some character really is split between tokens
-    whole = [r50k.enc.decode_single_token_bytes(t) for t in tokens]
-    assert any(not _is_utf8(b) for b in whole)
-
-
-def _is_utf8(data):
-    try:
-        codecs.decode(data, "utf-8")
-        return True
-    except UnicodeDecodeError:
-        return False
+@pytest.mark.parametrize("setting,values", [
+    ("temperature", [0.0, 5e-324, 1e-300, 1e-30, 1e300, 1.7e308]),
+    ("top_k", [0, 1, 2 ** 62]),
+    ("top_p", [5e-324, 1e-300, 1.0]),
+    ("seed", [0, 2 ** 31 - 1]),
+    ("max_new_tokens", [0, 1]),
+    ("num_samples", [1, 3]),
+])
+def test_every_sampling_value_the_parser_accepts_samples(setting, values):
+    """Each option at both ends of what SampleConfig accepts gives text (a vanishing temperature is greedy),
+    never a traceback from torch's sampler."""
+    model, tok = tiny_model(sharpen=40.0, vocab_size=29), CharTokenizer([chr(ord("a") + i) for i in range(29)])
+    greedy = generate_texts(model, tok, "abc", SampleConfig(num_samples=1, max_new_tokens=12, temperature=0.0),
+                            stream=io.StringIO())
+    for value in values:
+        cfg = SampleConfig(**{"num_samples": 1, "max_new_tokens": 12, setting: value})
+        texts = generate_texts(model, tok, "abc", cfg, stream=io.StringIO())
+        assert len(texts) == cfg.num_samples and all(len(t) == 3 + cfg.max_new_tokens for t in texts)
+        if setting == "temperature" and value < 1e-20:
+            assert texts == greedy, value
 
 
 # ----------------------------------------------------------------------------- sample.py end to end
-
 
 def sample_args(run_dir, *extra):
     return [f"--out_dir={run_dir}", "--device=cpu", "--dtype=float32", "--num_samples=2", "--max_new_tokens=70",
@@ -352,11 +167,21 @@ def sample_args(run_dir, *extra):
 
 def run_sample_main(capsys, *args):
     """sample.py's main() in this process (no interpreter start-up); returns what it printed."""
-    import sample
-
     capsys.readouterr()
     sample.main(list(args))
     return capsys.readouterr().out
+
+
+def test_sample_is_reproducible_and_needs_only_the_checkpoint(trained_run, tmp_path):
+    """Run from another folder: the tokenizer must come from best.pt, not from the dataset."""
+    out, _ = trained_run
+    args = [f"--out_dir={out}", "--num_samples=2", "--max_new_tokens=20", "--seed=7", "--device=cpu", "--dtype=float32"]
+    first, second = (check_ok(run_script("sample.py", *args, cwd=tmp_path)) for _ in range(2))
+    assert first.stdout == second.stdout
+    assert first.stdout.count("---------------") == 2  # the separator after each of the other samples
+    vocab = set(load_checkpoint(out / "best.pt")["tokenizer"]["vocab"])
+    assert set(first.stdout) - {"-"} <= vocab | {"\n"}
+    assert len(first.stdout) > 40
 
 
 def test_cache_and_no_cache_print_identical_text(run_dir, capsys):
@@ -376,26 +201,6 @@ def test_prompt_from_file_and_escaped_stop(run_dir, tmp_path, capsys):
     assert out.startswith("JULIET:\n")
     generated = out.split("\n---------------")[0][len("JULIET:\n"):]
     assert "\n" not in generated
-
-
-def test_unescape_of_command_line_text(tmp_path):
-    assert unescape("\\n\\n") == "\n\n" and read_prompt("A\\tB\\\\n") == "A\tB\\n"
-    assert unescape("caf\u00e9 \\x") == "caf\u00e9 \\x"  # other text and unknown escapes unchanged
-    prompt = tmp_path / "new"
-    prompt.write_text("a \\n stays two characters", encoding="utf-8")
-    assert read_prompt(f"FILE:{prompt}") == "a \\n stays two characters"  # a file's text is taken as it is
-
-
-def test_errors_are_one_line(run_dir, tmp_path):
-    missing = run_script("sample.py", f"--out_dir={tmp_path}", "--device=cpu")
-    assert missing.returncode == 1
-    assert_one_error_line(missing.stderr, "error: no checkpoint*")
-    with pytest.raises(UserError, match="could not read prompt file"):
-        read_prompt(f"FILE:{tmp_path / 'nope.txt'}")
-    with pytest.raises(UserError, match="outside the training vocabulary"):
-        import sample
-
-        sample.main(sample_args(run_dir, "--start=\u4e2d"))
 
 
 def run_interactive(run_dir, stdin_text, *extra):
@@ -422,81 +227,13 @@ def test_interactive_mode_one_prompt_then_ctrl_d(run_dir):
     assert out.count("\nROMEO") == 1 and out.count("---------------") == 2  # streamed sample, then the other
 
 
-# ----------------------------------------------------------------------------- bench.py sample
-
-
-def test_bench_sample_reports_both_rates_and_the_speedup(capsys):
-    import bench
-
-    bench.main(["sample", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--max_new_tokens=40",
-                "--warmup_tokens=2", "--pos_emb=rope", "--dtype=float32"])
-    out = capsys.readouterr().out
-    assert "with KV cache (float32):" in out and "without cache (float32):" in out and "tokens/s" in out
-    assert "speedup: " in out and "same tokens: yes" in out
-    with pytest.raises(UserError, match="unknown benchmark"):
-        bench.main(["nope"])
-    with pytest.raises(UserError, match="modes must be"):
-        bench.main(["sample", "--modes=fast"])
-
-
-@pytest.mark.parametrize("bf16_speedup,want", [(2.0, "bfloat16"), (1.1, "float32"), (0.5, "float32")])
-def test_decode_precision_is_measured_and_must_win_clearly(monkeypatch, bf16_speedup, want):
-    monkeypatch.setattr(timing, "cpu_has_bf16", lambda: True)
-    monkeypatch.setattr(timing, "decode_seconds", lambda model, batch, tokens: {
-        torch.float32: 1.0, torch.bfloat16: 1.0 / bf16_speedup}[next(model.parameters()).dtype])
-    dtype, why = timing.pick_decode_dtype("auto", tiny_model(), "cpu")
-    assert dtype == want and why == f"decoding in {want} (bfloat16 was {bf16_speedup:.2f}x as fast as float32 on this model)"
-    assert timing.pick_decode_dtype("float32", tiny_model(), "cpu")[0] == "float32"
-
-
-@pytest.mark.parametrize("two_thread_speedup,want", [(1.8, 2), (1.1, 1), (0.2, 1)])
-def test_decode_threads_are_measured_and_more_must_win_clearly(monkeypatch, two_thread_speedup, want):
-    """On a busy machine a second thread stalls every step, so it is taken only when a probe shows it
-    clearly faster; the count chosen is the one left set."""
-    before = torch.get_num_threads()
-    monkeypatch.setattr(timing, "decode_seconds", lambda model, batch, tokens: 1.0 / (
-        two_thread_speedup if torch.get_num_threads() == 2 else 1.0))
-    try:
-        torch.set_num_threads(2)
-        threads, why = timing.pick_decode_threads(0, tiny_model(), "cpu")
-        assert threads == want == torch.get_num_threads()
-        assert why.endswith(f" (2 threads were {two_thread_speedup:.2f}x as fast as 1 on this model)")
-        assert timing.pick_decode_threads(3, tiny_model(), "cpu")[0] == 3 == torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
-
-
-def test_decoding_layout_keeps_values_ties_and_tokens():
-    model = tiny_model()
-    assert model.transformer.wte.weight is model.lm_head.weight  # tied, as GPT-2's head
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    idx = prompt_tokens(4)
-    want = generate(model, idx, 20, True, temperature=0.0)
-    lay_out_for_decoding(model)
-    assert model.lm_head.weight.t().is_contiguous()  # the layout did change
-    assert model.transformer.wte.weight is model.lm_head.weight
-    for n, p in model.named_parameters():
-        assert torch.equal(p, before[n]), n
-    assert torch.equal(generate(model, idx, 20, True, temperature=0.0), want)
-
-
-@pytest.mark.parametrize("setting,values", [
-    ("temperature", [0.0, 5e-324, 1e-300, 1e-30, 1e300, 1.7e308]),
-    ("top_k", [0, 1, 2 ** 62]),
-    ("top_p", [5e-324, 1e-300, 1.0]),
-    ("seed", [0, 2 ** 31 - 1]),
-    ("max_new_tokens", [0, 1]),
-    ("num_samples", [1, 3]),
-])
-def test_every_sampling_value_the_parser_accepts_samples(setting, values):
-    """Each option at both ends of what SampleConfig accepts gives text (a vanishing temperature is greedy),
-    never a traceback from torch's sampler."""
-    model, tok = tiny_model(sharpen=40.0), CharTokenizer([chr(ord("a") + i) for i in range(29)])
-    greedy = generate_texts(model, tok, "abc", SampleConfig(num_samples=1, max_new_tokens=12, temperature=0.0),
-                            stream=io.StringIO())
-    for value in values:
-        cfg = SampleConfig(**{"num_samples": 1, "max_new_tokens": 12, setting: value})
-        texts = generate_texts(model, tok, "abc", cfg, stream=io.StringIO())
-        assert len(texts) == cfg.num_samples and all(len(t) == 3 + cfg.max_new_tokens for t in texts)
-        if setting == "temperature" and value < 1e-20:
-            assert texts == greedy, value
+@pytest.mark.parametrize("case", ["vocabulary not a string", "model_args not a dict", "a weight not a tensor",
+                                  "a model setting of another type", "tokenizer unknown"])
+def test_sample_refuses_a_damaged_field_in_one_line(run, case):
+    """The first case as a user runs it, the others in this process."""
+    path = run / "best.pt"
+    problem = damage(path, case)
+    sample_py = run_script if case == "vocabulary not a string" else run_here
+    proc = sample_py("sample.py", f"--out_dir={run}", "--device=cpu", "--num_samples=1", "--max_new_tokens=5")
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, f"error: {path} is damaged: {problem}")

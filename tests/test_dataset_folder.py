@@ -1,48 +1,71 @@
-"""A dataset is replaced as a whole, by one prepare at a time, and a run whose dataset changes under it stops with
-one line: prepare killed at every step that changes a name on disk, a held lock, a reader whose files change."""
+"""A dataset folder's layout on disk (gptkit/dataset_folder.py): a dataset is replaced as a whole, by one prepare at a
+time: a prepare killed at every step that changes a name on disk leaves the old dataset or the new one, a failed
+prepare leaves nothing, and a second prepare of the same dataset is refused while one holds its lock. (A run whose
+dataset changes under it: see test_dataset.py.)"""
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
 import sys
 
-import numpy as np
 import pytest
-import torch
 
 from conftest import REPO, assert_one_error_line, check_ok, make_text, run_script
 from gptkit.corpus import PrepareConfig, prepare
+from gptkit.dataset import TrainingData, load_meta
 from gptkit.dataset_folder import LOCK, OUTPUTS
-from gptkit.dataset import Split, TrainingData, load_meta
 from gptkit.errors import UserError
 
 KILLED = 86  # the exit status of a prepare that the script below killed
 
-# prepare in a process of its own that dies at the Nth call changing a name on disk, by os._exit: no `finally`,
-# no clean-up, as under SIGKILL. With N = 0 it runs through and prints how many such calls it made.
+# prepares, each in a process of its own forked from this script once its imports are done, that die at their Nth
+# call changing a name on disk, by os._exit: no `finally`, no clean-up, as under SIGKILL. argv: the text, and a JSON
+# list of [N, data_dir]. A prepare with N = 0 runs through and prints how many such calls it made. The last line
+# printed is {N: exit status}.
 KILL_AT_STEP = """
-import os, shutil, sys
+import json, os, shutil, sys, traceback
 sys.path.insert(0, {repo!r})
 from gptkit.corpus import PrepareConfig, prepare
 
-at, calls = int(sys.argv[1]), [0]
+
+def prepare_dying_at(at, text, data_dir):
+    calls = [0]
+
+    def dying(f):
+        def step(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == at:
+                os._exit({killed})
+            return f(*args, **kwargs)
+        return step
+
+    for name in ("replace", "rename", "symlink", "link", "unlink", "mkdir", "rmdir"):
+        setattr(os, name, dying(getattr(os, name)))
+    shutil.rmtree = dying(shutil.rmtree)
+    prepare(PrepareConfig(input=text, name="tiny", data_dir=data_dir))
+    return calls[0]
 
 
-def dying(f):
-    def step(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == at:
-            os._exit({killed})
-        return f(*args, **kwargs)
-    return step
-
-
-for name in ("replace", "rename", "symlink", "link", "unlink", "mkdir", "rmdir"):
-    setattr(os, name, dying(getattr(os, name)))
-shutil.rmtree = dying(shutil.rmtree)
-prepare(PrepareConfig(input=sys.argv[2], name="tiny", data_dir=sys.argv[3]))
-print(calls[0])
+exits = {{}}
+for at, data_dir in json.loads(sys.argv[2]):
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            steps = prepare_dying_at(at, sys.argv[1], data_dir)
+            if at == 0:
+                print(steps)
+            status = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            os._exit(status)
+    exits[at] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+print(json.dumps(exits))
 """
 
 # what a dataset folder holds after a prepare: the names readers open, and what replaces them as a whole
@@ -94,6 +117,7 @@ def as_plain_files(data_dir):
     return data_dir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("before", ["versions", "plain files", "none"])
 def test_prepare_killed_at_any_step_leaves_the_old_dataset_or_the_new(tmp_path, texts, before):
     old_text, new_text = texts
@@ -107,19 +131,26 @@ def test_prepare_killed_at_any_step_leaves_the_old_dataset_or_the_new(tmp_path, 
     script = tmp_path / "kill_at_step.py"
     script.write_text(KILL_AT_STEP.format(repo=str(REPO), killed=KILLED), encoding="utf-8")
 
-    def run(at, data_dir):
-        if pristine.exists():
-            shutil.copytree(pristine, data_dir, symlinks=True)
-        return subprocess.run([sys.executable, str(script), str(at), str(new_text), str(data_dir)],
-                              capture_output=True, text=True, timeout=60)
+    def run(*runs):
+        """The prepares of (N, data_dir), each data_dir first a copy of the dataset there before: ([what the one
+        with N = 0 printed], {N: exit status})."""
+        for _, data_dir in runs:
+            if pristine.exists():
+                shutil.copytree(pristine, data_dir, symlinks=True)
+        proc = check_ok(subprocess.run([sys.executable, str(script), str(new_text),
+                                        json.dumps([[at, str(data_dir)] for at, data_dir in runs])],
+                                       capture_output=True, text=True, timeout=300))
+        *printed, exits = proc.stdout.splitlines()
+        return printed, {int(at): status for at, status in json.loads(exits).items()}, proc.stderr
 
-    steps = int(check_ok(run(0, tmp_path / "whole")).stdout)
-    assert found(tmp_path / "whole") == new
+    (steps,), exits, _ = run((0, tmp_path / "whole"))
+    steps = int(steps)
+    assert exits == {0: 0} and found(tmp_path / "whole") == new
+    _, exits, stderr = run(*((at, tmp_path / f"killed-{at}") for at in range(1, steps + 1)))
     seen = set()
     for at in range(1, steps + 1):
         data_dir = tmp_path / f"killed-{at}"
-        proc = run(at, data_dir)
-        assert proc.returncode == KILLED, proc.stderr
+        assert exits[at] == KILLED, stderr
         there = found(data_dir)
         assert there in (old, new), f"killed at step {at} of {steps}: neither the old dataset nor the new one"
         seen.add("old" if there == old else "new")
@@ -159,6 +190,7 @@ def test_prepare_over_a_copy_that_followed_the_links(tmp_path, texts):
     opens(copy)
 
 
+@pytest.mark.slow
 def test_a_second_prepare_of_a_dataset_is_refused(tmp_path, texts):
     old_text, new_text = texts
     data_dir = prepared(old_text, tmp_path / "data")
@@ -178,36 +210,3 @@ def test_a_second_prepare_of_a_dataset_is_refused(tmp_path, texts):
     check_ok(run_script("data/prepare.py", f"--input={new_text}", "--name=tiny", f"--data_dir={data_dir}"))
     assert found(data_dir) == found(prepared(new_text, tmp_path / "reference"))
     opens(data_dir)
-
-
-def test_dataset_prepared_again_under_a_run_is_one_line(tmp_path, texts):
-    old_text, new_text = texts
-    data_dir = prepared(old_text, tmp_path / "data")
-    run = opens(data_dir)
-    run.sampler.next()
-    for split in ("train", "val"):
-        run.splits[split].batch(run.eval_offsets[split][0], "cpu")
-    prepared(new_text, data_dir)  # shorter: the run's windows near the end now lie past it
-    folder = data_dir / "tiny"
-    with pytest.raises(UserError) as e:
-        run.sampler.next()
-    assert str(e.value) == (f"{folder / 'train.bin'} changed under this run (the dataset was prepared again or "
-                            "edited since the run opened it); start the run again to train on the new data")
-    with pytest.raises(UserError, match=r"val\.bin changed under this run"):
-        run.splits["val"].batch(run.eval_offsets["val"][0], "cpu")
-    opens(data_dir).sampler.next()  # a run started now reads the new dataset
-
-
-def test_split_file_rewritten_or_removed_under_a_run_is_one_line(tmp_path):
-    path = tmp_path / "train.bin"
-    path.write_bytes(np.arange(1000, dtype=np.uint16).tobytes())
-    split = Split(tmp_path, "train", {"dtype": "uint16", "vocab_size": 1000}, 8)
-    last = torch.tensor([1000 - 9])
-    assert split.batch(last, "cpu")[1][0, -1].item() == 999
-    with open(path, "r+b") as f:  # the same file, cut short in place
-        f.truncate(600)
-    with pytest.raises(UserError, match=r"train\.bin changed under this run"):
-        split.batch(last, "cpu")
-    path.unlink()
-    with pytest.raises(UserError, match=r"train\.bin changed under this run"):
-        split.batch(last, "cpu")

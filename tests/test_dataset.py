@@ -1,0 +1,84 @@
+"""A prepared dataset as a run reads it (gptkit/dataset.py): an epoch's windows, a dataset prepared again or a split
+file changed under a run, and a meta.json too deeply nested to read, each one line."""
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_text
+from gptkit.dataset import BatchSampler, Split, load_meta
+from gptkit.errors import UserError
+from test_config import DEEP
+from test_dataset_folder import opens, prepared
+
+
+@pytest.mark.parametrize("length, block_size, batch_size", [(1000, 8, 3), (50, 16, 4), (9, 8, 2)])
+def test_an_epoch_shows_every_window_once_before_any_again(tmp_path, length, block_size, batch_size):
+    """batch_order='epochs': an epoch's windows lie block_size apart from a random first offset, so every token
+    after it is a target once, and come each once in a random order; the batches run on into the next epoch, even
+    where a batch holds more windows than the split."""
+    (tmp_path / "train.bin").write_bytes(np.arange(length, dtype=np.uint16).tobytes())
+    split = Split(tmp_path, "train", {"dtype": "uint16", "vocab_size": length}, block_size)
+    sampler = BatchSampler(split, batch_size, 0, "cpu", "epochs")
+    starts, epochs, start_epoch = [], [], sampler.start_epoch
+
+    def noted_start():
+        start_epoch()
+        epochs.append(sampler.epoch)
+
+    sampler.start_epoch = noted_start
+    while len(epochs) < 3:  # two whole epochs drawn
+        x, y = sampler.next()
+        assert torch.equal(y, x + 1) and int(y.max()) < length  # the tokens are their own offsets
+        starts += x[:, 0].tolist()
+    for epoch in epochs[:2]:
+        seen, starts = starts[:epoch.windows], starts[epoch.windows:]
+        assert sorted(seen) == list(range(epoch.phase, epoch.phase + epoch.windows * block_size, block_size))
+        assert epoch.phase + epoch.windows * block_size + 1 > length - block_size  # no whole window left out
+        if epoch.windows > 20:
+            assert seen != sorted(seen)
+
+
+def test_dataset_prepared_again_under_a_run_is_one_line(tmp_path):
+    old_text, new_text = tmp_path / "old.txt", tmp_path / "new.txt"
+    old_text.write_text(make_text(9000, seed=1), encoding="utf-8")
+    new_text.write_text(make_text(5000, seed=2), encoding="utf-8")
+    data_dir = prepared(old_text, tmp_path / "data")
+    run = opens(data_dir)
+    run.sampler.next()
+    for split in ("train", "val"):
+        run.splits[split].batch(run.eval_offsets[split][0], "cpu")
+    prepared(new_text, data_dir)  # shorter: the run's windows near the end now lie past it
+    folder = data_dir / "tiny"
+    with pytest.raises(UserError) as e:
+        run.sampler.next()
+    assert str(e.value) == (f"{folder / 'train.bin'} changed under this run (the dataset was prepared again or "
+                            "edited since the run opened it); start the run again to train on the new data")
+    with pytest.raises(UserError, match=r"val\.bin changed under this run"):
+        run.splits["val"].batch(run.eval_offsets["val"][0], "cpu")
+    opens(data_dir).sampler.next()  # a run started now reads the new dataset
+
+
+def test_split_file_rewritten_or_removed_under_a_run_is_one_line(tmp_path):
+    path = tmp_path / "train.bin"
+    path.write_bytes(np.arange(1000, dtype=np.uint16).tobytes())
+    split = Split(tmp_path, "train", {"dtype": "uint16", "vocab_size": 1000}, 8)
+    last = torch.tensor([1000 - 9])
+    assert split.batch(last, "cpu")[1][0, -1].item() == 999
+    with open(path, "r+b") as f:  # the same file, cut short in place
+        f.truncate(600)
+    with pytest.raises(UserError, match=r"train\.bin changed under this run"):
+        split.batch(last, "cpu")
+    path.unlink()
+    with pytest.raises(UserError, match=r"train\.bin changed under this run"):
+        split.batch(last, "cpu")
+
+
+def test_a_meta_json_nested_too_deeply_is_one_error_line(tmp_path):
+    """The dataset's JSON file: deep nesting is damage to report, as any other (the run's metrics.jsonl: see
+    test_metrics.py)."""
+    deep = "[" * DEEP + "]" * DEEP
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "meta.json").write_text(deep)
+    with pytest.raises(UserError, match=r"meta.json is damaged: not valid JSON"):
+        load_meta(tmp_path, "tiny")
