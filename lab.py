@@ -1,9 +1,11 @@
 """
-The attention lab: train each step of the path from a bigram table to the full GPT for the same
-wall-time budget, on the same data, and compare them side by side.
+The attention lab: train each step of the path from a bigram table to the full GPT on the same text, and compare
+them side by side: on as many training tokens each (what each mechanism learns from the same text), or for as
+many seconds each (what each buys per second on this machine).
 
-    python lab.py                                  # every rung, 25 s each, into out-lab/
-    python lab.py --rungs=scaled,dot --budget=60   # the sqrt(d) lesson, longer
+    python lab.py                                  # every rung, 1,000,000 training tokens each, into out-lab/
+    python lab.py --budget=25                      # every rung, 25 s of training each
+    python lab.py --rungs=scaled,dot --tokens=3000000   # the sqrt(d) lesson, longer
     python sample.py --out_dir=out-lab/blocks      # each rung is a normal run folder
 """
 

@@ -368,11 +368,3 @@ class GPT(nn.Module):
             c = self.config.logit_softcap
             logits = c * torch.tanh(logits.float() / c)
         return logits
-
-    def crop_block_size(self, block_size):
-        """Shrink the context length, e.g. to finetune a pretrained model on shorter windows."""
-        if block_size > self.config.block_size:
-            raise ValueError(f"block_size {block_size} exceeds the model's {self.config.block_size}")
-        self.config.block_size = block_size
-        if "wpe" in self.transformer:
-            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])

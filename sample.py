@@ -18,10 +18,10 @@ import torch
 from gptkit.config import check_seed, parse_config, require
 from gptkit.decoding import StopFilter, generate_stream, lay_out_for_decoding
 from gptkit.errors import UserError, run_main
-from gptkit.timing import pick_decode_dtype, pick_decode_threads
 from gptkit.prompts import read_prompt, unescape
 from gptkit.rundir import load_model
 from gptkit.runtime import DTYPES, check_device_name, pick_device
+from gptkit.timing import pick_decode_dtype, pick_decode_threads
 
 
 @dataclass

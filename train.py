@@ -20,9 +20,9 @@ import torch
 
 from gptkit.config import given_values, make
 from gptkit.errors import RunStopped, UserError, run_main
-from gptkit.flops import flops_per_token, peak_flops
 from gptkit.metrics import PROCESS_START, RunLog
 from gptkit.optim import lr_factor_at, set_lr
+from gptkit.reporting import Reporter
 from gptkit.resume import claim_for_a_new_run, continued_config
 from gptkit.rundir import RunDir
 from gptkit.runtime import Runtime, launch_processes, launched_rank, trains_here
@@ -37,13 +37,13 @@ def train(cfg, rt, data, state, log, run, budget, stop):
     best.pt is written only when val loss improves; latest.pt at evaluations, at the end and on a stop signal."""
     model = rt.wrap(state.model)  # DDP when there are several processes
     accum = micro_steps_per_process(cfg.gradient_accumulation_steps, rt.world)
-    report = Reporter(cfg, rt, data, state, log, accum)
+    report = Reporter(cfg, rt, data, state, log, accum, budget)
     if state.iter_num == 0:
         stop.doing = "evaluating before the first step (nothing was saved)"
         losses = report.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state, budget))
         stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
     x, y = data.sampler.next()
-    done, tuner = finished(cfg, rt, state, budget), thread_tuner(cfg, rt)
+    done, tuner = finished(cfg, rt, state, budget), thread_tuner(cfg, rt, state.choices)
     with stop.deferred():
         while not done:
             step_start = time.perf_counter()
@@ -63,8 +63,9 @@ def train(cfg, rt, data, state, log, run, budget, stop):
                 state.ema.update(lr_factor)
             state.iter_num += 1
             state.seconds_spent = budget.spent()
-            if tuner and (line := tuner.after_step(time.perf_counter() - step_start, state.iter_num)):
-                print(line, flush=True)
+            if tuner and (line := tuner.after_step(time.perf_counter() - step_start, state.iter_num)) and cfg.verbose:
+                report.say(line)
+            report.stepped(state.iter_num)
             if state.iter_num % cfg.log_interval == 0:
                 mean_loss = rt.mean(loss.item())  # the step's loss reaches the host here, and only here
                 stop_if_diverged("loss", mean_loss, state.iter_num, rt.dtype)
@@ -76,8 +77,9 @@ def train(cfg, rt, data, state, log, run, budget, stop):
                 stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
                 improved = losses["val"] < state.best_val_loss
                 if improved:  # the only place the best weights change: stopping a run never touches them
-                    state.best_val_loss = losses["val"]
+                    state.best_val_loss, state.best_iter = losses["val"], state.iter_num
                     state.save_best(run, rt)  # before latest.pt, which must never claim a best that best.pt lacks
+                    report.saved_best(state.iter_num, losses["val"], run.best)
                 if improved or cfg.always_save_checkpoint or done:
                     save_latest(state, run, rt, budget, ended_by_time=done and state.iter_num < cfg.max_iters)
                     saved = True
@@ -89,7 +91,8 @@ def train(cfg, rt, data, state, log, run, budget, stop):
                 raise RunStopped(f"stopped by {signal.Signals(signum).name} at iteration {state.iter_num}; latest "
                                  f"state saved to {run.latest}, continue with --init_from=auto", signum)
     stop.doing = f"scoring the whole val split at the end (the trained state is saved in {run.latest})"
-    report.final(state.iter_num, rt.broadcast(final_evaluation(cfg, data, state, rt) if rt.master else None))
+    scored = final_evaluation(cfg, data, state, rt, report) if rt.master else None
+    report.final(state.iter_num, rt.broadcast(scored), run)
 
 
 def finished(cfg, rt, state, budget):
@@ -118,10 +121,11 @@ def evaluate_on_rank0(rt, data, state, budget=None):
     return losses
 
 
-def final_evaluation(cfg, data, state, rt):
+def final_evaluation(cfg, data, state, rt, report):
     """The trained model's loss on the whole val split (or its first final_eval_tokens), every token once."""
     with state.scored():
-        return evaluate_split(state.model, data.splits["val"], rt.autocast, cfg.batch_size, cfg.final_eval_tokens)
+        return evaluate_split(state.model, data.splits["val"], rt.autocast, cfg.batch_size, cfg.final_eval_tokens,
+                              report.final_progress)
 
 
 def stop_if_diverged(what, value, iteration, dtype):
@@ -130,55 +134,6 @@ def stop_if_diverged(what, value, iteration, dtype):
         remedy = "--dtype=float32" if dtype != "float32" else "a longer warmup_iters"
         raise UserError(f"{what} is {value} at iteration {iteration}; stopping with the last good checkpoint "
                         f"kept (try a lower learning_rate or {remedy})")
-
-
-class Reporter:
-    """What a run reports: a console line per log_interval (loss, ms/iter, tokens/s, MFU) and per
-    evaluation, the same numbers in metrics.jsonl (and wandb); printed and written by rank 0 only."""
-
-    def __init__(self, cfg, rt, data, state, log, accum):
-        self.rt, self.log = rt, log
-        # each optimizer's peak rate, named for it: Muon's is another scale entirely than AdamW's
-        self.peak_lrs = {"adamw_lr": cfg.learning_rate, **({"muon_lr": cfg.muon_lr} if cfg.optimizer == "muon" else {})}
-        self.tokens_per_iter = accum * rt.world * cfg.batch_size * data.block_size
-        token_flops = flops_per_token(state.model, data.block_size)
-        self.flops_per_iter = token_flops * self.tokens_per_iter
-        self.peak = peak_flops(rt.device, rt.dtype)
-        self.window_start, self.window_iter = time.time(), state.iter_num
-        if rt.master:
-            params = state.model.num_params()
-            print(f"{params / 1e6:.2f}M parameters on {rt.device} ({rt.dtype}), "
-                  f"{self.tokens_per_iter:,} tokens per iteration")
-            log.write({"kind": "run", "iter": state.iter_num, "device": rt.device, "dtype": rt.dtype,
-                       "processes": rt.world, "params": params, "tokens_per_iter": self.tokens_per_iter,
-                       "flops_per_token": token_flops})
-
-    def trained(self, iter_num, loss, lr_factor):
-        """Report a step's loss (its mean over all processes) and each optimizer's learning rate."""
-        dt = (time.time() - self.window_start) / max(1, iter_num - self.window_iter)
-        self.window_start, self.window_iter = time.time(), iter_num
-        if self.rt.master:
-            mfu = f", mfu {100 * self.flops_per_iter / dt / self.peak:.1f}%" if self.peak else ""
-            lrs = {name: peak * lr_factor for name, peak in self.peak_lrs.items()}
-            shown = "".join(f", {name.replace('_', ' ')} {lr:.2e}" for name, lr in lrs.items())
-            print(f"iter {iter_num}: loss {loss:.4f}{shown}, {dt * 1000:.1f} ms/iter, "
-                  f"{self.tokens_per_iter / dt:,.0f} tok/s{mfu}", flush=True)
-            self.log.write({"kind": "train", "iter": iter_num, "loss": loss, **lrs,
-                            "tokens": iter_num * self.tokens_per_iter})
-
-    def evaluated(self, iter_num, losses):
-        if self.rt.master:
-            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-            self.log.write({"kind": "eval", "iter": iter_num, "train_loss": losses["train"],
-                            "val_loss": losses["val"]})
-        return losses
-
-    def final(self, iter_num, result):
-        loss, tokens = result
-        if self.rt.master:
-            print(f"final: val loss {loss:.4f} ({loss / math.log(2):.4f} bits per token) on {tokens:,} val tokens, "
-                  "each scored once")
-            self.log.write({"kind": "final", "iter": iter_num, "val_loss": loss, "val_tokens": tokens})
 
 
 def main(argv=None):
@@ -202,6 +157,9 @@ def main(argv=None):
             stop.doing = "starting (nothing was saved)"
             data, state = build_training(cfg, rt, *resumed)
             del resumed  # the state holds what it needs of the checkpoint
+            if rt.master:
+                for line in state.choices.lines + (state.choices.details if cfg.verbose else []):
+                    print(line, flush=True)
             log = RunLog(run.metrics, wandb_args(state)) if rt.master else None
             try:
                 if cfg.eval_only:

@@ -319,9 +319,10 @@ TRAINING_KEYS = Fields({
     "seconds_spent": NUMBER, "loop_seconds": NUMBER, "train_time": NUMBER,  # the last two: earlier versions'
     "wandb_id": Kind("a string or None", lambda v: v is None or isinstance(v, str)),
     # what the run chose for its speed: a resume takes the same, and so continues exactly
-    "measured": maybe(dtype=TEXT, attention_path=TEXT,
+    "measured": maybe(dtype=TEXT, attention_path=TEXT, threads=COUNT, fitted_from=DICT,
                       kernels=Each(Kind(f"one of {', '.join(KERNELS)}", lambda v: v in KERNELS))),
-}, optional=("trained", "seconds_spent", "loop_seconds", "train_time", "wandb_id", "measured"))
+    "best_iter": COUNT,
+}, optional=("trained", "seconds_spent", "loop_seconds", "train_time", "wandb_id", "measured", "best_iter"))
 
 
 def load_checkpoint(path, map_location="cpu", required=None):

@@ -25,12 +25,12 @@ from typing import Literal
 import numpy as np
 from tqdm import tqdm
 
+from gptkit.dataset_folder import check_room, commit, dataset_lock, remove_leftovers, sync, work_folder
 from gptkit.errors import RunStopped, UserError
 from gptkit.shards import ShardWriter, sha256_of, tokenized
 from gptkit.signals import StopSignals
 from gptkit.sources import Reader, Tally, kind_of, read_record, shown, source_files
 from gptkit.tokenizer import make_tokenizer
-from gptkit.dataset_folder import check_room, commit, dataset_lock, remove_leftovers, sync, work_folder
 
 PROJECT_DATA = Path(__file__).resolve().parent.parent / "data"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 from gptkit.corpus import TOKEN_DTYPES, data_root, meta_checksum
+from gptkit.dataset_folder import DATASET_FILE
 from gptkit.errors import UserError, first_line
 from gptkit.tokenizer import tokenizer_from_meta
-from gptkit.dataset_folder import DATASET_FILE
 
 
 def load_meta(data_dir, dataset):

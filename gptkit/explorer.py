@@ -26,10 +26,11 @@ from gptkit.checkpoint import MODEL_KEYS, load_checkpoint, model_config
 from gptkit.decoding import StopFilter, decode_steps, lay_out_for_decoding, shaped_probs
 from gptkit.errors import UserError
 from gptkit.inspection import attention_maps, logit_lens, look_inside, read_out, surprise_bits, token_label
+from gptkit.lab import RUNGS
 from gptkit.metrics import read_metrics, wall_clock
-from gptkit.timing import pick_decode_dtype, pick_decode_threads
 from gptkit.rundir import RunDir, load_model
 from gptkit.runtime import DTYPES
+from gptkit.timing import pick_decode_dtype, pick_decode_threads
 from gptkit.tokenizer import describe_vocabulary
 from model import GPTConfig
 
@@ -109,14 +110,15 @@ class Summary:
 
     def to_json(self):
         out = {"name": self.name, "error": self.error, "settings": None, "params": None, "iterations": None,
-               "final_val_loss": None, "tokenizer": self.tokenizer}
+               "final_val_loss": None, "tokenizer": self.tokenizer, "rung": lab_rung(self.folder), "health": None}
         if self.error is None:
             out.update(settings=describe(self.config), params=self.params, **finished(self.folder))
         return out
 
 
 def finished(folder):
-    """The last iteration and the final val loss (the whole-split score, else the last evaluation) a run logged."""
+    """The last iteration and the final val loss (the whole-split score, else the last evaluation) a run logged,
+    and what its health record said (train.py's overfitting warning), if it wrote one."""
     try:
         records = read_metrics(folder)
     except UserError:
@@ -124,7 +126,26 @@ def finished(folder):
     iters = [r["iter"] for r in records if "iter" in r]
     final = [r["val_loss"] for r in records if r.get("kind") == "final"]
     evals = [r["val_loss"] for r in records if r.get("kind") == "eval"]
-    return {"iterations": max(iters, default=None), "final_val_loss": (final or evals or [None])[-1]}
+    health = [r for r in records if r.get("kind") == "health"]
+    return {"iterations": max(iters, default=None), "final_val_loss": (final or evals or [None])[-1],
+            "health": health_note(health[-1]) if health else None}
+
+
+def health_note(record):
+    """The health record as the run card's note."""
+    return (f"overfitting from iteration {record['iter']:,}: {record['overfitting']}. best.pt keeps iteration "
+            f"{record['best_iter']:,} (val loss {record['best_val_loss']:.4f})")
+
+
+def lab_rung(folder):
+    """{'name', 'step', 'adds', 'cheats'} of the attention lab's rung this run folder is (its lab.json names it),
+    step counted along the lab's path from the bigram; None for any other run."""
+    try:
+        name = json.loads((folder / "lab.json").read_text(encoding="utf-8"))["rung"]
+        step, rung = next((i, r) for i, r in enumerate(RUNGS) if r.name == name)
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return None
+    return {"name": rung.name, "step": step, "adds": rung.adds, "cheats": rung.cheats}
 
 
 def summarize(name, folder):
@@ -430,7 +451,10 @@ def make_app(shelf):
 
     @app.get("/api/runs")
     def runs():
-        return {"root": str(shelf.root), "runs": [s.to_json() for s in shelf.summaries.values()]}
+        listed = [s.to_json() for s in shelf.summaries.values()]
+        # the lab's rungs in the order of its path, as its table lists them; other runs by name, after them
+        listed.sort(key=lambda r: (r["rung"] is None, r["rung"]["step"] if r["rung"] else 0, r["name"]))
+        return {"root": str(shelf.root), "runs": listed}
 
     @app.get("/api/runs/{name:path}/metrics")
     def metrics(name: str):

@@ -12,6 +12,7 @@ import os
 import sys
 
 import torch
+import torch.nn as nn
 
 from gptkit.errors import UserError, first_line
 from model import GPT, GPTConfig
@@ -52,8 +53,18 @@ def load_pretrained(name_or_path, **overrides):
     model = GPT(config)
     model.load_state_dict(state)
     if overrides.get("block_size", config.block_size) != config.block_size:
-        model.crop_block_size(overrides["block_size"])
+        crop_block_size(model, overrides["block_size"])
     return model
+
+
+def crop_block_size(model, block_size):
+    """Shrink the model's context length, e.g. to finetune GPT-2 on shorter windows: the first block_size rows of
+    its position table."""
+    if block_size > model.config.block_size:
+        raise ValueError(f"block_size {block_size} exceeds the model's {model.config.block_size}")
+    model.config.block_size = block_size
+    if "wpe" in model.transformer:
+        model.transformer.wpe.weight = nn.Parameter(model.transformer.wpe.weight[:block_size])
 
 
 def load_hf_model(name_or_path):

@@ -1,8 +1,10 @@
 """The attention lab: the path a learner reads about, from a bigram table to the full GPT, as rungs that
-train.py trains one after the other for the same wall-time budget; and what the lab reads back from
-each run: its row of the table, how diffuse its attention is, its attention map and a short sample.
-Each rung keeps its row in its folder (lab.json), so that the table of a later lab run into the same
-out_dir lists the rungs trained before it too."""
+train.py trains one after the other on the same text: by default on the same number of training tokens, so that
+the table says what each mechanism learns from the same text whatever the machine and whatever else it is doing;
+or, with a time budget, for the same wall time, so that it says what each buys per second on this machine. And
+what the lab reads back from each run: its row of the table, how diffuse its attention is, its attention map and
+a short sample. Each rung keeps its row in its folder (lab.json), so that the table of a later lab run into the
+same out_dir lists the rungs trained before it too."""
 
 import json
 import math
@@ -36,14 +38,14 @@ PRESET = REPO / "config" / "shakespeare_char.py"
 # cores: 32 characters of context (several words: something for attention to look at, while the
 # T x T work, heaviest for additive scores, leaves every rung hundreds of steps or more), two layers,
 # small batches (more, cheaper steps), AdamW as the notes use, with a cosine decay that follows the
-# time budget. An untied output head, so that the bigram rung is a real bigram table (a head tied to
+# training. An untied output head, so that the bigram rung is a real bigram table (a head tied to
 # the embedding scores a pair of characters alike in both orders). float32: bf16 autocast makes these
 # small multi-head steps slower on CPU. Few evaluations: they come out of each rung's budget.
 RECIPE = ("--block_size=32", "--batch_size=16", "--n_layer=2", "--n_head=1", "--n_embd=64", "--dropout=0.0",
           "--bias=False", "--pos_emb=learned", "--optimizer=adamw", "--learning_rate=3e-3", "--min_lr=3e-4",
           "--warmup_iters=20", "--weight_decay=0.1", "--beta2=0.99", "--tie_weights=False", "--dtype=float32",
           "--compile=False", "--eval_interval=50", "--eval_iters=4", "--log_interval=50")
-# so many steps that the time budget is what ends every rung, on any machine
+# with a time budget, so many steps that the budget is what ends every rung, on any machine
 MAX_ITERS = 1_000_000
 SAMPLE_TEMPERATURE = 0.8  # as sample.py: a little safer than the model's own distribution
 ENTROPY_WINDOWS = 8  # val windows whose attention the entropy is averaged over
@@ -80,7 +82,8 @@ class LabConfig:
     dataset: str = "shakespeare_char"  # prepared dataset every rung trains on (made by data/prepare.py)
     data_dir: str = ""  # folder holding prepared datasets ('' = this project's data/)
     out_dir: str = "out-lab"  # a run folder per rung, and the table, samples and loss picture
-    budget: float = 25.0  # seconds of training per rung (train.py's max_time)
+    tokens: int = 1_000_000  # training tokens per rung: each learns from as much text (its steps follow)
+    budget: float = 0.0  # >0: seconds of training per rung instead (train.py's max_time), and tokens are ignored
     rungs: str = ",".join(RUNG_NAMES)  # which rungs to train, comma-separated, in this order
     prompt: str = "First Citizen:\nBefore we proceed"  # attention maps show it, samples go on from it
     sample_tokens: int = 200  # tokens in each rung's sample
@@ -89,8 +92,9 @@ class LabConfig:
     threads: int = 1  # torch CPU threads per training run (0 = measured as it runs): see docs/lab.md
 
     def __post_init__(self):
-        if not self.budget > 0:
-            raise ValueError(f"budget must be more than 0 seconds (got {self.budget})")
+        if self.budget < 0 or self.tokens < 0 or not (self.budget > 0 or self.tokens > 0):
+            raise ValueError(f"need tokens > 0, or budget > 0 seconds (got tokens={self.tokens}, "
+                             f"budget={self.budget})")
         if self.sample_tokens < 0 or self.threads < 0:
             raise ValueError("sample_tokens and threads must not be negative")
         check_seed(self.seed)
@@ -109,14 +113,25 @@ class LabConfig:
     def chosen(self):
         return [next(r for r in RUNGS if r.name == n) for n in self.rung_names()]
 
+    def training(self):
+        """How much each rung trains, in words: '1,000,000 tokens' or '25 s'."""
+        return f"{self.budget:g} s" if self.budget > 0 else f"{self.tokens:,} tokens"
+
 
 def train_args(rung, cfg):
     """train.py's options for a rung: the recipe (or the preset), the rung's own, then what the lab sets
-    for every rung: where it trains and writes, its time budget, seed and device."""
+    for every rung: where it trains and writes, how long (its tokens as steps, or its time budget), seed and
+    device."""
     start = [str(PRESET)] if rung.preset else list(RECIPE)
-    lab = [f"--dataset={cfg.dataset}", f"--data_dir={cfg.data_dir}", f"--out_dir={run_dir(cfg, rung)}",
-           f"--max_time={cfg.budget}", f"--max_iters={MAX_ITERS}", f"--seed={cfg.seed}", f"--device={cfg.device}",
-           f"--threads={cfg.threads}", "--init_from=scratch", "--wandb_log=False"]
+    if cfg.budget > 0:
+        length = [f"--max_time={cfg.budget}", f"--max_iters={MAX_ITERS}"]
+    else:
+        own = parse_config(TrainConfig, [*start, *rung.options], prog="train.py")
+        per_step = own.batch_size * own.model.block_size * own.gradient_accumulation_steps
+        length = ["--max_time=0", f"--max_iters={math.ceil(cfg.tokens / per_step)}"]
+    lab = [f"--dataset={cfg.dataset}", f"--data_dir={cfg.data_dir}", f"--out_dir={run_dir(cfg, rung)}", *length,
+           f"--seed={cfg.seed}", f"--device={cfg.device}", f"--threads={cfg.threads}", "--init_from=scratch",
+           "--wandb_log=False"]
     return [*start, *rung.options, *lab]
 
 
@@ -191,7 +206,7 @@ def train_rung(rung, cfg, stops):
 @dataclass
 class Row:
     rung: Rung
-    budget: float  # the seconds of training it was given
+    budget: float  # the seconds of training it was given (0: trained on `tokens` tokens instead)
     seed: int
     params: int  # as train.py counts them (position embeddings left out)
     steps: int  # optimizer steps taken within the budget
@@ -201,6 +216,12 @@ class Row:
     seconds: float  # train.py's wall time, start to exit
     sample: str
     evals: list  # its eval records: its curve in the loss picture
+    tokens: int = 0  # the training tokens it was given, where it was not a budget (its steps cover at least those)
+    tokens_per_iter: int = 0  # its steps' tokens (rows written before they were kept: 0)
+
+    @property
+    def training(self):
+        return f"{self.budget:g} s" if self.budget > 0 else f"{self.tokens:,} tokens"
 
     @property
     def label(self):
@@ -244,12 +265,14 @@ def read_rung(rung, cfg, seconds, data, prompt, device):
         if not finals:
             raise UserError(f"rung {rung.name}: {folder / 'metrics.jsonl'} has no final score; did train.py finish?")
         model, tok = load_model(folder, device, "latest")  # the final weights, whose val loss the row reports
+        per_step = next(r["tokens_per_iter"] for r in records if r["kind"] == "run")
         entropy = None
         if model.config.n_layer:
             entropy = attention_entropy(model, val_windows(*data, model.config.block_size, device))
             draw_model_attention(model, tok, prompt, folder / "attention.png", name=rung.name)
         row = Row(rung, cfg.budget, cfg.seed, model.num_params(), finals[-1]["iter"], evals[-1]["train_loss"],
-                  finals[-1]["val_loss"], entropy, seconds, sample_text(model, tok, prompt, cfg, device), evals)
+                  finals[-1]["val_loss"], entropy, seconds, sample_text(model, tok, prompt, cfg, device), evals,
+                  0 if cfg.budget > 0 else cfg.tokens, per_step)
         save_row(row, folder, cfg.dataset)
     return row
 
@@ -310,19 +333,21 @@ def markdown_table(header, rows, numeric):
 
 
 def results_table(rows, unit):
-    header = ["rung", "budget", "what it adds", "parameters", "steps", "train loss", "val loss", f"bits/{unit}",
+    header = ["rung", "training", "what it adds", "parameters", "steps", "train loss", "val loss", f"bits/{unit}",
               "attention entropy (bits)", "time"]
-    cells = [[r.label, f"{r.budget:g} s", r.rung.adds, f"{r.params:,}", f"{r.steps:,}", f"{r.train_loss:.3f}",
+    cells = [[r.label, r.training, r.rung.adds, f"{r.params:,}", f"{r.steps:,}", f"{r.train_loss:.3f}",
               f"{r.val_loss:.3f}", f"{r.val_loss / math.log(2):.3f}",
               "—" if r.entropy is None else f"{r.entropy:.2f}", f"{r.seconds:.1f} s"] for r in rows]
     return markdown_table(header, cells, numeric={1, *range(3, len(header))})
 
 
 def results_notes(rows, missing, dataset, unit):
-    """What the table's columns mean, and what sets its rows apart: budgets, rungs left out."""
-    unfair = "; rows of different budgets do not compare mechanisms alone: more seconds buy more steps"
-    notes = (f"Budget: the seconds of training each rung was given on {dataset} (train.py's max_time)"
-             f"{unfair if len({r.budget for r in rows}) > 1 else ''}. Losses in nats per {unit}: train loss from "
+    """What the table's columns mean, and what sets its rows apart: how long each trained, rungs left out."""
+    unfair = "; rows trained for different lengths do not compare mechanisms alone: more training buys more"
+    notes = (f"Training: the tokens of {dataset} each rung learned from (the same for every rung: what each "
+             "mechanism learns from the same text), or the seconds it was given (train.py's max_time: what each "
+             f"buys per second on this machine){unfair if len({r.training for r in rows}) > 1 else ''}. "
+             f"Losses in nats per {unit}: train loss from "
              f"the last evaluation's fixed batches, val loss on the whole val split (every {unit} once); "
              f"bits/{unit} = val loss / ln 2. Attention entropy: mean over layers, heads and query positions of "
              f"{ENTROPY_WINDOWS} val windows. Time: train.py from start to exit.")
@@ -339,18 +364,20 @@ def write_results(cfg, rows, missing, trained, unit):
 
     out = Path(cfg.out_dir)
     table, notes = results_table(rows, unit), results_notes(rows, missing, cfg.dataset, unit)
-    samples = "\n\n".join(f"## {r.label}: {r.budget:g} s of training, seed {r.seed}\n\n```text\n{r.sample}\n```"
+    samples = "\n\n".join(f"## {r.label}: {r.training} of training, seed {r.seed}\n\n```text\n{r.sample}\n```"
                            for r in rows)
     (out / "table.md").write_text(f"{table}\n\n{notes}\n", encoding="utf-8")
     (out / "samples.md").write_text(f"# Sampled {unit}s after the prompt, temperature {SAMPLE_TEMPERATURE}\n\n"
                                     f"{samples}\n", encoding="utf-8")
-    budgets = sorted({r.budget for r in rows})
-    mixed = len(budgets) > 1
-    curves = {f"{r.label} ({r.budget:g} s)" if mixed else r.label: r.evals for r in rows}
-    title = (f"{cfg.dataset}: val loss against wall time, "
-             f"{'each rung with its budget' if mixed else f'{budgets[0]:g} s per rung'}")
-    dashed = [name for name, r in zip(curves, rows) if r.rung.cheats]
-    draw_val_loss_vs_time(curves, title, out / "loss_vs_time.png", dashed=dashed)
+    lengths = sorted({r.training for r in rows})
+    mixed, by_time = len(lengths) > 1, all(r.budget > 0 for r in rows)
+    curves = {f"{r.label} ({r.training})" if mixed else r.label: r for r in rows}
+    title = (f"{cfg.dataset}: val loss against {'wall time' if by_time else 'training tokens'}, "
+             f"{'each rung with its own' if mixed else f'{lengths[0]} per rung'}")
+    honest = {name: r.evals for name, r in curves.items() if not r.rung.cheats}
+    cheats = {name: r.evals for name, r in curves.items() if r.rung.cheats}
+    per_step = None if by_time else {name: r.tokens_per_iter for name, r in curves.items()}
+    draw_val_loss_vs_time(honest, title, out / "loss_vs_time.png", aside=cheats, tokens_per_iter=per_step)
     for r in rows:
         if r.rung.name in trained:
             print(f"\n--- {r.label} ---\n{r.sample}")
@@ -366,7 +393,7 @@ def run_lab(cfg):
         unit = "char" if meta["tokenizer"] == "char" else "token"
         rungs = cfg.chosen()
         for i, rung in enumerate(rungs, 1):
-            print(f"[{i}/{len(rungs)}] {rung.name}: {rung.adds} ({cfg.budget:g} s of training)", flush=True)
+            print(f"[{i}/{len(rungs)}] {rung.name}: {rung.adds} ({cfg.training()} of training)", flush=True)
             stops.doing = f"training rung {rung.name}"
             seconds = train_rung(rung, cfg, stops)
             stops.doing = f"reading rung {rung.name}"

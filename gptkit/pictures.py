@@ -84,17 +84,28 @@ def draw_loss(records, title, path, dpi=100):
     save(fig, path, dpi)
 
 
-def draw_val_loss_vs_time(runs, title, path, dpi=110, dashed=()):
-    """One val-loss curve per run, {name: eval records}, against each run's wall time; the runs named in
-    dashed drawn dashed (e.g. one that cheats). Many runs get their legend beside the plot, off the curves."""
+def draw_val_loss_vs_time(runs, title, path, dpi=110, aside=None, tokens_per_iter=None):
+    """One val-loss curve per run, {name: eval records}, against each run's wall time, or against the tokens it
+    trained on where tokens_per_iter gives {name: tokens a step}; the runs in `aside` (e.g. one that cheats, whose
+    loss would squash the others' curves) in a panel of their own beside them. Many runs get their legend beside
+    the plot, off the curves."""
+    panels = [runs, *([aside] if aside else [])]
     many = len(runs) > 4
-    fig, ax = plt.subplots(figsize=(9, 4.5) if many else (7, 4))
-    for name, evals in runs.items():
-        ax.plot(wall_clock(evals), [r["val_loss"] for r in evals], marker=".", markersize=3, label=name,
-                linestyle="--" if name in dashed else "-")
-    ax.set(xlabel="wall time (s)", ylabel="val loss", title=title)
-    ax.grid(alpha=0.3)
-    ax.legend(**(dict(loc="upper left", bbox_to_anchor=(1.01, 1.0)) if many else {}))
+    width = (9 if many else 7) + (3 if aside else 0)
+    fig, axes = plt.subplots(1, len(panels), figsize=(width, 4.5 if many else 4), squeeze=False,
+                             gridspec_kw={"width_ratios": [3, 1][:len(panels)]})
+    xlabel = "training tokens" if tokens_per_iter else "wall time (s)"
+    for ax, curves in zip(axes[0], panels):
+        for name, evals in curves.items():
+            x = [r["iter"] * tokens_per_iter[name] for r in evals] if tokens_per_iter else wall_clock(evals)
+            ax.plot(x, [r["val_loss"] for r in evals], marker=".", markersize=3, label=name)
+        ax.set(xlabel=xlabel, ylabel="val loss")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=11)
+    axes[0][0].legend(**(dict(loc="upper left", bbox_to_anchor=(1.01, 1.0)) if many else {}))
+    if aside:
+        axes[0][1].set_title("it cheats: not a result", fontsize=9)
+        axes[0][1].legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     save(fig, path, dpi)
 

@@ -1,6 +1,7 @@
-"""The choices made by measuring this machine rather than by rules: the training precision, the attention
-path, and the precision and thread count for decoding, each timed on the model itself in a probe of
-milliseconds to a few seconds; and the matmul peak that utilisation figures are measured against."""
+"""Timing on this machine: candidates timed in turns, the matmul peak that utilisation figures are measured
+against, the precision and thread count for decoding (each timed on the model itself in milliseconds), and the
+threads a training run keeps adjusting as it goes (ThreadTuner). A training run's start-up choices are made in
+gptkit/choices.py."""
 
 import collections
 import contextlib
@@ -15,7 +16,6 @@ import torch
 
 from gptkit.decoding import generate_stream
 from gptkit.errors import UserError
-from gptkit.kernels import ATTENTION_PATHS, attention_function
 
 
 def synchronize(device):
@@ -31,17 +31,19 @@ def fastest_seconds(run, repeats, device="cpu"):
 
 def fastest_in_turns(runs, repeats, device="cpu", slow=math.inf, settled=None):
     """{name: the fastest of `repeats` timings of runs[name]()}, after one untimed call of each (where one of
-    those took over `slow` seconds, one timing each will do; where settled(the fastest so far) says that what
-    they are timed for is decided already, no more turns); the runs take turns, so that a machine whose speed
-    moves while they are timed (a shared virtual machine's does, from minute to minute: docs/speed.md#machines)
-    slows each of them alike rather than the ones timed last."""
+    those took over `slow` seconds, two timings each will do; where settled(the fastest so far) says, after two
+    turns, that what they are timed for is decided already, no more turns). The runs take turns, so that a machine
+    whose speed moves while they are timed (a shared virtual machine's does, from minute to minute:
+    docs/speed.md#machines) slows each of them alike rather than the ones timed last; and each keeps its fastest
+    turn, so that a passing spike, which slows one turn of one run, is passed over, even where it would seem to
+    decide the matter in the first turn."""
     if max(seconds_of(run, device) for run in runs.values()) > slow:
-        repeats = 1
+        repeats = min(repeats, 2)
     best = dict.fromkeys(runs, math.inf)
-    for _ in range(repeats):
+    for turn in range(repeats):
         for name, run in runs.items():
             best[name] = min(best[name], seconds_of(run, device))
-        if settled is not None and settled(best):
+        if turn and settled is not None and settled(best):
             break
     return best
 
@@ -76,11 +78,6 @@ def matmul_peak(dtype, device="cpu", size=0, repeats=5):
     return 2 * size ** 3 / fastest_seconds(lambda: a @ a, repeats, device)
 
 
-def bf16_matmul_speedup(size=768):
-    """How many times faster a size x size matmul runs in bf16 than in fp32 on this CPU (a few milliseconds)."""
-    return matmul_peak("bfloat16", "cpu", size, 3) / matmul_peak("float32", "cpu", size, 3)
-
-
 def pick_dtype(name, device):
     """The training precision: as asked, or for 'auto' bf16 on a GPU that has it, else fp32 (on a CPU with bf16
     instructions, training then times its own step in each: pick_training_dtype)."""
@@ -93,116 +90,9 @@ def pick_dtype(name, device):
     return "float32"
 
 
-def training_step_seconds(model, batch_size, dtype, repeats=2, slow=0.25):
-    """step_seconds_in_turns for one precision, on the model's own attention path."""
-    return step_seconds_in_turns(model, batch_size, {dtype: None}, repeats, slow)[dtype]
-
-
-def step_seconds_in_turns(model, batch_size, paths, repeats=2, slow=0.25, settled=None):
-    """{dtype: the fastest of `repeats` timings of the model's forward and backward at the training shape in
-    dtype, on attention path paths[dtype] (None: the model's own)}, the precisions taking turns after one untimed
-    call of each (one slower than `slow` seconds: one timing each; fewer turns where `settled` says so, as in
-    fastest_in_turns), on the model's device and fixed tokens, leaving its gradients, its attention path and the
-    random generators as they were."""
-    c = model.config
-    device = next(model.parameters()).device
-    x = torch.randint(c.vocab_size, (batch_size, c.block_size), generator=torch.Generator().manual_seed(0))
-    x = x.to(device)
-    was = [block.attn.attend for block in model.transformer.h]
-
-    def take(functions):
-        for block, attend in zip(model.transformer.h, functions):
-            block.attn.attend = attend
-
-    def forward_backward(dtype, path):
-        take([attention_function(block.attn, path) for block in model.transformer.h] if path else was)
-        with autocast_for(dtype, device.type):
-            loss = model(x, x)[1]
-        loss.backward()
-
-    runs = {dtype: functools.partial(forward_backward, dtype, path) for dtype, path in paths.items()}
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        try:  # the first call of each pays for kernel selection and autocast's casts
-            return fastest_in_turns(runs, repeats, str(device), slow, settled)
-        finally:
-            model.zero_grad(set_to_none=True)
-            take(was)
-
-
-def tokens_per_parameter(model, batch_size, dtype, seconds, processes=1, step=None):
-    """Tokens each of the model's parameters would see in `seconds` of training at the speed of its step
-    (forward and backward at the training shape: `step` seconds where it was timed already, else timed here),
-    with `processes` stepping side by side."""
-    step = step or training_step_seconds(model, batch_size, dtype, repeats=3, slow=math.inf)  # it decides a whole run
-    return seconds * processes * batch_size * model.config.block_size / step / model.num_params()
-
-
-def pick_training_dtype(name, model, batch_size, device, attention_path="auto", margin=1.15, doubt=1.3):
-    """The training precision for this model: pick_dtype's, but for 'auto' on a CPU with bf16 instructions,
-    bfloat16 only when the model's own training step runs clearly faster in it than in float32, timed here, each
-    on the attention path the run would take in it (attention_path_for). A matmul probe can mislead: a small
-    model's step is not bound by its matmuls, and bf16 adds casts to its elementwise work. (dtype, a line saying
-    why or None, the attention path chosen for that dtype as attention_path_for gives it, or None where no step
-    was timed): the run keeps that path rather than measure again and perhaps pick another; and the seconds of
-    the chosen precision's step, or None: the shape probe's first figure, which it need not time again. Each
-    precision is timed once, and again only where bf16's speed-up falls within `doubt` of the margin either way:
-    a second timing of each delays the run's start where the first already decided (docs/speed.md#what-was-tried)."""
-    if name != "auto" or device != "cpu" or not cpu_has_bf16():
-        return pick_dtype(name, device), None, None, None
-    matmul_speedup = bf16_matmul_speedup()
-    if matmul_speedup < 1:  # its matmuls already lose: no need to spend seconds timing steps
-        return ("float32", f"precision: float32 (bfloat16 matmuls ran at {matmul_speedup:.2f}x the float32 speed "
-                "here)", None, None)
-    # each precision on the attention path measured fastest in it, as the run would take it: SDPA's fused kernel
-    # can be far slower than the folded path on a CPU, and a step timed on it would misjudge the precision
-    chosen = {dtype: attention_path_for(attention_path, model, batch_size, autocast_for(dtype), "cpu")
-              for dtype in ("float32", "bfloat16")}
-
-    def far_from_the_margin(seconds):
-        return not margin / doubt <= seconds["float32"] / seconds["bfloat16"] <= margin * doubt
-
-    seconds = step_seconds_in_turns(model, batch_size, {dtype: path for dtype, (path, _) in chosen.items()},
-                                    settled=far_from_the_margin)
-    best = "bfloat16" if seconds["bfloat16"] * margin < seconds["float32"] else "float32"
-    why = (f"precision: {best} (a training step, forward and backward, took {seconds['float32'] * 1e3:.0f} ms in "
-           f"float32 and {seconds['bfloat16'] * 1e3:.0f} ms in bfloat16 here)")
-    return best, why, chosen[best], seconds[best]
-
-
 def autocast_for(dtype, device_type="cpu"):
     """Mixed precision: weights stay fp32, matmuls run in dtype."""
     return contextlib.nullcontext() if dtype == "float32" else torch.autocast(device_type, getattr(torch, dtype))
-
-
-def attention_path_for(setting, model, batch_size, autocast, device):
-    """The attention path for scaled or dot attention (gptkit.kernels): as set, or for 'auto' the fastest on this
-    CPU of SDPA's fused kernels and the softmax written out, plain or folded (faster for short contexts on some
-    CPUs), each timed on one layer's forward and backward at the training shape; SDPA only where it can take the
-    model's dropout (table_dropout's masks it cannot). (path, a line saying why, or None)."""
-    c = model.config
-    if setting != "auto":
-        return setting, None
-    if device != "cpu" or c.attention not in ("scaled", "dot") or c.n_layer == 0:
-        return "fused", None
-    attn = model.transformer.h[0].attn
-    paths = ATTENTION_PATHS if isinstance(attn.attn_dropout, torch.nn.Dropout) else ATTENTION_PATHS[1:]
-    shape = (batch_size, c.n_head, c.block_size, c.n_embd // c.n_head)
-    seconds = attention_seconds(attn, shape, autocast, paths)
-    best = min(seconds, key=seconds.get)
-    times = ", ".join(f"{path} {s * 1e3:.1f} ms" for path, s in seconds.items())
-    return best, f"attention: the {best} path ({times} per layer, forward and backward, measured)"
-
-
-def attention_seconds(attn, shape, autocast, paths, repeats=3):
-    """{path: the fastest of a few timings of one attention layer's forward and backward on it}, in turns."""
-    q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
-
-    def forward_backward(path):
-        with autocast:
-            y = attention_function(attn, path)(q, k, v)
-        y.float().sum().backward()
-
-    return fastest_in_turns({path: functools.partial(forward_backward, path) for path in paths}, repeats)
 
 
 def decode_seconds(model, batch_size, tokens, repeats=3):
@@ -257,18 +147,19 @@ class ThreadTuner:
     to `longest` on the most threads, to twice `every` on one, where a core freed again would go unseen); and a
     trial comes at once when the current count's steps slow down or speed up by more than `drift` from what the
     last trial measured: another process came or went. after_step() returns a line saying so when it changes
-    the count, else None."""
+    the count, else None. It starts on `start` threads, the count start-up chose (gptkit.choices)."""
 
-    def __init__(self, most, every=15.0, first=2.0, trial_steps=4, margin=1.1, longest=120.0, drift=1.25,
-                 clock=time.perf_counter):
-        self.most, self.current, self.other = most, most, 1
+    def __init__(self, most, start=None, every=15.0, first=15.0, trial_steps=4, margin=1.1, longest=120.0,
+                 drift=1.25, clock=time.perf_counter):
+        self.most, self.current = most, start or most
+        self.other = 1 if self.current == most else most
         self.every, self.longest, self.wait = every, longest, every
         self.trial_steps, self.margin, self.drift, self.clock = trial_steps, margin, drift, clock
         self.recent = []  # the latest steps' seconds on the current count
         self.trial = None  # steps' seconds on the other count, while a trial runs
         self.measured = None  # the current count's median step at the last trial
-        self.last_trial = clock() - every + first  # the first trial comes early: a run starts busy
-        torch.set_num_threads(most)
+        self.last_trial = clock() - every + first
+        torch.set_num_threads(self.current)
 
     def after_step(self, seconds, iteration):
         if self.trial is None:

@@ -74,8 +74,9 @@ class TrainConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # 'auto': bf16 where it is fast, else fp32
     compile: bool = False  # torch.compile each transformer block
     attention_path: Literal["auto", "fused", "written", "folded"] = "auto"  # scaled/dot attention: measured or as named
-    threads: int = 0  # torch CPU threads (0 = measured as it runs: 1 or torch's default, whichever steps faster)
+    threads: int = 0  # torch CPU threads (0 = measured at start and as it runs: 1 or torch's default, the faster)
     processes: int = 1  # training processes on this machine (DDP); >1 starts them as torchrun --standalone does
+    verbose: bool = False  # also print the machinery: every start-up timing, every change of thread count
 
     def __post_init__(self):
         require(self, ["eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps", "batch_size",

@@ -12,18 +12,15 @@ import numpy as np
 import torch
 
 from gptkit.checkpoint import load_weights, model_from_checkpoint, save_checkpoint
+from gptkit.choices import choose
 from gptkit.dataset import TrainingData, load_meta
 from gptkit.errors import UserError
-from gptkit.hf_interop import load_pretrained
-from gptkit.kernels import by_rule, install, set_attention_path
+from gptkit.hf_interop import crop_block_size, load_pretrained
 from gptkit.optim import EMA, build_optimizers
-from gptkit.timing import ThreadTuner, attention_path_for, pick_training_dtype, tokens_per_parameter
 from gptkit.runtime import compile_blocks
+from gptkit.timing import ThreadTuner
 from gptkit.tokenizer import describe_vocabulary, same_token_ids
 from model import GPT
-
-# two layers are the fewest in which attention can read what attention wrote (an induction head takes two)
-FEWEST_FITTED_LAYERS = 2
 
 
 def build_model(cfg, meta, ckpt=None, path=None):
@@ -49,7 +46,7 @@ def build_model(cfg, meta, ckpt=None, path=None):
             raise UserError(f"block_size {block_size} is larger than {cfg.init_from!r}'s "
                             f"{model.config.block_size} positions; pass --block_size={model.config.block_size}")
     if block_size < model.config.block_size:
-        model.crop_block_size(block_size)
+        crop_block_size(model, block_size)
     return model
 
 
@@ -84,15 +81,16 @@ class TrainState:
     the EMA of the weights is what evaluations score and what checkpoints keep as the model; latest.pt
     also keeps the weights themselves, which training goes on from."""
 
-    def __init__(self, cfg, model, tokenizer, sampler, rt, measured):
+    def __init__(self, cfg, model, tokenizer, sampler, rt, choices):
         self.cfg, self.model, self.tokenizer, self.sampler = cfg, model, tokenizer, sampler
-        self.measured = measured  # the precision and attention path chosen by measurement, kept for a resume
+        self.choices = choices  # what start-up chose (gptkit.choices), kept for a resume
         self.optimizers = build_optimizers(model, cfg, rt.dtype)
         # only rank 0 evaluates and saves, so only it keeps the EMA
         self.ema = EMA(model, cfg.ema_decay) if cfg.ema_decay > 0 and rt.master else None
         self.scaler = torch.amp.GradScaler(rt.device.split(":")[0], enabled=rt.dtype == "float16")
         self.iter_num = 0  # optimizer steps taken
         self.best_val_loss = math.inf
+        self.best_iter = 0  # the iteration best.pt holds
         self.seconds_spent = 0.0  # of the time budget, by every process that worked on this run (see TimeBudget)
         self.wandb_id = None  # the wandb run this one continues
 
@@ -112,10 +110,11 @@ class TrainState:
                 "tokenizer": self.tokenizer.to_meta(),
                 "iter_num": self.iter_num,
                 "best_val_loss": self.best_val_loss,
+                "best_iter": self.best_iter,
                 "seconds_spent": self.seconds_spent,
                 "rng": rng,
                 "wandb_id": self.wandb_id,
-                "measured": self.measured,
+                "measured": self.choices.saved(),
             }, run.latest, previous=run.previous)
 
     def save_best(self, run, rt):
@@ -150,6 +149,7 @@ class TrainState:
         if "trained" in ckpt:  # the model holds the checkpoint's EMA (this run's, if it keeps one)
             load_weights(self.model, ckpt["trained"], path, "trained weights")
         self.iter_num, self.best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
+        self.best_iter = ckpt.get("best_iter", 0)  # not kept by checkpoints written before it was
         self.seconds_spent = seconds_spent(ckpt)
         self.wandb_id = ckpt.get("wandb_id")
         states = ckpt["rng"]
@@ -207,13 +207,12 @@ def time_budget(cfg, data, state, started):
     return TimeBudget(cfg.max_time, started - state.seconds_spent, final_tokens)
 
 
-def thread_tuner(cfg, rt):
-    """Threads measured as the run goes (a ThreadTuner) where the count is the run's to choose: on a CPU, in
-    one process, with threads=0 and more than one thread to choose from."""
-    most = torch.get_num_threads()
-    if rt.device != "cpu" or rt.distributed or cfg.threads or most == 1:
+def thread_tuner(cfg, rt, choices):
+    """Threads measured as the run goes (a ThreadTuner), from the count start-up chose, where the count is the
+    run's to choose: on a CPU, in one process, with threads=0 and more than one thread to choose from."""
+    if not choices.threads:
         return None
-    return ThreadTuner(most)
+    return ThreadTuner(choices.most_threads, choices.threads)
 
 
 def eval_tokens(data):
@@ -239,13 +238,8 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
     # model on a CPU with bf16, minutes) of timing steps; fitting the budget changes neither the context nor the batch
     data = TrainingData(folder, meta, model.config.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed + rt.rank,
                         rt.device, cfg.batch_order)
-    measured, step_seconds = settle_speed(cfg, rt, model, saved)  # first: the budget is fitted to the step as run
-    cfg, model, fitted_from = fit_to_budget(cfg, rt, model, meta, (measured["kernels"], measured["attention_path"]),
-                                            step_seconds)
-    fitted_from = fitted_from or saved.get("fitted_from")
-    if fitted_from:
-        measured["fitted_from"] = fitted_from
-    state = TrainState(cfg, model, data.tokenizer, data.sampler, rt, measured)
+    cfg, model, choices = choose(cfg, rt, model, saved, lambda fitted: fresh_model(fitted, rt, meta))
+    state = TrainState(cfg, model, data.tokenizer, data.sampler, rt, choices)
     if ckpt is not None:
         state.restore(ckpt, ckpt_path, rt)
     if cfg.compile:
@@ -253,127 +247,10 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
     return data, state
 
 
-def settle_speed(cfg, rt, model, saved):
-    """Put the model on the run's speed path: the kernels (gptkit.kernels: the resumed run's, `saved`, or those the
-    rule gives, installed before any timing, so that the steps timed are the steps the run takes), then the
-    precision and the attention path. Returns those choices, for the checkpoint, and the chosen precision's step
-    seconds where they were timed (settle_precision)."""
-    kernels = saved.get("kernels", by_rule(rt.device))  # a checkpoint from before kernels were recorded ran these
-    install(model, kernels)
-    timed_on, step_seconds = settle_precision(cfg, rt, model, saved)
-    path = settle_attention_path(cfg, rt, model, saved, timed_on)
-    return {"dtype": rt.dtype, "attention_path": path, "kernels": kernels}, step_seconds
-
-
-def settle_precision(cfg, rt, model, saved):
-    """The precision: as configured; for 'auto', as the resumed run was trained (its checkpoint's measured
-    choices, `saved`: a resume continues exactly), or else measured here on this model by rank 0 and printed.
-    Returns the attention path (path, line) its step was timed on and that step's seconds in the chosen
-    precision where it timed one, else None and None."""
-    if cfg.dtype == "auto" and "dtype" in saved:
-        rt.set_dtype(saved["dtype"])
-    elif cfg.dtype == "auto":
-        dtype, why, path, seconds = (pick_training_dtype(cfg.dtype, model, cfg.batch_size, rt.device,
-                                                         cfg.attention_path) if rt.master else (None,) * 4)
-        rt.set_dtype(rt.broadcast(dtype))  # rank 0's measurement: every process trains in one precision
-        if why and rt.master:
-            print(why)
-        return path, seconds
-    return None, None
-
-
-def fit_to_budget(cfg, rt, model, meta, speed_path, step_seconds=None):
-    """(cfg, model, the settings it replaced or None): the model as configured, or, where its step timed here by
-    rank 0 would give each parameter fewer than min_tokens_per_param tokens in max_time, the smaller model
-    (TrainConfig.smaller_shape, with smaller_muon_weight_decay if set), and where that too would, one layer fewer
-    at a time down to FEWEST_FITTED_LAYERS; started as a run configured with that shape would start it, each timed
-    (unless the bigger one's figure shows it has enough: seen_at_least) and trained with speed_path, the
-    configured model's (kernels, attention path). step_seconds: the configured model's step as the precision probe
-    timed it on that path (rank 0's), if it did: not timed again."""
-    shape = cfg.smaller_shape()
-    if not (cfg.min_tokens_per_param > 0 and cfg.max_time > 0 and cfg.init_from == "scratch" and shape):
-        return cfg, model, None  # no budget to fit, nothing smaller to fit into, or a shape not ours to change
-    seen = budget_seen_by(model, cfg, rt, step_seconds)
-    configured = {"n_layer": model.config.n_layer, "n_embd": model.config.n_embd}
-    if seen >= cfg.min_tokens_per_param:
-        if rt.master:
-            print(f"shape: {settings_line(configured)} as configured ({tenths(seen)} tokens per parameter in "
-                  f"{cfg.max_time:g} s at the step timed here; min_tokens_per_param={cfg.min_tokens_per_param:g})")
-        return cfg, model, None
-    fitted, smaller = replace(cfg, model=replace(cfg.model, **shape)), dict(shape)
-    decay = cfg.smaller_muon_weight_decay
-    if decay >= 0 and decay != cfg.muon_weight_decay:  # the decay tuned for the smaller model goes with it
-        fitted, smaller["muon_weight_decay"] = replace(fitted, muon_weight_decay=decay), decay
-        configured["muon_weight_decay"] = cfg.muon_weight_decay
-    bigger, bigger_seen = model, seen
-    model, too_few = fresh_model(fitted, rt, meta, speed_path), []
-    while fitted.model.n_layer > FEWEST_FITTED_LAYERS:
-        floor = seen_at_least(bigger, bigger_seen, model)
-        seen_smaller = floor if floor >= cfg.min_tokens_per_param else budget_seen_by(model, fitted, rt)
-        if seen_smaller >= cfg.min_tokens_per_param:
-            break
-        too_few.append(f"n_layer={fitted.model.n_layer} {tenths(seen_smaller)}")
-        bigger, bigger_seen = model, seen_smaller
-        fitted = replace(fitted, model=replace(fitted.model, n_layer=fitted.model.n_layer - 1))
-        smaller["n_layer"], model = fitted.model.n_layer, fresh_model(fitted, rt, meta, speed_path)
-    if rt.master:
-        print(f"shape: {settings_line(smaller)} instead of {settings_line(configured)}: at the step timed here the "
-              f"configured model would see {tenths(seen)} tokens per parameter in {cfg.max_time:g} s"
-              f"{''.join(', ' + line for line in too_few)}, fewer than min_tokens_per_param="
-              f"{cfg.min_tokens_per_param:g} (--min_tokens_per_param=0 keeps it)")
-    return fitted, model, configured
-
-
-def budget_seen_by(model, cfg, rt, step_seconds=None):
-    """Tokens per parameter the model would see in cfg.max_time at its step timed by rank 0 (or at step_seconds,
-    timed already), on every rank."""
-    seen = (tokens_per_parameter(model, cfg.batch_size, rt.dtype, cfg.max_time, rt.world, step_seconds)
-            if rt.master else None)
-    return rt.broadcast(seen)
-
-
-def seen_at_least(bigger, seen, smaller):
-    """A floor, without timing it, on the tokens per parameter the smaller model would see where the bigger one
-    sees `seen`: where it is the bigger one with fewer layers, its step runs a part of the bigger one's work and is
-    no slower, so each of its parameters sees at least seen x (the bigger one's parameters / its own); else 0."""
-    fewer_layers = smaller.config.n_layer < bigger.config.n_layer
-    if not fewer_layers or replace(bigger.config, n_layer=smaller.config.n_layer) != smaller.config:
-        return 0.0
-    return seen * bigger.num_params() / smaller.num_params()
-
-
-def tenths(tokens_per_param):
-    """Rounded down, so that 5.96 reads 5.9, not 6.0, beside 'fewer than min_tokens_per_param=6'."""
-    return f"{math.floor(tokens_per_param * 10) / 10:.1f}"
-
-
-def fresh_model(cfg, rt, meta, speed_path):
-    seed_everything(cfg.seed + rt.rank)  # the weights a run configured with this shape starts from
-    model = build_model(cfg, meta).to(rt.device)
-    install(model, *speed_path)
-    return model
-
-
-def settings_line(settings):
-    return ", ".join(f"{key}={value:g}" for key, value in settings.items())
-
-
-def settle_attention_path(cfg, rt, model, saved, measured=None):
-    """The attention path: as configured; for 'auto', as the resumed run was trained (`saved`), or else the one
-    the precision's step was timed on (`measured`, settle_precision's), or else measured here on this model by
-    rank 0 and printed. Set on the model, and the path taken returned, for the checkpoint."""
-    if cfg.attention_path == "auto" and "attention_path" in saved:
-        path = saved["attention_path"]
-    else:
-        if rt.master:  # only rank 0 measures, as for the precision: ranks timing at once would slow each other
-            path, why = measured or attention_path_for(cfg.attention_path, model, cfg.batch_size, rt.autocast,
-                                                       rt.device)
-        else:
-            path, why = None, None
-        path = rt.broadcast(path)  # rank 0's measurement: every process runs one path
-        if why and rt.master:
-            print(why)
-    return set_attention_path(model, path)
+def fresh_model(cfg, rt, meta):
+    """The model a run configured as cfg starts from: its seed, its weights."""
+    seed_everything(cfg.seed + rt.rank)
+    return build_model(cfg, meta).to(rt.device)
 
 
 def step_optimizers(model, optimizers, scaler, grad_clip):
@@ -421,9 +298,10 @@ def evaluate(model, data, autocast):
     return out
 
 
-def evaluate_split(model, split, autocast, batch_size, max_tokens=0):
+def evaluate_split(model, split, autocast, batch_size, max_tokens=0, progress=None):
     """Mean loss over a split's first max_tokens targets (all of them when 0), read in consecutive
-    block_size windows so that every target is scored exactly once: (loss, targets scored)."""
+    block_size windows so that every target is scored exactly once: (loss, targets scored). progress(batches), if
+    given, returns a function to call after each batch (or None)."""
     T, n = split.block_size, split.length - 1
     n = min(n, max_tokens) if max_tokens > 0 else n
     offsets = list(range(0, n - T + 1, T))
@@ -432,6 +310,7 @@ def evaluate_split(model, split, autocast, batch_size, max_tokens=0):
         offsets.append(max(0, n - T))
     device = str(next(model.parameters()).device)
     total, count = 0.0, 0
+    advance = progress(-(-len(offsets) // batch_size)) if progress else None
     model.eval()
     with torch.no_grad(), eagerly():
         for i in range(0, len(offsets), batch_size):
@@ -445,5 +324,7 @@ def evaluate_split(model, split, autocast, batch_size, max_tokens=0):
                 loss = model(x, y)[1].item()
             scored = int((y != -1).sum())
             total, count = total + loss * scored, count + scored
+            if advance:
+                advance()
     model.train()
     return total / count, count

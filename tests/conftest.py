@@ -53,6 +53,7 @@ def pytest_collection_modifyitems(items):
 
 
 SHARED_TIKTOKEN = REPO.parent / "shared" / "data" / "tiktoken"
+R50K_BASE = "0ea1e91bbb3a60f729a8dc8f777fd2fc07cd8df4"  # tiktoken's cache file name for r50k_base (gpt2's ranks)
 POLL_S = 0.02  # how often a test looks at a background run: often enough, without taking a core from it
 
 _SUBJECTS = ["the old king", "a quiet river", "my brother", "the café owner", "Élodie", "the fox",
@@ -162,12 +163,16 @@ def naive_attention(attn, x, rotary=None, qk_norm=None):
 
 @pytest.fixture
 def tiktoken_cache(monkeypatch):
-    """GPT-2's BPE offline, from the shared cache of r50k_base (the same ranks as gpt2): the environment that
-    points tiktoken there, also set for this test and the scripts it runs."""
-    if not (SHARED_TIKTOKEN / "0ea1e91bbb3a60f729a8dc8f777fd2fc07cd8df4").is_file():
-        pytest.skip(f"no cached r50k_base encoding at {SHARED_TIKTOKEN} (and no network to fetch it)")
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(SHARED_TIKTOKEN))
-    return {"TIKTOKEN_CACHE_DIR": str(SHARED_TIKTOKEN)}
+    """GPT-2's BPE offline, from a cache of r50k_base (the same ranks as gpt2): the user's TIKTOKEN_CACHE_DIR where
+    it holds them, else the shared one beside this project; the environment that points tiktoken there, also set
+    for this test and the scripts it runs."""
+    folders = [Path(os.environ["TIKTOKEN_CACHE_DIR"])] if os.environ.get("TIKTOKEN_CACHE_DIR") else []
+    found = next((f for f in [*folders, SHARED_TIKTOKEN] if (f / R50K_BASE).is_file()), None)
+    if found is None:
+        pytest.skip(f"no cached r50k_base encoding in {' or '.join(map(str, [*folders, SHARED_TIKTOKEN]))} "
+                    "(and no network to fetch it)")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(found))
+    return {"TIKTOKEN_CACHE_DIR": str(found)}
 
 
 @pytest.fixture

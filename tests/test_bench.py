@@ -215,12 +215,21 @@ def test_train_bench_fits_a_run_to_the_classic_wall_time(capsys):
         train.TrainBenchConfig(runs="default,fitted")
 
 
-def test_busy_table_says_n_a_for_a_run_too_short_to_have_a_rate(capsys):
-    """A run of a few seconds may log fewer than two train records: its rate is n/a, not a traceback."""
-    busy.print_busy_table({"idle": 20000.0, "busy": 13000.0, "busy, 2 threads fixed": None})
+def test_busy_table_sets_each_run_beside_the_idle_run_of_its_seed(capsys):
+    """Each busy run is compared with the idle run of its seed: its shape and precision the same or not; then each
+    condition's mean val loss, how many runs kept the idle choices, and the slowest start."""
+    def run(seed, shape, dtype, start, val):
+        return {"seed": seed, "shape": shape, "dtype": dtype, "start_s": start, "val": val, "iters": 1000}
+
+    idle = [run(1, "4 x 128", "bfloat16", 2.5, 1.45), run(2, "4 x 128", "bfloat16", 2.6, 1.47)]
+    one_busy = [run(1, "4 x 128", "bfloat16", 4.0, 1.46), run(2, "3 x 128", "bfloat16", 5.0, 1.49)]
+    busy.print_busy_table({"idle": idle, "one busy": one_busy, "two busy": []})
     out = capsys.readouterr().out
-    assert re.search(r"^busy +13,000 tokens/s +65% of idle$", out, re.M)
-    assert re.search(r"^busy, 2 threads fixed +n/a tokens/s +n/a of idle$", out, re.M)
+    assert re.search(r"^ +2 one busy +3 x 128 +bfloat16 +5\.0 s +1\.4900  no$", out, re.M)
+    assert re.search(r"^ +1 one busy +4 x 128 +bfloat16 +4\.0 s +1\.4600  yes$", out, re.M)
+    assert "one busy : mean val loss 1.4750 over 2 runs; idle's shape and precision in 1 of 2; first step at most " \
+           "5.0 s" in out
+    assert "two busy" not in out.split("\n\n")[-1]
 
 
 def test_bench_sample_reports_both_rates_and_the_speedup(capsys):

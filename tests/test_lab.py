@@ -102,7 +102,7 @@ def test_every_rung_leaves_a_run_folder_a_row_a_picture_and_a_sample(ladder):
     for i, rung in enumerate(machinery.RUNGS, 1):
         label = f"{rung.name} (cheats)" if rung.cheats else rung.name
         row = rows[label]
-        assert row["what it adds"] == rung.adds and row["budget"] == "0.1 s"
+        assert row["what it adds"] == rung.adds and row["training"] == "0.1 s"
         assert int(row["steps"].replace(",", "")) >= 1 and int(row["parameters"].replace(",", "")) > 0
         assert float(row["bits/char"]) == pytest.approx(float(row["val loss"]) / math.log(2), abs=2e-3)
         assert (out / rung.name / "best.pt").exists() and (out / rung.name / "train.log").exists()
@@ -116,6 +116,21 @@ def test_every_rung_leaves_a_run_folder_a_row_a_picture_and_a_sample(ladder):
     assert list(rows) == [f"{r.name} (cheats)" if r.cheats else r.name for r in machinery.RUNGS]
     assert_png(out / "loss_vs_time.png")
     assert "| rung " in printed and "--- encoder (cheats) ---" in printed
+
+
+def test_by_default_every_rung_learns_from_as_many_tokens(data_dir, tmp_path):
+    """Without a budget each rung's steps cover the same training tokens, whatever its batch: the recipe's 4 x 16
+    tokens a step take 16 steps for 1,000 tokens, the preset's 4 x 16 too; the table says the tokens, and the
+    picture's axis is tokens, not seconds."""
+    preset = tmp_path / "preset.py"
+    preset.write_text(TINY_PRESET.replace("batch_size = 4", "batch_size = 8"), encoding="utf-8")
+    out = tmp_path / "lab"
+    tiny_lab(data_dir, out, "--rungs=bigram,modern", "--tokens=1000", preset=preset)
+    rows = table_rows(out)
+    assert {name: (row["training"], row["steps"]) for name, row in rows.items()} == {
+        "bigram": ("1,000 tokens", "16"), "modern": ("1,000 tokens", "8")}
+    assert "per second" in (out / "table.md").read_text(encoding="utf-8")  # the notes say what each mode teaches
+    assert json.loads((out / "modern" / "lab.json").read_text(encoding="utf-8"))["tokens_per_iter"] == 128
 
 
 def test_uniform_attention_has_the_largest_entropy_a_causal_row_can_have(ladder):
@@ -172,7 +187,7 @@ def test_an_unknown_rung_is_one_line_naming_the_valid_ones():
     (["--dataset=shakespeare_char"], "dataset folder * not found; create it with `python data/prepare.py --data_dir="),
     (["--prompt=a@b"], "prompt: the text has characters outside the training vocabulary: '@'"),
     (["--prompt=" + "First Citizen:" * 20], "the prompt is 280 tokens, longer than rung bigram's block_size *"),
-    (["--budget=0"], "budget must be more than 0 seconds (got 0.0)"),
+    (["--tokens=0"], "need tokens > 0, or budget > 0 seconds (got tokens=0, budget=0.0)"),
     (["--rungs=dot,dot"], "a rung is named twice in 'dot,dot'"),
 ])
 def test_mistakes_are_caught_before_any_training(data_dir, tmp_path, extra, expected):
@@ -187,8 +202,8 @@ def test_mistakes_are_caught_before_any_training(data_dir, tmp_path, extra, expe
 
 
 def test_a_later_lab_run_keeps_the_rows_of_rungs_it_does_not_train(data_dir, tmp_path, monkeypatch):
-    """The README's second command after the first: every rung in out_dir stays in the table, the picture and
-    the samples, each with the budget it had; a rung trained again shows its latest run."""
+    """A second lab run after the first: every rung in out_dir stays in the table, the picture and the samples,
+    each with the budget it had; a rung trained again shows its latest run."""
     from gptkit import pictures
 
     drawn = {}
@@ -202,16 +217,16 @@ def test_a_later_lab_run_keeps_the_rows_of_rungs_it_does_not_train(data_dir, tmp
     out = tmp_path / "lab"
     tiny_lab(data_dir, out, "--rungs=uniform,scaled", "--budget=0.1")
     first = table_rows(out)
-    assert [r["budget"] for r in first.values()] == ["0.1 s", "0.1 s"] and "per rung" in drawn["title"]
+    assert [r["training"] for r in first.values()] == ["0.1 s", "0.1 s"] and "per rung" in drawn["title"]
     (out / "additive").mkdir()  # a rung stopped before it finished: a folder without a row
     printed = tiny_lab(data_dir, out, "--rungs=scaled,dot", "--budget=0.3")
     rows = table_rows(out)
     budgets = {"uniform": "0.1 s", "scaled": "0.3 s", "dot": "0.3 s"}
-    assert {name: row["budget"] for name, row in rows.items()} == budgets
+    assert {name: row["training"] for name, row in rows.items()} == budgets
     assert rows["uniform"] == first["uniform"]  # rebuilt from its lab.json as it was
     assert json.loads((out / "uniform" / "lab.json").read_text(encoding="utf-8"))["budget"] == 0.1
     notes = (out / "table.md").read_text(encoding="utf-8")
-    assert "rows of different budgets do not compare" in notes and "before the end): additive;" in notes
+    assert "rows trained for different lengths do not compare" in notes and "before the end): additive;" in notes
     assert_png(out / "loss_vs_time.png")
     assert list(drawn["runs"]) == ["uniform (0.1 s)", "scaled (0.3 s)", "dot (0.3 s)"]
     latest = [r for r in map(json.loads, (out / "scaled" / "metrics.jsonl").read_text().splitlines())

@@ -16,8 +16,9 @@ LAYERS = {
     "parts": {"gptkit.tokenizer", "gptkit.corpus", "gptkit.dataset", "gptkit.metrics", "gptkit.checkpoint",
               "gptkit.hf_interop", "gptkit.decoding", "gptkit.inspection", "gptkit.flops", "gptkit.optim",
               "gptkit.signals", "gptkit.sources", "gptkit.shards", "gptkit.dataset_folder", "gptkit.kernels"},
-    "measured choices, processes and settings": {"gptkit.timing", "gptkit.runtime", "gptkit.train_config"},
-    "a run": {"gptkit.rundir", "gptkit.resume", "gptkit.training", "gptkit.pictures"},
+    "measured choices, processes and settings": {"gptkit.timing", "gptkit.choices", "gptkit.runtime",
+                                                 "gptkit.train_config"},
+    "a run": {"gptkit.rundir", "gptkit.resume", "gptkit.training", "gptkit.reporting", "gptkit.pictures"},
     "what the lab, the explorer and the benchmarks do": {"gptkit.lab", "gptkit.explorer",
                                                          *(f"gptkit.benchmarks.{name}" for name in BENCHMARKS)},
 }

@@ -358,12 +358,11 @@ def test_a_run_its_budget_made_smaller_resumes_with_the_command_that_started_it(
                        "--smaller_muon_weight_decay=0.3", "--max_iters=4", "--eval_interval=2", "--eval_iters=1")
     fitted_from = {"n_layer": 2, "n_embd": 32, "muon_weight_decay": 0.6}
     train.main(start)
-    assert ("shape: n_layer=1, n_embd=32, muon_weight_decay=0.3 instead of n_layer=2, n_embd=32, "
-            "muon_weight_decay=0.6: ") in capsys.readouterr().out
+    assert "model: 1 layer × 32, muon_weight_decay=0.3 instead of 2 layers × 32: " in capsys.readouterr().out
     ckpt = load_checkpoint(out / "latest.pt")
     assert ckpt["model_args"]["n_layer"] == 1 and ckpt["measured"]["fitted_from"] == fitted_from
     train.main([*start, "--max_iters=6", "--init_from=auto"])
-    assert "shape:" not in capsys.readouterr().out  # a resumed run is not fitted again
+    assert " instead of " not in capsys.readouterr().out  # a resumed run is not fitted again
     ckpt = load_checkpoint(out / "latest.pt")
     assert (ckpt["iter_num"], ckpt["model_args"]["n_layer"], ckpt["config"]["model"]["n_layer"]) == (6, 1, 1)
     assert ckpt["config"]["muon_weight_decay"] == 0.3 and ckpt["measured"]["fitted_from"] == fitted_from

@@ -3,6 +3,9 @@ with a byte-level encoding and with GPT-2's BPE."""
 
 import codecs
 
+import pytest
+
+from conftest import R50K_BASE, SHARED_TIKTOKEN
 from gptkit.tokenizer import TiktokenTokenizer, tokenizer_from_meta
 
 
@@ -55,3 +58,14 @@ def _is_utf8(data):
         return True
     except UnicodeDecodeError:
         return False
+
+
+def test_the_tests_take_the_tiktoken_cache_the_user_points_to(monkeypatch, tmp_path, request):
+    """A TIKTOKEN_CACHE_DIR the user set is where the BPE tests look first (conftest's tiktoken_cache), so that a
+    fresh clone away from the shared cache still runs them."""
+    shared = SHARED_TIKTOKEN / R50K_BASE
+    if not shared.is_file():
+        pytest.skip(f"no r50k_base at {SHARED_TIKTOKEN} to copy into the user's cache")
+    (tmp_path / R50K_BASE).write_bytes(shared.read_bytes())
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    assert request.getfixturevalue("tiktoken_cache") == {"TIKTOKEN_CACHE_DIR": str(tmp_path)}

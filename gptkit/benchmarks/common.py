@@ -1,8 +1,6 @@
 """What several benchmarks share: the machine's name, comma-separated options, the text the training benchmarks
 prepare, train.py runs and what each one reached, and one training step taken as train.py takes it."""
 
-import contextlib
-import io
 import os
 import platform
 import shutil
@@ -14,12 +12,13 @@ from pathlib import Path
 
 import torch
 
+from gptkit.choices import choose
 from gptkit.errors import UserError
 from gptkit.metrics import read_metrics
 from gptkit.optim import build_optimizers
 from gptkit.runtime import Runtime, compile_blocks
 from gptkit.timing import matmul_peak, synchronize
-from gptkit.training import settle_speed, step_optimizers
+from gptkit.training import step_optimizers
 from model import GPT
 
 REPO = Path(__file__).resolve().parents[2]  # where the commands the benchmarks run (train.py, explore.py) live
@@ -125,8 +124,9 @@ def training_step(tcfg, device, vocab_size=65):
     torch.manual_seed(0)  # every candidate starts from the same weights
     model = GPT(replace(tcfg.model, vocab_size=vocab_size)).to(rt.device)
     # a fresh run has nothing saved; the lines train.py prints saying why are left out, the tables state the choices
-    with contextlib.redirect_stdout(io.StringIO()):
-        path = settle_speed(tcfg, rt, model, saved={})[0]["attention_path"]
+    # a fresh run has nothing saved, and this model stays as configured: no smaller one is built
+    _, model, choices = choose(replace(tcfg, min_tokens_per_param=0.0), rt, model, {}, build=None)
+    path = choices.attention_path
     optimizers = build_optimizers(model, tcfg, rt.dtype)
     scaler = torch.amp.GradScaler(rt.device.split(":")[0], enabled=rt.dtype == "float16")
     if tcfg.compile:

@@ -36,7 +36,9 @@ function renderRuns() {
     b.type = 'button';
     b.dataset.name = r.name;
     b.setAttribute('role', 'listitem');
-    b.append(el('span', 'run-name', r.name));
+    b.append(el('span', 'run-name', r.rung && r.rung.cheats ? r.name + ' (cheats)' : r.name));
+    // a rung of the attention lab: what it adds to the path, as the lab's table says
+    if (r.rung) b.append(el('span', 'run-rung', `${r.rung.step}. ${r.rung.adds}`));
     if (r.error) {
       b.classList.add('broken');
       b.disabled = true;
@@ -64,6 +66,7 @@ function appendRunStats(b, r) {
   stats.append(part('', fmtInt(r.params), ' parameters'), ' · ', part('', iters, ' iterations'), ' · ', part('val loss ', loss, ''));
   b.append(stats);
   if (r.tokenizer) b.append(el('span', 'run-stats', 'tokens: ' + r.tokenizer));
+  if (r.health) b.append(el('span', 'run-health', r.health));
 }
 
 export function pickRun(name) {

@@ -1,0 +1,65 @@
+"""gptkit/reporting.py: the overfitting warning's rule, and what a run prints and records (plain lines in a log
+file, each new best.pt, the warning, the summary)."""
+
+import json
+
+import pytest
+
+import train
+from conftest import train_args
+from gptkit.reporting import overfitting
+
+# the default on tinyshakespeare, evaluation by evaluation: train and val fall together, val a little above
+HEALTHY = [(0, 4.17, 4.17), (50, 2.45, 2.46), (100, 2.05, 2.08), (500, 1.52, 1.62), (1000, 1.38, 1.52),
+           (1300, 1.33, 1.48)]
+
+
+def test_a_healthy_run_is_not_called_overfitting():
+    assert all(overfitting(HEALTHY[:i]) is None for i in range(1, len(HEALTHY) + 1))
+
+
+def test_a_val_loss_far_above_train_loss_is_overfitting():
+    """A learner's run on a short text: train 0.70 against val 1.17 at the last evaluation."""
+    assert overfitting([(1000, 1.30, 1.40), (2000, 0.6979, 1.1722)]) == \
+        "val loss 1.1722 is far above train loss 0.6979"
+
+
+def test_val_rising_while_train_falls_is_overfitting():
+    evals = [(100, 1.50, 1.55), (200, 1.45, 1.53), (300, 1.42, 1.54), (400, 1.40, 1.56), (500, 1.38, 1.57)]
+    assert overfitting(evals[:4]) is None  # rising twice is not yet a trend
+    assert overfitting(evals) == "val loss rose at each of the last 3 evaluations (to 1.5700) while train loss fell"
+    assert overfitting(evals[:-1] + [(500, 1.41, 1.57)]) is None  # train loss rose too: not this
+
+
+def records(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_a_run_that_learns_its_text_by_heart_says_so_once(tmp_path, data_dir, capsys):
+    """A model far too big for its text, trained long: one line and one health record naming the iteration best.pt
+    keeps and what helps; each new best.pt is said; the summary names the files and why the final score differs."""
+    out = tmp_path / "out"
+    train.main(train_args(data_dir, out, "--n_layer=2", "--n_embd=128", "--block_size=32", "--batch_size=16",
+                          "--max_iters=120", "--eval_interval=30", "--eval_iters=2", "--log_interval=30",
+                          "--learning_rate=3e-3", "--warmup_iters=0", "--decay_lr=False", "--weight_decay=0"))
+    printed = capsys.readouterr().out.splitlines()
+    warned = [line for line in printed if line.startswith("overfitting: ")]
+    health = [r for r in records(out) if r["kind"] == "health"]
+    assert len(warned) == len(health) == 1
+    best = health[0]["best_iter"]
+    assert f"best.pt keeps iteration {best:,}" in warned[0] and warned[0].endswith(
+        "What helps: more text, weight decay, dropout, a smaller model, fewer steps.")
+    saved = [line for line in printed[:printed.index(warned[0]) + 2] if line.startswith("saved ")]
+    assert saved[-1].startswith(f"saved {out / 'best.pt'}: iteration {best:,}, val loss ")  # as the warning says
+    assert printed[-2].startswith("done: 120 iterations in ") and "best.pt holds iteration " in printed[-2]
+    assert printed[-1].startswith("the final score reads every one of the ")
+    assert not any("%|" in line for line in printed)  # no progress bar outside a terminal
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_the_machinery_is_shown_only_with_verbose(tmp_path, data_dir, capsys, verbose):
+    train.main(train_args(data_dir, tmp_path / "out", "--max_iters=2", "--eval_interval=2", "--dtype=auto",
+                          "--attention_path=auto", f"--verbose={verbose}"))
+    printed = capsys.readouterr().out
+    assert "model: 1 layer × 32, " in printed and ("attention: the " in printed) == verbose
