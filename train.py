@@ -43,7 +43,7 @@ def train(cfg, rt, data, state, log, run, budget, stop):
         losses = report.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state, budget))
         stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
     x, y = data.sampler.next()
-    done, tuner = finished(cfg, rt, state, budget), thread_tuner(cfg, rt, state.choices)
+    done, tuner = finished(cfg, rt, state, budget), thread_tuner(state.choices)
     with stop.deferred():
         while not done:
             step_start = time.perf_counter()
@@ -63,9 +63,8 @@ def train(cfg, rt, data, state, log, run, budget, stop):
                 state.ema.update(lr_factor)
             state.iter_num += 1
             state.seconds_spent = budget.spent()
-            if tuner and (line := tuner.after_step(time.perf_counter() - step_start, state.iter_num)) and cfg.verbose:
-                report.say(line)
-            report.stepped(state.iter_num)
+            threads = tuner.after_step(time.perf_counter() - step_start, state.iter_num) if tuner else None
+            report.stepped(state.iter_num, threads)
             if state.iter_num % cfg.log_interval == 0:
                 mean_loss = rt.mean(loss.item())  # the step's loss reaches the host here, and only here
                 stop_if_diverged("loss", mean_loss, state.iter_num, rt.dtype)
@@ -91,8 +90,8 @@ def train(cfg, rt, data, state, log, run, budget, stop):
                 raise RunStopped(f"stopped by {signal.Signals(signum).name} at iteration {state.iter_num}; latest "
                                  f"state saved to {run.latest}, continue with --init_from=auto", signum)
     stop.doing = f"scoring the whole val split at the end (the trained state is saved in {run.latest})"
-    scored = final_evaluation(cfg, data, state, rt, report) if rt.master else None
-    report.final(state.iter_num, rt.broadcast(scored), run)
+    report.close()  # the training bar, done
+    report.final(state.iter_num, rt.broadcast(final_evaluation(cfg, data, state, rt) if rt.master else None), run)
 
 
 def finished(cfg, rt, state, budget):
@@ -121,11 +120,10 @@ def evaluate_on_rank0(rt, data, state, budget=None):
     return losses
 
 
-def final_evaluation(cfg, data, state, rt, report):
+def final_evaluation(cfg, data, state, rt):
     """The trained model's loss on the whole val split (or its first final_eval_tokens), every token once."""
     with state.scored():
-        return evaluate_split(state.model, data.splits["val"], rt.autocast, cfg.batch_size, cfg.final_eval_tokens,
-                              report.final_progress)
+        return evaluate_split(state.model, data.splits["val"], rt.autocast, cfg.batch_size, cfg.final_eval_tokens)
 
 
 def stop_if_diverged(what, value, iteration, dtype):

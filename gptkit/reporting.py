@@ -58,8 +58,11 @@ class Reporter:
             (self.bar.write if self.bar is not None else print)(line)
             sys.stdout.flush()
 
-    def stepped(self, iter_num):
-        """Move the bar to how far the run is: its iterations or its time budget, whichever is further along."""
+    def stepped(self, iter_num, machinery=None):
+        """Move the bar to how far the run is: its iterations or its time budget, whichever is further along. A
+        line on the machinery (the thread count changed) is said with --verbose only."""
+        if machinery and self.cfg.verbose:
+            self.say(machinery)
         if self.bar is not None:
             done = iter_num / self.cfg.max_iters
             if self.cfg.max_time > 0:
@@ -105,15 +108,6 @@ class Reporter:
 
     def saved_best(self, iter_num, val_loss, path):
         self.say(f"saved {path}: iteration {iter_num:,}, val loss {val_loss:.4f}")
-
-    def final_progress(self, batches):
-        """A function to call after each of `batches` batches of the final score: a bar on a terminal, or None."""
-        if self.bar is None:
-            return None
-        self.bar.close()
-        self.bar = tqdm(total=batches, desc="final score", unit="batch", dynamic_ncols=True, file=sys.stdout,
-                        bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
-        return lambda: self.bar.update(1)
 
     def final(self, iter_num, result, run):
         """The final score, then a summary: where the files are, the best val loss and its iteration, and why the

@@ -10,6 +10,7 @@ from dataclasses import asdict, replace
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from gptkit.checkpoint import load_weights, model_from_checkpoint, save_checkpoint
 from gptkit.choices import choose
@@ -207,9 +208,9 @@ def time_budget(cfg, data, state, started):
     return TimeBudget(cfg.max_time, started - state.seconds_spent, final_tokens)
 
 
-def thread_tuner(cfg, rt, choices):
+def thread_tuner(choices):
     """Threads measured as the run goes (a ThreadTuner), from the count start-up chose, where the count is the
-    run's to choose: on a CPU, in one process, with threads=0 and more than one thread to choose from."""
+    run's to choose (gptkit.choices: on a CPU, in one process, with threads=0 and more than one to choose from)."""
     if not choices.threads:
         return None
     return ThreadTuner(choices.most_threads, choices.threads)
@@ -281,27 +282,35 @@ def eagerly():
     return torch.compiler.set_stance("force_eager") if "torch._dynamo" in sys.modules else nullcontext()
 
 
+def progress(total, what):
+    """A progress bar with elapsed and remaining time for `total` batches of an evaluation, on a terminal only, and
+    only where the work lasts over a second: an evaluation of a few batches shows none."""
+    return tqdm(total=total, desc=what, unit="batch", leave=False, delay=1.0, dynamic_ncols=True, file=sys.stdout,
+                disable=not sys.stdout.isatty(), bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
+
+
 def evaluate(model, data, autocast):
     """Mean loss per split over the fixed evaluation windows."""
     model.eval()
     device = str(next(model.parameters()).device)
     out = {}
-    with torch.no_grad(), eagerly():
+    batches = sum(len(offsets) for offsets in data.eval_offsets.values())
+    with torch.no_grad(), eagerly(), progress(batches, "evaluating") as bar:
         for name, split in data.splits.items():
             losses = []
             for offsets in data.eval_offsets[name]:
                 x, y = split.batch(offsets, device)
                 with autocast:
                     losses.append(model(x, y)[1].item())
+                bar.update(1)
             out[name] = sum(losses) / len(losses)
     model.train()
     return out
 
 
-def evaluate_split(model, split, autocast, batch_size, max_tokens=0, progress=None):
+def evaluate_split(model, split, autocast, batch_size, max_tokens=0):
     """Mean loss over a split's first max_tokens targets (all of them when 0), read in consecutive
-    block_size windows so that every target is scored exactly once: (loss, targets scored). progress(batches), if
-    given, returns a function to call after each batch (or None)."""
+    block_size windows so that every target is scored exactly once: (loss, targets scored)."""
     T, n = split.block_size, split.length - 1
     n = min(n, max_tokens) if max_tokens > 0 else n
     offsets = list(range(0, n - T + 1, T))
@@ -310,9 +319,8 @@ def evaluate_split(model, split, autocast, batch_size, max_tokens=0, progress=No
         offsets.append(max(0, n - T))
     device = str(next(model.parameters()).device)
     total, count = 0.0, 0
-    advance = progress(-(-len(offsets) // batch_size)) if progress else None
     model.eval()
-    with torch.no_grad(), eagerly():
+    with torch.no_grad(), eagerly(), progress(-(-len(offsets) // batch_size), "scoring the val split") as bar:
         for i in range(0, len(offsets), batch_size):
             x, y = split.batch(torch.tensor(offsets[i:i + batch_size]), device)
             if tail and i + batch_size >= len(offsets):
@@ -324,7 +332,6 @@ def evaluate_split(model, split, autocast, batch_size, max_tokens=0, progress=No
                 loss = model(x, y)[1].item()
             scored = int((y != -1).sum())
             total, count = total + loss * scored, count + scored
-            if advance:
-                advance()
+            bar.update(1)
     model.train()
     return total / count, count

@@ -2,7 +2,9 @@
 and on cached decoding, against the same model with every hook point a bare `return x`, in alternating rounds."""
 
 import collections
+import math
 import statistics
+import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
@@ -68,6 +70,34 @@ def main(argv):
             with bare_hook_points() if bare else nullcontext():
                 times.append(seconds_per_step(run, calls, device) / units)
     print_hooks_table(seconds)
+    print_call_cost(calls, seconds)
+
+
+def call_cost(runs=200_000):
+    """Seconds one idle HookPoint call takes beyond a bare function's, timed over many calls: what the fast path
+    leaves of nn.Module's call machinery."""
+    point, x = HookPoint(), torch.zeros(1)
+
+    def bare(x):
+        return x
+
+    timings = {}
+    for name, call in [("idle", point), ("bare", bare), ("idle", point), ("bare", bare)]:
+        start = time.perf_counter()
+        for _ in range(runs):
+            call(x)
+        timings[name] = min(timings.get(name, math.inf), (time.perf_counter() - start) / runs)
+    return max(0.0, timings["idle"] - timings["bare"])
+
+
+def print_call_cost(calls, seconds):
+    """The idle hook points' own cost, from one call's, against a step and a decoded token."""
+    extra = call_cost()
+    step = statistics.median(seconds["training step", True])
+    token = statistics.median(seconds["decoded token", True])
+    print(f"an idle hook point costs {extra * 1e6:.2f} us a call more than a bare function; {calls} a pass: "
+          f"{100 * calls * extra / step:.3f}% of a training step's forward, {100 * calls * extra / token:.2f}% of a "
+          "decoded token")
 
 
 def print_hooks_table(seconds):
