@@ -114,6 +114,12 @@ class Norm(nn.Module):
         return x if self.bias is None else x + self.bias
 
 
+def dropout(p):
+    """nn.Dropout, or an identity where p is 0: nn.Dropout's call costs microseconds even when it drops nothing, and
+    decoding passes about a dozen a token."""
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
 def rotary_tables(head_dim, positions, base):
     """(T, head_dim) cos and sin of each position's angles, repeated for both halves of the pairs they rotate,
     sin negated on the first half: apply_rotary is then two multiplies and an add."""
@@ -170,7 +176,8 @@ class SelfAttention(nn.Module):
         # which key each query may see: row t is True up to and including position t (not saved: it is derived)
         self.register_buffer("tril", torch.ones(config.block_size, config.block_size, dtype=torch.bool).tril(),
                              persistent=False)
-        self.attn_dropout, self.resid_dropout = nn.Dropout(config.dropout), nn.Dropout(config.dropout)
+        self.dropout_p = config.dropout
+        self.attn_dropout, self.resid_dropout = dropout(config.dropout), dropout(config.dropout)
         for name in ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z"):
             setattr(self, name, HookPoint())
 
@@ -205,7 +212,7 @@ class SelfAttention(nn.Module):
         n_queries, n_keys = q.size(2), k.size(2)
         mask = self.visible(n_queries, n_keys) if self.causal and 1 < n_queries < n_keys else None
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
-                                              dropout_p=self.attn_dropout.p if self.training else 0.0,
+                                              dropout_p=self.dropout_p if self.training else 0.0,
                                               is_causal=self.causal and n_queries == n_keys)
 
     def written(self, q, k, v):
@@ -225,34 +232,32 @@ class SelfAttention(nn.Module):
         return self.tril[n_keys - n_queries:n_keys, :n_keys]
 
 
-class ReLUSquared(nn.Module):
-    def forward(self, x):
-        return F.relu(x).square()
+def relu_squared(x):
+    return F.relu(x).square()
 
 
-ACTIVATIONS = {"gelu": nn.GELU, "gelu_tanh": partial(nn.GELU, approximate="tanh"), "relu2": ReLUSquared}
+# functions, not modules: a module's call costs microseconds, which decoding pays every layer of every token
+ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"), "relu2": relu_squared}
 
 
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.act = ACTIVATIONS[config.mlp_act]()  # GPT-2's weights were trained with the tanh approximation
+        self.act = ACTIVATIONS[config.mlp_act]  # GPT-2's weights were trained with the tanh approximation
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = dropout(config.dropout)
 
     def forward(self, x):
         return self.dropout(self.c_proj(self.act(self.c_fc(x))))
 
 
-class TokenShift(nn.Module):
+def token_shift(h, share, before=None):
     """RWKV's token shift: each position of h (B, T, C) mixed with the one before, h[t] + share * (h[t-1] - h[t]),
     a learned share per channel; the first position's predecessor is `before` (the KV cache's) or zeros. A
     character-level model learns most from the character just before, which attention must learn to find."""
-
-    def forward(self, h, share, before=None):
-        previous = F.pad(h[:, :-1], (0, 0, 1, 0)) if before is None else torch.cat((before.to(h.dtype), h[:, :-1]), 1)
-        return torch.lerp(h, previous, share.to(h.dtype))
+    previous = F.pad(h[:, :-1], (0, 0, 1, 0)) if before is None else torch.cat((before.to(h.dtype), h[:, :-1]), 1)
+    return torch.lerp(h, previous, share.to(h.dtype))
 
 
 class Block(nn.Module):
@@ -264,7 +269,7 @@ class Block(nn.Module):
             self.hook_resid_mid, self.ln_2, self.mlp = HookPoint(), Norm(config), MLP(config)
             self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
-        self.shift = TokenShift() if config.token_shift else None
+        self.shift = token_shift if config.token_shift else None
         # token_shift's shares start at half and half: paired at equal steps, a start at 0 (no shift) ended higher
         self.shares = nn.ParameterList(nn.Parameter(torch.full((config.n_embd,), 0.5))
                                        for _ in range((1 + config.mlp) if config.token_shift else 0))
@@ -298,7 +303,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.hook_embed = HookPoint()
-        modules = dict(wte=nn.Embedding(config.vocab_size, config.n_embd), drop=nn.Dropout(config.dropout),
+        modules = dict(wte=nn.Embedding(config.vocab_size, config.n_embd), drop=dropout(config.dropout),
                        h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]), ln_f=Norm(config))
         if config.pos_emb == "learned":
             modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from gptkit.kernels import ATTENTION_PATHS, attention_function, by_rule, install, set_attention_path
+from gptkit.kernels import ATTENTION_PATHS, TableDropout, attention_function, by_rule, install, set_attention_path
 from gptkit.timing import autocast_for, cpu_has_bf16, fastest_in_turns, matmul_peak, pick_dtype
 
 # two layers are the fewest in which attention can read what attention wrote (an induction head takes two)
@@ -152,7 +152,7 @@ def attention_path_for(model, batch_size, dtype, device, choices=None):
     if device != "cpu" or c.attention not in ("scaled", "dot") or c.n_layer == 0:
         return "fused"
     attn = model.transformer.h[0].attn
-    paths = ATTENTION_PATHS if isinstance(attn.attn_dropout, torch.nn.Dropout) else ATTENTION_PATHS[1:]
+    paths = ATTENTION_PATHS[1:] if isinstance(attn.attn_dropout, TableDropout) else ATTENTION_PATHS
     q, k, v = (torch.randn(batch_size, c.n_head, c.block_size, c.n_embd // c.n_head, requires_grad=True)
                for _ in range(3))
 

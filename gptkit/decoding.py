@@ -21,15 +21,13 @@ class KVCache:
         self.v_layers, self.k_layers = self.v.unbind(0), self.k.unbind(0)
         self.pos = 0  # tokens already cached
         # token_shift: each block's last normed inputs (attention's and the MLP's), the next position's predecessors
-        self.last = torch.zeros(config.n_layer, 2, batch_size, 1, config.n_embd, device=device, dtype=dtype) \
-            if config.token_shift else None
+        start = torch.zeros(batch_size, 1, config.n_embd, device=device, dtype=dtype)
+        self.last = [[start, start] for _ in range(config.n_layer)] if config.token_shift else None
 
     def previous(self, layer, branch, h):
         """The position before h's first in that layer's branch (zeros before the first token), keeping h's last
-        for the next call."""
-        last = self.last[layer, branch]
-        before = last.clone()
-        last.copy_(h[:, -1:])
+        for the next call: a view, not a copy, as nothing writes to h after its branch has read it."""
+        before, self.last[layer][branch] = self.last[layer][branch], h[:, -1:]
         return before
 
     def update(self, layer, k, v):

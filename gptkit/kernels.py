@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from model import MLP, Block, ReLUSquared, SelfAttention, TokenShift
+from model import MLP, Block, SelfAttention, relu_squared, token_shift
 
 KERNELS = ("table_dropout", "relu2", "shift_cast")
 ATTENTION_PATHS = ("fused", "written", "folded")
@@ -44,10 +44,10 @@ def install(model, kernels, attention_path="fused"):
         for name, child in module.named_children():
             if "table_dropout" in kernels and isinstance(child, nn.Dropout) and child.p > 0:
                 setattr(module, name, TableDropout(child.p))
-        if "relu2" in kernels and isinstance(module, MLP) and isinstance(module.act, ReLUSquared):
-            module.act = FusedReLUSquared()
-        if "shift_cast" in kernels and isinstance(module, Block) and module.shift is not None:
-            module.shift = CastTokenShift()
+        if "relu2" in kernels and isinstance(module, MLP) and module.act is relu_squared:
+            module.act = fused_relu_squared
+        if "shift_cast" in kernels and isinstance(module, Block) and module.shift is token_shift:
+            module.shift = cast_token_shift
     return set_attention_path(model, attention_path)
 
 
@@ -159,16 +159,13 @@ class ReLUSquaredFunction(torch.autograd.Function):
         return torch.addcmul(grad.new_zeros(()), grad, r, value=2)
 
 
-class FusedReLUSquared(nn.Module):
-    def forward(self, x):
-        return ReLUSquaredFunction.apply(x)
+def fused_relu_squared(x):
+    return ReLUSquaredFunction.apply(x)
 
 
-class CastTokenShift(TokenShift):
+def cast_token_shift(h, share, before=None):
     """The token shift in the autocast precision: autocast leaves the norm's output in float32 and casts it at the
     branch's first matmul anyway, so casting first moves half the bytes through the shift each way."""
-
-    def forward(self, h, share, before=None):
-        if torch.is_autocast_enabled(h.device.type):
-            h = h.to(torch.get_autocast_dtype(h.device.type))
-        return super().forward(h, share, before)
+    if torch.is_autocast_enabled(h.device.type):
+        h = h.to(torch.get_autocast_dtype(h.device.type))
+    return token_shift(h, share, before)

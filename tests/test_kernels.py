@@ -52,7 +52,7 @@ def test_relu_squared_function_gives_autograd_s_numbers_exactly():
         x = torch.randn(64, 48, dtype=dtype, requires_grad=True)
         x_ref = x.detach().clone().requires_grad_()
         grad = torch.randn(64, 48, dtype=dtype)
-        y = kernels.FusedReLUSquared()(x)
+        y = kernels.fused_relu_squared(x)
         y.backward(grad)
         F.relu(x_ref).square().backward(grad)
         assert torch.equal(y, F.relu(x_ref).square()) and torch.equal(x.grad, x_ref.grad)
@@ -132,10 +132,13 @@ def test_install_swaps_what_the_model_has_and_the_rule_keeps_gpu_masks():
     model = tiny_model(**DROPOUT_MODEL)
     install(model, by_rule("cpu"))
     kinds = {type(m).__name__ for m in model.modules()}
-    assert {"TableDropout", "FusedReLUSquared", "CastTokenShift"} <= kinds and "Dropout" not in kinds
+    assert "TableDropout" in kinds and "Dropout" not in kinds
+    block = model.transformer.h[0]
+    assert block.mlp.act is kernels.fused_relu_squared and block.shift is kernels.cast_token_shift
     assert by_rule("cuda") == ["relu2", "shift_cast"] and by_rule("cpu") == list(kernels.KERNELS)
     gelu = tiny_model(dropout=0.1)
     install(gelu, ["relu2", "shift_cast"])  # nothing of theirs to swap, and nn.Dropout stays
-    assert not {"FusedReLUSquared", "CastTokenShift", "TableDropout"} & {type(m).__name__ for m in gelu.modules()}
+    assert "TableDropout" not in {type(m).__name__ for m in gelu.modules()} and gelu.transformer.h[0].shift is None
+    assert gelu.transformer.h[0].mlp.act is F.gelu
     with pytest.raises(ValueError, match="unknown kernels: fast"):
         install(gelu, ["fast"])

@@ -21,9 +21,9 @@ from model import HookPoint
 @dataclass
 class HooksBenchConfig:
     config: str = "config/shakespeare_char.py"  # whose model, batch, precision and kernels to time
-    rounds: int = 12  # rounds of each, alternating; the median round counts
-    steps: int = 4  # timed optimizer steps per round
-    tokens: int = 200  # tokens decoded (one at a time, with the KV cache) per round
+    rounds: int = 40  # rounds of each, alternating (short and many: a slow minute of the machine hits both); median
+    steps: int = 1  # timed optimizer steps per round
+    tokens: int = 50  # tokens decoded (one at a time, with the KV cache) per round
     warmup: int = 2  # untimed steps and decodes of each first
     device: str = "cpu"  # 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'
 
@@ -56,21 +56,21 @@ def main(argv):
         collections.deque(generate_stream(model, prompt, cfg.tokens), maxlen=0)
         model.train()
 
-    calls = sum(isinstance(m, HookPoint) for m in model.modules())
-    print(f"machine: {device_name(device)}, torch {torch.__version__}; {cfg.config} in {dtype}, {calls} hook points "
+    points = sum(isinstance(m, HookPoint) for m in model.modules())
+    print(f"machine: {device_name(device)}, torch {torch.__version__}; {cfg.config} in {dtype}, {points} hook points "
           f"a pass; {cfg.rounds} rounds of {cfg.steps} steps and {cfg.tokens} decoded tokens each", flush=True)
     # (what is timed, how many calls a round, how many units each call does)
     work = {"training step": (step, cfg.steps, 1), "decoded token": (decode, 1, cfg.tokens)}
     seconds = {(what, bare): [] for what in work for bare in (False, True)}
     for _ in range(cfg.warmup):
         step(), decode()
-    for _ in range(cfg.rounds):
-        for (what, bare), times in seconds.items():
-            run, calls, units = work[what]
-            with bare_hook_points() if bare else nullcontext():
-                times.append(seconds_per_step(run, calls, device) / units)
+    for r in range(cfg.rounds):
+        for what, (run, calls, units) in work.items():
+            for bare in (r % 2 == 1, r % 2 == 0):  # who goes first alternates: the first after other work is slower
+                with bare_hook_points() if bare else nullcontext():
+                    seconds[what, bare].append(seconds_per_step(run, calls, device) / units)
     print_hooks_table(seconds)
-    print_call_cost(calls, seconds)
+    print_call_cost(points, seconds)
 
 
 def call_cost(runs=200_000):
@@ -90,14 +90,14 @@ def call_cost(runs=200_000):
     return max(0.0, timings["idle"] - timings["bare"])
 
 
-def print_call_cost(calls, seconds):
+def print_call_cost(points, seconds):
     """The idle hook points' own cost, from one call's, against a step and a decoded token."""
     extra = call_cost()
-    step = statistics.median(seconds["training step", True])
-    token = statistics.median(seconds["decoded token", True])
-    print(f"an idle hook point costs {extra * 1e6:.2f} us a call more than a bare function; {calls} a pass: "
-          f"{100 * calls * extra / step:.3f}% of a training step's forward, {100 * calls * extra / token:.2f}% of a "
-          "decoded token")
+    step = statistics.median(seconds["training step", False])
+    token = statistics.median(seconds["decoded token", False])
+    print(f"an idle hook point costs {extra * 1e6:.2f} us a call more than a bare function; {points} a pass: "
+          f"{100 * points * extra / step:.3f}% of a training step's forward, {100 * points * extra / token:.2f}% of "
+          "a decoded token")
 
 
 def print_hooks_table(seconds):
