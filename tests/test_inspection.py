@@ -50,7 +50,8 @@ def test_attention_maps_are_the_causal_weights_sdpa_applies(arch):
     _, cache = run_with_cache(model, idx, ["blocks.1.attn.hook_v", "blocks.1.attn.hook_z"])
     future = torch.ones(12, 12, dtype=torch.bool).triu(diagonal=1)
     for weights in maps:
-        assert weights.shape == (2, 4, 12, 12) and (weights[..., future] == 0).all() and (weights[..., ~future] > 0).all()
+        assert weights.shape == (2, 4, 12, 12)
+        assert (weights[..., future] == 0).all() and (weights[..., ~future] > 0).all()
         torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 12), rtol=0, atol=1e-5)
     assert maps[0].max() > 0.5  # not uniform attention
     z = maps[1] @ cache["blocks.1.attn.hook_v"].transpose(1, 2)

@@ -105,7 +105,8 @@ def test_muon_matches_torch_muon_with_its_newton_schulz_in_the_run_precision(ns_
             assert (theirs - best).abs().max() > 1e-4
     resumed = optim.Muon([p.clone() for p in torch_params], ns_dtype=ns_dtype, **settings)
     resumed.load_state_dict(torch_opt.state_dict())
-    assert resumed.state_dict()["state"][0]["momentum_buffer"].equal(torch_opt.state_dict()["state"][0]["momentum_buffer"])
+    momentum = [opt.state_dict()["state"][0]["momentum_buffer"] for opt in (resumed, torch_opt)]
+    assert momentum[0].equal(momentum[1])
 
 
 def test_adamw_matches_torch_adamw_and_loads_its_checkpoint_state():

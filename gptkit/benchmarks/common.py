@@ -116,8 +116,9 @@ def train_run(name, args, work, out_dir, targets):
 def training_step(tcfg, device, vocab_size=65):
     """One optimizer step of tcfg's model on random tokens, as a function, taken as train.py takes it: a Runtime
     for the device (which also keeps freed memory and allows TF32, as train.py's does), the precision and
-    attention path settled and its kernels installed as gptkit.training does for a fresh run, its optimizers and gradient scaler as
-    TrainState builds them, the blocks compiled where tcfg says so, and gptkit.training's clip, step and clear.
+    attention path settled and its kernels installed as gptkit.training does for a fresh run, its optimizers and
+    gradient scaler as TrainState builds them, the blocks compiled where tcfg says so, and gptkit.training's clip,
+    step and clear.
     Returns the step, the model, the precision and the attention path taken. The one place the benchmarks use
     the training's pieces."""
     rt = Runtime(device, tcfg.dtype)

@@ -38,7 +38,7 @@ NANOGPT_EDITS = [
 
 @dataclass
 class PrepareBenchConfig:
-    input: str = ""  # text the corpus is cut from ('' = data/shakespeare_char/input.txt, which data/prepare.py downloads)
+    input: str = ""  # the corpus's text ('' = data/shakespeare_char/input.txt, which data/prepare.py downloads)
     size_gb: float = 1.0  # size of the JSON Lines corpus to make and prepare, in GB (10**9 bytes)
     tokenizer: str = "gpt2"  # the tokenizer both prepares use
     workers: int = 0  # tokenizing processes, ours and nanoGPT's num_proc (0 = one per core)
