@@ -93,6 +93,14 @@ def test_attention_pictures_grow_with_the_prompt_and_keep_every_label_readable(t
     assert (sizes[64] > sizes[8]).all(), sizes
 
 
+def test_layers_and_heads_are_counted_from_0(tmp_path):
+    """L0H0 to L1H2 for 2 layers of 3 heads, as the explorer and interpretability papers count them."""
+    fig, _ = attention_picture(tmp_path / "two.png", 2, 3, 8)
+    texts = " ".join(t.get_text() for t in fig.findobj(matplotlib.text.Text))
+    assert {"head 0", "head 2", "layer 0", "layer 1"} <= set(re.findall(r"(?:head|layer) \d+", texts))
+    assert not re.search(r"head 3|layer 2", texts)
+
+
 def test_a_one_head_picture_has_its_colour_bar_beside_the_heatmap(tmp_path):
     fig, _ = attention_picture(tmp_path / "one.png", 1, 1, 32)
     (heatmap,), bar = heatmaps(fig), fig.axes[-1]
