@@ -74,7 +74,7 @@ class HookPoint(nn.Module):
     activation there, and may return a replacement (TransformerLens's HookPoint)."""
 
     def __call__(self, x):  # nn.Module's call costs microseconds, and decoding passes about 40 of these a token
-        return super().__call__(x) if self._forward_hooks or self._forward_pre_hooks else x
+        return super().__call__(x) if self._forward_hooks or self._forward_pre_hooks else x  # `hooked`, inlined
 
     def forward(self, x):
         return x

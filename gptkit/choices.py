@@ -34,7 +34,8 @@ from gptkit.timing import autocast_for, cpu_has_bf16, fastest_in_turns, matmul_p
 # two layers are the fewest in which attention can read what attention wrote (an induction head takes two)
 FEWEST_FITTED_LAYERS = 2
 THREADS_MARGIN = 1.15  # more threads than one must step this much faster: each op waits for every thread
-BF16_MARGIN, BF16_DOUBT = 1.15, 1.3  # bfloat16 must step this much faster; within DOUBT of it, time again
+BF16_MARGIN = 1.15  # bfloat16 must step this much faster
+DOUBT = 1.3  # a speed-up within this factor of its margin either way is timed a third turn
 
 
 @dataclass
@@ -101,11 +102,9 @@ def pick_threads(model, batch_size, choices):
         torch.set_num_threads(threads)
         step()
 
-    def clear(best):  # two rounds decide it, a third only where the ratio is near the margin
-        return not THREADS_MARGIN / 1.3 <= best[1] / best[most] <= THREADS_MARGIN * 1.3
-
     with quiet(model):
-        seconds = fastest_in_turns({1: lambda: step_on(1), most: lambda: step_on(most)}, 3, settled=clear)
+        seconds = fastest_in_turns({1: lambda: step_on(1), most: lambda: step_on(most)}, 3,
+                                   settled=lambda best: far_from(best[1] / best[most], THREADS_MARGIN))
     speedup = seconds[1] / seconds[most]
     choices.step_seconds = seconds[most] if speedup > THREADS_MARGIN else seconds[1]
     if speedup > THREADS_MARGIN:
@@ -114,6 +113,12 @@ def pick_threads(model, batch_size, choices):
     choices.lines.append(f"threads: 1 of {most} (a step on {most} took {1 / speedup:.2f}x as long as on 1 here: "
                          "another program may be busy, or the model is too small to share its work)")
     return 1
+
+
+def far_from(speedup, margin):
+    """Whether a speed-up timed so far is far enough from its margin, either way, that another turn cannot move it
+    across: the timings of a choice stop there."""
+    return not margin / DOUBT <= speedup <= margin * DOUBT
 
 
 def pick_precision(cfg, model, choices):
@@ -130,12 +135,10 @@ def pick_precision(cfg, model, choices):
     paths = {dtype: attention_path_for(model, cfg.batch_size, dtype, "cpu") if cfg.attention_path == "auto" else
              cfg.attention_path for dtype in ("float32", "bfloat16")}
 
-    def clear(best):
-        return not BF16_MARGIN / BF16_DOUBT <= best["float32"] / best["bfloat16"] <= BF16_MARGIN * BF16_DOUBT
-
     with quiet(model):
         runs = {dtype: training_step(model, cfg.batch_size, dtype, path) for dtype, path in paths.items()}
-        seconds = fastest_in_turns(runs, 2, slow=0.25, settled=clear)
+        seconds = fastest_in_turns(runs, 2, slow=0.25,
+                                   settled=lambda best: far_from(best["float32"] / best["bfloat16"], BF16_MARGIN))
     speedup = seconds["float32"] / seconds["bfloat16"]
     choices.dtype = "bfloat16" if speedup > BF16_MARGIN else "float32"
     choices.attention_path, choices.step_seconds = paths[choices.dtype], seconds[choices.dtype]

@@ -114,8 +114,12 @@ class LabConfig:
         return [next(r for r in RUNGS if r.name == n) for n in self.rung_names()]
 
     def training(self):
-        """How much each rung trains, in words: '1,000,000 tokens' or '25 s'."""
-        return f"{self.budget:g} s" if self.budget > 0 else f"{self.tokens:,} tokens"
+        return training_words(self.budget, self.tokens)
+
+
+def training_words(budget, tokens):
+    """How much a rung trains, in words: '1,000,000 tokens', or with a budget '25 s'."""
+    return f"{budget:g} s" if budget > 0 else f"{tokens:,} tokens"
 
 
 def train_args(rung, cfg):
@@ -221,7 +225,7 @@ class Row:
 
     @property
     def training(self):
-        return f"{self.budget:g} s" if self.budget > 0 else f"{self.tokens:,} tokens"
+        return training_words(self.budget, self.tokens)
 
     @property
     def label(self):

@@ -115,7 +115,6 @@ class Reporter:
         loss, tokens = result
         if not self.rt.master:
             return
-        self.close()
         print(f"final: val loss {loss:.4f} ({loss / math.log(2):.4f} bits per token) on {tokens:,} val tokens, "
               "each scored once")
         self.log.write({"kind": "final", "iter": iter_num, "val_loss": loss, "val_tokens": tokens})

@@ -124,7 +124,6 @@ def training_step(tcfg, device, vocab_size=65):
     rt = Runtime(device, tcfg.dtype)
     torch.manual_seed(0)  # every candidate starts from the same weights
     model = GPT(replace(tcfg.model, vocab_size=vocab_size)).to(rt.device)
-    # a fresh run has nothing saved; the lines train.py prints saying why are left out, the tables state the choices
     # a fresh run has nothing saved, and this model stays as configured: no smaller one is built
     _, model, choices = choose(replace(tcfg, min_tokens_per_param=0.0), rt, model, {}, build=None)
     path = choices.attention_path
