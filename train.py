@@ -28,16 +28,16 @@ from gptkit.rundir import RunDir
 from gptkit.runtime import Runtime, launch_processes, launched_rank, trains_here
 from gptkit.signals import StopSignals
 from gptkit.train_config import TrainConfig
-from gptkit.training import (build_training, eval_tokens, evaluate, evaluate_split, micro_steps_per_process,
-                             seconds_spent, step_optimizers, thread_tuner, time_budget)
+from gptkit.training import (build_training, eval_tokens, evaluate, evaluate_split, seconds_spent, step_optimizers,
+                             thread_tuner, time_budget)
 
 
 def train(cfg, rt, data, state, log, run, budget, stop):
     """Optimizer steps until max_iters or the time budget, evaluating every eval_interval steps and at the end.
     best.pt is written only when val loss improves; latest.pt at evaluations, at the end and on a stop signal."""
     model = rt.wrap(state.model)  # DDP when there are several processes
-    accum = micro_steps_per_process(cfg.gradient_accumulation_steps, rt.world)
-    report = Reporter(cfg, rt, data, state, log, accum, budget)
+    accum = state.global_batch // (data.sampler.batch_size * rt.world)  # micro-batches per step in each process
+    report = Reporter(cfg, rt, data, state, log, budget)
     if state.iter_num == 0:
         stop.doing = "evaluating before the first step (nothing was saved)"
         losses = report.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state, budget))
@@ -163,7 +163,7 @@ def main(argv=None):
                 if cfg.eval_only:
                     stop.doing = "evaluating (eval_only: nothing is written but this evaluation's record)"
                     losses = evaluate_on_rank0(rt, data, state)
-                    Reporter(cfg, rt, data, state, log, 1).evaluated(state.iter_num, losses)
+                    Reporter(cfg, rt, data, state, log).evaluated(state.iter_num, losses)
                     stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
                 else:
                     train(cfg, rt, data, state, log, run, time_budget(cfg, data, state, started), stop)

@@ -322,7 +322,9 @@ TRAINING_KEYS = Fields({
     "measured": maybe(dtype=TEXT, attention_path=TEXT, threads=COUNT, fitted_from=DICT,
                       kernels=Each(Kind(f"one of {', '.join(KERNELS)}", lambda v: v in KERNELS))),
     "best_iter": COUNT,
-}, optional=("trained", "seconds_spent", "loop_seconds", "train_time", "wandb_id", "measured", "best_iter"))
+    "global_batch": COUNT,  # sequences per optimizer step, over every process
+}, optional=("trained", "seconds_spent", "loop_seconds", "train_time", "wandb_id", "measured", "best_iter",
+             "global_batch"))
 
 
 def load_checkpoint(path, map_location="cpu", required=None):

@@ -197,12 +197,18 @@ class BatchSampler:
     'random', at random offsets (nanoGPT's: in a few epochs some text is seen many times and some hardly at all);
     in 'epochs', every window of an Epoch once before any again.
 
+    The order is one for the whole run, however many processes share it: every process draws the windows of all
+    `world` of them (the same generator, seeded alike) and keeps its own stride, rank r taking the r-th
+    batch_size of each draw. So a run continued on another number of processes continues the same order, and
+    `world` processes read exactly what one process reads in `world` micro-batches.
+
     Its state is the one from before the latest draw: the trainer always holds one batch fetched ahead and not
     yet trained on, and a run resumed from a checkpoint must draw that batch again. In 'epochs' that is the
     generator's state the epoch was drawn from and how many of its windows were drawn."""
 
-    def __init__(self, split, batch_size, seed, device, order="random"):
+    def __init__(self, split, batch_size, seed, device, order="random", rank=0, world=1):
         self.split, self.batch_size, self.device, self.order = split, batch_size, device, order
+        self.rank, self.world = rank, world
         self.generator = torch.Generator().manual_seed(seed)
         self.epoch = self.epoch_drawn_from = None
         self.position = 0  # windows of the epoch drawn so far
@@ -210,11 +216,12 @@ class BatchSampler:
 
     def next(self):
         self.state_before_last = self.state_now()
+        count = self.world * self.batch_size  # every process's windows, in rank order
         if self.order == "random":
-            offsets = self.split.random_offsets(self.batch_size, self.generator)
+            offsets = self.split.random_offsets(count, self.generator)
         else:
-            offsets = torch.cat(list(self.epoch_offsets(self.batch_size)))
-        return self.split.batch(offsets, self.device)
+            offsets = torch.cat(list(self.epoch_offsets(count)))
+        return self.split.batch(offsets[self.rank * self.batch_size:(self.rank + 1) * self.batch_size], self.device)
 
     def epoch_offsets(self, count):
         """The next `count` windows' offsets, from as many epochs as it takes (a split may hold fewer windows)."""
@@ -291,15 +298,18 @@ def fixed_offsets(split, batch_size, n_batches, seed=0):
 
 
 class TrainingData:
-    """What a run reads: both splits in block_size windows, the training batches (a sampler of its own,
-    seeded per process) and the same evaluation windows at every evaluation."""
+    """What a run reads: both splits in block_size windows, the training batches (micro-batches of
+    micro_batch sequences, this process's stride of the run's one order) and the same evaluation windows
+    (eval_iters batches of batch_size) at every evaluation."""
 
-    def __init__(self, folder, meta, block_size, batch_size, eval_iters, seed, device, batch_order="random"):
+    def __init__(self, folder, meta, block_size, batch_size, eval_iters, seed, device, batch_order="random",
+                 micro_batch=None, rank=0, world=1):
         self.meta, self.block_size = meta, block_size
         self.tokenizer = tokenizer_from_meta(meta)
         if self.tokenizer.vocab_size != meta["vocab_size"]:
             raise UserError(f"{Path(folder) / 'meta.json'}: vocab_size is {meta['vocab_size']} but its tokenizer has "
                             f"{self.tokenizer.vocab_size} tokens; run data/prepare.py for this dataset again")
         self.splits = {name: Split(folder, name, meta, block_size) for name in ("train", "val")}
-        self.sampler = BatchSampler(self.splits["train"], batch_size, seed, device, batch_order)
+        self.sampler = BatchSampler(self.splits["train"], micro_batch or batch_size, seed, device, batch_order, rank,
+                                    world)
         self.eval_offsets = {name: fixed_offsets(split, batch_size, eval_iters) for name, split in self.splits.items()}

@@ -32,11 +32,11 @@ class Reporter:
     """A run's console and metrics.jsonl: a progress bar on a terminal, else a line per log_interval (loss,
     learning rates, ms/iter, tokens/s, MFU); a line per evaluation; printed and written by rank 0 only."""
 
-    def __init__(self, cfg, rt, data, state, log, accum, budget=None):
+    def __init__(self, cfg, rt, data, state, log, budget=None):
         self.cfg, self.rt, self.log, self.state, self.budget = cfg, rt, log, state, budget
         # each optimizer's peak rate, named for it: Muon's is on another scale entirely than AdamW's
         self.peak_lrs = {"adamw_lr": cfg.learning_rate, **({"muon_lr": cfg.muon_lr} if cfg.optimizer == "muon" else {})}
-        self.tokens_per_iter = accum * rt.world * cfg.batch_size * data.block_size
+        self.tokens_per_iter = state.global_batch * data.block_size
         token_flops = flops_per_token(state.model, data.block_size)
         self.flops_per_iter, self.peak = token_flops * self.tokens_per_iter, peak_flops(rt.device, rt.dtype)
         self.window_start, self.window_iter = time.time(), state.iter_num

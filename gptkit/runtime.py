@@ -224,8 +224,14 @@ class Runtime:
             dist.barrier()
         else:  # the failed frames hold the DDP wrapper, which holds the process group
             traceback.clear_frames(tb)
+        lost = lost_peer(exc) if exc is not None else None
+        if lost:  # torchrun's launcher stops this process next, as the node went away: that is not the news
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1})
         gc.collect()  # free DDP's reducer now, not during interpreter shutdown (which can abort the process)
         dist.destroy_process_group()
+        if lost:
+            raise UserError(lost) from None
+
 
     def wrap(self, model):
         """The module to train through: the model itself, or DDP around it when there are several processes."""
@@ -272,3 +278,21 @@ class Runtime:
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+
+# how gloo says a peer went away: "[.../gloo/transport/tcp/pair.cc:537] Read error [10.0.0.2]:21935: Connection
+# reset by peer. ..." or "[...pair.cc:553] Connection closed by peer [10.0.0.2]:21641. ..."
+GLOO_LOST = re.compile(r"gloo/transport/\S+\] ([^\[]*?)\s*\[([^\]]+)\]:(\d+)(?::\s*([^.]+))?")
+
+
+def lost_peer(exc):
+    """One line for a collective that failed because another process of the run went away (its node died, or
+    its process was killed), naming its address; None for any other failure."""
+    found = GLOO_LOST.search(str(exc)) if isinstance(exc, RuntimeError) else None
+    if found is None and not isinstance(exc, getattr(dist, "DistNetworkError", ())):
+        return None
+    where = f"the process at {found[2]} (port {found[3]}): {(found[4] or found[1]).lower()}" if found else \
+        f"another process: {str(exc).splitlines()[0]}"
+    return (f"lost the connection to {where}; that process or its node stopped, so this one stops too. latest.pt "
+            "keeps the last state saved: when every node is back, run the same command on each to continue it "
+            "(--init_from=auto)")

@@ -76,14 +76,20 @@ def set_rng_state(state, sampler):
     sampler.load_state_dict(state["sampler"])
 
 
+def same_state(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
+                                        for k in a)
+
+
 class TrainState:
     """What a checkpoint saves and restores: the model, its optimizers and gradient scaler, the tokenizer,
     the loop's counters, and every process's random generators, the data sampler's included. With ema_decay,
     the EMA of the weights is what evaluations score and what checkpoints keep as the model; latest.pt
     also keeps the weights themselves, which training goes on from."""
 
-    def __init__(self, cfg, model, tokenizer, sampler, rt, choices):
+    def __init__(self, cfg, model, tokenizer, sampler, rt, choices, global_batch):
         self.cfg, self.model, self.tokenizer, self.sampler = cfg, model, tokenizer, sampler
+        self.global_batch = global_batch  # sequences per optimizer step, over every process
         self.choices = choices  # what start-up chose (gptkit.choices), kept for a resume
         self.optimizers = build_optimizers(model, cfg, rt.dtype)
         # only rank 0 evaluates and saves, so only it keeps the EMA
@@ -114,6 +120,7 @@ class TrainState:
                 "best_iter": self.best_iter,
                 "seconds_spent": self.seconds_spent,
                 "rng": rng,
+                "global_batch": self.global_batch,
                 "wandb_id": self.wandb_id,
                 "measured": self.choices.saved(),
             }, run.latest, previous=run.previous)
@@ -153,12 +160,24 @@ class TrainState:
         self.best_iter = ckpt.get("best_iter", 0)  # not kept by checkpoints written before it was
         self.seconds_spent = seconds_spent(ckpt)
         self.wandb_id = ckpt.get("wandb_id")
-        states = ckpt["rng"]
+        self.restore_random_state(ckpt["rng"], rt)
+
+    def restore_random_state(self, states, rt):
+        """Each process's generators as it saved them; on another number of processes, the data order where it
+        was (one order for the run, the same in every process's state) and the other generators seeded anew."""
         if len(states) == rt.world:
             set_rng_state(states[rt.rank], self.sampler)
-        elif rt.master:
-            print(f"note: checkpoint has RNG states of {len(states)} processes, this run has {rt.world}; "
-                  "the data order is reseeded")
+        self.sampler.load_state_dict(states[0]["sampler"])  # rank 0's: the run's order (see BatchSampler)
+        if rt.master and any(not same_state(s["sampler"], states[0]["sampler"]) for s in states):
+            print("note: this checkpoint was written before the processes shared one data order; the order "
+                  "continues from process 0's, so some windows process 1 and up read may come round again")
+        if rt.master and len(states) != rt.world:
+            micro, accum = self.sampler.batch_size, self.global_batch // (self.sampler.batch_size * rt.world)
+            print(f"note: this run was saved by {len(states)} process{'es' * (len(states) != 1)} and continues "
+                  f"on {rt.world}: each takes {accum} micro-batch{'es' * (accum != 1)} of {micro} sequences a step, "
+                  f"the {self.global_batch} a step it started with, in the same data order; dropout's random "
+                  "draws and the order of the sums differ, so the losses follow the run it would have been only "
+                  "to within noise, not exactly")
 
 
 def seconds_spent(ckpt):
@@ -237,10 +256,12 @@ def build_training(cfg, rt, ckpt=None, ckpt_path=None):
                         f"({model.config.vocab_size})")
     # the data before the timings: a missing or damaged shard is one line at once, not after seconds (for a big
     # model on a CPU with bf16, minutes) of timing steps; fitting the budget changes neither the context nor the batch
-    data = TrainingData(folder, meta, model.config.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed + rt.rank,
-                        rt.device, cfg.batch_order)
+    sequences = global_batch(cfg, rt.world, ckpt)
+    micro_batch, _ = batch_shares(sequences, cfg.batch_size, rt.world)
+    data = TrainingData(folder, meta, model.config.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed, rt.device,
+                        cfg.batch_order, micro_batch, rt.rank, rt.world)
     cfg, model, choices = choose(cfg, rt, model, saved, lambda fitted: fresh_model(fitted, rt, meta))
-    state = TrainState(cfg, model, data.tokenizer, data.sampler, rt, choices)
+    state = TrainState(cfg, model, data.tokenizer, data.sampler, rt, choices, sequences)
     if ckpt is not None:
         state.restore(ckpt, ckpt_path, rt)
     if cfg.compile:
@@ -267,13 +288,34 @@ def step_optimizers(model, optimizers, scaler, grad_clip):
         opt.zero_grad()
 
 
-def micro_steps_per_process(accumulation_steps, world):
-    """How many micro-batches each process runs per optimizer step: the steps divided among the processes,
-    at least one each."""
+def global_batch(cfg, world, ckpt=None):
+    """Sequences per optimizer step over every process: batch_size in each micro-batch, gradient_accumulation_steps
+    micro-batches divided among the processes, at least one each. A resumed run keeps the number it started with,
+    on however many processes it continues, unless batch_size or gradient_accumulation_steps are given anew."""
+    accumulation_steps = cfg.gradient_accumulation_steps
     if accumulation_steps > world and accumulation_steps % world:
         raise UserError(f"gradient_accumulation_steps ({accumulation_steps}) must be divisible "
                         f"by the number of processes ({world})")
-    return max(1, accumulation_steps // world)
+    fresh = cfg.batch_size * world * max(1, accumulation_steps // world)
+    if ckpt is None:
+        return fresh
+    saved = ckpt["config"]
+    if (saved.get("batch_size"), saved.get("gradient_accumulation_steps")) != (cfg.batch_size, accumulation_steps):
+        return fresh
+    written_by = len(ckpt["rng"])  # checkpoints from before global_batch was saved
+    return ckpt.get("global_batch", cfg.batch_size * written_by * max(1, accumulation_steps // written_by))
+
+
+def batch_shares(sequences, batch_size, world):
+    """(sequences per micro-batch, micro-batches per step) for each of `world` processes, so that together
+    they take `sequences` a step: the fewest micro-batches of at most batch_size sequences."""
+    per_process, left = divmod(sequences, world)
+    for accum in range(1, per_process + 1) if not left else ():
+        if per_process % accum == 0 and per_process // accum <= batch_size:
+            return per_process // accum, accum
+    raise UserError(f"this run takes {sequences} sequences a step, which {world} processes cannot share evenly; "
+                    f"continue it on a number of processes that divides {sequences}, or give batch_size and "
+                    "gradient_accumulation_steps again for another number a step")
 
 
 def eagerly():

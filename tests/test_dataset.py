@@ -82,3 +82,45 @@ def test_a_meta_json_nested_too_deeply_is_one_error_line(tmp_path):
     (tmp_path / "tiny" / "meta.json").write_text(deep)
     with pytest.raises(UserError, match=r"meta.json is damaged: not valid JSON"):
         load_meta(tmp_path, "tiny")
+
+
+def numbered_split(tmp_path, length=1000, block_size=8):
+    """A train split whose tokens are their own offsets, so a window's first token says where it starts."""
+    (tmp_path / "train.bin").write_bytes(np.arange(length, dtype=np.uint16).tobytes())
+    return Split(tmp_path, "train", {"dtype": "uint16", "vocab_size": length}, block_size)
+
+
+@pytest.mark.parametrize("order", ["random", "epochs"])
+def test_processes_share_one_order_each_taking_its_stride(tmp_path, order):
+    """world processes read, micro-batch by micro-batch, exactly what one process reads in world micro-batches:
+    rank r's m-th batch is the single process's (m * world + r)-th."""
+    split = numbered_split(tmp_path)
+    alone = BatchSampler(split, 4, 7, "cpu", order)
+    ranks = [BatchSampler(split, 4, 7, "cpu", order, rank=r, world=3) for r in range(3)]
+    for _ in range(40):
+        for sampler in ranks:
+            assert torch.equal(sampler.next()[0], alone.next()[0])
+
+
+@pytest.mark.parametrize("before, after", [((2, 4), (1, 8)), ((1, 8), (2, 4)), ((2, 4), (4, 2))])
+def test_a_run_continued_on_another_number_of_processes_sees_no_window_twice_in_an_epoch(tmp_path, before, after):
+    """(processes, micro-batch) before and after a resume, the same 8 sequences a step: the order goes on from
+    the saved state (the one before the batch each process fetched ahead), and the epoch's windows come each
+    once until it ends."""
+    split, seen = numbered_split(tmp_path), []
+
+    def steps(world, micro, n, state=None):
+        samplers = [BatchSampler(split, micro, 3, "cpu", "epochs", rank=r, world=world) for r in range(world)]
+        for sampler in samplers:
+            if state is not None:
+                sampler.load_state_dict(state)
+        for _ in range(n):
+            seen.extend(int(x[0]) for sampler in samplers for x in sampler.next()[0])
+        for sampler in samplers:
+            sampler.next()  # fetched ahead, not trained on: a resume draws it again
+        return samplers[0]
+
+    first = steps(*before, 5)
+    windows = first.epoch.windows
+    steps(*after, (windows - len(seen)) // 8, first.state_dict())
+    assert len(seen) == len(set(seen)) > windows - 8  # all but the epoch's last part-step, each once

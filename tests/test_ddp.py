@@ -1,19 +1,25 @@
 """Several processes (gptkit/runtime.py): two CPU processes with DDP over gloo finish the run, rank 0 alone writing
 the checkpoint and metrics; one rank failing on its own stops every rank; started by train.py itself
 (--processes=2), the run ends in one line however it ends. (Stop signals and an exact resume on two processes: see
-test_resume.py.)"""
+test_resume.py.) Two torchrun "nodes" on this machine train as one process with the same global batch, a run
+continues on another number of processes with the same global batch and data order, and a node that dies ends
+the others with one line."""
 
 import os
 import re
 import signal
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
-from conftest import REPO, Run, assert_one_error_line, faulty_train, torchrun, train_cmd, wait_for_iteration
+from conftest import (REPO, Run, assert_one_error_line, faulty_train, logged, torchrun, train_args, train_cmd,
+                      wait_for_iteration)
 from gptkit.checkpoint import load_checkpoint
 from gptkit.errors import UserError
 from gptkit.metrics import read_metrics
@@ -38,9 +44,9 @@ def test_ddp_two_processes(data_dir, tmp_path):
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     ckpt = load_checkpoint(out / "latest.pt")
     assert ckpt["iter_num"] == max_iters
-    assert len(ckpt["rng"]) == 2  # every rank's RNG and data order, for an exact resume
+    assert len(ckpt["rng"]) == 2  # every rank's RNG, for an exact resume
     gen0, gen1 = (state["sampler"]["generator"] for state in ckpt["rng"])
-    assert not bool((gen0 == gen1).all())  # each rank draws its own batches
+    assert torch.equal(gen0, gen1)  # one data order, each rank taking its stride of it
     records = read_metrics(out)
     train = [r for r in records if r["kind"] == "train"]
     assert len(train) == max_iters // log_interval
@@ -127,3 +133,96 @@ def test_nccl_without_cuda_is_one_line_before_any_process_group(monkeypatch):
                                         r"cpu\); use --backend=gloo, or auto$"):
         Runtime(device="cpu", backend="nccl")
     assert not dist.is_initialized()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node(rank, port, *args):
+    """The command line of one of two torchrun nodes of one process each, meeting at a rendezvous on this
+    machine's loopback as two machines would over a network (docs/multi_node.md)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={rank}", "--nproc_per_node=1",
+            "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=test", "train.py", *args]
+
+
+# float32 on one thread each, no dropout: what differs between the runs compared below is only the order of sums
+ALIKE = ["--threads=1", "--lr_decay_iters=12", "--eval_interval=6", "--eval_iters=2", "--log_interval=1",
+         "--warmup_iters=2", "--batch_order=epochs", "--optimizer=adamw"]
+TOLERANCE = 1e-5  # of a loss near 4: float32 sums in another order (they differed by 2.4e-7 at most)
+
+
+def assert_losses_follow(out, reference, iterations):
+    for kind, field in [("train", "loss"), ("eval", "val_loss")]:
+        ours, theirs = logged(out, kind, field), logged(reference, kind, field)
+        for i in (i for i in iterations if i in theirs):
+            assert abs(ours[i] - theirs[i]) < TOLERANCE, (kind, i, ours[i], theirs[i])
+
+
+@pytest.mark.slow
+def test_two_nodes_train_as_one_process_taking_the_same_global_batch(data_dir, tmp_path):
+    """Two nodes of one process, one micro-batch of 4 each, against one process with two micro-batches of 4."""
+    port, nodes = free_port(), tmp_path / "nodes"
+    runs = [Run(node(rank, port, *train_args(data_dir, nodes, *ALIKE, "--max_iters=12")), tmp_path / f"node{rank}")
+            for rank in (0, 1)]
+    alone = tmp_path / "alone"
+    for run in runs:
+        run.wait(timeout=240)
+        assert run.proc.returncode == 0, run.stderr
+    Run(train_cmd(data_dir, alone, *ALIKE, "--max_iters=12", "--gradient_accumulation_steps=2"),
+        tmp_path / "alone-log").check_ok()
+    assert_losses_follow(nodes, alone, range(1, 13))
+    assert logged(nodes, "train", "tokens")[12] == logged(alone, "train", "tokens")[12] == 12 * 8 * 16
+    assert "iter 12:" in runs[0].stdout and "iter 12:" not in runs[1].stdout  # rank 0 reports and writes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("saved_by, continued_on, note", [
+    (2, 1, "continues on 1: each takes 2 micro-batches of 4 sequences a step, the 8 a step it started with"),
+    (1, 2, "continues on 2: each takes 1 micro-batch of 2 sequences a step, the 4 a step it started with")])
+def test_a_run_continues_on_another_number_of_processes_as_it_would_have_gone_on(data_dir, tmp_path, saved_by,
+                                                                                 continued_on, note):
+    """Saved at iteration 6 by some processes, continued to 12 on another number: the same sequences a step
+    (accumulation or a smaller micro-batch makes up the difference), the optimizer's state and the data order
+    where they were, so the losses after the resume are those of a run on one process that never stopped."""
+    def on(processes, out, *extra):
+        args = train_args(data_dir, out, *ALIKE, *extra)
+        return torchrun("train.py", *args) if processes == 2 else [sys.executable, "train.py", *args]
+
+    reference, resized = tmp_path / "reference", tmp_path / "resized"
+    accumulate = f"--gradient_accumulation_steps={saved_by}"  # 2 micro-batches of 4 on one process: 8 a step
+    Run(on(1, reference, accumulate, "--max_iters=12"), tmp_path / "r").check_ok()
+    Run(on(saved_by, resized, "--max_iters=6"), tmp_path / "first").check_ok()
+    second = Run(on(continued_on, resized, "--init_from=resume", "--max_iters=12"), tmp_path / "second").check_ok()
+    assert f"note: this run was saved by {saved_by} process{'es' * (saved_by > 1)} and {note}" in second.stdout
+    assert_losses_follow(resized, reference, range(7, 13))
+    assert logged(resized, "train", "tokens")[12] == 12 * 4 * saved_by * 16
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the processes through Linux's /proc")
+@pytest.mark.parametrize("dies", ["rank 0's node", "the other node"])
+def test_a_node_that_dies_ends_the_other_with_one_line_and_the_last_good_state_kept(data_dir, tmp_path, dies):
+    """The rendezvous numbers the nodes as they arrive (node_rank is for static rendezvous only): rank 0 is the
+    one that reports. Either node dying (its launcher and training process killed) ends the other."""
+    out, port = tmp_path / "out", free_port()
+    args = train_args(data_dir, out, "--threads=1", "--max_iters=1000000", "--eval_interval=4", "--eval_iters=2",
+                      "--log_interval=2", "--warmup_iters=1")
+    nodes = [Run(node(rank, port, *args), tmp_path / f"node{rank}") for rank in (0, 1)]
+    wait_for_iteration(nodes[0], out, 10)
+    rank0 = next(run for run in nodes if "iter 2:" in run.stdout)
+    dying = rank0 if dies == "rank 0's node" else next(run for run in nodes if run is not rank0)
+    survivor = next(run for run in nodes if run is not dying)
+    for pid in Path(f"/proc/{dying.proc.pid}/task/{dying.proc.pid}/children").read_text().split():
+        os.kill(int(pid), signal.SIGKILL)  # a machine that goes away takes its training process with it
+    dying.kill_group()
+    assert survivor.wait(timeout=60) != 0
+    # the training process says one line; torchrun's launcher then reports in its own words (a traceback of its
+    # own where the node that died held the rendezvous)
+    said = [line for line in survivor.stderr.splitlines() if line.startswith("error: ")]
+    assert len(said) == 1 and not re.search(r"\[rank\d\]: Traceback", survivor.stderr), survivor.stderr
+    assert said[0].startswith("error: lost the connection to the process at 127.0.0.1 (port "), said
+    saved = load_checkpoint(out / "latest.pt")
+    assert saved["iter_num"] % 4 == 0 and saved["iter_num"] >= 8

@@ -1,5 +1,5 @@
 """gptkit/training.py, the parts train.py's loop is made of: the random state a checkpoint carries, and the
-whole-split evaluation. (The start-up choices, the model fitted to its time budget among them: test_choices.py.)"""
+whole-split evaluation, and how processes share a step's batch. (The start-up choices, the model fitted to its time budget among them: test_choices.py.)"""
 
 import random
 
@@ -10,7 +10,8 @@ import torch
 from conftest import tiny_model, train_config
 from gptkit.checkpoint import load_checkpoint, save_checkpoint
 from gptkit.dataset import BatchSampler, Split
-from gptkit.training import evaluate_split, rng_state, set_rng_state
+from gptkit.errors import UserError
+from gptkit.training import batch_shares, evaluate_split, global_batch, rng_state, set_rng_state
 
 
 @pytest.mark.parametrize("order", ["random", "epochs"])
@@ -56,3 +57,54 @@ def test_split_evaluation_scores_every_target_once(tmp_path, max_tokens):
             losses += per_token[start - first:].tolist()
     assert scored == n == len(losses)
     assert loss == pytest.approx(sum(losses) / n, rel=1e-5)
+
+
+@pytest.mark.parametrize("sequences, batch_size, world, shares", [
+    (8, 4, 1, (4, 2)), (8, 4, 2, (4, 1)), (8, 4, 4, (2, 1)), (4, 4, 2, (2, 1)), (36, 12, 2, (9, 2)), (12, 4, 3, (4, 1))])
+def test_processes_share_a_step_in_the_fewest_micro_batches_no_larger_than_batch_size(sequences, batch_size, world,
+                                                                                      shares):
+    assert batch_shares(sequences, batch_size, world) == shares
+
+
+def test_a_step_the_processes_cannot_share_evenly_is_one_line():
+    with pytest.raises(UserError, match="this run takes 8 sequences a step, which 3 processes cannot share evenly"):
+        batch_shares(8, 4, 3)
+
+
+def test_a_resumed_run_keeps_its_global_batch_unless_its_batch_settings_are_given_anew():
+    """Saved by 2 processes with one micro-batch of 4 each: 8 a step, on 1 process or 4; a checkpoint from before
+    the number was saved has it from its settings and its count of processes."""
+    cfg = train_config(batch_size=4, gradient_accumulation_steps=1)
+    assert global_batch(cfg, 2) == 8 and global_batch(cfg, 1) == 4
+    saved = {"config": {"batch_size": 4, "gradient_accumulation_steps": 1}, "rng": [{}, {}]}
+    assert global_batch(cfg, 1, saved) == global_batch(cfg, 4, saved) == 8
+    assert global_batch(cfg, 1, {**saved, "global_batch": 16}) == 16
+    assert global_batch(train_config(batch_size=2, gradient_accumulation_steps=1), 1, saved) == 2  # given anew
+
+
+def test_a_checkpoint_whose_processes_each_had_their_own_order_continues_from_process_0s(tmp_path, capsys):
+    """Written before the processes shared one data order, a checkpoint holds one sampler state per process
+    (process r's seeded with seed + r): every process continues the one order from process 0's, and rank 0
+    says so."""
+    from types import SimpleNamespace
+
+    from gptkit.training import TrainState
+
+    (tmp_path / "train.bin").write_bytes(np.arange(1000, dtype=np.uint16).tobytes())
+    split = Split(tmp_path, "train", {"dtype": "uint16", "vocab_size": 1000}, 8)
+    states = []
+    for rank in (0, 1):
+        sampler = BatchSampler(split, 4, 1337 + rank, "cpu", "epochs")
+        sampler.next()
+        states.append(rng_state(sampler))
+    whole = BatchSampler(split, 8, 0, "cpu", "epochs")
+    whole.load_state_dict(states[0]["sampler"])
+    expected = whole.next()[0]  # process 0's order, 8 windows a step
+    for rank in (0, 1):
+        state = SimpleNamespace(sampler=BatchSampler(split, 4, 1337, "cpu", "epochs", rank=rank, world=2),
+                                global_batch=8)
+        TrainState.restore_random_state(state, states, SimpleNamespace(rank=rank, world=2, master=rank == 0))
+        assert torch.equal(state.sampler.next()[0], expected[rank * 4:(rank + 1) * 4])
+    assert capsys.readouterr().out == ("note: this checkpoint was written before the processes shared one data "
+                                       "order; the order continues from process 0's, so some windows process 1 "
+                                       "and up read may come round again\n")
