@@ -156,20 +156,26 @@ def state_from_hf(hf_state, config):
 
 def check_exportable(config):
     """Raise a one-line UserError naming the first option GPT2LMHeadModel cannot represent."""
+    refused = gpt2_refusal(config, ACT_TO_HF)
+    if refused:
+        raise UserError(f"this model cannot be exported as GPT-2: {refused}")
+
+
+def gpt2_refusal(config, activations):
+    """The first option of config outside GPT-2's layout, with the MLP activations in `activations` allowed,
+    as `name=value (why)`; None when there is none."""
     refusals = [
         (config.pos_emb != "learned", f"pos_emb={config.pos_emb!r} (GPT-2 has learned positions only)"),
         (config.norm != "layernorm", f"norm={config.norm!r} (GPT-2 has LayerNorm only)"),
         (config.qk_norm, "qk_norm=True (GPT-2 has no query/key normalisation)"),
-        (config.mlp_act not in ACT_TO_HF, f"mlp_act={config.mlp_act!r} (exportable: {', '.join(ACT_TO_HF)})"),
+        (config.mlp_act not in activations, f"mlp_act={config.mlp_act!r} (supported: {', '.join(activations)})"),
         (config.logit_softcap > 0, f"logit_softcap={config.logit_softcap} (GPT-2 has no logit soft-capping)"),
         (config.attention != "scaled", f"attention={config.attention!r} (GPT-2 scores q.k/sqrt(d))"),
         (not config.causal, "causal=False (GPT-2 is a decoder: it masks the future)"),
         (not config.mlp, "mlp=False (every GPT-2 block has an MLP)"),
         (config.token_shift, "token_shift=True (GPT-2's blocks read only their own position's stream)"),
     ]
-    for refused, what in refusals:
-        if refused:
-            raise UserError(f"this model cannot be exported as GPT-2: {what}")
+    return next((what for refused, what in refusals if refused), None)
 
 
 def hf_config_args(config, eos_token_id=None):
