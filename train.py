@@ -20,7 +20,7 @@ import torch
 
 from gptkit.config import given_values, make
 from gptkit.errors import RunStopped, UserError, run_main
-from gptkit.metrics import PROCESS_START, RunLog
+from gptkit.metrics import PROCESS_START, RunLog, records_through
 from gptkit.optim import lr_factor_at, set_lr
 from gptkit.reporting import Reporter
 from gptkit.resume import claim_for_a_new_run, continued_config
@@ -149,7 +149,7 @@ def main(argv=None):
         if master:
             claim_for_a_new_run(cfg, run, note)
         cfg, resumed = continued_config(cfg, given, run, note)
-        if resumed[0] is not None and announce_resume(cfg, resumed, run, note) and not cfg.eval_only:
+        if resumed[0] is not None and announce_resume(cfg, resumed, run, note, master) and not cfg.eval_only:
             return  # a finished run: nothing to train, nothing written
         with StopSignals() as stop, Runtime(cfg.device, cfg.dtype, cfg.backend, cfg.threads) as rt:
             stop.doing = "starting (nothing was saved)"
@@ -172,13 +172,21 @@ def main(argv=None):
                     log.close()
 
 
-def announce_resume(cfg, resumed, run, note):
-    """Say where a resumed run continues from; True (after saying so) when it has nothing left to do."""
+def announce_resume(cfg, resumed, run, note, master):
+    """Say where a resumed run continues from, and drop from its metrics the records it will log again; True
+    (after saying so) when it has nothing left to do: its steps done and its final score recorded."""
     ckpt, path = resumed
     done, budget = ckpt["iter_num"], f" and {cfg.max_time:g} s" if cfg.max_time > 0 else ""
     note(f"resuming from iteration {done} of {cfg.max_iters}{budget} ({path})")
+    dropped, scored = records_through(run.metrics, done, rewrite=master) if not cfg.eval_only else (0, True)
+    if dropped:  # said by rank 0, which alone writes
+        note(f"note: {run.metrics} held {dropped} record{'s' * (dropped > 1)} logged after iteration {done}, "
+             "the state this run continues from; they are dropped, and logged again as it trains")
     spent = cfg.max_time > 0 and seconds_spent(ckpt) >= cfg.max_time
     if done < cfg.max_iters and not spent:
+        return False
+    if not scored:  # stopped while scoring the whole val split: the end is still to do
+        note("its steps are done, but its final score on the whole val split was never recorded: scoring it now")
         return False
     if not cfg.eval_only:
         why = f"its {cfg.max_time:g} s are spent" if spent else f"all {cfg.max_iters} iterations are done"

@@ -157,11 +157,23 @@ def check_before_training(cfg):
     if not ids:
         raise UserError("the prompt is empty: pass some text with --prompt")
     for rung in cfg.chosen():
+        check_rung_folder(run_dir(cfg, rung))
         block_size = parse_config(TrainConfig, train_args(rung, cfg), prog="train.py").model.block_size
         if len(ids) > block_size:
             raise UserError(f"the prompt is {len(ids)} tokens, longer than rung {rung.name}'s block_size "
                             f"{block_size}; pass a shorter --prompt")
     return folder, meta, prompt
+
+
+def check_rung_folder(folder):
+    """A rung trains afresh in its folder, clearing the files an earlier lab left there. A folder holding a run
+    no lab trained (no train.log or lab.json of a lab's beside it) is someone's: refuse, rather than replace
+    its best.pt."""
+    run = RunDir(folder)
+    found = [p.name for p in (run.best, run.latest, run.previous, run.legacy, run.metrics) if p.exists()]
+    if found and not any((folder / name).exists() for name in ("train.log", RESULT)):
+        raise UserError(f"{folder} holds a run the lab did not train ({', '.join(found)}); move it, or give the "
+                        "lab another --out_dir")
 
 
 def run_train(args, log, stops):

@@ -73,6 +73,53 @@ def append_line(path, line):
         raise UserError(f"{what} while writing {path}; the records before it are intact") from None
 
 
+def records_through(path, iteration, rewrite=True):
+    """Keep in metrics.jsonl only the records of iterations up to `iteration`: a run resumed from its state there
+    logs the later ones again (they were logged past its last saved state: it was killed, or its save failed).
+    With rewrite, the file is rewritten whole, a new file renamed over it. Returns how many records are past
+    the iteration, and whether its final score is among those kept."""
+    try:
+        with open(path, "rb", opener=no_links) as f:
+            lines = f.read().splitlines(keepends=True)
+    except FileNotFoundError:
+        return 0, False
+    except OSError as e:
+        raise UserError(f"could not read {path} ({e.strerror or e})") from None
+    kept, final = [], False
+    for line in lines:
+        record = parsed(line)
+        if isinstance(record.get("iter"), int) and record["iter"] > iteration:
+            continue
+        kept.append(line)
+        final = final or record.get("kind") == "final" and record.get("iter") == iteration
+    if rewrite and len(kept) < len(lines):
+        replace_file(Path(path), b"".join(kept))
+    return len(lines) - len(kept), final
+
+
+def parsed(line):
+    """A line's record, or {} for a line that is not one (left as it is)."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def replace_file(path, data):
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb", opener=no_links) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        what = "disk full" if e.errno == errno.ENOSPC else f"could not write ({e.strerror or e})"
+        raise UserError(f"{what} while rewriting {path}; it is as it was") from None
+
+
 # the fields each kind of record must have, all numbers; other kinds are passed over
 RECORD_FIELDS = {"train": ("iter", "loss"), "eval": ("iter", "val_loss")}
 NUMBER_FIELDS = ("loss", "adamw_lr", "muon_lr", "lr", "tokens", "train_loss", "val_loss", "elapsed_s")

@@ -26,17 +26,19 @@ def continued_config(cfg, given, run, note):
 
 
 def claim_for_a_new_run(cfg, run, note):
-    """A run that starts afresh (from scratch or pretrained weights) into a folder holding another run's state
-    would replace its best.pt and append to its metrics.jsonl: refuse, naming the ways on; with start_over,
-    move the old run's files into a folder beside them first, deleting nothing."""
+    """A run that starts afresh (from scratch, pretrained weights, or 'auto' finding no state to continue) into a
+    folder holding another run's files would replace its best.pt and append to its metrics.jsonl: refuse, naming
+    the ways on; with start_over, move the old run's files into a folder beside them first, deleting nothing."""
     found = [p for p in (run.latest, run.previous, run.best, run.legacy, run.metrics) if p.exists()]
-    if not found or cfg.init_from in ("resume", "auto"):
+    resumable = cfg.init_from == "resume" or cfg.init_from == "auto" and run.resume_candidates()
+    if not found or resumable:
         return
     names = ", ".join(p.name for p in found)
-    if not cfg.start_over:
-        raise UserError(f"{run.path} holds another run ({names}); continue it with --init_from=auto, train "
-                        f"elsewhere with another --out_dir, or start over with --start_over=True (its files are "
-                        "moved aside, not deleted)")
+    if not cfg.start_over:  # 'auto' too, where nothing is left to continue from: it would start afresh over them
+        how = "; continue it with --init_from=auto," if cfg.init_from != "auto" else \
+            " but no saved state to continue it from (latest.pt);"
+        raise UserError(f"{run.path} holds another run ({names}){how} train elsewhere with another --out_dir, or "
+                        "start over with --start_over=True (its files are moved aside, not deleted)")
     aside = run.path / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
     aside.mkdir()
     for p in found:

@@ -4,6 +4,7 @@ or any tiktoken BPE encoding (stored by name). Both round-trip through a JSON-ab
 """
 
 import codecs
+import unicodedata
 
 import numpy as np
 
@@ -19,11 +20,27 @@ class CharTokenizer:
         self.vocab_size = len(self.chars)
 
     def encode(self, text):
-        missing = sorted(set(text) - self.stoi.keys())
-        if missing:
-            shown = ", ".join(repr(c) for c in missing[:10])
-            raise UserError(f"the text has characters outside the training vocabulary: {shown}")
+        if not set(text) <= self.stoi.keys():
+            text = self.as_trained(text)
         return [self.stoi[c] for c in text]
+
+    def as_trained(self, text):
+        """The text in the canonical Unicode form (NFC or NFD) whose characters the vocabulary holds: the same
+        text by Unicode's definition ('é' as one character or as 'e' and a combining accent), written as the
+        training text wrote it. Else one line naming the characters outside the vocabulary, and for each the
+        compatibility equivalent it holds, where it holds one (NFKC: 'ﬁ' for 'fi', full-width letters), which
+        is another text and so only named."""
+        for form in ("NFC", "NFD"):
+            same = unicodedata.normalize(form, text)
+            if set(same) <= self.stoi.keys():
+                return same
+        missing = sorted(set(text) - self.stoi.keys())
+        shown = []
+        for c in missing[:10]:
+            like = unicodedata.normalize("NFKC", c)
+            held = like != c and set(like) <= self.stoi.keys()
+            shown.append(f"{c!r} (the vocabulary has {like!r}: write that)" if held else repr(c))
+        raise UserError(f"the text has characters outside the training vocabulary: {', '.join(shown)}")
 
     def encode_array(self, text, dtype):
         """encode() as a numpy array, at numpy's speed: each character's code point looked up among the

@@ -264,6 +264,19 @@ def test_a_rung_folder_in_use_is_refused_before_anything_in_it_is_deleted(data_d
     assert message.startswith(f"{folder} is in use by another run (process {os.getpid()})") and "\n" not in message
 
 
+def test_a_run_the_lab_did_not_train_in_a_rung_s_folder_is_refused_and_kept(data_dir, tmp_path):
+    """A folder of the rung's name holding someone's run (a best.pt, no lab's log or row beside it): the lab
+    would clear it to train the rung afresh. It refuses before any training, every file kept."""
+    folder = tmp_path / "lab" / "scaled"
+    folder.mkdir(parents=True)
+    (folder / "best.pt").write_text("someone's best model")
+    with pytest.raises(UserError) as caught:
+        lab.main(lab_args(data_dir, tmp_path / "lab", "--rungs=scaled", "--budget=0.1"))
+    assert str(caught.value) == (f"{folder} holds a run the lab did not train (best.pt); move it, or give the lab "
+                                 "another --out_dir")
+    assert (folder / "best.pt").read_text() == "someone's best model"
+
+
 def test_a_rung_s_log_is_never_written_through_a_link(tmp_path, outside):
     """Below the checks at a run's start: a link at a rung's train.log, made while the lab runs, is refused and
     never written through."""

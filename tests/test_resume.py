@@ -420,3 +420,50 @@ def test_a_new_run_never_takes_over_a_used_out_dir(tmp_path, data_dir, trained_r
     (aside,) = out.glob("replaced-*")
     assert {p.name: p.read_bytes() for p in aside.iterdir()} == before and f"moved to {aside}" in fresh.stdout
     assert [r["iter"] for r in read_metrics(out) if r["kind"] == "run"] == [0]  # a log of its own
+
+
+def test_auto_over_a_best_model_with_no_state_to_continue_refuses_and_keeps_it(tmp_path, data_dir, trained_run):
+    """A folder holding a best.pt but no latest.pt (deleted, or copied without it): 'auto' finds nothing to
+    continue, and training afresh would replace that best.pt with a worse one. It refuses, every file kept."""
+    out = tmp_path / "out"
+    shutil.copytree(trained_run[0], out)
+    for name in ("latest.pt", "latest.prev.pt"):
+        (out / name).unlink()
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "run.lock"}
+    refused = run_script("train.py", *train_args(data_dir, out, *TRAINED_RUN, "--init_from=auto"))
+    assert refused.returncode == 1 and assert_one_error_line(refused.stderr) == (
+        f"error: {out} holds another run (best.pt, metrics.jsonl) but no saved state to continue it from "
+        "(latest.pt); train elsewhere with another --out_dir, or start over with --start_over=True (its files are "
+        "moved aside, not deleted)")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != "run.lock"} == before
+
+
+SHORT_RUN = ["--max_iters=6", "--eval_interval=2", "--eval_iters=2", "--log_interval=1", "--warmup_iters=1"]
+
+
+@pytest.mark.slow
+def test_after_a_failed_save_and_a_resume_each_record_is_logged_once(tmp_path, data_dir):
+    """The second save of latest.pt meets a full disk: the records logged after the first (iteration 2) are
+    logged again by the resume, and were kept twice."""
+    out = tmp_path / "out"
+    failed = Run(train_cmd(data_dir, out, *SHORT_RUN, script=faulty_train(tmp_path, enospc=("latest.pt", 2))),
+                 tmp_path / "failed")
+    assert failed.wait() == 1 and "disk full" in failed.stderr
+    resumed = check_ok(run_script("train.py", *train_args(data_dir, out, *SHORT_RUN, "--init_from=auto")))
+    assert "logged after iteration 2, the state this run continues from; they are dropped" in resumed.stdout
+    records = [(r["kind"], r["iter"]) for r in read_metrics(out) if r["kind"] in ("train", "eval", "final")]
+    assert len(records) == len(set(records)) and ("final", 6) in records
+    assert sorted(i for kind, i in records if kind == "train") == list(range(1, 7))
+
+
+@pytest.mark.slow
+def test_a_run_stopped_while_scoring_the_whole_val_split_is_finished_by_a_resume(tmp_path, data_dir):
+    out = tmp_path / "out"
+    stopped = Run(train_cmd(data_dir, out, *SHORT_RUN, script=faulty_train(tmp_path, eval_signal=("SIGTERM", "final"))),
+                  tmp_path / "stopped")
+    assert stopped.wait() == 143 and "while scoring the whole val split" in stopped.stderr
+    resumed = check_ok(run_script("train.py", *train_args(data_dir, out, *SHORT_RUN, "--init_from=auto")))
+    assert "its final score on the whole val split was never recorded: scoring it now" in resumed.stdout
+    assert [r["iter"] for r in read_metrics(out) if r["kind"] == "final"] == [6]
+    again = check_ok(run_script("train.py", *train_args(data_dir, out, *SHORT_RUN, "--init_from=auto")))
+    assert "is finished (all 6 iterations are done); nothing to do" in again.stdout

@@ -69,3 +69,32 @@ def test_the_tests_take_the_tiktoken_cache_the_user_points_to(monkeypatch, tmp_p
     (tmp_path / R50K_BASE).write_bytes(shared.read_bytes())
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     assert request.getfixturevalue("tiktoken_cache") == {"TIKTOKEN_CACHE_DIR": str(tmp_path)}
+
+
+@pytest.mark.parametrize("trained_on", ["NFC", "NFD"])
+def test_a_prompt_in_the_other_canonical_form_is_read_as_the_training_text_wrote_it(trained_on):
+    """'café' as the training text wrote it (one 'é', or 'e' and a combining acute), prompted the other way:
+    the same text by Unicode's definition, so the same tokens."""
+    import unicodedata
+
+    from gptkit.tokenizer import CharTokenizer
+
+    corpus = unicodedata.normalize(trained_on, "un café, une crème ")
+    tok = CharTokenizer(sorted(set(corpus)))
+    other = "NFD" if trained_on == "NFC" else "NFC"
+    prompt = unicodedata.normalize(other, "café crème")
+    assert prompt != unicodedata.normalize(trained_on, prompt)
+    assert tok.encode(prompt) == tok.encode(unicodedata.normalize(trained_on, prompt))
+
+
+def test_a_compatibility_character_is_named_with_the_equivalent_the_vocabulary_holds():
+    """'ﬁ' (a ligature) and 'Ａ' (full width) are other characters, equivalent only by compatibility: named, with
+    what to write; a character with no equivalent held is named alone."""
+    from gptkit.errors import UserError
+    from gptkit.tokenizer import CharTokenizer
+
+    tok = CharTokenizer(sorted(set("fine A day")))
+    with pytest.raises(UserError) as caught:
+        tok.encode("\ufb01ne \uff21 day@")
+    assert str(caught.value) == ("the text has characters outside the training vocabulary: '@', '\ufb01' (the "
+                                 "vocabulary has 'fi': write that), '\uff21' (the vocabulary has 'A': write that)")
