@@ -220,7 +220,8 @@ def write_dataset(cfg, files, work):
             for side in ("train", "val"):
                 writers[side].write(out[side])
                 docs[side] += out["documents"][side]
-            if progress.due() or sum(len(w.done) for w in writers.values()) > shards:
+            due = progress.due() or sum(len(w.done) for w in writers.values()) > shards
+            if due and batch[-1].resumable:  # never inside a long record: it is tokenized again from its start
                 progress.save(position=batch[-1].position, tally=asdict(tally), docs=docs, dtype=dtype,
                               **{split: w.state() for split, w in writers.items()})
     check_documents(cfg, files, docs, tally, by_document)

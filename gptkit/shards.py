@@ -162,10 +162,11 @@ def encode_pieces(items):
     """A batch's tokens, each document's followed by its separator: {'train': tokens, 'val': tokens, 'documents':
     each split's count, 'passed_over': [(index, what is wrong, or None for an empty record)]}. A record's text is
     found here (JSON parsed, checked, hashed for its split), so the main process only reads and writes; each
-    item is (text or what holds a record, whether it is a record, whether it ends its document, in val)."""
+    item is (text or what holds a record, whether it is a record, whether it ends its document, in val, whether
+    it ends with a record's separator)."""
     sides = {"train": [], "val": []}
     out = {"documents": {"train": 0, "val": 0}, "passed_over": []}
-    for index, (text, record, ends, val) in enumerate(items):
+    for index, (text, record, ends, val, of_record) in enumerate(items):
         if record:
             text, val, problem = read_record(text, WORKER["field"], WORKER["val_fraction"])
             if not text:
@@ -174,7 +175,7 @@ def encode_pieces(items):
         side = "val" if val else "train"
         sides[side].append(WORKER["tok"].encode_array(text, WORKER["dtype"]))
         if ends:
-            sides[side].append(WORKER["after"][record])
+            sides[side].append(WORKER["after"][record or of_record])
             out["documents"][side] += 1
     for side, parts in sides.items():
         out[side] = np.concatenate(parts) if parts else np.zeros(0, WORKER["dtype"])
@@ -187,15 +188,20 @@ def tokenized(batches, setup, workers):
     if workers <= 1:
         set_up(setup)
         for batch in batches:
-            yield batch, encode_pieces([(p.text, p.record, p.ends_document, p.val) for p in batch])
+            yield batch, encode_pieces(work_of(batch))
         return
     with ProcessPoolExecutor(workers, initializer=start_worker, initargs=(setup,)) as pool:
         flight = deque()
         for batch in batches:
-            flight.append((batch, pool.submit(encode_pieces, [(p.text, p.record, p.ends_document, p.val) for p in batch])))
+            flight.append((batch, pool.submit(encode_pieces, work_of(batch))))
             if len(flight) > 2 * workers:
                 done, future = flight.popleft()
                 yield done, future.result()
         while flight:
             done, future = flight.popleft()
             yield done, future.result()
+
+
+def work_of(batch):
+    """What a tokenizing process needs of each Piece (see encode_pieces)."""
+    return [(p.text, p.record, p.ends_document, p.val, p.of_record) for p in batch]

@@ -21,6 +21,7 @@ from pathlib import Path
 from gptkit.errors import UserError
 
 CHUNK_BYTES = 1 << 20
+LONG_RECORD = 4 << 20  # a record longer than this (a book in one line) is tokenized in pieces, as a text file is
 JSONL = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 PARQUET = ".parquet"
 
@@ -47,6 +48,8 @@ class Piece:
     val: bool = False  # of a text file split by document: its hash puts it in the val split
     record: bool = False  # a JSON line or Parquet row, whole, whose text read_record finds
     where: str = ""  # the file and line or row, for a message about it
+    of_record: bool = False  # a piece of a record's text (a long one's): it ends with a record's separator
+    resumable: bool = True  # a place a stopped prepare may continue from (not inside a long record)
 
 
 @dataclass
@@ -153,8 +156,29 @@ class Reader:
                     progress.update(raw.tell() - told)
                     told = raw.tell()
                 if line_no > start and line.strip():
-                    yield Piece(line, True, line_no, record=True, where=f"{shown(path)}:{line_no}")
+                    where = f"{shown(path)}:{line_no}"
+                    if len(line) <= LONG_RECORD:
+                        yield Piece(line, True, line_no, record=True, where=where)
+                        continue
+                    found, line = read_record(line, self.text_field, self.val_fraction), None  # the text alone
+                    yield from self.long_record(*found, line_no, where)
             progress.update(raw.tell() - told)
+
+    def long_record(self, text, val, problem, number, where):
+        """A record's text too long to send whole to a tokenizing process, in pieces of about CHUNK_BYTES that
+        end where cut says, as a text file's do: the tokens of the whole, in bounded memory. A stopped prepare
+        continues from the record's start (number - 1), never from inside it."""
+        if not text:
+            self.passed_over(Piece(None, True, number, where=where), problem)
+            return
+        at = 0
+        while at < len(text):
+            window = text[at:at + CHUNK_BYTES]
+            last = at + len(window) == len(text)
+            end = len(window) if last else self.cut(window) or len(window)
+            yield Piece(window[:end], last, number if last else number - 1, val, where=where, of_record=True,
+                        resumable=last)
+            at += end
 
     def parquet(self, path, start, progress):
         pf, column = open_parquet(path, self.text_field)
@@ -170,7 +194,10 @@ class Reader:
                 raise UserError(f"could not read row group {group} of {shown(path)} ({first_words(e)})") from None
             for text in texts:
                 row += 1
-                if row > start:
+                if row > start and isinstance(text, str) and len(text) > LONG_RECORD:
+                    yield from self.long_record(*read_record(text, self.text_field, self.val_fraction), row,
+                                                f"{shown(path)}: row {row}")
+                elif row > start:
                     yield Piece(text, True, row, record=True, where=f"{shown(path)}: row {row}")
             progress.update(os.path.getsize(path) / pf.num_row_groups)
 

@@ -149,22 +149,19 @@ def test_a_benchmark_never_clears_a_run_folder_in_use(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="bench.py prepare reads memory from /proc")
-def test_prepare_bench_measures_our_prepare_and_the_training_read(tmp_path, capsys, monkeypatch):
+def test_prepare_bench_measures_our_prepare_and_the_training_read(tmp_path, capsys):
     """A small corpus through bench.py prepare, ours only: it is made with its huge single-line documents,
     prepared, read by train.py, and the table gives each one's exit status, speed, memory and disk."""
     from conftest import make_text
-    from gptkit.benchmarks import prepare as prepare_bench
-
     text = tmp_path / "text.txt"
     text.write_text(make_text(200_000), encoding="utf-8")
-    monkeypatch.setattr(prepare_bench, "HUGE_BYTES", 300_000)
     bench.main(["prepare", f"--input={text}", "--size_gb=0.002", "--tokenizer=char", "--workers=1", "--val_fraction=0.2",
-                f"--work_dir={tmp_path / 'w'}", "--train_iters=2"])
+                f"--work_dir={tmp_path / 'w'}", "--train_iters=2", "--huge_mb=0.3"])
     out = capsys.readouterr().out
     for name in ("ours", "training reads ours"):
         assert re.search(rf"\n{name} +0 +\d+\.\d +[-\d.]+ +\d\.\d\dGB +\d\.\d\dGB", out), out
-    lines = (tmp_path / "w" / "corpus-0.002GB.jsonl").read_text(encoding="utf-8").splitlines()
-    assert sum(len(json.loads(line)["text"]) == 300_000 for line in lines) == prepare_bench.HUGE_DOCS
+    lines = (tmp_path / "w" / "corpus-0.002GB-3x0.3MB.jsonl").read_text(encoding="utf-8").splitlines()
+    assert sum(len(json.loads(line)["text"]) == int(0.3 * 2 ** 20) for line in lines) == 3
     assert not (tmp_path / "w" / "data").exists()  # removed afterwards, being as big as the corpus
 
 

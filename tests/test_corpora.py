@@ -17,7 +17,7 @@ import torch
 import zstandard
 
 from conftest import REPO, assert_one_error_line, check_ok, make_text, run_script
-from gptkit import corpus
+from gptkit import corpus, sources
 from gptkit.benchmarks.prepare import tree_rss
 from gptkit.corpus import PrepareConfig, prepare
 from gptkit.dataset import Split, TrainingData, load_meta
@@ -349,3 +349,32 @@ def test_train_and_sample_on_a_sharded_record_corpus(tmp_path):
     proc = check_ok(run_script("sample.py", f"--out_dir={out}", "--num_samples=1", "--max_new_tokens=20",
                                "--start=The"))
     assert proc.stdout.strip()
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "r50k_base"])
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_a_long_record_is_tokenized_in_pieces_to_the_tokens_of_the_whole(tmp_path, monkeypatch, request, tokenizer,
+                                                                         kind):
+    """A record longer than LONG_RECORD (here 2,000 characters) is read in pieces of CHUNK_BYTES (here 1,000),
+    cut where the tokenizer cannot merge across: the dataset is the one its whole text gives."""
+    if tokenizer != "char":
+        request.getfixturevalue("tiktoken_cache")
+    long_doc = make_text(30000, seed=5).replace("\n", " ")
+    docs = DOCS[:200] + [long_doc] + DOCS[200:400]
+    src = (write_jsonl if kind == "jsonl" else write_parquet)(tmp_path / f"docs.{kind}", docs)
+
+    def dataset(name):
+        out_dir, meta = prepare(PrepareConfig(input=str(src), name=name, tokenizer=tokenizer, workers=1,
+                                              data_dir=str(tmp_path / "d")))
+        return [read_split(out_dir, meta, split) for split in ("train", "val")], meta
+
+    whole, meta = dataset("whole")
+    cut = []
+    monkeypatch.setattr(sources, "LONG_RECORD", 2000)
+    monkeypatch.setattr(sources, "CHUNK_BYTES", 1000)
+    monkeypatch.setattr(sources.Reader, "long_record", lambda self, *a, f=sources.Reader.long_record: (
+        piece for piece in f(self, *a) if not cut.append(piece)))
+    pieces, pieced_meta = dataset("pieces")
+    assert len(cut) >= 30 and all(len(piece.text) <= 1000 for piece in cut)
+    assert all(np.array_equal(a, b) for a, b in zip(pieces, whole))
+    assert pieced_meta["documents"] == meta["documents"] == len(docs)

@@ -17,8 +17,6 @@ from gptkit.benchmarks.common import REPO, bench_input, device_name
 from gptkit.config import parse_config, require
 from gptkit.errors import UserError
 
-HUGE_DOCS = 3  # single-line documents of HUGE_BYTES each, among the small ones
-HUGE_BYTES = 8 << 20
 
 # what running nanoGPT's data/openwebtext/prepare.py on a local file takes, each edit made exactly once: its
 # load_dataset pointed at the JSON Lines file with its cache in the benchmark's folder, num_proc set, the token
@@ -43,6 +41,8 @@ class PrepareBenchConfig:
     tokenizer: str = "gpt2"  # the tokenizer both prepares use
     workers: int = 0  # tokenizing processes, ours and nanoGPT's num_proc (0 = one per core)
     val_fraction: float = 0.0005  # our val split's share of documents (nanoGPT's script takes 0.0005)
+    huge_docs: int = 3  # single-line documents of huge_mb each, among the small ones
+    huge_mb: float = 8.0  # their size in MB (2**20 bytes): e.g. --huge_docs=1 --huge_mb=200, one book-sized record
     work_dir: str = "out-bench-prepare"  # the corpus, the datasets and nanoGPT's cache go here
     nanogpt_dir: str = ""  # a checkout of nanoGPT, whose OpenWebText prepare runs beside ours ('' = ours only)
     train_iters: int = 20  # train.py iterations reading the prepared shards, memory measured (0 = none)
@@ -53,6 +53,7 @@ class PrepareBenchConfig:
         require(self, ["workers"], lambda v: 0 <= v <= 512, "0 (one per core) to 512")
         require(self, ["train_iters"], lambda v: v >= 0, "0 or more")
         require(self, ["val_fraction"], lambda v: 0 < v < 1, "between 0 and 1")
+        require(self, ["huge_docs", "huge_mb"], lambda v: 0 <= v <= 100_000, "0 to 100,000")
 
 
 def main(argv):
@@ -65,10 +66,13 @@ def main(argv):
         nanogpt_script(cfg.nanogpt_dir)  # a wrong checkout fails now, not after our run
     work = Path(cfg.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    corpus = work / f"corpus-{cfg.size_gb:g}GB.jsonl"
-    if not corpus.exists() or abs(corpus.stat().st_size - cfg.size_gb * 1e9) > 1e7 + HUGE_BYTES:
+    huge = "" if (cfg.huge_docs, cfg.huge_mb) == (3, 8) else f"-{cfg.huge_docs}x{cfg.huge_mb:g}MB"
+    corpus = work / f"corpus-{cfg.size_gb:g}GB{huge}.jsonl"
+    huge_bytes = int(cfg.huge_mb * (1 << 20))
+    if not corpus.exists() or abs(corpus.stat().st_size - cfg.size_gb * 1e9) > 1e7 + huge_bytes:
         print(f"making {corpus} ({cfg.size_gb:g} GB of JSON Lines)", flush=True)
-        make_corpus(Path(bench_input(cfg)).read_text(encoding="utf-8"), corpus, int(cfg.size_gb * 1e9))
+        make_corpus(Path(bench_input(cfg)).read_text(encoding="utf-8"), corpus, int(cfg.size_gb * 1e9),
+                    cfg.huge_docs, huge_bytes)
     print(f"machine: {device_name('cpu')}")
     results = {"ours": run_ours(corpus, work / "data", cfg.tokenizer, cfg.val_fraction, workers)}
     if results["ours"][0]:
@@ -113,18 +117,18 @@ def nanogpt_script(nanogpt_dir):
     return "import sys\n" + text
 
 
-def make_corpus(text, path, size_bytes, seed=0):
+def make_corpus(text, path, size_bytes, huge_docs=3, huge_bytes=8 << 20, seed=0):
     """A JSON Lines file of about size_bytes: documents cut from `text` at random places, their lengths spread
-    from a line to a chapter (log-uniform, 100 B to 100 KB), and HUGE_DOCS single-line documents of
-    HUGE_BYTES each at random places among them."""
+    from a line to a chapter (log-uniform, 100 B to 100 KB), and huge_docs single-line documents of
+    huge_bytes each at random places among them."""
     rng = random.Random(seed)
-    huge_at = sorted(rng.uniform(0, size_bytes) for _ in range(HUGE_DOCS))
+    huge_at = sorted(rng.uniform(0, size_bytes) for _ in range(huge_docs))
     written = 0
     with open(path, "w", encoding="utf-8") as f:
         while written < size_bytes:
             if huge_at and written >= huge_at[0]:
                 huge_at.pop(0)
-                doc = (text * (HUGE_BYTES // len(text) + 1))[:HUGE_BYTES].replace("\n", " ")
+                doc = (text * (huge_bytes // len(text) + 1))[:huge_bytes].replace("\n", " ")
             else:
                 n = int(10 ** rng.uniform(2, 5))
                 start = rng.randrange(len(text) - n)
