@@ -204,7 +204,8 @@ OUT_OF_RANGE = {
     "TrainBenchConfig": {},
     "ThroughputBenchConfig": {**dict.fromkeys(["n_layer", "n_head", "n_embd", "block_size", "batch_size", "vocab_size",
                                                "steps", "rounds"], [0]), "warmup": [-1]},
-    "PrepareBenchConfig": {"size_gb": [0, 10_001], "workers": [-1, 513], "train_iters": [-1], "val_fraction": [0, 1]},
+    "PrepareBenchConfig": {"size_gb": [0, 10_001], "workers": [-1, 513], "train_iters": [-1], "val_fraction": [0, 1],
+                           "huge_docs": [-1, 100_001], "huge_mb": [-1, 100_001]},
 }
 
 
