@@ -24,6 +24,7 @@ KINDS = ("previous_token", "first_token", "duplicate_token", "induction", "local
 LOCAL_WINDOW = 4  # the local score: attention on the current token and the 3 before it
 REPEAT_LENGTH = 32  # the longest random sequence the induction and duplicate-token scores repeat
 REPEAT_ROWS = 32  # how many such sequences
+LABEL_AT_LEAST = 0.15  # a head is labelled with a kind whose score is this share of the way from chance to 1
 PASS_TOKENS = 4096  # tokens in one batched pass of the ablation deltas: its activations stay in the caches
 PASS_FLOATS = 1 << 26  # and a bound on a pass's widest activation (4 x n_embd or the vocabulary), 256 MB
 
@@ -322,14 +323,22 @@ def ablation_deltas(model, idx, targets, how="zero"):
 
 
 def repeated_tokens(vocab, length, rows=REPEAT_ROWS, seed=0):
-    """(rows, 2 * length) token ids: in each row `length` distinct ids drawn at random from vocab (a count, or a
-    1-D tensor of the ids to draw from), written twice. The sequences of the induction and duplicate scores."""
+    """(rows, 2 * length) token ids, each row ending in a random sequence written twice: L distinct ids drawn from
+    vocab (a count, or a 1-D tensor of the ids to draw from), then the same L again, with L from length // 2 to
+    length in turn, so that a head attending a fixed distance back scores on few rows; before them, ids drawn
+    from the rest of vocab fill the row. The sequences of the induction and duplicate-token scores."""
     pool = torch.arange(vocab) if isinstance(vocab, int) else torch.as_tensor(vocab)
     if not 1 <= length <= len(pool):
         raise UserError(f"cannot draw {length} distinct tokens from {len(pool)}")
     generator = torch.Generator().manual_seed(seed)
-    first = pool[torch.rand(rows, len(pool), generator=generator).argsort(1)[:, :length]]
-    return torch.cat((first, first), 1)
+    lengths = range(max(1, length // 2), length + 1)
+    out = []
+    for row in range(rows):
+        L, order = lengths[row % len(lengths)], pool[torch.randperm(len(pool), generator=generator)]
+        rest = order[L:] if L < len(order) else order
+        fill = rest[torch.randint(len(rest), (2 * (length - L),), generator=generator)]
+        out.append(torch.cat((fill, order[:L], order[:L])))
+    return torch.stack(out)
 
 
 def induction_tokens(model, vocab, rows=REPEAT_ROWS, seed=0):
@@ -356,29 +365,56 @@ def share_on(P, keys, queries):
     return ((P * keys).sum(-1) * queries).sum((1, 3)) / queries.sum()
 
 
+def scores_of(text_weights, repeated_weights, repeated):
+    """head_scores from attention weights (n_layer, B, n_head, T, T): on real text, and on the sequences repeated."""
+    T = text_weights.size(-1)
+    t, s = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    window = min(LOCAL_WINDOW, T - 1)
+    scores = {"previous_token": share_on(text_weights, s == t - 1, torch.arange(T) >= 1),
+              "first_token": share_on(text_weights, (s == 0).expand(T, T), torch.arange(T) >= 1),
+              "local": share_on(text_weights, (s <= t) & (s > t - window), torch.arange(T) >= window)}
+    tok = repeated.cpu()
+    T = tok.size(1)
+    same = tok[:, :, None] == tok[:, None, :]  # (B, query, key): the same token
+    duplicate = same & (torch.arange(T)[None, :] < torch.arange(T)[:, None])  # in an earlier key
+    # the key just after an earlier copy of the query's token: the duplicate mask moved one key to the right
+    after_duplicate = torch.cat((torch.zeros_like(duplicate[:, :, :1]), duplicate[:, :, :-1]), 2)
+    seen = duplicate.any(-1)  # the queries whose token came before: the second copy, and chance repeats
+    scores["duplicate_token"] = share_on(repeated_weights, duplicate, seen)
+    scores["induction"] = share_on(repeated_weights, after_duplicate, seen)
+    return {kind: scores[kind] for kind in KINDS}
+
+
 @torch.no_grad()
 def head_scores(model, text, repeated):
     """{kind: (n_layer, n_head) scores in [0, 1]} for each kind in KINDS (docs/analysis.md defines them and names
     their sources): previous_token, first_token and local from the attention on text (B, T), windows of real
-    text; duplicate_token and induction from repeated (B, 2L), random sequences each written twice
+    text; duplicate_token and induction from repeated (B, T'), random sequences each written twice
     (repeated_tokens)."""
     no_attention(model)
-    P, T = patterns(model, text), text.size(1)
-    t, s = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    window = min(LOCAL_WINDOW, T - 1)
-    scores = {"previous_token": share_on(P, s == t - 1, torch.arange(T) >= 1),
-              "first_token": share_on(P, (s == 0).expand(T, T), torch.arange(T) >= 1),
-              "local": share_on(P, (s <= t) & (s > t - window), torch.arange(T) >= window)}
-    P, L = patterns(model, repeated), repeated.size(1) // 2
-    tok = repeated.cpu()
-    same = tok[:, :, None] == tok[:, None, :]  # (B, query, key): the same token
-    duplicate = same & (torch.arange(2 * L)[None, :] < torch.arange(2 * L)[:, None])  # in an earlier key
-    # the key just after an earlier copy of the query's token: the duplicate mask moved one key to the right
-    after_duplicate = torch.cat((torch.zeros_like(duplicate[:, :, :1]), duplicate[:, :, :-1]), 2)
-    second = torch.arange(2 * L) >= L
-    scores["duplicate_token"] = share_on(P, duplicate, second)
-    scores["induction"] = share_on(P, after_duplicate, second)
-    return {kind: scores[kind] for kind in KINDS}
+    return scores_of(patterns(model, text), patterns(model, repeated), repeated)
+
+
+def chance_scores(text, repeated):
+    """{kind: the score of a head that attends evenly to every position it sees} on the same tokens: what each
+    score is worth by chance (a local window of 4 keys takes a larger share of a short past than one key)."""
+    def even(idx):
+        T = idx.size(1)
+        rows = torch.ones(T, T).tril()
+        return (rows / rows.sum(-1, keepdim=True)).expand(1, idx.size(0), 1, T, T)
+    return {kind: s.item() for kind, s in scores_of(even(text), even(repeated), repeated).items()}
+
+
+def head_labels(scores, chance, at_least=LABEL_AT_LEAST):
+    """[[label]] a layer, a head: the kind each head does most above chance, by its score's share of the way from
+    chance to 1, (s - chance) / (1 - chance), where that reaches at_least; else 'local' where local's does (its
+    window holds the previous token, so a previous-token head is local too); else ''."""
+    lifted = {k: (scores[k] - chance[k]) / (1 - chance[k]) for k in KINDS}
+    specific = [k for k in KINDS if k != "local"]
+    best, which = torch.stack([lifted[k] for k in specific]).max(0)
+    return [[specific[k] if b >= at_least else "local" if near >= at_least else ""
+             for b, k, near in zip(*row)]
+            for row in zip(best.tolist(), which.tolist(), lifted["local"].tolist())]
 
 
 # ----------------------------------------------------------------------------- activation patching
