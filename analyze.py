@@ -112,18 +112,6 @@ def val_windows(run, cfg, device):
     return idx, targets, f"{dataset}'s val split ({windows:,} windows of {T})"
 
 
-def analysis_dtype(name, device):
-    """The precision of the heads' passes: as asked, or for 'auto' bfloat16 where the device has fast bf16
-    matmuls (a CUDA GPU that has them, a CPU with AVX-512 BF16 or AMX), else float32."""
-    from gptkit.timing import cpu_has_bf16
-
-    if name != "auto":
-        return name
-    if device.startswith("cuda"):
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
-    return "bfloat16" if device == "cpu" and cpu_has_bf16() else "float32"
-
-
 def heads_rows(deltas, scores):
     """One dict a head, the --json entries: layer, head, name (L0H3), ablation_delta and each score."""
     L, H = deltas.shape
@@ -144,7 +132,8 @@ def drawing(cfg):
 
 
 def analyze_heads(cfg):
-    from gptkit.experiments import KINDS, ablation_deltas, head_scores, induction_tokens, no_attention, open_run
+    from gptkit.experiments import (KINDS, ablation_deltas, fast_dtype, head_scores, induction_tokens, no_attention,
+                                    open_run)
     from gptkit.lab import markdown_table
     from gptkit.pictures import draw_heads
     from gptkit.runtime import autocast
@@ -153,7 +142,7 @@ def analyze_heads(cfg):
     run = open_run(cfg.out_dir, cfg.checkpoint, device)
     no_attention(run.model)
     idx, targets, where = val_windows(run, cfg, device)
-    dtype = analysis_dtype(cfg.dtype, device)
+    dtype = fast_dtype(device) if cfg.dtype == "auto" else cfg.dtype
     with autocast(device, dtype):
         loss, deltas = ablation_deltas(run.model, idx, targets, cfg.ablation)
     scores = head_scores(run.model, idx[:SCORE_WINDOWS], induction_tokens(run.model, run.tok.vocab_size))

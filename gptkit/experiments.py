@@ -18,6 +18,7 @@ from gptkit.checkpoint import MODEL_KEYS, load_checkpoint, model_from_checkpoint
 from gptkit.errors import UserError
 from gptkit.inspection import forward_from, hook_points, hooked, names_in, run_with_cache
 from gptkit.rundir import RunDir
+from gptkit.timing import cpu_has_bf16
 from gptkit.tokenizer import tokenizer_from_meta
 
 KINDS = ("previous_token", "first_token", "duplicate_token", "induction", "local")
@@ -257,6 +258,14 @@ def ablated(model, heads=(), mlps=(), how="zero", means=None):
         print(f"note: {note}")
     with hooked(model, ablation_hooks(model, heads, mlps, fill)):
         yield Ablation(heads, mlps, how, note)
+
+
+def fast_dtype(device):
+    """'bfloat16' where the device has fast bf16 matmuls (a CUDA GPU that has them, a CPU with AVX-512 BF16 or AMX),
+    else 'float32': the precision analyze.py's ablation deltas take unless told (matmuls under autocast)."""
+    if device.startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    return "bfloat16" if device == "cpu" and cpu_has_bf16() else "float32"
 
 
 def token_losses(logits, targets):

@@ -10,8 +10,8 @@ import torch
 
 from gptkit.benchmarks.common import device_name
 from gptkit.config import parse_config, require
-from gptkit.experiments import ablation_deltas, open_run, patching
-from gptkit.runtime import check_device_name, pick_device
+from gptkit.experiments import ablation_deltas, fast_dtype, open_run, patching
+from gptkit.runtime import autocast, check_device_name, pick_device
 from gptkit.train_config import TrainConfig
 from model import GPT
 
@@ -45,6 +45,7 @@ def bench_model(cfg, device):
 
 
 def median_seconds(work, rounds):
+    """The median and the fastest of `rounds` timings of work()."""
     times = []
     for _ in range(rounds):
         start = time.perf_counter()
@@ -54,7 +55,9 @@ def median_seconds(work, rounds):
 
 
 def main(argv):
-    """Seconds for every head's ablation delta and for one patching heatmap, each the median of a few rounds."""
+    """Seconds for every head's ablation delta, in float32 and, where the device has fast bf16 matmuls, in bfloat16
+    as analyze.py takes them there; and for one patching heatmap (float32, as analyze.py patches). Each the median
+    of a few rounds."""
     cfg = parse_config(AnalyzeBenchConfig, argv, prog="bench.py analyze")
     device = pick_device(cfg.device)
     model = bench_model(cfg, device)
@@ -68,11 +71,14 @@ def main(argv):
     print(f"machine: {device_name(device)}, torch {torch.__version__}, {torch.get_num_threads()} threads; model "
           f"{c.n_layer} layers x {c.n_head} heads x {c.n_embd} wide, block_size {c.block_size}, vocabulary "
           f"{c.vocab_size}, {'from ' + cfg.out_dir if cfg.out_dir else 'random weights'}", flush=True)
-    ablation_deltas(model, xy[:1, :-1], xy[:1, 1:], cfg.ablation)  # warm-up: first calls allocate
-    median, best = median_seconds(lambda: ablation_deltas(model, xy[:, :-1], xy[:, 1:], cfg.ablation), cfg.rounds)
-    print(f"every head's {cfg.ablation}-ablation delta ({c.n_layer * c.n_head} heads) on {windows * T:,} tokens: "
-          f"{median:.2f} s (median of {cfg.rounds}; fastest {best:.2f} s)")
+    for dtype in dict.fromkeys(["float32", fast_dtype(device)]):
+        with autocast(device, dtype):
+            ablation_deltas(model, xy[:1, :-1], xy[:1, 1:], cfg.ablation)  # warm-up: first calls allocate
+            median, best = median_seconds(lambda: ablation_deltas(model, xy[:, :-1], xy[:, 1:], cfg.ablation),
+                                          cfg.rounds)
+        print(f"every head's {cfg.ablation}-ablation delta ({c.n_layer * c.n_head} heads) on {windows * T:,} tokens, "
+              f"{dtype}: {median:.2f} s (median of {cfg.rounds}; fastest {best:.2f} s)", flush=True)
     patching(model, clean, corrupt)
     median, best = median_seconds(lambda: patching(model, clean, corrupt), cfg.rounds)
     print(f"patching heatmap of a {prompt_T}-token prompt ({c.n_layer} x {prompt_T} residual cells, "
-          f"{c.n_layer * c.n_head} heads): {median:.3f} s (median of {cfg.rounds}; fastest {best:.3f} s)")
+          f"{c.n_layer * c.n_head} heads), float32: {median:.3f} s (median of {cfg.rounds}; fastest {best:.3f} s)")
