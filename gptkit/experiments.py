@@ -101,7 +101,7 @@ def checked_tokens(model, idx):
     if idx.dtype.is_floating_point or idx.dtype == torch.bool or idx.dim() not in (1, 2):
         raise UserError(f"token ids must be whole numbers of shape (T,) or (batch, T), got {idx.dtype} "
                         f"{tuple(idx.shape)}")
-    idx = idx.long().reshape(-1, idx.size(-1)) if idx.dim() == 1 else idx.long()
+    idx = idx.long()[None] if idx.dim() == 1 else idx.long()
     if idx.numel() == 0:
         raise UserError("the text is empty: give the model at least one token")
     if idx.size(1) > model.config.block_size:

@@ -135,7 +135,8 @@ def test_a_run_without_attention_is_one_line(tmp_path, args, expected):
     (["attribute", "--text="], "error: --text is empty: *"),
     (["attribute", "--text=ROMEO", "--position=4"], "error: position must be 0 to 3, a position with a next token*"),
     (["attribute", "--text=R"], "error: the text is one token: attribution needs a next token to attribute"),
-    (["attribute", "--text=" + "A" * 17], "error: --text: the text is 17 tokens, longer than the model's block_size 16"),
+    (["attribute", "--text=" + "A" * 17],
+     "error: --text: the text is 17 tokens, longer than the model's block_size 16"),
     (["heads"], "error: {run} does not say which dataset it trained on; pass --dataset"),
     (["heads", "--dataset=nope"], "error: dataset folder {repo}/data/nope not found; create it with "
                                   "`python data/prepare.py --input=YOUR.txt --name=nope`"),
