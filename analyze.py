@@ -29,7 +29,7 @@ SCORE_WINDOWS = 16  # val windows the previous-token, first-token and local scor
 class AnalyzeConfig:
     """Every subcommand's settings: the run, and how to answer."""
 
-    out_dir: str = "out"  # the run folder (also the first argument: analyze.py heads OUT_DIR); pictures go into it
+    out_dir: str = "out"  # the run folder (also the argument after the subcommand: analyze.py NAME OUT_DIR)
     checkpoint: Literal["best", "latest"] = "best"  # 'best' (best.pt) or 'latest' (latest.pt)
     device: str = "cpu"  # 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'
     json: bool = False  # print JSON, for programs, instead of tables
