@@ -9,6 +9,7 @@ Benchmarks, one subcommand each; every subcommand takes its own --key=value opti
     python bench.py dropout                        # the share of the default's steps that dropout 0.1 costs
     python bench.py hooks                          # what the idle hook points cost a step and a decoded token
     python bench.py explore --out_dir=out          # the explorer: first token, streaming, page load, analysis
+    python bench.py analyze                        # analyze.py: every head's ablation delta, a patching heatmap
     python bench.py busy                           # training tokens/s idle and beside one busy process
     python bench.py presets                        # each preset trained with 3 seeds: mean val loss, spread, target
     python bench.py prepare --nanogpt_dir=../nanoGPT  # a 1 GB JSON Lines corpus: ours vs nanoGPT's OpenWebText prepare
@@ -19,7 +20,7 @@ Each benchmark lives in gptkit/benchmarks/, one module per subcommand.
 
 import sys
 
-from gptkit.benchmarks import busy, dropout, explore, hooks, prepare, presets, sample, throughput, train
+from gptkit.benchmarks import analyze, busy, dropout, explore, hooks, prepare, presets, sample, throughput, train
 from gptkit.config import pick_subcommand
 from gptkit.errors import run_main
 
@@ -31,6 +32,7 @@ COMMANDS = {
     "dropout": (dropout.main, "the share of a config's training steps that dropout costs"),
     "hooks": (hooks.main, "what model.py's idle hook points cost a training step and a decoded token"),
     "explore": (explore.main, "the explorer: page load, first token, streaming, the analysis panels"),
+    "analyze": (analyze.main, "analyze.py: every head's ablation delta on 65,536 val tokens, a patching heatmap"),
     "busy": (busy.main, "training tokens/s idle and beside a busy process"),
     "presets": (presets.main, "each preset trained once per seed: mean val loss, spread, target"),
     "prepare": (prepare.main, "a JSON Lines corpus prepared (and read by train.py) beside nanoGPT's script"),

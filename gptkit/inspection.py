@@ -28,14 +28,16 @@ def hook_points(model):
 
 @contextmanager
 def hooked(model, hooks):
-    """Within the block, each hook point named in hooks calls its function with (activation, name) in the forward
-    pass; a function that returns a tensor replaces the activation with it."""
+    """Within the block, each hook point named in hooks ({name: function}, or (name, function) pairs, which may
+    name a point more than once: its functions run in turn) calls its function with (activation, name) in the
+    forward pass; a function that returns a tensor replaces the activation with it."""
     points = hook_points(model)
-    unknown = [name for name in hooks if name not in points]
+    pairs = list(hooks.items() if isinstance(hooks, dict) else hooks)
+    unknown = [name for name, _ in pairs if name not in points]
     if unknown:
         raise UserError(f"no hook point {unknown[0]!r} in this model (it has {', '.join(points)})")
     handles = [points[name].register_forward_hook(lambda module, args, out, name=name, fn=fn: fn(out, name))
-               for name, fn in hooks.items()]
+               for name, fn in pairs]
     try:
         yield
     finally:
@@ -43,14 +45,48 @@ def hooked(model, hooks):
             handle.remove()
 
 
-@torch.no_grad()
-def run_with_cache(model, idx, names):
-    """Run the model's forward pass on idx, keeping the activation at each named hook point:
-    (the last position's logits, {name: activation})."""
+def names_in(model, names_filter):
+    """The hook points a filter picks, as TransformerLens's names_filter: None (every one), a name, a list of
+    names, or a function of a name that says whether to keep it."""
+    if names_filter is None or callable(names_filter):
+        return [name for name in hook_points(model) if names_filter is None or names_filter(name)]
+    return [names_filter] if isinstance(names_filter, str) else list(names_filter)
+
+
+@contextmanager
+def caching(model, names_filter=None):
+    """Within the block, every forward pass keeps the activation at each hook point names_filter picks in the
+    dict it yields, {name: activation} (a later pass's replacing an earlier one's)."""
     cache = {}
-    with hooked(model, {name: lambda x, name: cache.__setitem__(name, x) for name in names}):
-        logits, _ = model(idx)
+    with hooked(model, {name: lambda x, name: cache.__setitem__(name, x) for name in names_in(model, names_filter)}):
+        yield cache
+
+
+@torch.no_grad()
+def run_with_cache(model, idx, names_filter=None):
+    """Run the model's forward pass on idx (B, T), keeping the activation at each hook point names_filter picks
+    (see names_in; None: every one): (every position's logits (B, T, V), {name: activation}), as
+    TransformerLens's run_with_cache."""
+    with caching(model, names_filter) as cache:
+        logits, _ = model(idx, idx)  # given targets, the forward keeps every position's logits; the loss is unused
     return logits, cache
+
+
+def forward_from(model, layer, x, rotary=None, after_attention=False):
+    """The rest of the forward pass from blocks.{layer}.hook_resid_pre = x (B, T, C), or with after_attention from
+    the stream after that layer's attention (hook_resid_mid), to every position's logits: what a pass that changes
+    nothing before that point need not redo. rotary: the tables model.embed gave the same positions (None without
+    rotary positions)."""
+    blocks = model.transformer.h
+    if after_attention:  # the second half of Block.forward
+        block = blocks[layer]
+        if block.mlp is not None:
+            x = block.hook_resid_mid(x)
+            x = x + block.hook_mlp_out(block.mlp(block.branch_input(x, 1)))
+        x, layer = block.hook_resid_post(x), layer + 1
+    for block in blocks[layer:]:
+        x = block(x, rotary)
+    return model.head(model.transformer.ln_f(x))
 
 
 def stream_names(model):
@@ -69,7 +105,8 @@ def look_inside(model, idx):
     tensors of (B, T, C); every layer's attention weights, n_layer tensors of (B, H, T, T))."""
     if model.config.n_layer == 0:  # a bigram: no block to watch, its stream is the embeddings
         return [model.embed(idx)[0]], []
-    _, cache = run_with_cache(model, idx, stream_names(model) + pattern_names(model))
+    with caching(model, stream_names(model) + pattern_names(model)) as cache:
+        model(idx)
     return [cache[name] for name in stream_names(model)], [cache[name] for name in pattern_names(model)]
 
 

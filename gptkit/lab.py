@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,6 +21,7 @@ from gptkit.config import check_seed, parse_config
 from gptkit.dataset import Split, fixed_offsets, load_meta
 from gptkit.decoding import generate
 from gptkit.errors import UserError, first_line, no_links
+from gptkit.experiments import KINDS, head_scores, induction_tokens
 from gptkit.inspection import attention_maps
 from gptkit.metrics import read_metrics
 from gptkit.prompts import read_prompt
@@ -234,6 +235,7 @@ class Row:
     evals: list  # its eval records: its curve in the loss picture
     tokens: int = 0  # the training tokens it was given, where it was not a budget (its steps cover at least those)
     tokens_per_iter: int = 0  # its steps' tokens (rows written before they were kept: 0)
+    heads: dict = field(default_factory=dict)  # {kind: [head, score]}: its strongest head of each kind ({}: none)
 
     @property
     def training(self):
@@ -252,6 +254,18 @@ def attention_entropy(model, idx):
     maps = attention_maps(model, idx)
     rows = torch.cat([-torch.special.xlogy(w, w).sum(-1).flatten() for w in maps])  # 0 log 0 = 0
     return rows.mean().item() / math.log(2)
+
+
+def strongest_heads(model, windows, vocab):
+    """{kind: [head, score]}: the head (L0H3) with the highest score of each kind in gptkit.experiments's
+    head_scores, read on the val windows and on repeated random sequences of the first `vocab` tokens."""
+    scores = head_scores(model, windows, induction_tokens(model, vocab))
+    strongest = {}
+    for kind in KINDS:
+        best = int(scores[kind].argmax())
+        layer, head = divmod(best, model.config.n_head)
+        strongest[kind] = [f"L{layer}H{head}", round(scores[kind].flatten()[best].item(), 3)]
+    return strongest
 
 
 def val_windows(folder, meta, block_size, device):
@@ -282,13 +296,14 @@ def read_rung(rung, cfg, seconds, data, prompt, device):
             raise UserError(f"rung {rung.name}: {folder / 'metrics.jsonl'} has no final score; did train.py finish?")
         model, tok = load_model(folder, device, "latest")  # the final weights, whose val loss the row reports
         per_step = next(r["tokens_per_iter"] for r in records if r["kind"] == "run")
-        entropy = None
+        entropy, heads = None, {}
         if model.config.n_layer:
-            entropy = attention_entropy(model, val_windows(*data, model.config.block_size, device))
+            windows = val_windows(*data, model.config.block_size, device)
+            entropy, heads = attention_entropy(model, windows), strongest_heads(model, windows, tok.vocab_size)
             draw_model_attention(model, tok, prompt, folder / "attention.png", name=rung.name)
         row = Row(rung, cfg.budget, cfg.seed, model.num_params(), finals[-1]["iter"], evals[-1]["train_loss"],
                   finals[-1]["val_loss"], entropy, seconds, sample_text(model, tok, prompt, cfg, device), evals,
-                  0 if cfg.budget > 0 else cfg.tokens, per_step)
+                  0 if cfg.budget > 0 else cfg.tokens, per_step, heads)
         save_row(row, folder, cfg.dataset)
     return row
 
@@ -357,6 +372,21 @@ def results_table(rows, unit):
     return markdown_table(header, cells, numeric={1, *range(3, len(header))})
 
 
+def heads_table(rows):
+    """Each rung's strongest head of each kind and its score: where a previous-token head, and then an induction
+    head, first appear on the ladder."""
+    header = ["rung", *(kind.replace("_", "-") for kind in KINDS)]
+    cells = [[r.label, *(f"{r.heads[k][0]} {r.heads[k][1]:.2f}" if k in r.heads else "—" for k in KINDS)]
+             for r in rows]
+    return markdown_table(header, cells, numeric=set())
+
+
+HEADS_NOTES = (f"Strongest heads: each rung's head with the highest score of each kind, a share of its attention "
+               f"in [0, 1] (docs/analysis.md defines each, and what chance gives it), on the same {ENTROPY_WINDOWS} "
+               "val windows and on random sequences written twice; — without attention, or in a row from before the "
+               "lab kept them.")
+
+
 def results_notes(rows, missing, dataset, unit):
     """What the table's columns mean, and what sets its rows apart: how long each trained, rungs left out."""
     unfair = "; rows trained for different lengths do not compare mechanisms alone: more training buys more"
@@ -380,6 +410,7 @@ def write_results(cfg, rows, missing, trained, unit):
 
     out = Path(cfg.out_dir)
     table, notes = results_table(rows, unit), results_notes(rows, missing, cfg.dataset, unit)
+    notes += f"\n\n{heads_table(rows)}\n\n{HEADS_NOTES}"
     samples = "\n\n".join(f"## {r.label}: {r.training} of training, seed {r.seed}\n\n```text\n{r.sample}\n```"
                            for r in rows)
     (out / "table.md").write_text(f"{table}\n\n{notes}\n", encoding="utf-8")

@@ -211,3 +211,74 @@ def draw_model_attention(model, tok, prompt, path, dpi=100, name=""):
     title = (f"{name + ': ' if name else ''}{c.attention} attention weights for {shown!r} ({len(labels)} tokens)\n"
              f"rows: queries, columns: keys; {masked}")
     return draw_attention(maps, labels, title, path, dpi, causal=c.causal)
+
+
+# ----------------------------------------------------------------------------- experiments (analyze.py)
+
+
+CELL_IN = 0.42  # a heatmap cell of a head or a layer, wide enough for a two-decimal number
+MOST_ANNOTATED = 100  # heatmaps with more cells than this show their numbers by colour alone
+
+
+def heatmap(ax, values, cmap, limits, xlabels, ylabels, title, form="{:.2f}"):
+    """values (rows, columns) as coloured cells, each labelled with its value (in form) where they are few; the
+    image."""
+    values = np.asarray(values, dtype=float)
+    image = ax.imshow(values, cmap=cmap, vmin=limits[0], vmax=limits[1], aspect="auto", interpolation="nearest")
+    stride = max(1, math.ceil(len(xlabels) * PITCH_IN / 12))  # every k-th label where a long prompt would crowd them
+    ax.set_xticks(range(0, len(xlabels), stride), xlabels[::stride], fontsize=LABEL_PT, parse_math=False,
+                  rotation=90 if max(map(len, xlabels)) > 2 else 0)
+    ax.set_yticks(range(len(ylabels)), ylabels, fontsize=LABEL_PT, parse_math=False)
+    ax.tick_params(length=0, pad=2)
+    ax.set_title(title, fontsize=HEAD_PT)
+    if values.size <= MOST_ANNOTATED:
+        middle = (limits[0] + limits[1]) / 2
+        for (i, j), v in np.ndenumerate(values):
+            dark = v < middle if cmap == "viridis" else abs(v - middle) > (limits[1] - limits[0]) / 4
+            ax.text(j, i, form.format(v), ha="center", va="center", fontsize=7, color="white" if dark else "black")
+    return image
+
+
+def draw_heads(deltas, scores, title, path, dpi=100):
+    """Every head's ablation delta (n_layer, n_head) and each score ({kind: (n_layer, n_head)}, in [0, 1]), one
+    heatmap each: layers down, heads across. The deltas' colours are centred on 0, red where the loss rose."""
+    deltas = np.asarray(deltas, dtype=float)
+    L, H = deltas.shape
+    spread = max(float(np.abs(deltas).max()), 1e-6)
+    panels = [("ablation: change in val loss", deltas, "RdBu_r", (-spread, spread), "{:+.3f}"),
+              *((kind.replace("_", "-"), s, "viridis", (0.0, 1.0), "{:.2f}") for kind, s in scores.items())]
+    columns = 3
+    rows = math.ceil(len(panels) / columns)
+    panel_w, panel_h = max(2.0, CELL_IN * H) + 1.3, max(1.4, CELL_IN * L) + 0.9
+    fig, axes = plt.subplots(rows, columns, figsize=(columns * panel_w, rows * panel_h + 0.6), squeeze=False)
+    for ax, (name, values, cmap, limits, form) in zip(axes.flat, panels):
+        image = heatmap(ax, values, cmap, limits, [str(h) for h in range(H)], [f"L{layer}" for layer in range(L)],
+                        name, form)
+        ax.set_xlabel("head", fontsize=HEAD_PT)
+        fig.colorbar(image, ax=ax, fraction=0.08, pad=0.03).ax.tick_params(labelsize=LABEL_PT - 1)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=TITLE_PT)
+    fig.tight_layout()
+    save(fig, path, dpi)
+
+
+def draw_patching(resid, heads, labels, limits, title, path, dpi=100):
+    """Activation patching: the metric with the residual stream patched per (layer, position), resid (n_layer, T),
+    and per head, heads (n_layer, n_head), on one colour scale (limits: its ends)."""
+    resid, heads = np.asarray(resid, dtype=float), np.asarray(heads, dtype=float)
+    L, T = resid.shape
+    wide = max(3.0, min(18.0, PITCH_IN * T + 1.5))
+    fig, axes = plt.subplots(1, 2, figsize=(wide + max(2.0, CELL_IN * heads.shape[1]) + 2.5,
+                                            max(2.2, CELL_IN * L) + 1.8),
+                             gridspec_kw={"width_ratios": [wide, max(2.0, CELL_IN * heads.shape[1])]})
+    layers = [f"L{layer}" for layer in range(L)]
+    heatmap(axes[0], resid, "viridis", limits, labels, layers, "residual stream (resid_pre) patched at one position")
+    axes[0].set_xlabel("position", fontsize=HEAD_PT)
+    image = heatmap(axes[1], heads, "viridis", limits, [str(h) for h in range(heads.shape[1])], layers,
+                    "one head's output (hook_z) patched")
+    axes[1].set_xlabel("head", fontsize=HEAD_PT)
+    fig.colorbar(image, ax=axes[1], fraction=0.1, pad=0.04).ax.tick_params(labelsize=LABEL_PT - 1)
+    fig.suptitle(title, fontsize=TITLE_PT)
+    fig.tight_layout()
+    save(fig, path, dpi)

@@ -239,3 +239,16 @@ def test_bench_sample_reports_both_rates_and_the_speedup(capsys):
         bench.main(["nope"])
     with pytest.raises(UserError, match="modes must be"):
         bench.main(["sample", "--modes=fast"])
+
+
+def test_analyze_times_every_head_s_ablation_and_a_patching_heatmap(capsys, monkeypatch):
+    """The default's configured shape with random weights; a CPU without fast bf16 times float32 alone."""
+    from gptkit.benchmarks import analyze
+
+    monkeypatch.setattr(analyze, "fast_dtype", lambda device: "bfloat16")
+    bench.main(["analyze", "--tokens=256", "--prompt_tokens=8", "--rounds=1"])
+    out = capsys.readouterr().out
+    assert "model 4 layers x 4 heads x 128 wide, block_size 128, vocabulary 65, random weights" in out
+    for dtype in ("float32", "bfloat16"):
+        assert re.search(rf"every head's zero-ablation delta \(16 heads\) on 256 tokens, {dtype}: \d+\.\d+ s", out)
+    assert re.search(r"patching heatmap of a 8-token prompt \(4 x 8 residual cells, 16 heads\), float32: \d", out)

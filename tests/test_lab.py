@@ -21,7 +21,7 @@ import lab
 import plot
 import sample
 import train
-from conftest import POLL_S, REPO, Run, assert_one_error_line, run_script, tiny_model
+from conftest import POLL_S, REPO, Run, assert_one_error_line, random_tokens, run_script, tiny_model
 from gptkit import lab as machinery
 from gptkit.config import parse_config
 from gptkit.errors import UserError
@@ -88,10 +88,11 @@ def ladder(data_dir, workdir):
     return workdir / "lab", tiny_lab(data_dir, workdir / "lab", "--budget=0.1", preset=preset)
 
 
-def table_rows(out):
-    """{rung label: its cells} from out/table.md."""
-    lines = (out / "table.md").read_text(encoding="utf-8").splitlines()
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("|")]
+def table_rows(out, which=0):
+    """{rung label: its cells} from out/table.md's first table (or with which=1, the strongest heads')."""
+    tables = (out / "table.md").read_text(encoding="utf-8").split("\n\n")
+    lines = [t for t in tables if t.startswith("|")][which].splitlines()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
     return {cells[0]: dict(zip(rows[0], cells)) for cells in rows[2:]}
 
 
@@ -114,6 +115,13 @@ def test_every_rung_leaves_a_run_folder_a_row_a_picture_and_a_sample(ladder):
         assert f"## {label}: 0.1 s of training, seed 1337\n\n```text\n{PROMPT}" in samples
         assert f"[{i}/{len(machinery.RUNGS)}] {rung.name}: " in printed
     assert list(rows) == [f"{r.name} (cheats)" if r.cheats else r.name for r in machinery.RUNGS]
+    heads = table_rows(out, which=1)
+    assert list(heads) == list(rows) and heads["bigram"]["induction"] == "—"
+    for label, row in heads.items():  # the strongest head of each kind: its name and its score
+        for kind in ("previous-token", "first-token", "duplicate-token", "induction", "local"):
+            if label != "bigram":
+                name, score = row[kind].split()
+                assert name.startswith("L") and 0 <= float(score) <= 1
     assert_png(out / "loss_vs_time.png")
     assert "| rung " in printed and "--- encoder (cheats) ---" in printed
 
@@ -163,6 +171,14 @@ def test_the_modern_rung_is_the_preset_itself_with_only_what_the_lab_must_set():
     assert lab_run.min_tokens_per_param == 0  # never fitted to its budget: rungs compare models, not machines
     assert (lab_run.learning_rate, lab_run.batch_size, lab_run.lr_schedule) == \
         (preset.learning_rate, preset.batch_size, preset.lr_schedule)
+
+
+def test_a_rung_s_strongest_heads_name_each_kind_s_best_head_and_its_score():
+    from test_experiments import previous_token_model
+
+    heads = machinery.strongest_heads(previous_token_model(), random_tokens((2, 16)), 37)
+    assert list(heads) == ["previous_token", "first_token", "duplicate_token", "induction", "local"]
+    assert heads["previous_token"] == ["L0H0", 1.0] and heads["induction"][1] < 0.05
 
 
 def test_entropy_is_in_bits_and_falls_as_the_softmax_sharpens():

@@ -1,0 +1,284 @@
+"""
+Experiments on a trained model: switch each head off, score what each head does, patch activations from one
+prompt into another, attribute a prediction to the parts that wrote it. The same from Python: gptkit/experiments.py
+(docs/analysis.md).
+
+    python analyze.py heads out                                   # a table of every head, and out/heads.png
+    python analyze.py heads out --ablation=mean --json            # mean ablation, as JSON
+    python analyze.py patch out --clean="ROMEO:" --corrupt="JULIET:"   # activation patching, and out/patch.png
+    python analyze.py attribute out --text="First Citizen"        # what pushed each part of the last prediction
+"""
+
+import json
+import sys
+from contextlib import nullcontext, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Literal
+
+import torch
+
+from gptkit.config import parse_config, pick_subcommand, require
+from gptkit.errors import UserError, run_main
+from gptkit.runtime import check_device_name, pick_device
+
+SCORE_WINDOWS = 16  # val windows the previous-token, first-token and local scores read
+
+
+@dataclass
+class AnalyzeConfig:
+    """Every subcommand's settings: the run, and how to answer."""
+
+    out_dir: str = "out"  # the run folder (also the argument after the subcommand: analyze.py NAME OUT_DIR)
+    checkpoint: Literal["best", "latest"] = "best"  # 'best' (best.pt) or 'latest' (latest.pt)
+    device: str = "cpu"  # 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'
+    json: bool = False  # print JSON, for programs, instead of tables
+
+    def __post_init__(self):
+        check_device_name(self.device)
+
+
+@dataclass
+class PictureConfig(AnalyzeConfig):
+    """The settings of a subcommand that draws: every subcommand's, and where the picture goes."""
+
+    picture: ClassVar[str] = ""
+    output: str = ""  # the picture's path ('' = out_dir/heads.png or out_dir/patch.png)
+
+    def __post_init__(self):
+        from gptkit.pictures import check_picture_path
+
+        super().__post_init__()
+        check_picture_path(self.output_path())  # here, not after the work
+
+    def output_path(self):
+        return Path(self.output) if self.output else Path(self.out_dir) / f"{self.picture}.png"
+
+
+@dataclass
+class HeadsConfig(PictureConfig):
+    picture: ClassVar[str] = "heads"
+    tokens: int = 65_536  # val tokens each head's ablation is measured on: the split's first ones, in windows
+    ablation: Literal["zero", "mean"] = "zero"  # a head's output (its slice of hook_z) set to 0, or to its mean there
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # 'auto': bfloat16 where the device has fast bf16 matmuls
+    dataset: str = ""  # whose val split ('' = the dataset the run trained on)
+    data_dir: str = ""  # with --dataset: where prepared datasets live ('' = this project's data/)
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(self, ["tokens"], lambda v: v >= 1, "at least 1")
+
+
+@dataclass
+class PatchConfig(PictureConfig):
+    picture: ClassVar[str] = "patch"
+    clean: str = ""  # the prompt whose activations are copied in (\n for a newline, FILE:path to read one)
+    corrupt: str = ""  # the prompt they are copied into, as many tokens long
+    target: str = ""  # the token the metric scores ('' = the clean run's top prediction after the clean prompt)
+    foil: str = ""  # a second token: the metric becomes the logit difference target - foil ('' = target's log-prob)
+
+
+@dataclass
+class AttributeConfig(AnalyzeConfig):
+    text: str = ""  # the text whose prediction is attributed (\n for a newline, FILE:path to read one)
+    position: int = -1  # which position's prediction of the token that came next (-1 = the last that has one)
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(self, ["position"], lambda v: v >= -1, "-1 (the last position with a next token) or more")
+
+
+# ----------------------------------------------------------------------------- heads
+
+
+def val_windows(run, cfg, device):
+    """(idx, targets), (B, T) each: the first cfg.tokens tokens of the val split (fewer where it holds fewer), in
+    consecutive windows of the run's block_size; and the split's name in words."""
+    from gptkit.dataset import Split, load_meta
+    from gptkit.tokenizer import same_token_ids
+
+    dataset, data_dir = (cfg.dataset, cfg.data_dir) if cfg.dataset else (
+        run.trained_on.get("dataset"), run.trained_on.get("data_dir", ""))
+    if not dataset:
+        raise UserError(f"{run.out_dir} does not say which dataset it trained on; pass --dataset")
+    folder, meta = load_meta(data_dir, dataset)
+    if not same_token_ids(meta, run.tok.to_meta()):
+        raise UserError(f"dataset {dataset} is tokenized differently from the run in {run.out_dir}; pass the "
+                        "--dataset it trained on")
+    T = min(run.config.block_size, cfg.tokens)
+    split = Split(folder, "val", meta, T)
+    windows = min(max(1, cfg.tokens // T), (split.length - 1) // T)
+    idx, targets = split.batch(torch.arange(windows) * T, device)
+    return idx, targets, f"{dataset}'s val split ({windows:,} windows of {T})"
+
+
+def heads_rows(deltas, scores):
+    """One dict a head, the --json entries: layer, head, name (L0H3), ablation_delta and each score."""
+    L, H = deltas.shape
+    return [{"layer": layer, "head": head, "name": f"L{layer}H{head}",
+             "ablation_delta": round(deltas[layer, head].item(), 6),
+             **{kind: round(s[layer, head].item(), 4) for kind, s in scores.items()}}
+            for layer in range(L) for head in range(H)]
+
+
+def answer(cfg, data, text):
+    """The answer on stdout: JSON for programs, or the tables for a person."""
+    print(json.dumps(data, ensure_ascii=False) if cfg.json else text, flush=True)
+
+
+def drawing(cfg):
+    """Where a picture's `wrote ...` line goes: stderr under --json, whose stdout holds the JSON alone."""
+    return redirect_stdout(sys.stderr) if cfg.json else nullcontext()
+
+
+def analyze_heads(cfg):
+    from gptkit.experiments import (KINDS, ablation_deltas, fast_dtype, head_scores, induction_tokens, no_attention,
+                                    open_run)
+    from gptkit.lab import markdown_table
+    from gptkit.pictures import draw_heads
+    from gptkit.runtime import autocast
+
+    device = pick_device(cfg.device)
+    run = open_run(cfg.out_dir, cfg.checkpoint, device)
+    no_attention(run.model)
+    idx, targets, where = val_windows(run, cfg, device)
+    dtype = fast_dtype(device) if cfg.dtype == "auto" else cfg.dtype
+    with autocast(device, dtype):
+        loss, deltas = ablation_deltas(run.model, idx, targets, cfg.ablation)
+    scores = head_scores(run.model, idx[:SCORE_WINDOWS], induction_tokens(run.model, run.tok.vocab_size))
+    rows = heads_rows(deltas, scores)
+    header = ["layer", "head", "ablation Δ val loss", *(k.replace("_", "-") for k in KINDS)]
+    cells = [[str(r["layer"]), r["name"], f"{r['ablation_delta']:+.4f}", *(f"{r[k]:.2f}" for k in KINDS)]
+             for r in rows]
+    answer(cfg, {"val_loss": round(loss, 6), "tokens": targets.numel(), "ablation": cfg.ablation, "dtype": dtype,
+                 "heads": rows},
+           f"val loss {loss:.4f} on {targets.numel():,} tokens of {where}, in {dtype}; each head {cfg.ablation}-"
+           f"ablated in turn (docs/analysis.md defines each score)\n\n"
+           f"{markdown_table(header, cells, numeric=set(range(2, len(header))))}")
+    if len(rows) == 1:
+        print("note: the model has one head, so ablating it switches every head off (allowed: its row is what all "
+              "of attention adds)", file=sys.stderr)
+    title = (f"{run.out_dir.resolve().name}: each head {cfg.ablation}-ablated on {targets.numel():,} val tokens "
+             f"(val loss {loss:.3f}), and what each head does")
+    with drawing(cfg):
+        draw_heads(deltas, scores, title, cfg.output_path())
+
+
+# ----------------------------------------------------------------------------- patch
+
+
+def one_token(run, text, option):
+    """The token id of a --target or --foil, which must be one token the model knows."""
+    from gptkit.prompts import read_prompt
+
+    try:
+        ids = run.tok.encode(read_prompt(text))
+    except UserError as e:
+        raise UserError(f"--{option}: {e}") from None
+    if len(ids) != 1:
+        raise UserError(f"--{option} must be one token; {text!r} is {len(ids)} tokens")
+    if ids[0] >= run.config.vocab_size:
+        raise UserError(f"--{option} {text!r} is token {ids[0]}, outside the model's vocabulary of "
+                        f"{run.config.vocab_size}")
+    return ids[0]
+
+
+def prompt_tokens(run, text, option):
+    """The tokens of a --clean, --corrupt or --text prompt, or one line naming the option."""
+    from gptkit.prompts import read_prompt
+
+    if not text:
+        raise UserError(f"--{option} is empty: pass a text, e.g. --{option}=\"First Citizen\"")
+    try:
+        return run.tokens(read_prompt(text))
+    except UserError as e:
+        raise UserError(f"--{option}: {e}") from None
+
+
+def patch_tables(p, labels, n_head):
+    """The patching answer as two Markdown tables: positions down and layers across, then layers and heads."""
+    from gptkit.lab import markdown_table
+
+    layers = [f"L{layer}" for layer in range(len(p.resid))]
+    resid = markdown_table(["position", "token", *layers], [[str(t), labels[t], *(f"{v:.3f}" for v in column)]
+                                                            for t, column in enumerate(p.resid.T.tolist())],
+                           numeric=set(range(2, 2 + len(layers))))
+    heads = markdown_table(["layer", *(f"H{h}" for h in range(n_head))],
+                           [[layers[i], *(f"{v:.3f}" for v in row)] for i, row in enumerate(p.heads.tolist())],
+                           numeric=set(range(1, 1 + n_head)))
+    return (f"the residual stream (each layer's resid_pre) patched from clean at one position:\n\n{resid}\n\n"
+            f"one head's output (hook_z) patched from clean at every position:\n\n{heads}")
+
+
+def analyze_patch(cfg):
+    from gptkit.experiments import open_run, patching
+    from gptkit.inspection import token_label
+    from gptkit.pictures import draw_patching
+
+    run = open_run(cfg.out_dir, cfg.checkpoint, pick_device(cfg.device))
+    clean, corrupt = prompt_tokens(run, cfg.clean, "clean"), prompt_tokens(run, cfg.corrupt, "corrupt")
+    target = one_token(run, cfg.target, "target") if cfg.target else None
+    foil = one_token(run, cfg.foil, "foil") if cfg.foil else None
+    p = patching(run.model, clean, corrupt, target, foil)
+    labels = [token_label(run.tok, t) for t in corrupt[0].tolist()]
+    shown, foil_shown = token_label(run.tok, p.target), None if foil is None else token_label(run.tok, foil)
+    metric = (f"logit({shown}) - logit({foil_shown})" if foil is not None else
+              f"log-prob of {shown}{'' if cfg.target else ', the clean run’s top prediction,'} after the prompt")
+    answer(cfg, {"metric": metric, "target": shown, "foil": foil_shown, "clean": p.clean, "corrupt": p.corrupt,
+                 "tokens": labels, "resid": p.resid.tolist(), "heads": p.heads.tolist()},
+           f"metric: {metric}; clean {p.clean:.4f}, corrupt {p.corrupt:.4f}\n\n"
+           f"{patch_tables(p, labels, run.config.n_head)}")
+    ends = [p.clean, p.corrupt, *p.resid.aminmax(), *p.heads.aminmax()]
+    title = (f"{run.out_dir.resolve().name}: activation patching from {cfg.clean!r} into {cfg.corrupt!r}\n{metric}: "
+             f"clean {p.clean:.3f}, corrupt {p.corrupt:.3f}")
+    with drawing(cfg):
+        draw_patching(p.resid, p.heads, labels, (float(min(ends)), float(max(ends))), title, cfg.output_path())
+
+
+# ----------------------------------------------------------------------------- attribute
+
+
+def analyze_attribute(cfg):
+    from gptkit.experiments import attribute, open_run
+    from gptkit.inspection import token_label
+    from gptkit.lab import markdown_table
+
+    run = open_run(cfg.out_dir, cfg.checkpoint, pick_device(cfg.device))
+    idx = prompt_tokens(run, cfg.text, "text")
+    position = idx.size(1) - 2 if cfg.position == -1 else cfg.position
+    a = attribute(run.model, idx, position)
+    read, target = token_label(run.tok, idx[0, position].item()), token_label(run.tok, a.target)
+    rows = [[name, f"{value:+.4f}"] for name, value in a.parts.items()]
+    if run.model.transformer.ln_f.bias is not None:
+        rows.append(["final norm's bias", f"{a.norm_bias:+.4f}"])
+    rows.append(["sum", f"{sum(a.parts.values()) + a.norm_bias:+.4f}"])
+    capped = f" ({a.raw_logit:.4f} before the soft-cap)" if run.config.logit_softcap else ""
+    answer(cfg, {"position": position, "token": read, "target": target, "parts": a.parts,
+                 "norm_bias": a.norm_bias, "raw_logit": a.raw_logit, "logit": a.logit},
+           f"the logit of {target}, the token that came next, at position {position} ({read}): {a.logit:.4f}{capped}"
+           f"\neach part's output through the final norm, its scale frozen at this pass's; they sum to the logit"
+           f"{' before the soft-cap' if capped else ''} (docs/analysis.md)\n\n"
+           f"{markdown_table(['part', f'logit of {target}'], rows, numeric={1})}")
+
+
+COMMANDS = {"heads": (analyze_heads, HeadsConfig), "patch": (analyze_patch, PatchConfig),
+            "attribute": (analyze_attribute, AttributeConfig)}
+
+
+def out_dir_first(argv):
+    """`analyze.py NAME OUT_DIR --key=value ...`: a first argument that is not an option names the run folder."""
+    if argv and not argv[0].startswith("--"):
+        return [f"--out_dir={argv[0]}", *argv[1:]]
+    return argv
+
+
+def main(argv=None):
+    picked = pick_subcommand("analyze.py", COMMANDS, sys.argv[1:] if argv is None else argv, "analysis")
+    if picked:
+        name, rest = picked
+        analyze, config = COMMANDS[name]
+        analyze(parse_config(config, out_dir_first(rest), prog=f"analyze.py {name}"))
+
+
+if __name__ == "__main__":
+    run_main(main, memory_settings=("tokens",))

@@ -1,0 +1,156 @@
+"""analyze.py: the heads table (and its JSON and picture) on a trained run, agreeing with the Python API; patching
+and attribution from the command line; the run folder as the first argument or --out_dir; every mistake one line."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from conftest import REPO, assert_one_error_line, check_ok, run_here, run_script, tiny_model
+from gptkit.checkpoint import save_checkpoint
+from gptkit.tokenizer import CharTokenizer
+from test_experiments import CHARS
+from test_plot import assert_png
+
+KEYS = {"layer", "head", "name", "ablation_delta", "previous_token", "first_token", "duplicate_token", "induction",
+        "local"}
+
+
+def saved_run(folder, chars=CHARS, trained_on=None, **overrides):
+    """A run folder holding a best.pt of a tiny model (random weights, TINY's shape with overrides) and a
+    character vocabulary: what analyze.py reads of a run, written in a moment."""
+    model = tiny_model(attention_weights=0.5, **dict(dict(vocab_size=len(chars)), **overrides))
+    save_checkpoint({"model": model.state_dict(), "model_args": dataclasses.asdict(model.config),
+                     "tokenizer": CharTokenizer(chars).to_meta(), "config": trained_on or {}}, folder / "best.pt")
+    return folder
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    return saved_run(tmp_path / "tiny")
+
+
+# ----------------------------------------------------------------------------- heads, on a trained run
+
+
+def test_the_heads_table_lists_every_head_and_draws_its_picture(trained_run, tmp_path):
+    out = trained_run[0]
+    picture = tmp_path / "heads.png"
+    proc = check_ok(run_here("analyze.py", "heads", out, f"--output={picture}", "--tokens=256"))
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("val loss ") and "on 256 tokens of tiny's val split (8 windows of 32)" in lines[0]
+    header = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert header == ["layer", "head", "ablation Δ val loss", "previous-token", "first-token", "duplicate-token",
+                      "induction", "local"]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[4:8]]
+    assert [row[:2] for row in rows] == [["0", "L0H0"], ["0", "L0H1"], ["1", "L1H0"], ["1", "L1H1"]]
+    assert all(0 <= float(cell) <= 1 for row in rows for cell in row[3:])
+    assert f"wrote {picture}" in proc.stdout
+    assert_png(picture)
+
+
+def test_heads_json_agrees_with_the_api_on_the_same_tokens(trained_run):
+    """In float32 the command's deltas are the API's ablation_deltas on the val split's first windows."""
+    from gptkit.dataset import Split, load_meta
+    from gptkit.experiments import ablation_deltas, open_run
+
+    out = trained_run[0]
+    proc = check_ok(run_script("analyze.py", "heads", f"--out_dir={out}", "--json", "--ablation=mean",
+                               "--dtype=float32", "--tokens=320"))
+    answer = json.loads(proc.stdout)  # stdout holds the JSON alone; the picture's line went to stderr
+    assert "wrote " in proc.stderr and answer["ablation"] == "mean" and answer["dtype"] == "float32"
+    assert answer["tokens"] == 320 and len(answer["heads"]) == 4  # 10 windows of 32
+    assert all(KEYS <= set(entry) for entry in answer["heads"])
+    run = open_run(out)
+    folder, meta = load_meta(run.trained_on["data_dir"], run.trained_on["dataset"])
+    idx, targets = Split(folder, "val", meta, 32).batch(torch.arange(10) * 32, "cpu")
+    loss, deltas = ablation_deltas(run.model, idx, targets, "mean")
+    assert answer["val_loss"] == pytest.approx(loss, abs=1e-5)
+    assert [e["ablation_delta"] for e in answer["heads"]] == pytest.approx(deltas.flatten().tolist(), abs=1e-5)
+
+
+def test_the_whole_val_split_when_it_holds_fewer_tokens_than_asked(trained_run, data_dir, tmp_path):
+    proc = check_ok(run_here("analyze.py", "heads", trained_run[0], "--json", f"--output={tmp_path / 'h.png'}"))
+    val = json.loads((data_dir / "tiny" / "meta.json").read_text(encoding="utf-8"))["val_tokens"]
+    assert json.loads(proc.stdout)["tokens"] == (val - 1) // 32 * 32 < 65_536  # every whole window of 32
+
+
+def test_one_head_is_every_head_allowed_with_a_note(data_dir, tmp_path):
+    meta = json.loads((data_dir / "tiny" / "meta.json").read_text(encoding="utf-8"))
+    out = saved_run(tmp_path / "one", meta["vocab"], {"dataset": "tiny", "data_dir": str(data_dir)}, n_layer=1,
+                    n_head=1)
+    proc = check_ok(run_here("analyze.py", "heads", out, "--tokens=64"))
+    assert "| 0     | L0H0 |" in proc.stdout
+    assert proc.stderr.strip() == ("note: the model has one head, so ablating it switches every head off (allowed: "
+                                   "its row is what all of attention adds)")
+
+
+# ----------------------------------------------------------------------------- patch and attribute
+
+
+def test_patch_prints_both_heatmaps_and_draws_them(tiny):
+    proc = check_ok(run_here("analyze.py", "patch", tiny, "--clean=ROMEO:", "--corrupt=JULIE:", "--target=\\n",
+                             "--foil=A", "--json"))
+    answer = json.loads(proc.stdout)
+    assert answer["metric"] == "logit(↵) - logit(A)" and answer["tokens"] == list("JULIE:")
+    assert len(answer["resid"]) == 2 and len(answer["resid"][0]) == 6 and len(answer["heads"][1]) == 4
+    assert answer["resid"][0][0] != answer["corrupt"] == answer["resid"][0][-1]  # both prompts end in ":"
+    assert_png(tiny / "patch.png")
+    table = check_ok(run_here("analyze.py", "patch", f"--out_dir={tiny}", "--clean=ROMEO:", "--corrupt=JULIE:"))
+    assert table.stdout.startswith("metric: log-prob of ") and "| 5        | :     |" in table.stdout
+
+
+def test_attribute_lists_each_part_and_their_sum(tiny):
+    answer = json.loads(check_ok(run_here("analyze.py", "attribute", tiny, "--text=ROMEO:", "--json")).stdout)
+    assert (answer["position"], answer["token"], answer["target"]) == (4, "O", ":")  # the last with a next token
+    assert sum(answer["parts"].values()) + answer["norm_bias"] == pytest.approx(answer["raw_logit"], abs=1e-4)
+    table = check_ok(run_here("analyze.py", "attribute", tiny, "--text=ROMEO:", "--position=0")).stdout
+    assert table.startswith("the logit of O, the token that came next, at position 0 (R): ")
+    assert "| L1H3 " in table and "| final norm's bias " in table and "| sum " in table
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["heads"], "error: this model has no attention (n_layer=0, a bigram model): *"),
+    (["patch", "--clean=ROMEO", "--corrupt=JULIET"], "error: this model has no attention*"),
+])
+def test_a_run_without_attention_is_one_line(tmp_path, args, expected):
+    bigram = saved_run(tmp_path / "bigram", n_layer=0)
+    assert_one_error_line(run_here("analyze.py", args[0], bigram, *args[1:]).stderr, expected)
+    answer = json.loads(check_ok(run_here("analyze.py", "attribute", bigram, "--text=AB", "--json")).stdout)
+    assert set(answer["parts"]) == {"embed", "pos_embed"}  # attribution needs no attention
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["patch", "--clean=ROMEO", "--corrupt=JULIET"], "error: the clean prompt is 5 tokens and the corrupt one 6: *"),
+    (["patch", "--clean=ROMÉO", "--corrupt=JULIE"],
+     "error: --clean: the text has characters outside the training vocabulary: 'É'"),
+    (["patch", "--clean=", "--corrupt=JULIE"], "error: --clean is empty: *"),
+    (["patch", "--clean=ROMEO", "--corrupt=JULIE", "--target=é"],
+     "error: --target: the text has characters outside the training vocabulary: 'é'"),
+    (["patch", "--clean=ROMEO", "--corrupt=JULIE", "--foil=AB"], "error: --foil must be one token; 'AB' is 2 tokens"),
+    (["attribute", "--text="], "error: --text is empty: *"),
+    (["attribute", "--text=ROMEO", "--position=4"], "error: position must be 0 to 3, a position with a next token*"),
+    (["attribute", "--text=R"], "error: the text is one token: attribution needs a next token to attribute"),
+    (["attribute", "--text=" + "A" * 17],
+     "error: --text: the text is 17 tokens, longer than the model's block_size 16"),
+    (["heads"], "error: {run} does not say which dataset it trained on; pass --dataset"),
+    (["heads", "--dataset=nope"], "error: dataset folder {repo}/data/nope not found; create it with "
+                                  "`python data/prepare.py --input=YOUR.txt --name=nope`"),
+    (["heads", "--ablation=half"], "error: command line: ablation must be one of zero, mean (got 'half'*"),
+    (["heads", "--tokens=0"], "error: tokens must be at least 1 (got 0)"),
+    (["attribute", "--text=A", "--position=-2"], "error: position must be -1 (the last position with a next token) *"),
+])
+def test_mistakes_are_one_line(tiny, args, expected):
+    assert_one_error_line(run_here("analyze.py", args[0], tiny, *args[1:]).stderr,
+                          expected.format(run=tiny, repo=REPO))
+
+
+def test_a_folder_without_a_run_and_an_unknown_analysis_are_one_line(tmp_path):
+    assert_one_error_line(run_here("analyze.py", "heads", tmp_path).stderr, f"error: no checkpoint in {tmp_path}*")
+    assert_one_error_line(run_here("analyze.py", "shapes", tmp_path).stderr,
+                          "error: unknown analysis 'shapes'; choose one of: heads, patch, attribute")
+    assert "usage: python analyze.py {heads, patch, attribute}" in check_ok(run_here("analyze.py")).stdout
