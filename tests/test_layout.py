@@ -20,7 +20,7 @@ LAYERS = {
     "measured choices, processes and settings": {"gptkit.timing", "gptkit.choices", "gptkit.runtime",
                                                  "gptkit.train_config"},
     "a run": {"gptkit.rundir", "gptkit.resume", "gptkit.training", "gptkit.reporting", "gptkit.pictures"},
-    "what the lab, the explorer and the benchmarks do": {"gptkit.lab", "gptkit.explorer",
+    "what the lab, the explorer and the benchmarks do": {"gptkit.lab", "gptkit.explorer", "gptkit.explorer_guard",
                                                          *(f"gptkit.benchmarks.{name}" for name in BENCHMARKS)},
 }
 
