@@ -8,6 +8,9 @@ Open your trained models in a browser: watch one write, and see every probabilit
 It prints the page's address; Ctrl-C stops it. The page works offline and writes nothing into the runs.
 """
 
+import errno
+import ipaddress
+import os
 import signal
 import socket
 import sys
@@ -41,13 +44,37 @@ def folder_first(argv):
 
 
 def listen(host, port):
-    """A listening socket, or one clear line when the address cannot be had."""
+    """A listening socket on host (an address or a name of this machine; IPv4 first, as browsers try it), or one
+    line saying what to change when it cannot be had."""
     try:
-        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise UserError(f"cannot listen on {host}: no address of that name ({e.strerror}); give --host an address "
+                        "of this machine, e.g. 127.0.0.1 (the default: this machine only)") from None
+    family, *_, address = min(found, key=lambda info: info[0] != socket.AF_INET)
+    try:
+        sock = socket.create_server(address, family=family)
     except OSError as e:
-        raise UserError(f"cannot listen on {host}:{port} ({e.strerror or e}); pick another with --port") from None
+        raise UserError(f"cannot listen on {host}:{port} ({os.strerror(e.errno) if e.errno else e}); "
+                        f"{listen_advice(e.errno)}") from None
     sock.set_inheritable(True)
     return sock
+
+
+def listen_advice(code):
+    if code == errno.EADDRNOTAVAIL:
+        return "that is not an address of this machine: give --host one of its own, e.g. 127.0.0.1"
+    if code == errno.EACCES:
+        return "ports below 1024 need administrator rights: pick another with --port, e.g. --port=8000"
+    if code == errno.EADDRINUSE:
+        return "pick another with --port (--port=0 takes any free one)"
+    return "pick another --host or --port"
+
+
+def reachable_from_network(address):
+    """Whether a socket bound to address (e.g. 0.0.0.0, or a network card's address) takes connections from other
+    machines: anything but the loopback network (127.0.0.0/8, ::1) does."""
+    return not ipaddress.ip_address(address.split("%")[0]).is_loopback
 
 
 def main(argv=None):
@@ -57,26 +84,35 @@ def main(argv=None):
         raise UserError(f"{root} is not a folder; pass a run folder (e.g. out) or a folder of runs (e.g. out-lab)")
     import uvicorn
 
-    from gptkit.explorer import Shelf, make_app
+    from gptkit.explorer import ApiError, Shelf, make_app
 
     shelf = Shelf(root, pick_device(cfg.device), cfg.dtype)
-    if not shelf.summaries:
+    try:
+        runs = shelf.summaries()
+    except ApiError as e:
+        raise UserError(str(e)) from None
+    if not runs:
         raise UserError(f"no runs in {root} (a run folder holds best.pt or latest.pt); train one with "
                         "`python train.py config/shakespeare_char.py` or run `python lab.py`")
-    first = next((name for name, s in shelf.summaries.items() if s.error is None), None)
+    first = next((s.name for s in runs if s.error is None), None)
     if first is not None:
-        shelf.get(first)  # loaded before the address is printed: the page's first answers come at once
+        try:
+            shelf.get(first)  # loaded before the address is printed: the page's first answers come at once
+        except ApiError:
+            pass  # the page says why when it is picked
     sock = listen(cfg.host, cfg.port)
     host, port = sock.getsockname()[:2]
-    if cfg.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: listening on {cfg.host}: the page is reachable from the network, and anyone who reaches "
-              "it can run these models", file=sys.stderr)
-    server = uvicorn.Server(uvicorn.Config(make_app(shelf), log_level="warning"))
-    openable = sum(s.error is None for s in shelf.summaries.values())
+    if reachable_from_network(host):
+        where = cfg.host if cfg.host == host else f"{cfg.host} ({host})"
+        print(f"warning: listening on {where}: the page is reachable from the network, and anyone who reaches it "
+              "can run these models", file=sys.stderr)
+    app = make_app(shelf, cfg.host, port, bound=host)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    openable = sum(s.error is None for s in runs)
     for signum in (signal.SIGINT, signal.SIGTERM):  # before uvicorn takes them over, and after it hands them back
         signal.signal(signum, lambda *_: setattr(server, "should_exit", True))
     print(f"explorer: http://{'[' + host + ']' if ':' in host else host}:{port}/  ({openable} of "
-          f"{len(shelf.summaries)} runs in {root} can be opened; Ctrl-C stops it)", flush=True)
+          f"{len(runs)} runs in {root} can be opened; Ctrl-C stops it)", flush=True)
     server.run(sockets=[sock])
     print("explorer stopped")
 

@@ -9,6 +9,7 @@ import copy
 import json
 import math
 import mimetypes
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -20,18 +21,20 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from pydantic import BaseModel, Field, field_validator
 
-from gptkit.checkpoint import MODEL_KEYS, load_checkpoint, model_config
+from gptkit.checkpoint import MODEL_KEYS, load_checkpoint, model_config, model_from_checkpoint
+from gptkit.dataset import file_identity
 from gptkit.decoding import StopFilter, decode_steps, lay_out_for_decoding, shaped_probs
-from gptkit.errors import UserError
+from gptkit.errors import UserError, first_line
+from gptkit.explorer_guard import Guard, own_names
 from gptkit.inspection import attention_maps, logit_lens, look_inside, read_out, surprise_bits, token_label
 from gptkit.lab import RUNGS
 from gptkit.metrics import read_metrics, wall_clock
-from gptkit.rundir import RunDir, load_model
 from gptkit.runtime import DTYPES
 from gptkit.timing import pick_decode_dtype, pick_decode_threads
-from gptkit.tokenizer import describe_vocabulary
+from gptkit.tokenizer import describe_vocabulary, tokenizer_from_meta
 from model import GPTConfig
 
 STATIC = Path(__file__).resolve().parent / "explorer_static"
@@ -52,21 +55,70 @@ class ApiError(Exception):
 # ----------------------------------------------------------------------------- runs
 
 
-def is_run(folder):
-    return any((folder / name).is_file() for name in ("best.pt", "latest.pt", "ckpt.pt"))
+CHECKPOINTS = ("best.pt", "ckpt.pt", "latest.pt")  # the first there is what the explorer opens
+
+
+def checkpoint_of(folder):
+    """The checkpoint the explorer opens of a run folder: best.pt (or an earlier version's ckpt.pt), else, in a run
+    that has not finished an evaluation yet, latest.pt; None when there is none. An error reading the folder other
+    than 'not there' (no permission) is raised: the folder may hold a run."""
+    for name in CHECKPOINTS:
+        try:
+            if stat.S_ISREG((folder / name).stat().st_mode):
+                return folder / name
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return None
+
+
+def child_run(root, child):
+    """The resolved folder of root's child when it is a run of root (a link leading out of root is not), the
+    child itself when it cannot be read (its summary says why), else None."""
+    try:
+        if not child.is_dir() or not child.resolve().is_relative_to(root):
+            return None
+        return child.resolve() if checkpoint_of(child) else None
+    except OSError:
+        return child
 
 
 def find_runs(root):
-    """{name: folder}: the root itself when it is a run (named as its folder), else every run folder directly
-    inside it. A folder that is a link leading out of the root is not a run of this root."""
+    """{name: folder} as the root is now: the root itself when it is a run (named as its folder), else every run
+    folder directly inside it. Raises OSError when the root cannot be read."""
     root = Path(root).resolve()
-    if is_run(root):
+    if checkpoint_of(root):
         return {root.name: root}
-    runs = {}
-    for child in sorted(root.iterdir()):
-        if child.is_dir() and child.resolve().is_relative_to(root) and is_run(child):
-            runs[child.name] = child.resolve()
-    return runs
+    found = {child.name: child_run(root, child) for child in sorted(root.iterdir())}
+    return {name: folder for name, folder in found.items() if folder is not None}
+
+
+def find_run(root, name):
+    """The folder of the run named name as the root is now, or None: one name, never a path."""
+    root = Path(root).resolve()
+    if checkpoint_of(root):
+        return root if name == root.name else None
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        return None
+    return child_run(root, root / name)
+
+
+def inside(path, folder):
+    """path, refused in one line when it is a link leading out of folder: a run's files are read from its own."""
+    if not path.resolve().is_relative_to(Path(folder).resolve()):
+        raise UserError(f"{path.name} is a link leading out of the run's folder; the explorer reads only the files "
+                        "inside it")
+    return path
+
+
+def shown(name):
+    """A folder's name as the page shows it: a name that is not UTF-8 text (Linux allows any bytes) with its
+    bad bytes replaced, which JSON and URLs can carry."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def number(value):
+    """A finite number, else None: a hand-edited metrics.jsonl may hold NaN, Infinity or text where one goes."""
+    return value if type(value) in (int, float) and math.isfinite(value) else None
 
 
 def describe(c):
@@ -107,60 +159,93 @@ class Summary:
     params: int = 0
     tokenizer: str = ""
     error: str = None
+    identity: tuple = None  # the checkpoint file's identity when read: another one is read again
 
     def to_json(self):
-        out = {"name": self.name, "error": self.error, "settings": None, "params": None, "iterations": None,
-               "final_val_loss": None, "tokenizer": self.tokenizer, "rung": lab_rung(self.folder), "health": None}
+        out = {"name": shown(self.name), "error": self.error, "settings": None, "params": None, "iterations": None,
+               "final_val_loss": None, "tokenizer": self.tokenizer, "rung": lab_rung(self.folder), "health": None,
+               "checkpoint": None, "metrics_error": None}
         if self.error is None:
-            out.update(settings=describe(self.config), params=self.params, **finished(self.folder))
+            out.update(settings=describe(self.config), params=self.params, checkpoint=self.checkpoint.name,
+                       **finished(self.folder))
         return out
 
 
 def finished(folder):
     """The last iteration and the final val loss (the whole-split score, else the last evaluation) a run logged,
-    and what its health record said (train.py's overfitting warning), if it wrote one."""
+    what its health record said (train.py's overfitting warning), if it wrote one, and why its metrics.jsonl
+    cannot be read, if it cannot: the run still opens."""
     try:
-        records = read_metrics(folder)
-    except UserError:
-        return {"iterations": None, "final_val_loss": None}
-    iters = [r["iter"] for r in records if "iter" in r]
-    final = [r["val_loss"] for r in records if r.get("kind") == "final"]
-    evals = [r["val_loss"] for r in records if r.get("kind") == "eval"]
+        records = run_records(folder)
+    except UserError as e:
+        return {"metrics_error": first_line(e)}
+    iters = [r["iter"] for r in records if type(r.get("iter")) is int]
+    losses = {kind: [v for r in records if r.get("kind") == kind and (v := number(r.get("val_loss"))) is not None]
+              for kind in ("final", "eval")}
     health = [r for r in records if r.get("kind") == "health"]
-    return {"iterations": max(iters, default=None), "final_val_loss": (final or evals or [None])[-1],
+    return {"iterations": max(iters, default=None),
+            "final_val_loss": (losses["final"] or losses["eval"] or [None])[-1],
             "health": health_note(health[-1]) if health else None}
 
 
+def run_records(folder):
+    """The records of a run's metrics.jsonl, none when it has none; one line when they cannot be read."""
+    path = folder / "metrics.jsonl"
+    if not path.exists():
+        return []
+    inside(path, folder)
+    return read_metrics(folder)
+
+
 def health_note(record):
-    """The health record as the run card's note."""
-    return (f"overfitting from iteration {record['iter']:,}: {record['overfitting']}. best.pt keeps iteration "
-            f"{record['best_iter']:,} (val loss {record['best_val_loss']:.4f})")
+    """The health record as the run card's note; None for one not of the shape train.py writes."""
+    it, best_iter, best_loss, why = (record.get(k) for k in ("iter", "best_iter", "best_val_loss", "overfitting"))
+    if type(it) is not int or type(best_iter) is not int or number(best_loss) is None or not isinstance(why, str):
+        return None
+    return f"overfitting from iteration {it:,}: {why}. best.pt keeps iteration {best_iter:,} (val loss {best_loss:.4f})"
 
 
 def lab_rung(folder):
     """{'name', 'step', 'adds', 'cheats'} of the attention lab's rung this run folder is (its lab.json names it),
     step counted along the lab's path from the bigram; None for any other run."""
     try:
-        name = json.loads((folder / "lab.json").read_text(encoding="utf-8"))["rung"]
+        name = json.loads(inside(folder / "lab.json", folder).read_text(encoding="utf-8"))["rung"]
         step, rung = next((i, r) for i, r in enumerate(RUNGS) if r.name == name)
-    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+    except (OSError, UserError, ValueError, KeyError, TypeError, StopIteration, RecursionError):
         return None
     return {"name": rung.name, "step": step, "adds": rung.adds, "cheats": rung.cheats}
 
 
-def summarize(name, folder):
-    """A run's summary, or its error as one line: a damaged or foreign checkpoint does not stop the others."""
+def identity_of(folder):
+    """(path, file identity) of the checkpoint a run opens, or None when it cannot be told."""
     try:
-        run = RunDir(folder)
-        path = run.model_file("best" if (run.best.exists() or run.legacy.exists()) else "latest")
+        path = checkpoint_of(folder)
+        return (path, file_identity(path.stat())) if path else None
+    except OSError:
+        return None
+
+
+def summarize(name, folder):
+    """A run's summary, or its error as one line: a damaged, foreign or unreadable run does not stop the others."""
+    identity = None
+    try:
+        if shown(name) != name:
+            raise UserError("its folder's name is not UTF-8 text, which the page cannot ask for; rename the folder")
+        path = checkpoint_of(folder)
+        if path is None:
+            raise UserError(f"no checkpoint in {folder} any more")
+        inside(path, folder)
+        identity = identity_of(folder)
         ckpt = load_checkpoint(path, required=MODEL_KEYS)
         config = model_config(ckpt, path)
         params = sum(t.numel() for k, t in ckpt["model"].items() if k != "transformer.wpe.weight")
         if config.tie_weights:
             params -= ckpt["model"]["lm_head.weight"].numel()
-        return Summary(name, folder, path, config, params, describe_vocabulary(ckpt["tokenizer"]))
+        return Summary(name, folder, path, config, params, describe_vocabulary(ckpt["tokenizer"]), identity=identity)
+    except OSError as e:
+        return Summary(name, folder, error=f"cannot read {e.filename or folder} ({e.strerror or e})")
     except (UserError, ValueError, KeyError, TypeError) as e:
-        return Summary(name, folder, error=str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return Summary(name, folder, error=str(e).splitlines()[0] if str(e) else type(e).__name__, identity=identity)
 
 
 @dataclass
@@ -175,18 +260,45 @@ class Loaded:
 
 
 class Shelf:
-    """The runs under the root folder, each loaded when first picked and kept while recently used."""
+    """The runs under the root folder as they are now (a run trained after start-up is there, a checkpoint
+    replaced is read again), each loaded when first picked and kept while recently used."""
 
     def __init__(self, root, device, dtype="auto"):
         self.root, self.device, self.dtype = Path(root), device, dtype
-        self.summaries = {name: summarize(name, folder) for name, folder in find_runs(root).items()}
+        self.known = {}  # name -> its Summary, kept while its checkpoint file is the same file
+        self.known_lock = threading.Lock()
         self.loaded = OrderedDict()
         self.lock = threading.Lock()  # one forward pass at a time: requests share the models and the threads
 
+    def current(self, name, folder):
+        """The run's summary, read again only when its checkpoint is another file (or the same rewritten)."""
+        with self.known_lock:
+            old = self.known.get(name)
+        identity = identity_of(folder)
+        if old is None or old.folder != folder or identity is None or old.identity != identity:
+            old = summarize(name, folder)
+            with self.known_lock:
+                self.known[name] = old
+        return old
+
+    def summaries(self):
+        """Every run under the root, as it is now."""
+        runs = self.scan(find_runs, self.root)
+        with self.known_lock:  # runs gone are forgotten
+            self.known = {name: s for name, s in self.known.items() if name in runs}
+        return [self.current(name, folder) for name, folder in runs.items()]
+
+    def scan(self, how, *args):
+        try:
+            return how(*args)
+        except OSError as e:
+            raise ApiError(409, f"cannot read {e.filename or self.root} ({e.strerror or e})") from None
+
     def summary(self, name):
-        if name not in self.summaries:
+        folder = self.scan(find_run, self.root, name)
+        if folder is None:
             raise ApiError(404, f"no run named {name!r} in {self.root}")
-        summary = self.summaries[name]
+        summary = self.current(name, folder)
         if summary.error:
             raise ApiError(409, f"run {name!r} cannot be opened: {summary.error}")
         return summary
@@ -194,7 +306,7 @@ class Shelf:
     def get(self, name):
         summary = self.summary(name)
         with self.lock:
-            if name not in self.loaded:
+            if name not in self.loaded or self.loaded[name].summary is not summary:
                 self.loaded[name] = self.load(summary)
                 while len(self.loaded) > LOADED_AT_ONCE:
                     self.loaded.popitem(last=False)
@@ -202,9 +314,11 @@ class Shelf:
             return self.loaded[name]
 
     def load(self, summary):
-        which = "latest" if summary.checkpoint.name == "latest.pt" else "best"
+        """The model and tokenizer of the very checkpoint the summary read."""
         try:
-            model, tok = load_model(summary.folder, self.device, which)
+            ckpt = load_checkpoint(summary.checkpoint, required=MODEL_KEYS)
+            model = model_from_checkpoint(ckpt, summary.checkpoint).to(self.device).eval()
+            tok = tokenizer_from_meta(ckpt["tokenizer"])
         except UserError as e:
             raise ApiError(409, f"run {summary.name!r} cannot be opened: {e}") from None
         decoder = copy.deepcopy(model)
@@ -213,8 +327,6 @@ class Shelf:
         _, threads = pick_decode_threads(0, decoder, self.device)  # as sample.py: one thread unless clearly faster
         dtype, why = pick_decode_dtype(self.dtype, decoder, self.device)
         return Loaded(summary, model, decoder.to(DTYPES[dtype]), tok, "; ".join(w for w in (why, threads) if w))
-
-
 
 
 # ----------------------------------------------------------------------------- requests
@@ -406,18 +518,19 @@ def attention_map(shelf, loaded, req):
 
 
 def run_metrics(summary):
-    """A run's train and eval records for its loss curves, times on one wall clock."""
+    """A run's train and eval records for its loss curves, times on one wall clock; a value that is not a finite
+    number is a gap in its curve."""
     try:
-        records = read_metrics(summary.folder)
+        records = run_records(summary.folder)
     except UserError as e:
         raise ApiError(409, str(e)) from None
     train, evals = [], []
     for r, t in zip(records, wall_clock(records)):
         if r.get("kind") == "train":
-            train.append({"iter": r["iter"], "loss": r["loss"], "time": round(t, 3)})
+            train.append({"iter": r["iter"], "loss": number(r["loss"]), "time": round(t, 3)})
         elif r.get("kind") == "eval":
-            evals.append({"iter": r["iter"], "train_loss": r.get("train_loss"), "val_loss": r["val_loss"],
-                          "time": round(t, 3)})
+            evals.append({"iter": r["iter"], "train_loss": number(r.get("train_loss")),
+                          "val_loss": number(r["val_loss"]), "time": round(t, 3)})
     return {"train": train, "eval": evals}
 
 
@@ -429,21 +542,24 @@ def picked(name, loaded):
             "decode": loaded.decoding, "note": attention_note(c)}
 
 
-def make_app(shelf):
-    """The explorer's FastAPI app over a Shelf of runs."""
+def body_refused(e):
+    """The one line for a request body FastAPI could not parse (it raises HTTPException from the cause)."""
+    cause = e.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the request body is not UTF-8 text ({cause.reason} at byte {cause.start}); send JSON"
+    if isinstance(cause, RecursionError):
+        return "the request body is nested too deeply to read; send the JSON the page sends"
+    return f"the request body could not be read ({first_line(cause)}); send JSON" if cause else str(e.detail)
+
+
+def make_app(shelf, host="127.0.0.1", port=8000, bound=None):
+    """The explorer's FastAPI app over a Shelf of runs, answering at port on the names of host, the address it is
+    bound to (bound, default host) and this machine's loopback (see gptkit/explorer_guard.py)."""
     app = FastAPI(title="gptkit explorer", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(Guard, names=own_names(host, bound or host), port=port)
     mimetypes.add_type("text/javascript", ".js")  # modules run only if served so; Windows may map .js otherwise
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
-
-    @app.exception_handler(ApiError)
-    def refused(request: Request, e: ApiError):
-        return JSONResponse({"error": str(e)}, status_code=e.status)
-
-    @app.exception_handler(RequestValidationError)
-    def invalid(request: Request, e: RequestValidationError):
-        first = e.errors()[0]
-        where = ".".join(str(part) for part in first["loc"] if part != "body") or "the request"
-        return JSONResponse({"error": f"{where}: {first['msg']}"}, status_code=422)
+    add_error_handlers(app)
 
     @app.get("/")
     def index():
@@ -451,16 +567,17 @@ def make_app(shelf):
 
     @app.get("/api/runs")
     def runs():
-        listed = [s.to_json() for s in shelf.summaries.values()]
+        found = [s.to_json() for s in shelf.summaries()]
         # the lab's rungs in the order of its path, as its table lists them; other runs by name, after them
-        listed.sort(key=lambda r: (r["rung"] is None, r["rung"]["step"] if r["rung"] else 0, r["name"]))
-        return {"root": str(shelf.root), "runs": listed}
+        found.sort(key=lambda r: (r["rung"] is None, r["rung"]["step"] if r["rung"] else 0, r["name"]))
+        return {"root": shown(str(shelf.root)), "runs": found}
 
-    @app.get("/api/runs/{name:path}/metrics")
+    # a run's name is one folder's name, never a path: any character but '/' (a newline too) reaches it
+    @app.get("/api/runs/{name}/metrics")
     def metrics(name: str):
         return run_metrics(shelf.summary(name))
 
-    @app.get("/api/runs/{name:path}")
+    @app.get("/api/runs/{name}")
     def pick(name: str):
         return picked(name, shelf.get(name))
 
@@ -484,3 +601,30 @@ def make_app(shelf):
         return attention_map(shelf, shelf.get(req.run), req)
 
     return app
+
+
+def add_error_handlers(app):
+    """Every refusal as the page reads it: a 4xx and {"error": "one line"}, never FastAPI's {"detail": ...}."""
+
+    @app.exception_handler(ApiError)
+    def refused(request: Request, e: ApiError):
+        return JSONResponse({"error": str(e)}, status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    def invalid(request: Request, e: RequestValidationError):
+        first = e.errors()[0]
+        if first["type"] == "json_invalid":
+            return JSONResponse({"error": f"the request body is not JSON ({first['ctx']['error']} at character "
+                                          f"{first['loc'][-1]})"}, status_code=400)
+        where = ".".join(str(part) for part in first["loc"] if part != "body") or "the request body"
+        return JSONResponse({"error": f"{where}: {first['msg']}"}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    def http_error(request: Request, e: StarletteHTTPException):
+        if e.status_code == 404:
+            line = f"nothing at {request.url.path}"
+        elif e.status_code == 405:
+            line = f"{request.url.path} does not take {request.method} requests"
+        else:
+            line = body_refused(e) if e.status_code == 400 else str(e.detail)
+        return JSONResponse({"error": line}, status_code=e.status_code, headers=e.headers)

@@ -2,6 +2,7 @@
 
 import errno
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -172,10 +173,14 @@ def check_record(record):
 
 def wall_clock(records):
     """Each record's elapsed_s on one clock: a resumed run's process clock restarts at 0, so it continues
-    from where the previous process left off."""
+    from where the previous process left off. A record without a finite number there (a kind whose fields are
+    not checked) keeps the time of the record before it."""
     out, offset, last = [], 0.0, 0.0
     for r in records:
-        t = float(r.get("elapsed_s", 0.0))
+        t = r.get("elapsed_s")
+        if type(t) not in (int, float) or not math.isfinite(t):
+            out.append(last)
+            continue
         if t + offset < last:  # the clock went back: a new process appended to the file
             offset = last
         last = t + offset

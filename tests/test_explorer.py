@@ -2,14 +2,18 @@
 surprise), its streamed text is sample.py's, each endpoint refuses bad requests with one JSON line, and it opens
 only the runs inside its folder. In-process through FastAPI's test client, plus a real server for streaming."""
 
+import errno
 import json
 import math
+import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import urllib.parse
 from dataclasses import asdict
 
 import httpx
@@ -60,9 +64,14 @@ def lab(tmp_path_factory):
     return root, models
 
 
+def app_over(root):
+    """The explorer's app over root's runs, asked as its page asks it: at its own address and port."""
+    return TestClient(make_app(Shelf(root, "cpu", "float32")), base_url="http://127.0.0.1:8000")
+
+
 @pytest.fixture(scope="module")
 def client(lab):
-    return TestClient(make_app(Shelf(lab[0], "cpu", "float32")))
+    return app_over(lab[0])
 
 
 def ids_of(text):
@@ -191,7 +200,7 @@ def test_streamed_text_is_sample_pys_for_the_same_seed_and_settings(lab, tmp_pat
     run = tmp_path / "run"
     shutil.copytree(lab[0] / "rope", run)
     settings = dict(temperature=0.9, top_k=7, top_p=0.8, seed=42, max_tokens=40)
-    app = TestClient(make_app(Shelf(run, "cpu", "float32")))
+    app = app_over(run)
     streamed = events(app.post("/api/generate", json=dict(run="run", prompt="ROMEO:", **settings)).iter_lines())
     proc = check_ok(run_script("sample.py", f"--out_dir={run}", "--start=ROMEO:", "--num_samples=1",
                                "--dtype=float32", "--device=cpu", *[f"--{k}={v}" for k, v in settings.items()
@@ -231,7 +240,7 @@ def test_only_runs_inside_the_folder_open(lab, tmp_path):
     root = tmp_path / "root"
     shutil.copytree(lab[0] / "scaled", root / "inside")
     (root / "escape").symlink_to(lab[0] / "uniform", target_is_directory=True)
-    app = TestClient(make_app(Shelf(root, "cpu", "float32")))
+    app = app_over(root)
     assert [r["name"] for r in app.get("/api/runs").json()["runs"]] == ["inside"]
     for name in ("escape", "../root/inside", str(lab[0] / "uniform"), "..", "%2e%2e"):
         assert app.get(f"/api/runs/{name}").status_code == 404, name
@@ -256,6 +265,242 @@ def test_the_page_and_its_files_are_served_with_nothing_from_the_internet(client
     for path in files:
         assert client.get(f"/static/{path.relative_to(static)}").status_code == 200
         assert not REMOTE.search(path.read_text(encoding="utf-8")), path
+
+
+# ----------------------------------------------------------------------------- only its own page
+
+
+@pytest.mark.parametrize("host,status", [
+    ("127.0.0.1:8000", 200), ("localhost:8000", 200), ("[::1]:8000", 200), ("LOCALHOST:8000", 200),
+    ("attacker.example:8000", 400),  # a name rebound to 127.0.0.1: the browser sends the page's own name
+    ("127.0.0.1:9000", 400), ("localhost", 400), ("10.1.2.3:8000", 400), ("", 400), ("127.0.0.1:x", 400),
+])
+def test_only_its_own_names_at_its_own_port_are_answered(client, host, status):
+    for path in ("/", "/static/explorer.js", "/api/runs", "/api/runs/scaled"):
+        r = client.get(path, headers={"host": host})
+        assert r.status_code == status, (path, host)
+    if status != 200:
+        assert "answers only at its own address" in r.json()["error"] and "\n" not in r.json()["error"]
+        assert client.post("/api/read", json=dict(run="scaled", text="abc"), headers={"host": host}).status_code == 400
+
+
+def test_a_wildcard_bind_answers_this_machines_own_name(lab):
+    app = TestClient(make_app(Shelf(lab[0], "cpu", "float32"), "0.0.0.0", 8000), base_url="http://127.0.0.1:8000")
+    assert app.get("/api/runs", headers={"host": f"{socket.gethostname()}:8000"}).status_code == 200
+    assert app.get("/api/runs", headers={"host": "attacker.example:8000"}).status_code == 400
+
+
+@pytest.mark.parametrize("origin,status", [
+    (None, 200),  # not a browser (curl, a script): no page to forge a request from
+    ("http://127.0.0.1:8000", 200), ("http://attacker.example", 403), ("http://localhost:8000", 403),
+    ("http://127.0.0.1:9000", 403), ("null", 403), ("https://127.0.0.1:8000", 403),
+])
+def test_a_request_that_acts_is_taken_only_from_the_explorers_own_page(client, origin, status):
+    headers = {} if origin is None else {"origin": origin}
+    for path, body in (("/api/read", dict(run="scaled", text="abc")),
+                       ("/api/generate", dict(run="scaled", prompt="a", max_tokens=2))):
+        r = client.post(path, json=body, headers=headers)
+        assert r.status_code == status, (path, origin, r.text)
+    if status == 403:
+        assert "another site" in r.json()["error"]
+
+
+def test_no_other_sites_page_reaches_the_api_but_a_link_opens_the_page(client):
+    cross = {"sec-fetch-site": "cross-site"}
+    assert client.get("/api/runs", headers=cross).status_code == 403
+    assert client.get("/api/runs/scaled", headers=cross).status_code == 403  # no loading models from <img src>
+    assert client.get("/", headers=cross).status_code == 200
+    assert client.get("/api/runs", headers={"sec-fetch-site": "same-origin"}).status_code == 200
+
+
+def test_every_response_says_nosniff_and_no_framing(client):
+    answers = [client.get("/"), client.get("/static/explorer.js"), client.get("/api/runs"), client.get("/nothing"),
+               client.post("/api/read", json={}), client.get("/", headers={"host": "attacker.example"}),
+               client.post("/api/generate", json=dict(run="scaled", prompt="a", max_tokens=2))]
+    for r in answers:
+        assert r.headers["x-content-type-options"] == "nosniff", r.url
+        assert r.headers["x-frame-options"] == "DENY" and "frame-ancestors 'none'" in \
+            r.headers["content-security-policy"], r.url
+
+
+# ----------------------------------------------------------------------------- one bad run never breaks the others
+
+
+def strict_json(response):
+    """The body as JSON, refusing NaN and Infinity, which JSON has not and the page's JSON.parse throws on."""
+    def refuse(constant):
+        raise ValueError(f"{constant} in {response.url}")
+    return json.loads(response.text, parse_constant=refuse)
+
+
+def with_records(folder, *records):
+    with open(folder / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.writelines((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records)
+
+
+def copies(lab, root, *names):
+    """root holding a copy of the lab's 'scaled' run under each name."""
+    for name in names:
+        shutil.copytree(lab[0] / "scaled", root / name)
+    return root
+
+
+def listed_runs(app):
+    return {r["name"]: r for r in strict_json(app.get("/api/runs"))["runs"]}
+
+
+def test_runs_whose_metrics_hold_what_no_run_writes_still_list_and_open(lab, tmp_path):
+    """A record missing a field, NaN, Infinity or text where a number goes: the run's numbers are left out, its
+    curves have a gap there, and the runs after it are listed as ever."""
+    root = copies(lab, tmp_path / "runs", "good", "no_field", "nan", "infinity", "text", "bad_health", "deep", "zz")
+    with_records(root / "no_field", {"kind": "final", "iter": 30})
+    with_records(root / "nan", '{"kind": "eval", "iter": 30, "val_loss": NaN, "elapsed_s": 5.0}',
+                 '{"kind": "final", "iter": 30, "val_loss": NaN, "elapsed_s": NaN}')
+    with_records(root / "infinity", '{"kind": "train", "iter": 30, "loss": Infinity, "elapsed_s": 5.0}',
+                 '{"kind": "final", "iter": 30, "val_loss": -Infinity}')
+    with_records(root / "text", {"kind": "run", "elapsed_s": "soon"}, {"kind": "final", "iter": 30, "val_loss": "x"})
+    with_records(root / "bad_health", {"kind": "health", "iter": 20, "overfitting": "yes"})
+    with_records(root / "deep", "[" * 5000 + "]" * 5000)
+    app = app_over(root)
+    runs = listed_runs(app)
+    assert len(runs) == 8 and all(r["error"] is None for r in runs.values())
+    for name, r in runs.items():
+        if name != "deep":  # what is a number is shown, as ever
+            assert r["final_val_loss"] == 2.65 and r["iterations"] in (20, 30), r
+        assert r["health"] is None and (r["metrics_error"] is None) == (name != "deep"), r
+        curves = app.get(run_url(name, "/metrics"))
+        assert curves.status_code == (409 if name == "deep" else 200), (name, curves.text)
+        points = strict_json(curves)
+        if name != "deep":
+            assert all(p["time"] is not None for p in points["train"] + points["eval"])
+    assert "nested too deeply" in runs["deep"]["metrics_error"] and "\n" not in runs["deep"]["metrics_error"]
+    assert [p["loss"] for p in strict_json(app.get("/api/runs/infinity/metrics"))["train"]] == [3.0, None]
+    assert app.get("/api/runs/nan").status_code == 200
+
+
+def test_a_checkpoint_or_metrics_linked_out_of_its_folder_is_refused(lab, tmp_path):
+    root = copies(lab, tmp_path / "runs", "good", "link", "metrics_link")
+    (root / "link" / "best.pt").unlink()
+    (root / "link" / "best.pt").symlink_to(lab[0] / "uniform" / "best.pt")  # a good checkpoint, outside the folder
+    (root / "metrics_link" / "metrics.jsonl").unlink()
+    (root / "metrics_link" / "metrics.jsonl").symlink_to(lab[0] / "uniform" / "metrics.jsonl")
+    app = app_over(root)
+    runs = listed_runs(app)
+    assert "best.pt is a link leading out of the run's folder" in runs["link"]["error"]
+    assert app.get("/api/runs/link").status_code == 409
+    assert app.post("/api/read", json=dict(run="link", text="abc")).status_code == 409
+    assert "link leading out" in runs["metrics_link"]["metrics_error"]
+    assert app.get("/api/runs/metrics_link/metrics").status_code == 409
+    assert app.get("/api/runs/good").status_code == 200
+
+
+def test_a_folder_name_of_any_characters_opens_or_is_one_line(lab, tmp_path):
+    """The page asks for a run by its name percent-encoded as one path segment (api.js's runUrl): a newline, '%',
+    '#' or '?' in it still reach it. A name that is not UTF-8 (Linux allows any bytes) is listed, and says why
+    it cannot be opened."""
+    root = copies(lab, tmp_path / "runs", "a\nnewline", "50% #?&=+", os.fsdecode(b"caf\xe9"), "zz")
+    app = app_over(root)
+    runs = listed_runs(app)
+    assert set(runs) == {"a\nnewline", "50% #?&=+", "caf\ufffd", "zz"}
+    assert "not UTF-8" in runs["caf\ufffd"]["error"] and app.get(run_url("caf\ufffd")).status_code == 404
+    for name in ("a\nnewline", "50% #?&=+"):
+        assert app.get(run_url(name)).json()["name"] == name
+        assert app.get(run_url(name, "/metrics")).status_code == 200
+        assert app.post("/api/generate", json=dict(run=name, prompt="a", max_tokens=3)).status_code == 200
+
+
+def run_url(name, suffix=""):
+    """The page's runUrl (api.js): the name percent-encoded as one path segment."""
+    return "/api/runs/" + urllib.parse.quote(name, safe="") + suffix
+
+
+@pytest.fixture
+def unreadable(monkeypatch):
+    """Make a folder unreadable to this process (mode 000), as it is to any user but root; under root, whom modes
+    do not stop, os.stat is refused inside it as the kernel refuses others."""
+    def lock(folder):
+        folder.chmod(0)
+        monkeypatch.setattr(os, "stat", refusing(os.stat, str(folder) + os.sep))
+    yield lock
+
+
+def refusing(stat, prefix):
+    def fake(path, *args, **kwargs):
+        if os.geteuid() == 0 and os.fspath(path).startswith(prefix):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+        return stat(path, *args, **kwargs)
+    return fake
+
+
+def test_an_unreadable_run_folder_is_one_line_and_the_rest_serve(lab, tmp_path, unreadable):
+    shutil.copytree(lab[0] / "scaled", tmp_path / "runs" / "fine")
+    shutil.copytree(lab[0] / "scaled", tmp_path / "runs" / "locked")
+    unreadable(tmp_path / "runs" / "locked")
+    try:
+        app = app_over(tmp_path / "runs")
+        runs = {r["name"]: r for r in app.get("/api/runs").json()["runs"]}
+        assert "cannot read" in runs["locked"]["error"] and "Permission denied" in runs["locked"]["error"]
+        assert app.get("/api/runs/locked").status_code == 409 and app.get("/api/runs/fine").status_code == 200
+    finally:
+        (tmp_path / "runs" / "locked").chmod(0o755)
+
+
+# ----------------------------------------------------------------------------- the list is live
+
+
+def test_the_list_shows_the_folder_as_it_is_now(lab, tmp_path):
+    root = tmp_path / "runs"
+    shutil.copytree(lab[0] / "scaled", root / "first")
+    app = app_over(root)
+    assert [r["name"] for r in app.get("/api/runs").json()["runs"]] == ["first"]
+    assert app.get("/api/runs/first").json()["n_layer"] == 2
+    fake_run(root / "later", 7)  # trained after start-up
+    assert [r["name"] for r in app.get("/api/runs").json()["runs"]] == ["first", "later"]
+    assert app.post("/api/read", json=dict(run="later", text="abc")).status_code == 200
+    other = tmp_path / "other"  # another model, with another vocabulary, replaces first's checkpoint
+    model = tiny_model(3, **dict(SHAPE, n_layer=1, vocab_size=5))
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config),
+                     "tokenizer": CharTokenizer("abcde").to_meta()}, other / "best.pt")
+    os.replace(other / "best.pt", root / "first" / "best.pt")
+    first = next(r for r in app.get("/api/runs").json()["runs"] if r["name"] == "first")
+    assert first["settings"].startswith("1 layer,") and first["tokenizer"] == "a vocabulary of 5 characters"
+    picked = app.get("/api/runs/first").json()
+    assert picked["n_layer"] == 1 and picked["vocab_size"] == 5
+    shutil.rmtree(root / "later")
+    assert app.get("/api/runs/later").status_code == 404
+
+
+def test_a_run_without_best_pt_opens_its_latest_state_and_says_so(lab, tmp_path):
+    run = tmp_path / "runs" / "young"
+    shutil.copytree(lab[0] / "scaled", run)
+    shutil.copy(run / "best.pt", run / "latest.pt")
+    app = app_over(tmp_path / "runs")
+    assert app.get("/api/runs/young").status_code == 200 and \
+        app.get("/api/runs").json()["runs"][0]["checkpoint"] == "best.pt"
+    (run / "best.pt").unlink()  # gone while the explorer runs: the latest state is what there is to show
+    assert app.get("/api/runs").json()["runs"][0]["checkpoint"] == "latest.pt"
+    r = app.get("/api/runs/young")
+    assert r.status_code == 200 and "--" not in r.text
+
+
+# ----------------------------------------------------------------------------- every error in one shape
+
+
+@pytest.mark.parametrize("method,path,body,headers,status,message", [
+    pytest.param("POST", "/api/read", b'{"run": "scaled", "text": ', "application/json", 400, "not JSON",
+                 id="malformed"),
+    pytest.param("POST", "/api/read", b"[" * 5000 + b"]" * 5000, "application/json", 400, "nested too deeply",
+                 id="nested"),
+    pytest.param("POST", "/api/read", '{"run": "scaled", "text": "é"}'.encode("latin-1"), "application/json", 400,
+                 "not UTF-8", id="latin-1"),
+    pytest.param("GET", "/api/read", None, None, 405, "does not take GET", id="method"),
+    pytest.param("GET", "/api/nothing/here", None, None, 404, "nothing at /api/nothing/here", id="route"),
+    pytest.param("GET", "/static/nothing.js", None, None, 404, "nothing at", id="static"),
+])
+def test_every_refusal_is_one_json_line_never_detail(client, method, path, body, headers, status, message):
+    r = client.request(method, path, content=body, headers={"content-type": headers} if headers else {})
+    assert r.status_code == status and set(r.json()) == {"error"}, r.text
+    assert message in r.json()["error"] and "\n" not in r.json()["error"]
 
 
 # ----------------------------------------------------------------------------- a real server
@@ -316,16 +561,71 @@ def test_ctrl_c_stops_the_server_cleanly(server):
     assert proc.returncode == 0 and "Traceback" not in err and "explorer stopped" in out, (out, err)
 
 
+def start(folder, *options):
+    """explore.py serving folder on a free port: the process and the line with its address."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "explore.py"), str(folder), "--port=0", "--device=cpu",
+                             "--dtype=float32", *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, proc.stdout.readline()
+
+
+def stop(proc):
+    proc.send_signal(signal.SIGINT)
+    return proc.communicate(timeout=30)
+
+
 @pytest.mark.slow
-def test_listening_beyond_this_machine_warns_in_one_line(lab):
-    proc = subprocess.Popen([sys.executable, str(REPO / "explore.py"), str(lab[0] / "scaled"), "--host=0.0.0.0",
-                             "--port=0", "--device=cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def test_listening_beyond_this_machine_warns_in_one_line_and_answers_this_machines_names(lab):
+    proc, line = start(lab[0] / "scaled", "--host=0.0.0.0")
     try:
-        assert proc.stdout.readline().startswith("explorer: http://0.0.0.0:")
+        assert line.startswith("explorer: http://0.0.0.0:"), line
+        port = int(line.split()[1].rstrip("/").rsplit(":", 1)[1])
+        # an address a connection arrives at is this machine's own (on Linux all of 127.0.0.0/8 is), and so is
+        # its host name; a name rebound to it is not
+        for host, status in ((f"127.0.0.2:{port}", 200), (f"{socket.gethostname()}:{port}", 200),
+                             (f"attacker.example:{port}", 400)):
+            assert httpx.get(f"http://127.0.0.2:{port}/api/runs", headers={"host": host}).status_code == status, host
     finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-    assert err.startswith("warning: listening on 0.0.0.0: the page is reachable from the network")
+        _, err = stop(proc)
+    assert err.startswith("warning: listening on 0.0.0.0: the page is reachable from the network"), err
+
+
+@pytest.mark.slow
+def test_a_loopback_address_does_not_warn_and_a_name_that_does_not_resolve_is_one_line(lab):
+    proc, line = start(lab[0] / "scaled", "--host=127.0.0.2")  # 127.0.0.0/8 is this machine's loopback
+    try:
+        assert line.startswith("explorer: http://127.0.0.2:"), line
+        assert httpx.get(line.split()[1] + "api/runs").status_code == 200
+    finally:
+        _, err = stop(proc)
+    assert "warning" not in err, err
+    from conftest import assert_one_error_line
+
+    failed = run_script("explore.py", lab[0] / "scaled", "--host=nosuch.invalid", "--device=cpu")
+    line = assert_one_error_line(failed.stderr)
+    assert "no address of that name" in line and "--host" in line and "--port" not in line
+
+
+@pytest.mark.slow
+def test_no_request_is_a_500_or_a_traceback_on_the_console(lab, tmp_path):
+    root = copies(lab, tmp_path / "runs", "good", "nan", "a\nnewline", "link")
+    with_records(root / "nan", '{"kind": "final", "iter": 30, "val_loss": NaN, "elapsed_s": "x"}')
+    (root / "link" / "best.pt").unlink()
+    (root / "link" / "best.pt").symlink_to(lab[0] / "uniform" / "best.pt")
+    proc, line = start(root)
+    try:
+        url, answers = line.split()[1].rstrip("/"), []
+        with httpx.Client(base_url=url, timeout=30) as http:
+            answers += [http.get("/api/runs"), http.get("/api/runs", headers={"host": "attacker.example"}),
+                        http.post("/api/read", content=b"[" * 5000, headers={"content-type": "application/json"}),
+                        http.post("/api/read", content=b"\xff", headers={"content-type": "application/json"}),
+                        http.post("/api/read", json=dict(run="good", text="a"), headers={"origin": "null"})]
+            for r in answers[0].json()["runs"]:
+                answers += [http.get(run_url(r["name"])), http.get(run_url(r["name"], "/metrics"))]
+        assert all(r.status_code < 500 and set(r.json()) != {"detail"} for r in answers), \
+            [(r.url, r.status_code, r.text) for r in answers]
+    finally:
+        _, err = stop(proc)
+    assert "Traceback" not in err and "Error" not in err, err
 
 
 @pytest.mark.slow

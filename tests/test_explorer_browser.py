@@ -27,15 +27,21 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 @pytest.fixture
 def served(trained_run, tmp_path):
-    """explore.py serving the session's trained run (or $EXPLORER_RUN): (address, run name, process)."""
+    """explore.py serving the session's trained run (or $EXPLORER_RUN): (address, run name)."""
     run = Path(os.environ.get("EXPLORER_RUN") or trained_run[0])
-    proc = subprocess.Popen([sys.executable, str(REPO / "explore.py"), str(run), "--port=0", "--device=cpu",
+    url, proc = serve(run)
+    yield url, run.resolve().name
+    proc.terminate()
+    proc.wait(30)
+
+
+def serve(folder):
+    """explore.py serving folder on a free port: (its address, the process)."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "explore.py"), str(folder), "--port=0", "--device=cpu",
                              "--dtype=float32"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     assert line.startswith("explorer: http://"), proc.stderr.read() if proc.poll() is not None else line
-    yield line.split()[1].rstrip("/"), run.resolve().name
-    proc.terminate()
-    proc.wait(30)
+    return line.split()[1].rstrip("/"), proc
 
 
 @pytest.fixture
@@ -148,3 +154,34 @@ def test_the_page_modules_are_served_as_javascript_and_nothing_outside_their_fol
                                                                                      "application/javascript")
     assert (REPO / "gptkit" / "explorer.py").is_file()
     assert httpx.get(f"{url}/static/%2e%2e/explorer.py").status_code == 404  # sent as typed: httpx keeps %2e%2e
+
+
+def test_bad_runs_are_one_line_each_and_the_list_follows_the_folder(trained_run, browser, tmp_path):
+    """Runs whose metrics hold NaN and text, whose checkpoint is a link out of its folder, or whose folder name is
+    not UTF-8 are one line each; the runs after them are listed, and one named with a newline opens. A run trained
+    while the page is open appears when the page comes back into view."""
+    root = tmp_path / "runs"
+    for name in ("good", "nan", "link", "a\nnewline", os.fsdecode(b"caf\xe9"), "zz_after"):
+        shutil.copytree(trained_run[0], root / name)
+    with open(root / "nan" / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"kind": "final", "iter": 30, "val_loss": NaN, "elapsed_s": "x"}\n')
+    (root / "link" / "best.pt").unlink()
+    (root / "link" / "best.pt").symlink_to(trained_run[0] / "best.pt")
+    url, proc = serve(root)
+    try:
+        wait = WebDriverWait(browser, 60)
+        browser.get(url + "/")
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#runs .run.selected"))
+        buttons = {b.get_attribute("data-name"): b for b in browser.find_elements(By.CSS_SELECTOR, "#runs .run")}
+        assert set(buttons) == {"good", "nan", "link", "a\nnewline", "caf\ufffd", "zz_after"}
+        assert {n for n, b in buttons.items() if "broken" in b.get_attribute("class")} == {"link", "caf\ufffd"}
+        buttons["a\nnewline"].click()
+        wait.until(lambda d: "context" in d.find_element(By.ID, "run-info").text)
+        shutil.copytree(trained_run[0], root / "later")
+        browser.execute_script("window.dispatchEvent(new Event('focus'))")  # the learner comes back to the page
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#runs .run[data-name="later"]'))
+        assert browser.find_element(By.CSS_SELECTOR, "#runs .run.selected").get_attribute("data-name") == "a\nnewline"
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -23,7 +23,7 @@ LAYERS = {
                                                  "gptkit.train_config"},
     "a run": {"gptkit.rundir", "gptkit.resume", "gptkit.training", "gptkit.reporting", "gptkit.pictures",
               "gptkit.experiments"},
-    "what the lab, the explorer and the benchmarks do": {"gptkit.lab", "gptkit.explorer",
+    "what the lab, the explorer and the benchmarks do": {"gptkit.lab", "gptkit.explorer", "gptkit.explorer_guard",
                                                          *(f"gptkit.benchmarks.{name}" for name in BENCHMARKS)},
 }
 

@@ -85,3 +85,12 @@ def test_wall_clock_continues_across_resumes():
     series = loss_series(records)
     assert series["val"] == ([20, 40], [9.0, 15.0], [2.7, 2.4])
     assert series["train (batch)"] == ([10, 30], [5.0, 11.0], [3.0, 2.2])
+
+
+def test_a_record_without_a_time_keeps_the_time_before_it():
+    """A kind of record whose fields are not checked (a run or final record edited by hand) may hold text, NaN or
+    nothing for elapsed_s: the clock neither fails nor jumps there."""
+    records = [{"kind": "train", "iter": 10, "loss": 3.0, "elapsed_s": 5.0}, {"kind": "run", "elapsed_s": "soon"},
+               {"kind": "final", "iter": 10, "val_loss": 2.9, "elapsed_s": float("nan")}, {"kind": "health"},
+               {"kind": "train", "iter": 20, "loss": 2.5, "elapsed_s": 7.0}]
+    assert wall_clock(records) == [5.0, 5.0, 5.0, 5.0, 7.0]

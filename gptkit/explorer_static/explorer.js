@@ -20,7 +20,7 @@ import { mapHover } from './headmap.js';
 import { hoverToken, knobsChanged, leaveText, pin } from './inspector.js';
 import { linkSlider } from './knobs.js';
 import { readText } from './read.js';
-import { loadRuns } from './runs.js';
+import { loadRuns, refreshRuns } from './runs.js';
 import { drawLegends } from './shades.js';
 import { state } from './state.js';
 import { generate, stopGeneration } from './write.js';
@@ -82,6 +82,11 @@ function wireRest() {
     if (e.key !== 'Enter' || !(e.ctrlKey || e.metaKey)) return;
     e.preventDefault();
     readText();
+  });
+  // back in view (another tab, a terminal where a run trains): the list as the folder is now
+  window.addEventListener('focus', refreshRuns);
+  document.addEventListener('visibilitychange', () => {
+    if (document.visibilityState === 'visible') refreshRuns();
   });
   let resizeTimer = 0;
   window.addEventListener('resize', () => {

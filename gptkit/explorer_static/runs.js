@@ -1,5 +1,6 @@
 /* The runs on the left: the list (GET /api/runs), picking one (GET /api/runs/{name}) and its card. Picking
-   a run empties the panels that showed the last one. */
+   a run empties the panels that showed the last one. The list is asked for again whenever the page comes back
+   into view, so that a run trained meanwhile appears and a checkpoint replaced shows its new model. */
 
 import { api, runUrl } from './api.js';
 import { loadMetrics } from './curves.js';
@@ -8,6 +9,8 @@ import { fmtInt, headName, plural } from './format.js';
 import { clearReadOutput, fillSecondRunPicker } from './read.js';
 import { state } from './state.js';
 import { clearOutput, stopGeneration } from './write.js';
+
+const listed = (data) => (data && Array.isArray(data.runs) ? data.runs.filter((r) => r && typeof r.name === 'string') : []);
 
 export async function loadRuns() {
   let data;
@@ -18,7 +21,7 @@ export async function loadRuns() {
     setLine('#runs-status', e.message, true);
     return;
   }
-  state.runs = Array.isArray(data && data.runs) ? data.runs : [];
+  state.runs = listed(data);
   $('#root').textContent = (data && data.root) || '?';
   renderRuns();
   fillSecondRunPicker();
@@ -28,29 +31,68 @@ export async function loadRuns() {
   else pickRun(first.name);
 }
 
+let refreshing = false;
+
+/** The list as the folder is now; the picked run is loaded again when its checkpoint now holds another model. */
+export async function refreshRuns() {
+  if (refreshing) return;
+  refreshing = true;
+  try {
+    const before = state.runs.find((r) => r.name === state.run);
+    state.runs = listed(await api('GET', '/api/runs'));
+    renderRuns();
+    fillSecondRunPicker();
+    setLine('#runs-status', '');
+    const now = state.runs.find((r) => r.name === state.run);
+    const model = (r) => JSON.stringify([r.settings, r.params, r.tokenizer, r.checkpoint, r.error]);
+    if (before && now && model(before) !== model(now)) pickRun(now.name, true);
+    const first = state.runs.find((r) => !r.error);
+    if (!state.run && first) pickRun(first.name);
+  } catch (e) {
+    setLine('#runs-status', e.message, true);
+  } finally {
+    refreshing = false;
+  }
+}
+
 function renderRuns() {
   const box = $('#runs');
   box.textContent = '';
   for (const r of state.runs) {
-    const b = el('button', 'run');
-    b.type = 'button';
-    b.dataset.name = r.name;
-    b.setAttribute('role', 'listitem');
-    b.append(el('span', 'run-name', r.rung && r.rung.cheats ? r.name + ' (cheats)' : r.name));
-    // a rung of the attention lab: what it adds to the path, as the lab's table says
-    if (r.rung) b.append(el('span', 'run-rung', `${r.rung.step}. ${r.rung.adds}`));
-    if (r.error) {
-      b.classList.add('broken');
-      b.disabled = true;
-      b.setAttribute('aria-disabled', 'true');
-      b.append(el('span', 'run-error', r.error));
-      b.title = 'this run cannot be opened: ' + oneLine(r.error);
-    } else {
-      appendRunStats(b, r);
-      b.addEventListener('click', () => pickRun(r.name));
+    let b;
+    try {
+      b = runButton(r);
+    } catch (e) {
+      // one run's record the page cannot show never keeps the runs after it off the list
+      b = runButton({ name: r.name, error: 'this run\'s details cannot be shown (' + oneLine(e.message) + ')' });
+    }
+    if (r.name === state.run) {
+      b.classList.add('selected');
+      b.setAttribute('aria-current', 'true');
     }
     box.append(b);
   }
+}
+
+function runButton(r) {
+  const b = el('button', 'run');
+  b.type = 'button';
+  b.dataset.name = r.name;
+  b.setAttribute('role', 'listitem');
+  b.append(el('span', 'run-name', r.rung && r.rung.cheats ? r.name + ' (cheats)' : r.name));
+  // a rung of the attention lab: what it adds to the path, as the lab's table says
+  if (r.rung) b.append(el('span', 'run-rung', `${r.rung.step}. ${r.rung.adds}`));
+  if (r.error) {
+    b.classList.add('broken');
+    b.disabled = true;
+    b.setAttribute('aria-disabled', 'true');
+    b.append(el('span', 'run-error', r.error));
+    b.title = 'this run cannot be opened: ' + oneLine(r.error);
+  } else {
+    appendRunStats(b, r);
+    b.addEventListener('click', () => pickRun(r.name));
+  }
+  return b;
 }
 
 function appendRunStats(b, r) {
@@ -60,17 +102,19 @@ function appendRunStats(b, r) {
     s.append(before, el('b', null, bold), after);
     return s;
   };
-  const iters = r.iterations === null || r.iterations === undefined ? '—' : fmtInt(r.iterations);
-  const loss = r.final_val_loss === null || r.final_val_loss === undefined ? '—' : r.final_val_loss.toFixed(4);
+  const iters = Number.isFinite(r.iterations) ? fmtInt(r.iterations) : '—';
+  const loss = Number.isFinite(r.final_val_loss) ? r.final_val_loss.toFixed(4) : '—';
   const stats = el('span', 'run-stats');
   stats.append(part('', fmtInt(r.params), ' parameters'), ' · ', part('', iters, ' iterations'), ' · ', part('val loss ', loss, ''));
   b.append(stats);
   if (r.tokenizer) b.append(el('span', 'run-stats', 'tokens: ' + r.tokenizer));
+  if (r.checkpoint === 'latest.pt') b.append(el('span', 'run-health', 'shows latest.pt: no best.pt yet (no evaluation has finished)'));
   if (r.health) b.append(el('span', 'run-health', r.health));
+  if (r.metrics_error) b.append(el('span', 'run-error', 'no curves: ' + r.metrics_error));
 }
 
-export function pickRun(name) {
-  if (state.run === name && (state.info || state.infoPromise)) return state.infoPromise;
+export function pickRun(name, again = false) {
+  if (!again && state.run === name && (state.info || state.infoPromise)) return state.infoPromise;
   const seq = ++state.pickSeq;
   stopGeneration('run');
   state.run = name;
