@@ -28,6 +28,8 @@ from gptkit.checkpoint import MODEL_KEYS, load_checkpoint, model_config, model_f
 from gptkit.dataset import file_identity
 from gptkit.decoding import StopFilter, decode_steps, lay_out_for_decoding, shaped_probs
 from gptkit.errors import UserError, first_line
+from gptkit.explorer_experiments import (Off, OffRequest, ScoresRequest, head_scores_at, heads_report, lab_curves,
+                                         off_of)
 from gptkit.explorer_guard import Guard, own_names
 from gptkit.inspection import attention_maps, logit_lens, look_inside, read_out, surprise_bits, token_label
 from gptkit.lab import RUNGS
@@ -347,7 +349,7 @@ class Knobs(BaseModel):
         return v
 
 
-class GenerateRequest(Knobs):
+class GenerateRequest(Knobs, OffRequest):
     run: str
     prompt: str = Field("\n", min_length=1, max_length=MAX_PROMPT_CHARS)
     seed: int = Field(1337, ge=0, lt=2 ** 31)
@@ -355,19 +357,19 @@ class GenerateRequest(Knobs):
     stop: str = Field("", max_length=200)
 
 
-class ReadRequest(BaseModel):
+class ReadRequest(OffRequest):
     run: str
     text: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
 
 
-class PositionRequest(Knobs):
+class PositionRequest(Knobs, OffRequest):
     run: str
     ids: list[int] = Field(min_length=1, max_length=100_000)
     position: int = Field(ge=0)
     k: int = Field(10, ge=1, le=100)
 
 
-class MapRequest(BaseModel):
+class MapRequest(OffRequest):
     run: str
     ids: list[int] = Field(min_length=1, max_length=100_000)
     layer: int = Field(ge=0)
@@ -409,10 +411,10 @@ def top(tok, probs, k):
 # ----------------------------------------------------------------------------- generation
 
 
-def generation_events(shelf, loaded, ids, req):
+def generation_events(shelf, loaded, ids, req, off=Off()):
     """The events of one generation: the prompt's tokens, each new token with the probability the model gave it,
-    then the end. Decoding runs step by step under the shelf's lock, and only while the client
-    reads: a client that goes away stops the generation at its next step."""
+    then the end. Decoding runs step by step under the shelf's lock, with the parts `off` names switched off for
+    that step, and only while the client reads: a client that goes away stops the generation at its next step."""
     tok = loaded.tok
     device = next(loaded.decoder.parameters()).device
     idx = torch.tensor([ids], dtype=torch.long, device=device)
@@ -423,7 +425,7 @@ def generation_events(shelf, loaded, ids, req):
                          top_p=req.top_p, generator=generator, vocab_size=tok.vocab_size)
     text_of, stop, text, reason = tok.stream_decoder(), StopFilter(req.stop), "", "max_tokens"
     while True:
-        with shelf.lock:
+        with shelf.lock, off.on(loaded.decoder):
             step = next(steps, None)
         if step is None:
             break
@@ -456,7 +458,7 @@ def sse(events):
 # ----------------------------------------------------------------------------- analysis
 
 
-def read_text(shelf, loaded, text):
+def read_text(shelf, loaded, text, off=Off()):
     """Every token of text with its surprise in bits under the model (teacher-forced), and the totals. A text
     longer than the context is read in consecutive windows, as train.py scores the val split: each token is
     scored once, from the tokens before it in its window."""
@@ -465,23 +467,22 @@ def read_text(shelf, loaded, text):
     for start in range(0, len(ids) - 1, block):
         targets = checked_ids(loaded, ids[start + 1:start + 1 + block])
         inputs = checked_ids(loaded, ids[start:start + targets.size(1)])
-        with shelf.lock:
+        with shelf.lock, off.on(loaded.model):
             bits += surprise_bits(loaded.model, inputs, targets)[0].tolist()
     total = sum(bits)
     return {"tokens": [dict(token_json(loaded.tok, t), surprise_bits=None if i == 0 else round(bits[i - 1], 6))
                        for i, t in enumerate(ids)],
             "total_bits": total, "chars": len(text), "bits_per_char": total / len(text),
-            "loss": total * math.log(2) / len(bits) if bits else None}
+            "loss": total * math.log(2) / len(bits) if bits else None, "off": off.to_json()}
 
 
-
-def position_report(shelf, loaded, req):
+def position_report(shelf, loaded, req, off=Off()):
     """For token req.position of req.ids: the candidates that predicted it (at temperature 1 and as sampling
     shapes them), how much it attends to every token, and what each layer's residual stream predicts next."""
     if req.position >= len(req.ids):
         raise ApiError(400, f"position {req.position} is past the last of {len(req.ids)} tokens")
     idx, tok, c = checked_ids(loaded, req.ids), loaded.tok, loaded.model.config
-    with shelf.lock:
+    with shelf.lock, off.on(loaded.model):
         streams, maps = look_inside(loaded.model, idx)  # one pass for the candidates, the attention and the lens
         logits = read_out(loaded.model, streams[-1])
         lens = logit_lens(loaded.model, streams, req.position)
@@ -500,18 +501,18 @@ def position_report(shelf, loaded, req):
     return {"position": req.position, "token": token_json(tok, req.ids[req.position]), "why": why,
             "attention": {"note": attention_note(c), "layers": len(maps), "heads": c.n_head if maps else 0,
                           "rows": rows},
-            "lens": [{"name": name, "top": top(tok, p, 5)} for name, p in zip(names, lens)]}
+            "lens": [{"name": name, "top": top(tok, p, 5)} for name, p in zip(names, lens)], "off": off.to_json()}
 
 
-def attention_map(shelf, loaded, req):
+def attention_map(shelf, loaded, req, off=Off()):
     idx, c = checked_ids(loaded, req.ids), loaded.model.config
     if not req.layer < c.n_layer or not req.head < c.n_head:
         raise ApiError(400, f"no head {req.head} in layer {req.layer}: the model has {c.n_layer} layers of "
                             f"{c.n_head} heads")
-    with shelf.lock:
+    with shelf.lock, off.on(loaded.model):
         weights = attention_maps(loaded.model, idx)[req.layer][0, req.head]
     return {"weights": [[round(w, 6) for w in row] for row in weights.tolist()],
-            "labels": [token_label(loaded.tok, t) for t in req.ids]}
+            "labels": [token_label(loaded.tok, t) for t in req.ids], "off": off.to_json()}
 
 
 # ----------------------------------------------------------------------------- the app
@@ -584,23 +585,58 @@ def make_app(shelf, host="127.0.0.1", port=8000, bound=None):
     @app.post("/api/generate")
     def generate(req: GenerateRequest):
         loaded = shelf.get(req.run)
-        ids = encode(loaded, req.prompt)
-        return StreamingResponse(sse(generation_events(shelf, loaded, ids, req)), media_type="text/event-stream",
+        ids, off = encode(loaded, req.prompt), off_of(loaded.model, req.off)
+        return StreamingResponse(sse(generation_events(shelf, loaded, ids, req, off)), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
     @app.post("/api/read")
     def read(req: ReadRequest):
-        return read_text(shelf, shelf.get(req.run), req.text)
+        loaded = shelf.get(req.run)
+        off = off_of(loaded.model, req.off)
+        answer = read_text(shelf, loaded, req.text, off)
+        if off.names:  # and the intact model's reading, for the difference token by token
+            answer["intact"] = read_text(shelf, loaded, req.text)
+        return answer
 
     @app.post("/api/position")
     def position(req: PositionRequest):
-        return position_report(shelf, shelf.get(req.run), req)
+        loaded = shelf.get(req.run)
+        return position_report(shelf, loaded, req, off_of(loaded.model, req.off))
 
     @app.post("/api/attention_map")
     def head_map(req: MapRequest):
-        return attention_map(shelf, shelf.get(req.run), req)
+        loaded = shelf.get(req.run)
+        return attention_map(shelf, loaded, req, off_of(loaded.model, req.off))
 
+    add_experiment_routes(app, shelf)
     return app
+
+
+def add_experiment_routes(app, shelf):
+    """The experiments' own routes (gptkit/explorer_experiments.py): heads' labels, one head's scores, the lab."""
+
+    @app.get("/api/runs/{name}/heads")
+    def labels(name: str):
+        loaded = shelf.get(name)
+        with shelf.lock:
+            return heads_report(loaded.model, loaded.tok, lambda: load_checkpoint(loaded.summary.checkpoint))
+
+    @app.post("/api/scores")
+    def scores(req: ScoresRequest):
+        loaded = shelf.get(req.run)
+        idx, off = checked_ids(loaded, req.ids), off_of(loaded.model, req.off)
+        with shelf.lock, off.on(loaded.model):
+            return dict(head_scores_at(loaded.model, idx, req.layer, req.head, req.position), off=off.to_json())
+
+    @app.get("/api/lab")
+    def lab():
+        def metrics(summary):
+            try:
+                return run_metrics(summary)
+            except ApiError as e:
+                return str(e)
+        rungs = [(s, lab_rung(s.folder)) for s in shelf.summaries() if not s.error]
+        return {"runs": lab_curves([(shown(s.name), rung, metrics(s)) for s, rung in rungs if rung])}
 
 
 def add_error_handlers(app):
@@ -609,6 +645,10 @@ def add_error_handlers(app):
     @app.exception_handler(ApiError)
     def refused(request: Request, e: ApiError):
         return JSONResponse({"error": str(e)}, status_code=e.status)
+
+    @app.exception_handler(UserError)
+    def user_error(request: Request, e: UserError):  # what the model refuses to do (a head it lacks): one line
+        return JSONResponse({"error": first_line(e)}, status_code=400)
 
     @app.exception_handler(RequestValidationError)
     def invalid(request: Request, e: RequestValidationError):
