@@ -640,3 +640,114 @@ def test_explore_py_refuses_bad_input_in_one_line(args, message, tmp_path):
     assert proc.returncode == 1 and message in assert_one_error_line(proc.stderr)
     empty = run_script("explore.py", str(tmp_path), cwd=tmp_path)
     assert "no runs in" in assert_one_error_line(empty.stderr)
+
+
+# ----------------------------------------------------------------------------- experiments: parts switched off
+
+
+def test_with_heads_off_every_number_is_the_experiments_apis(client, lab):
+    """Position, head map and read with L0H1 and MLP1 off equal gptkit.experiments.ablated's forward pass; the
+    read also carries the intact model's reading."""
+    from gptkit.experiments import ablated
+    from gptkit.inspection import look_inside, surprise_bits
+    model, ids, pos = lab[1]["scaled"], ids_of(TEXT)[:20], 11
+    off = ["L0H1", "MLP1"]
+    got = client.post("/api/position", json=dict(run="scaled", ids=ids, position=pos, k=len(CHARS), off=off)).json()
+    assert got["off"] == {"names": off, "label": "L0H1, MLP1", "note": None}
+    idx = torch.tensor([ids])
+    with ablated(model, heads=["L0H1"], mlps=[1]), torch.no_grad():
+        logits = model(idx, idx)[0][0]
+        maps = look_inside(model, idx)[1]
+        bits = surprise_bits(model, idx[:, :-1], idx[:, 1:])[0]
+    probs = torch.softmax(logits[pos - 1], -1)
+    assert {c["id"]: c["p"] for c in got["why"]["raw"]} == \
+        pytest.approx({i: probs[i].item() for i in range(len(CHARS))}, abs=1e-6)
+    assert [c["p"] for c in got["lens"][-1]["top"]] == \
+        pytest.approx(torch.softmax(logits[pos], -1).topk(5).values.tolist(), abs=1e-6)
+    assert got["attention"]["rows"][1][0] == pytest.approx(maps[1][0, 0, pos].tolist(), abs=1e-6)
+    head_map = client.post("/api/attention_map", json=dict(run="scaled", ids=ids, layer=1, head=1, off=off)).json()
+    assert torch.tensor(head_map["weights"]) == pytest.approx(maps[1][0, 1], abs=1e-6)
+    read = client.post("/api/read", json=dict(run="scaled", text=TEXT[:20], off=off)).json()
+    assert [t["surprise_bits"] for t in read["tokens"][1:]] == pytest.approx(bits.tolist(), abs=1e-5)
+    intact = client.post("/api/read", json=dict(run="scaled", text=TEXT[:20])).json()
+    assert read["intact"] == intact and "intact" not in intact and read["total_bits"] != intact["total_bits"]
+
+
+def test_generation_with_a_head_off_is_decoding_under_the_apis_ablation(client, lab):
+    """The streamed tokens are decode_steps' on the ablated model, KV cache and all, for the same seed."""
+    from gptkit.decoding import decode_steps
+    from gptkit.experiments import ablated
+    model, prompt = lab[1]["rope"], "ROMEO:"
+    body = dict(run="rope", prompt=prompt, max_tokens=30, seed=5, temperature=1.0, top_k=0, off=["L1H0"])
+    streamed = [e["id"] for e in events(client.post("/api/generate", json=body).iter_lines()) if e["type"] == "token"]
+    with ablated(model, heads=["L1H0"]):
+        steps = decode_steps(model, torch.tensor([ids_of(prompt)]), 30, temperature=1.0,
+                             generator=torch.Generator().manual_seed(5), vocab_size=len(CHARS))
+        want = [step[0].item() for step in steps]
+    intact = [e["id"] for e in events(client.post("/api/generate", json=dict(body, off=[])).iter_lines())
+              if e["type"] == "token"]
+    assert streamed == want and intact != want
+
+
+def test_what_is_off_travels_with_each_request_only(client):
+    """Requests with different parts off, in any order, do not change one another's answers."""
+    ids, body = ids_of(TEXT)[:16], dict(run="scaled", position=9, k=5)
+    intact = client.post("/api/position", json=dict(body, ids=ids)).json()
+    off = client.post("/api/position", json=dict(body, ids=ids, off=["L0H0", "L1H1"])).json()
+    again = client.post("/api/position", json=dict(body, ids=ids)).json()
+    assert off["why"] != intact["why"] and again == intact
+    every = client.post("/api/position", json=dict(body, ids=ids, off=["L0H0", "L0H1", "L1H0", "L1H1"])).json()
+    assert "every head is off" in every["off"]["note"]
+
+
+@pytest.mark.parametrize("path,body,message", [
+    ("/api/position", dict(run="scaled", ids=[0, 1], position=1, off=["L2H0"]), "head L2H0 is out of range"),
+    ("/api/position", dict(run="scaled", ids=[0, 1], position=1, off=["L0H7"]), "head L0H7 is out of range"),
+    ("/api/read", dict(run="scaled", text="abc", off=["head3"]), "'head3' is not a head"),
+    ("/api/read", dict(run="scaled", text="abc", off=["MLP5"]), "MLP5 is out of range"),
+    ("/api/generate", dict(run="bigram", prompt="a", off=["L0H0"]), "this model has no attention"),
+    ("/api/attention_map", dict(run="uniform", ids=[0, 1], layer=0, head=0, off=["MLP9"]), "MLP9 is out of range"),
+    ("/api/scores", dict(run="bigram", ids=[0, 1], position=1, layer=0, head=0), "this model has no attention"),
+    ("/api/scores", dict(run="scaled", ids=[0, 1], position=2, layer=0, head=0), "past the last"),
+    ("/api/scores", dict(run="scaled", ids=[0, 1], position=1, layer=0, head=2), "no head 2 in layer 0"),
+    ("/api/runs/bigram/heads", None, "this model has no attention"),
+])
+def test_parts_the_model_lacks_are_one_line_and_a_400(client, path, body, message):
+    r = client.get(path) if body is None else client.post(path, json=body)
+    assert r.status_code == 400 and message in r.json()["error"] and "\n" not in r.json()["error"], r.text
+
+
+def test_a_heads_scores_before_the_softmax_raw_and_scaled_are_q_dot_k(client, lab):
+    """raw = q·k from the hooked queries and keys, scaled = raw / sqrt(d), the weights their masked softmax."""
+    from gptkit.inspection import run_with_cache
+    model, ids, pos = lab[1]["scaled"], ids_of(TEXT)[:14], 9
+    got = client.post("/api/scores", json=dict(run="scaled", ids=ids, position=pos, layer=1, head=1)).json()
+    _, cache = run_with_cache(model, torch.tensor([ids]), ["blocks.1.attn.hook_q", "blocks.1.attn.hook_k"])
+    q, k = cache["blocks.1.attn.hook_q"][0, pos, 1], cache["blocks.1.attn.hook_k"][0, :, 1]
+    raw = [sum(q[i].item() * k[j, i].item() for i in range(q.numel())) for j in range(pos + 1)]  # by hand
+    d = q.numel()
+    assert got["d_head"] == d and got["raw"][:pos + 1] == pytest.approx(raw, abs=1e-4)
+    assert got["raw"][pos + 1:] == [None] * (len(ids) - pos - 1)  # the future, masked
+    assert got["scaled"][:pos + 1] == pytest.approx([r / math.sqrt(d) for r in raw], abs=1e-4)
+    assert got["used"] == pytest.approx(got["scaled"], abs=1e-4)  # scaled attention softmaxes the scaled scores
+    assert got["weights"][:pos + 1] == pytest.approx(torch.softmax(torch.tensor(raw) / math.sqrt(d), -1).tolist(),
+                                                     abs=1e-5)
+    assert got["weights_unscaled"][:pos + 1] == pytest.approx(torch.softmax(torch.tensor(raw), -1).tolist(), abs=1e-5)
+
+
+def test_each_head_wears_the_label_of_its_strongest_kind(client, lab):
+    from gptkit.experiments import chance_scores, head_labels, head_scores, induction_tokens
+    got = client.get("/api/runs/scaled/heads").json()
+    model = lab[1]["scaled"]
+    repeated = induction_tokens(model, len(CHARS))  # the run's dataset is not here: the text scores read these
+    scores = head_scores(model, repeated, repeated)
+    assert got["labels"] == head_labels(scores, chance_scores(repeated, repeated)) and "random" in got["text"]
+    assert torch.tensor(got["scores"]["previous_token"]) == pytest.approx(scores["previous_token"], abs=1e-4)
+
+
+def test_the_lab_lists_each_rungs_val_loss_curve(lab, tmp_path):
+    root = copies(lab, tmp_path / "root", "scaled", "uniform")
+    (root / "scaled" / "lab.json").write_text(json.dumps({"rung": "bigram"}), encoding="utf-8")
+    got = app_over(root).get("/api/lab").json()["runs"]
+    assert [r["name"] for r in got] == ["scaled"] and got[0]["rung"]["name"] == "bigram"
+    assert got[0]["eval"] == [{"iter": 0, "val_loss": 3.4}, {"iter": 20, "val_loss": 2.7}]
