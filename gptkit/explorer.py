@@ -540,7 +540,7 @@ def picked(name, loaded):
     return {"name": name, "settings": describe(c), "n_layer": c.n_layer, "n_head": c.n_head,
             "block_size": c.block_size, "attention": c.attention, "causal": c.causal,
             "vocab_size": loaded.tok.vocab_size, "tokenizer": loaded.summary.tokenizer,
-            "decode": loaded.decoding, "note": attention_note(c)}
+            "decode": loaded.decoding, "note": attention_note(c), "mlp": bool(c.mlp)}
 
 
 def body_refused(e):

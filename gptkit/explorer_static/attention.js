@@ -9,6 +9,7 @@ import { fmtP, headName, quote, tokenNumber } from './format.js';
 import { loadMap } from './headmap.js';
 import { ATT_RGB, attAlpha, shade } from './shades.js';
 import { state } from './state.js';
+import { headKind, isOff } from './switches.js';
 
 const STRIP_FONT_PX = 13; // .strip in the stylesheet
 const STRIP_LINES = 2; // .strip's height in the stylesheet
@@ -70,8 +71,9 @@ function buildGrid(grid, L, H) {
       cell.dataset.head = String(h);
       const sel = state.selectedHead;
       if (sel && sel.layer === l && sel.head === h) cell.classList.add('selected');
+      if (isOff(headName(l, h))) cell.classList.add('off');
       const top = el('span', 'head-top');
-      top.append(el('b', 'head-name', headName(l, h)), el('span', 'head-max'));
+      top.append(el('b', 'head-name', headName(l, h)), el('span', 'head-kind', headKind(l, h)), el('span', 'head-max'));
       cell.append(top, el('span', 'strip'));
       grid.append(cell);
       cells.push(cell);

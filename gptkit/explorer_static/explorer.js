@@ -6,7 +6,9 @@
      inspector.js  the token pointed at, for the panels below the text:
        why.js        why this token                       attention.js where it looked (every head)
        headmap.js    one head's whole map                 lens.js      the logit lens
-     read.js       read a text
+       scores.js     one head's q·k before its softmax    twoheads.js  two heads' maps side by side
+     switches.js   heads and MLPs switched off, and each head's label
+     read.js       read a text                          lab.js       the lab's runs' curves on one chart
    shared by them: state.js (what more than one panel reads), api.js, dom.js, format.js, shades.js.
 
    Plain ES modules, no build step, no framework. Every number shown comes from the API; the page only
@@ -17,12 +19,15 @@ import { attentionClick, attentionHover, redrawAttention } from './attention.js'
 import { resizeCurves, setXAxis } from './curves.js';
 import { $ } from './dom.js';
 import { mapHover } from './headmap.js';
-import { hoverToken, knobsChanged, leaveText, pin } from './inspector.js';
 import { linkSlider } from './knobs.js';
+import { hoverToken, knobsChanged, leaveText, pin, requestPosition } from './inspector.js';
+import { loadLab } from './lab.js';
 import { readText } from './read.js';
 import { loadRuns, refreshRuns } from './runs.js';
 import { drawLegends } from './shades.js';
 import { state } from './state.js';
+import { allOn, onOffChange } from './switches.js';
+import { refreshPair } from './twoheads.js';
 import { generate, stopGeneration } from './write.js';
 
 const plainEnter = (e) => e.key === 'Enter' && !e.shiftKey && !e.isComposing && !e.ctrlKey && !e.metaKey && !e.altKey;
@@ -84,9 +89,15 @@ function wireRest() {
     readText();
   });
   // back in view (another tab, a terminal where a run trains): the list as the folder is now
-  window.addEventListener('focus', refreshRuns);
+  window.addEventListener('focus', () => {
+    refreshRuns();
+    loadLab();
+  });
   document.addEventListener('visibilitychange', () => {
-    if (document.visibilityState === 'visible') refreshRuns();
+    if (document.visibilityState === 'visible') {
+      refreshRuns();
+      loadLab();
+    }
   });
   let resizeTimer = 0;
   window.addEventListener('resize', () => {
@@ -98,9 +109,24 @@ function wireRest() {
   });
 }
 
+/** A part switched off or on: the panels showing a token, and a text read, are asked for again with it. */
+function wireSwitches() {
+  onOffChange((labelsOnly) => {
+    redrawAttention(); // the cells' labels and which are off
+    if (labelsOnly) return;
+    const i = state.pinned !== null ? state.pinned : state.shown ? state.shown.index : null;
+    if (i !== null) requestPosition(i);
+    if ($('#read-output').childElementCount) readText();
+  });
+  $('#all-on').addEventListener('click', allOn);
+  for (const side of ['a', 'b']) $(`#pair-${side}`).addEventListener('change', refreshPair);
+}
+
 // a module runs after the document is parsed, so the page's elements are all there
 drawLegends();
 wireWriting();
 wirePointing();
 wireRest();
+wireSwitches();
 loadRuns();
+loadLab();

@@ -6,7 +6,9 @@ import { api } from './api.js';
 import { $, monoFont, setLine, setupCanvas, textWidth } from './dom.js';
 import { fmtP, headName, quote, tokenNumber } from './format.js';
 import { ATT_RGB, attAlpha, rgba } from './shades.js';
+import { clearScores, loadScores } from './scores.js';
 import { state } from './state.js';
+import { offList } from './switches.js';
 
 const MIN_CELL = 2;
 const MAX_CELL = 26;
@@ -22,6 +24,7 @@ export function clearMap() {
   mapSeq++;
   map = null;
   state.selectedHead = null;
+  clearScores();
   const canvas = $('#attention-map');
   delete canvas.dataset.ready;
   delete canvas.dataset.ticks;
@@ -60,7 +63,7 @@ export async function loadMap(l, h) {
   setLine('#map-status', `loading ${headName(l, h)}…`);
   let data;
   try {
-    data = await api('POST', '/api/attention_map', { run: state.run, ids: w.ids, layer: l, head: h });
+    data = await api('POST', '/api/attention_map', { run: state.run, ids: w.ids, layer: l, head: h, off: offList() });
   } catch (e) {
     if (seq === mapSeq) setLine('#map-status', e.message, true);
     return;
@@ -68,6 +71,7 @@ export async function loadMap(l, h) {
   if (seq !== mapSeq) return;
   setLine('#map-status', '');
   drawMap(data, l, h, w, idsKey);
+  loadScores(l, h);
 }
 
 /** Square size and margins: token labels when a square is big enough to carry one, else numbers. */

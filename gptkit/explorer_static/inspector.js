@@ -7,6 +7,8 @@ import { clearAttention, renderAttention } from './attention.js';
 import { clearMap, refreshMapFor } from './headmap.js';
 import { readKnobs } from './knobs.js';
 import { renderLens } from './lens.js';
+import { refreshPair } from './twoheads.js';
+import { answeredOff, offList } from './switches.js';
 import { state } from './state.js';
 import { renderWhy } from './why.js';
 
@@ -126,9 +128,9 @@ export async function requestPosition(i) {
   const knobs = readKnobs();
   if (knobs.error) return setLine('#why-status', knobs.error, true);
   const w = windowFor(i);
-  const body = { run: state.run, ids: w.ids, position: w.position, ...knobs, k: 10 };
+  const body = { run: state.run, ids: w.ids, position: w.position, ...knobs, k: 10, off: offList() };
   const key = JSON.stringify(body);
-  const idsKey = JSON.stringify([state.run, w.ids, w.position]);
+  const idsKey = JSON.stringify([state.run, w.ids, w.position, state.off]); // parts off change every panel
   const shown = state.shown;
   if (shown && shown.key === key && shown.index === i) {
     markChips();
@@ -145,7 +147,9 @@ export async function requestPosition(i) {
   markChips();
   setLine('#why-status', '');
   renderWhy(i, w, data, knobs);
+  answeredOff(data.off);
   if (!sameToken) {
+    refreshPair();
     setLine('#attention-status', '');
     setLine('#lens-status', '');
     renderAttention(i, w, data);

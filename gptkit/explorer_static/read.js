@@ -7,6 +7,7 @@ import { $, el, setLine } from './dom.js';
 import { fmtBits, fmtInt, fmtSigned, isBlank, quoted, shownText } from './format.js';
 import { BETTER_RGB, SURPRISE_RGB, WORSE_RGB, diffAlpha, shade, surpriseAlpha, swatch } from './shades.js';
 import { state } from './state.js';
+import { offList } from './switches.js';
 
 let readSeq = 0; // counts reads, so that an answer for an earlier text or run is dropped
 
@@ -35,7 +36,9 @@ export async function readText() {
   const seq = ++readSeq;
   setLine('#read-status', runB ? `reading with ${runA} and ${runB}…` : `reading with ${runA}…`);
   $('#read-go').disabled = true;
-  const asks = [api('POST', '/api/read', { run: runA, text })];
+  const off = offList(); // the picked run's parts: a second run of another shape has other heads
+  const nameA = off.length ? `${runA} with ${off.join(', ')} off` : runA;
+  const asks = [api('POST', '/api/read', { run: runA, text, off })];
   if (runB) asks.push(api('POST', '/api/read', { run: runB, text }));
   const results = await Promise.allSettled(asks);
   if (seq !== readSeq) return;
@@ -44,10 +47,12 @@ export async function readText() {
   const out = $('#read-output');
   out.textContent = '';
   const pair = el('div', 'read-pair' + (runB ? '' : ' single'));
-  pair.append(readRow(runA, results[0]));
+  pair.append(readRow(nameA, results[0]));
   if (runB) pair.append(readRow(runB, results[1]));
   out.append(pair);
-  if (runB && results.every((r) => r.status === 'fulfilled')) out.append(diffRow(runA, results[0].value, runB, results[1].value));
+  const intact = results[0].status === 'fulfilled' && results[0].value.intact;
+  if (intact) out.append(diffRow(`${runA} intact`, intact, nameA, results[0].value));
+  if (runB && results.every((r) => r.status === 'fulfilled')) out.append(diffRow(nameA, results[0].value, runB, results[1].value));
   const failed = results.filter((r) => r.status === 'rejected').length;
   if (failed) setLine('#read-status', failed === results.length ? 'the text could not be read' : 'one run could not read the text', true);
 }

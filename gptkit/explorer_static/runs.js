@@ -8,6 +8,8 @@ import { $, el, oneLine, setLine } from './dom.js';
 import { fmtInt, headName, plural } from './format.js';
 import { clearReadOutput, fillSecondRunPicker } from './read.js';
 import { state } from './state.js';
+import { buildSwitches } from './switches.js';
+import { fillPairPickers } from './twoheads.js';
 import { clearOutput, stopGeneration } from './write.js';
 
 const listed = (data) => (data && Array.isArray(data.runs) ? data.runs.filter((r) => r && typeof r.name === 'string') : []);
@@ -146,6 +148,8 @@ async function loadInfo(name, seq) {
     if (seq !== state.pickSeq) return null;
     state.info = info;
     renderInfo(info);
+    buildSwitches(info, seq);
+    fillPairPickers(info);
     return info;
   } catch (e) {
     if (seq !== state.pickSeq) return null;

@@ -11,4 +11,6 @@ export const state = {
   pinned: null, // index of the clicked token
   shown: null, // what the inspector panels show: {index, idsKey, key, window, data}
   selectedHead: null, // {layer, head} whose whole map is open
+  off: [], // the heads and MLPs switched off ('L0H3', 'MLP1'): every request carries them, the server keeps none
+  labels: null, // GET /api/runs/{name}/heads: what each head of the picked run does most
 };

@@ -8,6 +8,7 @@ import { clearInspector } from './inspector.js';
 import { numberField, readKnobs, stopText } from './knobs.js';
 import { PROB_RGB, probAlpha, shade } from './shades.js';
 import { state } from './state.js';
+import { offList } from './switches.js';
 
 let gen = null; // the AbortController of the running generation; its `why` says who stopped it
 
@@ -47,6 +48,7 @@ function generationRequest() {
     seed: seed.value,
     max_tokens: maxTokens.value,
     stop: stopText(),
+    off: offList(),
   };
 }
 
@@ -65,7 +67,8 @@ export async function generate() {
   }
   clearOutput(null);
   setGenerating(true);
-  setLine('#status', fromNewline ? 'generating from a newline (the prompt is empty)…' : 'generating…');
+  const without = body.off.length ? ` with ${body.off.join(', ')} off` : '';
+  setLine('#status', (fromNewline ? 'generating from a newline (the prompt is empty)' : 'generating') + without + '…');
   const counter = { tokens: 0, ended: false };
   try {
     await stream(body, ctrl.signal, counter);

@@ -1,0 +1,120 @@
+/* Switching parts of the model off: a switch for every head (a row per layer, as the attention grid) and for
+   every layer's MLP. What is off travels with each request ("off": ["L0H3", "MLP1"]), never as state on the
+   server, so another tab's experiment never changes this one's numbers; the banner names it. Each head's switch
+   wears the label of what that head does most (GET /api/runs/{name}/heads), as its cell in the grid does. */
+
+import { api, runUrl } from './api.js';
+import { $, el, setLine } from './dom.js';
+import { headName } from './format.js';
+import { state } from './state.js';
+
+const KIND_WORDS = { previous_token: 'previous-token', first_token: 'first-token', duplicate_token: 'duplicate',
+  induction: 'induction', local: 'local' };
+let changed = () => {}; // what the panels do when a part goes off or on again (explorer.js wires it)
+
+export function onOffChange(fn) {
+  changed = fn;
+}
+
+/** The names the requests carry in "off", in the model's order: heads first, then MLPs. */
+export const offList = () => state.off.slice();
+
+export const isOff = (name) => state.off.includes(name);
+
+/** The label of head (l, h) in words ('' while unknown, or for a head no detector calls). */
+export function headKind(l, h) {
+  const labels = state.labels && state.labels.labels;
+  const kind = labels && labels[l] ? labels[l][h] : '';
+  return KIND_WORDS[kind] || '';
+}
+
+/** A new run picked: every part on, a switch for each of its heads and MLPs, and its heads' labels asked for. */
+export function buildSwitches(info, seq) {
+  state.off = [];
+  state.labels = null;
+  const box = $('#switches');
+  box.textContent = '';
+  renderBanner();
+  setLine('#switches-status', '');
+  if (!info.n_layer) {
+    box.style.gridTemplateColumns = '';
+    box.append(el('p', 'placeholder', 'This model has no heads or MLPs to switch off (a bigram model).'));
+    return;
+  }
+  box.style.gridTemplateColumns = `max-content repeat(${info.n_head + (info.mlp ? 1 : 0)}, minmax(70px, 1fr))`;
+  for (let l = 0; l < info.n_layer; l++) {
+    box.append(el('span', 'att-layer-label', `L${l}`));
+    for (let h = 0; h < info.n_head; h++) box.append(switchButton(headName(l, h), `head ${h} of layer ${l}`));
+    if (info.mlp) box.append(switchButton(`MLP${l}`, `layer ${l}'s MLP`));
+  }
+  loadLabels(info.name, seq);
+}
+
+function switchButton(name, words) {
+  const b = el('button', 'switch');
+  b.type = 'button';
+  b.dataset.name = name;
+  b.setAttribute('aria-pressed', 'false');
+  b.title = `switch ${words} off (zero ablation) for this page's requests`;
+  b.append(el('b', 'switch-name', name), el('span', 'switch-kind'));
+  b.addEventListener('click', () => toggle(name));
+  return b;
+}
+
+function toggle(name) {
+  const on = !isOff(name);
+  const order = [...document.querySelectorAll('#switches .switch')].map((b) => b.dataset.name);
+  state.off = order.filter((n) => (n === name ? on : isOff(n)));
+  for (const b of document.querySelectorAll('#switches .switch')) {
+    b.classList.toggle('off', isOff(b.dataset.name));
+    b.setAttribute('aria-pressed', String(isOff(b.dataset.name)));
+  }
+  renderBanner();
+  changed();
+}
+
+export function allOn() {
+  if (!state.off.length) return;
+  state.off = [];
+  for (const b of document.querySelectorAll('#switches .switch.off')) {
+    b.classList.remove('off');
+    b.setAttribute('aria-pressed', 'false');
+  }
+  renderBanner();
+  changed();
+}
+
+async function loadLabels(name, seq) {
+  try {
+    const labels = await api('GET', runUrl(name, '/heads'));
+    if (seq !== state.pickSeq) return;
+    state.labels = labels;
+  } catch (e) {
+    if (seq === state.pickSeq) setLine('#switches-status', 'no labels: ' + e.message, true);
+    return;
+  }
+  for (const b of document.querySelectorAll('#switches .switch')) {
+    const m = /^L(\d+)H(\d+)$/.exec(b.dataset.name);
+    if (m) b.querySelector('.switch-kind').textContent = headKind(Number(m[1]), Number(m[2]));
+  }
+  setLine('#switches-status', `labels from what each head does on ${state.labels.text}`);
+  changed(true);
+}
+
+/** The banner naming what is off; the server's note (every head off) when an answer brought one. */
+export function renderBanner(note) {
+  const banner = $('#off-banner');
+  banner.hidden = !state.off.length;
+  if (!state.off.length) return;
+  $('#off-names').textContent = state.off.join(', ');
+  const n = $('#off-note');
+  if (note !== undefined) {
+    n.hidden = !note;
+    n.textContent = note || '';
+  }
+}
+
+/** An answer's "off" ({names, label, note}): its note shown while those are still the parts off. */
+export function answeredOff(off) {
+  if (off && Array.isArray(off.names) && off.names.join() === state.off.join()) renderBanner(off.note);
+}
