@@ -96,7 +96,7 @@ def text_windows(model, ckpt, tok):
         windows = min(LABEL_WINDOWS, (split.length - 1) // T)
         if windows < 1:
             return None, f"{dataset}'s val split is shorter than one window"
-        device = next(model.parameters()).device
+        device = str(next(model.parameters()).device)  # Split.batch takes the device's name
         return split.batch(torch.arange(windows) * T, device)[0], f"{windows} windows of {dataset}'s val split"
     except (UserError, OSError, ValueError, KeyError) as e:
         return None, f"{dataset}'s val split cannot be read ({first_line(e)})"

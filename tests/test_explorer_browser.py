@@ -185,3 +185,38 @@ def test_bad_runs_are_one_line_each_and_the_list_follows_the_folder(trained_run,
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.mark.slow
+def test_a_head_switched_off_is_named_in_a_banner_and_the_panels_follow(served, browser, tmp_path):
+    """Clicking a head's switch names it in the banner; the attention grid marks it off and the pointed token's
+    candidates are the API's with that head off; switching all back on hides the banner."""
+    url, run = served
+    wait = WebDriverWait(browser, 60)
+    browser.get(url + "/")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#switches .switch"))
+    browser.find_element(By.ID, "prompt").send_keys("ROMEO:")
+    browser.find_element(By.ID, "max-tokens").clear()
+    browser.find_element(By.ID, "max-tokens").send_keys("30")
+    browser.find_element(By.ID, "generate").click()
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#output .chip.gen")) >= 30)
+    chips = browser.find_elements(By.CSS_SELECTOR, "#output .chip")
+    chips[20].click()
+    wait.until(lambda d: d.find_element(By.ID, "why").get_attribute("data-ready") == "1")
+    assert not browser.find_element(By.ID, "off-banner").is_displayed()
+    browser.find_element(By.CSS_SELECTOR, '#switches .switch[data-name="L0H1"]').click()
+    wait.until(lambda d: d.find_element(By.ID, "off-banner").is_displayed())
+    assert browser.find_element(By.ID, "off-names").text == "L0H1"
+    wait.until(lambda d: "off" in d.find_element(By.CSS_SELECTOR, '#attention .head-cell[data-head="1"]')
+               .get_attribute("class") and d.find_element(By.ID, "why").get_attribute("data-ready") == "1")
+    ids = [int(c.get_attribute("data-id")) for c in chips]
+    start = max(0, 21 - httpx.get(f"{url}/api/runs/{run}").json()["block_size"])  # the page's window, as above
+    want = httpx.post(f"{url}/api/position", json=dict(run=run, ids=ids[start:21], position=20 - start,
+                                                        temperature=0.8, top_k=200, top_p=1.0, k=10,
+                                                        off=["L0H1"])).json()
+    bars = browser.find_elements(By.CSS_SELECTOR, "#why .bar.raw")
+    assert [b.find_element(By.CSS_SELECTOR, ".val").text for b in bars] == [percent(c["p"]) for c in want["why"]["raw"]]
+    shoot(browser, tmp_path, "explorer_head_off.png")
+    browser.find_element(By.ID, "all-on").click()
+    wait.until(lambda d: not d.find_element(By.ID, "off-banner").is_displayed())
+    assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
