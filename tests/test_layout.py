@@ -24,6 +24,7 @@ LAYERS = {
     "a run": {"gptkit.rundir", "gptkit.resume", "gptkit.training", "gptkit.reporting", "gptkit.pictures",
               "gptkit.experiments"},
     "what the lab, the explorer and the benchmarks do": {"gptkit.lab", "gptkit.explorer", "gptkit.explorer_guard",
+                                                         "gptkit.explorer_experiments",
                                                          *(f"gptkit.benchmarks.{name}" for name in BENCHMARKS)},
 }
 
