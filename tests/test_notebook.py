@@ -1,0 +1,68 @@
+"""notebooks/inside_your_model.ipynb: committed without outputs, and executed from top to bottom on a trained run,
+its folder given as the notebook's parameter, as papermill would give it.
+
+The kernel is ipykernel's own python3 kernel spec, built in memory by jupyter_client with no kernel spec folder
+searched: it starts this interpreter (sys.executable), whatever kernels the machine has installed, or none."""
+
+import sys
+
+import nbformat
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+from nbclient import NotebookClient
+
+from conftest import REPO
+
+NOTEBOOK = REPO / "notebooks" / "inside_your_model.ipynb"
+
+
+def parameters_cell(nb):
+    """The one cell tagged `parameters`, where papermill (or a test) puts its own values."""
+    found = [cell for cell in nb.cells if "parameters" in cell.metadata.get("tags", [])]
+    assert len(found) == 1, "one cell tagged parameters"
+    return found[0]
+
+
+def this_interpreter():
+    """A kernel manager for ipykernel's python3 kernel spec as ipykernel itself writes it, with no kernel spec
+    folder searched (an installed spec could name another Python): its command starts sys.executable."""
+    return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
+
+
+def executed(out_dir, kernel):
+    """The notebook run in kernel, started in notebooks/ as Jupyter starts it, with out_dir as its run."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    parameters_cell(nb).source = f"out_dir = {str(out_dir)!r}"
+    NotebookClient(nb, km=kernel, timeout=120, resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    return nb
+
+
+def text_of(cell):
+    return "".join(output.get("text", "") for output in cell.outputs if output.output_type == "stream")
+
+
+def test_the_notebook_is_committed_without_outputs_and_takes_the_run_folder_as_a_parameter():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(nb)
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert code and all(cell.outputs == [] and cell.execution_count is None for cell in code)
+    assert parameters_cell(nb).source == 'out_dir = "out"'
+    assert nb.metadata.kernelspec.name == "python3"
+
+
+@pytest.mark.slow
+def test_the_notebook_runs_on_a_trained_run(trained_run):
+    out, kernel = trained_run[0], this_interpreter()
+    assert kernel.kernel_spec.argv[0] == sys.executable
+    nb = executed(out, kernel)
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert all(cell.execution_count for cell in code)
+    printed = "\n".join(map(text_of, code))
+    assert f"{out}: 2 layers of 2 heads" in printed  # the run it was given, not ./out
+    # a line from each step; the notebook asserts its own checks (by hand = hooked, the ablation's two ways
+    # agreeing, patching the differing position restoring the clean run, the parts summing to the logit)
+    for line in ("hook_q is after qk_norm", "largest difference from blocks.1.attn.hook_pattern", "with L0H0 off",
+                 "the strongest induction head", "layer 0's stream patched at position 0", "parts sum to"):
+        assert line in printed, line
+    assert sum(output.output_type == "display_data" for cell in code for output in cell.outputs) == 2  # 2 pictures
