@@ -242,3 +242,17 @@ def test_bench_sample_reports_both_rates_and_the_speedup(capsys):
         bench.main(["nope"])
     with pytest.raises(UserError, match="modes must be"):
         bench.main(["sample", "--modes=fast"])
+
+
+@pytest.mark.slow
+def test_bench_explore_load_reports_each_client_and_a_verdict_per_criterion(capsys):
+    """The load part in miniature, on its small random model: every figure it promises is printed, and the
+    server answered everything."""
+    bench.main(["explore", "--out_dir=", "--parts=load", "--clients=3", "--client_tokens=30", "--slow_readers=1",
+                "--slow_seconds=1", "--disconnects=2", "--loads=5", "--mixed_requests=24", "--phase_seconds=60"])
+    out = capsys.readouterr().out
+    rows = re.findall(r"^ +(\d+) +(\d+) ms +30 +[\d.]+$", out, re.MULTILINE)
+    assert [int(client) for client, _ in rows] == [1, 2, 3], out
+    assert re.search(r"5 model loads .*: median \d+ ms", out) and re.search(r"memory over 24 mixed requests", out)
+    verdicts = re.findall(r"^(PASS|FAIL)  (.*)$", out, re.MULTILINE)
+    assert len(verdicts) == 4 and all(v == "PASS" for v, line in verdicts if "memory" not in line), out
