@@ -61,8 +61,8 @@ CHECKPOINTS = ("best.pt", "ckpt.pt", "latest.pt")  # the first there is what the
 
 
 def checkpoint_of(folder):
-    """The checkpoint the explorer opens of a run folder: best.pt (or an earlier version's ckpt.pt), else, in a run
-    that has not finished an evaluation yet, latest.pt; None when there is none. An error reading the folder other
+    """The checkpoint the explorer opens of a run folder: best.pt (or an earlier version's ckpt.pt), else latest.pt
+    (a run that has not finished an evaluation yet); None when there is none. An error reading the folder other
     than 'not there' (no permission) is raised: the folder may hold a run."""
     for name in CHECKPOINTS:
         try:
