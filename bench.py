@@ -8,7 +8,7 @@ Benchmarks, one subcommand each; every subcommand takes its own --key=value opti
     python bench.py throughput                     # training tokens/s on the baby GPT: fp32 AdamW vs the default's settings
     python bench.py dropout                        # the share of the default's steps that dropout 0.1 costs
     python bench.py hooks                          # what the idle hook points cost a step and a decoded token
-    python bench.py explore --out_dir=out          # the explorer: first token, streaming, page load, analysis
+    python bench.py explore --out_dir=out          # the explorer: first token, streaming, page load, analysis, load
     python bench.py analyze                        # analyze.py: every head's ablation delta, a patching heatmap
     python bench.py busy                           # training tokens/s idle and beside one busy process
     python bench.py presets                        # each preset trained with 3 seeds: mean val loss, spread, target
@@ -31,7 +31,7 @@ COMMANDS = {
     "throughput": (throughput.main, "training tokens/s: fp32 AdamW GPT-2 against a config's settings"),
     "dropout": (dropout.main, "the share of a config's training steps that dropout costs"),
     "hooks": (hooks.main, "what model.py's idle hook points cost a training step and a decoded token"),
-    "explore": (explore.main, "the explorer: page load, first token, streaming, the analysis panels"),
+    "explore": (explore.main, "the explorer: page load, first token, streaming, the analysis panels, under load"),
     "analyze": (analyze.main, "analyze.py: every head's ablation delta on 65,536 val tokens, a patching heatmap"),
     "busy": (busy.main, "training tokens/s idle and beside a busy process"),
     "presets": (presets.main, "each preset trained once per seed: mean val loss, spread, target"),

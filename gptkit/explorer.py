@@ -6,10 +6,12 @@ Every number comes from the model's own forward pass (gptkit.inspection) and its
 the page does no model arithmetic."""
 
 import copy
+import ctypes
 import json
 import math
 import mimetypes
 import stat
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -61,8 +63,8 @@ CHECKPOINTS = ("best.pt", "ckpt.pt", "latest.pt")  # the first there is what the
 
 
 def checkpoint_of(folder):
-    """The checkpoint the explorer opens of a run folder: best.pt (or an earlier version's ckpt.pt), else, in a run
-    that has not finished an evaluation yet, latest.pt; None when there is none. An error reading the folder other
+    """The checkpoint the explorer opens of a run folder: best.pt (or an earlier version's ckpt.pt), else latest.pt
+    (a run that has not finished an evaluation yet); None when there is none. An error reading the folder other
     than 'not there' (no permission) is raised: the folder may hold a run."""
     for name in CHECKPOINTS:
         try:
@@ -250,6 +252,34 @@ def summarize(name, folder):
         return Summary(name, folder, error=str(e).splitlines()[0] if str(e) else type(e).__name__, identity=identity)
 
 
+def glibc():
+    """The C library when it is glibc (Linux), whose malloc_trim and mallopt the shelf uses; else None."""
+    try:
+        libc = ctypes.CDLL(None) if sys.platform.startswith("linux") else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+
+
+GLIBC = glibc()
+M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
+
+
+def bound_freed_memory():
+    """Keep the memory glibc holds freed but not given back bounded. It gives each thread that allocates an arena
+    of its own, which keeps what was freed there, and the server's worker threads (dozens, under load) take turns
+    on the models (the shelf's lock): two arenas serve them as well."""
+    if GLIBC is not None:
+        GLIBC.mallopt(M_ARENA_MAX, 2)
+
+
+def give_back_memory():
+    """Hand the memory of a model just dropped back to the system: glibc would keep it for reuse, and each load
+    of another run would leave megabytes behind (bench.py explore measures the server's memory under load)."""
+    if GLIBC is not None:
+        GLIBC.malloc_trim(0)
+
+
 @dataclass
 class Loaded:
     """A picked run: its model in float32 for analysis, a copy laid out for decoding, and its tokenizer."""
@@ -271,6 +301,7 @@ class Shelf:
         self.known_lock = threading.Lock()
         self.loaded = OrderedDict()
         self.lock = threading.Lock()  # one forward pass at a time: requests share the models and the threads
+        bound_freed_memory()
 
     def current(self, name, folder):
         """The run's summary, read again only when its checkpoint is another file (or the same rewritten)."""
@@ -309,9 +340,13 @@ class Shelf:
         summary = self.summary(name)
         with self.lock:
             if name not in self.loaded or self.loaded[name].summary is not summary:
+                replaced = name in self.loaded
                 self.loaded[name] = self.load(summary)
                 while len(self.loaded) > LOADED_AT_ONCE:
                     self.loaded.popitem(last=False)
+                    replaced = True
+                if replaced:
+                    give_back_memory()
             self.loaded.move_to_end(name)
             return self.loaded[name]
 

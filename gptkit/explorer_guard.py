@@ -16,8 +16,8 @@ from starlette.responses import JSONResponse
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 # nosniff: a file is only ever what its Content-Type says; the frame rules: no other page may frame this one
-HEADERS = [(b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
-           (b"content-security-policy", b"frame-ancestors 'none'")]
+HEADERS = {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
+           "Content-Security-Policy": "frame-ancestors 'none'"}
 
 
 def normal_name(name):
@@ -88,15 +88,14 @@ class Guard:
             return
         problem = self.refusal(scope, Headers(scope=scope))
         if problem:
-            await JSONResponse({"error": problem[1]}, status_code=problem[0], headers=dict(
-                (k.decode(), v.decode()) for k, v in HEADERS))(scope, receive, send)
+            await JSONResponse({"error": problem[1]}, status_code=problem[0], headers=HEADERS)(scope, receive, send)
             return
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
                 headers = MutableHeaders(scope=message)
-                for key, value in HEADERS:
-                    headers.append(key.decode(), value.decode())
+                for key, value in HEADERS.items():
+                    headers.append(key, value)
             await send(message)
 
         await self.app(scope, receive, send_with_headers)

@@ -252,3 +252,17 @@ def test_analyze_times_every_head_s_ablation_and_a_patching_heatmap(capsys, monk
     for dtype in ("float32", "bfloat16"):
         assert re.search(rf"every head's zero-ablation delta \(16 heads\) on 256 tokens, {dtype}: \d+\.\d+ s", out)
     assert re.search(r"patching heatmap of a 8-token prompt \(4 x 8 residual cells, 16 heads\), float32: \d", out)
+
+
+@pytest.mark.slow
+def test_bench_explore_load_reports_each_client_and_a_verdict_per_criterion(capsys):
+    """The load part in miniature, on its small random model: every figure it promises is printed, and the
+    server answered everything."""
+    bench.main(["explore", "--out_dir=", "--parts=load", "--clients=3", "--client_tokens=30", "--slow_readers=1",
+                "--slow_seconds=1", "--disconnects=2", "--loads=5", "--mixed_requests=24", "--phase_seconds=60"])
+    out = capsys.readouterr().out
+    rows = re.findall(r"^ +(\d+) +(\d+) ms +30 +[\d.]+$", out, re.MULTILINE)
+    assert [int(client) for client, _ in rows] == [1, 2, 3], out
+    assert re.search(r"5 model loads .*: median \d+ ms", out) and re.search(r"memory over 24 mixed requests", out)
+    verdicts = re.findall(r"^(PASS|FAIL)  (.*)$", out, re.MULTILINE)
+    assert len(verdicts) == 4 and all(v == "PASS" for v, line in verdicts if "memory" not in line), out

@@ -39,10 +39,6 @@ export async function refusal(res, text) {
   const body = text === undefined ? await res.text() : text;
   const data = parseJson(body).json;
   if (data && typeof data.error === 'string') return new ApiError(oneLine(data.error));
-  if (data && data.detail) {
-    const d = Array.isArray(data.detail) ? data.detail[0] : data.detail;
-    return new ApiError(oneLine(typeof d === 'string' ? d : (d && d.msg) || JSON.stringify(d)));
-  }
   const short = body && body.length < 200 ? ': ' + body : '';
   return new ApiError(oneLine(`the server answered ${res.status} ${res.statusText}${short}`));
 }

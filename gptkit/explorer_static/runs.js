@@ -110,7 +110,7 @@ function appendRunStats(b, r) {
   stats.append(part('', fmtInt(r.params), ' parameters'), ' · ', part('', iters, ' iterations'), ' · ', part('val loss ', loss, ''));
   b.append(stats);
   if (r.tokenizer) b.append(el('span', 'run-stats', 'tokens: ' + r.tokenizer));
-  if (r.checkpoint === 'latest.pt') b.append(el('span', 'run-health', 'shows latest.pt: no best.pt yet (no evaluation has finished)'));
+  if (r.checkpoint === 'latest.pt') b.append(el('span', 'run-health', 'shows latest.pt, its latest state: the run has no best.pt'));
   if (r.health) b.append(el('span', 'run-health', r.health));
   if (r.metrics_error) b.append(el('span', 'run-error', 'no curves: ' + r.metrics_error));
 }
