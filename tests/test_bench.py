@@ -266,3 +266,14 @@ def test_bench_explore_load_reports_each_client_and_a_verdict_per_criterion(caps
     assert re.search(r"5 model loads .*: median \d+ ms", out) and re.search(r"memory over 24 mixed requests", out)
     verdicts = re.findall(r"^(PASS|FAIL)  (.*)$", out, re.MULTILINE)
     assert len(verdicts) == 4 and all(v == "PASS" for v, line in verdicts if "memory" not in line), out
+
+
+@pytest.mark.slow
+def test_bench_explore_speed_times_each_stream_beside_sample_s_decoding_just_before(capsys):
+    """The speed part in miniature, on its small random model: each streamed generation is paired with the
+    in-process cached decoding timed just before it, and the median share is printed."""
+    bench.main(["explore", "--out_dir=", "--parts=speed", "--max_tokens=20", "--text_tokens=16", "--repeats=1",
+                "--stream_rounds=2"])
+    out = capsys.readouterr().out
+    pairs = re.findall(r"streaming: [\d.]+ tokens/s, \d+% of sample.py's cached decoding just before", out)
+    assert len(pairs) == 2 and re.search(r"streaming, median of 2: \d+% of sample.py's cached decoding", out), out

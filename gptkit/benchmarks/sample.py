@@ -86,18 +86,25 @@ def time_generation(model, prompt, cfg, kv_cache, device):
         return time.perf_counter() - t0, time.process_time() - c0, torch.cat(tokens, dim=1)
 
 
+def cached_decoder(cfg, model, device):
+    """A copy of model that decodes as sample.py's does (weights laid out for decoding, the threads and precision
+    it measures): (the copy, its dtype, why those threads, why that dtype)."""
+    cached = copy.deepcopy(model)
+    if device == "cpu":  # as sample.py
+        lay_out_for_decoding(cached)
+    _, why_threads = pick_decode_threads(cfg.threads, cached, device, cfg.batch_size)  # both decode on these
+    dtype, why = pick_decode_dtype(cfg.dtype, cached, device, cfg.batch_size)
+    return cached.to(DTYPES[dtype]), dtype, why_threads, why
+
+
 def main(argv):
     """sample.py's decoding against nanoGPT's, at the same thread count: each mode's tokens/s as it is timed,
     then the speedup. Returns {mode: tokens/s}."""
     cfg = parse_config(SampleBenchConfig, argv, prog="bench.py sample")
     device = pick_device(cfg.device)
     model, description = bench_model(cfg, device)
-    cached = copy.deepcopy(model)
-    if device == "cpu":  # as sample.py
-        lay_out_for_decoding(cached)
-    _, why_threads = pick_decode_threads(cfg.threads, cached, device, cfg.batch_size)  # both decode on these
-    dtype, why = pick_decode_dtype(cfg.dtype, cached, device, cfg.batch_size)
-    decoders = {"cache": (cached.to(DTYPES[dtype]), True, f"with KV cache ({dtype}):"),
+    cached, dtype, why_threads, why = cached_decoder(cfg, model, device)
+    decoders = {"cache": (cached, True, f"with KV cache ({dtype}):"),
                 "nocache": (model, False, "without cache (float32):")}
     prompt = torch.zeros((cfg.batch_size, 1), dtype=torch.long, device=device)
     print(f"model: {description}")
