@@ -177,6 +177,9 @@ def time_analysis(http, run, cfg):
                                                                 {"run": run, "ids": window,
                                                                  "position": len(window) - 1}),
                 "one head's full map": ("/api/attention_map", {"run": run, "ids": window, "layer": 0, "head": 0})}
+    off = ["L0H0", "MLP0"] if model.get("mlp", True) else ["L0H0"]  # the page's switches: every panel asks again
+    requests.update({f"{name}, {' and '.join(off)} off": (path, {**body, "off": off})
+                     for name, (path, body) in list(requests.items())})
     return {name: [timed(lambda: http.post(path, json=body).raise_for_status()) for _ in range(cfg.repeats)]
             for name, (path, body) in requests.items()}
 
