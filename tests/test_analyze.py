@@ -50,14 +50,14 @@ def test_the_heads_table_lists_every_head_and_draws_its_picture(trained_run, tmp
     assert_png(picture)
 
 
-def test_heads_json_agrees_with_the_api_on_the_same_tokens(trained_run):
+def test_heads_json_agrees_with_the_api_on_the_same_tokens(trained_run, tmp_path):
     """In float32 the command's deltas are the API's ablation_deltas on the val split's first windows."""
     from gptkit.dataset import Split, load_meta
     from gptkit.experiments import ablation_deltas, open_run
 
     out = trained_run[0]
     proc = check_ok(run_script("analyze.py", "heads", f"--out_dir={out}", "--json", "--ablation=mean",
-                               "--dtype=float32", "--tokens=320"))
+                               "--dtype=float32", "--tokens=320", f"--output={tmp_path / 'heads.png'}"))
     answer = json.loads(proc.stdout)  # stdout holds the JSON alone; the picture's line went to stderr
     assert "wrote " in proc.stderr and answer["ablation"] == "mean" and answer["dtype"] == "float32"
     assert answer["tokens"] == 320 and len(answer["heads"]) == 4  # 10 windows of 32
