@@ -223,10 +223,12 @@ class Runtime:
         if exc is None:  # ranks leave together: tearing down gloo while a peer still talks aborts it
             dist.barrier()
         else:  # the failed frames hold the DDP wrapper, which holds the process group
+            # a node that went away makes torchrun's launcher stop this process too, at once: that is not the news.
+            # Ignored, not blocked: a blocked signal still reaches the handler through another thread
+            for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+                signal.signal(stop, signal.SIG_IGN)
             traceback.clear_frames(tb)
         lost = lost_peer(exc) if exc is not None else None
-        if lost:  # torchrun's launcher stops this process next, as the node went away: that is not the news
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1})
         gc.collect()  # free DDP's reducer now, not during interpreter shutdown (which can abort the process)
         dist.destroy_process_group()
         if lost:
@@ -287,10 +289,14 @@ GLOO_LOST = re.compile(r"gloo/transport/\S+\] ([^\[]*?)\s*\[([^\]]+)\]:(\d+)(?::
 
 def lost_peer(exc):
     """One line for a collective that failed because another process of the run went away (its node died, or
-    its process was killed), naming its address; None for any other failure."""
-    found = GLOO_LOST.search(str(exc)) if isinstance(exc, RuntimeError) else None
-    if found is None and not isinstance(exc, getattr(dist, "DistNetworkError", ())):
+    its process was killed), naming its address; None for any other failure. The failure may be the context of
+    the exception at hand: the launcher's stop signal, raised while the failure was on its way out."""
+    while exc is not None and not (isinstance(exc, RuntimeError) and GLOO_LOST.search(str(exc))
+                                   or isinstance(exc, getattr(dist, "DistNetworkError", ()))):
+        exc = exc.__context__
+    if exc is None:
         return None
+    found = GLOO_LOST.search(str(exc))
     where = f"the process at {found[2]} (port {found[3]}): {(found[4] or found[1]).lower()}" if found else \
         f"another process: {str(exc).splitlines()[0]}"
     return (f"lost the connection to {where}; that process or its node stopped, so this one stops too. latest.pt "

@@ -223,6 +223,27 @@ def test_a_node_that_dies_ends_the_other_with_one_line_and_the_last_good_state_k
     # own where the node that died held the rendezvous)
     said = [line for line in survivor.stderr.splitlines() if line.startswith("error: ")]
     assert len(said) == 1 and not re.search(r"\[rank\d\]: Traceback", survivor.stderr), survivor.stderr
-    assert said[0].startswith("error: lost the connection to the process at 127.0.0.1 (port "), said
+    assert said[0].startswith("error: lost the connection to the process at 127.0.0.1 (port "), survivor.stderr
     saved = load_checkpoint(out / "latest.pt")
     assert saved["iter_num"] % 4 == 0 and saved["iter_num"] >= 8
+
+
+def test_a_lost_peer_is_named_even_behind_the_launcher_s_stop_signal():
+    """A node that dies makes gloo fail here, and torchrun's launcher send its stop signal at once; the signal's
+    RunStopped may overtake the failure on its way out. Either way the one line names the lost address."""
+    from gptkit.errors import RunStopped
+    from gptkit.runtime import lost_peer
+
+    gloo = RuntimeError("[/w/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                        "[10.0.0.2]:21641. This is typically caused by a remote worker crashing.")
+    try:
+        try:
+            raise gloo
+        except RuntimeError:
+            raise RunStopped("stopped by SIGTERM while training", signal.SIGTERM)
+    except RunStopped as stopped:
+        behind = stopped
+    for exc in (gloo, behind):
+        assert lost_peer(exc).startswith("lost the connection to the process at 10.0.0.2 (port 21641): connection "
+                                         "closed by peer; that process or its node stopped")
+    assert lost_peer(RuntimeError("shapes do not match")) is None and lost_peer(RunStopped("x", 15)) is None
