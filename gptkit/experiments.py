@@ -142,13 +142,21 @@ class Ablation:
     @property
     def label(self):
         """'L0H3, MLP1': the parts switched off, for a banner or a title."""
-        return ", ".join([*(f"L{layer}H{head}" for layer, head in self.heads), *(f"MLP{m}" for m in self.mlps)])
+        return ", ".join(part_names(self.heads, self.mlps))
 
 
 def no_attention(model):
     if model.config.n_layer == 0:
         raise UserError("this model has no attention (n_layer=0, a bigram model): it has no heads or layers to "
                         "look into")
+
+
+MLP_NAME = re.compile(r"\s*MLP(\d+)\s*", re.IGNORECASE)  # 'MLP1': the MLP of layer 1
+
+
+def part_names(heads, mlps):
+    """The names of (layer, head) pairs and MLP layers: ['L0H3', 'MLP1']."""
+    return [*(f"L{layer}H{head}" for layer, head in heads), *(f"MLP{m}" for m in mlps)]
 
 
 def parse_heads(model, heads):
@@ -183,7 +191,7 @@ def parse_mlps(model, mlps):
         raise UserError("this model has no MLPs (mlp=False: its blocks are attention only)")
     found = set()
     for mlp in mlps:
-        m = re.fullmatch(r"\s*MLP(\d+)\s*", mlp, re.IGNORECASE) if isinstance(mlp, str) else None
+        m = MLP_NAME.fullmatch(mlp) if isinstance(mlp, str) else None
         if not (m or isinstance(mlp, int) and not isinstance(mlp, bool)):
             raise UserError(f"{mlp!r} is not an MLP: write MLP1 or the layer number, 1")
         layer = int(m.group(1)) if m else mlp

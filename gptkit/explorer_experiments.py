@@ -7,7 +7,6 @@ another's. It is gptkit.experiments's zero ablation (the same hooks), without it
 in the answer."""
 
 import math
-import re
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from weakref import WeakKeyDictionary
@@ -17,8 +16,8 @@ from pydantic import BaseModel, Field
 
 from gptkit.dataset import Split, load_meta
 from gptkit.errors import UserError, first_line
-from gptkit.experiments import (ablation_hooks, chance_scores, everything_note, head_labels, head_scores,
-                                induction_tokens, parse_heads, parse_mlps)
+from gptkit.experiments import (MLP_NAME, ablation_hooks, chance_scores, everything_note, head_labels, head_scores,
+                                induction_tokens, parse_heads, parse_mlps, part_names)
 from gptkit.inspection import hooked, run_with_cache
 from gptkit.tokenizer import same_token_ids
 
@@ -42,7 +41,7 @@ class Off:
 
     @property
     def names(self):
-        return [*(f"L{layer}H{head}" for layer, head in self.heads), *(f"MLP{m}" for m in self.mlps)]
+        return part_names(self.heads, self.mlps)
 
     def on(self, *models):
         """A context in which each of models (the analysis model, the decoding copy) runs with these parts off."""
@@ -66,9 +65,8 @@ def switched_off(models, heads, mlps):
 
 def off_of(model, names):
     """The Off that names ('L0H3', 'MLP1', any case) ask of model; one line (a UserError) for a name it lacks."""
-    mlp = re.compile(r"\s*MLP\d+\s*", re.IGNORECASE)
-    heads = [n for n in names if not mlp.fullmatch(n)]
-    mlps = [n for n in names if mlp.fullmatch(n)]
+    heads = [n for n in names if not MLP_NAME.fullmatch(n)]
+    mlps = [n for n in names if MLP_NAME.fullmatch(n)]
     heads = parse_heads(model, heads) if heads else ()
     mlps = parse_mlps(model, mlps)
     return Off(heads, mlps, everything_note(model, heads, mlps))
