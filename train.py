@@ -36,7 +36,7 @@ def train(cfg, rt, data, state, log, run, budget, stop):
     """Optimizer steps until max_iters or the time budget, evaluating every eval_interval steps and at the end.
     best.pt is written only when val loss improves; latest.pt at evaluations, at the end and on a stop signal."""
     model = rt.wrap(state.model)  # DDP when there are several processes
-    accum = state.global_batch // (data.sampler.batch_size * rt.world)  # micro-batches per step in each process
+    accum = state.micro_batches
     report = Reporter(cfg, rt, data, state, log, budget)
     if state.iter_num == 0:
         stop.doing = "evaluating before the first step (nothing was saved)"

@@ -90,6 +90,7 @@ class TrainState:
     def __init__(self, cfg, model, tokenizer, sampler, rt, choices, global_batch):
         self.cfg, self.model, self.tokenizer, self.sampler = cfg, model, tokenizer, sampler
         self.global_batch = global_batch  # sequences per optimizer step, over every process
+        self.micro_batches = global_batch // (sampler.batch_size * rt.world)  # a step's, in each process
         self.choices = choices  # what start-up chose (gptkit.choices), kept for a resume
         self.optimizers = build_optimizers(model, cfg, rt.dtype)
         # only rank 0 evaluates and saves, so only it keeps the EMA
@@ -172,7 +173,7 @@ class TrainState:
             print("note: this checkpoint was written before the processes shared one data order; the order "
                   "continues from process 0's, so some windows process 1 and up read may come round again")
         if rt.master and len(states) != rt.world:
-            micro, accum = self.sampler.batch_size, self.global_batch // (self.sampler.batch_size * rt.world)
+            micro, accum = self.sampler.batch_size, self.micro_batches
             print(f"note: this run was saved by {len(states)} process{'es' * (len(states) != 1)} and continues "
                   f"on {rt.world}: each takes {accum} micro-batch{'es' * (accum != 1)} of {micro} sequences a step, "
                   f"the {self.global_batch} a step it started with, in the same data order; dropout's random "
@@ -296,14 +297,16 @@ def global_batch(cfg, world, ckpt=None):
     if accumulation_steps > world and accumulation_steps % world:
         raise UserError(f"gradient_accumulation_steps ({accumulation_steps}) must be divisible "
                         f"by the number of processes ({world})")
-    fresh = cfg.batch_size * world * max(1, accumulation_steps // world)
+    def started_on(processes):
+        return cfg.batch_size * processes * max(1, accumulation_steps // processes)
+
     if ckpt is None:
-        return fresh
+        return started_on(world)
     saved = ckpt["config"]
     if (saved.get("batch_size"), saved.get("gradient_accumulation_steps")) != (cfg.batch_size, accumulation_steps):
-        return fresh
-    written_by = len(ckpt["rng"])  # checkpoints from before global_batch was saved
-    return ckpt.get("global_batch", cfg.batch_size * written_by * max(1, accumulation_steps // written_by))
+        return started_on(world)
+    # checkpoints from before global_batch was saved: the processes that wrote it, one RNG state each
+    return ckpt.get("global_batch", started_on(len(ckpt["rng"])))
 
 
 def batch_shares(sequences, batch_size, world):

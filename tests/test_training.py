@@ -102,7 +102,7 @@ def test_a_checkpoint_whose_processes_each_had_their_own_order_continues_from_pr
     expected = whole.next()[0]  # process 0's order, 8 windows a step
     for rank in (0, 1):
         state = SimpleNamespace(sampler=BatchSampler(split, 4, 1337, "cpu", "epochs", rank=rank, world=2),
-                                global_batch=8)
+                                global_batch=8, micro_batches=1)
         TrainState.restore_random_state(state, states, SimpleNamespace(rank=rank, world=2, master=rank == 0))
         assert torch.equal(state.sampler.next()[0], expected[rank * 4:(rank + 1) * 4])
     assert capsys.readouterr().out == ("note: this checkpoint was written before the processes shared one data "
