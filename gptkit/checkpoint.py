@@ -304,7 +304,8 @@ OPTIMIZER_STATE = Fields({"state": Each(DICT, keyed=True), "param_groups": Each(
 MODEL_KEYS = Fields({
     "model": Each(TENSOR, keyed=True),
     "model_args": settings(GPTConfig),
-    "tokenizer": Tagged("tokenizer", {"char": Fields({"vocab": TEXT}), "tiktoken": Fields({"encoding": TEXT})}),
+    "tokenizer": Tagged("tokenizer", {"char": Fields({"vocab": TEXT}), "tiktoken": Fields({"encoding": TEXT}),
+                                      "bpe": Fields({"tokenizer_sha256": TEXT, "bpe": DICT})}),
 })
 TRAINING_KEYS = Fields({
     **MODEL_KEYS.kinds,

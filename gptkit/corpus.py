@@ -27,10 +27,11 @@ from tqdm import tqdm
 
 from gptkit.dataset_folder import check_room, commit, dataset_lock, remove_leftovers, sync, work_folder
 from gptkit.errors import RunStopped, UserError
-from gptkit.shards import ShardWriter, sha256_of, tokenized
+from gptkit.shards import CHUNK_TOKENS, ShardWriter, sha256_of, tokenized
+from gptkit.bpe_training import WordCounts, check_vocab_size, merges_table, train_bpe
 from gptkit.signals import StopSignals
 from gptkit.sources import Reader, Tally, kind_of, read_record, shown, source_files
-from gptkit.tokenizer import make_tokenizer
+from gptkit.tokenizer import TiktokenTokenizer, TrainedBPE, bpe_checksum, make_tokenizer
 
 PROJECT_DATA = Path(__file__).resolve().parent.parent / "data"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -40,13 +41,16 @@ CHAR_SEPARATOR = "\n\n"  # after each record's text, char-level: a blank line, f
 BATCH_CHARS = 4 << 20  # text per batch sent to a tokenizing process
 MOST_WORKERS = 512  # a process each: a typo'd count must not start thousands
 SAVE_EVERY = 10.0  # seconds between saved states, besides one at every finished shard
+TOKENIZER_FILE = "tokenizer.json"  # a trained BPE's merges, in the dataset folder beside meta.json
 
 
 @dataclass
 class PrepareConfig:
     input: str = ""  # a text, .jsonl(.gz/.zst) or .parquet file, or a folder of them ('' = download tinyshakespeare)
     name: str = "shakespeare_char"  # output folder name under data_dir
-    tokenizer: str = "char"  # 'char' or a tiktoken encoding name (gpt2, r50k_base, cl100k_base, ...)
+    tokenizer: str = "char"  # 'char', 'bpe' (trained on this corpus) or a tiktoken encoding (gpt2, cl100k_base, ...)
+    vocab_size: int = 0  # with --tokenizer=bpe: the tokens to train, the 256 bytes and <|endoftext|> included
+    show_merges: int = 0  # with --tokenizer=bpe: print the first K merges the tokenizer learned, with their counts
     data_dir: str = ""  # where dataset folders live ('' = this project's data/)
     val_fraction: float = 0.1  # the share of tokens (text files) or of documents (records) in the val split
     dtype: Literal["auto", "uint16", "uint32"] = "auto"  # token file type: 'auto' is uint16 when the vocabulary fits
@@ -66,6 +70,17 @@ class PrepareConfig:
             raise ValueError(f"workers must be 0 (one per core) to {MOST_WORKERS} (got {self.workers})")
         if not self.text_field:
             raise ValueError("text_field must name a field")
+        if self.tokenizer == "bpe":
+            if not self.vocab_size:
+                raise ValueError("--tokenizer=bpe trains a tokenizer: give its size with --vocab_size=N (e.g. 1024)")
+            check_vocab_size(self.vocab_size)
+            if self.vocab_size > TOKEN_DTYPES["uint32"]:
+                raise ValueError(f"vocab_size must be at most {TOKEN_DTYPES['uint32']:,} (got {self.vocab_size:,})")
+        elif self.vocab_size or self.show_merges:
+            raise ValueError(f"--vocab_size and --show_merges are for a trained tokenizer (--tokenizer=bpe); "
+                             f"{self.tokenizer!r} has a vocabulary of its own")
+        if self.show_merges < 0:
+            raise ValueError(f"show_merges must be 0 or more (got {self.show_merges})")
 
 
 def data_root(data_dir):
@@ -151,7 +166,7 @@ def kept_or_cleared(write, work, out_dir):
 
 def settings_key(cfg, files):
     """What makes a stopped prepare's work reusable: the same settings and the same source files, unchanged."""
-    settings = {k: v for k, v in asdict(cfg).items() if k not in ("data_dir", "name", "workers")}
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("data_dir", "name", "workers", "show_merges")}
     stats = [(shown(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
     return hashlib.sha256(json.dumps([settings, stats]).encode("utf-8")).hexdigest()[:16]
 
@@ -191,6 +206,11 @@ def open_work(work):
         print("the stopped prepare's files do not match its saved state; starting again")
         shutil.rmtree(work)
         return open_work(work)
+    saved_tokenizer = progress.get("tokenizer_sha256")
+    if saved_tokenizer and tokenizer_checksum(work / TOKENIZER_FILE) != saved_tokenizer:
+        print(f"the stopped prepare's {TOKENIZER_FILE} is missing or does not match its checksum; starting again")
+        shutil.rmtree(work)
+        return open_work(work)
     if progress.get("position"):
         file_index, _ = progress.get("position")
         print(f"continuing the prepare that was stopped (at file {file_index + 1}, "
@@ -203,12 +223,12 @@ def write_dataset(cfg, files, work):
     become the dataset readers find; the metadata."""
     progress = open_work(work)
     by_document = any(kind_of(f) != "text" for f in files)
-    tok = choose_tokenizer(cfg, files, progress, by_document)
+    tok = choose_tokenizer(cfg, files, progress, by_document, work)
     dtype = token_dtype(cfg, tok)
     writers = {split: ShardWriter(work, split, dtype, cfg.shard_tokens, progress.get(split)) for split in ("train", "val")}
     tally, docs = Tally(**progress.get("tally", {})), dict(progress.get("docs", {"train": 0, "val": 0}))
     reader = Reader(cfg.text_field, cfg.skip_bad, cfg.val_fraction if by_document else None,
-                    bpe_cut if tok.kind == "tiktoken" else len, tally)
+                    bpe_cut if isinstance(tok, TiktokenTokenizer) else len, tally)
     start = progress.get("position", [0, 0])
     setup = (tok.to_meta(), cfg.text_field, cfg.val_fraction if by_document else None, dtype,
              separators(tok, files, by_document))
@@ -252,26 +272,82 @@ def batches(reader, files, start, bar):
         yield batch
 
 
-def choose_tokenizer(cfg, files, progress, by_document):
+def choose_tokenizer(cfg, files, progress, by_document, work):
     """The tokenizer; char-level, its vocabulary is every character of the corpus (one pass over it, kept in the
     saved state so a continued prepare does not read it twice)."""
+    if cfg.tokenizer == "bpe":
+        return trained_tokenizer(cfg, files, progress, by_document, work)
     if cfg.tokenizer != "char":
         return make_tokenizer(cfg.tokenizer)
     chars = progress.get("vocab")
     if chars is None:
         seen = set(CHAR_SEPARATOR) if by_document else set()
-        reader = Reader(cfg.text_field, cfg.skip_bad)
         with progress_bar(files, "vocabulary") as bar:
-            for path in files:
-                for piece in reader.pieces(path, 0, bar):
-                    text, _, problem = read_record(piece.text, cfg.text_field, None) if piece.record else \
-                        (piece.text, False, None)
-                    if problem:
-                        reader.passed_over(piece, problem)
-                    seen.update(text or "")
+            for text in corpus_texts(cfg, files, bar):
+                seen.update(text)
         chars = "".join(sorted(seen))
         progress.save(vocab=chars)
     return make_tokenizer("char", chars)
+
+
+def corpus_texts(cfg, files, bar, split=None):
+    """Every document's text, in pieces; given how the corpus is split ('by document' or 'by position'), only the
+    text of its train split: the records and files whose hash keeps them out of val, or the first
+    1 - val_fraction of the bytes of text files (the val split is their tail)."""
+    by_hash = cfg.val_fraction if split == "by document" else None
+    reader = Reader(cfg.text_field, cfg.skip_bad, by_hash, bpe_cut)
+    room = (1 - cfg.val_fraction) * sum(f.stat().st_size for f in files)  # bytes of train text, by position
+    for path in files:
+        for piece in reader.pieces(path, 0, bar):
+            text, val, problem = read_record(piece.text, cfg.text_field, by_hash) if piece.record else \
+                (piece.text, piece.val, None)
+            if problem:
+                reader.passed_over(piece, problem)
+            if split == "by position":
+                data = text.encode("utf-8")
+                if len(data) >= room:
+                    yield data[:int(room)].decode("utf-8", "ignore")
+                    return
+                room -= len(data)
+            if text and not val:
+                yield text
+
+
+def trained_tokenizer(cfg, files, progress, by_document, work):
+    """A byte-level BPE of vocab_size tokens trained on the corpus's train split, written to the work folder; a
+    stopped prepare's, which open_work checked against its checksum, is used again."""
+    path = work / TOKENIZER_FILE
+    if not progress.get("tokenizer_sha256"):
+        words = WordCounts() if cfg.show_merges else None
+        with progress_bar(files, f"training a {cfg.vocab_size:,}-token BPE") as bar:
+            texts = corpus_texts(cfg, files, bar, "by document" if by_document else "by position")
+            content = train_bpe(texts if words is None else (words.add(t) or t for t in texts), cfg.vocab_size)
+        tok = TrainedBPE(content)
+        write_tokenizer(path, content)
+        counts = words.merge_counts(tok.merges, cfg.show_merges) if words else []
+        progress.save(tokenizer_sha256=tok.sha256, merge_counts=counts)
+    tok = TrainedBPE(json.loads(path.read_text(encoding="utf-8")))
+    if cfg.show_merges:
+        print("\n".join(merges_table(tok, progress.get("merge_counts")[:cfg.show_merges])))
+    return tok
+
+
+def write_tokenizer(path, content):
+    """The trained tokenizer's file: its format and pattern, then one merge a line (token ids; 0-255 are bytes)."""
+    head = {k: v for k, v in content.items() if k != "merges"}
+    lines = [f" {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in head.items()]
+    merges = ",\n  ".join(json.dumps(m) for m in content["merges"])
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("{\n" + "\n".join(lines) + f'\n "merges": [\n  {merges}\n ]\n}}\n', encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def tokenizer_checksum(path):
+    """The checksum of a tokenizer file's content, or None where it is missing or not JSON."""
+    try:
+        return bpe_checksum(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return None
 
 
 def token_dtype(cfg, tok):
@@ -286,7 +362,7 @@ def separators(tok, files, by_document):
     """The tokens after each document, (after a text file, after a record): BPE's end-of-text (as nanoGPT),
     where the corpus has more than one document; char-level, a blank line after each record (a text file ends
     as it ends)."""
-    if tok.kind == "tiktoken":
+    if isinstance(tok, TiktokenTokenizer):
         eot = [tok.eot_token] if by_document or len(files) > 1 else []
         return eot, eot
     return [], tok.encode(CHAR_SEPARATOR) if by_document else []
@@ -313,9 +389,13 @@ def position_split(n_tokens, val_fraction):
 
 def write_meta(cfg, files, work, tok, dtype, shards, docs, tally, by_document):
     """meta.json: the tokenizer, the token files with their counts and checksums, what was read and passed over."""
-    meta = dict(tok.to_meta(), vocab_size=tok.vocab_size, dtype=dtype,
+    about = {k: v for k, v in tok.to_meta().items() if k != "bpe"}  # a trained BPE's merges: its own file
+    if tok.kind == "bpe":
+        about["tokenizer_file"] = TOKENIZER_FILE
+    meta = dict(about, vocab_size=tok.vocab_size, dtype=dtype,
                 train_tokens=sum(s["tokens"] for s in shards["train"]),
                 val_tokens=sum(s["tokens"] for s in shards["val"]),
+                **{f"{split}_chars": characters(work, shards[split], dtype, tok) for split in ("train", "val")},
                 train_shards=shards["train"], val_shards=shards["val"],
                 split="by document" if by_document else "by position", documents=sum(docs.values()),
                 **({"val_documents": docs["val"]} if by_document else {}),
@@ -324,8 +404,20 @@ def write_meta(cfg, files, work, tok, dtype, shards, docs, tally, by_document):
     meta["sha256"] = meta_checksum(meta)
     (work / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     (work / "state.json").unlink(missing_ok=True)
-    sync([*(work / s["file"] for split in shards.values() for s in split), work / "meta.json", work, work.parent])
+    written = [work / s["file"] for split in shards.values() for s in split] + [work / "meta.json"]
+    sync([*written, *([work / TOKENIZER_FILE] if tok.kind == "bpe" else []), work, work.parent])
     return meta
+
+
+def characters(work, shards, dtype, tok):
+    """The characters of text a split's tokens spell (bits per character = nats / (ln 2 × characters))."""
+    counts, total = tok.char_counts(), 0
+    for shard in shards:
+        tokens = np.memmap(work / shard["file"], dtype=dtype, mode="r")
+        for at in range(0, len(tokens), CHUNK_TOKENS):
+            total += int(counts[tokens[at:at + CHUNK_TOKENS]].sum())
+        del tokens
+    return total
 
 
 def meta_checksum(meta):

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import torch
 from gptkit.corpus import TOKEN_DTYPES, data_root, meta_checksum
 from gptkit.dataset_folder import DATASET_FILE
 from gptkit.errors import UserError, first_line
-from gptkit.tokenizer import tokenizer_from_meta
+from gptkit.tokenizer import tokenizer_from_meta, trained_bpe
 
 
 def load_meta(data_dir, dataset):
@@ -38,7 +39,32 @@ def load_meta(data_dir, dataset):
     except OSError as e:
         raise UserError(f"could not read {path} ({e.strerror or e})") from None
     check_meta(meta, path)
+    if meta["tokenizer"] == "bpe":
+        meta["bpe"] = read_tokenizer(folder / meta["tokenizer_file"], meta)
     return folder, meta
+
+
+def bits_per_char(val_loss, meta):
+    """A val loss (nats per token) as bits per character of the val text, the measure that compares tokenizers:
+    nats / (ln 2 × characters). None where the dataset does not say how many characters its val tokens spell
+    (prepared before it counted them, and not char-level, where a token is a character)."""
+    chars = meta.get("val_chars", meta["val_tokens"] if meta["tokenizer"] == "char" else None)
+    return val_loss * meta["val_tokens"] / (math.log(2) * chars) if chars else None
+
+
+def read_tokenizer(path, meta):
+    """A dataset's trained tokenizer: its file, checked against the checksum meta.json holds."""
+    again = "run data/prepare.py for this dataset again"
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path} is missing: this dataset's trained tokenizer; {again}") from None
+    except (ValueError, RecursionError) as e:
+        raise UserError(f"{path} is damaged: not valid JSON ({first_line(e)}); {again}") from None
+    except OSError as e:
+        raise UserError(f"could not read {path} ({e.strerror or e})") from None
+    trained_bpe(dict(meta, bpe=content), where=str(path))
+    return content
 
 
 def check_meta(meta, path):
@@ -60,8 +86,12 @@ def check_meta(meta, path):
             raise UserError(f"{path}: 'vocab' must be a string of distinct characters; {again}")
         if len(chars) != vocab:
             raise UserError(f"{path}: vocab_size is {vocab} but the vocabulary has {len(chars)} characters; {again}")
+    elif meta["tokenizer"] == "bpe":
+        if meta.get("tokenizer_file") != "tokenizer.json" or not isinstance(meta.get("tokenizer_sha256"), str):
+            raise UserError(f"{path}: a trained BPE's dataset names its tokenizer.json and its tokenizer_sha256; "
+                            f"{again}")
     elif meta["tokenizer"] != "tiktoken" or not isinstance(meta.get("encoding"), str):
-        raise UserError(f"{path}: tokenizer must be 'char' or 'tiktoken' with an encoding name; {again}")
+        raise UserError(f"{path}: tokenizer must be 'char', 'bpe' or 'tiktoken' with an encoding name; {again}")
     for name in ("train", "val"):
         check_shards(meta, name, path, again)
     if "sha256" in meta and meta["sha256"] != meta_checksum(meta):

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import torch
 
 from gptkit.errors import UserError
+from gptkit.tokenizer import visible
 from model import HookPoint
 
 # the model's module paths (nanoGPT's, which checkpoints and GPT-2's weights use) as TransformerLens names them
@@ -147,12 +148,10 @@ def logit_lens(model, streams, position):
     return [torch.softmax(read_out(model, s[0, position]).float(), dim=-1) for s in streams]
 
 
-VISIBLE = {"\n": "\u21b5", "\t": "\u21e5", " ": "\u2423"}  # ↵ newline, ⇥ tab, ␣ space: blanks cannot be read
-
-
 def token_label(tok, token):
-    """A token as a short label a person can read, whitespace shown as symbols."""
-    shown = "".join(VISIBLE.get(ch, ch) for ch in tok.decode([token]))
+    """A token as a short label a person can read: whitespace drawn as symbols, the bytes of part of a character
+    in hex (a byte-level BPE may cut one)."""
+    shown = visible(tok.token_label(token))
     return shown if len(shown) <= 12 else shown[:11] + "\u2026"
 
 

@@ -8,6 +8,7 @@ import time
 
 from tqdm import tqdm
 
+from gptkit.dataset import bits_per_char
 from gptkit.flops import flops_per_token, peak_flops
 
 # overfitting: val loss this far above train loss (in nats, and as a share of train loss, whichever is larger) ...
@@ -33,7 +34,7 @@ class Reporter:
     learning rates, ms/iter, tokens/s, MFU); a line per evaluation; printed and written by rank 0 only."""
 
     def __init__(self, cfg, rt, data, state, log, budget=None):
-        self.cfg, self.rt, self.log, self.state, self.budget = cfg, rt, log, state, budget
+        self.cfg, self.rt, self.log, self.state, self.budget, self.meta = cfg, rt, log, state, budget, data.meta
         # each optimizer's peak rate, named for it: Muon's is on another scale entirely than AdamW's
         self.peak_lrs = {"adamw_lr": cfg.learning_rate, **({"muon_lr": cfg.muon_lr} if cfg.optimizer == "muon" else {})}
         self.tokens_per_iter = state.global_batch * data.block_size
@@ -115,9 +116,12 @@ class Reporter:
         loss, tokens = result
         if not self.rt.master:
             return
-        print(f"final: val loss {loss:.4f} ({loss / math.log(2):.4f} bits per token) on {tokens:,} val tokens, "
+        per_char = bits_per_char(loss, self.meta)
+        also = f", {per_char:.4f} bits per character" if per_char is not None and self.meta["tokenizer"] != "char" else ""
+        print(f"final: val loss {loss:.4f} ({loss / math.log(2):.4f} bits per token{also}) on {tokens:,} val tokens, "
               "each scored once")
-        self.log.write({"kind": "final", "iter": iter_num, "val_loss": loss, "val_tokens": tokens})
+        self.log.write({"kind": "final", "iter": iter_num, "val_loss": loss, "val_tokens": tokens,
+                        **({"bits_per_char": per_char} if per_char is not None else {})})
         seconds = self.budget.spent() if self.budget is not None else time.time() - self.window_start
         print(f"done: {iter_num:,} iterations in {seconds:.0f} s, in {run.path}: best.pt holds iteration "
               f"{self.state.best_iter:,} (val loss {self.state.best_val_loss:.4f}), latest.pt where the run ended, "

@@ -1,9 +1,12 @@
 """
-Tokenizers: characters (the vocabulary is stored with the data and the checkpoint)
-or any tiktoken BPE encoding (stored by name). Both round-trip through a JSON-able dict.
+Tokenizers: characters (the vocabulary is stored with the data and the checkpoint), any tiktoken BPE encoding
+(stored by name), or a byte-level BPE trained on the corpus by data/prepare.py --tokenizer=bpe (its merges
+stored with the data and in every checkpoint). Each round-trips through a JSON-able dict.
 """
 
 import codecs
+import hashlib
+import json
 import unicodedata
 
 import numpy as np
@@ -64,6 +67,13 @@ class CharTokenizer:
     def to_meta(self):
         return {"tokenizer": "char", "vocab": self.chars}
 
+    def token_label(self, token):
+        return self.chars[token]
+
+    def char_counts(self):
+        """Characters of text each token spells: one each."""
+        return np.ones(self.vocab_size, dtype=np.int64)
+
 
 # gpt2 and r50k_base are one encoding (same ranks, pattern and <|endoftext|>) that tiktoken downloads
 # from different files, so either one's cached files serve both names
@@ -116,9 +126,120 @@ class TiktokenTokenizer:
     def to_meta(self):
         return {"tokenizer": "tiktoken", "encoding": self.name}
 
+    def token_label(self, token):
+        """A token's text; where it holds only part of a character's UTF-8 bytes, those bytes in hex."""
+        return bytes_label(self.enc.decode_single_token_bytes(token))
+
+    def char_counts(self):
+        """Characters of text each token spells, counted as the characters its bytes begin (UTF-8 bytes other
+        than 0b10xxxxxx), so a character cut between two tokens counts once; special tokens spell none."""
+        counts = np.zeros(self.enc.n_vocab, dtype=np.int64)
+        special = self.enc.special_tokens_set
+        for token in range(self.enc.n_vocab):
+            try:
+                data = self.enc.decode_single_token_bytes(token)
+            except KeyError:  # an id no token has (some encodings leave gaps)
+                continue
+            if data.decode("utf-8", "replace") not in special:
+                counts[token] = sum(1 for b in data if b & 0xC0 != 0x80)
+        return counts
+
+
+VISIBLE = {"\n": "\u21b5", "\t": "\u21e5", " ": "\u2423", "\r": "\u23ce"}  # ↵ ⇥ ␣ ⏎: blanks cannot be read
+
+
+def visible(text):
+    """Text with its whitespace drawn as symbols."""
+    return "".join(VISIBLE.get(ch, ch) for ch in text)
+
+
+def bytes_label(data):
+    """Bytes as readable text: UTF-8 where they decode, each byte of a partial character as ⟨e4⟩."""
+    return "".join(piece if isinstance(piece, str) else f"⟨{piece:02x}⟩" for piece in utf8_pieces(data))
+
+
+def utf8_pieces(data):
+    at = 0
+    while at < len(data):
+        for size in (4, 3, 2, 1):
+            try:
+                yield data[at:at + size].decode("utf-8")
+                at += size
+                break
+            except UnicodeDecodeError:
+                continue
+        else:
+            yield data[at]
+            at += 1
+
+
+# GPT-2's pre-tokenizer (tiktoken's r50k pattern, the regex of Hugging Face's ByteLevel): text is cut into words,
+# numbers, punctuation and whitespace, each with at most one space in front, and merges never cross those cuts
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+END_OF_TEXT = "<|endoftext|>"
+BPE_FORMAT = "gptkit byte-level BPE 1"
+
+
+class TrainedBPE(TiktokenTokenizer):
+    """A byte-level BPE trained on the corpus (gptkit/bpe_training.py): token ids 0-255 are the bytes, each merge
+    that makes a new token gives it the next id, and <|endoftext|> is the last. tiktoken encodes with these
+    ranks, as nanochat does: faster than the training library's own encoder (docs/tokenizers.md)."""
+    kind = "bpe"
+
+    def __init__(self, content, where="the tokenizer"):
+        import tiktoken
+
+        self.content, self.sha256 = check_bpe(content, where), bpe_checksum(content)
+        self.merges, ranks = ranks_of(content["merges"])
+        self.name = f"bpe-{len(ranks) + 1}"
+        self.enc = tiktoken.Encoding(self.name, pat_str=content["pattern"], mergeable_ranks=ranks,
+                                     special_tokens={END_OF_TEXT: len(ranks)})
+        self.vocab_size = self.eot_token = len(ranks)
+        self.vocab_size += 1
+
+    def to_meta(self):
+        return {"tokenizer": "bpe", "tokenizer_sha256": self.sha256, "vocab_size": self.vocab_size, "bpe": self.content}
+
+
+def ranks_of(merges):
+    """The merges as (first id, second id, new id), and every token's bytes by id as tiktoken's ranks; a merge
+    whose bytes another merge made already keeps that token's id."""
+    tokens = [bytes([b]) for b in range(256)]
+    ranks = {t: i for i, t in enumerate(tokens)}
+    made = []
+    for a, b in merges:
+        joined = tokens[a] + tokens[b]
+        if joined not in ranks:
+            ranks[joined] = len(tokens)
+            tokens.append(joined)
+        made.append((a, b, ranks[joined]))
+    return made, ranks
+
+
+def bpe_checksum(content):
+    """sha256 of a trained tokenizer's content as compact JSON with sorted keys: the same merges, the same sum."""
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+def check_bpe(content, where):
+    """The content a trained tokenizer needs, each merge naming tokens made before it; else one line."""
+    fine = (isinstance(content, dict) and content.get("format") == BPE_FORMAT
+            and isinstance(content.get("pattern"), str) and isinstance(content.get("merges"), list))
+    if fine:
+        made = 256
+        for pair in content["merges"]:
+            if not (isinstance(pair, list) and len(pair) == 2 and all(type(i) is int and 0 <= i < made for i in pair)):
+                fine = False
+                break
+            made += 1
+    if not fine:
+        raise UserError(f"{where} is damaged: it is not a byte-level BPE with merges data/prepare.py wrote; "
+                        "run data/prepare.py for its dataset again")
+    return content
+
 
 def make_tokenizer(name, text_chars=None):
-    """'char' (needs the corpus characters) or a tiktoken encoding name."""
+    """'char' (needs the corpus characters) or a tiktoken encoding name ('bpe' is trained: gptkit/bpe_training.py)."""
     if name == "char":
         return CharTokenizer(sorted(text_chars))
     return TiktokenTokenizer(name)
@@ -129,7 +250,21 @@ def tokenizer_from_meta(meta):
         return CharTokenizer(meta["vocab"])
     if meta.get("tokenizer") == "tiktoken":
         return TiktokenTokenizer(meta["encoding"])
+    if meta.get("tokenizer") == "bpe":
+        return trained_bpe(meta)
     raise UserError(f"unknown tokenizer in metadata: {meta.get('tokenizer')!r}")
+
+
+def trained_bpe(meta, where="the checkpoint's tokenizer"):
+    """A trained BPE from its metadata (a checkpoint's, or a dataset's with its tokenizer file read in), checked
+    against the checksum stored beside it."""
+    if "bpe" not in meta:
+        raise UserError(f"{where} is missing: the metadata names a trained BPE but holds none of its merges")
+    tok = TrainedBPE(meta["bpe"], where)
+    if tok.sha256 != meta.get("tokenizer_sha256"):
+        raise UserError(f"{where} is damaged or was edited: it does not match its checksum; run data/prepare.py "
+                        "for its dataset again")
+    return tok
 
 
 def same_token_ids(a, b):
@@ -138,6 +273,8 @@ def same_token_ids(a, b):
         return False
     if a.get("tokenizer") == "char":
         return a.get("vocab") == b.get("vocab")
+    if a.get("tokenizer") == "bpe":
+        return a.get("tokenizer_sha256") == b.get("tokenizer_sha256")
     names = {a.get("encoding"), b.get("encoding")}
     return len(names) == 1 or names == set(SAME_ENCODING)
 
@@ -145,4 +282,6 @@ def same_token_ids(a, b):
 def describe_vocabulary(meta):
     if meta.get("tokenizer") == "char":
         return f"a vocabulary of {len(meta.get('vocab', ''))} characters"
+    if meta.get("tokenizer") == "bpe":
+        return f"a trained BPE of {meta.get('vocab_size', '?')} tokens ({str(meta.get('tokenizer_sha256'))[:12]})"
     return f"tiktoken's {meta.get('encoding')!r} tokens"

@@ -15,7 +15,7 @@ BENCHMARKS = ["common", "sample", "train", "presets", "busy", "throughput", "dro
 LAYERS = {
     "foundations": {"gptkit.errors", "gptkit.config", "gptkit.prompts", "gptkit.locks"},
     "the model": {"model"},
-    "parts": {"gptkit.tokenizer", "gptkit.corpus", "gptkit.dataset", "gptkit.metrics", "gptkit.checkpoint",
+    "parts": {"gptkit.tokenizer", "gptkit.bpe_training", "gptkit.corpus", "gptkit.dataset", "gptkit.metrics", "gptkit.checkpoint",
               "gptkit.hf_interop", "gptkit.decoding", "gptkit.inspection", "gptkit.flops", "gptkit.optim",
               "gptkit.signals", "gptkit.sources", "gptkit.shards", "gptkit.dataset_folder", "gptkit.kernels",
               "gptkit.lens_interop"},
