@@ -406,7 +406,7 @@ def write_meta(cfg, files, work, tok, dtype, shards, docs, tally, by_document):
     (work / "state.json").unlink(missing_ok=True)
     written = [work / s["file"] for split in shards.values() for s in split] + [work / "meta.json"]
     sync([*written, *([work / TOKENIZER_FILE] if tok.kind == "bpe" else []), work, work.parent])
-    return meta
+    return dict(meta, bpe=tok.content) if tok.kind == "bpe" else meta  # as load_meta reads it
 
 
 def characters(work, shards, dtype, tok):

@@ -35,9 +35,10 @@ def build_model(cfg, meta, ckpt=None, path=None):
             vocab = math.ceil(vocab / 64) * 64  # padded for faster matmuls; the extra rows are never targets
         model = GPT(replace(cfg.model, vocab_size=vocab))
     else:
-        if meta["tokenizer"] == "char":
+        if meta["tokenizer"] != "tiktoken":  # GPT-2's weights know GPT-2's token ids only
+            what = "char-level" if meta["tokenizer"] == "char" else "tokenized by a BPE trained on it"
             raise UserError(f"init_from={cfg.init_from!r} needs GPT-2's BPE tokens, but dataset {cfg.dataset!r} is "
-                            "char-level; prepare it with `python data/prepare.py --input=FILE --name=NAME "
+                            f"{what}; prepare it with `python data/prepare.py --input=FILE --name=NAME "
                             "--tokenizer=gpt2`")
         model = load_pretrained(cfg.init_from, dropout=cfg.model.dropout)
         if meta["vocab_size"] > model.config.vocab_size:

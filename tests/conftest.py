@@ -35,7 +35,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # the fixtures that build the session's corpus and trained run through data/prepare.py and train.py
-SLOW_FIXTURES = {"data_dir", "trained_run", "run"}
+SLOW_FIXTURES = {"data_dir", "trained_run", "run", "bpe_run"}
 
 
 def pytest_configure(config):
@@ -90,6 +90,22 @@ def make_text(n_bytes=6000, seed=0):
 TINY = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
 MODERN = dict(pos_emb="rope", norm="rmsnorm", qk_norm=True, mlp_act="relu2", tie_weights=False,
               logit_softcap=15.0, zero_init_proj=False)
+
+
+SCRIPTS = ["Η γλώσσα είναι το σπίτι του ανθρώπου· ο ήλιος λάμπει.", "Язык — дом человека; солнце светит над морем.",
+           "语言是人类的家。孩子们在海边玩耍。", "日本語も少し書きます。", "🙂 🚀🌍 👩‍👩‍👧 🇬🇷🇺🇦 ✨", "naïve café — 42 ½"]
+
+
+def mixed_script_text(n_bytes=6000, seed=0):
+    """Text mixing English with Greek, Cyrillic, Chinese, Japanese and emoji (a family joined by zero-width
+    joiners, flags), so that a byte-level BPE learns tokens that hold part of a character."""
+    rng = random.Random(seed)
+    parts, size = [], 0
+    while size < n_bytes:
+        part = rng.choice(SCRIPTS) if rng.random() < 0.6 else make_text(200, seed=rng.randrange(1000))
+        parts.append(part)
+        size += len(part.encode("utf-8")) + 1
+    return "\n".join(parts)
 
 
 def tiny_model(seed=0, sharpen=1.0, attention_weights=0.0, config=None, **overrides):
@@ -298,6 +314,30 @@ def trained_run(tmp_path_factory, data_dir):
     out = tmp_path_factory.mktemp("trained") / "out"
     proc = check_ok(run_script("train.py", *train_args(data_dir, out, *TRAINED_RUN)))
     return out, proc
+
+
+@pytest.fixture(scope="session")
+def bpe_data_dir(tmp_path_factory):
+    """A mixed-script corpus prepared once per session with a trained 320-token BPE (dataset 'tiny_bpe'), in this
+    process. Tests read it and never change it."""
+    from gptkit.corpus import PrepareConfig, prepare
+
+    folder = tmp_path_factory.mktemp("bpe_corpus")
+    (folder / "input.txt").write_text(mixed_script_text(40000, seed=11), encoding="utf-8")
+    prepare(PrepareConfig(input=str(folder / "input.txt"), name="tiny_bpe", tokenizer="bpe", vocab_size=320,
+                          data_dir=str(folder / "data"), workers=1))
+    return folder / "data"
+
+
+@pytest.fixture(scope="session")
+def bpe_run(tmp_path_factory, bpe_data_dir):
+    """A 10-step run of a tiny model on the trained-BPE dataset, in this process; tests that change it copy it."""
+    import train
+
+    out = tmp_path_factory.mktemp("bpe_trained") / "out"
+    train.main([f"--data_dir={bpe_data_dir}", "--dataset=tiny_bpe", f"--out_dir={out}", *MODEL, "--max_iters=10",
+                "--eval_interval=5", "--eval_iters=1", "--log_interval=5"])
+    return out
 
 
 @pytest.fixture

@@ -150,7 +150,8 @@ DAMAGE = {
     "iter_num negative": (("iter_num",), -1, "iter_num is -1, not a whole number of at least 0"),
     "vocabulary not a string": (("tokenizer", "vocab"), 65, "tokenizer.vocab is 65, not a string"),
     "vocabulary missing": (("tokenizer", "vocab"), DELETE, "tokenizer has no vocab"),
-    "tokenizer unknown": (("tokenizer", "tokenizer"), "bpe", "tokenizer.tokenizer is 'bpe', not 'char' or 'tiktoken'"),
+    "tokenizer unknown": (("tokenizer", "tokenizer"), "sentencepiece",
+                          "tokenizer.tokenizer is 'sentencepiece', not 'char' or 'tiktoken' or 'bpe'"),
     "tokenizer not a dict": (("tokenizer",), "char", "tokenizer is 'char', not a dict"),
     "model_args not a dict": (("model_args",), [1, 2], "model_args is a list, not a dict"),
     "a model setting of another type": (("model_args", "n_layer"), "2",
@@ -182,6 +183,20 @@ def damage(path, case):
         where, problem = tuple(name if k == "FIRST" else k for k in where), problem.replace("FIRST", name)
     rewrite(path, where, value)
     return problem
+
+
+@pytest.mark.parametrize("case", ["edited", "missing"])
+def test_a_trained_tokenizer_damaged_in_a_checkpoint_is_one_line(bpe_run, tmp_path, case):
+    """The checkpoint carries its trained BPE whole: sampled from, it is checked against its checksum."""
+    shutil.copytree(bpe_run, tmp_path / "run")
+    path = tmp_path / "run" / "best.pt"
+    merges = load_checkpoint(path)["tokenizer"]["bpe"]["merges"]
+    rewrite(path, ("tokenizer", "bpe") if case == "missing" else ("tokenizer", "bpe", "merges"),
+            DELETE if case == "missing" else [[32, 32]] + merges[1:])
+    proc = run_script("sample.py", f"--out_dir={tmp_path / 'run'}", "--num_samples=1", "--max_new_tokens=5")
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, f"error: {path} is damaged: tokenizer has no bpe" if case == "missing" else
+                          "error: the checkpoint's tokenizer is damaged or was edited: it does not match its checksum*")
 
 
 @pytest.mark.parametrize("case", DAMAGE)

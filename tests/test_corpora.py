@@ -63,16 +63,21 @@ def documents(out_dir, meta, split):
     """The documents a split holds, cut at the separator prepare puts after each."""
     tok = tokenizer_from_meta(meta)
     text = tok.decode(read_split(out_dir, meta, split).tolist())
-    return text.split("<|endoftext|>" if meta["tokenizer"] == "tiktoken" else corpus.CHAR_SEPARATOR)[:-1]
+    return text.split("<|endoftext|>" if meta["tokenizer"] != "char" else corpus.CHAR_SEPARATOR)[:-1]
 
 
-@pytest.mark.parametrize("tokenizer", ["char", "r50k_base"])
+def tokenizer_settings(tokenizer):
+    """PrepareConfig's settings for a tokenizer: a trained BPE needs its size."""
+    return {"tokenizer": tokenizer, **({"vocab_size": 300} if tokenizer == "bpe" else {})}
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "r50k_base", "bpe"])
 def test_every_record_kind_prepares_each_document_once_split_by_its_hash(tmp_path, tokenizer, request):
-    if tokenizer != "char":
+    if tokenizer == "r50k_base":
         request.getfixturevalue("tiktoken_cache")
     src = mixed_corpus(tmp_path / "src")
-    out_dir, meta = prepare(PrepareConfig(input=str(src), name="mix", tokenizer=tokenizer,
-                                          data_dir=str(tmp_path / "d"), shard_tokens=5000))
+    out_dir, meta = prepare(PrepareConfig(input=str(src), name="mix", data_dir=str(tmp_path / "d"), shard_tokens=5000,
+                                          **tokenizer_settings(tokenizer)))
     train, val = documents(out_dir, meta, "train"), documents(out_dir, meta, "val")
     assert sorted(train + val) == sorted(DOCS)
     assert set(val) == {d for d in DOCS if in_val(d.encode(), 0.1)}
@@ -169,17 +174,19 @@ def stopping(self):
 
 shards.ShardWriter.close_shard = stopping
 run_main(lambda: prepare(PrepareConfig(input=sys.argv[2], name="s", data_dir=sys.argv[3], tokenizer=sys.argv[4],
-                                       shard_tokens=3000, workers=int(sys.argv[5]))))
+                                       shard_tokens=3000, workers=int(sys.argv[5]),
+                                       vocab_size=300 if sys.argv[4] == "bpe" else 0)))
 """
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tokenizer,workers,how", [("char", 1, "kill"), ("r50k_base", 2, "kill"),
-                                                   ("r50k_base", 2, "SIGTERM")])
+                                                   ("r50k_base", 2, "SIGTERM"), ("bpe", 2, "kill")])
 def test_a_stopped_prepare_continues_to_the_same_dataset(tmp_path, tokenizer, workers, how, request):
     """Stopped at a few points, and the same command run again: every token file is the one a prepare that was
-    never stopped writes. A stopped prepare leaves no dataset a run would accept, and no worker behind."""
-    if tokenizer != "char":
+    never stopped writes. A stopped prepare leaves no dataset a run would accept, and no worker behind. A trained
+    tokenizer is not trained again: the one the stopped prepare saved is used, checked by its checksum."""
+    if tokenizer == "r50k_base":
         request.getfixturevalue("tiktoken_cache")
     src = mixed_corpus(tmp_path / "src")
     script = tmp_path / "stop_at_shard.py"
@@ -202,12 +209,34 @@ def test_a_stopped_prepare_continues_to_the_same_dataset(tmp_path, tokenizer, wo
                                                "again to continue where this prepare stopped")
         assert not (data_dir / "s" / "meta.json").exists()
         proc = check_ok(run_script("data/prepare.py", f"--input={src}", "--name=s", f"--data_dir={data_dir}",
-                                   f"--tokenizer={tokenizer}", "--shard_tokens=3000", f"--workers={workers}"))
+                                   f"--tokenizer={tokenizer}", "--shard_tokens=3000", f"--workers={workers}",
+                                   *(["--vocab_size=300"] if tokenizer == "bpe" else [])))
         assert "continuing the prepare that was stopped" in proc.stdout
+        assert "training a 300-token BPE" not in proc.stderr
         names = sorted(n for n in os.listdir(whole) if n.endswith(".bin"))
         assert names == sorted(n for n in os.listdir(data_dir / "s") if n.endswith(".bin"))
-        for name in names:
+        for name in names + (["tokenizer.json"] if tokenizer == "bpe" else []):
             assert (data_dir / "s" / name).read_bytes() == (whole / name).read_bytes(), name
+
+
+@pytest.mark.slow
+def test_a_stopped_prepare_whose_tokenizer_file_changed_starts_again(tmp_path):
+    """The token files a stopped prepare wrote came from its tokenizer: with that file edited, none of them is
+    kept, and the dataset is the one a prepare never stopped writes."""
+    src = mixed_corpus(tmp_path / "src")
+    script = tmp_path / "stop_at_shard.py"
+    script.write_text(STOP_AT_SHARD.format(repo=str(REPO)), encoding="utf-8")
+    for at, data_dir in ((0, tmp_path / "whole"), (3, tmp_path / "stopped")):
+        subprocess.run([sys.executable, str(script), str(at), str(src), str(data_dir), "bpe", "1", "kill"],
+                       capture_output=True, text=True, timeout=60)
+    saved = next((tmp_path / "stopped" / "s").glob(".versions/work-*/tokenizer.json"))
+    saved.write_text(saved.read_text(encoding="utf-8").replace("[32,", "[33,", 1), encoding="utf-8")
+    proc = check_ok(run_script("data/prepare.py", f"--input={src}", "--name=s", f"--data_dir={tmp_path / 'stopped'}",
+                               "--tokenizer=bpe", "--vocab_size=300", "--shard_tokens=3000", "--workers=1"))
+    assert "the stopped prepare's tokenizer.json is missing or does not match its checksum; starting again" in proc.stdout
+    whole = (tmp_path / "whole" / "s").resolve()
+    for name in sorted(n for n in os.listdir(whole) if n.endswith((".bin", ".json")) and n != "meta.json"):
+        assert (tmp_path / "stopped" / "s" / name).read_bytes() == (whole / name).read_bytes(), name
 
 
 def test_ctrl_c_keeps_the_work_and_says_how_to_continue(tmp_path, monkeypatch):
@@ -351,21 +380,22 @@ def test_train_and_sample_on_a_sharded_record_corpus(tmp_path):
     assert proc.stdout.strip()
 
 
-@pytest.mark.parametrize("tokenizer", ["char", "r50k_base"])
+@pytest.mark.parametrize("tokenizer", ["char", "r50k_base", "bpe"])
 @pytest.mark.parametrize("kind", ["jsonl", "parquet"])
 def test_a_long_record_is_tokenized_in_pieces_to_the_tokens_of_the_whole(tmp_path, monkeypatch, request, tokenizer,
                                                                          kind):
     """A record longer than LONG_RECORD (here 2,000 characters) is read in pieces of CHUNK_BYTES (here 1,000),
-    cut where the tokenizer cannot merge across: the dataset is the one its whole text gives."""
-    if tokenizer != "char":
+    cut where the tokenizer cannot merge across: the dataset is the one its whole text gives (a trained BPE is
+    trained on the pieces too, and learns the same merges)."""
+    if tokenizer == "r50k_base":
         request.getfixturevalue("tiktoken_cache")
     long_doc = make_text(30000, seed=5).replace("\n", " ")
     docs = DOCS[:200] + [long_doc] + DOCS[200:400]
     src = (write_jsonl if kind == "jsonl" else write_parquet)(tmp_path / f"docs.{kind}", docs)
 
     def dataset(name):
-        out_dir, meta = prepare(PrepareConfig(input=str(src), name=name, tokenizer=tokenizer, workers=1,
-                                              data_dir=str(tmp_path / "d")))
+        out_dir, meta = prepare(PrepareConfig(input=str(src), name=name, workers=1, data_dir=str(tmp_path / "d"),
+                                              **tokenizer_settings(tokenizer)))
         return [read_split(out_dir, meta, split) for split in ("train", "val")], meta
 
     whole, meta = dataset("whole")

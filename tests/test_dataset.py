@@ -124,3 +124,27 @@ def test_a_run_continued_on_another_number_of_processes_sees_no_window_twice_in_
     windows = first.epoch.windows
     steps(*after, (windows - len(seen)) // 8, first.state_dict())
     assert len(seen) == len(set(seen)) > windows - 8  # all but the epoch's last part-step, each once
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("missing", "tokenizer.json is missing: this dataset's trained tokenizer; run data/prepare.py for this dataset again"),
+    ("not JSON", "tokenizer.json is damaged: not valid JSON"),
+    ("edited", "tokenizer.json is damaged or was edited: it does not match its checksum"),
+    ("not merges", "tokenizer.json is damaged: it is not a byte-level BPE with merges data/prepare.py wrote")])
+def test_a_trained_tokenizer_missing_or_damaged_in_a_dataset_is_one_line(bpe_data_dir, tmp_path, damage, says):
+    import json
+    import shutil
+
+    shutil.copytree(bpe_data_dir / "tiny_bpe", tmp_path / "tiny_bpe", symlinks=False)
+    path = tmp_path / "tiny_bpe" / "tokenizer.json"
+    content = json.loads(path.read_text(encoding="utf-8"))
+    path.unlink()
+    if damage == "not JSON":
+        path.write_text('{"format": "gptkit byte-level BPE 1", "merges": [[32, 1', encoding="utf-8")
+    elif damage == "edited":
+        path.write_text(json.dumps(dict(content, merges=content["merges"][:-1])), encoding="utf-8")
+    elif damage == "not merges":
+        path.write_text(json.dumps(dict(content, merges=[[1, 2, 3]])), encoding="utf-8")
+    with pytest.raises(UserError) as info:
+        load_meta(tmp_path, "tiny_bpe")
+    assert str(info.value).startswith(f"{path}") and says in str(info.value) and "\n" not in str(info.value)

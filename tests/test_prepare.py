@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import REPO, assert_one_error_line, check_ok, make_text, run_script
+from conftest import REPO, assert_one_error_line, check_ok, make_text, mixed_script_text, run_script
 from gptkit import corpus, sources
 from gptkit.corpus import PrepareConfig, prepare
 from gptkit.errors import UserError
@@ -129,6 +129,52 @@ def test_bpe_folder_separates_documents_with_end_of_text(tmp_path, tiktoken_cach
     assert ids.count(50256) == 2
     tok = tokenizer_from_meta(meta)
     assert tok.decode(ids) == "one two three four five six\n<|endoftext|>seven eight nine ten\n<|endoftext|>"
+
+
+def test_a_trained_bpe_round_trips_and_is_trained_on_the_train_split_only(tmp_path, corpus_file):
+    from gptkit.bpe_training import train_bpe
+    from gptkit.tokenizer import TrainedBPE
+
+    text = mixed_script_text(30000, seed=4)
+    corpus_file.write_text(text, encoding="utf-8")
+    out_dir, meta = prepare(PrepareConfig(input=str(corpus_file), name="bpe", tokenizer="bpe", vocab_size=400,
+                                          data_dir=str(tmp_path / "d")))
+    content = json.loads((out_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    tok = TrainedBPE(content)
+    assert meta["tokenizer"] == "bpe" and meta["tokenizer_file"] == "tokenizer.json"
+    assert meta["tokenizer_sha256"] == tok.sha256 and meta["vocab_size"] == 400 and meta["dtype"] == "uint16"
+    train, val = read_tokens(out_dir, meta, "train").tolist(), read_tokens(out_dir, meta, "val").tolist()
+    assert tok.decode(train + val) == text  # the split may fall inside a character: decoded apart, each shows a �
+    train_bytes = tok.enc.decode_bytes(train)  # its characters: those whose first byte is in train
+    assert meta["train_chars"] == sum(1 for b in train_bytes if b & 0xC0 != 0x80) > 0
+    assert meta["train_chars"] + meta["val_chars"] == len(text)
+    data = text.encode("utf-8")  # the val split is the tail: the tokenizer saw the first 90% of the bytes
+    assert content == train_bpe([data[:int(0.9 * len(data))].decode("utf-8", "ignore")], 400)
+
+
+def test_show_merges_prints_the_first_merges_with_their_counts(tmp_path, corpus_file, capsys):
+    prepare(PrepareConfig(input=str(corpus_file), name="bpe", tokenizer="bpe", vocab_size=300, show_merges=4,
+                          data_dir=str(tmp_path / "d")))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("the first 4 of 43 merges (count: how often the pair")
+    assert [line.split()[0] for line in lines[1:5]] == ["1", "2", "3", "4"] and " → " in lines[1]
+
+
+def test_token_files_take_the_smallest_type_that_holds_the_vocabulary():
+    from types import SimpleNamespace
+
+    cfg = PrepareConfig(input="x", name="x")
+    assert corpus.token_dtype(cfg, SimpleNamespace(vocab_size=65536)) == "uint16"
+    assert corpus.token_dtype(cfg, SimpleNamespace(vocab_size=65537)) == "uint32"
+
+
+@pytest.mark.slow
+def test_cli_a_vocabulary_the_corpus_cannot_fill_is_one_line_and_leaves_nothing(tmp_path, corpus_file):
+    proc = run_script("data/prepare.py", f"--input={corpus_file}", "--name=big", f"--data_dir={tmp_path / 'd'}",
+                      "--tokenizer=bpe", "--vocab_size=60000")
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, "error: the corpus can be merged into only *")
+    assert "--vocab_size=" in proc.stderr and not list((tmp_path / "d" / "big").glob("*.json"))
 
 
 def test_unknown_tokenizer_is_user_error(tmp_path, corpus_file):

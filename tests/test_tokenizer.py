@@ -2,6 +2,7 @@
 with a byte-level encoding and with GPT-2's BPE."""
 
 import codecs
+import re
 
 import pytest
 
@@ -98,3 +99,78 @@ def test_a_compatibility_character_is_named_with_the_equivalent_the_vocabulary_h
         tok.encode("\ufb01ne \uff21 day@")
     assert str(caught.value) == ("the text has characters outside the training vocabulary: '@', '\ufb01' (the "
                                  "vocabulary has 'fi': write that), '\uff21' (the vocabulary has 'A': write that)")
+
+
+# ------------------------------------------------------------------------------------------ a trained byte-level BPE
+
+@pytest.fixture(scope="module")
+def trained():
+    from conftest import mixed_script_text
+    from gptkit.bpe_training import train_bpe
+    from gptkit.tokenizer import TrainedBPE
+
+    return TrainedBPE(train_bpe([mixed_script_text(30000, seed=1)], 500))
+
+
+def random_text(rng, n):
+    """Any text: code points drawn from every plane Unicode assigns (surrogates aside, which no UTF-8 text holds),
+    with combining marks, joiners, controls and the end-of-text token's spelling among them."""
+    points = []
+    while len(points) < n:
+        c = rng.choice([rng.randrange(0x80), rng.randrange(0x80, 0x800), rng.randrange(0x800, 0xD800),
+                        rng.randrange(0xE000, 0x10000), rng.randrange(0x10000, 0x110000), 0x200D, 0x301, 0])
+        points.append(c)
+    return "".join(map(chr, points)) + "<|endoftext|>"
+
+
+def test_any_text_encodes_and_decodes_back_with_a_trained_bpe(trained):
+    """It cannot fail on a character it never saw: every byte is a token."""
+    import random
+
+    rng = random.Random(0)
+    for n in (1, 5, 50, 2000):
+        text = random_text(rng, n)
+        ids = trained.encode(text)
+        assert trained.decode(ids) == text and all(0 <= i < trained.vocab_size for i in ids)
+        assert "".join(stream_pieces(trained, ids)) == text
+    assert [trained.enc.decode_single_token_bytes(b) for b in range(256)] == [bytes([b]) for b in range(256)]
+
+
+def test_the_trained_tokenizer_is_checked_against_its_checksum(trained):
+    from gptkit.errors import UserError
+
+    meta = trained.to_meta()
+    assert tokenizer_from_meta(meta).encode("Язык 🙂") == trained.encode("Язык 🙂")
+    edited = dict(meta, bpe=dict(meta["bpe"], merges=meta["bpe"]["merges"][:-1]))
+    with pytest.raises(UserError, match="^the checkpoint's tokenizer is damaged or was edited: it does not match"):
+        tokenizer_from_meta(edited)
+    broken = dict(meta, bpe=dict(meta["bpe"], merges=[[0, 400]]))  # a merge of a token not made yet
+    with pytest.raises(UserError, match="^the checkpoint's tokenizer is damaged: it is not a byte-level BPE"):
+        tokenizer_from_meta(broken)
+    with pytest.raises(UserError, match="^the checkpoint's tokenizer is missing"):
+        tokenizer_from_meta({k: v for k, v in meta.items() if k != "bpe"})
+
+
+def test_labels_show_the_bytes_of_part_of_a_character(trained):
+    from gptkit.inspection import token_label
+
+    assert trained.token_label(0xE4) == "⟨e4⟩" and token_label(trained, 32) == "␣"
+    partial = [t for t in range(256, trained.vocab_size - 1) if "⟨" in trained.token_label(t)]
+    assert partial  # the mixed-script text makes tokens that end inside a character
+    for t in partial:  # read back, the label spells exactly the token's bytes
+        parts = re.split(r"⟨([0-9a-f]{2})⟩", trained.token_label(t))
+        spelled = b"".join(bytes.fromhex(p) if i % 2 else p.encode("utf-8") for i, p in enumerate(parts))
+        assert spelled == trained.enc.decode_single_token_bytes(t)
+
+
+@pytest.mark.parametrize("which", ["trained", "r50k"])
+def test_char_counts_add_up_to_the_characters_a_text_spells(which, trained, request):
+    from conftest import mixed_script_text
+
+    if which == "r50k":
+        request.getfixturevalue("tiktoken_cache")
+    tok = trained if which == "trained" else tokenizer_from_meta({"tokenizer": "tiktoken", "encoding": "r50k_base"})
+    text = mixed_script_text(5000, seed=7)
+    counts = tok.char_counts()
+    assert int(counts[tok.encode(text)].sum()) == len(text)
+    assert counts[tok.eot_token] == 0
