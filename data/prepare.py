@@ -4,6 +4,7 @@ Prepare a text corpus for training.
     python data/prepare.py                                   # tinyshakespeare -> data/shakespeare_char/
     python data/prepare.py --input=my.txt --name=mine        # any UTF-8 text, char-level
     python data/prepare.py --input=my.txt --name=mine_bpe --tokenizer=gpt2
+    python data/prepare.py --input=my.txt --name=mine_512 --tokenizer=bpe --vocab_size=512 --show_merges=10  # trained
     python data/prepare.py --input=corpus/ --name=web --tokenizer=gpt2     # .jsonl(.gz/.zst), .parquet, text
 """
 

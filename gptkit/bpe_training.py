@@ -52,7 +52,8 @@ def train_bpe(texts, vocab_size):
     reached = len(ranks_of(content["merges"])[1]) + 1
     if reached < vocab_size:
         raise UserError(f"the corpus can be merged into only {reached:,} tokens ({END_OF_TEXT} included), fewer "
-                        f"than vocab_size {vocab_size:,}: ask for --vocab_size={reached} or fewer, or give it more text")
+                        f"than vocab_size {vocab_size:,}: ask for --vocab_size={reached} or fewer, or give it more "
+                        "text")
     return content
 
 

@@ -117,7 +117,8 @@ class Reporter:
         if not self.rt.master:
             return
         per_char = bits_per_char(loss, self.meta)
-        also = f", {per_char:.4f} bits per character" if per_char is not None and self.meta["tokenizer"] != "char" else ""
+        tokens_are_chars = self.meta["tokenizer"] == "char"  # then the two figures are one
+        also = f", {per_char:.4f} bits per character" if per_char is not None and not tokens_are_chars else ""
         print(f"final: val loss {loss:.4f} ({loss / math.log(2):.4f} bits per token{also}) on {tokens:,} val tokens, "
               "each scored once")
         self.log.write({"kind": "final", "iter": iter_num, "val_loss": loss, "val_tokens": tokens,

@@ -98,8 +98,8 @@ class TiktokenTokenizer:
         try:
             self.enc = get_encoding(tiktoken, name)
         except ValueError:
-            raise UserError(f"unknown tokenizer {name!r}: use 'char' or a tiktoken encoding "
-                            f"({', '.join(tiktoken.list_encoding_names())})") from None
+            raise UserError(f"unknown tokenizer {name!r}: use 'char', 'bpe' (trained on your text) or a tiktoken "
+                            f"encoding ({', '.join(tiktoken.list_encoding_names())})") from None
         except Exception as e:  # tiktoken fetches its files on first use
             raise UserError(f"could not load tiktoken encoding {name!r} ({type(e).__name__}); offline, "
                             "point TIKTOKEN_CACHE_DIR at a folder that holds its cached files") from None

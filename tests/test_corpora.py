@@ -233,7 +233,8 @@ def test_a_stopped_prepare_whose_tokenizer_file_changed_starts_again(tmp_path):
     saved.write_text(saved.read_text(encoding="utf-8").replace("[32,", "[33,", 1), encoding="utf-8")
     proc = check_ok(run_script("data/prepare.py", f"--input={src}", "--name=s", f"--data_dir={tmp_path / 'stopped'}",
                                "--tokenizer=bpe", "--vocab_size=300", "--shard_tokens=3000", "--workers=1"))
-    assert "the stopped prepare's tokenizer.json is missing or does not match its checksum; starting again" in proc.stdout
+    assert ("the stopped prepare's tokenizer.json is missing or does not match its checksum; starting again"
+            in proc.stdout)
     whole = (tmp_path / "whole" / "s").resolve()
     for name in sorted(n for n in os.listdir(whole) if n.endswith((".bin", ".json")) and n != "meta.json"):
         assert (tmp_path / "stopped" / "s" / name).read_bytes() == (whole / name).read_bytes(), name
