@@ -1,7 +1,7 @@
 """
 Train a byte-level BPE tokenizer on a corpus with Hugging Face `tokenizers` (its trainer is Rust, on every core),
 and turn what it learned into the merges gptkit/tokenizer.py's TrainedBPE encodes with: ids 0-255 the bytes,
-then each new token in the order it was merged, then <|endoftext|>.
+then each new token in the order it was merged, then <|endoftext|>. Saved as the dataset's tokenizer.json.
 
 The trainer cuts text as GPT-2 does (its ByteLevel pre-tokenizer, no space put in front) and counts how often
 each pair of neighbouring tokens occurs inside the words; each step merges the most frequent pair into a new
@@ -9,10 +9,11 @@ token, until the vocabulary has the size asked for. Trained twice on the same te
 """
 
 import json
+import os
 from collections import Counter
 
 from gptkit.errors import UserError
-from gptkit.tokenizer import BPE_FORMAT, END_OF_TEXT, GPT2_PATTERN, ranks_of, visible
+from gptkit.tokenizer import BPE_FORMAT, END_OF_TEXT, GPT2_PATTERN, bpe_checksum, ranks_of, visible
 
 SMALLEST = 257  # the 256 bytes and <|endoftext|>
 
@@ -120,3 +121,20 @@ def merges_table(tok, counts):
         lines.append(f"{rank:>6}  {pair:<32}{count:>14,}")
     return lines
 
+
+def save_tokenizer(path, content):
+    """The trained tokenizer's file: its format and pattern, then one merge a line (token ids; 0-255 are bytes)."""
+    head = {k: v for k, v in content.items() if k != "merges"}
+    lines = [f" {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in head.items()]
+    merges = ",\n  ".join(json.dumps(m) for m in content["merges"])
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("{\n" + "\n".join(lines) + f'\n "merges": [\n  {merges}\n ]\n}}\n', encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def saved_checksum(path):
+    """The checksum of a tokenizer file's content, or None where it is missing or not JSON."""
+    try:
+        return bpe_checksum(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return None

@@ -25,13 +25,14 @@ from typing import Literal
 import numpy as np
 from tqdm import tqdm
 
+from gptkit.bpe_training import (WordCounts, check_vocab_size, merges_table, save_tokenizer, saved_checksum,
+                                 train_bpe)
 from gptkit.dataset_folder import check_room, commit, dataset_lock, remove_leftovers, sync, work_folder
 from gptkit.errors import RunStopped, UserError
 from gptkit.shards import CHUNK_TOKENS, ShardWriter, sha256_of, tokenized
-from gptkit.bpe_training import WordCounts, check_vocab_size, merges_table, train_bpe
 from gptkit.signals import StopSignals
 from gptkit.sources import Reader, Tally, kind_of, read_record, shown, source_files
-from gptkit.tokenizer import TiktokenTokenizer, TrainedBPE, bpe_checksum, make_tokenizer
+from gptkit.tokenizer import TiktokenTokenizer, TrainedBPE, make_tokenizer
 
 PROJECT_DATA = Path(__file__).resolve().parent.parent / "data"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -207,7 +208,7 @@ def open_work(work):
         shutil.rmtree(work)
         return open_work(work)
     saved_tokenizer = progress.get("tokenizer_sha256")
-    if saved_tokenizer and tokenizer_checksum(work / TOKENIZER_FILE) != saved_tokenizer:
+    if saved_tokenizer and saved_checksum(work / TOKENIZER_FILE) != saved_tokenizer:
         print(f"the stopped prepare's {TOKENIZER_FILE} is missing or does not match its checksum; starting again")
         shutil.rmtree(work)
         return open_work(work)
@@ -323,31 +324,13 @@ def trained_tokenizer(cfg, files, progress, by_document, work):
             texts = corpus_texts(cfg, files, bar, "by document" if by_document else "by position")
             content = train_bpe(texts if words is None else (words.add(t) or t for t in texts), cfg.vocab_size)
         tok = TrainedBPE(content)
-        write_tokenizer(path, content)
+        save_tokenizer(path, content)
         counts = words.merge_counts(tok.merges, cfg.show_merges) if words else []
         progress.save(tokenizer_sha256=tok.sha256, merge_counts=counts)
     tok = TrainedBPE(json.loads(path.read_text(encoding="utf-8")))
     if cfg.show_merges:
         print("\n".join(merges_table(tok, progress.get("merge_counts")[:cfg.show_merges])))
     return tok
-
-
-def write_tokenizer(path, content):
-    """The trained tokenizer's file: its format and pattern, then one merge a line (token ids; 0-255 are bytes)."""
-    head = {k: v for k, v in content.items() if k != "merges"}
-    lines = [f" {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in head.items()]
-    merges = ",\n  ".join(json.dumps(m) for m in content["merges"])
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("{\n" + "\n".join(lines) + f'\n "merges": [\n  {merges}\n ]\n}}\n', encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def tokenizer_checksum(path):
-    """The checksum of a tokenizer file's content, or None where it is missing or not JSON."""
-    try:
-        return bpe_checksum(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        return None
 
 
 def token_dtype(cfg, tok):
