@@ -323,6 +323,7 @@ def trained_tokenizer(cfg, files, progress, by_document, work):
         with progress_bar(files, f"training a {cfg.vocab_size:,}-token BPE") as bar:
             texts = corpus_texts(cfg, files, bar, "by document" if by_document else "by position")
             content = train_bpe(texts if words is None else (words.add(t) or t for t in texts), cfg.vocab_size)
+            bar.update(bar.total - bar.n)  # the val split's bytes, which it does not read, and the merges made
         tok = TrainedBPE(content)
         save_tokenizer(path, content)
         counts = words.merge_counts(tok.merges, cfg.show_merges) if words else []
