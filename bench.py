@@ -14,13 +14,16 @@ Benchmarks, one subcommand each; every subcommand takes its own --key=value opti
     python bench.py presets                        # each preset trained with 3 seeds: mean val loss, spread, target
     python bench.py prepare --nanogpt_dir=../nanoGPT  # a 1 GB JSON Lines corpus: ours vs nanoGPT's OpenWebText prepare
     python bench.py prepare --size_gb=10           # peak memory preparing, then training on, 10 GB
+    python bench.py tokenizers                     # characters vs trained BPEs; training and encoding a BPE
+    python bench.py tokenizers --parts=compare     # only the comparison: bits per character after equal training time
 
 Each benchmark lives in gptkit/benchmarks/, one module per subcommand.
 """
 
 import sys
 
-from gptkit.benchmarks import analyze, busy, dropout, explore, hooks, prepare, presets, sample, throughput, train
+from gptkit.benchmarks import (analyze, busy, dropout, explore, hooks, prepare, presets, sample, throughput,
+                               tokenizers, train)
 from gptkit.config import pick_subcommand
 from gptkit.errors import run_main
 
@@ -36,6 +39,8 @@ COMMANDS = {
     "busy": (busy.main, "training tokens/s idle and beside a busy process"),
     "presets": (presets.main, "each preset trained once per seed: mean val loss, spread, target"),
     "prepare": (prepare.main, "a JSON Lines corpus prepared (and read by train.py) beside nanoGPT's script"),
+    "tokenizers": (tokenizers.main, "characters against trained BPEs in bits per character at equal training time; "
+                                    "a BPE's training and encoding speed"),
 }
 
 

@@ -320,10 +320,7 @@ def trained_tokenizer(cfg, files, progress, by_document, work):
     path = work / TOKENIZER_FILE
     if not progress.get("tokenizer_sha256"):
         words = WordCounts() if cfg.show_merges else None
-        with progress_bar(files, f"training a {cfg.vocab_size:,}-token BPE") as bar:
-            texts = corpus_texts(cfg, files, bar, "by document" if by_document else "by position")
-            content = train_bpe(texts if words is None else (words.add(t) or t for t in texts), cfg.vocab_size)
-            bar.update(bar.total - bar.n)  # the val split's bytes, which it does not read, and the merges made
+        content = corpus_bpe(cfg, files, by_document, words)
         tok = TrainedBPE(content)
         save_tokenizer(path, content)
         counts = words.merge_counts(tok.merges, cfg.show_merges) if words else []
@@ -332,6 +329,16 @@ def trained_tokenizer(cfg, files, progress, by_document, work):
     if cfg.show_merges:
         print("\n".join(merges_table(tok, progress.get("merge_counts")[:cfg.show_merges])))
     return tok
+
+
+def corpus_bpe(cfg, files, by_document, words=None):
+    """The content of a BPE of cfg.vocab_size tokens trained on the corpus's train split, read as a prepare reads
+    it; with `words` (a WordCounts), its words counted on the way. bench.py tokenizers times this alone."""
+    with progress_bar(files, f"training a {cfg.vocab_size:,}-token BPE") as bar:
+        texts = corpus_texts(cfg, files, bar, "by document" if by_document else "by position")
+        content = train_bpe(texts if words is None else (words.add(t) or t for t in texts), cfg.vocab_size)
+        bar.update(bar.total - bar.n)  # the val split's bytes, which it does not read, and the merges made
+    return content
 
 
 def token_dtype(cfg, tok):

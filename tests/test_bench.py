@@ -2,6 +2,7 @@
 ratios, and the sampling benchmark reports both decoding rates."""
 
 import json
+import math
 import os
 import re
 
@@ -277,3 +278,120 @@ def test_bench_explore_speed_times_each_stream_beside_sample_s_decoding_just_bef
     out = capsys.readouterr().out
     pairs = re.findall(r"streaming: [\d.]+ tokens/s, \d+% of sample.py's cached decoding just before", out)
     assert len(pairs) == 2 and re.search(r"streaming, median of 2: \d+% of sample.py's cached decoding", out), out
+
+
+# ---------------------------------------------------------------------------------------------- bench.py tokenizers
+
+
+def test_each_bpe_block_reads_about_as_many_characters_as_the_char_model():
+    from gptkit.benchmarks.tokenizers import block_for
+
+    assert [block_for(128, per_token) for per_token in (1.0, 1.94, 2.44, 3.26)] == [128, 64, 56, 40]
+    assert block_for(128, 40.0) == 8 and block_for(32, 0.99) == 32  # at least 8; to a multiple of 8
+
+
+def test_the_text_is_cut_once_by_characters_and_val_characters_the_train_text_lacks_are_left_out(tmp_path, capsys):
+    from gptkit.benchmarks.tokenizers import split_text
+
+    train_file, val = split_text("abcabcabc\nab" + "Zc~a", 0.25, tmp_path)  # 16 characters: train 12, val 4
+    assert train_file.read_text(encoding="utf-8") == "abcabcabc\nab" and val == "ca"
+    assert (tmp_path / "val.txt").read_text(encoding="utf-8") == "ca"
+    assert "note: 'Z', '~' in the held-out text never occur in the train text" in capsys.readouterr().out
+
+
+def test_val_score_is_every_token_s_surprise_once_in_consecutive_windows():
+    """Total nats of a text in block_size windows, each token scored once from the tokens before it in its window
+    (the explorer's surprise_bits, window by window); the first token and its characters left out."""
+    from gptkit.benchmarks.tokenizers import val_score
+    from gptkit.inspection import surprise_bits
+    from gptkit.tokenizer import CharTokenizer
+    from model import GPT, GPTConfig
+
+    text = "to be, or not to be: that is the question."[:41]  # 41 characters: 40 targets, 5 windows of 8
+    tok = CharTokenizer(sorted(set(text)))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16, pos_emb="rope"))
+    nats, tokens, chars = val_score(model.eval(), tok, text)
+    ids = torch.tensor([tok.encode(text)])
+    bits = sum(surprise_bits(model, ids[:, s:s + 8], ids[:, s + 1:s + 9]).sum().item() for s in range(0, 40, 8))
+    assert (tokens, chars) == (40, 40) and abs(nats - bits * math.log(2)) < 1e-3
+    assert not model.training
+
+
+def test_hugging_face_s_encoder_for_the_trained_ranks_gives_tiktoken_s_tokens():
+    from conftest import make_text
+    from gptkit.benchmarks.tokenizers import hugging_face_encoder
+    from gptkit.bpe_training import train_bpe
+    from gptkit.tokenizer import TrainedBPE
+
+    text = make_text(20_000)
+    tok = TrainedBPE(train_bpe([text], 400))
+    assert hugging_face_encoder(tok).encode(text).ids == tok.encode(text)
+
+
+def test_tokenizers_bench_refuses_settings_it_makes_itself():
+    from gptkit.benchmarks.tokenizers import TokenizersBenchConfig
+
+    with pytest.raises(ValueError, match="args must not set --block_size"):
+        TokenizersBenchConfig(args="--n_layer=2 --block_size=64")
+    with pytest.raises(ValueError, match="parts must name one or more of compare, speed"):
+        TokenizersBenchConfig(parts="compare,sped")
+    with pytest.raises(ValueError, match="vocab_size 200 is too small"):
+        TokenizersBenchConfig(vocab_sizes="512,200")
+
+
+@pytest.mark.slow
+def test_tokenizers_bench_compares_characters_and_bpes_in_bits_per_character(tmp_path, capsys):
+    """The compare part in miniature: a char-level and two BPE datasets of the train text alone, a few steps of a
+    tiny model each, every best.pt scored on the held-out text; bits per character = total nats / (ln 2 x
+    characters), which the table's nats per token and characters per token agree with."""
+    from conftest import make_text
+    from gptkit.benchmarks.tokenizers import val_score
+    from gptkit.dataset import load_meta
+    from gptkit.experiments import open_run
+
+    text = tmp_path / "input.txt"
+    text.write_text(make_text(60_000) + "Zounds!\n", encoding="utf-8")  # 'Z' only in the held-out text
+    work = tmp_path / "w"
+    tiny = ("--max_iters=3 --n_layer=1 --n_head=2 --n_embd=16 --batch_size=4 --eval_interval=3 --eval_iters=1 "
+            "--dtype=float32 --attention_path=fused --compile=False --threads=1")
+    bench.main(["tokenizers", "--parts=compare", f"--input={text}", "--vocab_sizes=257,300", "--max_time=60",
+                "--char_block=32", f"--work_dir={work}", f"--args={tiny}"])
+    out = capsys.readouterr().out
+    assert "note: 'Z' in the held-out text never occur in the train text" in out
+    rows = re.findall(r"^(chars|bpe257|bpe300) +(\d+) +(\d\.\d\d) +(\d\.\d\d) +(\d+) +([\d,]+) +([\d,]+) +3 +"
+                      r"(\d+\.\d{4}) +(\d+\.\d{4})$", out, re.M)
+    assert [r[0] for r in rows] == ["chars", "bpe257", "bpe300"], out
+    train_text = (work / "train.txt").read_text(encoding="utf-8")
+    val_text = (work / "val.txt").read_text(encoding="utf-8")
+    assert train_text + val_text == text.read_text(encoding="utf-8").replace("Z", "")
+    for name, vocab, _, per_token, block, _, _, bits, nats in rows:
+        assert abs(float(bits) - float(nats) / (math.log(2) * float(per_token))) <= 0.01 * float(bits)
+        _, meta = load_meta(str(work / "data"), name)
+        assert meta["train_chars"] + meta["val_chars"] == len(train_text)  # the tokenizer saw the train text alone
+        run = open_run(work / f"out-{name}")
+        assert run.model.config.block_size == int(block)
+        total, _, chars = val_score(run.model, run.tok, val_text)
+        assert f"{total / (math.log(2) * chars):.4f}" == bits
+    assert int(rows[1][4]) == 32 and int(rows[2][4]) < 32  # the bytes' block is the char model's; merges shorten it
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="the speed part reads memory from /proc")
+def test_tokenizers_bench_times_training_a_bpe_and_three_encoders(tmp_path, capsys, tiktoken_cache):
+    from conftest import make_text
+    from gptkit.benchmarks.prepare import make_corpus
+
+    corpus = tmp_path / "corpus.jsonl"
+    make_corpus(make_text(200_000), corpus, 2_000_000, huge_docs=1, huge_bytes=300_000)
+    bench.main(["tokenizers", "--parts=speed", f"--corpus={corpus}", "--speed_vocab=300", "--encode_mb=0.3",
+                "--rounds=1", f"--work_dir={tmp_path / 'w'}"])
+    out = capsys.readouterr().out
+    assert re.search(r"trained a 300-token BPE on 0\.00 GB in \d+\.\d s \(\d+\.\d MB/s\), peak resident memory "
+                     r"\d\.\d\d GB", out), out
+    assert re.search(r"at most 120 s: (PASS|FAIL); at most 1 GB: (PASS|FAIL)", out)
+    rates = re.findall(r"^  (trained 300, tiktoken|trained 300, Hugging Face|GPT-2 \(\w+\), tiktoken).* (\d+\.\d\d) "
+                       r"MB/s  \(cores busy: (\d\.\d\d)\)$", out, re.M)
+    assert len(rates) == 3 and all(float(mb_s) > 0 for _, mb_s, _ in rates), out
+    assert re.search(r"trained against GPT-2, both through tiktoken: \d+\.\d\dx GPT-2's MB/s per core: (PASS|FAIL)", out)
+    assert re.search(r"Hugging Face's encoder gave tiktoken's tokens for (\d+) of the first \1 pieces", out), out

@@ -27,6 +27,7 @@ from conftest import MODEL, REPO, assert_one_error_line, make_text, train_args
 from gptkit.benchmarks.prepare import PrepareBenchConfig
 from gptkit.benchmarks.sample import SampleBenchConfig
 from gptkit.benchmarks.throughput import ThroughputBenchConfig
+from gptkit.benchmarks.tokenizers import TokenizersBenchConfig
 from gptkit.benchmarks.train import TrainBenchConfig
 from gptkit.checkpoint import load_checkpoint
 from gptkit.config import settings
@@ -179,7 +180,8 @@ BAD_METRICS = {  # metrics.jsonl lines that are JSON, but not records train.py w
 SCRIPT_OPTIONS = [("train", [], TrainConfig), ("sample", [], sample.SampleConfig), ("plot", ["loss"], plot.PlotConfig),
                   ("prepare", [], PrepareConfig), ("export", [], export.ExportConfig),
                   ("bench", ["sample"], SampleBenchConfig), ("bench", ["train"], TrainBenchConfig),
-                  ("bench", ["throughput"], ThroughputBenchConfig), ("bench", ["prepare"], PrepareBenchConfig)]
+                  ("bench", ["throughput"], ThroughputBenchConfig), ("bench", ["prepare"], PrepareBenchConfig),
+                  ("bench", ["tokenizers"], TokenizersBenchConfig)]
 OUT_OF_RANGE = {
     "TrainConfig": {
         **dict.fromkeys(["eval_interval", "log_interval", "gradient_accumulation_steps", "batch_size", "max_iters",
@@ -207,6 +209,9 @@ OUT_OF_RANGE = {
                                                "steps", "rounds"], [0]), "warmup": [-1]},
     "PrepareBenchConfig": {"size_gb": [0, 10_001], "workers": [-1, 513], "train_iters": [-1], "val_fraction": [0, 1],
                            "huge_docs": [-1, 100_001], "huge_mb": [-1, 100_001]},
+    "TokenizersBenchConfig": {"max_time": [0, -1], "char_block": [7, 65_537], "val_fraction": [0, 1],
+                              "size_gb": [0, 10_001], "speed_vocab": [256, 2 ** 32], "encode_mb": [0, -1],
+                              "rounds": [0, 101]},
 }
 
 

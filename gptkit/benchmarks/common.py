@@ -101,10 +101,10 @@ def clear_run_folder(out_dir):
         shutil.rmtree(out_dir)
 
 
-def train_run(name, args, work, out_dir, targets):
-    """train.py with args on the data prepared in work, into out_dir (emptied first), to its end; its run_summary."""
+def train_run(name, args, work, out_dir, targets, dataset="shakespeare_char"):
+    """train.py with args on the dataset prepared in work, into out_dir (emptied first), to its end; its run_summary."""
     clear_run_folder(out_dir)
-    cmd = [sys.executable, str(REPO / "train.py"), *args, f"--data_dir={work / 'data'}", "--dataset=shakespeare_char",
+    cmd = [sys.executable, str(REPO / "train.py"), *args, f"--data_dir={work / 'data'}", f"--dataset={dataset}",
            f"--out_dir={out_dir}"]
     print(f"\n== {name}: {' '.join(map(str, cmd[1:]))}", flush=True)
     start = time.time()

@@ -65,14 +65,7 @@ def main(argv):
     if cfg.nanogpt_dir:
         nanogpt_script(cfg.nanogpt_dir)  # a wrong checkout fails now, not after our run
     work = Path(cfg.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    huge = "" if (cfg.huge_docs, cfg.huge_mb) == (3, 8) else f"-{cfg.huge_docs}x{cfg.huge_mb:g}MB"
-    corpus = work / f"corpus-{cfg.size_gb:g}GB{huge}.jsonl"
-    huge_bytes = int(cfg.huge_mb * (1 << 20))
-    if not corpus.exists() or abs(corpus.stat().st_size - cfg.size_gb * 1e9) > 1e7 + huge_bytes:
-        print(f"making {corpus} ({cfg.size_gb:g} GB of JSON Lines)", flush=True)
-        make_corpus(Path(bench_input(cfg)).read_text(encoding="utf-8"), corpus, int(cfg.size_gb * 1e9),
-                    cfg.huge_docs, huge_bytes)
+    corpus = corpus_file(cfg, work, cfg.size_gb, cfg.huge_docs, cfg.huge_mb)
     print(f"machine: {device_name('cpu')}")
     results = {"ours": run_ours(corpus, work / "data", cfg.tokenizer, cfg.val_fraction, workers)}
     if results["ours"][0]:
@@ -115,6 +108,21 @@ def nanogpt_script(nanogpt_dir):
                             f"(it lacks {old.strip()!r})")
         text = text.replace(old, new)
     return "import sys\n" + text
+
+
+def corpus_file(cfg, work, size_gb, huge_docs=3, huge_mb=8.0):
+    """The benchmark corpus of size_gb in work, made from cfg's text (bench_input) unless a file of that size is
+    there already; named for its size (and its huge documents, where not the default's), so that another
+    benchmark asking for the same corpus finds it."""
+    work.mkdir(parents=True, exist_ok=True)
+    huge = "" if (huge_docs, huge_mb) == (3, 8) else f"-{huge_docs}x{huge_mb:g}MB"
+    corpus = work / f"corpus-{size_gb:g}GB{huge}.jsonl"
+    huge_bytes = int(huge_mb * (1 << 20))
+    if not corpus.exists() or abs(corpus.stat().st_size - size_gb * 1e9) > 1e7 + huge_bytes:
+        print(f"making {corpus} ({size_gb:g} GB of JSON Lines)", flush=True)
+        make_corpus(Path(bench_input(cfg)).read_text(encoding="utf-8"), corpus, int(size_gb * 1e9), huge_docs,
+                    huge_bytes)
+    return corpus
 
 
 def make_corpus(text, path, size_bytes, huge_docs=3, huge_bytes=8 << 20, seed=0):
