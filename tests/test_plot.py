@@ -52,6 +52,10 @@ class Chars:
     def decode(ids):
         return "".join(map(chr, ids))
 
+    @staticmethod
+    def token_label(token):
+        return chr(token)
+
 
 def attention_picture(path, n_layer, n_head, T):
     """draw_attention's figure for random causal maps of the first T characters of PROSE, and their labels."""
