@@ -103,7 +103,7 @@ def main(argv=None):
     model = model.to(DTYPES[dtype])
     if not model.config.causal:  # the encoder rung of the attention lab: let the learner see what it writes
         print("warning: this model was trained without the causal mask (causal=False), so it learned to read the "
-              "next character from its input; generating, it has no next character to read, and its text is "
+              "next token from its input; generating, it has no next token to read, and its text is "
               "garbage", file=sys.stderr, flush=True)
     stop = unescape(cfg.stop)
     for prompt in prompts:

@@ -162,23 +162,25 @@ class Summary:
     config: GPTConfig = None
     params: int = 0
     tokenizer: str = ""
+    tokenizer_kind: str = ""  # 'char', 'bpe' or 'tiktoken'
     error: str = None
     identity: tuple = None  # the checkpoint file's identity when read: another one is read again
 
     def to_json(self):
         out = {"name": shown(self.name), "error": self.error, "settings": None, "params": None, "iterations": None,
-               "final_val_loss": None, "tokenizer": self.tokenizer, "rung": lab_rung(self.folder), "health": None,
+               "final_val_loss": None, "bits_per_char": None, "tokenizer": self.tokenizer,
+               "tokenizer_kind": self.tokenizer_kind, "rung": lab_rung(self.folder), "health": None,
                "checkpoint": None, "metrics_error": None}
         if self.error is None:
             out.update(settings=describe(self.config), params=self.params, checkpoint=self.checkpoint.name,
-                       **finished(self.folder))
+                       **finished(self.folder, self.tokenizer_kind))
         return out
 
 
-def finished(folder):
+def finished(folder, tokenizer_kind):
     """The last iteration and the final val loss (the whole-split score, else the last evaluation) a run logged,
-    what its health record said (train.py's overfitting warning), if it wrote one, and why its metrics.jsonl
-    cannot be read, if it cannot: the run still opens."""
+    its final score in bits per character, what its health record said (train.py's overfitting warning), if it
+    wrote one, and why its metrics.jsonl cannot be read, if it cannot: the run still opens."""
     try:
         records = run_records(folder)
     except UserError as e:
@@ -187,9 +189,21 @@ def finished(folder):
     losses = {kind: [v for r in records if r.get("kind") == kind and (v := number(r.get("val_loss"))) is not None]
               for kind in ("final", "eval")}
     health = [r for r in records if r.get("kind") == "health"]
+    finals = [r for r in records if r.get("kind") == "final"]
     return {"iterations": max(iters, default=None),
             "final_val_loss": (losses["final"] or losses["eval"] or [None])[-1],
+            "bits_per_char": final_bits_per_char(finals[-1], tokenizer_kind) if finals else None,
             "health": health_note(health[-1]) if health else None}
+
+
+def final_bits_per_char(record, tokenizer_kind):
+    """A final score in bits per character: what train.py logged beside it (gptkit.dataset.bits_per_char, from
+    the dataset's characters), or for a char-level run from before it logged that, the loss over ln 2 (a token
+    is a character); None where the run's dataset did not count its characters."""
+    logged, loss = number(record.get("bits_per_char")), number(record.get("val_loss"))
+    if logged is None and tokenizer_kind == "char" and loss is not None:
+        return loss / math.log(2)
+    return logged
 
 
 def run_records(folder):
@@ -245,7 +259,8 @@ def summarize(name, folder):
         params = sum(t.numel() for k, t in ckpt["model"].items() if k != "transformer.wpe.weight")
         if config.tie_weights:
             params -= ckpt["model"]["lm_head.weight"].numel()
-        return Summary(name, folder, path, config, params, describe_vocabulary(ckpt["tokenizer"]), identity=identity)
+        return Summary(name, folder, path, config, params, describe_vocabulary(ckpt["tokenizer"]),
+                       ckpt["tokenizer"]["tokenizer"], identity=identity)
     except OSError as e:
         return Summary(name, folder, error=f"cannot read {e.filename or folder} ({e.strerror or e})")
     except (UserError, ValueError, KeyError, TypeError) as e:
@@ -432,8 +447,10 @@ def checked_ids(loaded, ids):
     return torch.tensor([ids], dtype=torch.long, device=next(loaded.model.parameters()).device)
 
 
-def token_json(tok, token, text=None):
-    return {"id": token, "text": tok.decode([token]) if text is None else text, "label": token_label(tok, token)}
+def token_json(tok, token):
+    """A token as the page shows it: its id, its own text (a byte-level BPE token holding part of a character's
+    bytes decodes to U+FFFD there) and its label, which writes those bytes as ⟨e4⟩."""
+    return {"id": token, "text": tok.decode([token]), "label": token_label(tok, token)}
 
 
 def top(tok, probs, k):
@@ -453,8 +470,7 @@ def generation_events(shelf, loaded, ids, req, off=Off()):
     tok = loaded.tok
     device = next(loaded.decoder.parameters()).device
     idx = torch.tensor([ids], dtype=torch.long, device=device)
-    prompt_decoder = tok.stream_decoder()
-    yield {"type": "prompt", "tokens": [token_json(tok, t, prompt_decoder(t)) for t in ids]}
+    yield {"type": "prompt", "tokens": [token_json(tok, t) for t in ids]}
     generator = torch.Generator(device=device).manual_seed(req.seed)  # as sample.py: one seeded generator
     steps = decode_steps(loaded.decoder, idx, req.max_tokens, temperature=req.temperature, top_k=req.top_k,
                          top_p=req.top_p, generator=generator, vocab_size=tok.vocab_size)
@@ -472,7 +488,8 @@ def generation_events(shelf, loaded, ids, req, off=Off()):
         if stop.done:
             reason = "stop"
             break
-        yield dict(token_json(tok, token, piece), type="token", p=round(p, 6), p_shaped=round(p_shaped, 6))
+        # the chip is the token itself; the text, whose characters may span tokens, comes whole at the end
+        yield dict(token_json(tok, token), type="token", p=round(p, 6), p_shaped=round(p_shaped, 6))
     yield {"type": "done", "reason": reason, "text": text + stop.flush()}
 
 
@@ -505,10 +522,15 @@ def read_text(shelf, loaded, text, off=Off()):
         with shelf.lock, off.on(loaded.model):
             bits += surprise_bits(loaded.model, inputs, targets)[0].tolist()
     total = sum(bits)
+    # per character of the text the model predicted: the first token's characters have no prediction, and a
+    # BPE token may hold several (or part of one: a character counts where its first byte is)
+    predicted = loaded.tok.chars_spelled(ids[1:])
     return {"tokens": [dict(token_json(loaded.tok, t), surprise_bits=None if i == 0 else round(bits[i - 1], 6))
                        for i, t in enumerate(ids)],
-            "total_bits": total, "chars": len(text), "bits_per_char": total / len(text),
-            "loss": total * math.log(2) / len(bits) if bits else None, "off": off.to_json()}
+            "total_bits": total, "chars": len(text), "predicted_chars": predicted,
+            "bits_per_char": total / predicted if predicted else None,
+            "loss": total * math.log(2) / len(bits) if bits else None, "tokenizer_kind": loaded.tok.kind,
+            "off": off.to_json()}
 
 
 def position_report(shelf, loaded, req, off=Off()):
@@ -560,14 +582,17 @@ def run_metrics(summary):
         records = run_records(summary.folder)
     except UserError as e:
         raise ApiError(409, str(e)) from None
-    train, evals = [], []
+    train, evals, final = [], [], None
     for r, t in zip(records, wall_clock(records)):
         if r.get("kind") == "train":
             train.append({"iter": r["iter"], "loss": number(r["loss"]), "time": round(t, 3)})
         elif r.get("kind") == "eval":
             evals.append({"iter": r["iter"], "train_loss": number(r.get("train_loss")),
                           "val_loss": number(r["val_loss"]), "time": round(t, 3)})
-    return {"train": train, "eval": evals}
+        elif r.get("kind") == "final":
+            final = {"val_loss": number(r.get("val_loss")),
+                     "bits_per_char": final_bits_per_char(r, summary.tokenizer_kind)}
+    return {"train": train, "eval": evals, "final": final}
 
 
 def picked(name, loaded):
@@ -575,6 +600,7 @@ def picked(name, loaded):
     return {"name": name, "settings": describe(c), "n_layer": c.n_layer, "n_head": c.n_head,
             "block_size": c.block_size, "attention": c.attention, "causal": c.causal,
             "vocab_size": loaded.tok.vocab_size, "tokenizer": loaded.summary.tokenizer,
+            "tokenizer_kind": loaded.tok.kind,
             "decode": loaded.decoding, "note": attention_note(c), "mlp": bool(c.mlp)}
 
 

@@ -167,14 +167,16 @@ def head_scores_at(model, idx, layer, head, position):
 
 
 def lab_curves(runs):
-    """[{name, rung, eval, error}] for each of runs, (name, its lab rung or None, its run_metrics or an error line),
-    that is a lab rung, in the lab's order: each rung's val-loss curve, for one chart."""
+    """[{name, rung, eval, final, error}] for each of runs, (name, its lab rung or None, its run_metrics or an error
+    line), that is a lab rung, in the lab's order: each rung's val-loss curve, for one chart, and its final score
+    (val loss in nats per token and bits per character, as the lab's table has them; None before it has one)."""
     out = []
     for name, rung, metrics in runs:
         if rung is None:
             continue
         error = metrics if isinstance(metrics, str) else None
         evals = [] if error else [{"iter": r["iter"], "val_loss": r["val_loss"]} for r in metrics["eval"]]
-        out.append({"name": name, "rung": rung, "eval": evals, "error": error})
+        out.append({"name": name, "rung": rung, "eval": evals, "final": None if error else metrics["final"],
+                    "error": error})
     out.sort(key=lambda r: (r["rung"]["step"], r["name"]))
     return out

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from gptkit.config import check_seed, parse_config
-from gptkit.dataset import Split, fixed_offsets, load_meta
+from gptkit.dataset import Split, bits_per_char, fixed_offsets, load_meta
 from gptkit.decoding import generate
 from gptkit.errors import UserError, first_line, no_links
 from gptkit.experiments import KINDS, head_scores, induction_tokens
@@ -363,12 +363,23 @@ def markdown_table(header, rows, numeric):
     return "\n".join([line(header), rule, *map(line, rows)])
 
 
-def results_table(rows, unit):
-    header = ["rung", "training", "what it adds", "parameters", "steps", "train loss", "val loss", f"bits/{unit}",
+def per_char(val_loss, meta):
+    """A val loss as bits per character of the dataset's val text (gptkit.dataset.bits_per_char), in a cell: '—'
+    (as the table's other empty cells) where the dataset was prepared before its characters were counted."""
+    bits = bits_per_char(val_loss, meta)
+    return "—" if bits is None else f"{bits:.3f}"
+
+
+def results_table(rows, unit, meta):
+    """The rows as a table: val loss in nats per unit (char or token), and beside it bits per character, which
+    compares rungs trained on differently tokenized copies of a text (char-level, the two bits columns are one)."""
+    bits = ["bits/char"] if unit == "char" else ["bits/token", "bits/char"]
+    header = ["rung", "training", "what it adds", "parameters", "steps", "train loss", "val loss", *bits,
               "attention entropy (bits)", "time"]
     cells = [[r.label, r.training, r.rung.adds, f"{r.params:,}", f"{r.steps:,}", f"{r.train_loss:.3f}",
-              f"{r.val_loss:.3f}", f"{r.val_loss / math.log(2):.3f}",
-              "—" if r.entropy is None else f"{r.entropy:.2f}", f"{r.seconds:.1f} s"] for r in rows]
+              f"{r.val_loss:.3f}", *([] if unit == "char" else [f"{r.val_loss / math.log(2):.3f}"]),
+              per_char(r.val_loss, meta), "—" if r.entropy is None else f"{r.entropy:.2f}", f"{r.seconds:.1f} s"]
+             for r in rows]
     return markdown_table(header, cells, numeric={1, *range(3, len(header))})
 
 
@@ -387,6 +398,14 @@ HEADS_NOTES = (f"Strongest heads: each rung's head with the highest score of eac
                "lab kept them.")
 
 
+BITS_NOTES = {
+    "char": "bits/char = val loss / ln 2.",
+    "token": "bits/token = val loss / ln 2; bits/char = val loss × val tokens / (ln 2 × the characters they spell), "
+             "what compares runs whatever their tokens (— for a dataset prepared before its characters were "
+             "counted: prepare it again).",
+}
+
+
 def results_notes(rows, missing, dataset, unit):
     """What the table's columns mean, and what sets its rows apart: how long each trained, rungs left out."""
     unfair = "; rows trained for different lengths do not compare mechanisms alone: more training buys more"
@@ -395,7 +414,7 @@ def results_notes(rows, missing, dataset, unit):
              f"buys per second on this machine){unfair if len({r.training for r in rows}) > 1 else ''}. "
              f"Losses in nats per {unit}: train loss from "
              f"the last evaluation's fixed batches, val loss on the whole val split (every {unit} once); "
-             f"bits/{unit} = val loss / ln 2. Attention entropy: mean over layers, heads and query positions of "
+             f"{BITS_NOTES[unit]} Attention entropy: mean over layers, heads and query positions of "
              f"{ENTROPY_WINDOWS} val windows. Time: train.py from start to exit.")
     if missing:
         notes += (f" Not in the table, no {RESULT} in their folders (trained by an earlier version of the lab, or "
@@ -403,13 +422,13 @@ def results_notes(rows, missing, dataset, unit):
     return notes
 
 
-def write_results(cfg, rows, missing, trained, unit):
+def write_results(cfg, rows, missing, trained, meta):
     """The table and the samples of every rung in out_dir, saved as Markdown, and the val-loss picture; the
-    table and the samples of the rungs trained now (named in trained), printed."""
+    table and the samples of the rungs trained now (named in trained), printed. meta: the dataset's."""
     from gptkit.pictures import draw_val_loss_vs_time
 
-    out = Path(cfg.out_dir)
-    table, notes = results_table(rows, unit), results_notes(rows, missing, cfg.dataset, unit)
+    out, unit = Path(cfg.out_dir), unit_of(meta)
+    table, notes = results_table(rows, unit, meta), results_notes(rows, missing, cfg.dataset, unit)
     notes += f"\n\n{heads_table(rows)}\n\n{HEADS_NOTES}"
     samples = "\n\n".join(f"## {r.label}: {r.training} of training, seed {r.seed}\n\n```text\n{r.sample}\n```"
                            for r in rows)
@@ -437,7 +456,7 @@ def run_lab(cfg):
     with StopSignals() as stops:
         folder, meta, prompt = check_before_training(cfg)
         device = pick_device(cfg.device)
-        unit = "char" if meta["tokenizer"] == "char" else "token"
+        unit = unit_of(meta)
         rungs = cfg.chosen()
         for i, rung in enumerate(rungs, 1):
             print(f"[{i}/{len(rungs)}] {rung.name}: {rung.adds} ({cfg.training()} of training)", flush=True)
@@ -446,7 +465,15 @@ def run_lab(cfg):
             stops.doing = f"reading rung {rung.name}"
             row = read_rung(rung, cfg, seconds, (folder, meta), prompt, device)
             entropy = "" if row.entropy is None else f", attention entropy {row.entropy:.2f} bits"
-            print(f"    {row.steps:,} steps, val loss {row.val_loss:.3f} ({row.val_loss / math.log(2):.3f} "
-                  f"bits/{unit}){entropy}, {row.seconds:.0f} s", flush=True)
+            bits = f"{row.val_loss / math.log(2):.3f} bits/{unit}"
+            if unit != "char":
+                bits += f", {per_char(row.val_loss, meta)} bits/char"
+            print(f"    {row.steps:,} steps, val loss {row.val_loss:.3f} ({bits}){entropy}, {row.seconds:.0f} s",
+                  flush=True)
         stops.doing = "writing the table"
-        write_results(cfg, *saved_rows(cfg), cfg.rung_names(), unit)
+        write_results(cfg, *saved_rows(cfg), cfg.rung_names(), meta)
+
+
+def unit_of(meta):
+    """What a token of the dataset is, as the table names it: a char, or a token of a BPE."""
+    return "char" if meta["tokenizer"] == "char" else "token"

@@ -2,8 +2,10 @@
 (headless: the Agg backend)."""
 
 import math
+import re
 import shutil
 import textwrap
+import warnings
 from pathlib import Path
 
 import matplotlib
@@ -13,13 +15,31 @@ matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
-from matplotlib.font_manager import FontProperties  # noqa: E402
+from matplotlib.font_manager import FontProperties, fontManager  # noqa: E402
 from matplotlib.textpath import TextToPath  # noqa: E402
 
 from gptkit.config import shown  # noqa: E402
 from gptkit.errors import UserError  # noqa: E402
 from gptkit.inspection import attention_of  # noqa: E402
 from gptkit.metrics import loss_series, wall_clock  # noqa: E402
+
+
+# fonts with the characters DejaVu Sans lacks (Chinese, Japanese, Korean, symbols), which a run's tokens may
+# hold: matplotlib draws each character with the first font in the list that has it
+FALLBACK_FONTS = ("Noto Sans CJK JP", "Noto Sans CJK SC", "Noto Sans SC", "Noto Sans JP", "Source Han Sans",
+                  "WenQuanYi Zen Hei", "Droid Sans Fallback", "Microsoft YaHei", "PingFang SC", "Hiragino Sans",
+                  "Apple SD Gothic Neo", "Noto Sans Symbols 2", "Noto Emoji", "Segoe UI Emoji", "Symbola")
+MISSING_GLYPH = re.compile(r"Glyph (\d+) .*missing from font")
+
+
+def use_fallback_fonts():
+    """DejaVu Sans, as before, then each fallback font installed here (naming one that is not would make
+    matplotlib complain at every text)."""
+    installed = {f.name for f in fontManager.ttflist}
+    matplotlib.rcParams["font.family"] = ["DejaVu Sans", *(f for f in FALLBACK_FONTS if f in installed)]
+
+
+use_fallback_fonts()
 
 
 def writable_formats():
@@ -52,12 +72,32 @@ def save(fig, path, dpi):
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=dpi)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fig.savefig(path, dpi=dpi)
     except OSError as e:
         raise UserError(f"could not write {path} ({e.strerror or e})") from None
     finally:
         plt.close(fig)
     print(f"wrote {path}")
+    missing_glyphs(caught)
+
+
+def missing_glyphs(caught):
+    """The warnings a picture's drawing raised, matplotlib's one per character no font here can draw (a run's
+    tokens in Chinese, emoji) as one note; the others as they came."""
+    missing = []
+    for w in caught:
+        found = MISSING_GLYPH.search(str(w.message))
+        if found is None:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        elif chr(int(found.group(1))) not in missing:
+            missing.append(chr(int(found.group(1))))
+    if missing:
+        shown = "".join(missing[:10]) + ("…" if len(missing) > 10 else "")
+        print(f"note: {len(missing)} character{'s' * (len(missing) > 1)} of the picture ({shown}) have no glyph in "
+              "the fonts installed here and show as boxes; a font that has them (e.g. Noto Sans CJK for Chinese "
+              "and Japanese) draws them")
 
 
 # ----------------------------------------------------------------------------- loss
@@ -126,7 +166,9 @@ MIN_WIDTH_IN = 4.5  # so that a one-head picture's title wraps into a few lines,
 
 
 def text_inches(text, points):
-    return TextToPath().get_text_width_height_descent(text, FontProperties(size=points), ismath=False)[0] / 72
+    with warnings.catch_warnings():  # a character no font has: noted once, when the picture is saved
+        warnings.filterwarnings("ignore", message=MISSING_GLYPH.pattern)
+        return TextToPath().get_text_width_height_descent(text, FontProperties(size=points), ismath=False)[0] / 72
 
 
 def label_stride(T, n_layer, n_head):

@@ -74,6 +74,9 @@ class CharTokenizer:
         """Characters of text each token spells: one each."""
         return np.ones(self.vocab_size, dtype=np.int64)
 
+    def chars_spelled(self, ids):
+        return len(ids)
+
 
 # gpt2 and r50k_base are one encoding (same ranks, pattern and <|endoftext|>) that tiktoken downloads
 # from different files, so either one's cached files serve both names
@@ -143,6 +146,16 @@ class TiktokenTokenizer:
             if data.decode("utf-8", "replace") not in special:
                 counts[token] = sum(1 for b in data if b & 0xC0 != 0x80)
         return counts
+
+    def chars_spelled(self, ids):
+        """Characters of text the tokens spell, counted as char_counts() counts them, without its pass over the
+        whole vocabulary (a page reading a short text asks for a few tokens' worth)."""
+        count = 0
+        for token in ids:
+            data = self.enc.decode_single_token_bytes(token)
+            if data.decode("utf-8", "replace") not in self.enc.special_tokens_set:
+                count += sum(1 for b in data if b & 0xC0 != 0x80)
+        return count
 
 
 VISIBLE = {"\n": "\u21b5", "\t": "\u21e5", " ": "\u2423", "\r": "\u23ce"}  # ↵ ⇥ ␣ ⏎: blanks cannot be read

@@ -65,6 +65,12 @@ _TAILS = ["", " at dawn", " — and wept", " without a word", " (twice)", ", slo
           " before the storm", "!", "?"]
 EXTRA_TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
 
+# sentences in five scripts: a byte-level BPE of a few hundred tokens trained on them keeps some characters (the
+# Chinese, the emoji: 3 and 4 bytes of UTF-8) cut between tokens
+MIXED_LINES = ["The fox watched the summer rain.", "Ο γέρος βασιλιάς είδε τη βροχή.", "Лиса нашла серебряную монету.",
+               "狐狸看着北方的山丘。", "The crow found a coin 🪙 and sang 🎶."]
+BPE_VOCAB = 300
+
 # the shape of every tiny model trained through the CLI
 MODEL = ["--device=cpu", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16",
          "--batch_size=4"]
@@ -83,6 +89,23 @@ def make_text(n_bytes=6000, seed=0):
         lines.append(line)
         size += len(line.encode("utf-8"))
     return "".join(lines)
+
+
+def make_mixed_text(lines=120, seed=0):
+    """Deterministic text of MIXED_LINES, one a line, about 5 KB."""
+    rng = random.Random(seed)
+    return "".join(rng.choice(MIXED_LINES) + "\n" for _ in range(lines))
+
+
+def partial_tokens(tok, ids):
+    """The ids among ids whose token holds part of a character: its bytes alone are not UTF-8 text."""
+    def whole(token):
+        try:
+            tok.enc.decode_single_token_bytes(token).decode("utf-8")
+            return True
+        except UnicodeDecodeError:
+            return False
+    return [t for t in ids if not whole(t)]
 
 
 # ---------------------------------------------------------------------------------------------- tiny models
@@ -296,6 +319,24 @@ def data_dir(tmp_path_factory):
     check_ok(run_script("data/prepare.py", f"--input={text_file}", "--name=tiny", f"--data_dir={data}"))
     assert (data / "tiny" / "train.bin").exists()
     return data
+
+
+@pytest.fixture(scope="session")
+def bpe_data(tmp_path_factory):
+    """make_mixed_text() prepared once per session with a byte-level BPE of BPE_VOCAB tokens trained on it (dataset
+    'tiny_bpe', by data/prepare.py's own prepare(), in this process: a fraction of a second): (data_dir, its
+    metadata as load_meta reads it, the tokenizer in it). Tests read it and never change it."""
+    from gptkit.corpus import PrepareConfig, prepare
+    from gptkit.dataset import load_meta
+    from gptkit.tokenizer import tokenizer_from_meta
+
+    folder = tmp_path_factory.mktemp("bpe_corpus")
+    (folder / "input.txt").write_text(make_mixed_text(), encoding="utf-8")
+    data = folder / "data"
+    prepare(PrepareConfig(input=str(folder / "input.txt"), name="tiny_bpe", tokenizer="bpe", vocab_size=BPE_VOCAB,
+                          data_dir=str(data), workers=1))
+    _, meta = load_meta(str(data), "tiny_bpe")
+    return data, meta, tokenizer_from_meta(meta)
 
 
 def train_args(data_dir, out_dir, *extra):

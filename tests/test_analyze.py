@@ -9,6 +9,7 @@ import torch
 
 from conftest import REPO, assert_one_error_line, check_ok, run_here, run_script, tiny_model
 from gptkit.checkpoint import save_checkpoint
+from gptkit.inspection import token_label
 from gptkit.tokenizer import CharTokenizer
 from test_experiments import CHARS
 from test_plot import assert_png
@@ -17,12 +18,13 @@ KEYS = {"layer", "head", "name", "ablation_delta", "previous_token", "first_toke
         "local"}
 
 
-def saved_run(folder, chars=CHARS, trained_on=None, **overrides):
+def saved_run(folder, chars=CHARS, trained_on=None, tok=None, **overrides):
     """A run folder holding a best.pt of a tiny model (random weights, TINY's shape with overrides) and a
-    character vocabulary: what analyze.py reads of a run, written in a moment."""
-    model = tiny_model(attention_weights=0.5, **dict(dict(vocab_size=len(chars)), **overrides))
+    character vocabulary (or the tokenizer tok): what analyze.py reads of a run, written in a moment."""
+    tok = tok or CharTokenizer(chars)
+    model = tiny_model(attention_weights=0.5, **dict(dict(vocab_size=tok.vocab_size), **overrides))
     save_checkpoint({"model": model.state_dict(), "model_args": dataclasses.asdict(model.config),
-                     "tokenizer": CharTokenizer(chars).to_meta(), "config": trained_on or {}}, folder / "best.pt")
+                     "tokenizer": tok.to_meta(), "config": trained_on or {}}, folder / "best.pt")
     return folder
 
 
@@ -108,6 +110,22 @@ def test_attribute_lists_each_part_and_their_sum(tiny):
     table = check_ok(run_here("analyze.py", "attribute", tiny, "--text=ROMEO:", "--position=0")).stdout
     assert table.startswith("the logit of O, the token that came next, at position 0 (R): ")
     assert "| L1H3 " in table and "| final norm's bias " in table and "| sum " in table
+
+
+def test_patch_and_attribute_on_a_bpe_run_label_each_token_by_its_bytes(bpe_data, tmp_path):
+    """A run cut into a trained BPE: the positions are its tokens, each labelled as the explorer labels it, one that
+    holds part of a character by its bytes (⟨f0⟩⟨9f⟩)."""
+    tok = bpe_data[2]
+    run = saved_run(tmp_path / "bpe", tok=tok)
+    clean, corrupt = "a coin 🎶", "🎶 fox"  # as many tokens each
+    answer = json.loads(check_ok(run_here("analyze.py", "patch", run, f"--clean={clean}", f"--corrupt={corrupt}",
+                                          "--json")).stdout)
+    assert answer["tokens"] == [token_label(tok, t) for t in tok.encode(corrupt)] and "⟨8e⟩" in answer["tokens"]
+    assert len(answer["resid"][0]) == len(tok.encode(clean))
+    answer = json.loads(check_ok(run_here("analyze.py", "attribute", run, f"--text={clean}", "--json")).stdout)
+    ids = tok.encode(clean)
+    assert (answer["token"], answer["target"]) == (token_label(tok, ids[-2]), token_label(tok, ids[-1]))
+    assert sum(answer["parts"].values()) + answer["norm_bias"] == pytest.approx(answer["raw_logit"], abs=1e-4)
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -20,11 +20,11 @@ import httpx
 import pytest
 import torch
 
-from conftest import REPO, check_ok, run_script, tiny_model
+from conftest import REPO, check_ok, partial_tokens, run_script, tiny_model
 from gptkit.checkpoint import save_checkpoint
 from gptkit.decoding import shaped_probs
 from gptkit.explorer import Shelf, make_app
-from gptkit.inspection import attention_maps
+from gptkit.inspection import attention_maps, token_label
 from gptkit.tokenizer import CharTokenizer
 from gptkit.train_config import TrainConfig
 
@@ -36,20 +36,21 @@ VARIANTS = {"scaled": {}, "uniform": dict(attention="uniform"), "additive": dict
             "bigram": dict(n_layer=0), "encoder": dict(causal=False), "rope": dict(pos_emb="rope", qk_norm=True)}
 
 
-def fake_run(folder, seed=0, **overrides):
-    """A run folder as train.py leaves it (best.pt with its keys, a metrics.jsonl), with random weights."""
-    model = tiny_model(seed, **dict(SHAPE, **overrides))
+def fake_run(folder, seed=0, tok=None, final=None, **overrides):
+    """A run folder as train.py leaves it (best.pt with its keys, a metrics.jsonl), with random weights; tok: its
+    tokenizer (CHARS' by default), final: more fields of its final record."""
+    tok = tok or CharTokenizer(CHARS)
+    model = tiny_model(seed, **dict(SHAPE, vocab_size=tok.vocab_size, **overrides))
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(8.0)  # far from uniform, so every number the tests compare means something
     folder.mkdir(parents=True)
     save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config), "config": asdict(TrainConfig()),
-                     "tokenizer": CharTokenizer(CHARS).to_meta(), "iter_num": 20, "val_loss": 2.5},
-                    folder / "best.pt")
+                     "tokenizer": tok.to_meta(), "iter_num": 20, "val_loss": 2.5}, folder / "best.pt")
     records = [{"kind": "eval", "iter": 0, "train_loss": 3.4, "val_loss": 3.4, "elapsed_s": 1.0},
                {"kind": "train", "iter": 10, "loss": 3.0, "lr": 1e-3, "tokens": 100, "elapsed_s": 2.0},
                {"kind": "eval", "iter": 20, "train_loss": 2.6, "val_loss": 2.7, "elapsed_s": 3.0},
-               {"kind": "final", "iter": 20, "val_loss": 2.65, "val_tokens": 50, "elapsed_s": 4.0}]
+               {"kind": "final", "iter": 20, "val_loss": 2.65, "val_tokens": 50, "elapsed_s": 4.0, **(final or {})}]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     return model.eval()
 
@@ -88,6 +89,8 @@ def test_runs_list_every_run_in_words_and_a_damaged_one_as_one_line(client):
                                                  "causal (a decoder), learned positions")
     assert "not causal (an encoder)" in runs["encoder"]["settings"] and "bigram" in runs["bigram"]["settings"]
     assert runs["scaled"]["iterations"] == 20 and runs["scaled"]["final_val_loss"] == 2.65
+    # char-level, a token is a character: bits per character is the loss over ln 2
+    assert runs["scaled"]["bits_per_char"] == pytest.approx(2.65 / math.log(2))
     assert runs["damaged"]["error"] and "\n" not in runs["damaged"]["error"]
     assert client.get("/api/runs/damaged").status_code == 409  # and the others still open
     assert client.get("/api/runs/scaled").json()["n_layer"] == 2
@@ -160,7 +163,9 @@ def test_surprise_summed_is_the_models_loss_on_the_text(client, lab):
     assert bits[0] is None and len(bits) == len(short) and got["chars"] == len(short)
     assert sum(bits[1:]) == pytest.approx(got["total_bits"]) and got["loss"] == pytest.approx(loss, rel=1e-5)
     assert got["total_bits"] * math.log(2) / (len(short) - 1) == pytest.approx(loss, rel=1e-5)
-    assert got["bits_per_char"] == pytest.approx(got["total_bits"] / len(short))
+    # per character the model predicted: char-level, each token after the first is one
+    assert got["predicted_chars"] == len(short) - 1
+    assert got["bits_per_char"] == pytest.approx(loss / math.log(2), rel=1e-5)
     # a text longer than the context: consecutive windows, each token scored once, as the val split is scored
     long = TEXT * 2
     got = client.post("/api/read", json=dict(run="scaled", text=long)).json()
@@ -751,3 +756,71 @@ def test_the_lab_lists_each_rungs_val_loss_curve(lab, tmp_path):
     got = app_over(root).get("/api/lab").json()["runs"]
     assert [r["name"] for r in got] == ["scaled"] and got[0]["rung"]["name"] == "bigram"
     assert got[0]["eval"] == [{"iter": 0, "val_loss": 3.4}, {"iter": 20, "val_loss": 2.7}]
+    assert got[0]["final"] == {"val_loss": 2.65, "bits_per_char": pytest.approx(2.65 / math.log(2))}
+
+
+# ----------------------------------------------------------------------------- a run cut into BPE tokens
+
+
+BPE_TEXT = "a coin 🪙 and 🎶\nЛиса нашла"  # holds tokens that are part of a character (conftest's MIXED_LINES)
+
+
+def label_bytes(label):
+    """The bytes a token's label stands for: its text, whitespace drawn as symbols, and ⟨e4⟩ for a byte."""
+    pieces = re.split(r"⟨([0-9a-f]{2})⟩", label)  # text, a byte, text, ...
+    return b"".join(bytes.fromhex(p) if i % 2 else p.replace("␣", " ").replace("↵", "\n").encode("utf-8")
+                    for i, p in enumerate(pieces))
+
+
+@pytest.fixture(scope="module")
+def bpe_run(tmp_path_factory, bpe_data):
+    """A run whose tokenizer is conftest's trained byte-level BPE, its final record with train.py's bits per
+    character: (its folder's parent, the model, the tokenizer)."""
+    root, tok = tmp_path_factory.mktemp("bpe_runs"), bpe_data[2]
+    model = fake_run(root / "bpe", 3, tok=tok, final={"bits_per_char": 1.25})
+    return root, model, tok
+
+
+def test_a_bpe_runs_tokens_come_with_their_ids_and_a_cut_characters_bytes_as_its_label(bpe_run):
+    root, model, tok = bpe_run
+    got = app_over(root).post("/api/read", json=dict(run="bpe", text=BPE_TEXT)).json()
+    ids = tok.encode(BPE_TEXT)
+    assert got["tokenizer_kind"] == "bpe" and [t["id"] for t in got["tokens"]] == ids
+    cut = partial_tokens(tok, ids)
+    assert cut, "the text must hold a token that is part of a character"
+    for t in got["tokens"]:
+        data = tok.enc.decode_single_token_bytes(t["id"])
+        if t["id"] in cut:  # its text alone is no character: U+FFFD; the label writes those bytes
+            assert "\ufffd" in t["text"] and "\ufffd" not in t["label"] and "⟨" in t["label"]
+        else:
+            assert t["text"] == data.decode("utf-8")
+        assert label_bytes(t["label"]) == data
+    # bits per character: every predicted token's nats, over ln 2 and the characters those tokens spell (a
+    # character cut between tokens counted once, where its first byte is)
+    T, nats = SHAPE["block_size"], 0.0
+    with torch.no_grad():
+        for start in range(0, len(ids) - 1, T):
+            y = torch.tensor([ids[start + 1:start + 1 + T]])
+            nats += model(torch.tensor([ids[start:start + y.size(1)]]), y)[1].item() * y.size(1)
+    spelled = b"".join(tok.enc.decode_single_token_bytes(t) for t in ids[1:])
+    characters = sum(1 for b in spelled if b & 0xC0 != 0x80)
+    assert got["predicted_chars"] == characters and got["chars"] == len(BPE_TEXT)
+    assert got["bits_per_char"] == pytest.approx(nats / (math.log(2) * characters), rel=1e-5)
+    assert got["loss"] == pytest.approx(nats / (len(ids) - 1), rel=1e-5)
+
+
+def test_a_bpe_runs_generation_shows_each_token_itself_and_the_text_whole(bpe_run):
+    root, _, tok = bpe_run
+    client = app_over(root)
+    assert client.get("/api/runs/bpe").json()["tokenizer_kind"] == "bpe"
+    listed = client.get("/api/runs").json()["runs"][0]
+    assert listed["tokenizer_kind"] == "bpe" and listed["bits_per_char"] == 1.25  # what train.py logged
+    got = events(client.post("/api/generate", json=dict(run="bpe", prompt="🎶 Лиса", max_tokens=12,
+                                                        seed=5)).iter_lines())
+    prompt = got[0]["tokens"]
+    assert [t["id"] for t in prompt] == tok.encode("🎶 Лиса")
+    assert [t["label"] for t in prompt] == [token_label(tok, t["id"]) for t in prompt]
+    new = [e["id"] for e in got if e["type"] == "token"]
+    assert all(e["text"] == tok.decode([e["id"]]) for e in got if e["type"] == "token")
+    whole = tok.decode(new)  # the text as sample.py prints it: a character cut at the very end is held back
+    assert got[-1]["text"] == whole.removesuffix("\ufffd") or got[-1]["text"] == whole

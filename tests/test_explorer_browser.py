@@ -57,9 +57,13 @@ def browser():
     driver.quit()
 
 
-def shoot(driver, tmp_path, name):
+def shoot(driver, tmp_path, name, element=None):
+    """The page as it shows (or only element), into the test's folder and $EXPLORER_SCREENSHOTS."""
     path = tmp_path / name
-    driver.save_screenshot(str(path))
+    if element is not None:
+        element.screenshot(str(path))
+    else:
+        driver.save_screenshot(str(path))
     if os.environ.get("EXPLORER_SCREENSHOTS"):
         shutil.copy(path, Path(os.environ["EXPLORER_SCREENSHOTS"]) / name)
     assert path.stat().st_size > 10_000, path  # a picture, not a blank page
@@ -220,3 +224,63 @@ def test_a_head_switched_off_is_named_in_a_banner_and_the_panels_follow(served, 
     browser.find_element(By.ID, "all-on").click()
     wait.until(lambda d: not d.find_element(By.ID, "off-banner").is_displayed())
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+# a text for the BPE run: Greek and Cyrillic letters, some of which the run's BPE cuts between tokens
+BPE_READ = "Лиса нашла серебряную монету.\nΟ γέρος βασιλιάς είδε τη βροχή.\nThe crow found a coin."
+
+
+@pytest.mark.slow
+def test_a_bpe_runs_tokens_are_boxes_with_their_ids_and_read_a_text_says_bits_per_character(bpe_data, browser,
+                                                                                             tmp_path):
+    """On a run cut into a trained BPE, each token of the prompt and of a text read is a chip with its id under it
+    (and in its title), a token that holds part of a character shows that character's bytes (⟨f0⟩); read a text
+    gives bits per character beside nats per token, the API's numbers. $EXPLORER_BPE_RUN serves a real run
+    instead (the docs' picture: `EXPLORER_BPE_RUN=out-mixed EXPLORER_SCREENSHOTS=assets`)."""
+    from test_explorer import fake_run
+
+    run = Path(os.environ.get("EXPLORER_BPE_RUN") or tmp_path / "runs" / "bpe")
+    if not os.environ.get("EXPLORER_BPE_RUN"):
+        fake_run(run, tok=bpe_data[2])
+    url, proc = serve(run)
+    try:
+        wait = WebDriverWait(browser, 60)
+        browser.get(url + "/")
+        wait.until(lambda d: "Loaded" in d.find_element(By.ID, "status").text)
+        browser.find_element(By.ID, "prompt").send_keys("Лиса 🎶")
+        browser.find_element(By.ID, "max-tokens").clear()
+        browser.find_element(By.ID, "max-tokens").send_keys("5")
+        browser.find_element(By.ID, "generate").click()
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#output .chip.gen")) >= 5)
+        check_chips(browser.find_elements(By.CSS_SELECTOR, "#output .chip.prompt"))
+        browser.find_element(By.ID, "read-text").send_keys(BPE_READ)
+        browser.find_element(By.ID, "read-go").click()
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#read-output .read-chip"))
+        want = httpx.post(f"{url}/api/read", json=dict(run=run.name, text=BPE_READ)).json()
+        chips = browser.find_elements(By.CSS_SELECTOR, "#read-output .read-chip")
+        assert [int(c.get_attribute("data-id")) for c in chips] == [t["id"] for t in want["tokens"]]
+        shown = check_chips(chips)
+        assert [s for s, t in zip(shown, want["tokens"]) if "\ufffd" in t["text"]] == \
+            [t["label"] for t in want["tokens"] if "\ufffd" in t["text"]] != []
+        assert browser.find_element(By.CSS_SELECTOR, "#read-output .bits-per-char").text == \
+            f"{want['bits_per_char']:.3f} bits per character"
+        assert browser.find_element(By.CSS_SELECTOR, "#read-output .nats-per-token").text == \
+            f"{want['loss']:.3f} nats per token"
+        card = browser.find_element(By.ID, "read-card")
+        browser.execute_script("arguments[0].scrollIntoView()", card)
+        shoot(browser, tmp_path, "explorer_bpe_tokens.png", card)
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def check_chips(chips):
+    """Each chip a box with its token's id under it and in its title: the text each shows."""
+    shown = []
+    for c in chips:
+        assert "with-id" in c.get_attribute("class")
+        assert c.find_element(By.CSS_SELECTOR, ".tok-id").text == c.get_attribute("data-id")
+        assert f"(token id {c.get_attribute('data-id')})" in c.get_attribute("title")
+        shown.append(c.find_element(By.CSS_SELECTOR, ".tok-text").get_attribute("textContent"))
+    return shown

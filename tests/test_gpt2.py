@@ -169,6 +169,22 @@ def test_export_round_trip(tmp_path, options):
     torch.testing.assert_close(all_logits(back, idx), all_logits(model, idx), atol=1e-4, rtol=0)
 
 
+def test_export_of_a_bpe_run_names_its_end_of_text_token(bpe_data, tmp_path):
+    """A run cut into a trained byte-level BPE exports as any other, its <|endoftext|> (the BPE's last id) the
+    model's eos and bos, and gives the same logits on a text whose characters its tokens cut."""
+    transformers = pytest.importorskip("transformers")
+    import export
+
+    tok = bpe_data[2]
+    model = tiny_model(block_size=24, vocab_size=tok.vocab_size, **EXPORTABLE["gpt2"])
+    save_fake_run(model, tmp_path / "out", tok.to_meta())
+    export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    assert hf.config.eos_token_id == hf.config.bos_token_id == tok.eot_token == tok.vocab_size - 1
+    idx = torch.tensor([tok.encode("a coin 🪙 and 🎶")])
+    torch.testing.assert_close(hf_logits(hf, idx), all_logits(model, idx), atol=1e-4, rtol=0)
+
+
 @pytest.mark.slow
 def test_export_refuses_incompatible_model(tmp_path):
     model = tiny_model(n_layer=1, n_head=2, n_embd=16, bias=False, pos_emb="rope")

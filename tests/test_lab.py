@@ -192,6 +192,46 @@ def test_entropy_is_in_bits_and_falls_as_the_softmax_sharpens():
     assert machinery.attention_entropy(tiny_model(block_size=8, vocab_size=11, n_layer=0), idx) is None
 
 
+def markdown_rows(table):
+    """{first cell: {header: cell}} of a Markdown table's lines."""
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()]
+    return {cells[0]: dict(zip(rows[0], cells)) for cells in rows[2:]}
+
+
+def test_the_table_gives_bits_per_character_beside_the_val_loss():
+    """Bits per character = val loss (nats per token) x val tokens / (ln 2 x the characters they spell), from the
+    dataset's metadata: the measure that compares tokenizers. Char-level it is bits per token, one column; a
+    dataset prepared before its characters were counted has none to give ('—')."""
+    rung = next(r for r in machinery.RUNGS if r.name == "scaled")
+    row = machinery.Row(rung, 0.0, 1337, 1000, 10, 2.2, 2.0, 1.5, 3.0, "", [], tokens=1000)
+    bpe = {"tokenizer": "bpe", "val_tokens": 100, "val_chars": 250}
+    got = markdown_rows(machinery.results_table([row], "token", bpe))["scaled"]
+    assert got["val loss"] == "2.000" and got["bits/token"] == f"{2.0 / math.log(2):.3f}"
+    assert got["bits/char"] == f"{2.0 * 100 / (math.log(2) * 250):.3f}"
+    older = markdown_rows(machinery.results_table([row], "token", {"tokenizer": "bpe", "val_tokens": 100}))
+    assert older["scaled"]["bits/char"] == "—"
+    char = markdown_rows(machinery.results_table([row], "char", {"tokenizer": "char", "val_tokens": 100}))["scaled"]
+    assert "bits/token" not in char and char["bits/char"] == f"{2.0 / math.log(2):.3f}"
+
+
+@pytest.mark.slow
+def test_the_lab_trains_on_a_bpe_dataset_and_its_table_and_the_explorer_give_bits_per_character(bpe_data, tmp_path):
+    from test_explorer import app_over
+
+    data, meta, _ = bpe_data
+    out = tmp_path / "lab"
+    printed = tiny_lab(data, out, "--dataset=tiny_bpe", "--rungs=scaled", "--tokens=640")
+    row = table_rows(out)["scaled"]
+    val_loss = float(row["val loss"])
+    assert float(row["bits/token"]) == pytest.approx(val_loss / math.log(2), abs=2e-3)
+    per_char = val_loss * meta["val_tokens"] / (math.log(2) * meta["val_chars"])
+    assert float(row["bits/char"]) == pytest.approx(per_char, abs=2e-3)
+    assert f"bits/token, {row['bits/char']} bits/char)" in printed
+    final = app_over(out).get("/api/lab").json()["runs"][0]["final"]  # the explorer's lab panel: the same
+    assert final["val_loss"] == pytest.approx(val_loss, abs=5e-4)
+    assert final["bits_per_char"] == pytest.approx(float(row["bits/char"]), abs=5e-4)
+
+
 @pytest.mark.slow
 def test_an_unknown_rung_is_one_line_naming_the_valid_ones():
     proc = run_script("lab.py", "--rungs=bigram,trigram")

@@ -3,6 +3,7 @@ each subcommand taking only its own options, and an output it cannot write refus
 
 import json
 import re
+import warnings
 
 import matplotlib.image
 import matplotlib.text
@@ -51,6 +52,10 @@ class Chars:
     @staticmethod
     def decode(ids):
         return "".join(map(chr, ids))
+
+    @staticmethod
+    def token_label(token):
+        return chr(token)
 
 
 def attention_picture(path, n_layer, n_head, T):
@@ -117,6 +122,39 @@ def test_tokens_and_titles_that_look_like_formulas_are_drawn_as_text(tmp_path):
                          tmp_path / "dollars.png", causal=False)
     assert_png(tmp_path / "dollars.png")
     assert [t.get_text() for t in heatmaps(fig)[0].get_yticklabels()] == ["$$", "$x$", "a"]
+
+
+def test_characters_no_font_here_draws_are_one_note_not_a_warning_each(tmp_path, capsys):
+    """A BPE run's tokens may be Chinese or emoji. Where no font installed has a character, matplotlib warns once per
+    character (and again measuring the labels): one printed note instead, naming them; nothing where fonts have
+    them all."""
+    from gptkit.pictures import draw_attention
+
+    path = tmp_path / "scripts.png"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        draw_attention([np.full((1, 3, 3), 1 / 3)], ["狐", "⟨e7⟩⟨8b⟩", "🦊"], "weights for '狐🦊'", path, causal=False)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == f"wrote {path}" and len(printed) <= 2
+    assert len(printed) == 1 or (printed[1].startswith("note: ") and "show as boxes" in printed[1])
+    assert_png(path)
+
+
+def test_a_bpe_runs_attention_picture_labels_each_token_by_its_bytes(bpe_data, tmp_path, capsys):
+    """plot.py attention on a run cut into a trained BPE: a token that holds part of a character is labelled with
+    its bytes (⟨e7⟩), each label the token's own."""
+    import plot
+    from gptkit.pictures import draw_model_attention
+    from gptkit.rundir import load_model
+    from test_analyze import saved_run
+
+    tok, prompt = bpe_data[2], "🎶 Лиса"
+    run = saved_run(tmp_path / "bpe", tok=tok)
+    plot.main(["attention", f"--out_dir={run}", f"--start={prompt}"])
+    assert_png(run / "attention.png")
+    fig = draw_model_attention(*load_model(run, "cpu"), prompt, tmp_path / "again.png")
+    labels = [t.get_text() for t in heatmaps(fig)[0].get_yticklabels()]
+    assert labels == [token_label(tok, t) for t in tok.encode(prompt)] and any("⟨" in label for label in labels)
 
 
 # ----------------------------------------------------------------------------- plot.py

@@ -17,9 +17,12 @@ export const fmtSigned = (d, digits = 2) => (d > 0 ? '+' : d < 0 ? '−' : '±')
 export const fmtInt = (n) => (n === null || n === undefined ? '—' : Number(n).toLocaleString('en-US'));
 export const plural = (n, word) => `${n} ${word}${n === 1 ? '' : 's'}`;
 
-/** What a chip shows: the token's text, or its visible label when the text is whitespace or empty. */
+/** What a chip shows: the token's text, or its visible label when the text is whitespace or empty, or holds
+    part of a character (a byte-level BPE cuts some characters between tokens: the text has U+FFFD where the
+    label writes those bytes as ⟨e4⟩). */
 export const isBlank = (text) => text === '' || /^\s+$/.test(text);
-export const shownText = (t) => (isBlank(t.text) ? t.label : t.text);
+export const partial = (text) => text.includes('\ufffd');
+export const shownText = (t) => (isBlank(t.text) || partial(t.text) ? t.label : t.text);
 export const quote = (label) => '“' + label + '”';
 export const quoted = (t) => quote(t.label);
 

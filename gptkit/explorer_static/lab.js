@@ -1,8 +1,9 @@
 /* The lab's runs on one chart (GET /api/lab): the val-loss curve of every rung of the attention lab in the
-   folder (a run folder with the lab's lab.json), against iterations, in the lab's order. */
+   folder (a run folder with the lab's lab.json), against iterations, in the lab's order; and under it each
+   rung's final score as the lab's table has it, in nats per token and in bits per character. */
 
 import { api } from './api.js';
-import { $, setLine } from './dom.js';
+import { $, el, setLine } from './dom.js';
 import { fmtInt } from './format.js';
 
 const HEIGHT = 240;
@@ -22,6 +23,7 @@ export async function loadLab() {
   if (chart) chart.destroy();
   chart = null;
   $('#lab-curves').textContent = '';
+  finalTable(runs);
   if (!runs.length || typeof window.uPlot !== 'function') return;
   const xs = [...new Set(runs.flatMap((r) => r.eval.map((e) => e.iter)))].sort((a, b) => a - b);
   const columns = runs.map((r) => {
@@ -42,4 +44,28 @@ export async function loadLab() {
   [xs, ...columns], $('#lab-curves'));
   const broken = runs.filter((r) => r.error).map((r) => `${r.name}: ${r.error}`);
   setLine('#lab-status', broken.join('; '), broken.length > 0);
+}
+
+const fixed = (x, digits) => (x === null || x === undefined || !Number.isFinite(x) ? '—' : x.toFixed(digits));
+
+/** Each rung's final score: val loss on the whole val split (nats per token) and bits per character, '—' for a
+    rung not finished or whose dataset was prepared before its characters were counted. */
+function finalTable(runs) {
+  const box = $('#lab-table');
+  box.textContent = '';
+  if (!runs.length) return;
+  const table = el('table', 'lab-table');
+  const head = el('tr');
+  for (const h of ['rung', 'val loss (nats per token)', 'bits per character']) head.append(el('th', null, h));
+  table.append(el('thead'), el('tbody'));
+  table.tHead.append(head);
+  for (const r of runs) {
+    const f = r.final || {};
+    const row = el('tr');
+    row.dataset.name = r.name;
+    row.append(el('td', null, r.rung && r.rung.cheats ? `${r.name} (cheats)` : r.name),
+      el('td', 'num', fixed(f.val_loss, 3)), el('td', 'num', fixed(f.bits_per_char, 3)));
+    table.tBodies[0].append(row);
+  }
+  box.append(table);
 }

@@ -4,7 +4,8 @@
 
 import { api } from './api.js';
 import { $, el, setLine } from './dom.js';
-import { fmtBits, fmtInt, fmtSigned, isBlank, quoted, shownText } from './format.js';
+import { lineBreaks, named, showsIds, tokenChip } from './chips.js';
+import { fmtBits, fmtInt, fmtSigned } from './format.js';
 import { BETTER_RGB, SURPRISE_RGB, WORSE_RGB, diffAlpha, shade, surpriseAlpha, swatch } from './shades.js';
 import { state } from './state.js';
 import { offList } from './switches.js';
@@ -57,15 +58,14 @@ export async function readText() {
   if (failed) setLine('#read-status', failed === results.length ? 'the text could not be read' : 'one run could not read the text', true);
 }
 
-/** A chip per token, and a line break after each newline so that the text keeps its lines. */
-function tokenChips(tokens, paint) {
+/** A chip per token (with its id under it for a BPE run), and a line break after each newline so that the text
+    keeps its lines. */
+function tokenChips(tokens, kind, paint) {
   const chips = el('div', 'chips');
   tokens.forEach((t, j) => {
-    const c = el('span', 'chip read-chip', shownText(t));
-    if (isBlank(t.text)) c.classList.add('ws');
+    const c = tokenChip(t, 'chip read-chip', showsIds(kind));
     paint(c, t, j);
-    chips.append(c);
-    if (isBlank(t.text)) for (const ch of t.text) if (ch === '\n') chips.append(document.createElement('br'));
+    chips.append(c, ...lineBreaks(t));
   });
   return chips;
 }
@@ -80,25 +80,35 @@ function readRow(name, result) {
     return row;
   }
   const r = result.value;
-  const totals = el('p', 'totals');
-  const bpc = r.bits_per_char === null || r.bits_per_char === undefined ? '—' : r.bits_per_char.toFixed(3);
-  totals.append(el('b', null, `${fmtBits(r.total_bits)} bits`), ' in all · ', el('b', null, `${bpc} bits per character`));
-  totals.append(` · ${fmtInt(r.chars)} characters, ${fmtInt((r.tokens || []).length)} tokens`);
-  if (r.loss !== null && r.loss !== undefined) totals.append(` · loss ${r.loss.toFixed(4)} nats per token`);
-  row.append(totals);
-  row.append(tokenChips(r.tokens || [], (c, t) => {
-    c.dataset.id = String(t.id);
+  row.append(readTotals(r));
+  row.append(tokenChips(r.tokens || [], r.tokenizer_kind, (c, t) => {
     const b = t.surprise_bits;
     if (b === null || b === undefined) {
       c.classList.add('none');
-      c.title = `${quoted(t)}: the first token, nothing before it to predict it from`;
+      c.title = `${named(t)}: the first token, nothing before it to predict it from`;
       return;
     }
     shade(c, SURPRISE_RGB, surpriseAlpha(b));
-    c.title = `${quoted(t)}: ${fmtBits(b)} bits of surprise`;
+    c.title = `${named(t)}: ${fmtBits(b)} bits of surprise`;
     c.dataset.bits = String(b);
   }));
   return row;
+}
+
+const fixed = (x, digits) => (x === null || x === undefined || !Number.isFinite(x) ? '—' : x.toFixed(digits));
+
+/** The text's score two ways: bits per character, which compares runs whatever their tokens, and nats per token,
+    the loss train.py reports; then where they come from. */
+function readTotals(r) {
+  const totals = el('p', 'totals');
+  const bpc = el('b', 'bits-per-char', `${fixed(r.bits_per_char, 3)} bits per character`);
+  bpc.title = 'the bits of every predicted token, summed, over the characters they spell: runs cut into other tokens compare on it';
+  const npt = el('b', 'nats-per-token', `${fixed(r.loss, 3)} nats per token`);
+  npt.title = 'the mean over the predicted tokens of −ln p, the loss train.py reports';
+  const tokens = (r.tokens || []).length;
+  totals.append(bpc, ' · ', npt, ` · ${fmtBits(r.total_bits)} bits in all, over the ${fmtInt(r.predicted_chars)} characters after the first token`);
+  totals.append(` (the text: ${fmtInt(r.chars)} characters, ${fmtInt(tokens)} token${tokens === 1 ? '' : 's'})`);
+  return totals;
 }
 
 function diffLegend(nameB) {
@@ -124,17 +134,17 @@ function diffRow(nameA, a, nameB, b) {
   totals.append(el('b', null, `${fmtSigned(total)} bits in all`));
   totals.append(total < 0 ? `: ${nameB} needs fewer bits (it predicts this text better)` : total > 0 ? `: ${nameB} needs more bits (it predicts this text worse)` : ': the same');
   row.append(totals, diffLegend(nameB));
-  row.append(tokenChips(ta, (c, t, j) => {
+  row.append(tokenChips(ta, a.tokenizer_kind, (c, t, j) => {
     const ba = t.surprise_bits;
     const bb = tb[j].surprise_bits;
     if (ba === null || ba === undefined || bb === null || bb === undefined) {
       c.classList.add('none');
-      c.title = `${quoted(t)}: no prediction for the first token`;
+      c.title = `${named(t)}: no prediction for the first token`;
       return;
     }
     const d = bb - ba;
     shade(c, d < 0 ? BETTER_RGB : WORSE_RGB, diffAlpha(d));
-    c.title = `${quoted(t)}: ${nameA} ${fmtBits(ba)} bits, ${nameB} ${fmtBits(bb)} bits, difference ${fmtSigned(d)}`;
+    c.title = `${named(t)}: ${nameA} ${fmtBits(ba)} bits, ${nameB} ${fmtBits(bb)} bits, difference ${fmtSigned(d)}`;
     c.dataset.diff = String(d);
   }));
   return row;

@@ -108,6 +108,10 @@ function appendRunStats(b, r) {
   const loss = Number.isFinite(r.final_val_loss) ? r.final_val_loss.toFixed(4) : '—';
   const stats = el('span', 'run-stats');
   stats.append(part('', fmtInt(r.params), ' parameters'), ' · ', part('', iters, ' iterations'), ' · ', part('val loss ', loss, ''));
+  // cut into other tokens than characters, a loss per token compares with no other tokenizer's: per character does
+  if (r.tokenizer_kind && r.tokenizer_kind !== 'char' && Number.isFinite(r.bits_per_char)) {
+    stats.append(' · ', part('', r.bits_per_char.toFixed(3), ' bits per character'));
+  }
   b.append(stats);
   if (r.tokenizer) b.append(el('span', 'run-stats', 'tokens: ' + r.tokenizer));
   if (r.checkpoint === 'latest.pt') b.append(el('span', 'run-health', 'shows latest.pt, its latest state: the run has no best.pt'));

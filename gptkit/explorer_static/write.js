@@ -3,7 +3,8 @@
 
 import { ApiError, refusal } from './api.js';
 import { $, el, placeholder, setLine } from './dom.js';
-import { fmtP, isBlank, plural, quoted, shownText } from './format.js';
+import { lineBreaks, named, showsIds, tokenChip } from './chips.js';
+import { fmtP, plural } from './format.js';
 import { clearInspector } from './inspector.js';
 import { numberField, readKnobs, stopText } from './knobs.js';
 import { PROB_RGB, probAlpha, shade } from './shades.js';
@@ -156,23 +157,20 @@ function addChips(tokens) {
   for (const t of tokens) {
     const i = state.chips.length;
     state.chips.push(t);
-    frag.append(makeChip(t, i));
-    if (isBlank(t.text)) for (const ch of t.text) if (ch === '\n') frag.append(document.createElement('br'));
+    frag.append(makeChip(t, i), ...lineBreaks(t));
   }
   out.append(frag);
   if (atBottom) out.scrollTop = out.scrollHeight;
 }
 
 function makeChip(t, i) {
-  const c = el('span', 'chip ' + (t.gen ? 'gen' : 'prompt'), shownText(t));
+  const c = tokenChip(t, 'chip ' + (t.gen ? 'gen' : 'prompt'), showsIds(state.info && state.info.tokenizer_kind));
   c.dataset.index = String(i);
-  c.dataset.id = String(t.id);
-  if (isBlank(t.text)) c.classList.add('ws');
   if (t.gen) {
     shade(c, PROB_RGB, probAlpha(t.p));
-    c.title = `${quoted(t)}: the model gave it ${fmtP(t.p)}; after temperature/top-k/top-p ${fmtP(t.p_shaped)}`;
+    c.title = `${named(t)}: the model gave it ${fmtP(t.p)}; after temperature/top-k/top-p ${fmtP(t.p_shaped)}`;
   } else {
-    c.title = `${quoted(t)}: a token of your prompt`;
+    c.title = `${named(t)}: a token of your prompt`;
   }
   return c;
 }
