@@ -133,29 +133,28 @@ class TiktokenTokenizer:
         """A token's text; where it holds only part of a character's UTF-8 bytes, those bytes in hex."""
         return bytes_label(self.enc.decode_single_token_bytes(token))
 
+    def chars_of(self, token):
+        """Characters of text a token spells, counted as the characters its bytes begin (UTF-8 bytes other than
+        0b10xxxxxx), so a character cut between two tokens counts once; a special token spells none."""
+        data = self.enc.decode_single_token_bytes(token)
+        if data.decode("utf-8", "replace") in self.enc.special_tokens_set:
+            return 0
+        return sum(1 for b in data if b & 0xC0 != 0x80)
+
     def char_counts(self):
-        """Characters of text each token spells, counted as the characters its bytes begin (UTF-8 bytes other
-        than 0b10xxxxxx), so a character cut between two tokens counts once; special tokens spell none."""
+        """chars_of every token, by id (an id no token has, as some encodings leave, spells none)."""
         counts = np.zeros(self.enc.n_vocab, dtype=np.int64)
-        special = self.enc.special_tokens_set
         for token in range(self.enc.n_vocab):
             try:
-                data = self.enc.decode_single_token_bytes(token)
-            except KeyError:  # an id no token has (some encodings leave gaps)
+                counts[token] = self.chars_of(token)
+            except KeyError:
                 continue
-            if data.decode("utf-8", "replace") not in special:
-                counts[token] = sum(1 for b in data if b & 0xC0 != 0x80)
         return counts
 
     def chars_spelled(self, ids):
-        """Characters of text the tokens spell, counted as char_counts() counts them, without its pass over the
-        whole vocabulary (a page reading a short text asks for a few tokens' worth)."""
-        count = 0
-        for token in ids:
-            data = self.enc.decode_single_token_bytes(token)
-            if data.decode("utf-8", "replace") not in self.enc.special_tokens_set:
-                count += sum(1 for b in data if b & 0xC0 != 0x80)
-        return count
+        """Characters of text the tokens spell, without char_counts' pass over the whole vocabulary (a page
+        reading a short text asks for a few tokens' worth)."""
+        return sum(self.chars_of(token) for token in ids)
 
 
 VISIBLE = {"\n": "\u21b5", "\t": "\u21e5", " ": "\u2423", "\r": "\u23ce"}  # ↵ ⇥ ␣ ⏎: blanks cannot be read

@@ -35,7 +35,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # the fixtures that build the session's corpus and trained run through data/prepare.py and train.py
-SLOW_FIXTURES = {"data_dir", "trained_run", "run", "bpe_run"}
+SLOW_FIXTURES = {"data_dir", "trained_run", "run", "bpe_trained_run"}
 
 
 def pytest_configure(config):
@@ -68,7 +68,8 @@ EXTRA_TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
 # sentences in five scripts: a byte-level BPE of a few hundred tokens trained on them keeps some characters (the
 # Chinese, the emoji: 3 and 4 bytes of UTF-8) cut between tokens
 MIXED_LINES = ["The fox watched the summer rain.", "Ο γέρος βασιλιάς είδε τη βροχή.", "Лиса нашла серебряную монету.",
-               "狐狸看着北方的山丘。", "The crow found a coin 🪙 and sang 🎶."]
+               "狐狸看着北方的山丘。", "The crow found a coin 🪙 and sang 🎶.", "日本語も少し書きます。",
+               "🙂 👩‍👩‍👧 🇬🇷🇺🇦 naïve café — 42 ½"]
 BPE_VOCAB = 300
 
 # the shape of every tiny model trained through the CLI
@@ -91,12 +92,6 @@ def make_text(n_bytes=6000, seed=0):
     return "".join(lines)
 
 
-def make_mixed_text(lines=120, seed=0):
-    """Deterministic text of MIXED_LINES, one a line, about 5 KB."""
-    rng = random.Random(seed)
-    return "".join(rng.choice(MIXED_LINES) + "\n" for _ in range(lines))
-
-
 def partial_tokens(tok, ids):
     """The ids among ids whose token holds part of a character: its bytes alone are not UTF-8 text."""
     def whole(token):
@@ -115,17 +110,14 @@ MODERN = dict(pos_emb="rope", norm="rmsnorm", qk_norm=True, mlp_act="relu2", tie
               logit_softcap=15.0, zero_init_proj=False)
 
 
-SCRIPTS = ["Η γλώσσα είναι το σπίτι του ανθρώπου· ο ήλιος λάμπει.", "Язык — дом человека; солнце светит над морем.",
-           "语言是人类的家。孩子们在海边玩耍。", "日本語も少し書きます。", "🙂 🚀🌍 👩‍👩‍👧 🇬🇷🇺🇦 ✨", "naïve café — 42 ½"]
-
-
 def mixed_script_text(n_bytes=6000, seed=0):
     """Text mixing English with Greek, Cyrillic, Chinese, Japanese and emoji (a family joined by zero-width
-    joiners, flags), so that a byte-level BPE learns tokens that hold part of a character."""
+    joiners, flags): MIXED_LINES and make_text's lines, so that a byte-level BPE learns tokens that hold part of
+    a character."""
     rng = random.Random(seed)
     parts, size = [], 0
     while size < n_bytes:
-        part = rng.choice(SCRIPTS) if rng.random() < 0.6 else make_text(200, seed=rng.randrange(1000))
+        part = rng.choice(MIXED_LINES) if rng.random() < 0.6 else make_text(200, seed=rng.randrange(1000))
         parts.append(part)
         size += len(part.encode("utf-8")) + 1
     return "\n".join(parts)
@@ -323,7 +315,7 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def bpe_data(tmp_path_factory):
-    """make_mixed_text() prepared once per session with a byte-level BPE of BPE_VOCAB tokens trained on it (dataset
+    """mixed_script_text() prepared once per session with a byte-level BPE of BPE_VOCAB tokens trained on it (dataset
     'tiny_bpe', by data/prepare.py's own prepare(), in this process: a fraction of a second): (data_dir, its
     metadata as load_meta reads it, the tokenizer in it). Tests read it and never change it."""
     from gptkit.corpus import PrepareConfig, prepare
@@ -331,7 +323,7 @@ def bpe_data(tmp_path_factory):
     from gptkit.tokenizer import tokenizer_from_meta
 
     folder = tmp_path_factory.mktemp("bpe_corpus")
-    (folder / "input.txt").write_text(make_mixed_text(), encoding="utf-8")
+    (folder / "input.txt").write_text(mixed_script_text(), encoding="utf-8")
     data = folder / "data"
     prepare(PrepareConfig(input=str(folder / "input.txt"), name="tiny_bpe", tokenizer="bpe", vocab_size=BPE_VOCAB,
                           data_dir=str(data), workers=1))
@@ -358,25 +350,12 @@ def trained_run(tmp_path_factory, data_dir):
 
 
 @pytest.fixture(scope="session")
-def bpe_data_dir(tmp_path_factory):
-    """A mixed-script corpus prepared once per session with a trained 320-token BPE (dataset 'tiny_bpe'), in this
-    process. Tests read it and never change it."""
-    from gptkit.corpus import PrepareConfig, prepare
-
-    folder = tmp_path_factory.mktemp("bpe_corpus")
-    (folder / "input.txt").write_text(mixed_script_text(40000, seed=11), encoding="utf-8")
-    prepare(PrepareConfig(input=str(folder / "input.txt"), name="tiny_bpe", tokenizer="bpe", vocab_size=320,
-                          data_dir=str(folder / "data"), workers=1))
-    return folder / "data"
-
-
-@pytest.fixture(scope="session")
-def bpe_run(tmp_path_factory, bpe_data_dir):
-    """A 10-step run of a tiny model on the trained-BPE dataset, in this process; tests that change it copy it."""
+def bpe_trained_run(tmp_path_factory, bpe_data):
+    """A 10-step run of a tiny model on bpe_data's dataset, in this process; tests that change it copy it."""
     import train
 
     out = tmp_path_factory.mktemp("bpe_trained") / "out"
-    train.main([f"--data_dir={bpe_data_dir}", "--dataset=tiny_bpe", f"--out_dir={out}", *MODEL, "--max_iters=10",
+    train.main([f"--data_dir={bpe_data[0]}", "--dataset=tiny_bpe", f"--out_dir={out}", *MODEL, "--max_iters=10",
                 "--eval_interval=5", "--eval_iters=1", "--log_interval=5"])
     return out
 

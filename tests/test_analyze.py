@@ -117,7 +117,8 @@ def test_patch_and_attribute_on_a_bpe_run_label_each_token_by_its_bytes(bpe_data
     holds part of a character by its bytes (⟨f0⟩⟨9f⟩)."""
     tok = bpe_data[2]
     run = saved_run(tmp_path / "bpe", tok=tok)
-    clean, corrupt = "a coin 🎶", "🎶 fox"  # as many tokens each
+    clean, corrupt = "a coin 🎶", "a crow 🎶"
+    assert len(tok.encode(clean)) == len(tok.encode(corrupt))  # patching pairs positions
     answer = json.loads(check_ok(run_here("analyze.py", "patch", run, f"--clean={clean}", f"--corrupt={corrupt}",
                                           "--json")).stdout)
     assert answer["tokens"] == [token_label(tok, t) for t in tok.encode(corrupt)] and "⟨8e⟩" in answer["tokens"]

@@ -186,9 +186,9 @@ def damage(path, case):
 
 
 @pytest.mark.parametrize("case", ["edited", "missing"])
-def test_a_trained_tokenizer_damaged_in_a_checkpoint_is_one_line(bpe_run, tmp_path, case):
+def test_a_trained_tokenizer_damaged_in_a_checkpoint_is_one_line(bpe_trained_run, tmp_path, case):
     """The checkpoint carries its trained BPE whole: sampled from, it is checked against its checksum."""
-    shutil.copytree(bpe_run, tmp_path / "run")
+    shutil.copytree(bpe_trained_run, tmp_path / "run")
     path = tmp_path / "run" / "best.pt"
     merges = load_checkpoint(path)["tokenizer"]["bpe"]["merges"]
     rewrite(path, ("tokenizer", "bpe") if case == "missing" else ("tokenizer", "bpe", "merges"),

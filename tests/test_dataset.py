@@ -127,15 +127,16 @@ def test_a_run_continued_on_another_number_of_processes_sees_no_window_twice_in_
 
 
 @pytest.mark.parametrize("damage, says", [
-    ("missing", "tokenizer.json is missing: this dataset's trained tokenizer; run data/prepare.py for this dataset again"),
+    ("missing", "tokenizer.json is missing: this dataset's trained tokenizer; run data/prepare.py for this dataset "
+                "again"),
     ("not JSON", "tokenizer.json is damaged: not valid JSON"),
     ("edited", "tokenizer.json is damaged or was edited: it does not match its checksum"),
     ("not merges", "tokenizer.json is damaged: it is not a byte-level BPE with merges data/prepare.py wrote")])
-def test_a_trained_tokenizer_missing_or_damaged_in_a_dataset_is_one_line(bpe_data_dir, tmp_path, damage, says):
+def test_a_trained_tokenizer_missing_or_damaged_in_a_dataset_is_one_line(bpe_data, tmp_path, damage, says):
     import json
     import shutil
 
-    shutil.copytree(bpe_data_dir / "tiny_bpe", tmp_path / "tiny_bpe", symlinks=False)
+    shutil.copytree(bpe_data[0] / "tiny_bpe", tmp_path / "tiny_bpe", symlinks=False)
     path = tmp_path / "tiny_bpe" / "tokenizer.json"
     content = json.loads(path.read_text(encoding="utf-8"))
     path.unlink()

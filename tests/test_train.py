@@ -18,7 +18,7 @@ import torch
 
 import sample
 import train
-from conftest import (REPO, Run, assert_one_error_line, check_ok, faulty_train, logged, run_here, run_script,
+from conftest import (BPE_VOCAB, REPO, Run, assert_one_error_line, check_ok, faulty_train, logged, run_here, run_script,
                       train_args, train_cmd)
 from gptkit.checkpoint import TRAINING_KEYS, load_checkpoint, model_from_checkpoint
 from gptkit.config import make
@@ -341,16 +341,16 @@ def test_a_signal_outside_the_loop_stops_with_one_line_and_its_status(tmp_path, 
         assert {p.name: p.read_bytes() for p in out.glob("*.pt")} == before
 
 
-def test_a_bpe_run_resumes_and_refuses_a_dataset_tokenized_by_another_trained_bpe(bpe_run, bpe_data_dir, tmp_path):
+def test_a_bpe_run_resumes_and_refuses_a_dataset_tokenized_by_another_trained_bpe(bpe_trained_run, bpe_data, tmp_path):
     """The checkpoint's trained tokenizer must be the dataset's, checked by checksum: the same merges continue,
     another tokenizer trained on the same text (another size) is refused in one line."""
     out = tmp_path / "run"
-    shutil.copytree(bpe_run, out)
-    train.main([f"--data_dir={bpe_data_dir}", "--dataset=tiny_bpe", f"--out_dir={out}", "--init_from=resume",
+    shutil.copytree(bpe_trained_run, out)
+    train.main([f"--data_dir={bpe_data[0]}", "--dataset=tiny_bpe", f"--out_dir={out}", "--init_from=resume",
                 "--max_iters=12", "--eval_interval=5", "--eval_iters=1"])
     assert [r["iter"] for r in read_metrics(out) if r["kind"] == "final"][-1] == 12
-    other = prepare(PrepareConfig(input=str(bpe_data_dir.parent / "input.txt"), name="other", tokenizer="bpe",
-                                  vocab_size=330, data_dir=str(tmp_path), workers=1))[0]
-    with pytest.raises(UserError, match=r"dataset '.*other' has a trained BPE of 330 tokens \(\w+\), but .*latest\.pt "
-                                        r"was trained on a trained BPE of 320 tokens"):
+    other = prepare(PrepareConfig(input=str(bpe_data[0].parent / "input.txt"), name="other", tokenizer="bpe",
+                                  vocab_size=BPE_VOCAB + 10, data_dir=str(tmp_path), workers=1))[0]
+    with pytest.raises(UserError, match=r"dataset '.*other' has a trained BPE of 310 tokens \(\w+\), but .*latest\.pt "
+                                        r"was trained on a trained BPE of 300 tokens"):
         train.main([f"--dataset={other}", f"--out_dir={out}", "--init_from=resume", "--max_iters=14"])
