@@ -285,12 +285,13 @@ def say_model(cfg, rt, model, choices, seen=None):
     choices.lines.append(f"model: {shape_words(model)}, {model.num_params() / 1e6:.2f}M parameters{budget}")
     c = model.config
     embeddings = c.vocab_size * c.n_embd * (1 if c.tie_weights else 2)
+    # no count of the steps it will get: the timed forward and backward leave out the optimizer's and the
+    # averaged weights' pass over every embedding row, most of such a step, so a count from them is far too many
     if rt.device == "cpu" and c.vocab_size > 1024 and embeddings > model.num_params() / 2:
-        step = choices.step_seconds if choices.step_seconds and cfg.max_time > 0 else None
-        steps = f", about {cfg.max_time / step:,.0f} steps in its {cfg.max_time:g} s here" if step else ""
         choices.lines.append(f"note: {embeddings / 1e6:.1f}M of its {model.num_params() / 1e6:.1f}M parameters are "
-                             f"the embeddings of a {c.vocab_size:,}-token vocabulary, slow to train on a CPU{steps}; "
-                             "the same text prepared by characters trains far more steps")
+                             f"the embeddings of a {c.vocab_size:,}-token vocabulary, slow to train on a CPU; "
+                             "the same text prepared by characters, or by a BPE of 512 tokens trained on it, trains "
+                             "far more steps")
 
 
 def shape_words(model, settings=None):

@@ -55,11 +55,12 @@ MOST_SECONDS, MOST_RSS, LEAST_RATIO = 120.0, 1e9, 1.0
 TRAIN_CHILD = """
 import sys
 from pathlib import Path
-from gptkit.corpus import PrepareConfig, corpus_bpe, write_tokenizer
+from gptkit.bpe_training import save_tokenizer
+from gptkit.corpus import PrepareConfig, corpus_bpe
 from gptkit.sources import kind_of, source_files
 cfg = PrepareConfig(input=sys.argv[1], tokenizer="bpe", vocab_size=int(sys.argv[2]))
 files = source_files(cfg.input)
-write_tokenizer(Path(sys.argv[3]), corpus_bpe(cfg, files, any(kind_of(f) != "text" for f in files)))
+save_tokenizer(Path(sys.argv[3]), corpus_bpe(cfg, files, any(kind_of(f) != "text" for f in files)))
 """
 
 
