@@ -208,6 +208,7 @@ OUT_OF_RANGE = {
     "ThroughputBenchConfig": {**dict.fromkeys(["n_layer", "n_head", "n_embd", "block_size", "batch_size", "vocab_size",
                                                "steps", "rounds"], [0]), "warmup": [-1]},
     "PrepareBenchConfig": {"size_gb": [0, 10_001], "workers": [-1, 513], "train_iters": [-1], "val_fraction": [0, 1],
+                           "vocab_size": [-1, 256],
                            "huge_docs": [-1, 100_001], "huge_mb": [-1, 100_001]},
     "TokenizersBenchConfig": {"max_time": [0, -1], "char_block": [7, 65_537], "val_fraction": [0, 1],
                               "size_gb": [0, 10_001], "speed_vocab": [256, 2 ** 32], "encode_mb": [0, -1],

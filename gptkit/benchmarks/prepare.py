@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptkit.benchmarks.common import REPO, bench_input, device_name
+from gptkit.bpe_training import check_vocab_size
 from gptkit.config import parse_config, require
 from gptkit.errors import UserError
 
@@ -38,7 +39,8 @@ NANOGPT_EDITS = [
 class PrepareBenchConfig:
     input: str = ""  # the corpus's text ('' = data/shakespeare_char/input.txt, which data/prepare.py downloads)
     size_gb: float = 1.0  # size of the JSON Lines corpus to make and prepare, in GB (10**9 bytes)
-    tokenizer: str = "gpt2"  # the tokenizer both prepares use
+    tokenizer: str = "gpt2"  # the tokenizer both prepares use ('bpe': ours trains one, nanoGPT's cannot)
+    vocab_size: int = 0  # with --tokenizer=bpe: the size of the BPE ours trains (data/prepare.py's --vocab_size)
     workers: int = 0  # tokenizing processes, ours and nanoGPT's num_proc (0 = one per core)
     val_fraction: float = 0.0005  # our val split's share of documents (nanoGPT's script takes 0.0005)
     huge_docs: int = 3  # single-line documents of huge_mb each, among the small ones
@@ -54,6 +56,12 @@ class PrepareBenchConfig:
         require(self, ["train_iters"], lambda v: v >= 0, "0 or more")
         require(self, ["val_fraction"], lambda v: 0 < v < 1, "between 0 and 1")
         require(self, ["huge_docs", "huge_mb"], lambda v: 0 <= v <= 100_000, "0 to 100,000")
+        if self.tokenizer == "bpe":
+            check_vocab_size(self.vocab_size)
+            if self.nanogpt_dir:
+                raise ValueError("nanoGPT's script cannot train a BPE: leave out --nanogpt_dir with --tokenizer=bpe")
+        elif self.vocab_size:
+            raise ValueError("vocab_size is the size of a trained BPE: give it with --tokenizer=bpe")
 
 
 def main(argv):
@@ -67,7 +75,7 @@ def main(argv):
     work = Path(cfg.work_dir)
     corpus = corpus_file(cfg, work, cfg.size_gb, cfg.huge_docs, cfg.huge_mb)
     print(f"machine: {device_name('cpu')}")
-    results = {"ours": run_ours(corpus, work / "data", cfg.tokenizer, cfg.val_fraction, workers)}
+    results = {"ours": run_ours(corpus, work / "data", cfg.tokenizer, cfg.val_fraction, workers, cfg.vocab_size)}
     if results["ours"][0]:
         raise UserError("data/prepare.py failed on the benchmark's corpus (its error is above)")
     if cfg.train_iters:
@@ -211,9 +219,10 @@ def measured(cmd, disk_folders, env=None, warm=None):
     return status, seconds, peaks["rss"], peaks["disk"]
 
 
-def run_ours(corpus, data_dir, tokenizer, val_fraction, workers):
+def run_ours(corpus, data_dir, tokenizer, val_fraction, workers, vocab_size=0):
     cmd = [sys.executable, "data/prepare.py", f"--input={corpus}", "--name=bench", f"--data_dir={data_dir}",
-           f"--tokenizer={tokenizer}", f"--val_fraction={val_fraction}", f"--workers={workers}"]
+           f"--tokenizer={tokenizer}", f"--val_fraction={val_fraction}", f"--workers={workers}",
+           *([f"--vocab_size={vocab_size}"] if vocab_size else [])]
     print(f"\n== ours: {' '.join(cmd[1:])}", flush=True)
     return measured(cmd, [data_dir], warm=corpus)
 
