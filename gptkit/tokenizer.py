@@ -171,6 +171,7 @@ def bytes_label(data):
 
 
 def utf8_pieces(data):
+    """The bytes as the longest UTF-8 texts they hold, and each byte that belongs to no whole character."""
     at = 0
     while at < len(data):
         for size in (4, 3, 2, 1):
@@ -201,16 +202,16 @@ class TrainedBPE(TiktokenTokenizer):
     def __init__(self, content, where="the tokenizer"):
         import tiktoken
 
-        self.content, self.sha256 = check_bpe(content, where), bpe_checksum(content)
-        self.merges, ranks = ranks_of(content["merges"])
-        self.name = f"bpe-{len(ranks) + 1}"
+        self.merges, ranks = checked_ranks(content, where)
+        self.content, self.sha256 = content, bpe_checksum(content)
+        self.eot_token, self.vocab_size = len(ranks), len(ranks) + 1
+        self.name = f"bpe-{self.vocab_size}"
         self.enc = tiktoken.Encoding(self.name, pat_str=content["pattern"], mergeable_ranks=ranks,
-                                     special_tokens={END_OF_TEXT: len(ranks)})
-        self.vocab_size = self.eot_token = len(ranks)
-        self.vocab_size += 1
+                                     special_tokens={END_OF_TEXT: self.eot_token})
 
     def to_meta(self):
-        return {"tokenizer": "bpe", "tokenizer_sha256": self.sha256, "vocab_size": self.vocab_size, "bpe": self.content}
+        return {"tokenizer": "bpe", "tokenizer_sha256": self.sha256, "vocab_size": self.vocab_size,
+                "bpe": self.content}
 
 
 def ranks_of(merges):
@@ -233,21 +234,19 @@ def bpe_checksum(content):
     return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
-def check_bpe(content, where):
-    """The content a trained tokenizer needs, each merge naming tokens made before it; else one line."""
+def checked_ranks(content, where):
+    """ranks_of a trained tokenizer's merges, each naming tokens made before it; else one line."""
     fine = (isinstance(content, dict) and content.get("format") == BPE_FORMAT
-            and isinstance(content.get("pattern"), str) and isinstance(content.get("merges"), list))
-    if fine:
-        made = 256
-        for pair in content["merges"]:
-            if not (isinstance(pair, list) and len(pair) == 2 and all(type(i) is int and 0 <= i < made for i in pair)):
-                fine = False
-                break
-            made += 1
-    if not fine:
-        raise UserError(f"{where} is damaged: it is not a byte-level BPE with merges data/prepare.py wrote; "
-                        "run data/prepare.py for its dataset again")
-    return content
+            and isinstance(content.get("pattern"), str) and isinstance(content.get("merges"), list)
+            and all(isinstance(pair, list) and len(pair) == 2 and all(type(i) is int and i >= 0 for i in pair)
+                    for pair in content["merges"]))
+    try:
+        if fine:
+            return ranks_of(content["merges"])
+    except IndexError:  # a merge of a token no merge before it made
+        pass
+    raise UserError(f"{where} is damaged: it is not a byte-level BPE with merges data/prepare.py wrote; "
+                    "run data/prepare.py for its dataset again")
 
 
 def make_tokenizer(name, text_chars=None):
