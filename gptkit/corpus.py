@@ -318,14 +318,15 @@ def trained_tokenizer(cfg, files, progress, by_document, work):
     """A byte-level BPE of vocab_size tokens trained on the corpus's train split, written to the work folder; a
     stopped prepare's, which open_work checked against its checksum, is used again."""
     path = work / TOKENIZER_FILE
-    if not progress.get("tokenizer_sha256"):
+    if progress.get("tokenizer_sha256"):
+        tok = TrainedBPE(json.loads(path.read_text(encoding="utf-8")))
+    else:
         words = WordCounts() if cfg.show_merges else None
         content = corpus_bpe(cfg, files, by_document, words)
         tok = TrainedBPE(content)
         save_tokenizer(path, content)
         counts = words.merge_counts(tok.merges, cfg.show_merges) if words else []
         progress.save(tokenizer_sha256=tok.sha256, merge_counts=counts)
-    tok = TrainedBPE(json.loads(path.read_text(encoding="utf-8")))
     if cfg.show_merges:
         print("\n".join(merges_table(tok, progress.get("merge_counts")[:cfg.show_merges])))
     return tok
@@ -381,12 +382,13 @@ def position_split(n_tokens, val_fraction):
 def write_meta(cfg, files, work, tok, dtype, shards, docs, tally, by_document):
     """meta.json: the tokenizer, the token files with their counts and checksums, what was read and passed over."""
     about = {k: v for k, v in tok.to_meta().items() if k != "bpe"}  # a trained BPE's merges: its own file
+    counts = tok.char_counts()  # each token's characters, for both splits
     if tok.kind == "bpe":
         about["tokenizer_file"] = TOKENIZER_FILE
     meta = dict(about, vocab_size=tok.vocab_size, dtype=dtype,
                 train_tokens=sum(s["tokens"] for s in shards["train"]),
                 val_tokens=sum(s["tokens"] for s in shards["val"]),
-                **{f"{split}_chars": characters(work, shards[split], dtype, tok) for split in ("train", "val")},
+                **{f"{split}_chars": characters(work, shards[split], dtype, counts) for split in ("train", "val")},
                 train_shards=shards["train"], val_shards=shards["val"],
                 split="by document" if by_document else "by position", documents=sum(docs.values()),
                 **({"val_documents": docs["val"]} if by_document else {}),
@@ -400,9 +402,10 @@ def write_meta(cfg, files, work, tok, dtype, shards, docs, tally, by_document):
     return dict(meta, bpe=tok.content) if tok.kind == "bpe" else meta  # as load_meta reads it
 
 
-def characters(work, shards, dtype, tok):
-    """The characters of text a split's tokens spell (bits per character = nats / (ln 2 × characters))."""
-    counts, total = tok.char_counts(), 0
+def characters(work, shards, dtype, counts):
+    """The characters of text a split's tokens spell (bits per character = nats / (ln 2 × characters)), each
+    token's count of them given (the tokenizer's char_counts)."""
+    total = 0
     for shard in shards:
         tokens = np.memmap(work / shard["file"], dtype=dtype, mode="r")
         for at in range(0, len(tokens), CHUNK_TOKENS):

@@ -208,7 +208,7 @@ def val_score(model, tok, text):
                         "a longer text (--input) or a larger --val_fraction")
     loss, scored = evaluate_split(model, TokenStream(ids, block), nullcontext(), SCORE_BATCH)
     model.eval()  # evaluate_split leaves it training
-    return loss * scored, scored, len(text) - int(tok.char_counts()[ids[0]])
+    return loss * scored, scored, len(text) - tok.chars_spelled(ids[:1])
 
 
 def print_compare_table(rows, cfg, val_chars):
