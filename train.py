@@ -18,18 +18,19 @@ from dataclasses import asdict
 
 import torch
 
-from gptkit.config import given_values, make
+from gptkit.choices import choose, on_speed_path
+from gptkit.config import command_line_keys, given_values, make
 from gptkit.errors import RunStopped, UserError, run_main
 from gptkit.metrics import PROCESS_START, RunLog, records_through
 from gptkit.optim import lr_factor_at, set_lr
 from gptkit.reporting import Reporter
 from gptkit.resume import claim_for_a_new_run, continued_config
 from gptkit.rundir import RunDir
-from gptkit.runtime import Runtime, launch_processes, launched_rank, trains_here
+from gptkit.runtime import Runtime, compile_blocks, launch_processes, launched_rank, trains_here
 from gptkit.signals import StopSignals
 from gptkit.train_config import TrainConfig
-from gptkit.training import (build_training, eval_tokens, evaluate, evaluate_split, seconds_spent, step_optimizers,
-                             thread_tuner, time_budget)
+from gptkit.training import (TrainState, build_model, eval_tokens, evaluate, evaluate_split, open_data,
+                             planned_model, seconds_spent, seed_everything, step_optimizers, thread_tuner, time_budget)
 
 
 def train(cfg, rt, data, state, log, run, budget, stop):
@@ -153,11 +154,8 @@ def main(argv=None):
             return  # a finished run: nothing to train, nothing written
         with StopSignals() as stop, Runtime(cfg.device, cfg.dtype, cfg.backend, cfg.threads) as rt:
             stop.doing = "starting (nothing was saved)"
-            data, state = build_training(cfg, rt, *resumed)
+            data, state = start(cfg, rt, *resumed, asked=command_line_keys(TrainConfig, argv), started=started)
             del resumed  # the state holds what it needs of the checkpoint
-            if rt.master:
-                for line in state.choices.lines + (state.choices.details if cfg.verbose else []):
-                    print(line, flush=True)
             log = RunLog(run.metrics, wandb_args(state)) if rt.master else None
             try:
                 if cfg.eval_only:
@@ -170,6 +168,28 @@ def main(argv=None):
             finally:
                 if log is not None:
                     log.close()
+
+
+def start(cfg, rt, ckpt, ckpt_path, asked, started):
+    """From the config to what the loop trains: the data, the machine's choices (the shape among them, decided
+    before the model is built), the model, then the state a checkpoint saves: (TrainingData, TrainState)."""
+    seed_everything(cfg.seed + rt.rank)
+    data, sequences = open_data(cfg, rt, ckpt, ckpt_path)
+    saved = ckpt.get("measured", {}) if ckpt is not None else None  # what a resumed run chose
+    # precision, attention path and shape: this machine's, measured once and kept (gptkit/choices.py)
+    cfg, choices = choose(cfg, rt, planned_model(cfg, data.meta, ckpt, ckpt_path), saved, asked, started)
+    seed_everything(cfg.seed + rt.rank)  # the weights as a run configured with the chosen shape draws them
+    model = build_model(cfg, data.meta, ckpt, ckpt_path).to(rt.device)
+    on_speed_path(model, choices)  # the speed kernels, where model.py is the code they were written for
+    state = TrainState(cfg, model, data.tokenizer, data.sampler, rt, choices, sequences)
+    if ckpt is not None:
+        state.restore(ckpt, ckpt_path, rt)
+    if cfg.compile:
+        compile_blocks(model)
+    if rt.master:
+        for line in choices.lines + (choices.details if cfg.verbose else []):
+            print(line, flush=True)
+    return data, state
 
 
 def announce_resume(cfg, resumed, run, note, master):

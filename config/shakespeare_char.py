@@ -57,12 +57,11 @@ max_time = 150  # seconds for the whole run, the final score included; the sched
 # the end of the decay: at equal steps it scored below the last step's weights, timed about level (docs/speed.md)
 ema_decay = 0.98
 
-# a model too big for the budget on this machine trains smaller: the run times its step before the first
-# one, and where 4 layers would see fewer than 8 tokens per parameter in max_time (a CPU without fast bf16
-# steps slower) it trains 3 layers, which end as low or lower there and reach every loss on the way sooner;
-# where 3 would too, 2 (docs/speed.md)
+# the shapes this preset may train, its own first: the largest that sees min_tokens_per_param tokens per
+# parameter in max_time on this machine (measured once, then read: gptkit/choices.py). A shape you set yourself,
+# here or on the command line, is what trains (docs/configuration.md#shape)
+fit_shapes = '4x128, 3x128, 2x128'
 min_tokens_per_param = 8
-smaller_n_layer = 3
 
 # compiling the blocks costs seconds before the first step and then makes steps faster: worth it in the
 # 5- and 10-minute presets, not in a 150 s budget that should show a good loss within seconds; laptops

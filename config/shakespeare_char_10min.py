@@ -8,11 +8,9 @@ wandb_run_name = 'cpu-10min'
 
 n_embd = 192  # with twice the time, a wider model pays
 muon_weight_decay = 0.6  # a wider model overfits sooner: more decay
-# where the 192-wide model would see too few tokens per parameter in 600 s (config/shakespeare_char.py),
-# a 128-wide one trains instead, 5 layers deep (1.0M parameters), with the 5-minute preset's decay: paired
-# on such a machine, a fifth layer ended lower than the 5-minute preset's 4 (docs/speed.md)
-smaller_n_layer = 5
-smaller_n_embd = 128
-smaller_muon_weight_decay = 0.3  # 0.6 ended higher for the 128-wide model over ten minutes (docs/speed.md)
+# where the 192-wide model would see too few tokens per parameter in 600 s, a 128-wide one 5 layers deep, with
+# the 5-minute preset's decay, then a layer fewer at a time (docs/speed.md); a shape you set yourself is what trains
+fit_shapes = '4x192, 5x128, 4x128, 3x128, 2x128'
+smaller_muon_weight_decay = 0.3
 
 max_time = 600  # seconds for the whole run: start-up, compilation and the final whole-split score included

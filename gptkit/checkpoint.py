@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from gptkit.errors import RunStopped, UserError, first_line, no_links
-from gptkit.kernels import KERNELS
+from gptkit.kernels import KERNELS, install
 from model import GPT, GPTConfig
 
 FORMAT_VERSION = 1
@@ -390,6 +390,7 @@ def model_from_checkpoint(ckpt, path, **overrides):
     """The GPT a checkpoint's model_args (with overrides, e.g. dropout) and weights describe."""
     model = GPT(model_config(ckpt, path, **overrides))
     load_weights(model, ckpt["model"], path)
+    install(model, [])  # the written-out attention where the learner edited it: what they write is what runs
     return model
 
 

@@ -1,41 +1,43 @@
 """
-A run's start-up choices, made in one pass before its first step: measure this machine on the model, decide,
-build, report. Left to 'auto', a run on a CPU chooses
+A run's start-up choices, made before its model is built, from this machine's wisdom (gptkit.wisdom): left to
+'auto', a run on a CPU chooses
 
-1. its threads: one, or every core torch would use;
-2. its precision: float32, or bfloat16 under autocast where the CPU has bf16 instructions;
-3. its attention path: SDPA's fused kernel, the softmax written out, or folded into one matmul (gptkit.kernels);
-4. its shape: the model as configured, or a smaller one where this machine steps too slowly for the configured
-   one to see min_tokens_per_param tokens per parameter in max_time.
+1. its precision: float32, or bfloat16 under autocast where the CPU has bf16 instructions and a step runs faster;
+2. its attention path: SDPA's fused kernel, the softmax written out, or folded into one matmul (gptkit.kernels);
+3. its shape, where a preset lists the shapes it may train (fit_shapes): the largest that sees
+   min_tokens_per_param tokens per parameter in max_time here. A shape the learner sets is what trains, with a
+   note where it will see too few tokens.
 
-The speed kernels come by rule (gptkit.kernels.by_rule), never by timing. A resumed run takes what its checkpoint
-recorded, so that it continues exactly; what the command line names wins over both.
+Each is a fact of the machine, not of the moment: measured once per CPU, torch version and model shape, kept, and
+read by every later run, so that the same command on the same machine gives the same model, idle or busy. The
+speed kernels come by rule (gptkit.kernels.by_rule), never by timing. Threads start on every core and follow the
+load as the run goes (gptkit.timing.ThreadTuner). A resumed run takes what its checkpoint recorded, so that it
+continues exactly; what the command line names wins over both.
 
-Why a busy machine does not change the choices. Candidates are timed in the same moments: they take turns, round
-after round, and each keeps its fastest round, so a passing spike, which slows a round or two, is passed over. A
-process that runs the whole time slows every round alike, but for one thing: a step on several threads waits at
-every operation for its slowest thread, and a thread sharing a core with a busy process is slow every round. So
-the threads are chosen first: beside a busy process, one thread wins every round by far, and everything after is
-timed on the threads the run will use, which have a core to themselves, as they would on an idle machine. And the
-shape cannot invert: a smaller model's figure is the bigger one's scaled by their steps timed in the same moments,
-never below what its share of the bigger one's parameters already guarantees.
+How a first measurement passes over a spike: the candidates take turns, round after round, and each keeps its
+fastest round, so a passing spike, which slows a round or two, is passed over; a busy process slows every round of
+every candidate alike.
 """
 
 import functools
 import math
-from contextlib import contextmanager
+import time
 from dataclasses import dataclass, field, replace
 
 import torch
 
-from gptkit.kernels import ATTENTION_PATHS, TableDropout, attention_function, by_rule, install, set_attention_path
-from gptkit.timing import autocast_for, cpu_has_bf16, fastest_in_turns, matmul_peak, pick_dtype
+from gptkit.errors import UserError
+from gptkit.kernels import ATTENTION_PATHS, TableDropout, attention_function, by_rule, install, path_for_edits
+from gptkit.timing import autocast_for, cpu_has_bf16, fastest_in_turns, pick_dtype
+from gptkit.wisdom import Wisdom, shape_key, today
+from model import GPT
 
-# two layers are the fewest in which attention can read what attention wrote (an induction head takes two)
-FEWEST_FITTED_LAYERS = 2
-THREADS_MARGIN = 1.15  # more threads than one must step this much faster: each op waits for every thread
 BF16_MARGIN = 1.15  # bfloat16 must step this much faster
-DOUBT = 1.3  # a speed-up within this factor of its margin either way is timed a third turn
+TURNS = 5  # a first measurement's rounds: a spike in one or two is passed over
+MEASURE_SHARE = 0.04  # of max_time, the most a first measurement may take (start-up is to stay under 5%)
+MEASURE_SECONDS = 20.0  # the most it may take without a max_time
+FEWEST_STEPS = 100  # a budget that fits fewer steps than this trains nothing worth sampling: said at start-up
+STEP_OVERHEAD = 1.3  # a whole step (optimizer, averaged weights, data) over the forward and backward timed
 
 
 @dataclass
@@ -46,8 +48,8 @@ class Choices:
     kernels: list
     threads: int = 0  # 0: not the run's to choose (a GPU, several processes, or --threads given)
     most_threads: int = 0  # the most it could take: torch's own count
-    fitted_from: dict = None  # the configured settings a smaller model replaced
-    step_seconds: float = None  # the chosen model's step as timed here, where it was
+    fitted_from: dict = None  # the configured settings a smaller shape replaced
+    step_seconds: float = None  # the model's forward and backward on this machine, where it was measured
     lines: list = field(default_factory=list)  # what to tell the learner
     details: list = field(default_factory=list)  # what to tell with --verbose too: the machinery
 
@@ -57,105 +59,153 @@ class Choices:
             {"fitted_from": self.fitted_from} if self.fitted_from else {})
 
 
-def choose(cfg, rt, model, saved, build):
-    """(cfg, model, Choices) for the run: the model on its speed path (kernels, threads, precision, attention path),
-    or a smaller one built by build(cfg) where the configured one would see too few tokens per parameter. `saved`:
-    a resumed run's recorded choices. Rank 0 measures, every process takes its choices."""
-    kernels = saved.get("kernels", by_rule(rt.device))  # a checkpoint from before kernels were recorded ran these
-    install(model, kernels)
-    choices = rt.broadcast(measure_and_decide(cfg, rt, model, saved, kernels) if rt.master else None)
+def choose(cfg, rt, planned, saved=None, asked=frozenset(), started=None):
+    """(cfg, Choices) before the model is built: `planned` is the GPTConfig it will have (None where unknown
+    before its weights load), `saved` a resumed run's recorded choices, `asked` the keys the command line gave,
+    `started` when the run's clock started. Rank 0 reads or measures; every process takes its choices."""
+    if rt.master:
+        decided = resumed_choices(cfg, rt, saved) if saved else fresh_choices(cfg, rt, planned, asked, started)
+    cfg, choices = rt.broadcast(decided if rt.master else None)
     if choices.threads:
         torch.set_num_threads(choices.threads)
     rt.set_dtype(choices.dtype)
-    set_attention_path(model, choices.attention_path)
-    cfg, model = fitted(cfg, rt, model, saved, choices, build)
-    return cfg, model, choices
+    return cfg, choices
 
 
-def measure_and_decide(cfg, rt, model, saved, kernels):
-    """Rank 0's choices of threads, precision and attention path, in that order, each timed on what came before;
-    a resumed run's as it saved them, and what the command line names as it says."""
-    choices = Choices(saved.get("dtype", pick_dtype(cfg.dtype, rt.device)) if cfg.dtype == "auto" else
-                      pick_dtype(cfg.dtype, rt.device),
-                      saved.get("attention_path", "fused") if cfg.attention_path == "auto" else cfg.attention_path,
-                      kernels)
-    fresh = "dtype" not in saved
+def on_speed_path(model, choices):
+    """Install the chosen kernels and attention path on the built model; each that steps aside for an edited
+    piece of model.py is said, and the path taken is the one recorded."""
+    choices.attention_path, aside = install(model, choices.kernels, choices.attention_path)
+    choices.lines.extend(aside)
+    return model
+
+
+def start_threads(rt, cfg, choices):
+    """On a CPU, in one process, with threads left to the run: every core torch would use, from the first step; the
+    ThreadTuner moves to one where another program holds a core."""
     if rt.device == "cpu" and not rt.distributed and not cfg.threads and torch.get_num_threads() > 1:
-        choices.most_threads = torch.get_num_threads()
-        choices.threads = saved.get("threads", 0) or choices.most_threads
-        if fresh:
-            choices.threads = pick_threads(model, cfg.batch_size, choices)  # in the precision known so far
-        torch.set_num_threads(choices.threads)
-    if fresh and cfg.dtype == "auto" and rt.device == "cpu" and cpu_has_bf16():
-        pick_precision(cfg, model, choices)
-    elif fresh and cfg.attention_path == "auto":
-        choices.attention_path = attention_path_for(model, cfg.batch_size, choices.dtype, rt.device, choices)
-    return choices
+        choices.threads = choices.most_threads = torch.get_num_threads()
 
 
-def pick_threads(model, batch_size, choices):
-    """1 or every thread torch would use, whichever steps the model (forward and backward, in choices.dtype) faster,
-    by THREADS_MARGIN for more than one. Said where it is fewer than every thread, else only with --verbose."""
-    most, step = torch.get_num_threads(), training_step(model, batch_size, choices.dtype, None)
-
-    def step_on(threads):
-        torch.set_num_threads(threads)
-        step()
-
-    with quiet(model):
-        seconds = fastest_in_turns({1: lambda: step_on(1), most: lambda: step_on(most)}, 3,
-                                   settled=lambda best: far_from(best[1] / best[most], THREADS_MARGIN))
-    speedup = seconds[1] / seconds[most]
-    choices.step_seconds = seconds[most] if speedup > THREADS_MARGIN else seconds[1]
-    if speedup > THREADS_MARGIN:
-        choices.details.append(f"threads: {most} ({most} threads stepped {speedup:.2f}x as fast as 1 here)")
-        return most
-    choices.lines.append(f"threads: 1 of {most} (a step on {most} took {1 / speedup:.2f}x as long as on 1 here: "
-                         "another program may be busy, or the model is too small to share its work)")
-    return 1
+def resumed_choices(cfg, rt, saved):
+    """A resumed run's choices as it saved them (what the command line names instead, as it says); nothing timed."""
+    dtype = pick_dtype(cfg.dtype, rt.device) if cfg.dtype != "auto" else saved.get("dtype", pick_dtype("auto",
+                                                                                                        rt.device))
+    path = cfg.attention_path if cfg.attention_path != "auto" else saved.get("attention_path", "fused")
+    choices = Choices(dtype, path, saved.get("kernels", by_rule(rt.device)), fitted_from=saved.get("fitted_from"))
+    start_threads(rt, cfg, choices)
+    if choices.threads and saved.get("threads"):
+        choices.threads = min(saved["threads"], choices.most_threads)
+    choices.details.append(f"precision: {dtype}, attention: the {path} path, as the run chose them")
+    return cfg, choices
 
 
-def far_from(speedup, margin):
-    """Whether a speed-up timed so far is far enough from its margin, either way, that another turn cannot move it
-    across: the timings of a choice stop there."""
-    return not margin / DOUBT <= speedup <= margin * DOUBT
+def fresh_choices(cfg, rt, planned, asked, started):
+    """Rank 0's choices for a run from scratch or from pretrained weights: read from this machine's wisdom, or
+    measured once and kept (see the module's docstring)."""
+    choices = Choices(pick_dtype(cfg.dtype, rt.device), cfg.attention_path, by_rule(rt.device))
+    start_threads(rt, cfg, choices)
+    if cfg.retime and cfg.dtype != "auto" and cfg.attention_path != "auto" and not fits(cfg, asked):
+        raise UserError("retime=True measures the choices left to auto again, but dtype and attention_path are "
+                        "both set: drop --retime, or leave one of them to auto")
+    if planned is None:  # pretrained weights of a shape known once they load: the rules, nothing measured
+        choices.attention_path = "fused" if cfg.attention_path == "auto" else cfg.attention_path
+        return cfg, choices
+    speed = Speed(cfg, rt, choices, started)
+    precisions = dtypes(cfg, rt)
+    entry = speed.of(planned, precisions)
+    pick_precision(cfg, precisions, entry, choices)
+    if fits(cfg, asked):
+        cfg, planned, entry = fit_shape(cfg, planned, entry, speed, choices)
+    choices.attention_path = entry[choices.dtype]["path"]
+    choices.step_seconds = entry[choices.dtype].get("step")
+    say_model(cfg, rt, planned, choices)
+    choices.lines = speed.wisdom.notes + choices.lines
+    return cfg, choices
 
 
-def pick_precision(cfg, model, choices):
-    """bfloat16 where the model's own step runs faster in it than in float32 by BF16_MARGIN, each precision
-    timed on the attention path fastest in it (a step timed on another would misjudge the precision); else
-    float32. A matmul that runs slower in bf16 settles it without timing steps."""
-    matmuls = matmul_peak("bfloat16", "cpu", 768, 3) / matmul_peak("float32", "cpu", 768, 3)
-    if matmuls < 1:
-        choices.dtype = "float32"
-        choices.lines.append(f"precision: float32 (bfloat16 matmuls ran at {matmuls:.2f}x the float32 speed here)")
-        if cfg.attention_path == "auto":
-            choices.attention_path = attention_path_for(model, cfg.batch_size, "float32", "cpu", choices)
+def dtypes(cfg, rt):
+    """The precisions to know the speed of: both, where 'auto' on a CPU with bf16 instructions has a choice."""
+    if cfg.dtype == "auto" and rt.device == "cpu" and cpu_has_bf16():
+        return ["float32", "bfloat16"]
+    return [pick_dtype(cfg.dtype, rt.device)]
+
+
+def pick_precision(cfg, precisions, entry, choices):
+    """bfloat16 where the model's own step runs faster in it than in float32 by BF16_MARGIN; said with where the
+    figure came from."""
+    if len(precisions) == 1:  # as asked, or the device's rule
+        choices.details.append(f"precision: {choices.dtype} ({'as asked' if cfg.dtype != 'auto' else 'the rule'})")
         return
-    paths = {dtype: attention_path_for(model, cfg.batch_size, dtype, "cpu") if cfg.attention_path == "auto" else
-             cfg.attention_path for dtype in ("float32", "bfloat16")}
-
-    with quiet(model):
-        runs = {dtype: training_step(model, cfg.batch_size, dtype, path) for dtype, path in paths.items()}
-        seconds = fastest_in_turns(runs, 2, slow=0.25,
-                                   settled=lambda best: far_from(best["float32"] / best["bfloat16"], BF16_MARGIN))
-    speedup = seconds["float32"] / seconds["bfloat16"]
+    speedup = entry["float32"]["step"] / entry["bfloat16"]["step"]
     choices.dtype = "bfloat16" if speedup > BF16_MARGIN else "float32"
-    choices.attention_path, choices.step_seconds = paths[choices.dtype], seconds[choices.dtype]
-    choices.lines.append(f"precision: {choices.dtype} (a training step ran {speedup:.2f}x as fast in bfloat16 as "
-                         f"in float32 here{'' if choices.dtype == 'bfloat16' else ', not enough to pay for it'})")
-    choices.details.append(f"attention: the {choices.attention_path} path in {choices.dtype}")
+    enough = "" if choices.dtype == "bfloat16" else ", not enough to pay for it"
+    choices.lines.append(f"precision: {choices.dtype} ({measured_when(entry)}: a step in bfloat16 ran "
+                         f"{speedup:.2f}x as fast as in float32{enough})")
 
 
-def attention_path_for(model, batch_size, dtype, device, choices=None):
+def measured_when(entry):
+    return "measured now on this CPU" if entry["measured"] == today() and entry.get("now") else \
+        f"measured on this CPU on {entry['measured']}"
+
+
+class Speed:
+    """Each precision's attention path and step time for a model shape on this machine: from its wisdom, or
+    measured (within what the run's budget allows for start-up) and kept."""
+
+    def __init__(self, cfg, rt, choices, started):
+        self.cfg, self.rt, self.choices = cfg, rt, choices
+        self.wisdom = Wisdom(rt.device, torch.get_num_threads())
+        allowed = MEASURE_SHARE * cfg.max_time if cfg.max_time > 0 else MEASURE_SECONDS
+        self.deadline = time.perf_counter() - (time.time() - (started or time.time())) + allowed
+        self.said = False
+
+    def of(self, planned, precisions):
+        """{dtype: {"path", "step"}, "measured": date} for the planned model, for each of `precisions`."""
+        key = shape_key(planned, self.cfg.batch_size, self.choices.kernels, self.cfg.compile)
+        entry = {} if self.cfg.retime else self.wisdom.entry(key)
+        missing = [d for d in precisions if not isinstance(entry.get(d), dict) or "step" not in entry[d]]
+        if missing:
+            if not self.said:  # at once: the measuring takes seconds
+                self.said = True
+                print(f"measuring this machine once for this model ({', '.join(missing)}): later runs read it from "
+                      f"{self.wisdom.path} (--retime measures again)", flush=True)
+            entry = {k: v for k, v in entry.items() if k in precisions or k == "measured"}
+            entry.update(measure(planned, self.cfg, self.rt, self.choices.kernels, missing, self.deadline))
+            entry["measured"] = today()
+            self.wisdom.keep(key, entry)
+            entry["now"] = True
+        if self.cfg.attention_path != "auto":
+            for dtype in precisions:
+                entry[dtype] = dict(entry[dtype], path=self.cfg.attention_path)
+        return entry
+
+
+def measure(planned, cfg, rt, kernels, precisions, deadline):
+    """{dtype: {"path": the fastest attention path in it, "step": its forward and backward's seconds}}, timed on a
+    model of the planned shape with the run's kernels, the precisions taking turns; the generators left untouched."""
+    with torch.random.fork_rng(devices=[]):
+        model = GPT(planned).to(rt.device)
+        install(model, kernels)
+        paths = {dtype: attention_path_for(model, cfg.batch_size, dtype, rt.device, deadline)
+                 if cfg.attention_path == "auto" else cfg.attention_path for dtype in precisions}
+        runs = {dtype: training_step(model, cfg.batch_size, dtype, paths[dtype]) for dtype in precisions}
+        seconds = fastest_in_turns(runs, TURNS, rt.device, deadline=deadline)
+    return {dtype: {"path": paths[dtype], "step": seconds[dtype]} for dtype in precisions}
+
+
+def attention_path_for(model, batch_size, dtype, device, deadline=None):
     """The fastest attention path on this CPU for scaled or dot attention in dtype, each timed on one layer's
     forward and backward at the training shape ('fused' elsewhere, and where the model's kind has no other); SDPA
-    only where it can take the model's dropout. With `choices`, the times go to its details."""
+    only where it can take the model's dropout, and only the paths that run the learner's model.py as written."""
     c = model.config
     if device != "cpu" or c.attention not in ("scaled", "dot") or c.n_layer == 0:
         return "fused"
     attn = model.transformer.h[0].attn
     paths = ATTENTION_PATHS[1:] if isinstance(attn.attn_dropout, TableDropout) else ATTENTION_PATHS
+    paths = [p for p in paths if path_for_edits(attn, p)[0] == p]
+    if len(paths) == 1:
+        return paths[0]
     q, k, v = (torch.randn(batch_size, c.n_head, c.block_size, c.n_embd // c.n_head, requires_grad=True)
                for _ in range(3))
 
@@ -164,141 +214,108 @@ def attention_path_for(model, batch_size, dtype, device, choices=None):
             y = attention_function(attn, path)(q, k, v)
         y.float().sum().backward()
 
-    seconds = fastest_in_turns({path: functools.partial(forward_backward, path) for path in paths}, 3)
-    best = min(seconds, key=seconds.get)
-    if choices is not None:
-        times = ", ".join(f"{path} {s * 1e3:.1f} ms" for path, s in seconds.items())
-        choices.details.append(f"attention: the {best} path ({times} per layer, forward and backward)")
-    return best
+    seconds = fastest_in_turns({path: functools.partial(forward_backward, path) for path in paths}, TURNS,
+                               deadline=deadline)
+    return min(seconds, key=seconds.get)
 
 
 def training_step(model, batch_size, dtype, path):
-    """The model's forward and backward at the training shape in dtype, on attention path `path` (None: its own),
-    as a function, on fixed tokens."""
+    """The model's forward and backward at the training shape in dtype, on attention path `path`, as a function,
+    on fixed tokens."""
     c = model.config
     device = next(model.parameters()).device
     x = torch.randint(c.vocab_size, (batch_size, c.block_size), generator=torch.Generator().manual_seed(0)).to(device)
 
     def step():
-        if path:
-            set_attention_path(model, path)
+        install(model, [], path)
         with autocast_for(dtype, device.type):
             loss = model(x, x)[1]
         loss.backward()
+        model.zero_grad(set_to_none=True)
 
     return step
 
 
-@contextmanager
-def quiet(model):
-    """Around timings of a model's steps: its gradients, attention path and the random generators left as they
-    were, so that a run's data order and dropout masks do not depend on what was timed."""
-    paths = [block.attn.attend for block in model.transformer.h]
-    try:
-        with torch.random.fork_rng(devices=[]):
-            yield
-    finally:
-        model.zero_grad(set_to_none=True)
-        for block, attend in zip(model.transformer.h, paths):
-            block.attn.attend = attend
+def fits(cfg, asked):
+    """Whether this run's shape is the preset's to adapt: a fresh run with a budget and a threshold, whose shape is
+    the first its fit_shapes lists, and not one the command line gave."""
+    shapes = cfg.fit_shape_list()
+    return bool(shapes) and cfg.min_tokens_per_param > 0 and cfg.max_time > 0 and cfg.init_from == "scratch" and \
+        (cfg.model.n_layer, cfg.model.n_embd) == shapes[0] and not {"n_layer", "n_embd"} & set(asked)
 
 
-def step_seconds(model, batch_size, dtype, others=()):
-    """The fastest of three timings of the model's step (and of each model in `others`, taking turns with it)."""
-    models = [model, *others]
-    with quiet(model):
-        runs = {i: training_step(m, batch_size, dtype, None) for i, m in enumerate(models)}
-        seconds = fastest_in_turns(runs, 3)
-    for m in others:
-        m.zero_grad(set_to_none=True)
-    return [seconds[i] for i in range(len(models))]
-
-
-def fitted(cfg, rt, model, saved, choices, build):
-    """(cfg, model): as configured, or for a fresh run with min_tokens_per_param and a max_time, where the configured
-    model would see fewer tokens per parameter than that in max_time here, the smaller model
-    (TrainConfig.smaller_shape, with smaller_muon_weight_decay if set), and where that too would, one layer fewer at
-    a time down to FEWEST_FITTED_LAYERS; built as a run configured with that shape would build it, on the same
-    speed path. A resumed run keeps the shape it was trained at."""
-    choices.fitted_from = saved.get("fitted_from")
-    shape = cfg.smaller_shape()
-    if not (cfg.min_tokens_per_param > 0 and cfg.max_time > 0 and cfg.init_from == "scratch" and shape):
-        say_model(cfg, rt, model, choices)
-        return cfg, model
-    seen = rt.broadcast(tokens_per_parameter(cfg, rt, model, choices.step_seconds) if rt.master else None)
-    configured = {"n_layer": model.config.n_layer, "n_embd": model.config.n_embd}
-    if seen >= cfg.min_tokens_per_param:
-        say_model(cfg, rt, model, choices, seen)
-        return cfg, model
-    smaller, short = dict(shape), []
-    fitted_cfg = replace(cfg, model=replace(cfg.model, **shape))
-    decay = cfg.smaller_muon_weight_decay
-    if decay >= 0 and decay != cfg.muon_weight_decay:  # the decay tuned for the smaller model goes with it
-        fitted_cfg, smaller["muon_weight_decay"] = replace(fitted_cfg, muon_weight_decay=decay), decay
-        configured["muon_weight_decay"] = cfg.muon_weight_decay
-    bigger, bigger_seen, model = model, seen, on_speed_path(build(fitted_cfg), choices)
-    while True:
-        seen_here = rt.broadcast(scaled_seen(cfg, rt, bigger, bigger_seen, model) if rt.master else None)
-        if seen_here >= cfg.min_tokens_per_param or fitted_cfg.model.n_layer <= FEWEST_FITTED_LAYERS:
+def fit_shape(cfg, planned, entry, speed, choices):
+    """(cfg, planned, entry) of the largest of the preset's shapes that sees min_tokens_per_param tokens per
+    parameter in max_time here (the last one, where none does), in the chosen precision; said in one line."""
+    seen = tokens_per_parameter(cfg, speed.rt, planned, entry[choices.dtype]["step"])
+    first, short = (planned.n_layer, planned.n_embd), []
+    for n_layer, n_embd in cfg.fit_shape_list()[1:]:
+        if seen >= cfg.min_tokens_per_param:
             break
-        short.append(f"{fitted_cfg.model.n_layer} layers {tenths(seen_here)}")
-        fitted_cfg = replace(fitted_cfg, model=replace(fitted_cfg.model, n_layer=fitted_cfg.model.n_layer - 1))
-        smaller["n_layer"] = fitted_cfg.model.n_layer
-        bigger, bigger_seen, model = model, seen_here, on_speed_path(build(fitted_cfg), choices)
-    choices.fitted_from = configured
-    decay = f", muon_weight_decay={smaller['muon_weight_decay']:g}" if "muon_weight_decay" in smaller else ""
-    choices.lines.append(f"model: {shape_words(model)}{decay} instead of {shape_words(None, configured)}: in the "
-                         f"{cfg.max_time:g} s here the configured model would see {tenths(seen)} tokens per parameter"
-                         f"{''.join(', ' + line for line in short)}, fewer than min_tokens_per_param="
-                         f"{cfg.min_tokens_per_param:g} (--min_tokens_per_param=0 keeps it)")
-    return fitted_cfg, model
+        short.append(f"{shape_words(planned)} {tenths(seen)}")
+        planned = replace(planned, n_layer=n_layer, n_embd=n_embd)
+        entry = speed.of(planned, [choices.dtype])
+        seen = tokens_per_parameter(cfg, speed.rt, planned, entry[choices.dtype]["step"])
+    if (planned.n_layer, planned.n_embd) == first:
+        return cfg, planned, entry
+    choices.fitted_from = {"n_layer": first[0], "n_embd": first[1]}
+    cfg = replace(cfg, model=replace(cfg.model, n_layer=planned.n_layer, n_embd=planned.n_embd))
+    decay = cfg.smaller_muon_weight_decay
+    if decay >= 0 and decay != cfg.muon_weight_decay:  # the decay tuned for the smaller shapes goes with them
+        choices.fitted_from["muon_weight_decay"] = cfg.muon_weight_decay
+        cfg = replace(cfg, muon_weight_decay=decay)
+    extra = f", muon_weight_decay={decay:g}" if "muon_weight_decay" in choices.fitted_from else ""
+    choices.lines.append(f"model: {shape_words(planned)}{extra}, the largest of this preset's fit_shapes that sees "
+                         f"min_tokens_per_param={cfg.min_tokens_per_param:g} tokens per parameter in the "
+                         f"{cfg.max_time:g} s here ({', '.join(short)}; --n_layer={first[0]} trains {first[0]})")
+    return cfg, planned, entry
 
 
-def on_speed_path(model, choices):
-    install(model, choices.kernels, choices.attention_path)
-    return model
+def tokens_per_parameter(cfg, rt, planned, step):
+    """Tokens each of the model's parameters would see in max_time at its step, every process stepping side by
+    side."""
+    return cfg.max_time * rt.world * cfg.batch_size * planned.block_size / step / parameters(planned)
 
 
-def tokens_per_parameter(cfg, rt, model, step=None):
-    """Tokens each of the model's parameters would see in max_time at its step (timed here unless given), with
-    every process stepping side by side."""
-    step = step or step_seconds(model, cfg.batch_size, rt.dtype)[0]
-    return cfg.max_time * rt.world * cfg.batch_size * model.config.block_size / step / model.num_params()
+def parameters(planned):
+    """The planned model's parameter count, counted on the meta device: no weights made, no random draws."""
+    with torch.device("meta"):
+        return GPT(planned).num_params()
 
 
-def scaled_seen(cfg, rt, bigger, seen, smaller):
-    """Tokens per parameter the smaller model would see where the bigger one sees `seen`: scaled by their steps
-    timed in turns, in the same moments, and by their parameters. Where the smaller one is the bigger one with
-    fewer layers its step does a part of the bigger one's work, so it sees at least seen x the parameter ratio:
-    then it is not timed where that floor is enough already, and never put below it."""
-    share = bigger.num_params() / smaller.num_params()
-    fewer_layers = replace(bigger.config, n_layer=smaller.config.n_layer) == smaller.config
-    floor = seen * share if fewer_layers else 0.0
-    if floor >= cfg.min_tokens_per_param:
-        return floor
-    big, small = step_seconds(bigger, cfg.batch_size, rt.dtype, [smaller])
-    return max(floor, seen * share * big / small)
-
-
-def say_model(cfg, rt, model, choices, seen=None):
-    budget = f" (it sees {tenths(seen)} tokens per parameter in the {cfg.max_time:g} s here)" if seen else ""
-    choices.lines.append(f"model: {shape_words(model)}, {model.num_params() / 1e6:.2f}M parameters{budget}")
-    c = model.config
+def say_model(cfg, rt, planned, choices):
+    """The model's line; where the learner's own shape will see too few tokens per parameter, or the budget too
+    few steps, a note saying so and what to do."""
+    n = parameters(planned)
+    choices.lines.append(f"model: {shape_words(planned)}, {n / 1e6:.2f}M parameters")
+    step = choices.step_seconds
+    fresh = cfg.init_from == "scratch"
+    if step and fresh and cfg.min_tokens_per_param > 0 and cfg.max_time > 0 and not choices.fitted_from:
+        seen = tokens_per_parameter(cfg, rt, planned, step)
+        if seen < cfg.min_tokens_per_param:
+            choices.lines.append(f"note: in the {cfg.max_time:g} s here this model sees about {tenths(seen)} tokens "
+                                 f"per parameter, fewer than min_tokens_per_param={cfg.min_tokens_per_param:g}: it "
+                                 "trains as asked, but will end undertrained (give it more --max_time, or a "
+                                 "smaller --n_layer or --n_embd)")
+    if step and cfg.max_time > 0:
+        steps = int(cfg.max_time / (step * STEP_OVERHEAD))
+        if steps < FEWEST_STEPS:
+            enough = math.ceil(FEWEST_STEPS * step * STEP_OVERHEAD * 1.2)
+            choices.lines.append(f"note: about {steps} step{'s' * (steps != 1)} fit in the {cfg.max_time:g} s "
+                                 f"budget here (a step takes about {step * STEP_OVERHEAD * 1e3:.0f} ms), too few to "
+                                 f"train (fewer than {FEWEST_STEPS}): give --max_time={enough} or more, or a "
+                                 "smaller model")
+    c = planned
     embeddings = c.vocab_size * c.n_embd * (1 if c.tie_weights else 2)
-    # no count of the steps it will get: the timed forward and backward leave out the optimizer's and the
-    # averaged weights' pass over every embedding row, most of such a step, so a count from them is far too many
-    if rt.device == "cpu" and c.vocab_size > 1024 and embeddings > model.num_params() / 2:
-        choices.lines.append(f"note: {embeddings / 1e6:.1f}M of its {model.num_params() / 1e6:.1f}M parameters are "
-                             f"the embeddings of a {c.vocab_size:,}-token vocabulary, slow to train on a CPU; "
-                             "the same text prepared by characters, or by a BPE of 512 tokens trained on it, trains "
-                             "far more steps")
+    if rt.device == "cpu" and c.vocab_size > 1024 and embeddings > n / 2:
+        choices.lines.append(f"note: {embeddings / 1e6:.1f}M of its {n / 1e6:.1f}M parameters are the embeddings "
+                             f"of a {c.vocab_size:,}-token vocabulary, slow to train on a CPU; the same text prepared "
+                             "by characters, or by a BPE of 512 tokens trained on it, trains far more steps")
 
 
-def shape_words(model, settings=None):
-    """'4 layers × 128', of a model or of settings with n_layer and n_embd."""
-    settings = settings or {"n_layer": model.config.n_layer, "n_embd": model.config.n_embd}
-    layers = settings["n_layer"]
-    return f"{layers} layer{'s' if layers != 1 else ''} × {settings['n_embd']}"
+def shape_words(planned):
+    """'4 layers × 128', of a model's config."""
+    return f"{planned.n_layer} layer{'s' if planned.n_layer != 1 else ''} × {planned.n_embd}"
 
 
 def tenths(tokens_per_param):

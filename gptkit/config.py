@@ -306,6 +306,11 @@ def given_values(cls, argv, prog=None):
     return values
 
 
+def command_line_keys(cls, argv):
+    """The keys argv gives as --key=value, apart from those its config files set."""
+    return {key for key, _ in split_args(argv, settings(cls)) if key is not None}
+
+
 def parse_config(cls, argv, prog=None):
     """Build cls from config files and --key=value arguments (later ones win); its checks become UserErrors."""
     return make(cls, given_values(cls, argv, prog))

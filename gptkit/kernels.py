@@ -13,19 +13,44 @@ matmuls; each kernel here does a piece's work in fewer passes. docs/speed.md has
   the model writes it) or `folded` (the same with the scale and the mask folded into one batched matmul). All
   compute the same function; the runtime times them. SDPA cannot take the table's masks: with table_dropout a
   run chooses between the other two, and 'fused' (a checkpoint's, or as asked) runs folded in training.
+
+What the learner writes is what runs: each kernel stands in for a piece of model.py only while that piece is the
+code it was written for (WRITTEN_FOR, a fingerprint of each piece's code). Where the learner has edited the piece,
+the kernel steps aside, their version runs, and install() says so in one line. The attention paths follow the same
+rule: an edit to the written-out attention (the score functions, `pattern`, `written`, `visible`) makes every path
+the written one, and an edit to `sdpa` leaves the fused path (theirs) but never the folded one.
 """
 
+import ast
+import hashlib
+import inspect
+import io
 import math
+import textwrap
+import tokenize
 from functools import partial
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from model import MLP, Block, SelfAttention, relu_squared, token_shift
+from model import MLP, Block, SelfAttention, token_shift
 
 KERNELS = ("table_dropout", "relu2", "shift_cast")
 ATTENTION_PATHS = ("fused", "written", "folded")
+
+# the fingerprint (code_fingerprint) of each model.py piece a kernel or path was written for; a change to model.py
+# that a kernel still matches updates its fingerprint here (tests/test_kernels.py names the new one)
+WRITTEN_FOR = {
+    "relu_squared": "cc14c126d21bde89",
+    "token_shift": "4cb502fff014a260",
+    "scaled_scores": "9d44e0876b87629b",
+    "dot_scores": "c6a0d17feb8d3d1d",
+    "SelfAttention.pattern": "b8e0a4c19ac25053",
+    "SelfAttention.written": "2b4dc9cb86e56322",
+    "SelfAttention.visible": "a48e7f5ea11a4c6a",
+    "SelfAttention.sdpa": "c79a972ed1b35032",
+}
 
 
 def by_rule(device):
@@ -34,31 +59,90 @@ def by_rule(device):
     return [k for k in KERNELS if device == "cpu" or k != "table_dropout"]
 
 
+def code_fingerprint(function):
+    """16 hex digits of a function's code: its tokens without comments, layout or the docstring, so that an edit to
+    what it does changes the fingerprint and a reflowed comment does not (and no Python version's syntax tree)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+        node = ast.parse(source).body[0]
+    except (OSError, TypeError, SyntaxError):  # no source to read (made at run time): not the code written for
+        return "unknown"
+    body = getattr(node, "body", [])
+    docstring = body[0] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+        else None
+    skipped = range(docstring.lineno, docstring.end_lineno + 1) if docstring else range(0)
+    layout = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    words = [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline)
+             if t.type not in layout and t.start[0] not in skipped]
+    return hashlib.sha256(" ".join(words).encode()).hexdigest()[:16]
+
+
+def edited(piece, function):
+    """Whether `function`, the model's `piece` (a WRITTEN_FOR name), is other code than its kernel was written for."""
+    return code_fingerprint(function) != WRITTEN_FOR[piece]
+
+
 def install(model, kernels, attention_path="fused"):
-    """Put the named kernels in place of the model's plain pieces (those it has) and set the attention path;
-    returns the path."""
+    """Put the named kernels in place of the model's plain pieces (those it has, as written for) and set the
+    attention path: (the path, lines naming each kernel or path that stepped aside for an edited piece)."""
     unknown = set(kernels) - set(KERNELS)
     if unknown:
         raise ValueError(f"unknown kernels: {', '.join(sorted(unknown))} (known: {', '.join(KERNELS)})")
+    aside = set()
     for module in list(model.modules()):
         for name, child in module.named_children():
-            if "table_dropout" in kernels and isinstance(child, nn.Dropout) and child.p > 0:
+            if "table_dropout" in kernels and type(child) is nn.Dropout and child.p > 0:
                 setattr(module, name, TableDropout(child.p))
-        if "relu2" in kernels and isinstance(module, MLP) and module.act is relu_squared:
-            module.act = fused_relu_squared
-        if "shift_cast" in kernels and isinstance(module, Block) and module.shift is token_shift:
-            module.shift = cast_token_shift
-    return set_attention_path(model, attention_path)
+        if "relu2" in kernels and isinstance(module, MLP) and module.act.__name__ == "relu_squared":
+            if edited("relu_squared", module.act):
+                aside.add(("relu2", "relu_squared"))
+            else:
+                module.act = fused_relu_squared
+        if "shift_cast" in kernels and isinstance(module, Block) and module.shift is not None \
+                and module.shift.__name__ == "token_shift":
+            if edited("token_shift", module.shift):
+                aside.add(("shift_cast", "token_shift"))
+            else:
+                module.shift = cast_token_shift
+    path, aside_paths = set_attention_path(model, attention_path)
+    lines = [f"kernels: {kernel} steps aside: model.py's {piece} is not the code it was written for, so yours runs"
+             for kernel, piece in sorted(aside)]
+    return path, lines + aside_paths
 
 
 def set_attention_path(model, path):
-    """Every layer's scaled or dot attention computed on `path` (see the module's docstring)."""
+    """Every layer's scaled or dot attention computed on `path` (see the module's docstring), or on the one its
+    edits leave: (the path taken, lines saying why where it is not `path`)."""
     if path not in ATTENTION_PATHS:
         raise ValueError(f"attention path must be one of {', '.join(ATTENTION_PATHS)} (got {path!r})")
+    taken, why = path, []
     for module in model.modules():
         if isinstance(module, SelfAttention):
-            module.attend = attention_function(module, path)
-    return path
+            layer_path, pieces = path_for_edits(module, path)
+            module.attend = attention_function(module, layer_path)
+            if layer_path != path:
+                taken = layer_path
+                why = [f"attention: the {layer_path} path instead of {path}: model.py's {', '.join(pieces)} "
+                       f"{'is' if len(pieces) == 1 else 'are'} not the code the {path} path was written for, "
+                       "so yours runs"]
+    return taken, why
+
+
+def path_for_edits(attn, path):
+    """(the path attn takes where `path` is asked, the edited pieces that moved it): the written path where the
+    written-out attention was edited; where only sdpa was, the fused path (the learner's sdpa), never the folded."""
+    if attn.kind not in ("scaled", "dot") or path == "written":
+        return path, []
+    cls = type(attn)
+    written = [name for name, function in (("scaled_scores" if attn.kind == "scaled" else "dot_scores", attn.score),
+                                           ("SelfAttention.pattern", cls.pattern),
+                                           ("SelfAttention.written", cls.written),
+                                           ("SelfAttention.visible", cls.visible)) if edited(name, function)]
+    if written:
+        return "written", written
+    if path == "folded" and edited("SelfAttention.sdpa", cls.sdpa):
+        return "fused", ["SelfAttention.sdpa"]
+    return path, []
 
 
 def attention_path_of(attn):

@@ -29,14 +29,15 @@ def fastest_seconds(run, repeats, device="cpu"):
     return fastest_in_turns({None: run}, repeats, device)[None]
 
 
-def fastest_in_turns(runs, repeats, device="cpu", slow=math.inf, settled=None):
+def fastest_in_turns(runs, repeats, device="cpu", slow=math.inf, settled=None, deadline=None):
     """{name: the fastest of `repeats` timings of runs[name]()}, after one untimed call of each (where one of
     those took over `slow` seconds, two timings each will do; where settled(the fastest so far) says, after two
     turns, that what they are timed for is decided already, no more turns). The runs take turns, so that a machine
     whose speed moves while they are timed (a shared virtual machine's does, from minute to minute:
     docs/speed.md#machines) slows each of them alike rather than the ones timed last; and each keeps its fastest
     turn, so that a passing spike, which slows one turn of one run, is passed over, even where it would seem to
-    decide the matter in the first turn."""
+    decide the matter in the first turn. Past `deadline` (a time.perf_counter() reading), no turn after the first
+    timed one begins."""
     if max(seconds_of(run, device) for run in runs.values()) > slow:
         repeats = min(repeats, 2)
     best = dict.fromkeys(runs, math.inf)
@@ -44,6 +45,8 @@ def fastest_in_turns(runs, repeats, device="cpu", slow=math.inf, settled=None):
         for name, run in runs.items():
             best[name] = min(best[name], seconds_of(run, device))
         if turn and settled is not None and settled(best):
+            break
+        if deadline is not None and time.perf_counter() > deadline:
             break
     return best
 

@@ -64,10 +64,9 @@ class TrainConfig:
     min_lr: float = 6e-5  # floor of the cosine schedule
     warmdown_frac: float = 0.5  # 'wsd': fraction of the run spent decaying to min_lr
     max_time: float = 0.0  # >0: seconds for the whole run, start-up and final score included; the schedule follows it
-    min_tokens_per_param: float = 0.0  # >0: train smaller below this many tokens per parameter in max_time, timed
-    smaller_n_layer: int = 0  # that smaller model's layers (0 = n_layer)
-    smaller_n_embd: int = 0  # that smaller model's width (0 = n_embd)
-    smaller_muon_weight_decay: float = -1.0  # that smaller model's Muon weight decay (below 0 = muon_weight_decay)
+    min_tokens_per_param: float = 0.0  # >0: the tokens per parameter in max_time a model needs; fewer is said
+    fit_shapes: str = ""  # a preset's own shape, then smaller ones it may train instead: '4x128, 3x128' (LAYERSxWIDTH)
+    smaller_muon_weight_decay: float = -1.0  # Muon weight decay of a shape fitted smaller (below 0 = muon_weight_decay)
     # system
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # DDP backend: 'auto' is nccl on CUDA, gloo on CPU
     device: str = "auto"  # 'auto' (cuda, then mps, then cpu), or 'cpu', 'cuda', 'cuda:1', 'mps'
@@ -77,39 +76,46 @@ class TrainConfig:
     threads: int = 0  # torch CPU threads (0 = measured at start and as it runs: 1 or torch's default, the faster)
     processes: int = 1  # training processes on this machine (DDP); >1 starts them as torchrun --standalone does
     verbose: bool = False  # also print the machinery: every start-up timing, every change of thread count
+    retime: bool = False  # measure this machine again (precision, attention path, step time) instead of reading it
 
     def __post_init__(self):
         require(self, ["eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps", "batch_size",
                        "max_iters", "processes"], lambda v: v >= 1, "at least 1")
         require(self, ["warmup_iters", "lr_decay_iters", "threads", "learning_rate", "embedding_lr", "min_lr",
                        "muon_lr", "weight_decay", "muon_weight_decay", "grad_clip", "max_time", "final_eval_tokens",
-                       "min_tokens_per_param", "smaller_n_layer", "smaller_n_embd"],
+                       "min_tokens_per_param"],
                 lambda v: v >= 0, "at least 0")
         require(self, ["beta1", "beta2", "muon_momentum", "ema_decay"], lambda v: 0 <= v < 1, "in [0, 1)")
         require(self, ["warmdown_frac"], lambda v: 0 <= v <= 1, "in [0, 1]")
         check_seed(self.seed)
         self.check_evaluation_size()
-        smaller = self.smaller_shape()
-        if self.min_tokens_per_param > 0 and smaller:
+        shapes = self.fit_shape_list()
+        # checked where they apply: a preset built on another, with a shape of its own, leaves the other's shapes be
+        for n_layer, n_embd in shapes if shapes and shapes[0] == (self.model.n_layer, self.model.n_embd) else ():
             try:
-                replace(self.model, **smaller)
+                replace(self.model, n_layer=n_layer, n_embd=n_embd)
             except ValueError as e:
-                raise ValueError(f"smaller_n_layer and smaller_n_embd make no model: {e}") from None
+                raise ValueError(f"fit_shapes: {n_layer}x{n_embd} makes no model: {e}") from None
         check_device_name(self.device)
         starts = ["scratch", "resume", "auto", *HUB_MODELS]
         if self.init_from not in starts and os.sep not in self.init_from and not os.path.isdir(self.init_from):
             raise ValueError(f"init_from must be one of {', '.join(starts)} or a folder saved by save_pretrained "
                              f"(got {self.init_from!r}{closest(self.init_from, starts)})")
 
-    def smaller_shape(self):
-        """The shape min_tokens_per_param falls back to, as GPTConfig settings (0: as configured); None where it
-        is no smaller than the model as configured. Smaller means fewer layers x width squared, the blocks'
-        weights: a deeper, narrower model can be the smaller one, and a run told --n_layer=2 does not grow to a
-        fallback of 3."""
-        shape = {"n_layer": self.smaller_n_layer or self.model.n_layer,
-                 "n_embd": self.smaller_n_embd or self.model.n_embd}
-        smaller = shape["n_layer"] * shape["n_embd"] ** 2 < self.model.n_layer * self.model.n_embd ** 2
-        return shape if smaller else None
+    def fit_shape_list(self):
+        """fit_shapes as [(n_layer, n_embd), ...]: the preset's own shape first, then the smaller ones, each
+        smaller than the one before (fewer layers x width squared: the blocks' weights)."""
+        shapes = []
+        for word in filter(None, (w.strip() for w in self.fit_shapes.split(","))):
+            layers, x, width = word.lower().partition("x")
+            if not (x and layers.isdigit() and width.isdigit()):
+                raise ValueError(f"fit_shapes must list shapes as LAYERSxWIDTH, e.g. '4x128, 3x128' (got {word!r})")
+            shapes.append((int(layers), int(width)))
+        sizes = [layers * width ** 2 for layers, width in shapes]
+        if any(later >= earlier for earlier, later in zip(sizes, sizes[1:])):
+            raise ValueError(f"fit_shapes must list the preset's own shape first, then smaller ones "
+                             f"(got {self.fit_shapes!r})")
+        return shapes
 
     def check_evaluation_size(self):
         """Refuse, before any work, evaluations whose fixed windows would take gigabytes to hold."""

@@ -1,5 +1,5 @@
-"""The parts train.py's loop is made of: the state a checkpoint saves and restores, the model it starts
-from, the choices measured for it, and evaluation."""
+"""The parts train.py's loop is made of: the data it reads, the model it starts from, the state a checkpoint saves
+and restores, the time budget, and evaluation."""
 
 import math
 import random
@@ -12,13 +12,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gptkit.checkpoint import load_weights, model_from_checkpoint, save_checkpoint
-from gptkit.choices import choose
+from gptkit.checkpoint import load_weights, model_config, model_from_checkpoint, save_checkpoint
 from gptkit.dataset import TrainingData, load_meta
 from gptkit.errors import UserError
 from gptkit.hf_interop import crop_block_size, load_pretrained
 from gptkit.optim import EMA, build_optimizers
-from gptkit.runtime import compile_blocks
 from gptkit.timing import ThreadTuner
 from gptkit.tokenizer import describe_vocabulary, same_token_ids
 from model import GPT
@@ -30,10 +28,7 @@ def build_model(cfg, meta, ckpt=None, path=None):
     if ckpt is not None:  # resumed_config has made the shape the checkpoint's
         model = model_from_checkpoint(ckpt, path, dropout=cfg.model.dropout)
     elif cfg.init_from == "scratch":
-        vocab = meta["vocab_size"]
-        if meta["tokenizer"] != "char":
-            vocab = math.ceil(vocab / 64) * 64  # padded for faster matmuls; the extra rows are never targets
-        model = GPT(replace(cfg.model, vocab_size=vocab))
+        model = GPT(planned_model(cfg, meta))
     else:
         if meta["tokenizer"] != "tiktoken":  # GPT-2's weights know GPT-2's token ids only
             what = "char-level" if meta["tokenizer"] == "char" else "tokenized by a BPE trained on it"
@@ -49,6 +44,9 @@ def build_model(cfg, meta, ckpt=None, path=None):
                             f"{model.config.block_size} positions; pass --block_size={model.config.block_size}")
     if block_size < model.config.block_size:
         crop_block_size(model, block_size)
+    if model.config.vocab_size < meta["vocab_size"]:
+        raise UserError(f"dataset vocabulary ({meta['vocab_size']}) is larger than the model's "
+                        f"({model.config.vocab_size})")
     return model
 
 
@@ -234,7 +232,7 @@ def thread_tuner(choices):
     run's to choose (gptkit.choices: on a CPU, in one process, with threads=0 and more than one to choose from)."""
     if not choices.threads:
         return None
-    return ThreadTuner(choices.most_threads, choices.threads)
+    return ThreadTuner(choices.most_threads, choices.threads, first=5.0)  # start-up times no threads: try soon
 
 
 def eval_tokens(data):
@@ -242,39 +240,34 @@ def eval_tokens(data):
     return sum(o.numel() for offsets in data.eval_offsets.values() for o in offsets) * data.block_size
 
 
-def build_training(cfg, rt, ckpt=None, ckpt_path=None):
-    """Seed this process, open the dataset and build what the loop trains: (TrainingData, TrainState),
-    fresh, from pretrained weights, or restored from ckpt (read from ckpt_path) to resume."""
-    seed_everything(cfg.seed + rt.rank)
+def open_data(cfg, rt, ckpt=None, ckpt_path=None):
+    """(TrainingData, sequences per optimizer step) for the run: its dataset's splits, batches and evaluation
+    windows, checked against the checkpoint it resumes. Opened before anything is timed or built, so that a missing
+    or damaged shard is one line at once."""
     folder, meta = load_meta(cfg.data_dir, cfg.dataset)
     if ckpt is not None and not same_token_ids(ckpt["tokenizer"], meta):
         raise UserError(f"dataset {cfg.dataset!r} has {describe_vocabulary(meta)}, but {ckpt_path} was trained on "
                         f"{describe_vocabulary(ckpt['tokenizer'])}; a resumed run must see the token ids it "
                         "learned (prepare the data with the checkpoint's vocabulary, or start a new out_dir)")
-    saved = ckpt.get("measured", {}) if ckpt is not None else {}  # what the resumed run chose
-    model = build_model(cfg, meta, ckpt, ckpt_path).to(rt.device)
-    if model.config.vocab_size < meta["vocab_size"]:
-        raise UserError(f"dataset vocabulary ({meta['vocab_size']}) is larger than the model's "
-                        f"({model.config.vocab_size})")
-    # the data before the timings: a missing or damaged shard is one line at once, not after seconds (for a big
-    # model on a CPU with bf16, minutes) of timing steps; fitting the budget changes neither the context nor the batch
     sequences = global_batch(cfg, rt.world, ckpt)
     micro_batch, _ = batch_shares(sequences, cfg.batch_size, rt.world)
-    data = TrainingData(folder, meta, model.config.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed, rt.device,
+    data = TrainingData(folder, meta, cfg.model.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed, rt.device,
                         cfg.batch_order, micro_batch, rt.rank, rt.world)
-    cfg, model, choices = choose(cfg, rt, model, saved, lambda fitted: fresh_model(fitted, rt, meta))
-    state = TrainState(cfg, model, data.tokenizer, data.sampler, rt, choices, sequences)
+    return data, sequences
+
+
+def planned_model(cfg, meta, ckpt=None, path=None):
+    """The GPTConfig build_model will build: the checkpoint's, or the config's with the dataset's vocabulary
+    (padded to a multiple of 64 for faster matmuls, but for characters); None for pretrained weights, whose shape
+    is known once they load."""
     if ckpt is not None:
-        state.restore(ckpt, ckpt_path, rt)
-    if cfg.compile:
-        compile_blocks(model)
-    return data, state
-
-
-def fresh_model(cfg, rt, meta):
-    """The model a run configured as cfg starts from: its seed, its weights."""
-    seed_everything(cfg.seed + rt.rank)
-    return build_model(cfg, meta).to(rt.device)
+        return model_config(ckpt, path, dropout=cfg.model.dropout)
+    if cfg.init_from != "scratch":
+        return None
+    vocab = meta["vocab_size"]
+    if meta["tokenizer"] != "char":
+        vocab = math.ceil(vocab / 64) * 64  # the extra rows are never targets
+    return replace(cfg.model, vocab_size=vocab)
 
 
 def step_optimizers(model, optimizers, scaler, grad_clip):

@@ -33,6 +33,11 @@ os.environ["WANDB_SILENT"] = "true"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+# this machine's wisdom (gptkit/wisdom.py) in a folder of the session's own, inherited by every script it starts:
+# measured once per shape for the whole session, and never the user's cache
+if "GPTKIT_WISDOM_DIR" not in os.environ:
+    import tempfile
+    os.environ["GPTKIT_WISDOM_DIR"] = tempfile.mkdtemp(prefix="gptkit-wisdom-")
 
 # the fixtures that build the session's corpus and trained run through data/prepare.py and train.py
 SLOW_FIXTURES = {"data_dir", "trained_run", "run", "bpe_trained_run"}
@@ -150,6 +155,15 @@ def train_config(**values):
     from gptkit.train_config import TrainConfig
 
     return build(TrainConfig, dict(TINY_RUN, **values))
+
+
+def sum_tolerance(reference, terms):
+    """assert_close's rtol and atol for a result made of sums of `terms` products in reference's dtype: rounding
+    grows with the square root of the terms, and a CPU's vector width changes the order of the sums (an AVX-512
+    CPU's float32 attention differs from the same sum in a naive loop by up to about 10 eps per sqrt-term of the
+    largest value). Far below what a wrong mask or scale moves."""
+    rtol = 32 * torch.finfo(reference.dtype).eps * math.sqrt(terms)
+    return dict(rtol=rtol, atol=rtol * max(1.0, reference.abs().max().item()))
 
 
 def random_tokens(shape, vocab=TINY["vocab_size"], seed=1):

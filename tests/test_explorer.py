@@ -20,7 +20,7 @@ import httpx
 import pytest
 import torch
 
-from conftest import REPO, check_ok, partial_tokens, run_script, tiny_model
+from conftest import REPO, check_ok, partial_tokens, run_script, sum_tolerance, tiny_model
 from gptkit.checkpoint import save_checkpoint
 from gptkit.decoding import shaped_probs
 from gptkit.explorer import Shelf, make_app
@@ -110,21 +110,23 @@ def test_the_position_report_is_the_models_own_numbers(client, lab, name):
     with torch.no_grad():
         logits = model(idx, idx)[0][0]
     probs = torch.softmax(logits[pos - 1], -1)
+    # the page's model computes attention on another path than this one's: sums in another order
+    tol = sum_tolerance(probs, terms=len(ids) * model.config.n_embd)["atol"]
     raw = {c["id"]: c["p"] for c in got["why"]["raw"]}
-    assert raw == pytest.approx({i: probs[i].item() for i in range(len(CHARS))}, abs=1e-6)
+    assert raw == pytest.approx({i: probs[i].item() for i in range(len(CHARS))}, abs=tol)
     shaped = shaped_probs(logits[pos - 1][None], **knobs)[0]
     assert {c["id"]: c["p"] for c in got["why"]["shaped"] if c["p"] > 0} == \
-        pytest.approx({i: shaped[i].item() for i in range(len(CHARS)) if shaped[i] > 0}, abs=1e-6)
-    assert got["why"]["surprise_bits"] == pytest.approx(-math.log2(probs[ids[pos]].item()), abs=1e-5)
+        pytest.approx({i: shaped[i].item() for i in range(len(CHARS)) if shaped[i] > 0}, abs=tol)
+    assert got["why"]["surprise_bits"] == pytest.approx(-math.log2(probs[ids[pos]].item()), abs=tol / min(probs[ids[pos]].item(), 1.0))
     lens_last = torch.softmax(logits[pos], -1)
     assert [c["id"] for c in got["lens"][-1]["top"]] == lens_last.topk(5).indices.tolist()
-    assert [c["p"] for c in got["lens"][-1]["top"]] == pytest.approx(lens_last.topk(5).values.tolist(), abs=1e-6)
+    assert [c["p"] for c in got["lens"][-1]["top"]] == pytest.approx(lens_last.topk(5).values.tolist(), abs=tol)
     assert len(got["lens"]) == model.config.n_layer + 1
     maps = attention_maps(model, idx)
     assert got["attention"]["layers"] == len(maps)
     for layer, m in enumerate(maps):
         for head in range(model.config.n_head):
-            assert got["attention"]["rows"][layer][head] == pytest.approx(m[0, head, pos].tolist(), abs=1e-6)
+            assert got["attention"]["rows"][layer][head] == pytest.approx(m[0, head, pos].tolist(), abs=tol)
 
 
 def test_attention_notes_say_what_a_learner_sees(client):

@@ -95,7 +95,7 @@ def test_the_three_attention_paths_agree(kind, causal):
     idx = random_tokens((2, 10))
     results, runs = [], []
     for path in ATTENTION_PATHS:
-        assert kernels.set_attention_path(model, path) == path
+        assert kernels.set_attention_path(model, path) == (path, [])
         results.append(train_step(model, idx, torch.float32))
         runs.append(generate(model.eval(), idx[:, :3], 20, temperature=0.0) if causal else None)
     for logits, _, grads in results[1:]:
@@ -142,3 +142,113 @@ def test_install_swaps_what_the_model_has_and_the_rule_keeps_gpu_masks():
     assert gelu.transformer.h[0].mlp.act is F.gelu
     with pytest.raises(ValueError, match="unknown kernels: fast"):
         install(gelu, ["fast"])
+
+
+# ---------------------------------------------------------------------------------------------- the learner's edits
+
+def test_every_piece_a_kernel_stands_in_for_is_the_code_it_was_written_for():
+    """model.py as committed: each fingerprint matches, so every kernel installs. A change to one of these pieces
+    that its kernel still matches updates its fingerprint in WRITTEN_FOR (the message names the new one)."""
+    import model as model_py
+    for piece, recorded in kernels.WRITTEN_FOR.items():
+        owner, _, name = piece.rpartition(".")
+        function = getattr(getattr(model_py, owner) if owner else model_py, name)
+        assert kernels.code_fingerprint(function) == recorded, f"{piece}: now {kernels.code_fingerprint(function)}"
+
+
+def test_a_fingerprint_follows_the_code_not_its_comments_or_layout():
+    def plain():
+        def relu_squared(x):
+            return F.relu(x).square()
+        return relu_squared
+
+    def commented():
+        def relu_squared(x):
+            """Said otherwise."""
+            return F.relu(x).square()  # a comment, and the layout changed
+        return relu_squared
+
+    def identity():
+        def relu_squared(x):
+            return x
+        return relu_squared
+
+    assert kernels.code_fingerprint(plain()) == kernels.code_fingerprint(commented()) == \
+        kernels.WRITTEN_FOR["relu_squared"]
+    assert kernels.code_fingerprint(identity()) != kernels.WRITTEN_FOR["relu_squared"]
+
+
+def edited_model(monkeypatch, piece, function, **config):
+    """A tiny model whose `piece` of model.py is `function`, as a learner's edit to model.py would make it."""
+    import model as model_py
+    owner, _, name = piece.rpartition(".")
+    monkeypatch.setattr(getattr(model_py, owner) if owner else model_py, name, function)
+    if name == "relu_squared":
+        monkeypatch.setattr(model_py, "ACTIVATIONS", dict(model_py.ACTIVATIONS, relu2=function))
+    if name in ("scaled_scores", "dot_scores"):
+        monkeypatch.setattr(model_py, "SCORES", dict(model_py.SCORES, **{name.split("_")[0]: function}))
+    return tiny_model(**dict(DROPOUT_MODEL, dropout=0.0, **config))
+
+
+def relu_squared(x):  # an edit: ReLU^2 made the identity
+    return x
+
+
+def token_shift(h, share, before=None):  # an edit: the shift made twice as strong
+    return h + 2 * share.to(h.dtype) * (F.pad(h[:, :-1], (0, 0, 1, 0)) - h)
+
+
+def scaled_scores(attn, q, k):  # an edit: the scale set to 1
+    return q @ k.transpose(-2, -1)
+
+
+def pattern(self, q, k):  # an edit: the softmax replaced by a normalised relu
+    scores = torch.relu(self.score(self, q, k)).masked_fill(~self.visible(q.size(2), k.size(2)), 0)
+    return self.hook_pattern(scores / (scores.sum(-1, keepdim=True) + 1e-6))
+
+
+@pytest.mark.parametrize("piece, edit, kernel, path", [
+    ("relu_squared", relu_squared, "relu2", "folded"), ("token_shift", token_shift, "shift_cast", "folded"),
+    ("scaled_scores", scaled_scores, None, "written"), ("SelfAttention.pattern", pattern, None, "written")])
+def test_a_kernel_steps_aside_for_an_edited_piece_and_the_edit_runs(monkeypatch, piece, edit, kernel, path):
+    """Installed on a model whose piece was edited, the kernel (or the fast attention path) steps aside, one line
+    says which and why, and the model computes what the edited model.py says: its loss is the plain edited model's,
+    not the unedited kernels' one."""
+    idx = random_tokens((2, 12))
+    unedited = tiny_model(**dict(DROPOUT_MODEL, dropout=0.0))
+    install(unedited, kernels.KERNELS, "folded")
+    plain = edited_model(monkeypatch, piece, edit)
+    for block in plain.transformer.h:  # the edited model.py as written out, no kernel anywhere
+        block.attn.attend = block.attn.written
+    fast = edited_model(monkeypatch, piece, edit)
+    taken, lines = install(fast, kernels.KERNELS, "folded")
+    assert taken == path and len(lines) == 1
+    where = "kernels: " + kernel + " steps aside" if kernel else "attention: the written path instead of folded"
+    assert lines[0].startswith(where) and f"model.py's {piece} is not the code" in lines[0]
+    with torch.no_grad():
+        want, got, before = plain(idx, idx)[1], fast(idx, idx)[1], unedited(idx, idx)[1]
+    torch.testing.assert_close(got, want)
+    assert abs(got.item() - before.item()) > 1e-4
+
+
+def test_an_edited_sdpa_keeps_the_fused_path_but_never_the_folded_one(monkeypatch):
+    def sdpa(self, q, k, v):  # an edit: attend twice as much to the values
+        return 2 * F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    model = edited_model(monkeypatch, "SelfAttention.sdpa", sdpa)
+    assert install(model, [], "folded")[0] == "fused" and install(model, [], "fused") == ("fused", [])
+    assert install(model, [], "written") == ("written", [])
+
+
+def test_a_model_loaded_from_a_checkpoint_runs_an_edited_attention(monkeypatch, tmp_path):
+    """sample.py, analyze.py and the explorer build their model through model_from_checkpoint: where the learner
+    edited the written-out attention, that model runs the edit too, as training did."""
+    from dataclasses import asdict
+
+    from gptkit.checkpoint import model_from_checkpoint
+    from gptkit.kernels import attention_path_of
+    trained = tiny_model(**dict(DROPOUT_MODEL, dropout=0.0))
+    ckpt = {"model": trained.state_dict(), "model_args": asdict(trained.config)}
+    assert {attention_path_of(b.attn) for b in model_from_checkpoint(ckpt, "x.pt").transformer.h} == {"fused"}
+    edited_model(monkeypatch, "scaled_scores", scaled_scores)
+    assert {attention_path_of(b.attn) for b in model_from_checkpoint(ckpt, "x.pt").transformer.h} == {"written"}

@@ -20,7 +20,7 @@ LAYERS = {
               "gptkit.signals", "gptkit.sources", "gptkit.shards", "gptkit.dataset_folder", "gptkit.kernels",
               "gptkit.lens_interop"},
     "measured choices, processes and settings": {"gptkit.timing", "gptkit.choices", "gptkit.runtime",
-                                                 "gptkit.train_config"},
+                                                 "gptkit.train_config", "gptkit.wisdom"},
     "a run": {"gptkit.rundir", "gptkit.resume", "gptkit.training", "gptkit.reporting", "gptkit.pictures",
               "gptkit.experiments"},
     "what the lab, the explorer and the benchmarks do": {"gptkit.lab", "gptkit.explorer", "gptkit.explorer_guard",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from gptkit.choices import choose
+from gptkit.choices import choose, on_speed_path
 from gptkit.errors import UserError
 from gptkit.metrics import read_metrics
 from gptkit.optim import build_optimizers
@@ -122,10 +122,11 @@ def training_step(tcfg, device, vocab_size=65):
     Returns the step, the model, the precision and the attention path taken. The one place the benchmarks use
     the training's pieces."""
     rt = Runtime(device, tcfg.dtype)
+    planned = replace(tcfg.model, vocab_size=vocab_size)
+    # a fresh run has nothing saved, and this model stays as configured: no other shape is fitted
+    _, choices = choose(replace(tcfg, min_tokens_per_param=0.0), rt, planned)
     torch.manual_seed(0)  # every candidate starts from the same weights
-    model = GPT(replace(tcfg.model, vocab_size=vocab_size)).to(rt.device)
-    # a fresh run has nothing saved, and this model stays as configured: no smaller one is built
-    _, model, choices = choose(replace(tcfg, min_tokens_per_param=0.0), rt, model, {}, build=None)
+    model = on_speed_path(GPT(planned).to(rt.device), choices)
     path = choices.attention_path
     optimizers = build_optimizers(model, tcfg, rt.dtype)
     scaler = torch.amp.GradScaler(rt.device.split(":")[0], enabled=rt.dtype == "float16")

@@ -1,0 +1,125 @@
+"""
+This machine's wisdom: what a run's start-up choices depend on that belongs to the machine rather than the moment
+(each precision's fastest attention path and step time, for one model shape and batch), measured once and kept in a
+per-user cache, as FFTW keeps its wisdom and autotuners their tables. A run reads it instead of timing; the first
+run of a shape on a machine measures it, and --retime measures it again.
+
+The cache is one JSON file, $GPTKIT_WISDOM_DIR/wisdom.json where that is set (tests, the lab and the benchmarks
+point it at a folder of their own), else under $XDG_CACHE_HOME/gptkit, else ~/.cache/gptkit. It is keyed by the
+machine (the CPU or GPU, and the threads a run starts on), torch's version and the shape; a damaged file, or one
+written by another torch version, is measured afresh, with one note.
+"""
+
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+FORMAT = 1
+FILE_NAME = "wisdom.json"
+
+
+def wisdom_dir():
+    if os.environ.get("GPTKIT_WISDOM_DIR"):
+        return Path(os.environ["GPTKIT_WISDOM_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gptkit"
+
+
+def cpu_name():
+    """The CPU's model name and the instruction sets that decide its speed in each precision."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                platform.machine())
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    fast = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{name} ({' '.join(fast) or 'no avx2'})"
+
+
+def machine_key(device, threads):
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name(torch.device(device))}"
+    return f"{cpu_name()}, {threads} thread{'s' if threads != 1 else ''}"
+
+
+def shape_key(model_config, batch_size, kernels, compiled):
+    """What a step's speed depends on besides the machine: the model, the batch, the kernels and compiling."""
+    text = json.dumps({"model": asdict(model_config), "batch_size": batch_size, "kernels": sorted(kernels),
+                       "compile": compiled}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Wisdom:
+    """The measured speeds of this machine (see the module's docstring): entry(key) to read one shape's, keep(key,
+    entry) to add to it; `notes` says once why a cache was not read."""
+
+    def __init__(self, device, threads, folder=None):
+        self.path = Path(folder or wisdom_dir()) / FILE_NAME
+        self.machine = machine_key(device, threads)
+        self.torch = torch.__version__
+        self.notes = []
+        self.shapes = self.read()
+
+    def read(self):
+        """This machine's entries for this torch version; {} (and a note) where the file cannot be used."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        except (OSError, UnicodeDecodeError) as e:
+            self.notes.append(f"note: the wisdom cache {self.path} cannot be read ({e}): measuring afresh")
+            return {}
+        try:
+            data = json.loads(text)
+            mine = data["machines"].get(self.machine, {}) if data.get("format") == FORMAT else None
+            if mine is None:
+                raise ValueError(f"format {data.get('format')!r}, not {FORMAT}")
+            if not isinstance(mine, dict) or not isinstance(mine.get("shapes", {}), dict):
+                raise ValueError("its entry for this machine is not a table")
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            self.notes.append(f"note: the wisdom cache {self.path} is damaged ({e}): measuring afresh")
+            return {}
+        if mine and mine.get("torch") != self.torch:
+            self.notes.append(f"note: this machine's wisdom in {self.path} was measured with torch "
+                              f"{mine.get('torch')}, not {self.torch}: measuring afresh")
+            return {}
+        return mine.get("shapes", {})
+
+    def entry(self, key):
+        found = self.shapes.get(key)
+        return dict(found) if isinstance(found, dict) else {}
+
+    def keep(self, key, entry):
+        """Add an entry to the file, written whole to a temporary file and renamed over it (another run's entries,
+        written meanwhile, kept)."""
+        self.shapes[key] = entry
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            if data.get("format") != FORMAT or not isinstance(data.get("machines"), dict):
+                raise ValueError
+        except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+            data = {"format": FORMAT, "machines": {}}
+        mine = data["machines"].get(self.machine)
+        if not isinstance(mine, dict) or mine.get("torch") != self.torch or not isinstance(mine.get("shapes"), dict):
+            mine = data["machines"][self.machine] = {"torch": self.torch, "shapes": {}}
+        mine["shapes"][key] = entry
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = self.path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
+            temporary.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+            os.replace(temporary, self.path)
+        except OSError as e:  # a read-only home: the run goes on with what it measured, and says so
+            self.notes.append(f"note: could not keep this machine's wisdom in {self.path} ({e.strerror or e}): the "
+                              "next run measures again")
+
+
+def today():
+    return time.strftime("%Y-%m-%d")
