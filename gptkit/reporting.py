@@ -129,8 +129,25 @@ class Reporter:
               "metrics.jsonl the curves")
         print(f"the final score reads every one of the {tokens:,} val tokens once; the evaluations estimated val loss "
               f"on the same {self.eval_tokens:,} tokens each time, so the two differ by that sample's luck")
+        untrained = untrained_note(self.evals, loss, iter_num)
+        if untrained:
+            print(untrained)
 
     def close(self):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+UNTRAINED = 0.9  # a run whose final val loss is above this share of its loss before the first step learned little
+
+
+def untrained_note(evals, loss, iter_num):
+    """A line for a run that ended barely trained (its final val loss within 10% of the one it started at), with
+    what to do; None otherwise, and for a resumed run, which did not see its start."""
+    start = next((val for step, _, val in evals if step == 0), None)
+    if start is None or loss < UNTRAINED * start:
+        return None
+    return (f"note: the model is barely trained: val loss {loss:.4f} after {iter_num:,} step{'s' * (iter_num != 1)}, "
+            f"against {start:.4f} before the first; samples from it will be noise (give it more --max_time or "
+            "--max_iters)")

@@ -1,11 +1,14 @@
 """gptkit/kernels.py: each kernel against the plain piece of model.py it stands in for (the same numbers, or the
 same function at a stated tolerance, or for the dropout table the same statistics), and what installing does."""
 
+import json
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import MODERN, random_tokens, tiny_model
+from conftest import MODERN, REPO, check_ok, random_tokens, run_script, tiny_model
 from gptkit import kernels
 from gptkit.decoding import generate
 from gptkit.inspection import hooked
@@ -252,3 +255,45 @@ def test_a_model_loaded_from_a_checkpoint_runs_an_edited_attention(monkeypatch, 
     assert {attention_path_of(b.attn) for b in model_from_checkpoint(ckpt, "x.pt").transformer.h} == {"fused"}
     edited_model(monkeypatch, "scaled_scores", scaled_scores)
     assert {attention_path_of(b.attn) for b in model_from_checkpoint(ckpt, "x.pt").transformer.h} == {"written"}
+
+
+EDITS = {  # a learner's edits to model.py, as text: (what they replace, with what)
+    "ReLU² made the identity": ("    return F.relu(x).square()", "    return x"),
+    "the token shift removed": ("self.shift = token_shift if config.token_shift else None", "self.shift = None"),
+    "the score scale changed": ("* (1.0 / math.sqrt(k.size(-1)))", "* 1.0"),
+    "the MLP returning zeros": ("return self.dropout(self.c_proj(self.act(self.c_fc(x))))", "return torch.zeros_like(x)"),
+    "the softmax replaced": ("F.softmax(self.hook_attn_scores(scores), dim=-1)",
+                             "torch.sigmoid(self.hook_attn_scores(scores))"),
+}
+
+
+def loss_after_20_steps(project, data_dir, out):
+    """train.py of `project` under the default config for 20 steps: (its loss at step 20, what it printed)."""
+    proc = check_ok(run_script(project / "train.py", "config/shakespeare_char.py", f"--data_dir={data_dir}",
+                               "--dataset=tiny", f"--out_dir={out}", "--device=cpu", "--max_iters=20", "--max_time=0",
+                               "--seed=1", "--log_interval=20", "--eval_interval=20", "--eval_iters=1",
+                               "--final_eval_tokens=256", cwd=project, timeout=300))
+    train = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
+    return train[-1]["loss"], proc.stdout
+
+
+@pytest.mark.slow
+def test_each_edit_to_model_py_changes_what_the_default_config_trains(tmp_path, data_dir):
+    """The project copied, model.py edited as a learner would, and trained under the default config: every edit
+    changes the loss after 20 steps, and where a kernel or path stood in for the edited piece, a line says it
+    stepped aside. Unedited, nothing steps aside."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for part in ("model.py", "train.py", "gptkit", "config"):
+        copy = shutil.copytree if (REPO / part).is_dir() else shutil.copy
+        copy(REPO / part, project / part)
+    unedited, said = loss_after_20_steps(project, data_dir, tmp_path / "unedited")
+    assert "steps aside" not in said and "instead of" not in said
+    source = (REPO / "model.py").read_text()
+    for name, (old, new) in EDITS.items():
+        assert source.count(old) == 1, name
+        (project / "model.py").write_text(source.replace(old, new))
+        loss, said = loss_after_20_steps(project, data_dir, tmp_path / name.replace(" ", "_"))
+        assert abs(loss - unedited) > 1e-3, f"{name}: {loss} against {unedited} unedited"
+        if name in ("ReLU² made the identity", "the score scale changed", "the softmax replaced"):
+            assert "model.py's" in said and "so yours runs" in said, name

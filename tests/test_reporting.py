@@ -7,7 +7,7 @@ import pytest
 
 import train
 from conftest import train_args
-from gptkit.reporting import overfitting
+from gptkit.reporting import overfitting, untrained_note
 
 # the default on tinyshakespeare, evaluation by evaluation: train and val fall together, val a little above
 HEALTHY = [(0, 4.17, 4.17), (50, 2.45, 2.46), (100, 2.05, 2.08), (500, 1.52, 1.62), (1000, 1.38, 1.52),
@@ -63,3 +63,14 @@ def test_the_machinery_is_shown_only_with_verbose(tmp_path, data_dir, capsys, ve
                           "--attention_path=auto", f"--verbose={verbose}"))
     printed = capsys.readouterr().out
     assert "model: 1 layer × 32, " in printed and ("attention: the " in printed) == verbose
+
+
+def test_a_run_that_ends_near_its_starting_loss_says_it_is_untrained():
+    """Within 10% of the loss before the first step: a note with what to do. A trained run, or a resumed one (it
+    never saw its start), says nothing."""
+    start = [(0, 4.2, 4.19)]
+    note = untrained_note(start + [(1, 4.1, 4.1)], 4.05, 1)
+    assert note == ("note: the model is barely trained: val loss 4.0500 after 1 step, against 4.1900 before the "
+                    "first; samples from it will be noise (give it more --max_time or --max_iters)")
+    assert untrained_note(start + [(300, 2.0, 2.1)], 2.05, 300) is None
+    assert untrained_note([(300, 4.2, 4.19)], 4.19, 301) is None
