@@ -11,6 +11,7 @@ Benchmarks, one subcommand each; every subcommand takes its own --key=value opti
     python bench.py explore --out_dir=out          # the explorer: first token, streaming, page load, analysis, load
     python bench.py analyze                        # analyze.py: every head's ablation delta, a patching heatmap
     python bench.py busy                           # training tokens/s idle and beside one busy process
+    python bench.py startup                        # start-up, the same choices run after run, max_time held
     python bench.py presets                        # each preset trained with 3 seeds: mean val loss, spread, target
     python bench.py prepare --nanogpt_dir=../nanoGPT  # a 1 GB JSON Lines corpus: ours vs nanoGPT's OpenWebText prepare
     python bench.py prepare --size_gb=10           # peak memory preparing, then training on, 10 GB
@@ -22,8 +23,8 @@ Each benchmark lives in gptkit/benchmarks/, one module per subcommand.
 
 import sys
 
-from gptkit.benchmarks import (analyze, busy, dropout, explore, hooks, prepare, presets, sample, throughput,
-                               tokenizers, train)
+from gptkit.benchmarks import (analyze, busy, dropout, explore, hooks, prepare, presets, sample, startup,
+                               throughput, tokenizers, train)
 from gptkit.config import pick_subcommand
 from gptkit.errors import run_main
 
@@ -37,6 +38,7 @@ COMMANDS = {
     "explore": (explore.main, "the explorer: page load, first token, streaming, the analysis panels, under load"),
     "analyze": (analyze.main, "analyze.py: every head's ablation delta on 65,536 val tokens, a patching heatmap"),
     "busy": (busy.main, "training tokens/s idle and beside a busy process"),
+    "startup": (startup.main, "start-up to the first step, the same command's choices idle and busy, max_time held"),
     "presets": (presets.main, "each preset trained once per seed: mean val loss, spread, target"),
     "prepare": (prepare.main, "a JSON Lines corpus prepared (and read by train.py) beside nanoGPT's script"),
     "tokenizers": (tokenizers.main, "characters against trained BPEs in bits per character at equal training time; "

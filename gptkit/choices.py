@@ -115,11 +115,15 @@ def fresh_choices(cfg, rt, planned, asked, started):
     precisions = dtypes(cfg, rt)
     entry = speed.of(planned, precisions)
     pick_precision(cfg, precisions, entry, choices)
+    short = []
     if fits(cfg, asked):
-        cfg, planned, entry = fit_shape(cfg, planned, entry, speed, choices)
+        cfg, planned, entry, short = fit_shape(cfg, planned, entry, speed, choices)
     choices.attention_path = entry[choices.dtype]["path"]
-    choices.step_seconds = entry[choices.dtype].get("step")
-    say_model(cfg, rt, planned, choices)
+    choices.step_seconds = entry[choices.dtype]["step"]
+    if choices.threads:  # the count that stepped faster here, idle: the ThreadTuner follows the load from it
+        choices.threads = entry[choices.dtype].get("threads", choices.threads)
+    say_path(cfg, rt, planned, entry, choices)
+    say_model(cfg, rt, planned, entry, choices, short)
     choices.lines = speed.wisdom.notes + choices.lines
     return cfg, choices
 
@@ -144,6 +148,19 @@ def pick_precision(cfg, precisions, entry, choices):
                          f"{speedup:.2f}x as fast as in float32{enough})")
 
 
+def say_path(cfg, rt, planned, entry, choices):
+    """The attention path's line, where the model's attention has paths to choose from; its step time for
+    --verbose."""
+    step = choices.step_seconds
+    choices.details.append(f"step: {step * 1e3:.1f} ms forward and backward in {choices.dtype} "
+                           f"({measured_when(entry)})")
+    if rt.device != "cpu" or planned.attention not in ("scaled", "dot") or planned.n_layer == 0:
+        return
+    why = "as asked" if cfg.attention_path != "auto" else f"{measured_when(entry)}: the fastest of " \
+        f"{', '.join(ATTENTION_PATHS)} in {choices.dtype}"
+    choices.lines.append(f"attention: the {choices.attention_path} path ({why})")
+
+
 def measured_when(entry):
     return "measured now on this CPU" if entry["measured"] == today() and entry.get("now") else \
         f"measured on this CPU on {entry['measured']}"
@@ -165,12 +182,13 @@ class Speed:
         key = shape_key(planned, self.cfg.batch_size, self.choices.kernels, self.cfg.compile)
         entry = {} if self.cfg.retime else self.wisdom.entry(key)
         missing = [d for d in precisions if not isinstance(entry.get(d), dict) or "step" not in entry[d]]
+        missing = missing or ([] if "params" in entry else list(precisions))
         if missing:
             if not self.said:  # at once: the measuring takes seconds
                 self.said = True
                 print(f"measuring this machine once for this model ({', '.join(missing)}): later runs read it from "
                       f"{self.wisdom.path} (--retime measures again)", flush=True)
-            entry = {k: v for k, v in entry.items() if k in precisions or k == "measured"}
+            entry = {k: v for k, v in entry.items() if k in precisions or k in ("measured", "params")}
             entry.update(measure(planned, self.cfg, self.rt, self.choices.kernels, missing, self.deadline))
             entry["measured"] = today()
             self.wisdom.keep(key, entry)
@@ -182,16 +200,34 @@ class Speed:
 
 
 def measure(planned, cfg, rt, kernels, precisions, deadline):
-    """{dtype: {"path": the fastest attention path in it, "step": its forward and backward's seconds}}, timed on a
-    model of the planned shape with the run's kernels, the precisions taking turns; the generators left untouched."""
+    """{"params": its parameters, dtype: {"path": the fastest attention path in it, "step": its forward and
+    backward's seconds on the faster of one thread and every thread, "threads": that count}}, timed on a model of the
+    planned shape with the run's kernels, the candidates taking turns; the generators and threads left as they were."""
+    most = torch.get_num_threads()
+    counts = [1, most] if rt.device == "cpu" and not rt.distributed and not cfg.threads and most > 1 else [most]
     with torch.random.fork_rng(devices=[]):
         model = GPT(planned).to(rt.device)
         install(model, kernels)
         paths = {dtype: attention_path_for(model, cfg.batch_size, dtype, rt.device, deadline)
                  if cfg.attention_path == "auto" else cfg.attention_path for dtype in precisions}
-        runs = {dtype: training_step(model, cfg.batch_size, dtype, paths[dtype]) for dtype in precisions}
-        seconds = fastest_in_turns(runs, TURNS, rt.device, deadline=deadline)
-    return {dtype: {"path": paths[dtype], "step": seconds[dtype]} for dtype in precisions}
+        runs = {(dtype, n): on_threads(n, training_step(model, cfg.batch_size, dtype, paths[dtype]))
+                for dtype in precisions for n in counts}
+        try:
+            seconds = fastest_in_turns(runs, TURNS, rt.device, deadline=deadline)
+        finally:
+            torch.set_num_threads(most)
+    speeds = {"params": model.num_params()}
+    for dtype in precisions:
+        step, threads = min((seconds[dtype, n], n) for n in counts)
+        speeds[dtype] = {"path": paths[dtype], "step": step, "threads": threads}
+    return speeds
+
+
+def on_threads(threads, step):
+    def run():
+        torch.set_num_threads(threads)
+        step()
+    return run
 
 
 def attention_path_for(model, batch_size, dtype, device, deadline=None):
@@ -245,59 +281,56 @@ def fits(cfg, asked):
 
 
 def fit_shape(cfg, planned, entry, speed, choices):
-    """(cfg, planned, entry) of the largest of the preset's shapes that sees min_tokens_per_param tokens per
-    parameter in max_time here (the last one, where none does), in the chosen precision; said in one line."""
-    seen = tokens_per_parameter(cfg, speed.rt, planned, entry[choices.dtype]["step"])
+    """(cfg, planned, entry, what each bigger shape would see) of the largest of the preset's shapes that sees
+    min_tokens_per_param tokens per parameter in max_time here (the last one, where none does), in the chosen
+    precision."""
+    seen = tokens_per_parameter(cfg, speed.rt, planned, entry, choices.dtype)
     first, short = (planned.n_layer, planned.n_embd), []
     for n_layer, n_embd in cfg.fit_shape_list()[1:]:
         if seen >= cfg.min_tokens_per_param:
             break
-        short.append(f"{shape_words(planned)} {tenths(seen)}")
+        short.append(f"{shape_words(planned)} would see {tenths(seen)}")
         planned = replace(planned, n_layer=n_layer, n_embd=n_embd)
         entry = speed.of(planned, [choices.dtype])
-        seen = tokens_per_parameter(cfg, speed.rt, planned, entry[choices.dtype]["step"])
+        seen = tokens_per_parameter(cfg, speed.rt, planned, entry, choices.dtype)
     if (planned.n_layer, planned.n_embd) == first:
-        return cfg, planned, entry
+        return cfg, planned, entry, []
     choices.fitted_from = {"n_layer": first[0], "n_embd": first[1]}
     cfg = replace(cfg, model=replace(cfg.model, n_layer=planned.n_layer, n_embd=planned.n_embd))
     decay = cfg.smaller_muon_weight_decay
     if decay >= 0 and decay != cfg.muon_weight_decay:  # the decay tuned for the smaller shapes goes with them
         choices.fitted_from["muon_weight_decay"] = cfg.muon_weight_decay
         cfg = replace(cfg, muon_weight_decay=decay)
-    extra = f", muon_weight_decay={decay:g}" if "muon_weight_decay" in choices.fitted_from else ""
-    choices.lines.append(f"model: {shape_words(planned)}{extra}, the largest of this preset's fit_shapes that sees "
-                         f"min_tokens_per_param={cfg.min_tokens_per_param:g} tokens per parameter in the "
-                         f"{cfg.max_time:g} s here ({', '.join(short)}; --n_layer={first[0]} trains {first[0]})")
-    return cfg, planned, entry
+    return cfg, planned, entry, short
 
 
-def tokens_per_parameter(cfg, rt, planned, step):
-    """Tokens each of the model's parameters would see in max_time at its step, every process stepping side by
-    side."""
-    return cfg.max_time * rt.world * cfg.batch_size * planned.block_size / step / parameters(planned)
+def tokens_per_parameter(cfg, rt, planned, entry, dtype):
+    """Tokens each of the model's parameters would see in max_time at its step in dtype (entry: its speed on this
+    machine), every process stepping side by side."""
+    return cfg.max_time * rt.world * cfg.batch_size * planned.block_size / entry[dtype]["step"] / entry["params"]
 
 
-def parameters(planned):
-    """The planned model's parameter count, counted on the meta device: no weights made, no random draws."""
-    with torch.device("meta"):
-        return GPT(planned).num_params()
-
-
-def say_model(cfg, rt, planned, choices):
+def say_model(cfg, rt, planned, entry, choices, short=()):
     """The model's line; where the learner's own shape will see too few tokens per parameter, or the budget too
     few steps, a note saying so and what to do."""
-    n = parameters(planned)
-    choices.lines.append(f"model: {shape_words(planned)}, {n / 1e6:.2f}M parameters")
-    step = choices.step_seconds
-    fresh = cfg.init_from == "scratch"
-    if step and fresh and cfg.min_tokens_per_param > 0 and cfg.max_time > 0 and not choices.fitted_from:
-        seen = tokens_per_parameter(cfg, rt, planned, step)
+    n, step = entry["params"], choices.step_seconds
+    line = f"model: {shape_words(planned)}, {n / 1e6:.2f}M parameters"
+    if choices.fitted_from:
+        first = choices.fitted_from
+        decay = f", muon_weight_decay={cfg.muon_weight_decay:g}" if "muon_weight_decay" in first else ""
+        line += (f"{decay}: the largest of this preset's fit_shapes ({cfg.fit_shapes}) that sees "
+                 f"min_tokens_per_param={cfg.min_tokens_per_param:g} tokens per parameter in the {cfg.max_time:g} s "
+                 f"here: about {tenths(tokens_per_parameter(cfg, rt, planned, entry, choices.dtype))} "
+                 f"({'; '.join(short)}; --n_layer={first['n_layer']} --n_embd={first['n_embd']} trains that)")
+    choices.lines.append(line)
+    if cfg.init_from == "scratch" and cfg.min_tokens_per_param > 0 and cfg.max_time > 0 and not choices.fitted_from:
+        seen = tokens_per_parameter(cfg, rt, planned, entry, choices.dtype)
         if seen < cfg.min_tokens_per_param:
             choices.lines.append(f"note: in the {cfg.max_time:g} s here this model sees about {tenths(seen)} tokens "
                                  f"per parameter, fewer than min_tokens_per_param={cfg.min_tokens_per_param:g}: it "
                                  "trains as asked, but will end undertrained (give it more --max_time, or a "
                                  "smaller --n_layer or --n_embd)")
-    if step and cfg.max_time > 0:
+    if cfg.max_time > 0:
         steps = int(cfg.max_time / (step * STEP_OVERHEAD))
         if steps < FEWEST_STEPS:
             enough = math.ceil(FEWEST_STEPS * step * STEP_OVERHEAD * 1.2)

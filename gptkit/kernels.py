@@ -93,13 +93,13 @@ def install(model, kernels, attention_path="fused"):
         for name, child in module.named_children():
             if "table_dropout" in kernels and type(child) is nn.Dropout and child.p > 0:
                 setattr(module, name, TableDropout(child.p))
-        if "relu2" in kernels and isinstance(module, MLP) and module.act.__name__ == "relu_squared":
+        if "relu2" in kernels and isinstance(module, MLP) and getattr(module.act, "__name__", "") == "relu_squared":
             if edited("relu_squared", module.act):
                 aside.add(("relu2", "relu_squared"))
             else:
                 module.act = fused_relu_squared
-        if "shift_cast" in kernels and isinstance(module, Block) and module.shift is not None \
-                and module.shift.__name__ == "token_shift":
+        if "shift_cast" in kernels and isinstance(module, Block) and \
+                getattr(module.shift, "__name__", "") == "token_shift":
             if edited("token_shift", module.shift):
                 aside.add(("shift_cast", "token_shift"))
             else:

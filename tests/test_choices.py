@@ -31,8 +31,13 @@ class Machine:
 
     def measure(self, planned, cfg, rt, kernels_, precisions, deadline):
         self.measured.append((planned.n_layer, list(precisions)))
-        step = choices.parameters(planned) * self.per_param
-        return {d: {"path": "written", "step": step * (self.bf16 if d == "bfloat16" else 1.0)} for d in precisions}
+        n = parameters(planned)
+        return {"params": n, **{d: {"path": "written", "step": n * self.per_param * (self.bf16 if d == "bfloat16" else
+                                                                                     1.0)} for d in precisions}}
+
+
+def parameters(planned):
+    return tiny_model(config=planned).num_params()
 
 
 def preset(**values):
@@ -139,18 +144,22 @@ def test_a_preset_trains_the_largest_of_its_shapes_that_sees_enough_tokens(monke
         return
     assert picked.fitted_from == {"n_layer": 4, "n_embd": 32}
     fitted = [line for line in picked.lines if "fit_shapes" in line]
-    assert fitted and fitted[0].startswith(f"model: {trained} layers × 32, the largest of this preset's fit_shapes "
-                                           "that sees min_tokens_per_param=8 tokens per parameter in the 60 s here "
-                                           "(4 layers × 32 ")
-    assert fitted[0].endswith("; --n_layer=4 trains 4)")
+    assert len(fitted) == 1 and fitted[0].startswith(
+        f"model: {trained} layers × 32, {choices_params(cfg) / 1e6:.2f}M parameters: the largest of this preset's "
+        "fit_shapes (4x32, 3x32, 2x32) that sees min_tokens_per_param=8 tokens per parameter in the 60 s here: about ")
+    assert "(4 layers × 32 would see " in fitted[0] and fitted[0].endswith("; --n_layer=4 --n_embd=32 trains that)")
+
+
+def choices_params(cfg):
+    return parameters(replace(cfg.model, vocab_size=37))
 
 
 def test_tokens_per_parameter_is_the_budget_at_the_step_over_the_parameters():
     cfg, rt = train_config(max_time=60), Runtime(device="cpu", dtype="float32")
     planned = replace(cfg.model, vocab_size=37)
     n = tiny_model(config=planned).num_params()
-    assert choices.parameters(planned) == n
-    assert choices.tokens_per_parameter(cfg, rt, planned, 0.5) == pytest.approx(60 * 4 * 16 / 0.5 / n)
+    entry = {"params": n, "float32": {"step": 0.5}}
+    assert choices.tokens_per_parameter(cfg, rt, planned, entry, "float32") == pytest.approx(60 * 4 * 16 / 0.5 / n)
 
 
 @pytest.mark.parametrize("given", [dict(n_layer=6), dict(n_embd=48)])
@@ -192,7 +201,7 @@ def test_a_model_that_is_mostly_its_vocabulary_is_named_before_it_trains(monkeyp
     Machine(monkeypatch, per_param=1e-8)
     cfg = preset(min_tokens_per_param=0, tie_weights=False)
     _, picked = chosen(cfg, vocab=50304)
-    n = choices.parameters(replace(cfg.model, vocab_size=50304))
+    n = parameters(replace(cfg.model, vocab_size=50304))
     assert picked.lines[-1] == (f"note: {2 * 50304 * 32 / 1e6:.1f}M of its {n / 1e6:.1f}M parameters are the "
                                 "embeddings of a 50,304-token vocabulary, slow to train on a CPU; the same text "
                                 "prepared by characters, or by a BPE of 512 tokens trained on it, trains far more "
@@ -212,8 +221,9 @@ def test_measuring_times_each_precision_on_its_fastest_path_and_leaves_no_trace(
     speeds = choices.measure(replace(cfg.model, vocab_size=37), cfg, rt, kernels.by_rule("cpu"),
                              ["float32", "bfloat16"], time.perf_counter() + 5)
     assert torch.equal(torch.get_rng_state(), before)
-    assert set(speeds) == {"float32", "bfloat16"}
-    assert all(s["path"] in ("written", "folded") and s["step"] > 0 for s in speeds.values())  # table dropout
+    assert set(speeds) == {"params", "float32", "bfloat16"}
+    assert speeds["params"] == tiny_model(config=replace(cfg.model, vocab_size=37)).num_params()
+    assert all(speeds[d]["path"] in ("written", "folded") and speeds[d]["step"] > 0 for d in ("float32", "bfloat16"))
 
 
 @pytest.mark.parametrize("fastest", ["fused", "written", "folded"])

@@ -89,9 +89,10 @@ CASES = {
                             "error: eval_iters must be at most 100,000 (got 1,000,000,000): each evaluation scores "
                             "that many batches of each split, drawn before the first step; the whole val split is "
                             "scored once at the end anyway"),
+    # the data is read before the model is built: its length is the first thing such a block cannot fit
     "block_size of 10**15": ("train", ["--block_size=1000000000000000"],
-                             "error: out of memory; lower the sizes of this run (batch_size, block_size, n_embd, "
-                             "n_layer, n_head, eval_iters)"),
+                             "error: *tokens, fewer than block_size + 1 = 1000000000000001; use a smaller "
+                             "--block_size or more text*"),
     "evaluation windows past the bound": ("train", ["--batch_size=3000000"],
                                           "error: eval_iters x batch_size must be at most 10,000,000 windows of each "
                                           "split, drawn before the first step for the evaluations (got 60,000,000); "

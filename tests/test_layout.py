@@ -10,7 +10,7 @@ from conftest import REPO
 SCRIPTS = {"train", "sample", "plot", "export", "bench", "lab", "explore", "analyze"}
 # gptkit/benchmarks/: one module per `bench.py` subcommand, and what several of them share
 BENCHMARKS = ["common", "sample", "train", "presets", "busy", "throughput", "dropout", "hooks", "explore", "prepare",
-              "analyze", "tokenizers"]
+              "analyze", "tokenizers", "startup"]
 # the package's layers, lowest first: a module may import its own layer or those below, never one above
 LAYERS = {
     "foundations": {"gptkit.errors", "gptkit.config", "gptkit.prompts", "gptkit.locks"},

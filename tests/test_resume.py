@@ -352,17 +352,20 @@ def test_a_run_its_budget_made_smaller_resumes_with_the_command_that_started_it(
     """The config file still says the bigger shape and its decay: given again on resume they are what the run was
     fitted from, not other settings; the run keeps the smaller model and its decay. A shape that differs from
     both is refused."""
-    out = tmp_path / "fitted"
-    start = train_args(data_dir, out, "--n_layer=2", "--max_time=600", "--min_tokens_per_param=1e12",
-                       "--smaller_n_layer=1", "--optimizer=muon", "--muon_weight_decay=0.6",
-                       "--smaller_muon_weight_decay=0.3", "--max_iters=4", "--eval_interval=2", "--eval_iters=1")
+    out, preset = tmp_path / "fitted", tmp_path / "preset.py"
+    preset.write_text("n_layer = 2\nn_embd = 32\nfit_shapes = '2x32, 1x32'\nmin_tokens_per_param = 1e12\nmax_time = 600\n"
+                      "optimizer = 'muon'\nmuon_weight_decay = 0.6\nsmaller_muon_weight_decay = 0.3\n")
+    start = [str(preset), *(a for a in train_args(data_dir, out) if not a.startswith(("--n_layer", "--n_embd"))),
+             "--max_iters=4",
+             "--eval_interval=2", "--eval_iters=1"]
     fitted_from = {"n_layer": 2, "n_embd": 32, "muon_weight_decay": 0.6}
     train.main(start)
-    assert "model: 1 layer × 32, muon_weight_decay=0.3 instead of 2 layers × 32: " in capsys.readouterr().out
+    assert "model: 1 layer × 32, muon_weight_decay=0.3, the largest of this preset's fit_shapes" in \
+        capsys.readouterr().out
     ckpt = load_checkpoint(out / "latest.pt")
     assert ckpt["model_args"]["n_layer"] == 1 and ckpt["measured"]["fitted_from"] == fitted_from
     train.main([*start, "--max_iters=6", "--init_from=auto"])
-    assert " instead of " not in capsys.readouterr().out  # a resumed run is not fitted again
+    assert "fit_shapes" not in capsys.readouterr().out  # a resumed run is not fitted again
     ckpt = load_checkpoint(out / "latest.pt")
     assert (ckpt["iter_num"], ckpt["model_args"]["n_layer"], ckpt["config"]["model"]["n_layer"]) == (6, 1, 1)
     assert ckpt["config"]["muon_weight_decay"] == 0.3 and ckpt["measured"]["fitted_from"] == fitted_from
