@@ -1,6 +1,6 @@
 """
 Experiments on a trained model: switch each head off, score what each head does, patch activations from one
-prompt into another, attribute a prediction to the parts that wrote it. The same from Python: gptkit/experiments.py
+prompt into another, attribute a prediction to the parts that wrote it. The same from Python: gptkit/interp/experiments.py
 (docs/analysis.md).
 
     python analyze.py heads out                                   # a table of every head, and out/heads.png
@@ -18,9 +18,9 @@ from typing import ClassVar, Literal
 
 import torch
 
-from gptkit.config import parse_config, pick_subcommand, require
-from gptkit.errors import UserError, run_main
-from gptkit.runtime import check_device_name, pick_device
+from gptkit.base.settings import parse_config, pick_subcommand, require
+from gptkit.base.errors import UserError, run_main
+from gptkit.machine.runtime import check_device_name, pick_device
 
 SCORE_WINDOWS = 16  # val windows the previous-token, first-token and local scores read
 
@@ -46,7 +46,7 @@ class PictureConfig(AnalyzeConfig):
     output: str = ""  # the picture's path ('' = out_dir/heads.png or out_dir/patch.png)
 
     def __post_init__(self):
-        from gptkit.pictures import check_picture_path
+        from gptkit.interp.pictures import check_picture_path
 
         super().__post_init__()
         check_picture_path(self.output_path())  # here, not after the work
@@ -94,8 +94,8 @@ class AttributeConfig(AnalyzeConfig):
 def val_windows(run, cfg, device):
     """(idx, targets), (B, T) each: the first cfg.tokens tokens of the val split (fewer where it holds fewer), in
     consecutive windows of the run's block_size; and the split's name in words."""
-    from gptkit.dataset import Split, load_meta
-    from gptkit.tokenizer import same_token_ids
+    from gptkit.data.dataset import Split, load_meta
+    from gptkit.data.tokenizer import same_token_ids
 
     dataset, data_dir = (cfg.dataset, cfg.data_dir) if cfg.dataset else (
         run.trained_on.get("dataset"), run.trained_on.get("data_dir", ""))
@@ -132,11 +132,11 @@ def drawing(cfg):
 
 
 def analyze_heads(cfg):
-    from gptkit.experiments import (KINDS, ablation_deltas, fast_dtype, head_scores, induction_tokens, no_attention,
+    from gptkit.interp.experiments import (KINDS, ablation_deltas, fast_dtype, head_scores, induction_tokens, no_attention,
                                     open_run)
-    from gptkit.lab import markdown_table
-    from gptkit.pictures import draw_heads
-    from gptkit.runtime import autocast
+    from gptkit.lab.ladder import markdown_table
+    from gptkit.interp.pictures import draw_heads
+    from gptkit.machine.runtime import autocast
 
     device = pick_device(cfg.device)
     run = open_run(cfg.out_dir, cfg.checkpoint, device)
@@ -169,7 +169,7 @@ def analyze_heads(cfg):
 
 def one_token(run, text, option):
     """The token id of a --target or --foil, which must be one token the model knows."""
-    from gptkit.prompts import read_prompt
+    from gptkit.sampling.prompts import read_prompt
 
     try:
         ids = run.tok.encode(read_prompt(text))
@@ -185,7 +185,7 @@ def one_token(run, text, option):
 
 def prompt_tokens(run, text, option):
     """The tokens of a --clean, --corrupt or --text prompt, or one line naming the option."""
-    from gptkit.prompts import read_prompt
+    from gptkit.sampling.prompts import read_prompt
 
     if not text:
         raise UserError(f"--{option} is empty: pass a text, e.g. --{option}=\"First Citizen\"")
@@ -197,7 +197,7 @@ def prompt_tokens(run, text, option):
 
 def patch_tables(p, labels, n_head):
     """The patching answer as two Markdown tables: positions down and layers across, then layers and heads."""
-    from gptkit.lab import markdown_table
+    from gptkit.lab.ladder import markdown_table
 
     layers = [f"L{layer}" for layer in range(len(p.resid))]
     resid = markdown_table(["position", "token", *layers], [[str(t), labels[t], *(f"{v:.3f}" for v in column)]
@@ -211,9 +211,9 @@ def patch_tables(p, labels, n_head):
 
 
 def analyze_patch(cfg):
-    from gptkit.experiments import open_run, patching
-    from gptkit.inspection import token_label
-    from gptkit.pictures import draw_patching
+    from gptkit.interp.experiments import open_run, patching
+    from gptkit.interp.hooks import token_label
+    from gptkit.interp.pictures import draw_patching
 
     run = open_run(cfg.out_dir, cfg.checkpoint, pick_device(cfg.device))
     clean, corrupt = prompt_tokens(run, cfg.clean, "clean"), prompt_tokens(run, cfg.corrupt, "corrupt")
@@ -239,9 +239,9 @@ def analyze_patch(cfg):
 
 
 def analyze_attribute(cfg):
-    from gptkit.experiments import attribute, open_run
-    from gptkit.inspection import token_label
-    from gptkit.lab import markdown_table
+    from gptkit.interp.experiments import attribute, open_run
+    from gptkit.interp.hooks import token_label
+    from gptkit.lab.ladder import markdown_table
 
     run = open_run(cfg.out_dir, cfg.checkpoint, pick_device(cfg.device))
     idx = prompt_tokens(run, cfg.text, "text")

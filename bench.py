@@ -18,15 +18,15 @@ Benchmarks, one subcommand each; every subcommand takes its own --key=value opti
     python bench.py tokenizers                     # characters vs trained BPEs; training and encoding a BPE
     python bench.py tokenizers --parts=compare     # only the comparison: bits per character after equal training time
 
-Each benchmark lives in gptkit/benchmarks/, one module per subcommand.
+Each benchmark lives in benchmarks/, one module per subcommand.
 """
 
 import sys
 
-from gptkit.benchmarks import (analyze, busy, dropout, explore, hooks, prepare, presets, sample, startup,
+from benchmarks import (analyze, busy, dropout, explore, hooks, prepare, presets, sample, startup,
                                throughput, tokenizers, train)
-from gptkit.config import pick_subcommand
-from gptkit.errors import run_main
+from gptkit.base.settings import pick_subcommand
+from gptkit.base.errors import run_main
 
 # subcommand -> (its module's entry function, taking the remaining arguments; what it measures)
 COMMANDS = {

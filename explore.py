@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gptkit.config import parse_config, require
-from gptkit.errors import UserError, run_main
-from gptkit.runtime import check_device_name, pick_device
+from gptkit.base.settings import parse_config, require
+from gptkit.base.errors import UserError, run_main
+from gptkit.machine.runtime import check_device_name, pick_device
 
 
 @dataclass
@@ -84,7 +84,9 @@ def main(argv=None):
         raise UserError(f"{root} is not a folder; pass a run folder (e.g. out) or a folder of runs (e.g. out-lab)")
     import uvicorn
 
-    from gptkit.explorer import ApiError, Shelf, make_app
+    from gptkit.explorer.app import make_app
+    from gptkit.explorer.runs import ApiError
+    from gptkit.explorer.shelf import Shelf
 
     shelf = Shelf(root, pick_device(cfg.device), cfg.dtype)
     try:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gptkit.config import parse_config
-from gptkit.errors import run_main
-from gptkit.rundir import load_model
+from gptkit.base.settings import parse_config
+from gptkit.base.errors import run_main
+from gptkit.run.run_folder import load_model
 
 
 @dataclass
@@ -34,7 +34,7 @@ class ExportConfig:
 def main(argv=None):
     cfg = parse_config(ExportConfig, sys.argv[1:] if argv is None else argv, prog="export.py")
     model, tok = load_model(cfg.out_dir, "cpu", cfg.checkpoint)
-    from gptkit.hf_interop import save_hf  # imports `transformers` only after the checkpoint has been read
+    from gptkit.interop.hf import save_hf  # imports `transformers` only after the checkpoint has been read
 
     eot = getattr(tok, "eot_token", None)  # <|endoftext|> for BPE; char vocabularies have none
     save_hf(model, cfg.hf_dir, eos_token_id=eot if eot is not None and eot < model.config.vocab_size else None)

@@ -11,9 +11,9 @@ many seconds each (what each buys per second on this machine).
 
 import sys
 
-from gptkit.config import parse_config
-from gptkit.errors import run_main
-from gptkit.lab import LabConfig, run_lab
+from gptkit.base.settings import parse_config
+from gptkit.base.errors import run_main
+from gptkit.lab.ladder import LabConfig, run_lab
 
 
 def main(argv=None):

@@ -7,8 +7,8 @@ soft-capping, zero-initialised projections, RWKV's token shift) or take the mode
 (scaled or plain dot products, Bahdanau's additive scoring, a plain average of the past), a decoder or an encoder
 (causal), no positions, no MLP, no blocks at all (n_layer=0: a bigram model).
 
-Hook points sit where a learner looks (gptkit/inspection.py names them as TransformerLens does). Decoding lives
-in gptkit/decoding.py; CPU speed kernels that stand in for some pieces here live in gptkit/kernels.py.
+Hook points sit where a learner looks (gptkit/interp/hooks.py names them as TransformerLens does). Decoding lives
+in gptkit/sampling/decoding.py; CPU speed kernels that stand in for some pieces here live in gptkit/machine/stand_ins.py.
 """
 
 import math
@@ -183,7 +183,7 @@ class SelfAttention(nn.Module):
 
     def forward(self, x, rotary=None, cache=None, layer=0):
         """cache: anything with update(layer, k, v) that appends this step's keys and values and returns all
-        of them so far (gptkit.decoding.KVCache); the queries are the last T positions of those keys."""
+        of them so far (gptkit.sampling.decoding.KVCache); the queries are the last T positions of those keys."""
         B, T, C = x.size()
         q, k, v = self.project(x, rotary)
         if cache is not None:

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from gptkit.config import parse_config, pick_subcommand
-from gptkit.errors import UserError, run_main
-from gptkit.runtime import check_device_name
+from gptkit.base.settings import parse_config, pick_subcommand
+from gptkit.base.errors import UserError, run_main
+from gptkit.machine.runtime import check_device_name
 
 
 @dataclass
@@ -25,7 +25,7 @@ class PlotConfig:
     dpi: int = 100  # picture resolution
 
     def __post_init__(self):
-        from gptkit.pictures import check_picture_path
+        from gptkit.interp.pictures import check_picture_path
 
         if not 20 <= self.dpi <= 600:
             raise ValueError(f"dpi must be between 20 and 600 (got {self.dpi})")
@@ -50,8 +50,8 @@ class AttentionConfig(PlotConfig):
 
 
 def plot_loss(cfg):
-    from gptkit.metrics import read_metrics
-    from gptkit.pictures import draw_loss
+    from gptkit.run.metrics import read_metrics
+    from gptkit.interp.pictures import draw_loss
 
     records = read_metrics(cfg.out_dir)
     if not any(r.get("kind") in ("train", "eval") for r in records):
@@ -61,10 +61,10 @@ def plot_loss(cfg):
 
 
 def plot_attention(cfg):
-    from gptkit.pictures import draw_model_attention
-    from gptkit.prompts import read_prompt
-    from gptkit.rundir import load_model
-    from gptkit.runtime import pick_device
+    from gptkit.interp.pictures import draw_model_attention
+    from gptkit.sampling.prompts import read_prompt
+    from gptkit.run.run_folder import load_model
+    from gptkit.machine.runtime import pick_device
 
     prompt = read_prompt(cfg.start)
     model, tok = load_model(cfg.out_dir, pick_device(cfg.device), cfg.checkpoint)

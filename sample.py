@@ -15,13 +15,13 @@ from typing import Literal
 
 import torch
 
-from gptkit.config import check_seed, parse_config, require
-from gptkit.decoding import StopFilter, generate_stream, lay_out_for_decoding
-from gptkit.errors import UserError, run_main
-from gptkit.prompts import read_prompt, unescape
-from gptkit.rundir import load_model
-from gptkit.runtime import DTYPES, check_device_name, pick_device
-from gptkit.timing import pick_decode_dtype, pick_decode_threads
+from gptkit.base.settings import check_seed, parse_config, require
+from gptkit.sampling.decoding import StopFilter, generate_stream, lay_out_for_decoding
+from gptkit.base.errors import UserError, run_main
+from gptkit.sampling.prompts import read_prompt, unescape
+from gptkit.run.run_folder import load_model
+from gptkit.machine.runtime import DTYPES, check_device_name, pick_device
+from gptkit.machine.timing import pick_decode_dtype, pick_decode_threads
 
 
 @dataclass

@@ -18,18 +18,18 @@ from dataclasses import asdict
 
 import torch
 
-from gptkit.choices import choose, on_speed_path
-from gptkit.config import command_line_keys, given_values, make
-from gptkit.errors import RunStopped, UserError, run_main
-from gptkit.metrics import PROCESS_START, RunLog, records_through
-from gptkit.optim import lr_factor_at, set_lr
-from gptkit.reporting import Reporter
-from gptkit.resume import claim_for_a_new_run, continued_config
-from gptkit.rundir import RunDir
-from gptkit.runtime import Runtime, compile_blocks, launch_processes, launched_rank, trains_here
-from gptkit.signals import StopSignals
-from gptkit.train_config import TrainConfig
-from gptkit.training import (TrainState, build_model, eval_tokens, evaluate, evaluate_split, open_data,
+from gptkit.machine.choices import choose, on_speed_path
+from gptkit.base.settings import command_line_keys, given_values, make
+from gptkit.base.errors import RunStopped, UserError, run_main
+from gptkit.run.metrics import PROCESS_START, RunLog, records_through
+from gptkit.training.optimizers import lr_factor_at, set_lr
+from gptkit.training.reporting import Reporter
+from gptkit.training.resume import claim_for_a_new_run, continued_config
+from gptkit.run.run_folder import RunDir
+from gptkit.machine.runtime import Runtime, compile_blocks, launch_processes, launched_rank, trains_here
+from gptkit.base.signals import StopSignals
+from gptkit.training.train_config import TrainConfig
+from gptkit.training.state import (TrainState, build_model, eval_tokens, evaluate, evaluate_split, open_data,
                              planned_model, seconds_spent, seed_everything, step_optimizers, thread_tuner, time_budget)
 
 
@@ -176,7 +176,7 @@ def start(cfg, rt, ckpt, ckpt_path, asked, started):
     seed_everything(cfg.seed + rt.rank)
     data, sequences = open_data(cfg, rt, ckpt, ckpt_path)
     saved = ckpt.get("measured", {}) if ckpt is not None else None  # what a resumed run chose
-    # precision, attention path and shape: this machine's, measured once and kept (gptkit/choices.py)
+    # precision, attention path and shape: this machine's, measured once and kept (gptkit/machine/choices.py)
     cfg, choices = choose(cfg, rt, planned_model(cfg, data.meta, ckpt, ckpt_path), saved, asked, started)
     seed_everything(cfg.seed + rt.rank)  # the weights as a run configured with the chosen shape draws them
     model = build_model(cfg, data.meta, ckpt, ckpt_path).to(rt.device)

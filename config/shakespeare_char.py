@@ -58,7 +58,7 @@ max_time = 150  # seconds for the whole run, the final score included; the sched
 ema_decay = 0.98
 
 # the shapes this preset may train, its own first: the largest that sees min_tokens_per_param tokens per
-# parameter in max_time on this machine (measured once, then read: gptkit/choices.py). A shape you set yourself,
+# parameter in max_time on this machine (measured once, then read: gptkit/machine/choices.py). A shape you set yourself,
 # here or on the command line, is what trains (docs/configuration.md#shape)
 fit_shapes = '4x128, 3x128, 2x128'
 min_tokens_per_param = 8

@@ -33,7 +33,7 @@ os.environ["WANDB_SILENT"] = "true"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-# this machine's wisdom (gptkit/wisdom.py) in a folder of the session's own, inherited by every script it starts:
+# this machine's wisdom (gptkit/machine/wisdom.py) in a folder of the session's own, inherited by every script it starts:
 # measured once per shape for the whole session, and never the user's cache
 if "GPTKIT_WISDOM_DIR" not in os.environ:
     import tempfile
@@ -151,8 +151,8 @@ TINY_RUN = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, bia
 
 def train_config(**values):
     """A TrainConfig from flat keys, as the command line gives them: TINY_RUN's, and values over them."""
-    from gptkit.config import build
-    from gptkit.train_config import TrainConfig
+    from gptkit.base.settings import build
+    from gptkit.training.train_config import TrainConfig
 
     return build(TrainConfig, dict(TINY_RUN, **values))
 
@@ -332,9 +332,9 @@ def bpe_data(tmp_path_factory):
     """mixed_script_text() prepared once per session with a byte-level BPE of BPE_VOCAB tokens trained on it (dataset
     'tiny_bpe', by data/prepare.py's own prepare(), in this process: a fraction of a second): (data_dir, its
     metadata as load_meta reads it, the tokenizer in it). Tests read it and never change it."""
-    from gptkit.corpus import PrepareConfig, prepare
-    from gptkit.dataset import load_meta
-    from gptkit.tokenizer import tokenizer_from_meta
+    from gptkit.data.preparing import PrepareConfig, prepare
+    from gptkit.data.dataset import load_meta
+    from gptkit.data.tokenizer import tokenizer_from_meta
 
     folder = tmp_path_factory.mktemp("bpe_corpus")
     (folder / "input.txt").write_text(mixed_script_text(), encoding="utf-8")
@@ -467,8 +467,8 @@ from pathlib import Path
 sys.path.insert(0, {repo!r})
 sys.argv[0] = os.path.join({repo!r}, "train.py")
 import train
-from gptkit import checkpoint
-from gptkit.errors import run_main
+from gptkit.run import checkpoint
+from gptkit.base.errors import run_main
 
 FAULTS = {faults!r}
 saves = 0
@@ -521,7 +521,7 @@ if "nan" in FAULTS:  # the training loss of forward pass NTH becomes NaN
     model.GPT.forward = forward
 if "signal" in FAULTS or "rank1" in FAULTS:
     import torch.distributed as dist
-    from gptkit.errors import UserError
+    from gptkit.base.errors import UserError
     real_step = train.step_optimizers
     steps = 0  # optimizer steps taken: the runs these faults go into start from scratch
 

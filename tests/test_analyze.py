@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conftest import REPO, assert_one_error_line, check_ok, run_here, run_script, tiny_model
-from gptkit.checkpoint import save_checkpoint
-from gptkit.inspection import token_label
-from gptkit.tokenizer import CharTokenizer
+from gptkit.run.checkpoint import save_checkpoint
+from gptkit.interp.hooks import token_label
+from gptkit.data.tokenizer import CharTokenizer
 from test_experiments import CHARS
 from test_plot import assert_png
 
@@ -54,8 +54,8 @@ def test_the_heads_table_lists_every_head_and_draws_its_picture(trained_run, tmp
 
 def test_heads_json_agrees_with_the_api_on_the_same_tokens(trained_run, tmp_path):
     """In float32 the command's deltas are the API's ablation_deltas on the val split's first windows."""
-    from gptkit.dataset import Split, load_meta
-    from gptkit.experiments import ablation_deltas, open_run
+    from gptkit.data.dataset import Split, load_meta
+    from gptkit.interp.experiments import ablation_deltas, open_run
 
     out = trained_run[0]
     proc = check_ok(run_script("analyze.py", "heads", f"--out_dir={out}", "--json", "--ablation=mean",

@@ -1,4 +1,4 @@
-"""bench.py's benchmarks (gptkit/benchmarks/): the throughput comparison runs, the side-by-side tables state the
+"""bench.py's benchmarks (benchmarks/): the throughput comparison runs, the side-by-side tables state the
 ratios, and the sampling benchmark reports both decoding rates."""
 
 import json
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import bench
-from gptkit.benchmarks import busy, common, presets, throughput, train
-from gptkit.errors import UserError
+from benchmarks import busy, common, presets, throughput, train
+from gptkit.base.errors import UserError
 
 
 def test_throughput_times_the_baseline_and_the_config_in_alternating_rounds(capsys, monkeypatch):
@@ -49,10 +49,10 @@ def test_the_datasheet_mfu_is_added_only_where_the_device_has_a_known_peak(monke
 
 
 def test_the_timed_step_is_the_trainings_own(monkeypatch):
-    """throughput and dropout time train.py's step: gptkit.training's clip, step and clear, with the precision and
+    """throughput and dropout time train.py's step: gptkit.training.state's clip, step and clear, with the precision and
     attention path that a fresh run settles."""
-    from gptkit.config import parse_config
-    from gptkit.train_config import TrainConfig
+    from gptkit.base.settings import parse_config
+    from gptkit.training.train_config import TrainConfig
 
     clips, step_optimizers = [], common.step_optimizers
     monkeypatch.setattr(common, "step_optimizers", lambda model, optimizers, scaler, grad_clip: clips.append(grad_clip)
@@ -135,8 +135,8 @@ def test_a_run_with_one_train_record_has_no_rate_and_its_real_iterations(tmp_pat
 
 def test_a_benchmark_never_clears_a_run_folder_in_use(tmp_path):
     """bench.py empties its run folders before each run, but only under their lock."""
-    from gptkit.errors import UserError
-    from gptkit.rundir import RunDir
+    from gptkit.base.errors import UserError
+    from gptkit.run.run_folder import RunDir
 
     folder = tmp_path / "default"
     with RunDir(folder).locked():
@@ -167,7 +167,7 @@ def test_prepare_bench_measures_our_prepare_and_the_training_read(tmp_path, caps
 
 
 def test_prepare_bench_refuses_a_nanogpt_checkout_it_cannot_point_at_a_file(tmp_path):
-    from gptkit.errors import UserError
+    from gptkit.base.errors import UserError
 
     script = tmp_path / "data" / "openwebtext" / "prepare.py"
     script.parent.mkdir(parents=True)
@@ -244,7 +244,7 @@ def test_bench_sample_reports_both_rates_and_the_speedup(capsys):
 
 def test_analyze_times_every_head_s_ablation_and_a_patching_heatmap(capsys, monkeypatch):
     """The default's configured shape with random weights; a CPU without fast bf16 times float32 alone."""
-    from gptkit.benchmarks import analyze
+    from benchmarks import analyze
 
     monkeypatch.setattr(analyze, "fast_dtype", lambda device: "bfloat16")
     bench.main(["analyze", "--tokens=256", "--prompt_tokens=8", "--rounds=1"])
@@ -284,14 +284,14 @@ def test_bench_explore_speed_times_each_stream_beside_sample_s_decoding_just_bef
 
 
 def test_each_bpe_block_reads_about_as_many_characters_as_the_char_model():
-    from gptkit.benchmarks.tokenizers import block_for
+    from benchmarks.tokenizers import block_for
 
     assert [block_for(128, per_token) for per_token in (1.0, 1.94, 2.44, 3.26)] == [128, 64, 56, 40]
     assert block_for(128, 40.0) == 8 and block_for(32, 0.99) == 32  # at least 8; to a multiple of 8
 
 
 def test_the_text_is_cut_once_by_characters_and_val_characters_the_train_text_lacks_are_left_out(tmp_path, capsys):
-    from gptkit.benchmarks.tokenizers import split_text
+    from benchmarks.tokenizers import split_text
 
     train_file, val = split_text("abcabcabc\nab" + "Zc~a", 0.25, tmp_path)  # 16 characters: train 12, val 4
     assert train_file.read_text(encoding="utf-8") == "abcabcabc\nab" and val == "ca"
@@ -302,9 +302,9 @@ def test_the_text_is_cut_once_by_characters_and_val_characters_the_train_text_la
 def test_val_score_is_every_token_s_surprise_once_in_consecutive_windows():
     """Total nats of a text in block_size windows, each token scored once from the tokens before it in its window
     (the explorer's surprise_bits, window by window); the first token and its characters left out."""
-    from gptkit.benchmarks.tokenizers import val_score
-    from gptkit.inspection import surprise_bits
-    from gptkit.tokenizer import CharTokenizer
+    from benchmarks.tokenizers import val_score
+    from gptkit.interp.hooks import surprise_bits
+    from gptkit.data.tokenizer import CharTokenizer
     from model import GPT, GPTConfig
 
     text = "to be, or not to be: that is the question."[:41]  # 41 characters: 40 targets, 5 windows of 8
@@ -320,9 +320,9 @@ def test_val_score_is_every_token_s_surprise_once_in_consecutive_windows():
 
 def test_hugging_face_s_encoder_for_the_trained_ranks_gives_tiktoken_s_tokens():
     from conftest import make_text
-    from gptkit.benchmarks.tokenizers import hugging_face_encoder
-    from gptkit.bpe_training import train_bpe
-    from gptkit.tokenizer import TrainedBPE
+    from benchmarks.tokenizers import hugging_face_encoder
+    from gptkit.data.bpe import train_bpe
+    from gptkit.data.tokenizer import TrainedBPE
 
     text = make_text(20_000)
     tok = TrainedBPE(train_bpe([text], 400))
@@ -330,7 +330,7 @@ def test_hugging_face_s_encoder_for_the_trained_ranks_gives_tiktoken_s_tokens():
 
 
 def test_tokenizers_bench_refuses_settings_it_makes_itself():
-    from gptkit.benchmarks.tokenizers import TokenizersBenchConfig
+    from benchmarks.tokenizers import TokenizersBenchConfig
 
     with pytest.raises(ValueError, match="args must not set --block_size"):
         TokenizersBenchConfig(args="--n_layer=2 --block_size=64")
@@ -346,9 +346,9 @@ def test_tokenizers_bench_compares_characters_and_bpes_in_bits_per_character(tmp
     tiny model each, every best.pt scored on the held-out text; bits per character = total nats / (ln 2 x
     characters), which the table's nats per token and characters per token agree with."""
     from conftest import make_text
-    from gptkit.benchmarks.tokenizers import val_score
-    from gptkit.dataset import load_meta
-    from gptkit.experiments import open_run
+    from benchmarks.tokenizers import val_score
+    from gptkit.data.dataset import load_meta
+    from gptkit.interp.experiments import open_run
 
     text = tmp_path / "input.txt"
     text.write_text(make_text(60_000) + "Zounds!\n", encoding="utf-8")  # 'Z' only in the held-out text
@@ -380,7 +380,7 @@ def test_tokenizers_bench_compares_characters_and_bpes_in_bits_per_character(tmp
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="the speed part reads memory from /proc")
 def test_tokenizers_bench_times_training_a_bpe_and_three_encoders(tmp_path, capsys, tiktoken_cache):
     from conftest import make_text
-    from gptkit.benchmarks.prepare import make_corpus
+    from benchmarks.prepare import make_corpus
 
     corpus = tmp_path / "corpus.jsonl"
     make_corpus(make_text(200_000), corpus, 2_000_000, huge_docs=1, huge_bytes=300_000)

@@ -1,4 +1,4 @@
-"""One checkpoint file (gptkit/checkpoint.py): a flipped byte anywhere is named and refused, a field of the wrong
+"""One checkpoint file (gptkit/run/checkpoint.py): a flipped byte anywhere is named and refused, a field of the wrong
 kind is named on load, a hostile file is refused without running it, a file of an earlier version still loads,
 and a save is atomic: a full disk, a failed rename, SIGKILL or Ctrl-C in the middle of a write leave the previous
 checkpoint whole and no .tmp behind, and a save never writes through a link."""
@@ -23,13 +23,13 @@ import torch
 import sample
 import train
 from conftest import REPO, assert_one_error_line, run_script, train_args
-from gptkit import checkpoint
-from gptkit.checkpoint import (HEADER_SIZE, MODEL_KEYS, TRAINING_KEYS, HashingWriter, load_checkpoint,
+from gptkit.run import checkpoint
+from gptkit.run.checkpoint import (HEADER_SIZE, MODEL_KEYS, TRAINING_KEYS, HashingWriter, load_checkpoint,
                                save_checkpoint)
-from gptkit.errors import RunStopped, UserError
-from gptkit.explorer import summarize
-from gptkit.resume import resume_state
-from gptkit.rundir import RunDir
+from gptkit.base.errors import RunStopped, UserError
+from gptkit.explorer.runs import summarize
+from gptkit.training.resume import resume_state
+from gptkit.run.run_folder import RunDir
 
 
 def digest(path):
@@ -67,7 +67,7 @@ def parts(data):
 
 def test_a_checkpoint_written_before_hook_points_and_kernels_samples_the_same_text(tmp_path, capsys):
     """tests/data/written_before_hooks/best.pt was trained by the model file as it stood before hook points and
-    gptkit/kernels.py (2 layers, rotary, QK-norm, ReLU^2, token shift); its sample is the text that code wrote."""
+    gptkit/machine/stand_ins.py (2 layers, rotary, QK-norm, ReLU^2, token shift); its sample is the text that code wrote."""
     shutil.copytree(Path(__file__).parent / "data" / "written_before_hooks", tmp_path / "run")
     sample.main([f"--out_dir={tmp_path / 'run'}", "--device=cpu", "--dtype=float32", "--num_samples=1",
                  "--max_new_tokens=80", "--seed=7", "--start=ROMEO:"])
@@ -357,7 +357,7 @@ def test_sigkill_while_saving_a_large_checkpoint(tmp_path):
 import io, os, signal, sys
 sys.path.insert(0, {str(REPO)!r})
 import torch
-from gptkit import checkpoint
+from gptkit.run import checkpoint
 
 class DiesMidWrite(io.FileIO):
     def write(self, data):

@@ -1,4 +1,4 @@
-"""gptkit/choices.py: the start-up choices (precision, attention path, shape) from this machine's wisdom, measured
+"""gptkit/machine/choices.py: the start-up choices (precision, attention path, shape) from this machine's wisdom, measured
 once and then read, so that a busy moment changes nothing; a preset's shapes fitted, a learner's shape kept; and
 what the run says."""
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from conftest import tiny_model, train_config
-from gptkit import choices, kernels
-from gptkit.choices import Choices, choose
-from gptkit.errors import UserError
-from gptkit.runtime import Runtime
-from gptkit.wisdom import FILE_NAME
+from gptkit.machine import choices, stand_ins
+from gptkit.machine.choices import Choices, choose
+from gptkit.base.errors import UserError
+from gptkit.machine.runtime import Runtime
+from gptkit.machine.wisdom import FILE_NAME
 
 PRESET = dict(n_layer=4, n_head=2, n_embd=32, max_time=60, min_tokens_per_param=8, fit_shapes="4x32, 3x32, 2x32",
               device="cpu")
@@ -218,7 +218,7 @@ def test_measuring_times_each_precision_on_its_fastest_path_and_leaves_no_trace(
     rt = Runtime(device="cpu", dtype="float32")
     torch.manual_seed(3)
     before = torch.get_rng_state()
-    speeds = choices.measure(replace(cfg.model, vocab_size=37), cfg, rt, kernels.by_rule("cpu"),
+    speeds = choices.measure(replace(cfg.model, vocab_size=37), cfg, rt, stand_ins.by_rule("cpu"),
                              ["float32", "bfloat16"], time.perf_counter() + 5)
     assert torch.equal(torch.get_rng_state(), before)
     assert set(speeds) == {"params", "float32", "bfloat16"}

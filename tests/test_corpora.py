@@ -17,13 +17,13 @@ import torch
 import zstandard
 
 from conftest import REPO, assert_one_error_line, check_ok, make_text, run_script
-from gptkit import corpus, sources
-from gptkit.benchmarks.prepare import tree_rss
-from gptkit.corpus import PrepareConfig, prepare
-from gptkit.dataset import Split, TrainingData, load_meta
-from gptkit.errors import UserError
-from gptkit.sources import in_val
-from gptkit.tokenizer import tokenizer_from_meta
+from gptkit.data import preparing, sources
+from benchmarks.prepare import tree_rss
+from gptkit.data.preparing import PrepareConfig, prepare
+from gptkit.data.dataset import Split, TrainingData, load_meta
+from gptkit.base.errors import UserError
+from gptkit.data.sources import in_val
+from gptkit.data.tokenizer import tokenizer_from_meta
 
 DOCS = [doc.strip() for doc in make_text(60_000, seed=3).split("\n\n") if doc.strip()]  # ~1,900 small documents
 
@@ -63,7 +63,7 @@ def documents(out_dir, meta, split):
     """The documents a split holds, cut at the separator prepare puts after each."""
     tok = tokenizer_from_meta(meta)
     text = tok.decode(read_split(out_dir, meta, split).tolist())
-    return text.split("<|endoftext|>" if meta["tokenizer"] != "char" else corpus.CHAR_SEPARATOR)[:-1]
+    return text.split("<|endoftext|>" if meta["tokenizer"] != "char" else preparing.CHAR_SEPARATOR)[:-1]
 
 
 def tokenizer_settings(tokenizer):
@@ -157,11 +157,11 @@ def test_a_shard_missing_or_damaged_is_one_line_before_training(tmp_path):
 STOP_AT_SHARD = """
 import os, signal, sys
 sys.path.insert(0, {repo!r})
-from gptkit import corpus, shards
-from gptkit.corpus import PrepareConfig, prepare
-from gptkit.errors import run_main
+from gptkit.data import preparing, shards
+from gptkit.data.preparing import PrepareConfig, prepare
+from gptkit.base.errors import run_main
 
-corpus.BATCH_CHARS, at, how, closed = 2000, int(sys.argv[1]), sys.argv[6], [0]
+preparing.BATCH_CHARS, at, how, closed = 2000, int(sys.argv[1]), sys.argv[6], [0]
 close = shards.ShardWriter.close_shard
 
 
@@ -242,8 +242,8 @@ def test_a_stopped_prepare_whose_tokenizer_file_changed_starts_again(tmp_path):
 
 def test_ctrl_c_keeps_the_work_and_says_how_to_continue(tmp_path, monkeypatch):
     src = mixed_corpus(tmp_path / "src")
-    monkeypatch.setattr(corpus, "BATCH_CHARS", 2000)
-    real_close, closed = corpus.ShardWriter.close_shard, [0]
+    monkeypatch.setattr(preparing, "BATCH_CHARS", 2000)
+    real_close, closed = preparing.ShardWriter.close_shard, [0]
 
     def interrupted(self):
         real_close(self)
@@ -251,7 +251,7 @@ def test_ctrl_c_keeps_the_work_and_says_how_to_continue(tmp_path, monkeypatch):
         if closed[0] == 4:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(corpus.ShardWriter, "close_shard", interrupted)
+    monkeypatch.setattr(preparing.ShardWriter, "close_shard", interrupted)
     cfg = PrepareConfig(input=str(src), name="s", data_dir=str(tmp_path / "d"), shard_tokens=3000, workers=1)
     with pytest.raises(UserError) as e:
         prepare(cfg)
@@ -259,7 +259,7 @@ def test_ctrl_c_keeps_the_work_and_says_how_to_continue(tmp_path, monkeypatch):
     assert str(e.value) == "interrupted; run the same command again to continue where this prepare stopped"
     work = [p for p in (tmp_path / "d" / "s" / ".versions").iterdir() if p.name.startswith("work-")]
     assert len(work) == 1 and (work[0] / "state.json").is_file()
-    monkeypatch.setattr(corpus.ShardWriter, "close_shard", real_close)
+    monkeypatch.setattr(preparing.ShardWriter, "close_shard", real_close)
     out_dir, meta = prepare(cfg)
     assert sorted(documents(out_dir, meta, "train") + documents(out_dir, meta, "val")) == sorted(DOCS)
     assert [p.name for p in (tmp_path / "d" / "s" / ".versions").iterdir() if p.name.startswith("work-")] == []

@@ -1,4 +1,4 @@
-"""A prepared dataset as a run reads it (gptkit/dataset.py): an epoch's windows, a dataset prepared again or a split
+"""A prepared dataset as a run reads it (gptkit/data/dataset.py): an epoch's windows, a dataset prepared again or a split
 file changed under a run, and a meta.json too deeply nested to read, each one line."""
 
 import numpy as np
@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from conftest import make_text
-from gptkit.dataset import BatchSampler, Split, load_meta
-from gptkit.errors import UserError
-from test_config import DEEP
-from test_dataset_folder import opens, prepared
+from gptkit.data.dataset import BatchSampler, Split, load_meta
+from gptkit.base.errors import UserError
+from test_settings import DEEP
+from test_versions import opens, prepared
 
 
 @pytest.mark.parametrize("length, block_size, batch_size", [(1000, 8, 3), (50, 16, 4), (9, 8, 2)])

@@ -1,4 +1,4 @@
-"""Several processes (gptkit/runtime.py): two CPU processes with DDP over gloo finish the run, rank 0 alone writing
+"""Several processes (gptkit/machine/runtime.py): two CPU processes with DDP over gloo finish the run, rank 0 alone writing
 the checkpoint and metrics; one rank failing on its own stops every rank; started by train.py itself
 (--processes=2), the run ends in one line however it ends. (Stop signals and an exact resume on two processes: see
 test_resume.py.) Two torchrun "nodes" on this machine train as one process with the same global batch, a run
@@ -20,10 +20,10 @@ import torch.distributed as dist
 
 from conftest import (REPO, Run, assert_one_error_line, faulty_train, logged, torchrun, train_args, train_cmd,
                       wait_for_iteration)
-from gptkit.checkpoint import load_checkpoint
-from gptkit.errors import UserError
-from gptkit.metrics import read_metrics
-from gptkit.runtime import trains_here
+from gptkit.run.checkpoint import load_checkpoint
+from gptkit.base.errors import UserError
+from gptkit.run.metrics import read_metrics
+from gptkit.machine.runtime import trains_here
 from test_resume import command
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
@@ -124,8 +124,8 @@ def test_processes_under_torchrun_must_be_the_number_it_started(monkeypatch):
 def test_nccl_without_cuda_is_one_line_before_any_process_group(monkeypatch):
     """--backend=nccl on a machine without CUDA GPUs: each process says so in one line (it raised a
     traceback from inside init_process_group)."""
-    from gptkit.errors import UserError
-    from gptkit.runtime import Runtime
+    from gptkit.base.errors import UserError
+    from gptkit.machine.runtime import Runtime
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -231,8 +231,8 @@ def test_a_node_that_dies_ends_the_other_with_one_line_and_the_last_good_state_k
 def test_a_lost_peer_is_named_even_behind_the_launcher_s_stop_signal():
     """A node that dies makes gloo fail here, and torchrun's launcher send its stop signal at once; the signal's
     RunStopped may overtake the failure on its way out. Either way the one line names the lost address."""
-    from gptkit.errors import RunStopped
-    from gptkit.runtime import lost_peer
+    from gptkit.base.errors import RunStopped
+    from gptkit.machine.runtime import lost_peer
 
     gloo = RuntimeError("[/w/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
                         "[10.0.0.2]:21641. This is typically caused by a remote worker crashing.")

@@ -1,4 +1,4 @@
-"""Decoding (gptkit/decoding.py): the KV cache against full recompute, also past block_size, with a window that
+"""Decoding (gptkit/sampling/decoding.py): the KV cache against full recompute, also past block_size, with a window that
 slides by half a block and holds only itself however many tokens; seeded sampling; top-k, top-p and temperature;
 and the layout for decoding, which changes no value, tie or token."""
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import random_tokens, tiny_model
-from gptkit import decoding
-from gptkit.decoding import lay_out_for_decoding, sample_next
+from gptkit.sampling import decoding
+from gptkit.sampling.decoding import lay_out_for_decoding, sample_next
 
 
 def generate(model, idx, n, kv_cache, seed=7, **kwargs):

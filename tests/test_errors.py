@@ -1,4 +1,4 @@
-"""Errors a user can cause (gptkit/errors.py) and bad input through the command lines: each is one `error:` line on
+"""Errors a user can cause (gptkit/base/errors.py) and bad input through the command lines: each is one `error:` line on
 stderr, a non-zero exit, no traceback, and every file written before it is left as it was; a failed allocation,
 however the allocator says it, is one line naming the settings that size the command's memory.
 
@@ -24,16 +24,16 @@ import plot
 import sample
 import train
 from conftest import MODEL, REPO, assert_one_error_line, make_text, train_args
-from gptkit.benchmarks.prepare import PrepareBenchConfig
-from gptkit.benchmarks.sample import SampleBenchConfig
-from gptkit.benchmarks.throughput import ThroughputBenchConfig
-from gptkit.benchmarks.tokenizers import TokenizersBenchConfig
-from gptkit.benchmarks.train import TrainBenchConfig
-from gptkit.checkpoint import load_checkpoint
-from gptkit.config import settings
-from gptkit.corpus import PrepareConfig, prepare
-from gptkit.errors import run_main
-from gptkit.train_config import TrainConfig
+from benchmarks.prepare import PrepareBenchConfig
+from benchmarks.sample import SampleBenchConfig
+from benchmarks.throughput import ThroughputBenchConfig
+from benchmarks.tokenizers import TokenizersBenchConfig
+from benchmarks.train import TrainBenchConfig
+from gptkit.run.checkpoint import load_checkpoint
+from gptkit.base.settings import settings
+from gptkit.data.preparing import PrepareConfig, prepare
+from gptkit.base.errors import run_main
+from gptkit.training.train_config import TrainConfig
 
 PROMPT = "Zebra ~ 😀 ROMEO"
 

@@ -1,4 +1,4 @@
-"""gptkit/experiments.py: hooks and caches as TransformerLens gives them, ablation against the same change made by
+"""gptkit/interp/experiments.py: hooks and caches as TransformerLens gives them, ablation against the same change made by
 hand, the batched ablation deltas against one pass per head, the head scores on heads whose behaviour is known
 (set by hand, or grown by training), patching's two ends, and attribution's parts summing to the logit."""
 
@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from conftest import MODERN, random_tokens, tiny_model
-from gptkit import experiments
-from gptkit.errors import UserError
-from gptkit.experiments import (KINDS, Run, ablated, ablation_deltas, attribute, chance_scores, head_labels,
+from gptkit.interp import experiments
+from gptkit.base.errors import UserError
+from gptkit.interp.experiments import (KINDS, Run, ablated, ablation_deltas, attribute, chance_scores, head_labels,
                                 head_scores, patching, repeated_tokens, run_patched, run_with_cache, run_with_hooks,
                                 token_losses)
-from gptkit.inspection import hook_points
-from gptkit.tokenizer import CharTokenizer
+from gptkit.interp.hooks import hook_points
+from gptkit.data.tokenizer import CharTokenizer
 
 CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZa"  # 37 characters: TINY's vocabulary
 ARCHS = {"gpt2": {}, "modern": MODERN, "token_shift": dict(MODERN, token_shift=True)}

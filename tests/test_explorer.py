@@ -21,12 +21,13 @@ import pytest
 import torch
 
 from conftest import REPO, check_ok, partial_tokens, run_script, sum_tolerance, tiny_model
-from gptkit.checkpoint import save_checkpoint
-from gptkit.decoding import shaped_probs
-from gptkit.explorer import Shelf, make_app
-from gptkit.inspection import attention_maps, token_label
-from gptkit.tokenizer import CharTokenizer
-from gptkit.train_config import TrainConfig
+from gptkit.run.checkpoint import save_checkpoint
+from gptkit.sampling.decoding import shaped_probs
+from gptkit.explorer.app import make_app
+from gptkit.explorer.shelf import Shelf
+from gptkit.interp.hooks import attention_maps, token_label
+from gptkit.data.tokenizer import CharTokenizer
+from gptkit.training.train_config import TrainConfig
 
 TestClient = pytest.importorskip("fastapi.testclient").TestClient
 
@@ -266,7 +267,7 @@ REMOTE = re.compile(r"""(src|href)\s*=\s*["']?(https?:)?//|url\(\s*["']?(https?:
 def test_the_page_and_its_files_are_served_with_nothing_from_the_internet(client):
     page = client.get("/")
     assert page.status_code == 200 and "<html" in page.text.lower()
-    static = REPO / "gptkit" / "explorer_static"
+    static = REPO / "gptkit" / "explorer" / "static"
     files = [p for p in static.rglob("*") if p.is_file() and p.suffix in (".html", ".js", ".css")]
     assert {"index.html", "explorer.js", "explorer.css"} <= {p.name for p in files}
     for path in files:
@@ -653,10 +654,10 @@ def test_explore_py_refuses_bad_input_in_one_line(args, message, tmp_path):
 
 
 def test_with_heads_off_every_number_is_the_experiments_apis(client, lab):
-    """Position, head map and read with L0H1 and MLP1 off equal gptkit.experiments.ablated's forward pass; the
+    """Position, head map and read with L0H1 and MLP1 off equal gptkit.interp.experiments.ablated's forward pass; the
     read also carries the intact model's reading."""
-    from gptkit.experiments import ablated
-    from gptkit.inspection import look_inside, surprise_bits
+    from gptkit.interp.experiments import ablated
+    from gptkit.interp.hooks import look_inside, surprise_bits
     model, ids, pos = lab[1]["scaled"], ids_of(TEXT)[:20], 11
     off = ["L0H1", "MLP1"]
     got = client.post("/api/position", json=dict(run="scaled", ids=ids, position=pos, k=len(CHARS), off=off)).json()
@@ -682,8 +683,8 @@ def test_with_heads_off_every_number_is_the_experiments_apis(client, lab):
 
 def test_generation_with_a_head_off_is_decoding_under_the_apis_ablation(client, lab):
     """The streamed tokens are decode_steps' on the ablated model, KV cache and all, for the same seed."""
-    from gptkit.decoding import decode_steps
-    from gptkit.experiments import ablated
+    from gptkit.sampling.decoding import decode_steps
+    from gptkit.interp.experiments import ablated
     model, prompt = lab[1]["rope"], "ROMEO:"
     body = dict(run="rope", prompt=prompt, max_tokens=30, seed=5, temperature=1.0, top_k=0, off=["L1H0"])
     streamed = [e["id"] for e in events(client.post("/api/generate", json=body).iter_lines()) if e["type"] == "token"]
@@ -726,7 +727,7 @@ def test_parts_the_model_lacks_are_one_line_and_a_400(client, path, body, messag
 
 def test_a_heads_scores_before_the_softmax_raw_and_scaled_are_q_dot_k(client, lab):
     """raw = q·k from the hooked queries and keys, scaled = raw / sqrt(d), the weights their masked softmax."""
-    from gptkit.inspection import run_with_cache
+    from gptkit.interp.hooks import run_with_cache
     model, ids, pos = lab[1]["scaled"], ids_of(TEXT)[:14], 9
     got = client.post("/api/scores", json=dict(run="scaled", ids=ids, position=pos, layer=1, head=1)).json()
     _, cache = run_with_cache(model, torch.tensor([ids]), ["blocks.1.attn.hook_q", "blocks.1.attn.hook_k"])
@@ -743,7 +744,7 @@ def test_a_heads_scores_before_the_softmax_raw_and_scaled_are_q_dot_k(client, la
 
 
 def test_each_head_wears_the_label_of_its_strongest_kind(client, lab):
-    from gptkit.experiments import chance_scores, head_labels, head_scores, induction_tokens
+    from gptkit.interp.experiments import chance_scores, head_labels, head_scores, induction_tokens
     got = client.get("/api/runs/scaled/heads").json()
     model = lab[1]["scaled"]
     repeated = induction_tokens(model, len(CHARS))  # the run's dataset is not here: the text scores read these

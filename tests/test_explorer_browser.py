@@ -149,15 +149,15 @@ def check_attention_grid(browser, cells, rows, pinned, info):
 def test_the_page_modules_are_served_as_javascript_and_nothing_outside_their_folder(served):
     """A browser runs a module only when it comes as JavaScript; the folder's parent (gptkit/) stays out of reach."""
     url, _ = served
-    static = REPO / "gptkit" / "explorer_static"
+    static = REPO / "gptkit" / "explorer" / "static"
     modules = sorted(p.name for p in static.glob("*.js"))
     assert "explorer.js" in modules and len(modules) > 5
     for name in modules:
         r = httpx.get(f"{url}/static/{name}")
         assert r.status_code == 200 and r.headers["content-type"].split(";")[0] in ("text/javascript",
                                                                                      "application/javascript")
-    assert (REPO / "gptkit" / "explorer.py").is_file()
-    assert httpx.get(f"{url}/static/%2e%2e/explorer.py").status_code == 404  # sent as typed: httpx keeps %2e%2e
+    assert (REPO / "gptkit" / "explorer" / "app.py").is_file()
+    assert httpx.get(f"{url}/static/%2e%2e/app.py").status_code == 404  # sent as typed: httpx keeps %2e%2e
 
 
 def test_bad_runs_are_one_line_each_and_the_list_follows_the_folder(trained_run, browser, tmp_path):

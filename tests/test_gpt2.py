@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from conftest import REPO, check_ok, make_text, run_script, tiny_model
-from gptkit.errors import UserError
-from gptkit.hf_interop import load_pretrained
+from gptkit.base.errors import UserError
+from gptkit.interop.hf import load_pretrained
 from model import GPTConfig
 
 TINY_HF = dict(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=100)
@@ -102,7 +102,7 @@ def test_hub_name_offline_is_one_error_line(tmp_path):
     pytest.importorskip("transformers")
     home = tmp_path / "hf_home"  # an empty cache, and no network
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub")}
-    code = ("from gptkit.errors import run_main; from gptkit.hf_interop import load_pretrained; "
+    code = ("from gptkit.base.errors import run_main; from gptkit.interop.hf import load_pretrained; "
             "run_main(lambda: load_pretrained('gpt2'))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=dict(os.environ, **env),
                           capture_output=True, text=True, timeout=60)
@@ -113,8 +113,8 @@ def test_hub_name_offline_is_one_error_line(tmp_path):
 
 
 def test_train_checks_data_and_block_size_against_pretrained(tmp_path):
-    from gptkit.train_config import TrainConfig
-    from gptkit.training import build_model
+    from gptkit.training.train_config import TrainConfig
+    from gptkit.training.state import build_model
 
     folder, _ = hf_model(tmp_path)
     cfg = TrainConfig(init_from=str(folder), dataset="tiny", model=GPTConfig(block_size=16, dropout=0.1))
@@ -134,8 +134,8 @@ def test_train_checks_data_and_block_size_against_pretrained(tmp_path):
 
 def save_fake_run(model, out_dir, tokenizer_meta):
     """A best.pt with the keys train.py writes (see TrainState.save_best), without training."""
-    from gptkit.checkpoint import save_checkpoint
-    from gptkit.train_config import TrainConfig
+    from gptkit.run.checkpoint import save_checkpoint
+    from gptkit.training.train_config import TrainConfig
 
     state = {"model": model.state_dict(), "model_args": asdict(model.config), "config": asdict(TrainConfig()),
              "tokenizer": tokenizer_meta, "iter_num": 0, "val_loss": math.inf}
@@ -202,7 +202,7 @@ def test_export_refuses_incompatible_model(tmp_path):
                          ids=["rmsnorm", "qk_norm", "softcap", "no_positions", "dot", "encoder", "no_mlp",
                               "token_shift"])
 def test_export_names_the_option_it_cannot_represent(option):
-    from gptkit.hf_interop import check_exportable
+    from gptkit.interop.hf import check_exportable
 
     name = next(iter(option))
     with pytest.raises(UserError, match=f"cannot be exported as GPT-2: {name}="):
@@ -216,8 +216,8 @@ def test_bpe_prepare_round_trip(tmp_path, tiktoken_cache):
     import numpy as np
     import tiktoken
 
-    from gptkit.corpus import PrepareConfig, prepare
-    from gptkit.tokenizer import make_tokenizer, tokenizer_from_meta
+    from gptkit.data.preparing import PrepareConfig, prepare
+    from gptkit.data.tokenizer import make_tokenizer, tokenizer_from_meta
 
     enc = tiktoken.get_encoding("r50k_base")
     docs = [make_text(3000, seed=s) for s in range(3)]
@@ -242,9 +242,9 @@ def test_bpe_prepare_round_trip(tmp_path, tiktoken_cache):
 @pytest.mark.slow
 def test_finetune_sample_export_end_to_end(tmp_path, tiktoken_cache):
     transformers = pytest.importorskip("transformers")
-    from gptkit.checkpoint import load_checkpoint
-    from gptkit.corpus import PrepareConfig, prepare
-    from gptkit.rundir import load_model
+    from gptkit.run.checkpoint import load_checkpoint
+    from gptkit.data.preparing import PrepareConfig, prepare
+    from gptkit.run.run_folder import load_model
 
     folder, _ = hf_model(tmp_path, n_layer=1, vocab_size=50257)
     text = tmp_path / "input.txt"

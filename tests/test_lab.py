@@ -22,11 +22,11 @@ import plot
 import sample
 import train
 from conftest import POLL_S, REPO, Run, assert_one_error_line, random_tokens, run_script, tiny_model
-from gptkit import lab as machinery
-from gptkit.config import parse_config
-from gptkit.errors import UserError
-from gptkit.rundir import RunDir
-from gptkit.train_config import TrainConfig
+from gptkit.lab import ladder as machinery
+from gptkit.base.settings import parse_config
+from gptkit.base.errors import UserError
+from gptkit.run.run_folder import RunDir
+from gptkit.training.train_config import TrainConfig
 from test_plot import assert_png
 
 # the lab's recipe at a size that trains a few steps in a fraction of a second on one core
@@ -260,7 +260,7 @@ def test_mistakes_are_caught_before_any_training(data_dir, tmp_path, extra, expe
 def test_a_later_lab_run_keeps_the_rows_of_rungs_it_does_not_train(data_dir, tmp_path, monkeypatch):
     """A second lab run after the first: every rung in out_dir stays in the table, the picture and the samples,
     each with the budget it had; a rung trained again shows its latest run."""
-    from gptkit import pictures
+    from gptkit.interp import pictures
 
     drawn = {}
 

@@ -8,35 +8,34 @@ from conftest import REPO
 
 # the commands at the root (and data/prepare.py)
 SCRIPTS = {"train", "sample", "plot", "export", "bench", "lab", "explore", "analyze"}
-# gptkit/benchmarks/: one module per `bench.py` subcommand, and what several of them share
-BENCHMARKS = ["common", "sample", "train", "presets", "busy", "throughput", "dropout", "hooks", "explore", "prepare",
-              "analyze", "tokenizers", "startup"]
-# the package's layers, lowest first: a module may import its own layer or those below, never one above
+# the package's folders, one concern each, in layers, lowest first: a module may import its own layer or those
+# below, never one above; the benchmarks, outside the package, sit on top
 LAYERS = {
-    "foundations": {"gptkit.errors", "gptkit.config", "gptkit.prompts", "gptkit.locks"},
+    "foundations": {"base"},
     "the model": {"model"},
-    "parts": {"gptkit.tokenizer", "gptkit.bpe_training", "gptkit.corpus", "gptkit.dataset", "gptkit.metrics", "gptkit.checkpoint",
-              "gptkit.hf_interop", "gptkit.decoding", "gptkit.inspection", "gptkit.flops", "gptkit.optim",
-              "gptkit.signals", "gptkit.sources", "gptkit.shards", "gptkit.dataset_folder", "gptkit.kernels",
-              "gptkit.lens_interop"},
-    "measured choices, processes and settings": {"gptkit.timing", "gptkit.choices", "gptkit.runtime",
-                                                 "gptkit.train_config", "gptkit.wisdom"},
-    "a run": {"gptkit.rundir", "gptkit.resume", "gptkit.training", "gptkit.reporting", "gptkit.pictures",
-              "gptkit.experiments"},
-    "what the lab, the explorer and the benchmarks do": {"gptkit.lab", "gptkit.explorer", "gptkit.explorer_guard",
-                                                         "gptkit.explorer_experiments",
-                                                         *(f"gptkit.benchmarks.{name}" for name in BENCHMARKS)},
+    "parts: data and tokenizers, sampling, other tools' models, the machine": {"data", "sampling", "interop", "machine"},
+    "a run's files": {"run"},
+    "training, and interpretability": {"training", "interp"},
+    "the lab and the explorer": {"lab", "explorer"},
+    "the benchmarks": {"benchmarks"},
 }
 
 
+def folder_of(module):
+    """'gptkit.machine.choices' -> 'machine', 'benchmarks.train' -> 'benchmarks', 'model' -> 'model'."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "gptkit" and len(parts) > 2 else parts[0] if parts[0] != "gptkit" else None
+
+
 def package_modules():
-    """{dotted name: path} of every module of the package, a subpackage's named as 'gptkit.benchmarks.train'."""
-    return {".".join(p.relative_to(REPO).with_suffix("").parts): p for p in (REPO / "gptkit").rglob("*.py")
-            if p.stem != "__init__"}
+    """{dotted name: path} of every module of the package and of the benchmarks: 'gptkit.machine.choices',
+    'benchmarks.train'."""
+    return {".".join(p.relative_to(REPO).with_suffix("").parts): p
+            for p in [*(REPO / "gptkit").rglob("*.py"), *(REPO / "benchmarks").rglob("*.py")] if p.stem != "__init__"}
 
 
 def project_imports(path):
-    """The project modules a file imports: 'model', 'train', 'gptkit.config', ..."""
+    """The project modules a file imports: 'model', 'train', 'gptkit.base.settings', ..."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -55,7 +54,8 @@ def test_the_root_holds_only_commands_and_the_model():
 
 
 def test_nothing_imports_a_script_and_the_model_imports_nothing_of_the_project():
-    files = [*REPO.glob("*.py"), *(REPO / "gptkit").rglob("*.py"), REPO / "data" / "prepare.py"]
+    files = [*REPO.glob("*.py"), *(REPO / "gptkit").rglob("*.py"), *(REPO / "benchmarks").rglob("*.py"),
+             REPO / "data" / "prepare.py"]
     for path in files:
         assert not project_imports(path) & SCRIPTS, (path, project_imports(path))
     assert project_imports(REPO / "model.py") == set()
@@ -71,11 +71,17 @@ def test_the_package_has_no_import_cycles():
     assert not [m for m in graph if reaches(m, m)], "import cycle"
 
 
-def test_every_module_imports_only_its_own_layer_or_those_below():
-    level = {module: i for i, layer in enumerate(LAYERS.values()) for module in layer}
+def test_every_module_sits_in_a_folder_of_one_concern_and_imports_only_its_layer_or_those_below():
+    level = {folder: i for i, layer in enumerate(LAYERS.values()) for folder in layer}
     package = package_modules()
-    assert set(package) | {"model"} == set(level), "every module belongs to one layer"
-    for module in level:
-        path = package.get(module, REPO / "model.py")
-        above = [m for m in project_imports(path) if level.get(m, -1) > level[module]]
+    assert {folder_of(m) for m in package} == set(level) - {"model"}, "every module sits in a folder of a layer"
+    for module, path in [*package.items(), ("model", REPO / "model.py")]:
+        mine = level[folder_of(module)]
+        above = [m for m in project_imports(path) if level.get(folder_of(m), -1) > mine]
         assert not above, f"{module} imports {above}, from a layer above its own"
+
+
+def test_benchmarks_live_outside_the_package_one_module_per_subcommand():
+    import bench
+    assert not (REPO / "gptkit" / "benchmarks").exists()
+    assert set(bench.COMMANDS) <= {p.stem for p in (REPO / "benchmarks").glob("*.py")}

@@ -1,4 +1,4 @@
-"""A run's numbers (gptkit/metrics.py): a full disk keeps whole records, the log is never written through a link,
+"""A run's numbers (gptkit/run/metrics.py): a full disk keeps whole records, the log is never written through a link,
 damage is one line naming the line, and the clock runs on across resumes."""
 
 import errno
@@ -9,11 +9,11 @@ import os
 import pytest
 
 import train
-from gptkit import metrics
-from gptkit.errors import UserError
-from gptkit.metrics import RunLog, loss_series, read_metrics, wall_clock
+from gptkit.run import metrics
+from gptkit.base.errors import UserError
+from gptkit.run.metrics import RunLog, loss_series, read_metrics, wall_clock
 from test_checkpoints import digest
-from test_config import DEEP
+from test_settings import DEEP
 from test_resume import resume
 
 

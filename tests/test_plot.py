@@ -1,4 +1,4 @@
-"""plot.py and the pictures it draws (gptkit/pictures.py): loss and attention PNGs whose every label is readable,
+"""plot.py and the pictures it draws (gptkit/interp/pictures.py): loss and attention PNGs whose every label is readable,
 each subcommand taking only its own options, and an output it cannot write refused before any work."""
 
 import json
@@ -12,9 +12,9 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from conftest import assert_one_error_line, check_ok, run_here, run_script
-from gptkit.config import settings
-from gptkit.errors import UserError
-from gptkit.inspection import token_label
+from gptkit.base.settings import settings
+from gptkit.base.errors import UserError
+from gptkit.interp.hooks import token_label
 from test_metrics import write_metrics
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -60,7 +60,7 @@ class Chars:
 
 def attention_picture(path, n_layer, n_head, T):
     """draw_attention's figure for random causal maps of the first T characters of PROSE, and their labels."""
-    from gptkit.pictures import draw_attention
+    from gptkit.interp.pictures import draw_attention
 
     weights = np.tril(np.random.default_rng(0).random((n_layer, n_head, T, T)) ** 4)
     labels = [token_label(Chars, ord(c)) for c in (PROSE * 2)[:T]]
@@ -116,7 +116,7 @@ def test_a_one_head_picture_has_its_colour_bar_beside_the_heatmap(tmp_path):
 
 def test_tokens_and_titles_that_look_like_formulas_are_drawn_as_text(tmp_path):
     """GPT-2 has tokens such as '$$': matplotlib would typeset them as (broken) formulas."""
-    from gptkit.pictures import draw_attention
+    from gptkit.interp.pictures import draw_attention
 
     fig = draw_attention([np.full((1, 3, 3), 1 / 3)], ["$$", "$x$", "a"], "weights for '$$ costs $x$'",
                          tmp_path / "dollars.png", causal=False)
@@ -128,7 +128,7 @@ def test_characters_no_font_here_draws_are_one_note_not_a_warning_each(tmp_path,
     """A BPE run's tokens may be Chinese or emoji. Where no font installed has a character, matplotlib warns once per
     character (and again measuring the labels): one printed note instead, naming them; nothing where fonts have
     them all."""
-    from gptkit.pictures import draw_attention
+    from gptkit.interp.pictures import draw_attention
 
     path = tmp_path / "scripts.png"
     with warnings.catch_warnings():
@@ -144,8 +144,8 @@ def test_a_bpe_runs_attention_picture_labels_each_token_by_its_bytes(bpe_data, t
     """plot.py attention on a run cut into a trained BPE: a token that holds part of a character is labelled with
     its bytes (⟨e7⟩), each label the token's own."""
     import plot
-    from gptkit.pictures import draw_model_attention
-    from gptkit.rundir import load_model
+    from gptkit.interp.pictures import draw_model_attention
+    from gptkit.run.run_folder import load_model
     from test_analyze import saved_run
 
     tok, prompt = bpe_data[2], "🎶 Лиса"

@@ -1,4 +1,4 @@
-"""data/prepare.py on a text file or a folder of them (gptkit/corpus.py): token files and metadata that round-trip,
+"""data/prepare.py on a text file or a folder of them (gptkit/data/preparing.py): token files and metadata that round-trip,
 the dtype chosen, text read in pieces that encode as the whole does, the download (from a local server: tests
 never touch the network), one-line CLI errors. (Corpora of records: see test_corpora.py.)"""
 
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from conftest import REPO, assert_one_error_line, check_ok, make_text, mixed_script_text, run_script
-from gptkit import corpus, sources
-from gptkit.corpus import PrepareConfig, prepare
-from gptkit.errors import UserError
-from gptkit.tokenizer import tokenizer_from_meta
+from gptkit.data import preparing, sources
+from gptkit.data.preparing import PrepareConfig, prepare
+from gptkit.base.errors import UserError
+from gptkit.data.tokenizer import tokenizer_from_meta
 
 
 @pytest.fixture
@@ -132,8 +132,8 @@ def test_bpe_folder_separates_documents_with_end_of_text(tmp_path, tiktoken_cach
 
 
 def test_a_trained_bpe_round_trips_and_is_trained_on_the_train_split_only(tmp_path, corpus_file):
-    from gptkit.bpe_training import train_bpe
-    from gptkit.tokenizer import TrainedBPE
+    from gptkit.data.bpe import train_bpe
+    from gptkit.data.tokenizer import TrainedBPE
 
     text = mixed_script_text(30000, seed=4)
     corpus_file.write_text(text, encoding="utf-8")
@@ -164,8 +164,8 @@ def test_token_files_take_the_smallest_type_that_holds_the_vocabulary():
     from types import SimpleNamespace
 
     cfg = PrepareConfig(input="x", name="x")
-    assert corpus.token_dtype(cfg, SimpleNamespace(vocab_size=65536)) == "uint16"
-    assert corpus.token_dtype(cfg, SimpleNamespace(vocab_size=65537)) == "uint32"
+    assert preparing.token_dtype(cfg, SimpleNamespace(vocab_size=65536)) == "uint16"
+    assert preparing.token_dtype(cfg, SimpleNamespace(vocab_size=65537)) == "uint32"
 
 
 @pytest.mark.slow
@@ -283,7 +283,7 @@ def server(tmp_path, monkeypatch):
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    monkeypatch.setattr(corpus, "SHAKESPEARE_URL", f"http://127.0.0.1:{httpd.server_port}/input.txt")
+    monkeypatch.setattr(preparing, "SHAKESPEARE_URL", f"http://127.0.0.1:{httpd.server_port}/input.txt")
     yield www
     httpd.shutdown()
     httpd.server_close()
@@ -310,7 +310,7 @@ def test_download_failures_are_one_line(server, tmp_path, monkeypatch):
     with pytest.raises(UserError, match="is not the tinyshakespeare file .*; delete it and run again"):
         prepare(PrepareConfig(data_dir=str(data)))
     (data / "shakespeare_char" / "input.txt").unlink()
-    monkeypatch.setattr(corpus, "SHAKESPEARE_URL", "http://127.0.0.1:9/input.txt")  # nothing listens there
+    monkeypatch.setattr(preparing, "SHAKESPEARE_URL", "http://127.0.0.1:9/input.txt")  # nothing listens there
     with pytest.raises(UserError, match=r"could not download tinyshakespeare \(.*refused\)"):
         prepare(PrepareConfig(data_dir=str(data)))
 
@@ -337,7 +337,7 @@ def test_prepare_streams_text_without_line_breaks(tmp_path, monkeypatch):
         def update(self, n):
             pass
 
-    for cut in (len, corpus.bpe_cut):
+    for cut in (len, preparing.bpe_cut):
         pieces = list(sources.read_text(path, 0, Bar(), cut))
         assert "".join(p for p, _, _ in pieces) == text and max(len(p) for p, _, _ in pieces) <= 2000
         assert [last for _, _, last in pieces] == [False] * (len(pieces) - 1) + [True]
@@ -363,7 +363,7 @@ def test_bpe_pieces_encode_to_the_tokens_of_the_whole(tiktoken_cache, monkeypatc
     text = make_text(20000, seed=3).replace(". ", ".  \n ") + "x1 2!\n\n  \t y's, (z)\r\n"
     pieces, rest = [], text
     while len(rest) > 500:
-        at = corpus.bpe_cut(rest[:500]) or 500
+        at = preparing.bpe_cut(rest[:500]) or 500
         pieces.append(rest[:at])
         rest = rest[at:]
     pieces.append(rest)

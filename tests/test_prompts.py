@@ -1,9 +1,9 @@
-"""Prompt text from the command line (gptkit/prompts.py): escapes typed in a shell, and a file read as it is."""
+"""Prompt text from the command line (gptkit/sampling/prompts.py): escapes typed in a shell, and a file read as it is."""
 
 import pytest
 
-from gptkit.errors import UserError
-from gptkit.prompts import read_prompt, unescape
+from gptkit.base.errors import UserError
+from gptkit.sampling.prompts import read_prompt, unescape
 
 
 def test_unescape_of_command_line_text(tmp_path):

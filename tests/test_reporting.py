@@ -1,4 +1,4 @@
-"""gptkit/reporting.py: the overfitting warning's rule, and what a run prints and records (plain lines in a log
+"""gptkit/training/reporting.py: the overfitting warning's rule, and what a run prints and records (plain lines in a log
 file, each new best.pt, the warning, the summary)."""
 
 import json
@@ -7,7 +7,7 @@ import pytest
 
 import train
 from conftest import train_args
-from gptkit.reporting import overfitting, untrained_note
+from gptkit.training.reporting import overfitting, untrained_note
 
 # the default on tinyshakespeare, evaluation by evaluation: train and val fall together, val a little above
 HEALTHY = [(0, 4.17, 4.17), (50, 2.45, 2.46), (100, 2.05, 2.08), (500, 1.52, 1.62), (1000, 1.38, 1.52),

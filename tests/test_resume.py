@@ -1,4 +1,4 @@
-"""Continuing a run (gptkit/resume.py, through train.py --init_from=resume and auto): after SIGKILL, a kill in the
+"""Continuing a run (gptkit/training/resume.py, through train.py --init_from=resume and auto): after SIGKILL, a kill in the
 middle of a checkpoint write, or a stop signal, on one process or two, a resumed run logs the uninterrupted run's
 losses exactly; a damaged latest state falls back to the one before it, and damage it cannot pass is one line that
 names the file and the field; a resumed run keeps its saved settings but those given again; a finished run says so;
@@ -16,9 +16,9 @@ import torch.distributed as dist
 import train
 from conftest import (REPO, TRAINED_RUN, Run, assert_one_error_line, check_ok, faulty_train, logged, run_here,
                       run_script, torchrun, train_args, train_cmd, wait_for_iteration)
-from gptkit.checkpoint import load_checkpoint, save_checkpoint
-from gptkit.errors import UserError
-from gptkit.metrics import read_metrics
+from gptkit.run.checkpoint import load_checkpoint, save_checkpoint
+from gptkit.base.errors import UserError
+from gptkit.run.metrics import read_metrics
 from test_checkpoints import DELETE, damage, digest, files, rewrite
 
 

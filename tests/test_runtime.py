@@ -1,4 +1,4 @@
-"""The run's processes and devices (gptkit/runtime.py): compiled blocks keep the plain parameter names and their
+"""The run's processes and devices (gptkit/machine/runtime.py): compiled blocks keep the plain parameter names and their
 dropouts in one graph, and training processes reuse freed memory for big tensors. (Several processes: see
 test_ddp.py.)"""
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conftest import REPO, tiny_model, train_config
-from gptkit.kernels import by_rule, install
-from gptkit.runtime import compile_blocks
+from gptkit.machine.stand_ins import by_rule, install
+from gptkit.machine.runtime import compile_blocks
 
 
 def test_compiled_blocks_keep_the_plain_parameter_names():
@@ -35,7 +35,7 @@ def test_a_compiled_block_keeps_its_dropouts_in_one_graph():
 
 FAULTS_OF_BIG_TENSORS = """
 import resource, sys, torch
-from gptkit.runtime import keep_freed_memory
+from gptkit.machine.runtime import keep_freed_memory
 if sys.argv[1] == "kept":
     assert keep_freed_memory()
 for _ in range(20):  # until the heap holds free blocks that fit (allocations are aligned)

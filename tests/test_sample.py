@@ -11,9 +11,9 @@ import torch
 
 import sample
 from conftest import REPO, assert_one_error_line, check_ok, partial_tokens, run_here, run_script, tiny_model
-from gptkit.checkpoint import load_checkpoint
-from gptkit.rundir import load_model
-from gptkit.tokenizer import CharTokenizer
+from gptkit.run.checkpoint import load_checkpoint
+from gptkit.run.run_folder import load_model
+from gptkit.data.tokenizer import CharTokenizer
 from sample import SampleConfig, StopFilter, generate_texts
 from test_analyze import saved_run
 from test_checkpoints import damage
@@ -27,7 +27,7 @@ def run_dir(trained_run):
 
 @pytest.fixture(scope="module")
 def trained(run_dir):
-    from gptkit.rundir import load_model
+    from gptkit.run.run_folder import load_model
 
     return load_model(run_dir, "cpu")
 

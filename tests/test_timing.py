@@ -1,13 +1,13 @@
-"""gptkit/timing.py: candidates timed in turns, the precision asked for, the thread count while training, and the
+"""gptkit/machine/timing.py: candidates timed in turns, the precision asked for, the thread count while training, and the
 precision and thread count for decoding. (A run's start-up choices: test_choices.py.)"""
 
 import pytest
 import torch
 
 from conftest import tiny_model
-from gptkit import timing
-from gptkit.errors import UserError
-from gptkit.timing import pick_dtype
+from gptkit.machine import timing
+from gptkit.base.errors import UserError
+from gptkit.machine.timing import pick_dtype
 
 
 # ---------------------------------------------------------------------------------------------- training
@@ -34,7 +34,7 @@ def test_probes_time_their_candidates_in_turns_and_keep_each_ones_fastest(monkey
 
 def test_the_precision_asked_for_is_taken_where_the_device_has_it():
     assert pick_dtype("bfloat16", "cpu") == "bfloat16" and pick_dtype("auto", "mps") == "float32"
-    assert pick_dtype("auto", "cpu") == "float32"  # a CPU's is chosen at start-up: gptkit/choices.py
+    assert pick_dtype("auto", "cpu") == "float32"  # a CPU's is chosen at start-up: gptkit/machine/choices.py
     with pytest.raises(UserError, match="float16 is not supported on CPU"):
         pick_dtype("float16", "cpu")
 
@@ -42,7 +42,7 @@ def test_the_precision_asked_for_is_taken_where_the_device_has_it():
 def test_the_thread_count_follows_the_faster_steps():
     """On a busy machine one thread can step faster than two: a trial of the other count wins only when its
     steps (the first after the switch not counted) are faster by more than the margin; a loss changes nothing."""
-    from gptkit.timing import ThreadTuner
+    from gptkit.machine.timing import ThreadTuner
 
     before = torch.get_num_threads()
     try:
@@ -62,7 +62,7 @@ def test_the_thread_count_follows_the_faster_steps():
 def test_thread_trials_back_off_while_they_keep_the_count_and_come_at_once_when_steps_drift():
     """Each trial costs steps: on an idle machine they must grow rare (up to `longest` apart on the most threads,
     twice `every` on one), yet a process arriving (the steps slowing by more than `drift`) must be tried at once."""
-    from gptkit.timing import ThreadTuner
+    from gptkit.machine.timing import ThreadTuner
 
     now, before = [0.0], torch.get_num_threads()
 

@@ -1,4 +1,4 @@
-"""Tokenizers (gptkit/tokenizer.py): streaming decoding holds back a character split across tokens until it is whole,
+"""Tokenizers (gptkit/data/tokenizer.py): streaming decoding holds back a character split across tokens until it is whole,
 with a byte-level encoding and with GPT-2's BPE."""
 
 import codecs
@@ -7,7 +7,7 @@ import re
 import pytest
 
 from conftest import R50K_BASE, SHARED_TIKTOKEN
-from gptkit.tokenizer import TiktokenTokenizer, tokenizer_from_meta
+from gptkit.data.tokenizer import TiktokenTokenizer, tokenizer_from_meta
 
 
 EMOJI_TEXT = "é—😀"
@@ -78,7 +78,7 @@ def test_a_prompt_in_the_other_canonical_form_is_read_as_the_training_text_wrote
     the same text by Unicode's definition, so the same tokens."""
     import unicodedata
 
-    from gptkit.tokenizer import CharTokenizer
+    from gptkit.data.tokenizer import CharTokenizer
 
     corpus = unicodedata.normalize(trained_on, "un café, une crème ")
     tok = CharTokenizer(sorted(set(corpus)))
@@ -91,8 +91,8 @@ def test_a_prompt_in_the_other_canonical_form_is_read_as_the_training_text_wrote
 def test_a_compatibility_character_is_named_with_the_equivalent_the_vocabulary_holds():
     """'ﬁ' (a ligature) and 'Ａ' (full width) are other characters, equivalent only by compatibility: named, with
     what to write; a character with no equivalent held is named alone."""
-    from gptkit.errors import UserError
-    from gptkit.tokenizer import CharTokenizer
+    from gptkit.base.errors import UserError
+    from gptkit.data.tokenizer import CharTokenizer
 
     tok = CharTokenizer(sorted(set("fine A day")))
     with pytest.raises(UserError) as caught:
@@ -106,8 +106,8 @@ def test_a_compatibility_character_is_named_with_the_equivalent_the_vocabulary_h
 @pytest.fixture(scope="module")
 def trained():
     from conftest import mixed_script_text
-    from gptkit.bpe_training import train_bpe
-    from gptkit.tokenizer import TrainedBPE
+    from gptkit.data.bpe import train_bpe
+    from gptkit.data.tokenizer import TrainedBPE
 
     return TrainedBPE(train_bpe([mixed_script_text(30000, seed=1)], 500))
 
@@ -137,7 +137,7 @@ def test_any_text_encodes_and_decodes_back_with_a_trained_bpe(trained):
 
 
 def test_the_trained_tokenizer_is_checked_against_its_checksum(trained):
-    from gptkit.errors import UserError
+    from gptkit.base.errors import UserError
 
     meta = trained.to_meta()
     assert tokenizer_from_meta(meta).encode("Язык 🙂") == trained.encode("Язык 🙂")
@@ -152,7 +152,7 @@ def test_the_trained_tokenizer_is_checked_against_its_checksum(trained):
 
 
 def test_labels_show_the_bytes_of_part_of_a_character(trained):
-    from gptkit.inspection import token_label
+    from gptkit.interp.hooks import token_label
 
     assert trained.token_label(0xE4) == "⟨e4⟩" and token_label(trained, 32) == "␣"
     partial = [t for t in range(256, trained.vocab_size - 1) if "⟨" in trained.token_label(t)]

@@ -20,16 +20,16 @@ import sample
 import train
 from conftest import (BPE_VOCAB, REPO, Run, assert_one_error_line, check_ok, faulty_train, logged, run_here, run_script,
                       train_args, train_cmd)
-from gptkit.checkpoint import TRAINING_KEYS, load_checkpoint, model_from_checkpoint
-from gptkit.config import make
-from gptkit.corpus import PrepareConfig, prepare
-from gptkit.dataset import Split, load_meta
-from gptkit.errors import UserError
-from gptkit.flops import flops_per_token
-from gptkit.metrics import read_metrics
-from gptkit.rundir import load_model
-from gptkit.train_config import TrainConfig
-from gptkit.training import evaluate_split
+from gptkit.run.checkpoint import TRAINING_KEYS, load_checkpoint, model_from_checkpoint
+from gptkit.base.settings import make
+from gptkit.data.preparing import PrepareConfig, prepare
+from gptkit.data.dataset import Split, load_meta
+from gptkit.base.errors import UserError
+from gptkit.machine.flops import flops_per_token
+from gptkit.run.metrics import read_metrics
+from gptkit.run.run_folder import load_model
+from gptkit.training.train_config import TrainConfig
+from gptkit.training.state import evaluate_split
 from test_checkpoints import digest
 from test_resume import COMMON, ITERS, resume_args
 

@@ -1,4 +1,4 @@
-"""gptkit/training.py, the parts train.py's loop is made of: the random state a checkpoint carries, and the
+"""gptkit/training/state.py, the parts train.py's loop is made of: the random state a checkpoint carries, and the
 whole-split evaluation, and how processes share a step's batch. (The start-up choices, the model fitted to its time budget among them: test_choices.py.)"""
 
 import random
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from conftest import tiny_model, train_config
-from gptkit.checkpoint import load_checkpoint, save_checkpoint
-from gptkit.dataset import BatchSampler, Split
-from gptkit.errors import UserError
-from gptkit.training import batch_shares, evaluate_split, global_batch, rng_state, set_rng_state
+from gptkit.run.checkpoint import load_checkpoint, save_checkpoint
+from gptkit.data.dataset import BatchSampler, Split
+from gptkit.base.errors import UserError
+from gptkit.training.state import batch_shares, evaluate_split, global_batch, rng_state, set_rng_state
 
 
 @pytest.mark.parametrize("order", ["random", "epochs"])
@@ -88,7 +88,7 @@ def test_a_checkpoint_whose_processes_each_had_their_own_order_continues_from_pr
     says so."""
     from types import SimpleNamespace
 
-    from gptkit.training import TrainState
+    from gptkit.training.state import TrainState
 
     (tmp_path / "train.bin").write_bytes(np.arange(1000, dtype=np.uint16).tobytes())
     split = Split(tmp_path, "train", {"dtype": "uint16", "vocab_size": 1000}, 8)

@@ -1,0 +1,121 @@
+"""`bench.py startup`: what a run's start-up costs and whether it decides the same, from the user's side.
+
+- startup: process start to the run's first record (just before its first evaluation and step) of the default
+  config, the first run on a machine (its wisdom measured, into a fresh cache) and the runs after it;
+- same: the same command run again and again, idle and beside one and two busy processes: the shape, precision,
+  attention path and kernels each run took, against the first's;
+- budget: whole runs at max_time 20 s and 150 s, idle and beside three busy processes: wall time from the
+  command's start to its exit, against max_time.
+
+--repo=PATH runs another checkout's train.py (e.g. one from before a change) the same way, in the same sitting."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from benchmarks.busy import busy
+from benchmarks.common import REPO, comma_items, device_name, prepared_work_dir
+from gptkit.run.checkpoint import load_checkpoint
+from gptkit.base.settings import parse_config, require
+from gptkit.base.errors import UserError
+from gptkit.run.metrics import read_metrics
+
+PARTS = ("startup", "same", "budget")
+
+
+@dataclass
+class StartupBenchConfig:
+    input: str = ""  # text to train on ('' = data/shakespeare_char/input.txt, which data/prepare.py downloads)
+    work_dir: str = "out-bench-startup"  # prepared data and the runs go here
+    config: str = "config/shakespeare_char.py"  # the command measured
+    repo: str = ""  # the checkout whose train.py runs ('' = this one)
+    parts: str = "startup,same,budget"  # which measurements, comma-separated
+    runs: int = 10  # runs of the same command in each condition (same)
+    reads: int = 3  # runs after the first, reading the machine's wisdom (startup)
+    budgets: str = "20,150"  # max_time seconds of whole runs (budget)
+
+    def __post_init__(self):
+        require(self, ["runs", "reads"], lambda v: v >= 1, "at least 1")
+        if set(comma_items(self.parts)) - set(PARTS) or not comma_items(self.parts):
+            raise ValueError(f"parts must be some of {', '.join(PARTS)} (got {self.parts!r})")
+
+
+def run_train(cfg, work, name, extra, wisdom):
+    """train.py of cfg.repo with cfg.config and `extra`, into work/name, its wisdom in `wisdom`: (wall seconds
+    from the command's start to its exit, its records, its out folder)."""
+    out = work / name
+    shutil.rmtree(out, ignore_errors=True)
+    repo = Path(cfg.repo).resolve() if cfg.repo else REPO
+    cmd = [sys.executable, str(repo / "train.py"), str(REPO / cfg.config), f"--data_dir={work / 'data'}",
+           "--dataset=shakespeare_char", f"--out_dir={out}", "--device=cpu", *extra]
+    start = time.time()
+    proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True,
+                          env={**os.environ, "GPTKIT_WISDOM_DIR": str(wisdom)})
+    wall = time.time() - start
+    if proc.returncode:
+        raise UserError(f"the {name} run failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return wall, read_metrics(out), out
+
+
+def chosen(out):
+    """(shape, precision, attention path, kernels) a run took, from its checkpoint."""
+    ckpt = load_checkpoint(out / "latest.pt")
+    measured, args = ckpt.get("measured", {}), ckpt["model_args"]
+    return (f"{args['n_layer']}x{args['n_embd']}", measured.get("dtype"), measured.get("attention_path"),
+            ",".join(measured.get("kernels", [])))
+
+
+def startup(cfg, work, wisdom):
+    """The first run's start-up (measuring into an empty cache), then each later one's."""
+    print(f"\n== start-up to the first step: {cfg.config} --max_iters=1 (its max_time kept for the choices)")
+    shutil.rmtree(wisdom, ignore_errors=True)
+    for i in range(1 + cfg.reads):
+        _, records, _ = run_train(cfg, work, f"startup_{i}", ["--max_iters=1"], wisdom)
+        run = next(r for r in records if r["kind"] == "run")
+        print(f"{'first run (measures)' if i == 0 else f'run {i + 1} (reads)':<22} {run['elapsed_s']:>6.2f} s",
+              flush=True)
+
+
+def same(cfg, work, wisdom):
+    """cfg.runs runs of one command in each condition: how many took the first run's choices."""
+    print(f"\n== the same command, {cfg.runs} runs each: {cfg.config} --max_iters=1")
+    first = None
+    for label, processes in (("idle", 0), ("one busy", 1), ("two busy", 2)):
+        taken = []
+        with busy(processes):
+            for i in range(cfg.runs):
+                taken.append(chosen(run_train(cfg, work, f"same_{processes}_{i}", ["--max_iters=1"], wisdom)[2]))
+        first = first or taken[0]
+        kinds = sorted(set(taken))
+        print(f"{label:<9} {sum(t == first for t in taken)} of {cfg.runs} took {' '.join(first)}"
+              + ("" if kinds == [first] else f"; others: {[k for k in kinds if k != first]}"), flush=True)
+
+
+def budget(cfg, work, wisdom):
+    """Whole runs at each budget, idle and beside three busy processes: wall time against max_time."""
+    print(f"\n== max_time held: {cfg.config}, wall time from the command's start to its exit")
+    for seconds in [float(b) for b in comma_items(cfg.budgets)]:
+        for label, processes in (("idle", 0), ("three busy", 3)):
+            with busy(processes):
+                wall, records, _ = run_train(cfg, work, f"budget_{seconds:g}_{processes}",
+                                             [f"--max_time={seconds:g}"], wisdom)
+            final = next(r for r in reversed(records) if r["kind"] == "final")
+            print(f"max_time {seconds:>5g} s, {label:<10}: {wall:6.1f} s ({100 * (wall / seconds - 1):+.1f}%), "
+                  f"{final['iter']:,} steps, val loss {final['val_loss']:.4f}", flush=True)
+
+
+def main(argv):
+    cfg = parse_config(StartupBenchConfig, argv, prog="bench.py startup")
+    work = prepared_work_dir(cfg)
+    print(f"machine: {device_name('cpu')}, torch {torch.__version__}; train.py of {cfg.repo or REPO}")
+    with tempfile.TemporaryDirectory(prefix="bench-wisdom-") as folder:
+        wisdom = Path(folder) / "wisdom"
+        for part in comma_items(cfg.parts):
+            {"startup": startup, "same": same, "budget": budget}[part](cfg, work, wisdom)

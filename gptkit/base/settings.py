@@ -1,0 +1,316 @@
+"""
+Configs as data: fill any config dataclass from config files of plain assignments and
+--key=value arguments. Config files are read with `ast` and never executed: only literal
+values are accepted.
+
+A field whose type is itself a config dataclass (TrainConfig.model, a GPTConfig) is flattened:
+its settings are typed as --n_layer, not --model.n_layer, and each keeps the type, default,
+allowed values (a Literal annotation) and help (the field's one-line comment) its own class gives
+it. A config class checks its values in __post_init__ and raises ValueError with one line, which
+the parser reports as the user's error.
+"""
+
+import ast
+import difflib
+import inspect
+import math
+import re
+import sys
+import typing
+from dataclasses import MISSING, dataclass, fields, is_dataclass
+from pathlib import Path
+
+from gptkit.base.errors import UserError
+
+TRUE_WORDS = {"true", "yes", "on", "1"}
+FALSE_WORDS = {"false", "no", "off", "0"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One key a user can set."""
+
+    name: str
+    type: type  # bool, int, float or str
+    choices: tuple  # the allowed values, from a Literal annotation; () allows any value of the type
+    default: object
+    help: str
+    owner: tuple  # the nested config fields it lives in: () for the top level, ("model",) for TrainConfig.model
+
+
+def settings(cls, owner=()):
+    """{key: Setting} for every key of cls, nested config dataclasses flattened into it.
+    A nesting field can leave keys out (metadata {"not_settable": (...)}) that the program sets itself."""
+    hints, comments, out = typing.get_type_hints(cls), field_comments(cls), {}
+    for f in fields(cls):
+        hint = hints[f.name]
+        if is_dataclass(hint):
+            nested = settings(hint, owner + (f.name,))
+            for name in f.metadata.get("not_settable", ()):
+                del nested[name]
+            clash = nested.keys() & out.keys() | nested.keys() & {g.name for g in fields(cls)}
+            assert not clash, f"{cls.__name__}: keys defined twice: {sorted(clash)}"
+            out.update(nested)
+            continue
+        choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else ()
+        default = f.default if f.default is not MISSING else None
+        out[f.name] = Setting(f.name, type(choices[0]) if choices else hint, choices, default,
+                              comments.get(f.name, ""), owner)
+    return out
+
+
+def field_comments(cls):
+    """The one-line comment after each field in the class source, used as --help text; a subclass's fields
+    and those it inherits from config dataclasses alike."""
+    comments = {}
+    for klass in reversed([k for k in cls.__mro__ if is_dataclass(k)]):
+        for line in inspect.getsource(klass).splitlines():
+            m = re.match(r"\s+(\w+): [^=]+ = .*?  # (.*)$", line)
+            if m:
+                comments[m.group(1)] = m.group(2)
+    return comments
+
+
+def build(cls, values):
+    """cls(...) from flat {key: value}, nested configs built from the keys that are theirs."""
+    hints, kwargs = typing.get_type_hints(cls), {}
+    for f in fields(cls):
+        if is_dataclass(hints[f.name]):
+            kwargs[f.name] = build(hints[f.name], values)
+        elif f.name in values:
+            kwargs[f.name] = values[f.name]
+    return cls(**kwargs)
+
+
+def flatten(cls, saved):
+    """The flat {key: value} of a config saved as a (nested) dict, e.g. by dataclasses.asdict; keys cls
+    no longer has are left out."""
+    hints, values = typing.get_type_hints(cls), {}
+    for f in fields(cls):
+        if is_dataclass(hints[f.name]):
+            values.update(flatten(hints[f.name], saved.get(f.name) or {}))
+        elif f.name in saved:
+            values[f.name] = saved[f.name]
+    return values
+
+
+def make(cls, values):
+    """build(cls, values), its checks (ValueError from __post_init__) reported as the user's error."""
+    try:
+        return build(cls, values)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def require(cfg, names, allowed, meaning):
+    """A config's range check: raise ValueError (one line) for the first of names whose value is not allowed."""
+    for name in names:
+        value = getattr(cfg, name)
+        if not allowed(value):
+            raise ValueError(f"{name} must be {meaning} (got {value!r})")
+
+
+def check_seed(seed):
+    """Every command's seed range: numpy takes seeds below 2**32, torch's generators any 64-bit number."""
+    if not 0 <= seed < 2 ** 31:
+        raise ValueError(f"seed must be in [0, 2**31) (got {seed!r})")
+
+
+def closest(word, choices):
+    """"; did you mean 'X'?" for the choice closest to a mistyped word, or ""."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.7)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def unknown_key_error(key, known, source):
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return UserError(f"{source}: unknown config key '{key}'{hint}")
+
+
+def coerce(setting, value, source, from_text):
+    """Convert a parsed value to the setting's type, or raise one clear error naming the key."""
+    key, typ = setting.name, setting.type
+    if from_text:  # command-line text: a Python literal if it parses, else the bare word
+        try:
+            literal = ast.literal_eval(value)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            literal = value
+        value = (literal if isinstance(literal, str) else value) if typ is str else literal
+    converted = to_type(value, typ)
+    if converted is None:
+        raise UserError(f"{source}: {key} must be {typ.__name__}, got {shown(value)}")
+    if typ is float and not math.isfinite(converted):
+        raise UserError(f"{source}: {key} must be a finite number, got {shown(value)}")
+    if typ is int and not -2 ** 63 <= converted < 2 ** 63:
+        raise UserError(f"{source}: {key} is out of range ({shown(converted)} does not fit in 64 bits)")
+    if setting.choices and converted not in setting.choices:
+        raise UserError(f"{source}: {key} must be one of {', '.join(map(str, setting.choices))} "
+                        f"(got {shown(converted)}{closest(converted, setting.choices)})")
+    return converted
+
+
+def shown(value, limit=80):
+    """repr(value) for a one-line message, its middle cut out where it is long (a pasted file, a value
+    nested hundreds deep)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-limit // 2:]}"
+
+
+def to_type(value, typ):
+    """value as typ (bool, int, float or str), or None where it is not one."""
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        word = str(value).lower()
+        return word in TRUE_WORDS if word in TRUE_WORDS | FALSE_WORDS else None
+    if isinstance(value, bool):
+        return None
+    if typ is int:
+        if isinstance(value, int):
+            return value
+        return int(value) if isinstance(value, float) and value.is_integer() else None
+    if typ is float:
+        return float(value) if isinstance(value, (int, float)) else None
+    return value if isinstance(value, str) else None
+
+
+def read_config_file(path, known, including=()):
+    """The assignments in a config file, as {key: value}; anything but literals is refused. A file may begin
+    with `base = 'other.py'` (a path relative to the file): the other file's settings, which this one's override."""
+    tree = parse_config_file(path)
+    values = {}
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # a docstring
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if not isinstance(target, ast.Name):
+            raise UserError(f"{path}:{node.lineno}: only `name = value` assignments are allowed in config files")
+        key, where = target.id, f"{path}:{node.lineno}"
+        if key != BASE_KEY and key not in known:
+            raise unknown_key_error(key, known, where)
+        try:
+            value = ast.literal_eval(node.value)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            raise UserError(f"{where}: {key} must be a literal value (config files are parsed, never executed)") \
+                from None
+        if key == BASE_KEY:
+            values = {**read_base(path, value, known, including, where, first=not values), **values}
+        else:
+            values[key] = coerce(known[key], value, where, from_text=False)
+    return values
+
+
+BASE_KEY = "base"  # in a config file: the preset it builds on
+MAX_BASES = 100  # presets in one chain of bases: more than any real one, and each costs stack frames
+
+
+def read_base(path, base, known, including, where, first):
+    """The settings of the preset a config file names as its base, which must come before its own."""
+    if not isinstance(base, str) or not base.endswith(".py"):
+        raise UserError(f"{where}: base must name a config file ending in .py (got {base!r})")
+    if not first:
+        raise UserError(f"{where}: base must come before the file's own settings")
+    base_path = Path(path).parent / base
+    chain = (*including, Path(path).resolve())
+    if base_path.resolve() in chain:
+        raise UserError(f"{where}: base {base!r} leads back to {base_path} (a preset cannot build on itself)")
+    if len(chain) >= MAX_BASES:
+        raise UserError(f"{where}: too many bases in a row (more than {MAX_BASES} presets each building on the next)")
+    return read_config_file(str(base_path), known, chain)
+
+
+def parse_config_file(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise UserError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise UserError(f"config file {path} is a folder, not a file") from None
+    except OSError as e:
+        raise UserError(f"could not read config file {path} ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not a valid config file ({e})") from None
+    try:
+        return ast.parse(text, filename=path)
+    except (SyntaxError, ValueError) as e:
+        raise UserError(f"{path}: not a valid config file ({e})") from None
+    except (RecursionError, MemoryError):  # the parser's own limits, met by an expression nested thousands deep
+        raise UserError(f"{path}: not a valid config file (nested too deeply to parse)") from None
+
+
+def split_args(argv, known):
+    """Yield (key, text) pairs and (None, config file path) from argv, accepting --k=v, --k v and --flag."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if not arg.startswith("--"):
+            yield None, arg
+            continue
+        key, eq, text = arg[2:].partition("=")
+        if key not in known:
+            raise unknown_key_error(key, known, "command line")
+        if not eq:
+            is_bool = known[key].type is bool
+            if i < len(argv) and not argv[i].startswith("--") and not (is_bool and argv[i].endswith(".py")):
+                text = argv[i]
+                i += 1
+            elif is_bool:
+                text = "True"
+            else:
+                raise UserError(f"command line: --{key} needs a value, e.g. --{key}=VALUE")
+        yield key, text
+
+
+def print_help(cls, prog):
+    print(f"usage: python {prog} [config_file.py ...] [--key=value ...]")
+    groups = {}
+    for s in settings(cls).values():
+        groups.setdefault(s.owner, []).append(s)
+    for owner, group in groups.items():
+        print("\nmodel settings (model.py's GPTConfig):" if owner else "")
+        for s in group:
+            choices = f" [{' | '.join(map(str, s.choices))}]" if s.choices else ""
+            print(f"  {f'--{s.name}={s.default!r}':<32} {s.help}{choices}")
+
+
+def pick_subcommand(prog, commands, argv, noun):
+    """(name, remaining argv) for `python PROG NAME [--key=value ...]`; None after printing usage."""
+    names = ", ".join(commands)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"usage: python {prog} {{{names}}} [--key=value ...]   (python {prog} NAME --help for options)")
+        return None
+    if argv[0] not in commands:
+        raise UserError(f"unknown {noun} {argv[0]!r}; choose one of: {names}")
+    return argv[0], argv[1:]
+
+
+def given_values(cls, argv, prog=None):
+    """The {key: value} that config files and --key=value arguments set (later ones win), typed and
+    nothing else: what a user asked for, as apart from the defaults."""
+    prog = prog or Path(sys.argv[0]).name
+    if any(a in ("-h", "--help") for a in argv):
+        print_help(cls, prog)
+        sys.exit(0)
+    known = settings(cls)
+    values = {}
+    for key, text in split_args(argv, known):
+        if key is None:
+            if not text.endswith(".py"):
+                raise UserError(f"command line: expected a config file ending in .py or --key=value, got {text!r}")
+            values.update(read_config_file(text, known))
+        else:
+            values[key] = coerce(known[key], text, "command line", from_text=True)
+    return values
+
+
+def command_line_keys(cls, argv):
+    """The keys argv gives as --key=value, apart from those its config files set."""
+    return {key for key, _ in split_args(argv, settings(cls)) if key is not None}
+
+
+def parse_config(cls, argv, prog=None):
+    """Build cls from config files and --key=value arguments (later ones win); its checks become UserErrors."""
+    return make(cls, given_values(cls, argv, prog))

@@ -1,0 +1,420 @@
+"""
+Turn a corpus into a dataset: its documents tokenized on every core into the train and val splits' token files
+(shards where a split is big), and a meta.json that names them with their checksums and the sources read.
+
+Memory stays bounded whatever the corpus size: documents are read in pieces, a few batches are in flight, and
+tokens go straight to disk (uint16 when the vocabulary fits, uint32 otherwise). A prepare saves where it is as
+it goes; stopped in any way (Ctrl-C, SIGTERM, SIGKILL), the same command continues from there, and the dataset
+readers find is replaced only once the new one is whole (see gptkit/data/versions.py).
+
+Splits: a corpus of text files only is cut by position, the last val_fraction of its tokens in val (as nanoGPT,
+so tinyshakespeare's split is byte for byte the one it always was). A corpus with records (JSON Lines, Parquet)
+is split by document, each document's side decided by a hash of its text, so adding files never moves one.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from tqdm import tqdm
+
+from gptkit.data.bpe import (WordCounts, check_vocab_size, merges_table, save_tokenizer, saved_checksum,
+                                 train_bpe)
+from gptkit.data.versions import check_room, commit, dataset_lock, remove_leftovers, sync, work_folder
+from gptkit.base.errors import RunStopped, UserError
+from gptkit.data.shards import CHUNK_TOKENS, ShardWriter, sha256_of, tokenized
+from gptkit.base.signals import StopSignals
+from gptkit.data.sources import Reader, Tally, kind_of, read_record, shown, source_files
+from gptkit.data.tokenizer import TiktokenTokenizer, TrainedBPE, make_tokenizer
+
+PROJECT_DATA = Path(__file__).resolve().parents[2] / "data"
+SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+TOKEN_DTYPES = {"uint16": 2 ** 16, "uint32": 2 ** 32}  # token file types, and the largest vocabulary each holds
+CHAR_SEPARATOR = "\n\n"  # after each record's text, char-level: a blank line, from the characters text already has
+BATCH_CHARS = 4 << 20  # text per batch sent to a tokenizing process
+MOST_WORKERS = 512  # a process each: a typo'd count must not start thousands
+SAVE_EVERY = 10.0  # seconds between saved states, besides one at every finished shard
+TOKENIZER_FILE = "tokenizer.json"  # a trained BPE's merges, in the dataset folder beside meta.json
+
+
+@dataclass
+class PrepareConfig:
+    input: str = ""  # a text, .jsonl(.gz/.zst) or .parquet file, or a folder of them ('' = download tinyshakespeare)
+    name: str = "shakespeare_char"  # output folder name under data_dir
+    tokenizer: str = "char"  # 'char', 'bpe' (trained on this corpus) or a tiktoken encoding (gpt2, cl100k_base, ...)
+    vocab_size: int = 0  # with --tokenizer=bpe: the tokens to train, the 256 bytes and <|endoftext|> included
+    show_merges: int = 0  # with --tokenizer=bpe: print the first K merges the tokenizer learned, with their counts
+    data_dir: str = ""  # where dataset folders live ('' = this project's data/)
+    val_fraction: float = 0.1  # the share of tokens (text files) or of documents (records) in the val split
+    dtype: Literal["auto", "uint16", "uint32"] = "auto"  # token file type: 'auto' is uint16 when the vocabulary fits
+    text_field: str = "text"  # the JSON field or Parquet column that holds each record's text
+    skip_bad: bool = False  # skip records that cannot be read (and count them) instead of stopping at the first
+    shard_tokens: int = 100_000_000  # tokens per shard file; a split that fits in one is a single train.bin/val.bin
+    workers: int = 0  # processes that tokenize (0 = one per core)
+
+    def __post_init__(self):
+        if not 0 < self.val_fraction < 1:
+            raise ValueError(f"val_fraction must be between 0 and 1 (got {self.val_fraction})")
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            raise ValueError(f"name must be a plain folder name (got {self.name!r})")
+        if self.shard_tokens < 1:
+            raise ValueError(f"shard_tokens must be at least 1 (got {self.shard_tokens})")
+        if not 0 <= self.workers <= MOST_WORKERS:
+            raise ValueError(f"workers must be 0 (one per core) to {MOST_WORKERS} (got {self.workers})")
+        if not self.text_field:
+            raise ValueError("text_field must name a field")
+        if self.tokenizer == "bpe":
+            if not self.vocab_size:
+                raise ValueError("--tokenizer=bpe trains a tokenizer: give its size with --vocab_size=N (e.g. 1024)")
+            check_vocab_size(self.vocab_size)
+            if self.vocab_size > TOKEN_DTYPES["uint32"]:
+                raise ValueError(f"vocab_size must be at most {TOKEN_DTYPES['uint32']:,} (got {self.vocab_size:,})")
+        elif self.vocab_size or self.show_merges:
+            raise ValueError(f"--vocab_size and --show_merges are for a trained tokenizer (--tokenizer=bpe); "
+                             f"{self.tokenizer!r} has a vocabulary of its own")
+        if self.show_merges < 0:
+            raise ValueError(f"show_merges must be 0 or more (got {self.show_merges})")
+
+
+def data_root(data_dir):
+    return Path(data_dir) if data_dir else PROJECT_DATA
+
+
+def download_shakespeare(dest):
+    """Fetch tinyshakespeare once and check it is the exact char-rnn file."""
+    if not dest.exists():
+        print(f"downloading {SHAKESPEARE_URL}")
+        try:
+            with urllib.request.urlopen(SHAKESPEARE_URL, timeout=30) as r:
+                body = r.read()
+        except OSError as e:
+            raise UserError(f"could not download tinyshakespeare ({getattr(e, 'reason', e)}); "
+                            "pass a local copy with --input=PATH/input.txt") from None
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_suffix(".part")
+        tmp.write_bytes(body)
+        os.replace(tmp, dest)
+    digest = sha256_of(dest)
+    if digest != SHAKESPEARE_SHA256:
+        raise UserError(f"{shown(dest)} is not the tinyshakespeare file (sha256 {digest}); delete it and run again")
+    return dest
+
+
+def bpe_cut(text):
+    """Where a piece of text may end without changing its BPE tokens: before the last whitespace that follows a
+    letter or digit. Every tiktoken encoding's pre-tokenizer starts a new piece there (a word never runs
+    into the whitespace after it, and whitespace is matched looking forward only), so encoding the pieces
+    one by one gives the tokens of the whole. 0 where there is no such place."""
+    end = len(text)
+    while True:
+        at = max(text.rfind(c, 0, end) for c in " \t\n\r")
+        if at <= 0 or text[at - 1].isalnum():
+            return max(at, 0)
+        end = at
+
+
+def progress_bar(files, desc):
+    # only on a terminal: piped or logged stderr gets just the one-line error, not bar redraws
+    return tqdm(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True, desc=desc, disable=None)
+
+
+def prepare(cfg):
+    """Write the dataset data_dir/name, replacing the one there as a whole; return the folder and the metadata."""
+    out_dir = data_root(cfg.data_dir) / cfg.name
+    if not cfg.input and cfg.name != "shakespeare_char":
+        raise UserError("pass the text to prepare with --input=PATH")
+    files = source_files(cfg.input) if cfg.input else None
+    check_room(out_dir)
+    with dataset_lock(out_dir):
+        files = files or [download_shakespeare(out_dir / "input.txt")]
+        if sum(f.stat().st_size for f in files) == 0:
+            raise UserError(f"input {shown(cfg.input or files[0])} is empty")
+        work = work_folder(out_dir, settings_key(cfg, files))
+        remove_leftovers(out_dir, keep=work)
+        with StopSignals() as stop:
+            stop.doing = "preparing"
+            meta = kept_or_cleared(lambda: write_dataset(cfg, files, work), work, out_dir)
+        commit(out_dir, work)
+        remove_leftovers(out_dir)
+    return out_dir, meta
+
+
+def kept_or_cleared(write, work, out_dir):
+    """Run write(): stopped by a signal, its work is kept for the same command to continue; failed on bad input
+    or a full disk, nothing it wrote is left behind."""
+    try:
+        return write()
+    except RunStopped as e:
+        raise RunStopped(f"{e}; run the same command again to continue where this prepare stopped",
+                         e.exit_code - 128) from None
+    except KeyboardInterrupt:  # a second Ctrl-C
+        raise RunStopped("interrupted; run the same command again to continue where this prepare stopped") from None
+    except UserError:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    except OSError as e:  # reading errors are UserErrors already: this is the dataset's own writing
+        shutil.rmtree(work, ignore_errors=True)
+        raise UserError(f"could not write the dataset to {shown(out_dir)} ({e.strerror or e})") from None
+
+
+def settings_key(cfg, files):
+    """What makes a stopped prepare's work reusable: the same settings and the same source files, unchanged."""
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("data_dir", "name", "workers", "show_merges")}
+    stats = [(shown(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    return hashlib.sha256(json.dumps([settings, stats]).encode("utf-8")).hexdigest()[:16]
+
+
+class Progress:
+    """A stopped prepare's saved state, in its work folder: where reading stopped, what the writers hold, the
+    vocabulary, the counts. Saved after the token files are flushed, so it never names more than is on disk."""
+
+    def __init__(self, work):
+        self.path = work / "state.json"
+        self.saved = json.loads(self.path.read_text(encoding="utf-8")) if self.path.is_file() else {}
+        self.last = time.monotonic()
+
+    def get(self, key, default=None):
+        return self.saved.get(key, default)
+
+    def save(self, **state):
+        self.saved.update(state)
+        tmp = self.path.with_name("state.json.tmp")
+        tmp.write_text(json.dumps(self.saved), encoding="utf-8")
+        os.replace(tmp, self.path)
+        self.last = time.monotonic()
+
+    def due(self):
+        return time.monotonic() - self.last >= SAVE_EVERY
+
+
+def open_work(work):
+    """The work folder and its saved state: a stopped prepare's, to continue, or a fresh one."""
+    if work.is_dir() and not (work / "state.json").is_file():
+        shutil.rmtree(work)  # stopped before its first saved state: nothing to continue from
+    work.mkdir(parents=True, exist_ok=True)
+    progress = Progress(work)
+    if progress.get("position") and not all(
+            ShardWriter.matches(work, split, np.dtype(progress.get("dtype")).itemsize, progress.get(split))
+            for split in ("train", "val")):
+        print("the stopped prepare's files do not match its saved state; starting again")
+        shutil.rmtree(work)
+        return open_work(work)
+    saved_tokenizer = progress.get("tokenizer_sha256")
+    if saved_tokenizer and saved_checksum(work / TOKENIZER_FILE) != saved_tokenizer:
+        print(f"the stopped prepare's {TOKENIZER_FILE} is missing or does not match its checksum; starting again")
+        shutil.rmtree(work)
+        return open_work(work)
+    if progress.get("position"):
+        file_index, _ = progress.get("position")
+        print(f"continuing the prepare that was stopped (at file {file_index + 1}, "
+              f"{sum(progress.get('docs', {}).values()):,} documents read)")
+    return progress
+
+
+def write_dataset(cfg, files, work):
+    """Tokenize the corpus into the work folder's token files and meta.json, flushed to disk before they can
+    become the dataset readers find; the metadata."""
+    progress = open_work(work)
+    by_document = any(kind_of(f) != "text" for f in files)
+    tok = choose_tokenizer(cfg, files, progress, by_document, work)
+    dtype = token_dtype(cfg, tok)
+    writers = {split: ShardWriter(work, split, dtype, cfg.shard_tokens, progress.get(split)) for split in ("train", "val")}
+    tally, docs = Tally(**progress.get("tally", {})), dict(progress.get("docs", {"train": 0, "val": 0}))
+    reader = Reader(cfg.text_field, cfg.skip_bad, cfg.val_fraction if by_document else None,
+                    bpe_cut if isinstance(tok, TiktokenTokenizer) else len, tally)
+    start = progress.get("position", [0, 0])
+    setup = (tok.to_meta(), cfg.text_field, cfg.val_fraction if by_document else None, dtype,
+             separators(tok, files, by_document))
+    with progress_bar(files, "tokenizing") as bar:
+        for batch, out in tokenized(batches(reader, files, start, bar), setup, cfg.workers or cores()):
+            shards = sum(len(w.done) for w in writers.values())
+            for index, problem in out["passed_over"]:
+                reader.passed_over(batch[index], problem)
+            for side in ("train", "val"):
+                writers[side].write(out[side])
+                docs[side] += out["documents"][side]
+            due = progress.due() or sum(len(w.done) for w in writers.values()) > shards
+            if due and batch[-1].resumable:  # never inside a long record: it is tokenized again from its start
+                progress.save(position=batch[-1].position, tally=asdict(tally), docs=docs, dtype=dtype,
+                              **{split: w.state() for split, w in writers.items()})
+    check_documents(cfg, files, docs, tally, by_document)
+    if not by_document:
+        writers["train"].split_off(position_split(writers["train"].tokens(), cfg.val_fraction), writers["val"])
+    shards = {split: w.finish() for split, w in writers.items()}
+    return write_meta(cfg, files, work, tok, dtype, shards, docs, tally, by_document)
+
+
+def cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def batches(reader, files, start, bar):
+    """Lists of Pieces of about BATCH_CHARS of text, from file start[0] at position start[1] on; each Piece's
+    position becomes [file index, position in that file]."""
+    batch, size = [], 0
+    bar.update(sum(f.stat().st_size for f in files[:start[0]]))
+    for index in range(start[0], len(files)):
+        for piece in reader.pieces(files[index], start[1] if index == start[0] else 0, bar):
+            piece.position = [index, piece.position]
+            batch.append(piece)
+            size += len(piece.text)
+            if size >= BATCH_CHARS:
+                yield batch
+                batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def choose_tokenizer(cfg, files, progress, by_document, work):
+    """The tokenizer; char-level, its vocabulary is every character of the corpus (one pass over it, kept in the
+    saved state so a continued prepare does not read it twice)."""
+    if cfg.tokenizer == "bpe":
+        return trained_tokenizer(cfg, files, progress, by_document, work)
+    if cfg.tokenizer != "char":
+        return make_tokenizer(cfg.tokenizer)
+    chars = progress.get("vocab")
+    if chars is None:
+        seen = set(CHAR_SEPARATOR) if by_document else set()
+        with progress_bar(files, "vocabulary") as bar:
+            for text in corpus_texts(cfg, files, bar):
+                seen.update(text)
+        chars = "".join(sorted(seen))
+        progress.save(vocab=chars)
+    return make_tokenizer("char", chars)
+
+
+def corpus_texts(cfg, files, bar, split=None):
+    """Every document's text, in pieces; given how the corpus is split ('by document' or 'by position'), only the
+    text of its train split: the records and files whose hash keeps them out of val, or the first
+    1 - val_fraction of the bytes of text files (the val split is their tail)."""
+    by_hash = cfg.val_fraction if split == "by document" else None
+    reader = Reader(cfg.text_field, cfg.skip_bad, by_hash, bpe_cut)
+    room = (1 - cfg.val_fraction) * sum(f.stat().st_size for f in files)  # bytes of train text, by position
+    for path in files:
+        for piece in reader.pieces(path, 0, bar):
+            text, val, problem = read_record(piece.text, cfg.text_field, by_hash) if piece.record else \
+                (piece.text, piece.val, None)
+            if problem:
+                reader.passed_over(piece, problem)
+            if split == "by position":
+                data = text.encode("utf-8")
+                if len(data) >= room:
+                    yield data[:int(room)].decode("utf-8", "ignore")
+                    return
+                room -= len(data)
+            if text and not val:
+                yield text
+
+
+def trained_tokenizer(cfg, files, progress, by_document, work):
+    """A byte-level BPE of vocab_size tokens trained on the corpus's train split, written to the work folder; a
+    stopped prepare's, which open_work checked against its checksum, is used again."""
+    path = work / TOKENIZER_FILE
+    if progress.get("tokenizer_sha256"):
+        tok = TrainedBPE(json.loads(path.read_text(encoding="utf-8")))
+    else:
+        words = WordCounts() if cfg.show_merges else None
+        content = corpus_bpe(cfg, files, by_document, words)
+        tok = TrainedBPE(content)
+        save_tokenizer(path, content)
+        counts = words.merge_counts(tok.merges, cfg.show_merges) if words else []
+        progress.save(tokenizer_sha256=tok.sha256, merge_counts=counts)
+    if cfg.show_merges:
+        print("\n".join(merges_table(tok, progress.get("merge_counts")[:cfg.show_merges])))
+    return tok
+
+
+def corpus_bpe(cfg, files, by_document, words=None):
+    """The content of a BPE of cfg.vocab_size tokens trained on the corpus's train split, read as a prepare reads
+    it; with `words` (a WordCounts), its words counted on the way. bench.py tokenizers times this alone."""
+    with progress_bar(files, f"training a {cfg.vocab_size:,}-token BPE") as bar:
+        texts = corpus_texts(cfg, files, bar, "by document" if by_document else "by position")
+        content = train_bpe(texts if words is None else (words.add(t) or t for t in texts), cfg.vocab_size)
+        bar.update(bar.total - bar.n)  # the val split's bytes, which it does not read, and the merges made
+    return content
+
+
+def token_dtype(cfg, tok):
+    dtype = cfg.dtype if cfg.dtype != "auto" else "uint16" if tok.vocab_size <= TOKEN_DTYPES["uint16"] else "uint32"
+    if tok.vocab_size > TOKEN_DTYPES[dtype]:
+        raise UserError(f"the vocabulary has {tok.vocab_size:,} tokens, more than {dtype} holds "
+                        f"({TOKEN_DTYPES[dtype]:,}); use --dtype=uint32 or --dtype=auto")
+    return dtype
+
+
+def separators(tok, files, by_document):
+    """The tokens after each document, (after a text file, after a record): BPE's end-of-text (as nanoGPT),
+    where the corpus has more than one document; char-level, a blank line after each record (a text file ends
+    as it ends)."""
+    if isinstance(tok, TiktokenTokenizer):
+        eot = [tok.eot_token] if by_document or len(files) > 1 else []
+        return eot, eot
+    return [], tok.encode(CHAR_SEPARATOR) if by_document else []
+
+
+def check_documents(cfg, files, docs, tally, by_document):
+    """A corpus with documents in it, and (split by document) some in each split."""
+    source = shown(cfg.input or files[0])
+    if not sum(docs.values()):
+        raise UserError(f"input {source} holds no documents ({tally.empty:,} empty, {tally.bad:,} skipped as bad)")
+    if by_document and not all(docs.values()):
+        empty = "val" if not docs["val"] else "train"
+        raise UserError(f"none of the {sum(docs.values()):,} documents of {source} fell in the {empty} split "
+                        f"(val_fraction {cfg.val_fraction}, each document's side set by its hash); "
+                        "a corpus split by document needs more documents")
+
+
+def position_split(n_tokens, val_fraction):
+    """How many tokens go to train when the tail is val, as nanoGPT: int(n * 0.9)."""
+    if n_tokens < 2:
+        raise UserError(f"input has only {n_tokens} token(s): too little text to split into train and val")
+    return min(int(n_tokens * (1 - val_fraction)), n_tokens - 1)
+
+
+def write_meta(cfg, files, work, tok, dtype, shards, docs, tally, by_document):
+    """meta.json: the tokenizer, the token files with their counts and checksums, what was read and passed over."""
+    about = {k: v for k, v in tok.to_meta().items() if k != "bpe"}  # a trained BPE's merges: its own file
+    counts = tok.char_counts()  # each token's characters, for both splits
+    if tok.kind == "bpe":
+        about["tokenizer_file"] = TOKENIZER_FILE
+    meta = dict(about, vocab_size=tok.vocab_size, dtype=dtype,
+                train_tokens=sum(s["tokens"] for s in shards["train"]),
+                val_tokens=sum(s["tokens"] for s in shards["val"]),
+                **{f"{split}_chars": characters(work, shards[split], dtype, counts) for split in ("train", "val")},
+                train_shards=shards["train"], val_shards=shards["val"],
+                split="by document" if by_document else "by position", documents=sum(docs.values()),
+                **({"val_documents": docs["val"]} if by_document else {}),
+                skipped={"empty": tally.empty, "bad": tally.bad}, source=shown(cfg.input or files[0]),
+                sources=[{"path": shown(f), "bytes": f.stat().st_size, "mtime": f.stat().st_mtime} for f in files])
+    meta["sha256"] = meta_checksum(meta)
+    (work / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    (work / "state.json").unlink(missing_ok=True)
+    written = [work / s["file"] for split in shards.values() for s in split] + [work / "meta.json"]
+    sync([*written, *([work / TOKENIZER_FILE] if tok.kind == "bpe" else []), work, work.parent])
+    return dict(meta, bpe=tok.content) if tok.kind == "bpe" else meta  # as load_meta reads it
+
+
+def characters(work, shards, dtype, counts):
+    """The characters of text a split's tokens spell (bits per character = nats / (ln 2 × characters)), each
+    token's count of them given (the tokenizer's char_counts)."""
+    total = 0
+    for shard in shards:
+        tokens = np.memmap(work / shard["file"], dtype=dtype, mode="r")
+        for at in range(0, len(tokens), CHUNK_TOKENS):
+            total += int(counts[tokens[at:at + CHUNK_TOKENS]].sum())
+        del tokens
+    return total
+
+
+def meta_checksum(meta):
+    """A dataset's meta.json checks itself: sha256 of its other fields as compact JSON with sorted keys."""
+    fields = {k: v for k, v in meta.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()

@@ -1,0 +1,1 @@
+"""The explorer: a local web page over trained runs."""

@@ -1,0 +1,165 @@
+"""The explorer: a local web page over the runs in a folder, where a learner watches a model write token by token
+and sees where every number comes from: the candidates for each token, every head's attention, what each layer
+would predict (the logit lens), and how surprised the model is by a text. A FastAPI app; explore.py serves it.
+
+Every number comes from the model's own forward pass (gptkit.interp.hooks) and its own sampler (gptkit.sampling.decoding):
+the page does no model arithmetic."""
+
+import mimetypes
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gptkit.base.errors import UserError, first_line
+from gptkit.explorer.answers import (
+    GenerateRequest,
+    MapRequest,
+    PositionRequest,
+    ReadRequest,
+    attention_map,
+    checked_ids,
+    encode,
+    generation_events,
+    picked,
+    position_report,
+    read_text,
+    run_metrics,
+    sse,
+)
+from gptkit.explorer.experiments import ScoresRequest, head_scores_at, heads_report, lab_curves, off_of
+from gptkit.explorer.guard import Guard, own_names
+from gptkit.explorer.runs import ApiError, lab_rung, shown
+from gptkit.run.checkpoint import load_checkpoint
+
+STATIC = Path(__file__).resolve().parent / "static"
+
+
+def body_refused(e):
+    """The one line for a request body FastAPI could not parse (it raises HTTPException from the cause)."""
+    cause = e.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the request body is not UTF-8 text ({cause.reason} at byte {cause.start}); send JSON"
+    if isinstance(cause, RecursionError):
+        return "the request body is nested too deeply to read; send the JSON the page sends"
+    return f"the request body could not be read ({first_line(cause)}); send JSON" if cause else str(e.detail)
+
+
+def make_app(shelf, host="127.0.0.1", port=8000, bound=None):
+    """The explorer's FastAPI app over a Shelf of runs, answering at port on the names of host, the address it is
+    bound to (bound, default host) and this machine's loopback (see gptkit/explorer/guard.py)."""
+    app = FastAPI(title="gptkit explorer", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(Guard, names=own_names(host, bound or host), port=port)
+    mimetypes.add_type("text/javascript", ".js")  # modules run only if served so; Windows may map .js otherwise
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    add_error_handlers(app)
+
+    @app.get("/")
+    def index():
+        return FileResponse(STATIC / "index.html")
+
+    @app.get("/api/runs")
+    def runs():
+        found = [s.to_json() for s in shelf.summaries()]
+        # the lab's rungs in the order of its path, as its table lists them; other runs by name, after them
+        found.sort(key=lambda r: (r["rung"] is None, r["rung"]["step"] if r["rung"] else 0, r["name"]))
+        return {"root": shown(str(shelf.root)), "runs": found}
+
+    # a run's name is one folder's name, never a path: any character but '/' (a newline too) reaches it
+    @app.get("/api/runs/{name}/metrics")
+    def metrics(name: str):
+        return run_metrics(shelf.summary(name))
+
+    @app.get("/api/runs/{name}")
+    def pick(name: str):
+        return picked(name, shelf.get(name))
+
+    @app.post("/api/generate")
+    def generate(req: GenerateRequest):
+        loaded = shelf.get(req.run)
+        ids, off = encode(loaded, req.prompt), off_of(loaded.model, req.off)
+        return StreamingResponse(sse(generation_events(shelf, loaded, ids, req, off)), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    @app.post("/api/read")
+    def read(req: ReadRequest):
+        loaded = shelf.get(req.run)
+        off = off_of(loaded.model, req.off)
+        answer = read_text(shelf, loaded, req.text, off)
+        if off.names:  # and the intact model's reading, for the difference token by token
+            answer["intact"] = read_text(shelf, loaded, req.text)
+        return answer
+
+    @app.post("/api/position")
+    def position(req: PositionRequest):
+        loaded = shelf.get(req.run)
+        return position_report(shelf, loaded, req, off_of(loaded.model, req.off))
+
+    @app.post("/api/attention_map")
+    def head_map(req: MapRequest):
+        loaded = shelf.get(req.run)
+        return attention_map(shelf, loaded, req, off_of(loaded.model, req.off))
+
+    add_experiment_routes(app, shelf)
+    return app
+
+
+def add_experiment_routes(app, shelf):
+    """The experiments' own routes (gptkit/explorer/experiments.py): heads' labels, one head's scores, the lab."""
+
+    @app.get("/api/runs/{name}/heads")
+    def labels(name: str):
+        loaded = shelf.get(name)
+        with shelf.lock:
+            return heads_report(loaded.model, loaded.tok, lambda: load_checkpoint(loaded.summary.checkpoint))
+
+    @app.post("/api/scores")
+    def scores(req: ScoresRequest):
+        loaded = shelf.get(req.run)
+        idx, off = checked_ids(loaded, req.ids), off_of(loaded.model, req.off)
+        with shelf.lock, off.on(loaded.model):
+            return dict(head_scores_at(loaded.model, idx, req.layer, req.head, req.position), off=off.to_json())
+
+    @app.get("/api/lab")
+    def lab():
+        def metrics(summary):
+            try:
+                return run_metrics(summary)
+            except ApiError as e:
+                return str(e)
+        rungs = [(s, lab_rung(s.folder)) for s in shelf.summaries() if not s.error]
+        return {"runs": lab_curves([(shown(s.name), rung, metrics(s)) for s, rung in rungs if rung])}
+
+
+def add_error_handlers(app):
+    """Every refusal as the page reads it: a 4xx and {"error": "one line"}, never FastAPI's {"detail": ...}."""
+
+    @app.exception_handler(ApiError)
+    def refused(request: Request, e: ApiError):
+        return JSONResponse({"error": str(e)}, status_code=e.status)
+
+    @app.exception_handler(UserError)
+    def user_error(request: Request, e: UserError):  # what the model refuses to do (a head it lacks): one line
+        return JSONResponse({"error": first_line(e)}, status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    def invalid(request: Request, e: RequestValidationError):
+        first = e.errors()[0]
+        if first["type"] == "json_invalid":
+            return JSONResponse({"error": f"the request body is not JSON ({first['ctx']['error']} at character "
+                                          f"{first['loc'][-1]})"}, status_code=400)
+        where = ".".join(str(part) for part in first["loc"] if part != "body") or "the request body"
+        return JSONResponse({"error": f"{where}: {first['msg']}"}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    def http_error(request: Request, e: StarletteHTTPException):
+        if e.status_code == 404:
+            line = f"nothing at {request.url.path}"
+        elif e.status_code == 405:
+            line = f"{request.url.path} does not take {request.method} requests"
+        else:
+            line = body_refused(e) if e.status_code == 400 else str(e.detail)
+        return JSONResponse({"error": line}, status_code=e.status_code, headers=e.headers)

@@ -1,0 +1,182 @@
+"""The explorer's experiments (gptkit/explorer/app.py serves them): heads and MLPs switched off for one request, what
+each head does as a label, one head's scores before and after its softmax, and the lab's runs' curves together.
+
+What is off travels with each request, as names ("L0H3", "MLP1"): the hooks that switch it off are put on the
+shared model under the shelf's lock and taken off before the lock is let go, so one tab's experiment is never
+another's. It is gptkit.interp.experiments's zero ablation (the same hooks), without its printed note: the note travels
+in the answer."""
+
+import math
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from weakref import WeakKeyDictionary
+
+import torch
+from pydantic import BaseModel, Field
+
+from gptkit.data.dataset import Split, load_meta
+from gptkit.base.errors import UserError, first_line
+from gptkit.interp.experiments import (MLP_NAME, ablation_hooks, chance_scores, everything_note, head_labels, head_scores,
+                                induction_tokens, parse_heads, parse_mlps, part_names)
+from gptkit.interp.hooks import hooked, run_with_cache
+from gptkit.data.tokenizer import same_token_ids
+
+LABEL_WINDOWS = 8  # val windows the text scores of the labels read: enough to tell the kinds apart, and cheap
+MAX_OFF = 10_000  # names in one request's "off": more than any model here has heads and MLPs
+
+
+class OffRequest(BaseModel):
+    """What a request switches off: heads as L0H3 and MLPs as MLP1, for this request only."""
+
+    off: list[str] = Field([], max_length=MAX_OFF)
+
+
+@dataclass(frozen=True)
+class Off:
+    """The heads ((layer, head) pairs) and MLPs (layers) a request switches off, and the note when every head is."""
+
+    heads: tuple = ()
+    mlps: tuple = ()
+    note: str | None = None
+
+    @property
+    def names(self):
+        return part_names(self.heads, self.mlps)
+
+    def on(self, *models):
+        """A context in which each of models (the analysis model, the decoding copy) runs with these parts off."""
+        if not self.heads and not self.mlps:
+            return nullcontext()
+        return switched_off(models, self.heads, self.mlps)
+
+    def to_json(self):
+        return {"names": self.names, "label": ", ".join(self.names), "note": self.note}
+
+
+@contextmanager
+def switched_off(models, heads, mlps):
+    with hooked(models[0], ablation_hooks(models[0], heads, mlps, {})):
+        if len(models) == 1:
+            yield
+        else:
+            with switched_off(models[1:], heads, mlps):
+                yield
+
+
+def off_of(model, names):
+    """The Off that names ('L0H3', 'MLP1', any case) ask of model; one line (a UserError) for a name it lacks."""
+    heads = [n for n in names if not MLP_NAME.fullmatch(n)]
+    mlps = [n for n in names if MLP_NAME.fullmatch(n)]
+    heads = parse_heads(model, heads) if heads else ()
+    mlps = parse_mlps(model, mlps)
+    return Off(heads, mlps, everything_note(model, heads, mlps))
+
+
+# ----------------------------------------------------------------------------- what each head does
+
+
+_labels = WeakKeyDictionary()  # model -> its heads' labels: computed once for each loaded model
+
+
+def text_windows(model, ckpt, tok):
+    """(B, T) windows of the val split the run trained on, when it is on this machine and tokenized as the run
+    is, and where they come from in words; else (None, why not)."""
+    trained = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
+    dataset = trained.get("dataset")
+    if not isinstance(dataset, str) or not dataset:
+        return None, "the run does not say which dataset it trained on"
+    try:
+        folder, meta = load_meta(trained.get("data_dir") or "", dataset)
+        if not same_token_ids(meta, tok.to_meta()):
+            return None, f"{dataset} is tokenized differently from the run"
+        T = model.config.block_size
+        split = Split(folder, "val", meta, T)
+        windows = min(LABEL_WINDOWS, (split.length - 1) // T)
+        if windows < 1:
+            return None, f"{dataset}'s val split is shorter than one window"
+        device = str(next(model.parameters()).device)  # Split.batch takes the device's name
+        return split.batch(torch.arange(windows) * T, device)[0], f"{windows} windows of {dataset}'s val split"
+    except (UserError, OSError, ValueError, KeyError) as e:
+        return None, f"{dataset}'s val split cannot be read ({first_line(e)})"
+
+
+def heads_report(model, tok, ckpt_of):
+    """{labels: [[kind or '']] a layer, a head; scores: {kind: [[score]]}; text: what the text scores read}, from
+    gptkit.interp.experiments's head_scores and head_labels, once per model (ckpt_of() gives its checkpoint, for where
+    its val split is). Without the val split the text scores read the repeated random sequences too."""
+    if model in _labels:
+        return _labels[model]
+    repeated = induction_tokens(model, tok.vocab_size)
+    try:
+        ckpt = ckpt_of()
+    except (UserError, OSError):
+        ckpt = {}
+    text, where = text_windows(model, ckpt, tok)
+    if text is None:
+        text, where = repeated, f"random repeated sequences ({where})"
+    scores = head_scores(model, text, repeated)
+    labels = head_labels(scores, chance_scores(text, repeated))
+    _labels[model] = {"labels": labels, "text": where,
+                      "scores": {k: [[round(v, 4) for v in row] for row in s.tolist()] for k, s in scores.items()}}
+    return _labels[model]
+
+
+# ----------------------------------------------------------------------------- one head's scores
+
+
+class ScoresRequest(OffRequest):
+    run: str
+    ids: list[int] = Field(min_length=1, max_length=100_000)
+    position: int = Field(ge=0)
+    layer: int = Field(ge=0)
+    head: int = Field(ge=0)
+
+
+def head_scores_at(model, idx, layer, head, position):
+    """For the query at position of idx (1, T) and one head: q·k for every key it may see, raw and scaled by
+    1/√d, the scores the model softmaxes (hook_attn_scores: scaled for scaled attention, raw for 'dot'), and its
+    weights after the softmax (hook_pattern); also the softmax of the raw scores, what the weights would be
+    without the scale. A key the mask hides has None."""
+    c = model.config
+    if c.n_layer == 0:
+        raise UserError("this model has no attention (n_layer=0, a bigram model): it has no heads")
+    if not (layer < c.n_layer and head < c.n_head):
+        raise UserError(f"no head {head} in layer {layer}: the model has {c.n_layer} layers of {c.n_head} heads")
+    if position >= idx.size(1):
+        raise UserError(f"position {position} is past the last of {idx.size(1)} tokens")
+    at = f"blocks.{layer}.attn."
+    _, cache = run_with_cache(model, idx, [at + n for n in ("hook_q", "hook_k", "hook_attn_scores", "hook_pattern")])
+    q, k = cache[at + "hook_q"][0, position, head].float(), cache[at + "hook_k"][0, :, head].float()
+    d = k.size(-1)
+    raw = k @ q if d else torch.zeros(k.size(0))
+    seen = torch.isfinite(cache[at + "hook_attn_scores"][0, head, position].float())
+    used = cache[at + "hook_attn_scores"][0, head, position].float()
+    unscaled = torch.softmax(raw.masked_fill(~seen, float("-inf")), -1)
+
+    def listed(x):
+        return [round(v, 6) if ok else None for v, ok in zip(x.tolist(), seen.tolist())]
+
+    return {"layer": layer, "head": head, "position": position, "d_head": d,
+            "scale": 1 / math.sqrt(d) if d else None, "attention": c.attention,
+            "raw": listed(raw), "scaled": listed(raw / math.sqrt(d) if d else raw), "used": listed(used),
+            "weights": [round(w, 6) for w in cache[at + "hook_pattern"][0, head, position].float().tolist()],
+            "weights_unscaled": listed(unscaled)}
+
+
+# ----------------------------------------------------------------------------- the lab's curves
+
+
+def lab_curves(runs):
+    """[{name, rung, eval, final, error}] for each of runs, (name, its lab rung or None, its run_metrics or an error
+    line), that is a lab rung, in the lab's order: each rung's val-loss curve, for one chart, and its final score
+    (val loss in nats per token and bits per character, as the lab's table has them; None before it has one)."""
+    out = []
+    for name, rung, metrics in runs:
+        if rung is None:
+            continue
+        error = metrics if isinstance(metrics, str) else None
+        evals = [] if error else [{"iter": r["iter"], "val_loss": r["val_loss"]} for r in metrics["eval"]]
+        out.append({"name": name, "rung": rung, "eval": evals, "final": None if error else metrics["final"],
+                    "error": error})
+    out.sort(key=lambda r: (r["rung"]["step"], r["name"]))
+    return out

@@ -1,0 +1,236 @@
+"""The runs in the explorer's folder: which are runs, which checkpoint each opens, and each one's summary for
+the page (its shape, its scores, its health); a request for one it cannot open is an ApiError."""
+
+import json
+import math
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from gptkit.base.errors import UserError, first_line
+from gptkit.data.dataset import file_identity
+from gptkit.data.tokenizer import describe_vocabulary
+from gptkit.lab.ladder import RUNGS
+from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, model_config
+from gptkit.run.metrics import read_metrics
+from model import GPTConfig
+
+
+class ApiError(Exception):
+    """A request the explorer refuses: an HTTP status and one line."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+CHECKPOINTS = ("best.pt", "ckpt.pt", "latest.pt")  # the first there is what the explorer opens
+
+
+def checkpoint_of(folder):
+    """The checkpoint the explorer opens of a run folder: best.pt (or an earlier version's ckpt.pt), else latest.pt
+    (a run that has not finished an evaluation yet); None when there is none. An error reading the folder other
+    than 'not there' (no permission) is raised: the folder may hold a run."""
+    for name in CHECKPOINTS:
+        try:
+            if stat.S_ISREG((folder / name).stat().st_mode):
+                return folder / name
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return None
+
+
+def child_run(root, child):
+    """The resolved folder of root's child when it is a run of root (a link leading out of root is not), the
+    child itself when it cannot be read (its summary says why), else None."""
+    try:
+        if not child.is_dir() or not child.resolve().is_relative_to(root):
+            return None
+        return child.resolve() if checkpoint_of(child) else None
+    except OSError:
+        return child
+
+
+def find_runs(root):
+    """{name: folder} as the root is now: the root itself when it is a run (named as its folder), else every run
+    folder directly inside it. Raises OSError when the root cannot be read."""
+    root = Path(root).resolve()
+    if checkpoint_of(root):
+        return {root.name: root}
+    found = {child.name: child_run(root, child) for child in sorted(root.iterdir())}
+    return {name: folder for name, folder in found.items() if folder is not None}
+
+
+def find_run(root, name):
+    """The folder of the run named name as the root is now, or None: one name, never a path."""
+    root = Path(root).resolve()
+    if checkpoint_of(root):
+        return root if name == root.name else None
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        return None
+    return child_run(root, root / name)
+
+
+def inside(path, folder):
+    """path, refused in one line when it is a link leading out of folder: a run's files are read from its own."""
+    if not path.resolve().is_relative_to(Path(folder).resolve()):
+        raise UserError(f"{path.name} is a link leading out of the run's folder; the explorer reads only the files "
+                        "inside it")
+    return path
+
+
+def shown(name):
+    """A folder's name as the page shows it: a name that is not UTF-8 text (Linux allows any bytes) with its
+    bad bytes replaced, which JSON and URLs can carry."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def number(value):
+    """A finite number, else None: a hand-edited metrics.jsonl may hold NaN, Infinity or text where one goes."""
+    return value if type(value) in (int, float) and math.isfinite(value) else None
+
+
+def describe(c):
+    """A model's settings in words, e.g. '4 layers, 4 heads, width 128, scaled dot-product attention, ...'."""
+    if c.n_layer == 0:
+        return f"a bigram table: no attention, width {c.n_embd}"
+    kinds = {"scaled": "scaled dot-product attention", "dot": "dot-product attention without the 1/√d scale",
+             "uniform": "uniform attention (an average of the past)", "additive": "additive (Bahdanau) attention"}
+    positions = {"learned": "learned positions", "rope": "rotary positions", "none": "no positions"}
+    words = [f"{c.n_layer} layer{'s' * (c.n_layer > 1)}", f"{c.n_head} head{'s' * (c.n_head > 1)}",
+             f"width {c.n_embd}", kinds[c.attention], "causal (a decoder)" if c.causal else "not causal (an encoder)",
+             positions[c.pos_emb], f"context {c.block_size}"]
+    if not c.mlp:
+        words.append("no MLP")
+    return ", ".join(words)
+
+
+def attention_note(c):
+    if c.n_layer == 0:
+        return "a bigram model has no attention: each prediction comes from the current token alone"
+    if not c.causal:
+        return ("this model was trained without the causal mask: each token also attends to the tokens after it, "
+                "the very ones it must predict, so it learned to copy the answer; that is cheating, and it fails "
+                "when the model writes, where no later token exists yet")
+    if c.attention == "uniform":
+        return "uniform attention: every token a position can see gets the same weight, 1 / (how many it sees)"
+    return None
+
+
+@dataclass
+class Summary:
+    """What the runs list shows of a run, read from its checkpoint and metrics.jsonl."""
+
+    name: str
+    folder: Path
+    checkpoint: Path = None
+    config: GPTConfig = None
+    params: int = 0
+    tokenizer: str = ""
+    tokenizer_kind: str = ""  # 'char', 'bpe' or 'tiktoken'
+    error: str = None
+    identity: tuple = None  # the checkpoint file's identity when read: another one is read again
+
+    def to_json(self):
+        out = {"name": shown(self.name), "error": self.error, "settings": None, "params": None, "iterations": None,
+               "final_val_loss": None, "bits_per_char": None, "tokenizer": self.tokenizer,
+               "tokenizer_kind": self.tokenizer_kind, "rung": lab_rung(self.folder), "health": None,
+               "checkpoint": None, "metrics_error": None}
+        if self.error is None:
+            out.update(settings=describe(self.config), params=self.params, checkpoint=self.checkpoint.name,
+                       **finished(self.folder, self.tokenizer_kind))
+        return out
+
+
+def finished(folder, tokenizer_kind):
+    """The last iteration and the final val loss (the whole-split score, else the last evaluation) a run logged,
+    its final score in bits per character, what its health record said (train.py's overfitting warning), if it
+    wrote one, and why its metrics.jsonl cannot be read, if it cannot: the run still opens."""
+    try:
+        records = run_records(folder)
+    except UserError as e:
+        return {"metrics_error": first_line(e)}
+    iters = [r["iter"] for r in records if type(r.get("iter")) is int]
+    losses = {kind: [v for r in records if r.get("kind") == kind and (v := number(r.get("val_loss"))) is not None]
+              for kind in ("final", "eval")}
+    health = [r for r in records if r.get("kind") == "health"]
+    finals = [r for r in records if r.get("kind") == "final"]
+    return {"iterations": max(iters, default=None),
+            "final_val_loss": (losses["final"] or losses["eval"] or [None])[-1],
+            "bits_per_char": final_bits_per_char(finals[-1], tokenizer_kind) if finals else None,
+            "health": health_note(health[-1]) if health else None}
+
+
+def final_bits_per_char(record, tokenizer_kind):
+    """A final score in bits per character: what train.py logged beside it (gptkit.data.dataset.bits_per_char, from
+    the dataset's characters), or for a char-level run from before it logged that, the loss over ln 2 (a token
+    is a character); None where the run's dataset did not count its characters."""
+    logged, loss = number(record.get("bits_per_char")), number(record.get("val_loss"))
+    if logged is None and tokenizer_kind == "char" and loss is not None:
+        return loss / math.log(2)
+    return logged
+
+
+def run_records(folder):
+    """The records of a run's metrics.jsonl, none when it has none; one line when they cannot be read."""
+    path = folder / "metrics.jsonl"
+    if not path.exists():
+        return []
+    inside(path, folder)
+    return read_metrics(folder)
+
+
+def health_note(record):
+    """The health record as the run card's note; None for one not of the shape train.py writes."""
+    it, best_iter, best_loss, why = (record.get(k) for k in ("iter", "best_iter", "best_val_loss", "overfitting"))
+    if type(it) is not int or type(best_iter) is not int or number(best_loss) is None or not isinstance(why, str):
+        return None
+    return f"overfitting from iteration {it:,}: {why}. best.pt keeps iteration {best_iter:,} (val loss {best_loss:.4f})"
+
+
+def lab_rung(folder):
+    """{'name', 'step', 'adds', 'cheats'} of the attention lab's rung this run folder is (its lab.json names it),
+    step counted along the lab's path from the bigram; None for any other run."""
+    try:
+        name = json.loads(inside(folder / "lab.json", folder).read_text(encoding="utf-8"))["rung"]
+        step, rung = next((i, r) for i, r in enumerate(RUNGS) if r.name == name)
+    except (OSError, UserError, ValueError, KeyError, TypeError, StopIteration, RecursionError):
+        return None
+    return {"name": rung.name, "step": step, "adds": rung.adds, "cheats": rung.cheats}
+
+
+def identity_of(folder):
+    """(path, file identity) of the checkpoint a run opens, or None when it cannot be told."""
+    try:
+        path = checkpoint_of(folder)
+        return (path, file_identity(path.stat())) if path else None
+    except OSError:
+        return None
+
+
+def summarize(name, folder):
+    """A run's summary, or its error as one line: a damaged, foreign or unreadable run does not stop the others."""
+    identity = None
+    try:
+        if shown(name) != name:
+            raise UserError("its folder's name is not UTF-8 text, which the page cannot ask for; rename the folder")
+        path = checkpoint_of(folder)
+        if path is None:
+            raise UserError(f"no checkpoint in {folder} any more")
+        inside(path, folder)
+        identity = identity_of(folder)
+        ckpt = load_checkpoint(path, required=MODEL_KEYS)
+        config = model_config(ckpt, path)
+        params = sum(t.numel() for k, t in ckpt["model"].items() if k != "transformer.wpe.weight")
+        if config.tie_weights:
+            params -= ckpt["model"]["lm_head.weight"].numel()
+        return Summary(name, folder, path, config, params, describe_vocabulary(ckpt["tokenizer"]),
+                       ckpt["tokenizer"]["tokenizer"], identity=identity)
+    except OSError as e:
+        return Summary(name, folder, error=f"cannot read {e.filename or folder} ({e.strerror or e})")
+    except (UserError, ValueError, KeyError, TypeError) as e:
+        return Summary(name, folder, error=str(e).splitlines()[0] if str(e) else type(e).__name__, identity=identity)
+

@@ -1,0 +1,109 @@
+"""The models the explorer holds: each picked run loaded once, in float32 for analysis and laid out for decoding,
+the least recently picked dropped first."""
+
+import copy
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gptkit.base.errors import UserError
+from gptkit.data.tokenizer import tokenizer_from_meta
+from gptkit.explorer.memory import bound_freed_memory, give_back_memory
+from gptkit.explorer.runs import ApiError, Summary, find_run, find_runs, identity_of, summarize
+from gptkit.machine.runtime import DTYPES
+from gptkit.machine.timing import pick_decode_dtype, pick_decode_threads
+from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, model_from_checkpoint
+from gptkit.sampling.decoding import lay_out_for_decoding
+
+LOADED_AT_ONCE = 4  # models kept in memory; the least recently picked one is dropped first
+
+
+@dataclass
+class Loaded:
+    """A picked run: its model in float32 for analysis, a copy laid out for decoding, and its tokenizer."""
+
+    summary: Summary
+    model: torch.nn.Module
+    decoder: torch.nn.Module
+    tok: object
+    decoding: str  # which precision decodes, and why
+
+
+class Shelf:
+    """The runs under the root folder as they are now (a run trained after start-up is there, a checkpoint
+    replaced is read again), each loaded when first picked and kept while recently used."""
+
+    def __init__(self, root, device, dtype="auto"):
+        self.root, self.device, self.dtype = Path(root), device, dtype
+        self.known = {}  # name -> its Summary, kept while its checkpoint file is the same file
+        self.known_lock = threading.Lock()
+        self.loaded = OrderedDict()
+        self.lock = threading.Lock()  # one forward pass at a time: requests share the models and the threads
+        bound_freed_memory()
+
+    def current(self, name, folder):
+        """The run's summary, read again only when its checkpoint is another file (or the same rewritten)."""
+        with self.known_lock:
+            old = self.known.get(name)
+        identity = identity_of(folder)
+        if old is None or old.folder != folder or identity is None or old.identity != identity:
+            old = summarize(name, folder)
+            with self.known_lock:
+                self.known[name] = old
+        return old
+
+    def summaries(self):
+        """Every run under the root, as it is now."""
+        runs = self.scan(find_runs, self.root)
+        with self.known_lock:  # runs gone are forgotten
+            self.known = {name: s for name, s in self.known.items() if name in runs}
+        return [self.current(name, folder) for name, folder in runs.items()]
+
+    def scan(self, how, *args):
+        try:
+            return how(*args)
+        except OSError as e:
+            raise ApiError(409, f"cannot read {e.filename or self.root} ({e.strerror or e})") from None
+
+    def summary(self, name):
+        folder = self.scan(find_run, self.root, name)
+        if folder is None:
+            raise ApiError(404, f"no run named {name!r} in {self.root}")
+        summary = self.current(name, folder)
+        if summary.error:
+            raise ApiError(409, f"run {name!r} cannot be opened: {summary.error}")
+        return summary
+
+    def get(self, name):
+        summary = self.summary(name)
+        with self.lock:
+            if name not in self.loaded or self.loaded[name].summary is not summary:
+                replaced = name in self.loaded
+                self.loaded[name] = self.load(summary)
+                while len(self.loaded) > LOADED_AT_ONCE:
+                    self.loaded.popitem(last=False)
+                    replaced = True
+                if replaced:
+                    give_back_memory()
+            self.loaded.move_to_end(name)
+            return self.loaded[name]
+
+    def load(self, summary):
+        """The model and tokenizer of the very checkpoint the summary read."""
+        try:
+            ckpt = load_checkpoint(summary.checkpoint, required=MODEL_KEYS)
+            model = model_from_checkpoint(ckpt, summary.checkpoint).to(self.device).eval()
+            tok = tokenizer_from_meta(ckpt["tokenizer"])
+        except UserError as e:
+            raise ApiError(409, f"run {summary.name!r} cannot be opened: {e}") from None
+        decoder = copy.deepcopy(model)
+        if self.device == "cpu":
+            lay_out_for_decoding(decoder)
+        _, threads = pick_decode_threads(0, decoder, self.device)  # as sample.py: one thread unless clearly faster
+        dtype, why = pick_decode_dtype(self.dtype, decoder, self.device)
+        return Loaded(summary, model, decoder.to(DTYPES[dtype]), tok, "; ".join(w for w in (why, threads) if w))
+
+

@@ -1,0 +1,214 @@
+"""
+GPT-2 interop with Hugging Face `transformers` (an optional dependency, imported only here).
+
+Import: load_pretrained('gpt2' | 'gpt2-medium' | 'gpt2-large' | 'gpt2-xl' | a save_pretrained folder).
+Export: export.py writes a checkpoint as config.json + model.safetensors for GPT2LMHeadModel.
+
+The parameter names are the same on both sides; HF keeps its linear layers as Conv1D, whose
+weights are stored transposed (in, out), and its config calls things by other names.
+"""
+
+import os
+import sys
+
+import torch
+import torch.nn as nn
+
+from gptkit.base.errors import UserError, first_line
+from model import GPT, GPTConfig
+
+HUB_MODELS = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}
+CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+BIASES = ("ln_1.bias", "attn.c_attn.bias", "attn.c_proj.bias", "ln_2.bias", "mlp.c_fc.bias", "mlp.c_proj.bias")
+# HF activation_function -> our mlp_act; gelu_new (GPT-2's) and its aliases are the tanh approximation
+ACT_FROM_HF = {"gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "gelu_python_tanh": "gelu_tanh", "gelu": "gelu", "gelu_python": "gelu", "relu2": "relu2"}
+ACT_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu2": "relu2"}
+LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which the model uses; GPT-2's too
+HUB_PROBE_TIMEOUT = 10  # seconds to wait for the hub before calling it unreachable
+
+
+def import_transformers(purpose):
+    try:
+        import transformers
+    except ImportError:
+        raise UserError(f"{purpose} needs the `transformers` package: pip install transformers") from None
+    if not sys.stderr.isatty():  # as data/prepare.py: progress bars only on a terminal
+        transformers.utils.logging.disable_progress_bar()
+    return transformers
+
+
+# ----------------------------------------------------------------------------- import
+
+
+def load_pretrained(name_or_path, **overrides):
+    """A GPT holding GPT-2 weights; overrides: dropout, and block_size to crop the context."""
+    unknown = sorted(set(overrides) - {"dropout", "block_size"})
+    if unknown:
+        raise ValueError(f"load_pretrained can override only dropout and block_size, not {', '.join(unknown)}")
+    hf = load_hf_model(name_or_path)
+    config = GPTConfig(**config_from_hf(hf.config), dropout=overrides.get("dropout", 0.0))
+    state = state_from_hf(hf.state_dict(), config)
+    del hf
+    model = GPT(config)
+    model.load_state_dict(state)
+    if overrides.get("block_size", config.block_size) != config.block_size:
+        crop_block_size(model, overrides["block_size"])
+    return model
+
+
+def crop_block_size(model, block_size):
+    """Shrink the model's context length, e.g. to finetune GPT-2 on shorter windows: the first block_size rows of
+    its position table."""
+    if block_size > model.config.block_size:
+        raise ValueError(f"block_size {block_size} exceeds the model's {model.config.block_size}")
+    model.config.block_size = block_size
+    if "wpe" in model.transformer:
+        model.transformer.wpe.weight = nn.Parameter(model.transformer.wpe.weight[:block_size])
+
+
+def load_hf_model(name_or_path):
+    """GPT2LMHeadModel from a save_pretrained folder, or for a GPT-2 name from the HF cache or hub."""
+    name_or_path = str(name_or_path)
+    is_dir = os.path.isdir(name_or_path)
+    if not is_dir and name_or_path not in HUB_MODELS:
+        if os.sep in name_or_path or os.path.exists(name_or_path):
+            raise UserError(f"{name_or_path} is not a folder (expected one saved by transformers' save_pretrained)")
+        raise UserError(f"unknown model {name_or_path!r}: use {', '.join(HUB_MODELS)} "
+                        "or a folder saved by transformers' save_pretrained")
+    transformers = import_transformers(f"loading {name_or_path!r}")
+    if is_dir:
+        try:
+            return read_hf_model(transformers, name_or_path, local_only=True)
+        except (OSError, ValueError) as e:
+            raise UserError(f"could not load {name_or_path} as a transformers GPT-2 folder "
+                            f"({first_line(e)})") from None
+    repo = HUB_MODELS[name_or_path]
+    try:  # already downloaded: no network at all
+        return read_hf_model(transformers, repo, local_only=True)
+    except (OSError, ValueError):
+        pass
+    unreachable = UserError(f"could not fetch {name_or_path!r} from the Hugging Face hub (offline?); "
+                            "pass a local directory saved with save_pretrained")
+    if not hub_reachable(repo):  # one quick request, where transformers would retry for half a minute
+        raise unreachable
+    try:
+        return read_hf_model(transformers, repo, local_only=False)
+    except (OSError, ValueError):
+        raise unreachable from None
+
+
+def hub_reachable(repo):
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    try:
+        get_hf_file_metadata(hf_hub_url(repo, "config.json"), timeout=HUB_PROBE_TIMEOUT)
+    except Exception:  # DNS, connection, proxy, HTTP errors: all mean "cannot fetch"
+        return False
+    return True
+
+
+def read_hf_model(transformers, source, local_only):
+    config = transformers.AutoConfig.from_pretrained(source, local_files_only=local_only)
+    if config.model_type != "gpt2":
+        raise UserError(f"{source} holds a {config.model_type!r} model; only GPT-2 models can be loaded")
+    config_from_hf(config)  # refuse an unsupported variant before reading the weights
+    model = transformers.GPT2LMHeadModel.from_pretrained(source, config=config, local_files_only=local_only)
+    return model.float().eval()
+
+
+def config_from_hf(hf):
+    """GPTConfig arguments for an HF GPT2Config, refusing the variants this model cannot run."""
+    act = ACT_FROM_HF.get(hf.activation_function)
+    refusals = [
+        (act is None, f"activation_function={hf.activation_function!r} (supported: {', '.join(ACT_FROM_HF)})"),
+        (hf.n_inner not in (None, 4 * hf.n_embd), f"n_inner={hf.n_inner} (the MLP here is 4 * n_embd wide)"),
+        (abs(hf.layer_norm_epsilon - LAYER_NORM_EPS) > 1e-12, f"layer_norm_epsilon={hf.layer_norm_epsilon} "
+                                                               f"(LayerNorm here uses {LAYER_NORM_EPS})"),
+        (not hf.scale_attn_weights, "scale_attn_weights=False"),
+        (hf.scale_attn_by_inverse_layer_idx, "scale_attn_by_inverse_layer_idx=True"),
+        (getattr(hf, "add_cross_attention", False), "add_cross_attention=True"),
+    ]
+    for refused, what in refusals:
+        if refused:
+            raise UserError(f"this GPT-2 variant cannot be loaded: {what}")
+    return dict(block_size=hf.n_positions, vocab_size=hf.vocab_size, n_layer=hf.n_layer, n_head=hf.n_head,
+                n_embd=hf.n_embd, bias=True, pos_emb="learned", norm="layernorm", qk_norm=False, mlp_act=act,
+                tie_weights=bool(getattr(hf, "tie_word_embeddings", True)), logit_softcap=0.0)
+
+
+def state_from_hf(hf_state, config):
+    """Our state dict from GPT2LMHeadModel's: the same names, Conv1D weights transposed."""
+    state = {}
+    for key, value in hf_state.items():
+        if key.endswith((".attn.bias", ".attn.masked_bias")) and value.dim() > 1:
+            continue  # causal-mask buffers of older transformers versions
+        state[key] = value.t() if key.endswith(CONV1D_WEIGHTS) else value
+    if config.tie_weights or "lm_head.weight" not in state:
+        state["lm_head.weight"] = state["transformer.wte.weight"]
+    return state
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def check_exportable(config):
+    """Raise a one-line UserError naming the first option GPT2LMHeadModel cannot represent."""
+    refused = gpt2_refusal(config, ACT_TO_HF)
+    if refused:
+        raise UserError(f"this model cannot be exported as GPT-2: {refused}")
+
+
+def gpt2_refusal(config, activations):
+    """The first option of config outside GPT-2's layout, with the MLP activations in `activations` allowed,
+    as `name=value (why)`; None when there is none."""
+    refusals = [
+        (config.pos_emb != "learned", f"pos_emb={config.pos_emb!r} (GPT-2 has learned positions only)"),
+        (config.norm != "layernorm", f"norm={config.norm!r} (GPT-2 has LayerNorm only)"),
+        (config.qk_norm, "qk_norm=True (GPT-2 has no query/key normalisation)"),
+        (config.mlp_act not in activations, f"mlp_act={config.mlp_act!r} (supported: {', '.join(activations)})"),
+        (config.logit_softcap > 0, f"logit_softcap={config.logit_softcap} (GPT-2 has no logit soft-capping)"),
+        (config.attention != "scaled", f"attention={config.attention!r} (GPT-2 scores q.k/sqrt(d))"),
+        (not config.causal, "causal=False (GPT-2 is a decoder: it masks the future)"),
+        (not config.mlp, "mlp=False (every GPT-2 block has an MLP)"),
+        (config.token_shift, "token_shift=True (GPT-2's blocks read only their own position's stream)"),
+    ]
+    return next((what for refused, what in refusals if refused), None)
+
+
+def hf_config_args(config, eos_token_id=None):
+    """GPT2Config arguments for our GPTConfig (check_exportable first)."""
+    return dict(vocab_size=config.vocab_size, n_positions=config.block_size, n_embd=config.n_embd,
+                n_layer=config.n_layer, n_head=config.n_head, n_inner=None,
+                activation_function=ACT_TO_HF[config.mlp_act], layer_norm_epsilon=LAYER_NORM_EPS,
+                resid_pdrop=config.dropout, embd_pdrop=config.dropout, attn_pdrop=config.dropout,
+                tie_word_embeddings=config.tie_weights, bos_token_id=eos_token_id, eos_token_id=eos_token_id)
+
+
+def state_to_hf(state, config):
+    """GPT2LMHeadModel's state dict from ours: Conv1D weights transposed, zero biases where bias=False."""
+    out = {key: (value.t() if key.endswith(CONV1D_WEIGHTS) else value).detach().float().contiguous()
+           for key, value in state.items()}
+    if not config.bias:  # a zero bias is no bias
+        names = [f"transformer.h.{i}.{b}" for i in range(config.n_layer) for b in BIASES] + ["transformer.ln_f.bias"]
+        for name in names:
+            weight = state[name.removesuffix("bias") + "weight"]  # (out, in) for Linear, (C,) for LayerNorm
+            out[name] = torch.zeros(weight.shape[0])
+    return out
+
+
+def save_hf(model, hf_dir, eos_token_id=None):
+    """Write model (a GPT) to hf_dir as config.json + model.safetensors for GPT2LMHeadModel."""
+    config = model.config
+    check_exportable(config)
+    transformers = import_transformers("exporting to Hugging Face format")
+    hf_config = transformers.GPT2Config(**hf_config_args(config, eos_token_id))
+    hf = transformers.GPT2LMHeadModel(hf_config).eval()
+    hf.load_state_dict(state_to_hf(model.state_dict(), config))
+    try:
+        hf.save_pretrained(hf_dir)
+    except OSError as e:
+        raise UserError(f"could not write {hf_dir} ({e.strerror or e})") from None
+    return hf

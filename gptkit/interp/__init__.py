@@ -1,0 +1,1 @@
+"""Interpretability: hook points by name, experiments on a trained model, and pictures of runs and heads."""

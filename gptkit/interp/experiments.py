@@ -1,0 +1,552 @@
+"""Experiments on a trained model through its hook points, under TransformerLens's names and conventions so that
+its tutorials carry over: open a run, run a text with every activation cached or with hook functions of your own,
+switch heads and MLPs off (zero or mean ablation), score what each head does, patch activations from one prompt
+into another, and attribute a logit to the parts that wrote it. Layers and heads count from 0; a head is written
+L0H3 (layer 0, head 3), an MLP MLP1. docs/analysis.md shows each at work and defines each score."""
+
+import re
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+from tqdm import tqdm
+
+from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, model_from_checkpoint
+from gptkit.base.errors import UserError
+from gptkit.interp.hooks import forward_from, hook_points, hooked, names_in, run_with_cache
+from gptkit.run.run_folder import RunDir
+from gptkit.machine.timing import cpu_has_bf16
+from gptkit.data.tokenizer import tokenizer_from_meta
+
+KINDS = ("previous_token", "first_token", "duplicate_token", "induction", "local")
+LOCAL_WINDOW = 4  # the local score: attention on the current token and the 3 before it
+REPEAT_LENGTH = 32  # the longest random sequence the induction and duplicate-token scores repeat
+REPEAT_ROWS = 32  # how many such sequences
+LABEL_AT_LEAST = 0.15  # a head is labelled with a kind whose score is this share of the way from chance to 1
+PASS_TOKENS = 4096  # tokens in one batched pass of the ablation deltas: its activations stay in the caches
+PASS_FLOATS = 1 << 26  # and a bound on a pass's widest activation (4 x n_embd or the vocabulary), 256 MB
+
+
+# ----------------------------------------------------------------------------- a run, its tokens and hooks
+
+
+@dataclass(frozen=True)
+class Hook:
+    """What a hook function gets as its second argument, as TransformerLens's HookPoint: its name."""
+
+    name: str
+
+    def layer(self):
+        """The layer the hook point sits in (blocks.{layer}....)."""
+        found = re.match(r"blocks\.(\d+)\.", self.name)
+        if not found:
+            raise UserError(f"hook point {self.name!r} is in no layer")
+        return int(found.group(1))
+
+
+class Run:
+    """A trained model (in eval mode) and its tokenizer, opened from a run folder: what the experiments take."""
+
+    def __init__(self, model, tok, out_dir, trained_on=None):
+        self.model, self.tok, self.out_dir = model, tok, Path(out_dir)
+        self.trained_on = trained_on or {}  # the training config's dataset and data_dir, where its val split is
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def hook_names(self):
+        return list(hook_points(self.model))
+
+    def tokens(self, text):
+        """The text's token ids as a (1, T) LongTensor on the model's device."""
+        if not isinstance(text, str):
+            raise UserError(f"expected a text, got {type(text).__name__}")
+        if not text:
+            raise UserError("the text is empty: give the model at least one token")
+        return checked_tokens(self.model, torch.tensor([self.tok.encode(text)]))
+
+    def to_tokens(self, text_or_tokens):
+        """A text's tokens, or token ids (T,) or (B, T) checked and moved to the model's device: (B, T)."""
+        if isinstance(text_or_tokens, str):
+            return self.tokens(text_or_tokens)
+        return checked_tokens(self.model, torch.as_tensor(text_or_tokens))
+
+    def run_with_cache(self, text_or_tokens, names_filter=None):
+        return run_with_cache(self.model, self.to_tokens(text_or_tokens), names_filter)
+
+    def run_with_hooks(self, text_or_tokens, fwd_hooks=()):
+        return run_with_hooks(self.model, self.to_tokens(text_or_tokens), fwd_hooks)
+
+    def ablated(self, heads=(), mlps=(), how="zero", means=None):
+        return ablated(self.model, heads, mlps, how, None if means is None else self.to_tokens(means))
+
+
+def open_run(out_dir, checkpoint="best", device="cpu"):
+    """The Run in out_dir: its best.pt (or with checkpoint='latest', latest.pt), loaded on device."""
+    path = RunDir(out_dir).model_file(checkpoint)
+    ckpt = load_checkpoint(path, required=MODEL_KEYS)
+    model = model_from_checkpoint(ckpt, path).to(device).eval()
+    trained = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
+    return Run(model, tokenizer_from_meta(ckpt["tokenizer"]), out_dir,
+               {key: trained[key] for key in ("dataset", "data_dir") if isinstance(trained.get(key), str)})
+
+
+def checked_tokens(model, idx):
+    """idx as (B, T) token ids on the model's device, or one line saying why the model cannot read it."""
+    if idx.dtype.is_floating_point or idx.dtype == torch.bool or idx.dim() not in (1, 2):
+        raise UserError(f"token ids must be whole numbers of shape (T,) or (batch, T), got {idx.dtype} "
+                        f"{tuple(idx.shape)}")
+    idx = idx.long()[None] if idx.dim() == 1 else idx.long()
+    if idx.numel() == 0:
+        raise UserError("the text is empty: give the model at least one token")
+    if idx.size(1) > model.config.block_size:
+        raise UserError(f"the text is {idx.size(1)} tokens, longer than the model's block_size "
+                        f"{model.config.block_size}")
+    vocab = model.config.vocab_size
+    if idx.min() < 0 or idx.max() >= vocab:
+        bad = idx[(idx < 0) | (idx >= vocab)][0].item()
+        raise UserError(f"token id {bad} is outside the vocabulary (0 to {vocab - 1})")
+    return idx.to(next(model.parameters()).device)
+
+
+def run_with_hooks(model, idx, fwd_hooks=()):
+    """Every position's logits (B, T, V) of a forward pass of idx in which each hook in fwd_hooks, a pair (hook
+    point name, or a function of a name that picks the points, as TransformerLens takes it; function), calls
+    function(activation, hook) with hook.name its point's name; a function that returns a tensor replaces the
+    activation with it. The hooks are gone afterwards, as TransformerLens's run_with_hooks."""
+    pairs = []
+    for picks, fn in fwd_hooks:
+        for name in names_in(model, picks if callable(picks) else [picks]):
+            pairs.append((name, lambda x, name, fn=fn: fn(x, Hook(name))))
+    with hooked(model, pairs):
+        return model(idx, idx)[0]
+
+
+# ----------------------------------------------------------------------------- ablation
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """What an `ablated` block switched off: heads as (layer, head), MLPs by layer, how, and a note (or None)."""
+
+    heads: tuple
+    mlps: tuple
+    how: str
+    note: str | None
+
+    @property
+    def label(self):
+        """'L0H3, MLP1': the parts switched off, for a banner or a title."""
+        return ", ".join(part_names(self.heads, self.mlps))
+
+
+def no_attention(model):
+    if model.config.n_layer == 0:
+        raise UserError("this model has no attention (n_layer=0, a bigram model): it has no heads or layers to "
+                        "look into")
+
+
+MLP_NAME = re.compile(r"\s*MLP(\d+)\s*", re.IGNORECASE)  # 'MLP1': the MLP of layer 1
+
+
+def part_names(heads, mlps):
+    """The names of (layer, head) pairs and MLP layers: ['L0H3', 'MLP1']."""
+    return [*(f"L{layer}H{head}" for layer, head in heads), *(f"MLP{m}" for m in mlps)]
+
+
+def parse_heads(model, heads):
+    """Heads given as 'L0H3' or (layer, head), one or many, as sorted (layer, head) pairs; one line for one the
+    model does not have."""
+    no_attention(model)
+    n_layer, n_head = model.config.n_layer, model.config.n_head
+    found = set()
+    for head in [heads] if isinstance(heads, str) else heads:
+        if isinstance(head, str):
+            m = re.fullmatch(r"\s*L(\d+)H(\d+)\s*", head, re.IGNORECASE)
+            if not m:
+                raise UserError(f"{head!r} is not a head: write L0H3 (layer 0, head 3) or (0, 3)")
+            layer, index = int(m.group(1)), int(m.group(2))
+        elif isinstance(head, (tuple, list)) and len(head) == 2 and all(isinstance(i, int) for i in head):
+            layer, index = head
+        else:
+            raise UserError(f"{head!r} is not a head: write L0H3 (layer 0, head 3) or (0, 3)")
+        if not (0 <= layer < n_layer and 0 <= index < n_head):
+            raise UserError(f"head L{layer}H{index} is out of range: this model has layers 0-{n_layer - 1} and "
+                            f"heads 0-{n_head - 1} in each")
+        found.add((layer, index))
+    return tuple(sorted(found))
+
+
+def parse_mlps(model, mlps):
+    """MLPs given as a layer number or 'MLP1', one or many, as sorted layers; one line for one the model lacks."""
+    mlps = [mlps] if isinstance(mlps, (str, int)) else list(mlps)
+    if mlps and model.config.n_layer == 0:
+        no_attention(model)
+    if mlps and not model.config.mlp:
+        raise UserError("this model has no MLPs (mlp=False: its blocks are attention only)")
+    found = set()
+    for mlp in mlps:
+        m = MLP_NAME.fullmatch(mlp) if isinstance(mlp, str) else None
+        if not (m or isinstance(mlp, int) and not isinstance(mlp, bool)):
+            raise UserError(f"{mlp!r} is not an MLP: write MLP1 or the layer number, 1")
+        layer = int(m.group(1)) if m else mlp
+        if not 0 <= layer < model.config.n_layer:
+            raise UserError(f"MLP{layer} is out of range: this model has MLP0-MLP{model.config.n_layer - 1}")
+        found.add(layer)
+    return tuple(sorted(found))
+
+
+def everything_note(model, heads, mlps=()):
+    """A note when the heads switched off are all of them (allowed: a valid experiment), else None."""
+    c = model.config
+    if c.n_layer == 0 or len(heads) < c.n_layer * c.n_head:
+        return None
+    rest = "the embeddings alone" if not c.mlp or len(mlps) == c.n_layer else "the embeddings and the MLPs"
+    bias = " and their output projections' biases" if c.bias else ""
+    return f"every head is off: attention adds nothing{bias}, so what predicts is {rest}"
+
+
+@torch.no_grad()
+def mean_activations(model, idx, names):
+    """{name: the activation's mean over every row and position of the tokens idx (B, T)}: for hook_z, (heads,
+    d_head), each head's mean output; for hook_mlp_out, (d_model,). Taken in passes of rows, summed in float64."""
+    sums, count = {}, 0
+    rows = max(1, PASS_TOKENS // idx.size(1))
+    for start in range(0, idx.size(0), rows):
+        _, cache = run_with_cache(model, idx[start:start + rows], names)
+        for name in names:
+            sums[name] = sums.get(name, 0) + cache[name].double().sum((0, 1))
+        count += idx[start:start + rows].numel()
+    dtype = next(model.parameters()).dtype
+    return {name: (total / count).to(dtype) for name, total in sums.items()}
+
+
+def ablation_hooks(model, heads, mlps, fill):
+    """[(hook name, function)] that switch the heads and MLPs off: each head's slice of hook_z (the input of the
+    attention's output projection) and each MLP's output (hook_mlp_out) set to fill[name] (a mean) or 0."""
+    hooks, layers = [], sorted({layer for layer, _ in heads})
+    for layer in layers:
+        name, off = f"blocks.{layer}.attn.hook_z", [h for l, h in heads if l == layer]
+
+        def heads_off(z, name, off=off):
+            z = z.clone()
+            z[:, :, off] = fill[name][off].to(z.dtype) if name in fill else 0
+            return z
+        hooks.append((name, heads_off))
+    for layer in mlps:
+        name = f"blocks.{layer}.hook_mlp_out"
+        hooks.append((name, lambda x, name: (fill[name].to(x.dtype).expand_as(x) if name in fill
+                                              else torch.zeros_like(x))))
+    return hooks
+
+
+@contextmanager
+def ablated(model, heads=(), mlps=(), how="zero", means=None):
+    """Within the block the heads ('L0H3' or (0, 3)) and MLPs (1 or 'MLP1') are off in every forward pass of model:
+    zero ablation sets each head's slice of hook_z, and each MLP's output, to 0; mean ablation to its mean over
+    every row and position of the tokens `means` (B, T). Yields an Ablation; switching every head off is allowed,
+    with a note, printed and kept in it."""
+    heads, mlps = parse_heads(model, heads) if heads else (), parse_mlps(model, mlps)
+    if how not in ("zero", "mean"):
+        raise UserError(f"ablation must be 'zero' or 'mean' (got {how!r})")
+    fill = {}
+    names = [*(f"blocks.{layer}.attn.hook_z" for layer in sorted({l for l, _ in heads})),
+             *(f"blocks.{layer}.hook_mlp_out" for layer in mlps)]
+    if how == "mean":
+        if means is None:
+            raise UserError("mean ablation needs means=: the tokens whose mean activation replaces each part's")
+        fill = mean_activations(model, checked_tokens(model, torch.as_tensor(means)), names)
+    note = everything_note(model, heads, mlps)
+    if note:
+        print(f"note: {note}")
+    with hooked(model, ablation_hooks(model, heads, mlps, fill)):
+        yield Ablation(heads, mlps, how, note)
+
+
+def fast_dtype(device):
+    """'bfloat16' where the device has fast bf16 matmuls (a CUDA GPU that has them, a CPU with AVX-512 BF16 or AMX),
+    else 'float32': the precision analyze.py's ablation deltas take unless told (matmuls under autocast)."""
+    if device.startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    return "bfloat16" if device == "cpu" and cpu_has_bf16() else "float32"
+
+
+def token_losses(logits, targets):
+    """Each target's cross-entropy, in float32: (B, T)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
+
+
+def pass_shape(model, T):
+    """(heads per batched pass, rows of T tokens per pass) for the ablation deltas: PASS_TOKENS a pass, fewer where
+    the vocabulary or the MLP is wide, so a pass's widest activation stays within PASS_FLOATS."""
+    c = model.config
+    tokens = max(T, min(PASS_TOKENS, PASS_FLOATS // max(4 * c.n_embd, c.vocab_size)))
+    group = max(1, min(c.n_head, tokens // T))
+    return group, max(1, tokens // (group * T))
+
+
+def each_head_off(model, layer, heads, cache, targets, rotary, fill):
+    """The summed loss of targets with each of heads (of layer) off in turn, in one pass: the batch carries a copy
+    of the rows per head, each starting after the layer's attention (resid_pre + attn_out from cache, a pass of
+    the intact model) with its own head's share of attn_out replaced by fill's (n_head, d_head): the output
+    projection is linear, so that share is the head's slice of hook_z times its columns of c_proj."""
+    name = f"blocks.{layer}."
+    C, H = model.config.n_embd, model.config.n_head
+    z = cache[name + "attn.hook_z"][:, :, heads]  # (R, T, g, D)
+    columns = model.transformer.h[layer].attn.c_proj.weight.view(C, H, -1)[:, heads]  # (C, g, D)
+    change = torch.einsum("rtgd,cgd->grtc", fill[heads].to(z.dtype) - z, columns.to(z.dtype))
+    mid = cache[name + "hook_resid_pre"] + cache[name + "hook_attn_out"]
+    logits = forward_from(model, layer, (mid + change).flatten(0, 1), rotary, after_attention=True)
+    return token_losses(logits, targets.repeat(len(heads), 1)).view(len(heads), -1).double().sum(1)
+
+
+@torch.no_grad()
+def ablation_deltas(model, idx, targets, how="zero"):
+    """(the loss of targets after idx, both (B, T); each head's change to it when that head alone is off,
+    (n_layer, n_head)). Mean ablation uses each head's mean hook_z over these same tokens. Batched: each pass
+    carries a group of heads of one layer, one copy of the rows each, and starts after that layer's attention,
+    kept from one intact pass: the layers before an ablated head, and its own layer's attention, are computed
+    once."""
+    no_attention(model)
+    L, H = model.config.n_layer, model.config.n_head
+    z_names = [f"blocks.{layer}.attn.hook_z" for layer in range(L)]
+    fill = mean_activations(model, idx, z_names) if how == "mean" else None
+    kept = [f"blocks.{layer}.{point}" for layer in range(L) for point in ("hook_resid_pre", "hook_attn_out",
+                                                                             "attn.hook_z")]
+    group, rows = pass_shape(model, idx.size(1))
+    total, base = torch.zeros(L, H, dtype=torch.float64), 0.0
+    bar = tqdm(range(0, idx.size(0), rows), desc="ablating heads", unit="pass", leave=False, delay=1.0,
+               file=sys.stderr, disable=not sys.stderr.isatty())
+    for start in bar:
+        x, y = idx[start:start + rows], targets[start:start + rows]
+        logits, cache = run_with_cache(model, x, kept)
+        base += token_losses(logits, y).double().sum().item()
+        rotary = model.embed(x[:1])[1]
+        for layer in range(L):
+            values = torch.zeros(H, model.config.n_embd // H, device=x.device) if fill is None else fill[z_names[layer]]
+            for first in range(0, H, group):
+                heads = list(range(first, min(H, first + group)))
+                total[layer, heads] += each_head_off(model, layer, heads, cache, y, rotary, values).cpu()
+    n = targets.numel()
+    return base / n, (total / n - base / n).float()
+
+
+# ----------------------------------------------------------------------------- what each head does
+
+
+def repeated_tokens(vocab, length, rows=REPEAT_ROWS, seed=0):
+    """(rows, 2 * length) token ids, each row ending in a random sequence written twice: L distinct ids drawn from
+    vocab (a count, or a 1-D tensor of the ids to draw from), then the same L again, with L from length // 2 to
+    length in turn, so that a head attending a fixed distance back scores on few rows; before them, ids drawn
+    from the rest of vocab fill the row. The sequences of the induction and duplicate-token scores."""
+    pool = torch.arange(vocab) if isinstance(vocab, int) else torch.as_tensor(vocab)
+    if not 1 <= length <= len(pool):
+        raise UserError(f"cannot draw {length} distinct tokens from {len(pool)}")
+    generator = torch.Generator().manual_seed(seed)
+    lengths = range(max(1, length // 2), length + 1)
+    out = []
+    for row in range(rows):
+        L, order = lengths[row % len(lengths)], pool[torch.randperm(len(pool), generator=generator)]
+        rest = order[L:] if L < len(order) else order
+        fill = rest[torch.randint(len(rest), (2 * (length - L),), generator=generator)]
+        out.append(torch.cat((fill, order[:L], order[:L])))
+    return torch.stack(out)
+
+
+def induction_tokens(model, vocab, rows=REPEAT_ROWS, seed=0):
+    """The repeated sequences head_scores reads for a model, on its device: min(REPEAT_LENGTH, block_size // 2,
+    vocab) distinct ids of the first `vocab` drawn at random (vocab: the tokenizer's, which a padded model
+    vocabulary may exceed), written twice."""
+    length = min(REPEAT_LENGTH, model.config.block_size // 2, vocab)
+    return repeated_tokens(vocab, length, rows, seed).to(next(model.parameters()).device)
+
+
+def patterns(model, idx):
+    """Every layer's attention weights for idx: (n_layer, B, n_head, T, T)."""
+    names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.config.n_layer)]
+    _, cache = run_with_cache(model, idx, names)
+    return torch.stack([cache[name].float().cpu() for name in names])
+
+
+def share_on(P, keys, queries):
+    """Each head's attention on its keys (a (T, T) or (B, T, T) mask), averaged over the queries (a (T,) or (B, T)
+    mask) of every row, from P, every layer's weights (n_layer, B, n_head, T, T): (n_layer, n_head)."""
+    B, T = P.size(1), P.size(-1)
+    keys = keys.expand(B, T, T)[:, None].to(P)  # (B, 1, T, T)
+    queries = queries.expand(B, T)[:, None].to(P)  # (B, 1, T)
+    return ((P * keys).sum(-1) * queries).sum((1, 3)) / queries.sum()
+
+
+def scores_of(text_weights, repeated_weights, repeated):
+    """head_scores from attention weights (n_layer, B, n_head, T, T): on real text, and on the sequences repeated."""
+    T = text_weights.size(-1)
+    t, s = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    window = min(LOCAL_WINDOW, T - 1)
+    scores = {"previous_token": share_on(text_weights, s == t - 1, torch.arange(T) >= 1),
+              "first_token": share_on(text_weights, (s == 0).expand(T, T), torch.arange(T) >= 1),
+              "local": share_on(text_weights, (s <= t) & (s > t - window), torch.arange(T) >= window)}
+    tok = repeated.cpu()
+    T = tok.size(1)
+    same = tok[:, :, None] == tok[:, None, :]  # (B, query, key): the same token
+    duplicate = same & (torch.arange(T)[None, :] < torch.arange(T)[:, None])  # in an earlier key
+    # the key just after an earlier copy of the query's token: the duplicate mask moved one key to the right
+    after_duplicate = torch.cat((torch.zeros_like(duplicate[:, :, :1]), duplicate[:, :, :-1]), 2)
+    seen = duplicate.any(-1)  # the queries whose token came before: the second copy, and chance repeats
+    scores["duplicate_token"] = share_on(repeated_weights, duplicate, seen)
+    scores["induction"] = share_on(repeated_weights, after_duplicate, seen)
+    return {kind: scores[kind] for kind in KINDS}
+
+
+@torch.no_grad()
+def head_scores(model, text, repeated):
+    """{kind: (n_layer, n_head) scores in [0, 1]} for each kind in KINDS (docs/analysis.md defines them and names
+    their sources): previous_token, first_token and local from the attention on text (B, T), windows of real
+    text; duplicate_token and induction from repeated (B, T'), random sequences each written twice
+    (repeated_tokens)."""
+    no_attention(model)
+    return scores_of(patterns(model, text), patterns(model, repeated), repeated)
+
+
+def chance_scores(text, repeated):
+    """{kind: the score of a head that attends evenly to every position it sees} on the same tokens: what each
+    score is worth by chance (a local window of 4 keys takes a larger share of a short past than one key)."""
+    def even(idx):
+        T = idx.size(1)
+        rows = torch.ones(T, T).tril()
+        return (rows / rows.sum(-1, keepdim=True)).expand(1, idx.size(0), 1, T, T)
+    return {kind: s.item() for kind, s in scores_of(even(text), even(repeated), repeated).items()}
+
+
+def head_labels(scores, chance, at_least=LABEL_AT_LEAST):
+    """[[label]] a layer, a head: the kind each head does most above chance, by its score's share of the way from
+    chance to 1, (s - chance) / (1 - chance), where that reaches at_least; else 'local' where local's does (its
+    window holds the previous token, so a previous-token head is local too); else ''."""
+    lifted = {k: (scores[k] - chance[k]) / (1 - chance[k]) for k in KINDS}
+    specific = [k for k in KINDS if k != "local"]
+    best, which = torch.stack([lifted[k] for k in specific]).max(0)
+    return [[specific[k] if b >= at_least else "local" if near >= at_least else ""
+             for b, k, near in zip(*row)]
+            for row in zip(best.tolist(), which.tolist(), lifted["local"].tolist())]
+
+
+# ----------------------------------------------------------------------------- activation patching
+
+
+def run_patched(model, corrupt, clean_cache, names, positions=None):
+    """Every position's logits for the tokens corrupt with the activations at the named hook points replaced by
+    clean_cache's (a run_with_cache of the clean tokens, same shape): at every position, or only at positions
+    (the query positions of hook_attn_scores and hook_pattern)."""
+    def patch(x, name):
+        if positions is None:
+            return clean_cache[name].to(x.dtype)
+        x, at = x.clone(), [slice(None)] * x.dim()
+        at[2 if name.endswith(("hook_attn_scores", "hook_pattern")) else 1] = positions
+        x[tuple(at)] = clean_cache[name][tuple(at)].to(x.dtype)
+        return x
+
+    with torch.no_grad(), hooked(model, [(name, patch) for name in names]):
+        return model(corrupt, corrupt)[0]
+
+
+def metric_of(target, foil):
+    """The patching metric of every row's last position: the log-probability of target, or with a foil the
+    logit difference target - foil. (logits (B, T, V)) -> (B,)."""
+    if foil is None:
+        return lambda logits: torch.log_softmax(logits[:, -1].float(), -1)[:, target]
+    return lambda logits: (logits[:, -1, target] - logits[:, -1, foil]).float()
+
+
+@dataclass
+class Patching:
+    resid: torch.Tensor  # (n_layer, T): the metric with blocks.{layer}.hook_resid_pre at one position from clean
+    heads: torch.Tensor  # (n_layer, n_head): the metric with one head's hook_z from clean, at every position
+    clean: float  # the metric of the clean run, and of the corrupt run
+    corrupt: float
+    target: int  # the token the metric scores (the clean run's top prediction unless given), and the foil or None
+    foil: int | None
+
+
+@torch.no_grad()
+def patching(model, clean, corrupt, target=None, foil=None):
+    """Activation patching from the clean tokens (1, T) into the corrupt ones (1, T), measured by metric_of(target,
+    foil) at the last position; target defaults to the clean run's top prediction there. Each layer's cells
+    in one batched pass from that layer's corrupt resid_pre, a row per cell."""
+    no_attention(model)
+    if clean.shape != corrupt.shape:
+        raise UserError(f"the clean prompt is {clean.size(-1)} tokens and the corrupt one {corrupt.size(-1)}: "
+                        "patching pairs their positions, so they must be the same length")
+    L, H, T = model.config.n_layer, model.config.n_head, clean.size(1)
+    names = [f"blocks.{layer}.{point}" for layer in range(L) for point in ("hook_resid_pre", "attn.hook_z")]
+    clean_logits, clean_cache = run_with_cache(model, clean, names)
+    corrupt_logits, corrupt_cache = run_with_cache(model, corrupt, names)
+    target = int(clean_logits[0, -1].argmax()) if target is None else target
+    metric, rotary = metric_of(target, foil), model.embed(clean)[1]
+    resid, heads = torch.empty(L, T), torch.empty(L, H)
+    for layer in range(L):
+        pre, z = f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.attn.hook_z"
+        x = corrupt_cache[pre].repeat(T, 1, 1)
+        x[torch.arange(T), torch.arange(T)] = clean_cache[pre][0]  # row p: position p from clean
+        resid[layer] = metric(forward_from(model, layer, x, rotary)).cpu()
+        one = torch.eye(H, dtype=torch.bool, device=clean.device)[:, None, :, None]  # row h: head h from clean
+        with hooked(model, {z: lambda z, name: torch.where(one, clean_cache[name], z)}):
+            heads[layer] = metric(forward_from(model, layer, corrupt_cache[pre].repeat(H, 1, 1), rotary)).cpu()
+    return Patching(resid, heads, metric(clean_logits).item(), metric(corrupt_logits).item(), target, foil)
+
+
+# ----------------------------------------------------------------------------- direct logit attribution
+
+
+@dataclass
+class Attribution:
+    target: int  # the token whose logit is attributed
+    position: int  # the position whose prediction it is
+    parts: dict  # {part: its share of the logit}: embed, pos_embed, L0H0, ..., L0 attention bias, MLP0, ...
+    norm_bias: float  # what the final norm's bias adds (0 without one)
+    raw_logit: float  # the logit before any soft-cap: sum(parts) + norm_bias, exactly up to float rounding
+    logit: float  # the logit the model gave (soft-capped where logit_softcap is set)
+
+
+@torch.no_grad()
+def attribute(model, idx, position, target=None):
+    """Direct logit attribution of target's logit at position of idx (1, T); target defaults to the token that came
+    next, idx[position + 1]. Each part's output into the residual stream, through the final norm with its scale
+    frozen at the real pass's (ln_final.hook_scale) and its centring, which is linear, applied to each part,
+    dotted with target's unembedding. The final stream is the sum of the parts, so the parts and the norm's bias
+    term sum to the logit (before any soft-cap) exactly."""
+    c, T = model.config, idx.size(1)
+    if target is None and not 0 <= position < T - 1:
+        raise UserError(f"position must be 0 to {T - 2}, a position with a next token in the text (got {position})"
+                        if T > 1 else "the text is one token: attribution needs a next token to attribute")
+    if not 0 <= position < T:
+        raise UserError(f"position must be 0 to {T - 1} (got {position})")
+    target = int(idx[0, position + 1]) if target is None else target
+    _, cache = run_with_cache(model, idx, None)
+    ln, unembed = model.transformer.ln_f, model.lm_head.weight[target].float()
+    direction = unembed * ln.weight.float() / cache["ln_final.hook_scale"][0, position].float()
+
+    def through(v):
+        v = v.float()
+        return ((v - v.mean(-1, keepdim=True) if ln.centred else v) @ direction).item()
+
+    parts = {"embed": through(cache["hook_embed"][0, position])}
+    if "hook_pos_embed" in cache:
+        parts["pos_embed"] = through(cache["hook_pos_embed"][0, position])
+    for layer, block in enumerate(model.transformer.h):
+        z, proj = cache[f"blocks.{layer}.attn.hook_z"][0, position], block.attn.c_proj
+        d = z.size(-1)
+        for head in range(c.n_head):
+            parts[f"L{layer}H{head}"] = through(proj.weight[:, head * d:(head + 1) * d] @ z[head])
+        if proj.bias is not None:
+            parts[f"L{layer} attention bias"] = through(proj.bias)
+        if block.mlp is not None:
+            parts[f"MLP{layer}"] = through(cache[f"blocks.{layer}.hook_mlp_out"][0, position])
+    final = cache[f"blocks.{c.n_layer - 1}.hook_resid_post"] if c.n_layer else cache["hook_embed"] + \
+        cache.get("hook_pos_embed", 0)
+    raw = model.lm_head(ln(final[:, position]))[0, target].item()
+    norm_bias = 0.0 if ln.bias is None else (unembed @ ln.bias.float()).item()
+    return Attribution(target, position, parts, norm_bias, raw, model.head(ln(final[:, position]))[0, target].item())

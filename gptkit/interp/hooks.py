@@ -1,0 +1,170 @@
+"""Looking inside a model through its hook points: every layer's attention weights and residual stream as the real
+forward pass computes them, what each layer's stream would predict next (the logit lens), how surprised the model
+is by each token, and tokens as labels. Hook points are named as TransformerLens names them: hook_embed,
+blocks.0.hook_resid_pre, blocks.0.attn.hook_pattern, ..., ln_final.hook_scale; layers and heads count from 0."""
+
+import math
+from contextlib import contextmanager
+
+import torch
+
+from gptkit.base.errors import UserError
+from gptkit.data.tokenizer import visible
+from model import HookPoint
+
+# the model's module paths (nanoGPT's, which checkpoints and GPT-2's weights use) as TransformerLens names them
+RENAMED = (("transformer.h.", "blocks."), ("transformer.ln_f.", "ln_final."), ("ln_1.", "ln1."), ("ln_2.", "ln2."))
+
+
+def hook_points(model):
+    """{name: HookPoint} of every hook point in the model, under TransformerLens's names."""
+    points = {}
+    for name, module in model.named_modules():
+        if isinstance(module, HookPoint):
+            for old, new in RENAMED:
+                name = name.replace(old, new)
+            points[name] = module
+    return points
+
+
+@contextmanager
+def hooked(model, hooks):
+    """Within the block, each hook point named in hooks ({name: function}, or (name, function) pairs, which may
+    name a point more than once: its functions run in turn) calls its function with (activation, name) in the
+    forward pass; a function that returns a tensor replaces the activation with it."""
+    points = hook_points(model)
+    pairs = list(hooks.items() if isinstance(hooks, dict) else hooks)
+    unknown = [name for name, _ in pairs if name not in points]
+    if unknown:
+        raise UserError(f"no hook point {unknown[0]!r} in this model (it has {', '.join(points)})")
+    handles = [points[name].register_forward_hook(lambda module, args, out, name=name, fn=fn: fn(out, name))
+               for name, fn in pairs]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def names_in(model, names_filter):
+    """The hook points a filter picks, as TransformerLens's names_filter: None (every one), a name, a list of
+    names, or a function of a name that says whether to keep it."""
+    if names_filter is None or callable(names_filter):
+        return [name for name in hook_points(model) if names_filter is None or names_filter(name)]
+    return [names_filter] if isinstance(names_filter, str) else list(names_filter)
+
+
+@contextmanager
+def caching(model, names_filter=None):
+    """Within the block, every forward pass keeps the activation at each hook point names_filter picks in the
+    dict it yields, {name: activation} (a later pass's replacing an earlier one's)."""
+    cache = {}
+    with hooked(model, {name: lambda x, name: cache.__setitem__(name, x) for name in names_in(model, names_filter)}):
+        yield cache
+
+
+@torch.no_grad()
+def run_with_cache(model, idx, names_filter=None):
+    """Run the model's forward pass on idx (B, T), keeping the activation at each hook point names_filter picks
+    (see names_in; None: every one): (every position's logits (B, T, V), {name: activation}), as
+    TransformerLens's run_with_cache."""
+    with caching(model, names_filter) as cache:
+        logits, _ = model(idx, idx)  # given targets, the forward keeps every position's logits; the loss is unused
+    return logits, cache
+
+
+def forward_from(model, layer, x, rotary=None, after_attention=False):
+    """The rest of the forward pass from blocks.{layer}.hook_resid_pre = x (B, T, C), or with after_attention from
+    the stream after that layer's attention (hook_resid_mid), to every position's logits: what a pass that changes
+    nothing before that point need not redo. rotary: the tables model.embed gave the same positions (None without
+    rotary positions)."""
+    blocks = model.transformer.h
+    if after_attention:  # the second half of Block.forward
+        block = blocks[layer]
+        if block.mlp is not None:
+            x = block.hook_resid_mid(x)
+            x = x + block.hook_mlp_out(block.mlp(block.branch_input(x, 1)))
+        x, layer = block.hook_resid_post(x), layer + 1
+    for block in blocks[layer:]:
+        x = block(x, rotary)
+    return model.head(model.transformer.ln_f(x))
+
+
+def stream_names(model):
+    """The hook points holding the residual stream after the embeddings and after each block."""
+    return ["blocks.0.hook_resid_pre", *(f"blocks.{i}.hook_resid_post" for i in range(model.config.n_layer))]
+
+
+def pattern_names(model):
+    """The hook points holding each layer's attention weights."""
+    return [f"blocks.{i}.attn.hook_pattern" for i in range(model.config.n_layer)]
+
+
+@torch.no_grad()
+def look_inside(model, idx):
+    """One forward pass of idx: (the residual stream after the embeddings and after each block, n_layer + 1
+    tensors of (B, T, C); every layer's attention weights, n_layer tensors of (B, H, T, T))."""
+    if model.config.n_layer == 0:  # a bigram: no block to watch, its stream is the embeddings
+        return [model.embed(idx)[0]], []
+    with caching(model, stream_names(model) + pattern_names(model)) as cache:
+        model(idx)
+    return [cache[name] for name in stream_names(model)], [cache[name] for name in pattern_names(model)]
+
+
+def attention_maps(model, idx):
+    """Every layer's attention weights for idx, a list of (B, H, T, T) tensors, as the forward pass applies them."""
+    return look_inside(model, idx)[1]
+
+
+def residual_streams(model, idx):
+    """The residual stream after the embeddings and after each block: n_layer + 1 tensors of (B, T, C)."""
+    return look_inside(model, idx)[0]
+
+
+@torch.no_grad()
+def read_out(model, x):
+    """What residual-stream vectors x predict next: logits through the final norm and the head."""
+    return model.head(model.transformer.ln_f(x))
+
+
+@torch.no_grad()
+def logits_everywhere(model, idx):
+    """(B, T, V) logits at every position, as the forward pass computes them with targets."""
+    return read_out(model, residual_streams(model, idx)[-1])
+
+
+@torch.no_grad()
+def surprise_bits(model, idx, targets):
+    """(B, T) surprise of each target, in bits: -log2 of the probability the model gave it after reading idx up
+    to its position (targets is idx shifted by one). Their mean, in nats, is the model's loss on them."""
+    logp = torch.log_softmax(logits_everywhere(model, idx).float(), dim=-1)
+    return -logp.gather(-1, targets[..., None])[..., 0] / math.log(2)
+
+
+@torch.no_grad()
+def logit_lens(model, streams, position):
+    """What each residual stream (from residual_streams) at `position` of the first row would predict next:
+    n_layer + 1 distributions, each through the final norm and the head; the last is the model's own prediction."""
+    return [torch.softmax(read_out(model, s[0, position]).float(), dim=-1) for s in streams]
+
+
+def token_label(tok, token):
+    """A token as a short label a person can read: whitespace drawn as symbols, the bytes of part of a character
+    in hex (a byte-level BPE may cut one)."""
+    shown = visible(tok.token_label(token))
+    return shown if len(shown) <= 12 else shown[:11] + "\u2026"
+
+
+def attention_of(model, tok, prompt):
+    """Every layer's attention weights for prompt, as numpy (H, T, T) arrays, and a label per token."""
+    if model.config.n_layer == 0:
+        raise UserError("this model has no attention layers (n_layer=0, a bigram model): there is nothing to draw")
+    ids = tok.encode(prompt)
+    if not ids:
+        raise UserError("the prompt is empty: pass some text with --start")
+    if len(ids) > model.config.block_size:
+        raise UserError(f"the prompt is {len(ids)} tokens, longer than the model's block_size "
+                        f"{model.config.block_size}")
+    device = next(model.parameters()).device
+    maps = attention_maps(model, torch.tensor([ids], dtype=torch.long, device=device))
+    return [m[0].float().cpu().numpy() for m in maps], [token_label(tok, t) for t in ids]

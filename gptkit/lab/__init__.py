@@ -1,0 +1,1 @@
+"""The attention lab: a ladder of models trained side by side."""

@@ -1,0 +1,479 @@
+"""The attention lab: the path a learner reads about, from a bigram table to the full GPT, as rungs that
+train.py trains one after the other on the same text: by default on the same number of training tokens, so that
+the table says what each mechanism learns from the same text whatever the machine and whatever else it is doing;
+or, with a time budget, for the same wall time, so that it says what each buys per second on this machine. And
+what the lab reads back from each run: its row of the table, how diffuse its attention is, its attention map and
+a short sample. Each rung keeps its row in its folder (lab.json), so that the table of a later lab run into the
+same out_dir lists the rungs trained before it too."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from gptkit.base.settings import check_seed, parse_config
+from gptkit.data.dataset import Split, bits_per_char, fixed_offsets, load_meta
+from gptkit.sampling.decoding import generate
+from gptkit.base.errors import UserError, first_line, no_links
+from gptkit.interp.experiments import KINDS, head_scores, induction_tokens
+from gptkit.interp.hooks import attention_maps
+from gptkit.run.metrics import read_metrics
+from gptkit.sampling.prompts import read_prompt
+from gptkit.run.run_folder import RunDir, load_model
+from gptkit.machine.runtime import check_device_name, pick_device
+from gptkit.base.signals import StopSignals
+from gptkit.data.tokenizer import tokenizer_from_meta
+from gptkit.training.train_config import TrainConfig
+
+REPO = Path(__file__).resolve().parents[2]
+PRESET = REPO / "config" / "shakespeare_char.py"
+
+# One recipe for every rung but 'modern', so that between two rungs only the mechanism differs: the
+# same context, batch, width, depth, optimizer and schedule. Sized for a budget of seconds on 2 CPU
+# cores: 32 characters of context (several words: something for attention to look at, while the
+# T x T work, heaviest for additive scores, leaves every rung hundreds of steps or more), two layers,
+# small batches (more, cheaper steps), AdamW as the notes use, with a cosine decay that follows the
+# training. An untied output head, so that the bigram rung is a real bigram table (a head tied to
+# the embedding scores a pair of characters alike in both orders). float32: bf16 autocast makes these
+# small multi-head steps slower on CPU. Few evaluations: they come out of each rung's budget.
+RECIPE = ("--block_size=32", "--batch_size=16", "--n_layer=2", "--n_head=1", "--n_embd=64", "--dropout=0.0",
+          "--bias=False", "--pos_emb=learned", "--optimizer=adamw", "--learning_rate=3e-3", "--min_lr=3e-4",
+          "--warmup_iters=20", "--weight_decay=0.1", "--beta2=0.99", "--tie_weights=False", "--dtype=float32",
+          "--compile=False", "--eval_interval=50", "--eval_iters=4", "--log_interval=50")
+# with a time budget, so many steps that the budget is what ends every rung, on any machine
+MAX_ITERS = 1_000_000
+SAMPLE_TEMPERATURE = 0.8  # as sample.py: a little safer than the model's own distribution
+ENTROPY_WINDOWS = 8  # val windows whose attention the entropy is averaged over
+RESULT = "lab.json"  # a rung's row, in its folder
+STOP_GRACE_S = 30  # how long a stopped train.py may take to save its step before it is killed
+
+
+@dataclass(frozen=True)
+class Rung:
+    name: str  # its folder under out_dir, and its name for --rungs
+    adds: str  # what it adds to the path, for the table
+    options: tuple  # train.py options after the recipe (or, for the preset, after the preset file)
+    preset: bool = False  # trains config/shakespeare_char.py instead of the recipe
+    cheats: bool = False  # sees the token it is asked to predict: its losses are not a result
+
+
+RUNGS = (
+    Rung("bigram", "no attention: the next character from the current one alone", ("--n_layer=0",)),
+    Rung("uniform", "averages the past with equal weights (the tril trick)", ("--attention=uniform", "--mlp=False")),
+    Rung("scaled", "one head of learned weights, softmax(q·k/√d)", ("--mlp=False",)),
+    Rung("dot", "the same head without the √d: softmax(q·k)", ("--attention=dot", "--mlp=False")),
+    Rung("additive", "Bahdanau's scores instead: softmax(v·tanh(q+k))", ("--attention=additive", "--mlp=False")),
+    Rung("four_heads", "four scaled heads of a quarter the size", ("--n_head=4", "--mlp=False")),
+    Rung("blocks", "an MLP after attention: full GPT blocks", ("--n_head=4",)),
+    Rung("modern", "the tool's default, config/shakespeare_char.py", ("--min_tokens_per_param=0",), preset=True),
+    Rung("encoder", "CHEATS: blocks without the causal mask see the answer", ("--n_head=4", "--causal=False"),
+         cheats=True),
+)
+RUNG_NAMES = tuple(r.name for r in RUNGS)
+
+
+@dataclass
+class LabConfig:
+    dataset: str = "shakespeare_char"  # prepared dataset every rung trains on (made by data/prepare.py)
+    data_dir: str = ""  # folder holding prepared datasets ('' = this project's data/)
+    out_dir: str = "out-lab"  # a run folder per rung, and the table, samples and loss picture
+    tokens: int = 1_000_000  # training tokens per rung: each learns from as much text (its steps follow)
+    budget: float = 0.0  # >0: seconds of training per rung instead (train.py's max_time), and tokens are ignored
+    rungs: str = ",".join(RUNG_NAMES)  # which rungs to train, comma-separated, in this order
+    prompt: str = "First Citizen:\nBefore we proceed"  # attention maps show it, samples go on from it
+    sample_tokens: int = 200  # tokens in each rung's sample
+    seed: int = 1337  # seeds every rung's weights and data order, and the samples
+    device: str = "auto"  # 'auto' (cuda, then mps, then cpu), or 'cpu', 'cuda', 'cuda:N', 'mps'
+    threads: int = 1  # torch CPU threads per training run (0 = measured as it runs): see docs/lab.md
+
+    def __post_init__(self):
+        if self.budget < 0 or self.tokens < 0 or not (self.budget > 0 or self.tokens > 0):
+            raise ValueError(f"need tokens > 0, or budget > 0 seconds (got tokens={self.tokens}, "
+                             f"budget={self.budget})")
+        if self.sample_tokens < 0 or self.threads < 0:
+            raise ValueError("sample_tokens and threads must not be negative")
+        check_seed(self.seed)
+        names = self.rung_names()
+        unknown = [n for n in names if n not in RUNG_NAMES]
+        if unknown or not names:
+            raise ValueError(f"unknown rung {unknown[0] if unknown else self.rungs!r}; "
+                             f"choose from {', '.join(RUNG_NAMES)}")
+        if len(set(names)) < len(names):
+            raise ValueError(f"a rung is named twice in {self.rungs!r}")
+        check_device_name(self.device)
+
+    def rung_names(self):
+        return [n.strip() for n in self.rungs.split(",") if n.strip()]
+
+    def chosen(self):
+        return [next(r for r in RUNGS if r.name == n) for n in self.rung_names()]
+
+    def training(self):
+        return training_words(self.budget, self.tokens)
+
+
+def training_words(budget, tokens):
+    """How much a rung trains, in words: '1,000,000 tokens', or with a budget '25 s'."""
+    return f"{budget:g} s" if budget > 0 else f"{tokens:,} tokens"
+
+
+def train_args(rung, cfg):
+    """train.py's options for a rung: the recipe (or the preset), the rung's own, then what the lab sets
+    for every rung: where it trains and writes, how long (its tokens as steps, or its time budget), seed and
+    device."""
+    start = [str(PRESET)] if rung.preset else list(RECIPE)
+    if cfg.budget > 0:
+        length = [f"--max_time={cfg.budget}", f"--max_iters={MAX_ITERS}"]
+    else:
+        own = parse_config(TrainConfig, [*start, *rung.options], prog="train.py")
+        per_step = own.batch_size * own.model.block_size * own.gradient_accumulation_steps
+        length = ["--max_time=0", f"--max_iters={math.ceil(cfg.tokens / per_step)}"]
+    lab = [f"--dataset={cfg.dataset}", f"--data_dir={cfg.data_dir}", f"--out_dir={run_dir(cfg, rung)}", *length,
+           f"--seed={cfg.seed}", f"--device={cfg.device}", f"--threads={cfg.threads}", "--init_from=scratch",
+           "--wandb_log=False"]
+    return [*start, *rung.options, *lab]
+
+
+def run_dir(cfg, rung):
+    return Path(cfg.out_dir) / rung.name
+
+
+def check_before_training(cfg):
+    """What would otherwise fail only after minutes of training: the dataset, every rung's options, the
+    prompt (in the vocabulary, short enough for every rung's context), and the rows kept from earlier runs
+    that the table will list beside the new ones. The dataset folder, its metadata and the prompt."""
+    folder, meta = load_meta(cfg.data_dir, cfg.dataset)
+    saved_rows(cfg, leave_out=cfg.rung_names())
+    prompt = read_prompt(cfg.prompt)
+    try:
+        ids = tokenizer_from_meta(meta).encode(prompt)
+    except UserError as e:
+        raise UserError(f"prompt: {e}") from None
+    if not ids:
+        raise UserError("the prompt is empty: pass some text with --prompt")
+    for rung in cfg.chosen():
+        check_rung_folder(run_dir(cfg, rung))
+        block_size = parse_config(TrainConfig, train_args(rung, cfg), prog="train.py").model.block_size
+        if len(ids) > block_size:
+            raise UserError(f"the prompt is {len(ids)} tokens, longer than rung {rung.name}'s block_size "
+                            f"{block_size}; pass a shorter --prompt")
+    return folder, meta, prompt
+
+
+def check_rung_folder(folder):
+    """A rung trains afresh in its folder, clearing the files an earlier lab left there. A folder holding a run
+    no lab trained (no train.log or lab.json of a lab's beside it) is someone's: refuse, rather than replace
+    its best.pt."""
+    run = RunDir(folder)
+    found = [p.name for p in (run.best, run.latest, run.previous, run.legacy, run.metrics) if p.exists()]
+    if found and not any((folder / name).exists() for name in ("train.log", RESULT)):
+        raise UserError(f"{folder} holds a run the lab did not train ({', '.join(found)}); move it, or give the "
+                        "lab another --out_dir")
+
+
+def run_train(args, log, stops):
+    """train.py in a process of its own, as a user would start it, its output into the log file: its exit
+    status. A stop signal to the lab stops train.py too, and the lab waits for it: no train.py outlives the
+    lab, holding its folder."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        return proc.wait()
+    except BaseException:
+        with stops.deferred():  # a second SIGTERM lets the wait go on (a second Ctrl-C still stops at once)
+            proc.terminate()  # train.py saves after its step and exits, as on any stop signal
+            try:
+                proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        raise
+
+
+def train_rung(rung, cfg, stops):
+    """Train one rung from scratch into its folder: the seconds its train.py took, start to exit."""
+    folder = run_dir(cfg, rung)
+    run = RunDir(folder)
+    # a rung always starts afresh: train.py appends to metrics.jsonl and would keep an older best.pt's
+    # weights. The folder's lock first: a run still writing there (a train.py, another lab) keeps its files.
+    with run.locked():
+        for stale in (run.metrics, run.latest, run.previous, run.best, run.legacy, folder / "attention.png",
+                      folder / RESULT):
+            stale.unlink(missing_ok=True)
+    # released: the rung's train.py takes it, as every run does
+    start = time.perf_counter()
+    with open(folder / "train.log", "w", encoding="utf-8", opener=no_links) as log:
+        status = run_train(train_args(rung, cfg), log, stops)
+    if status:
+        logged = (folder / "train.log").read_text(encoding="utf-8", errors="replace")
+        errors = [line for line in logged.splitlines() if line.startswith("error: ")]
+        why = errors[-1][len("error: "):] if errors else f"exit status {status}, see {folder / 'train.log'}"
+        raise UserError(f"rung {rung.name}: train.py failed: {why}")
+    return time.perf_counter() - start
+
+
+# ----------------------------------------------------------------------------- what a rung learned
+
+
+@dataclass
+class Row:
+    rung: Rung
+    budget: float  # the seconds of training it was given (0: trained on `tokens` tokens instead)
+    seed: int
+    params: int  # as train.py counts them (position embeddings left out)
+    steps: int  # optimizer steps taken within the budget
+    train_loss: float  # the last evaluation's, on its few fixed train batches
+    val_loss: float  # the whole val split, every token once
+    entropy: float | None  # bits; None without attention
+    seconds: float  # train.py's wall time, start to exit
+    sample: str
+    evals: list  # its eval records: its curve in the loss picture
+    tokens: int = 0  # the training tokens it was given, where it was not a budget (its steps cover at least those)
+    tokens_per_iter: int = 0  # its steps' tokens (rows written before they were kept: 0)
+    heads: dict = field(default_factory=dict)  # {kind: [head, score]}: its strongest head of each kind ({}: none)
+
+    @property
+    def training(self):
+        return training_words(self.budget, self.tokens)
+
+    @property
+    def label(self):
+        return f"{self.rung.name} (cheats)" if self.rung.cheats else self.rung.name
+
+
+def attention_entropy(model, idx):
+    """The mean entropy in bits of every softmax row (layer, head, query) for the windows idx: 2**H is how
+    many keys a query's attention would cover were they weighted equally. None without attention."""
+    if model.config.n_layer == 0:
+        return None
+    maps = attention_maps(model, idx)
+    rows = torch.cat([-torch.special.xlogy(w, w).sum(-1).flatten() for w in maps])  # 0 log 0 = 0
+    return rows.mean().item() / math.log(2)
+
+
+def strongest_heads(model, windows, vocab):
+    """{kind: [head, score]}: the head (L0H3) with the highest score of each kind in gptkit.interp.experiments's
+    head_scores, read on the val windows and on repeated random sequences of the first `vocab` tokens."""
+    scores = head_scores(model, windows, induction_tokens(model, vocab))
+    strongest = {}
+    for kind in KINDS:
+        best = int(scores[kind].argmax())
+        layer, head = divmod(best, model.config.n_head)
+        strongest[kind] = [f"L{layer}H{head}", round(scores[kind].flatten()[best].item(), 3)]
+    return strongest
+
+
+def val_windows(folder, meta, block_size, device):
+    """The same few val windows for every rung of a context length."""
+    split = Split(folder, "val", meta, block_size)
+    return split.batch(fixed_offsets(split, ENTROPY_WINDOWS, 1)[0], device)[0]
+
+
+def sample_text(model, tok, prompt, cfg, device):
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    idx = torch.tensor([tok.encode(prompt)], dtype=torch.long, device=device)
+    out = generate(model, idx, cfg.sample_tokens, temperature=SAMPLE_TEMPERATURE, generator=generator,
+                   vocab_size=tok.vocab_size)
+    return tok.decode(out[0].tolist())
+
+
+def read_rung(rung, cfg, seconds, data, prompt, device):
+    """A trained rung's row, from its metrics and checkpoint, kept in its folder; draws its attention. Under
+    the folder's lock, so that no other run changes what is read and written there meanwhile."""
+    from gptkit.interp.pictures import draw_model_attention
+
+    folder = run_dir(cfg, rung)
+    with RunDir(folder).locked():
+        records = read_metrics(folder)
+        finals = [r for r in records if r["kind"] == "final"]
+        evals = [r for r in records if r["kind"] == "eval"]
+        if not finals:
+            raise UserError(f"rung {rung.name}: {folder / 'metrics.jsonl'} has no final score; did train.py finish?")
+        model, tok = load_model(folder, device, "latest")  # the final weights, whose val loss the row reports
+        per_step = next(r["tokens_per_iter"] for r in records if r["kind"] == "run")
+        entropy, heads = None, {}
+        if model.config.n_layer:
+            windows = val_windows(*data, model.config.block_size, device)
+            entropy, heads = attention_entropy(model, windows), strongest_heads(model, windows, tok.vocab_size)
+            draw_model_attention(model, tok, prompt, folder / "attention.png", name=rung.name)
+        row = Row(rung, cfg.budget, cfg.seed, model.num_params(), finals[-1]["iter"], evals[-1]["train_loss"],
+                  finals[-1]["val_loss"], entropy, seconds, sample_text(model, tok, prompt, cfg, device), evals,
+                  0 if cfg.budget > 0 else cfg.tokens, per_step, heads)
+        save_row(row, folder, cfg.dataset)
+    return row
+
+
+def save_row(row, folder, dataset):
+    """The row as lab.json, whole or not at all (written aside, then renamed)."""
+    path, tmp = folder / RESULT, folder / (RESULT + ".tmp")
+    with open(tmp, "w", encoding="utf-8", opener=no_links) as f:
+        json.dump(dict(asdict(row), rung=row.rung.name, dataset=dataset), f, ensure_ascii=False)
+    os.replace(tmp, path)
+
+
+def load_row(rung, folder, dataset):
+    """A rung's row from its lab.json, which must be of this lab's dataset: a table compares like with like."""
+    path = folder / RESULT
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        trained_on = data.pop("dataset")
+        row = Row(**dict(data, rung=rung))
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise UserError(f"{path} is not a row the lab wrote ({first_line(e)}); train the rung again with "
+                        f"--rungs={rung.name}") from None
+    if trained_on != dataset:
+        raise UserError(f"{folder} was trained on dataset {trained_on!r}, not {dataset!r}, and its row would join "
+                        f"this table; train it again with --rungs={rung.name}, or pick another --out_dir")
+    return row
+
+
+def saved_rows(cfg, leave_out=()):
+    """(the rows kept in out_dir, in the path's order, of every rung but those in leave_out; the rungs whose
+    folder holds no row: trained by a lab before rows were kept, or stopped before the end)."""
+    rows, missing = [], []
+    for rung in RUNGS:
+        folder = run_dir(cfg, rung)
+        if rung.name in leave_out or not folder.is_dir():
+            continue
+        if (folder / RESULT).exists():
+            rows.append(load_row(rung, folder, cfg.dataset))
+        else:
+            missing.append(rung.name)
+    return rows, missing
+
+
+# ----------------------------------------------------------------------------- the lab's results
+
+
+def markdown_table(header, rows, numeric):
+    """A Markdown table padded to its columns, so that it reads as well in a terminal; the columns
+    numbered in numeric are right-aligned."""
+    widths = [max(len(line[i]) for line in [header, *rows]) for i in range(len(header))]
+
+    def line(cells):
+        return "| " + " | ".join(c.rjust(w) if i in numeric else c.ljust(w)
+                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+
+    rule = "|" + "|".join("-" * (w + 1) + ":" if i in numeric else "-" * (w + 2) for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(header), rule, *map(line, rows)])
+
+
+def per_char(val_loss, meta):
+    """A val loss as bits per character of the dataset's val text (gptkit.data.dataset.bits_per_char), in a cell: '—'
+    (as the table's other empty cells) where the dataset was prepared before its characters were counted."""
+    bits = bits_per_char(val_loss, meta)
+    return "—" if bits is None else f"{bits:.3f}"
+
+
+def results_table(rows, unit, meta):
+    """The rows as a table: val loss in nats per unit (char or token), and beside it bits per character, which
+    compares rungs trained on differently tokenized copies of a text (char-level, the two bits columns are one)."""
+    bits = ["bits/char"] if unit == "char" else ["bits/token", "bits/char"]
+    header = ["rung", "training", "what it adds", "parameters", "steps", "train loss", "val loss", *bits,
+              "attention entropy (bits)", "time"]
+    cells = [[r.label, r.training, r.rung.adds, f"{r.params:,}", f"{r.steps:,}", f"{r.train_loss:.3f}",
+              f"{r.val_loss:.3f}", *([] if unit == "char" else [f"{r.val_loss / math.log(2):.3f}"]),
+              per_char(r.val_loss, meta), "—" if r.entropy is None else f"{r.entropy:.2f}", f"{r.seconds:.1f} s"]
+             for r in rows]
+    return markdown_table(header, cells, numeric={1, *range(3, len(header))})
+
+
+def heads_table(rows):
+    """Each rung's strongest head of each kind and its score: where a previous-token head, and then an induction
+    head, first appear on the ladder."""
+    header = ["rung", *(kind.replace("_", "-") for kind in KINDS)]
+    cells = [[r.label, *(f"{r.heads[k][0]} {r.heads[k][1]:.2f}" if k in r.heads else "—" for k in KINDS)]
+             for r in rows]
+    return markdown_table(header, cells, numeric=set())
+
+
+HEADS_NOTES = (f"Strongest heads: each rung's head with the highest score of each kind, a share of its attention "
+               f"in [0, 1] (docs/analysis.md defines each, and what chance gives it), on the same {ENTROPY_WINDOWS} "
+               "val windows and on random sequences written twice; — without attention, or in a row from before the "
+               "lab kept them.")
+
+
+BITS_NOTES = {
+    "char": "bits/char = val loss / ln 2.",
+    "token": "bits/token = val loss / ln 2; bits/char = val loss × val tokens / (ln 2 × the characters they spell), "
+             "what compares runs whatever their tokens (— for a dataset prepared before its characters were "
+             "counted: prepare it again).",
+}
+
+
+def results_notes(rows, missing, dataset, unit):
+    """What the table's columns mean, and what sets its rows apart: how long each trained, rungs left out."""
+    unfair = "; rows trained for different lengths do not compare mechanisms alone: more training buys more"
+    notes = (f"Training: the tokens of {dataset} each rung learned from (the same for every rung: what each "
+             "mechanism learns from the same text), or the seconds it was given (train.py's max_time: what each "
+             f"buys per second on this machine){unfair if len({r.training for r in rows}) > 1 else ''}. "
+             f"Losses in nats per {unit}: train loss from "
+             f"the last evaluation's fixed batches, val loss on the whole val split (every {unit} once); "
+             f"{BITS_NOTES[unit]} Attention entropy: mean over layers, heads and query positions of "
+             f"{ENTROPY_WINDOWS} val windows. Time: train.py from start to exit.")
+    if missing:
+        notes += (f" Not in the table, no {RESULT} in their folders (trained by an earlier version of the lab, or "
+                  f"stopped before the end): {', '.join(missing)}; train again with --rungs={','.join(missing)}.")
+    return notes
+
+
+def write_results(cfg, rows, missing, trained, meta):
+    """The table and the samples of every rung in out_dir, saved as Markdown, and the val-loss picture; the
+    table and the samples of the rungs trained now (named in trained), printed. meta: the dataset's."""
+    from gptkit.interp.pictures import draw_val_loss_vs_time
+
+    out, unit = Path(cfg.out_dir), unit_of(meta)
+    table, notes = results_table(rows, unit, meta), results_notes(rows, missing, cfg.dataset, unit)
+    notes += f"\n\n{heads_table(rows)}\n\n{HEADS_NOTES}"
+    samples = "\n\n".join(f"## {r.label}: {r.training} of training, seed {r.seed}\n\n```text\n{r.sample}\n```"
+                           for r in rows)
+    (out / "table.md").write_text(f"{table}\n\n{notes}\n", encoding="utf-8")
+    (out / "samples.md").write_text(f"# Sampled {unit}s after the prompt, temperature {SAMPLE_TEMPERATURE}\n\n"
+                                    f"{samples}\n", encoding="utf-8")
+    lengths = sorted({r.training for r in rows})
+    mixed, by_time = len(lengths) > 1, all(r.budget > 0 for r in rows)
+    curves = {f"{r.label} ({r.training})" if mixed else r.label: r for r in rows}
+    title = (f"{cfg.dataset}: val loss against {'wall time' if by_time else 'training tokens'}, "
+             f"{'each rung with its own' if mixed else f'{lengths[0]} per rung'}")
+    honest = {name: r.evals for name, r in curves.items() if not r.rung.cheats}
+    cheats = {name: r.evals for name, r in curves.items() if r.rung.cheats}
+    per_step = None if by_time else {name: r.tokens_per_iter for name, r in curves.items()}
+    draw_val_loss_vs_time(honest, title, out / "loss_vs_time.png", aside=cheats, tokens_per_iter=per_step)
+    for r in rows:
+        if r.rung.name in trained:
+            print(f"\n--- {r.label} ---\n{r.sample}")
+    print(f"\n{table}\n\n{notes}\nwrote {out / 'table.md'} and {out / 'samples.md'}")
+
+
+def run_lab(cfg):
+    """Train every chosen rung in turn, then write and print what every rung in out_dir learned. A stop signal
+    (Ctrl-C, SIGTERM) stops the rung's train.py too: the rungs done before it keep their rows."""
+    with StopSignals() as stops:
+        folder, meta, prompt = check_before_training(cfg)
+        device = pick_device(cfg.device)
+        unit = unit_of(meta)
+        rungs = cfg.chosen()
+        for i, rung in enumerate(rungs, 1):
+            print(f"[{i}/{len(rungs)}] {rung.name}: {rung.adds} ({cfg.training()} of training)", flush=True)
+            stops.doing = f"training rung {rung.name}"
+            seconds = train_rung(rung, cfg, stops)
+            stops.doing = f"reading rung {rung.name}"
+            row = read_rung(rung, cfg, seconds, (folder, meta), prompt, device)
+            entropy = "" if row.entropy is None else f", attention entropy {row.entropy:.2f} bits"
+            bits = f"{row.val_loss / math.log(2):.3f} bits/{unit}"
+            if unit != "char":
+                bits += f", {per_char(row.val_loss, meta)} bits/char"
+            print(f"    {row.steps:,} steps, val loss {row.val_loss:.3f} ({bits}){entropy}, {row.seconds:.0f} s",
+                  flush=True)
+        stops.doing = "writing the table"
+        write_results(cfg, *saved_rows(cfg), cfg.rung_names(), meta)
+
+
+def unit_of(meta):
+    """What a token of the dataset is, as the table names it: a char, or a token of a BPE."""
+    return "char" if meta["tokenizer"] == "char" else "token"

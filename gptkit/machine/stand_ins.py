@@ -1,0 +1,255 @@
+"""
+Speed kernels: stand-ins for some of model.py's plain-torch pieces, installed on a model by the runtime. On a CPU an
+eager step of a small model is bound by the number of small operations and by serial random draws, not by its
+matmuls; each kernel here does a piece's work in fewer passes. docs/speed.md has their measured effect.
+
+- `table_dropout` (CPU only): dropout masks cut from a table of random masks instead of drawn afresh. It draws
+  other masks than nn.Dropout, so the runtime chooses it by a rule, never by a timing, and the checkpoint records
+  it: the same command gives the same model, and a resume continues exactly.
+- `relu2`: ReLU^2 with one kernel each way past the relu; the same numbers as relu(x).square().
+- `shift_cast`: under autocast, the token shift runs in the autocast precision rather than in float32 (the norm's
+  output), moving half the bytes; other numbers than the plain shift, so chosen by the rule too.
+- the attention path, for scaled and dot scores: `fused` (the model's own: SDPA), `written` (softmax(q.k) . v as
+  the model writes it) or `folded` (the same with the scale and the mask folded into one batched matmul). All
+  compute the same function; the runtime times them. SDPA cannot take the table's masks: with table_dropout a
+  run chooses between the other two, and 'fused' (a checkpoint's, or as asked) runs folded in training.
+
+What the learner writes is what runs: each kernel stands in for a piece of model.py only while that piece is the
+code it was written for (WRITTEN_FOR, a fingerprint of each piece's code). Where the learner has edited the piece,
+the kernel steps aside, their version runs, and install() says so in one line. The attention paths follow the same
+rule: an edit to the written-out attention (the score functions, `pattern`, `written`, `visible`) makes every path
+the written one, and an edit to `sdpa` leaves the fused path (theirs) but never the folded one.
+"""
+
+import ast
+import hashlib
+import inspect
+import io
+import math
+import textwrap
+import tokenize
+from functools import partial
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from model import MLP, Block, SelfAttention, token_shift
+
+KERNELS = ("table_dropout", "relu2", "shift_cast")
+ATTENTION_PATHS = ("fused", "written", "folded")
+
+# the fingerprint (code_fingerprint) of each model.py piece a kernel or path was written for; a change to model.py
+# that a kernel still matches updates its fingerprint here (tests/test_stand_ins.py names the new one)
+WRITTEN_FOR = {
+    "relu_squared": "cc14c126d21bde89",
+    "token_shift": "4cb502fff014a260",
+    "scaled_scores": "9d44e0876b87629b",
+    "dot_scores": "c6a0d17feb8d3d1d",
+    "SelfAttention.pattern": "b8e0a4c19ac25053",
+    "SelfAttention.written": "2b4dc9cb86e56322",
+    "SelfAttention.visible": "a48e7f5ea11a4c6a",
+    "SelfAttention.sdpa": "c79a972ed1b35032",
+}
+
+
+def by_rule(device):
+    """The kernels a fresh run installs on this device: all of them on a CPU; elsewhere the ones that keep
+    nn.Dropout's masks (a GPU draws them fast)."""
+    return [k for k in KERNELS if device == "cpu" or k != "table_dropout"]
+
+
+def code_fingerprint(function):
+    """16 hex digits of a function's code: its tokens without comments, layout or the docstring, so that an edit to
+    what it does changes the fingerprint and a reflowed comment does not (and no Python version's syntax tree)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+        node = ast.parse(source).body[0]
+    except (OSError, TypeError, SyntaxError):  # no source to read (made at run time): not the code written for
+        return "unknown"
+    body = getattr(node, "body", [])
+    docstring = body[0] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+        else None
+    skipped = range(docstring.lineno, docstring.end_lineno + 1) if docstring else range(0)
+    layout = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    words = [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline)
+             if t.type not in layout and t.start[0] not in skipped]
+    return hashlib.sha256(" ".join(words).encode()).hexdigest()[:16]
+
+
+def edited(piece, function):
+    """Whether `function`, the model's `piece` (a WRITTEN_FOR name), is other code than its kernel was written for."""
+    return code_fingerprint(function) != WRITTEN_FOR[piece]
+
+
+def install(model, kernels, attention_path="fused"):
+    """Put the named kernels in place of the model's plain pieces (those it has, as written for) and set the
+    attention path: (the path, lines naming each kernel or path that stepped aside for an edited piece)."""
+    unknown = set(kernels) - set(KERNELS)
+    if unknown:
+        raise ValueError(f"unknown kernels: {', '.join(sorted(unknown))} (known: {', '.join(KERNELS)})")
+    aside = set()
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if "table_dropout" in kernels and type(child) is nn.Dropout and child.p > 0:
+                setattr(module, name, TableDropout(child.p))
+        if "relu2" in kernels and isinstance(module, MLP) and getattr(module.act, "__name__", "") == "relu_squared":
+            if edited("relu_squared", module.act):
+                aside.add(("relu2", "relu_squared"))
+            else:
+                module.act = fused_relu_squared
+        if "shift_cast" in kernels and isinstance(module, Block) and \
+                getattr(module.shift, "__name__", "") == "token_shift":
+            if edited("token_shift", module.shift):
+                aside.add(("shift_cast", "token_shift"))
+            else:
+                module.shift = cast_token_shift
+    path, aside_paths = set_attention_path(model, attention_path)
+    lines = [f"kernels: {kernel} steps aside: model.py's {piece} is not the code it was written for, so yours runs"
+             for kernel, piece in sorted(aside)]
+    return path, lines + aside_paths
+
+
+def set_attention_path(model, path):
+    """Every layer's scaled or dot attention computed on `path` (see the module's docstring), or on the one its
+    edits leave: (the path taken, lines saying why where it is not `path`)."""
+    if path not in ATTENTION_PATHS:
+        raise ValueError(f"attention path must be one of {', '.join(ATTENTION_PATHS)} (got {path!r})")
+    taken, why = path, []
+    for module in model.modules():
+        if isinstance(module, SelfAttention):
+            layer_path, pieces = path_for_edits(module, path)
+            module.attend = attention_function(module, layer_path)
+            if layer_path != path:
+                taken = layer_path
+                why = [f"attention: the {layer_path} path instead of {path}: model.py's {', '.join(pieces)} "
+                       f"{'is' if len(pieces) == 1 else 'are'} not the code the {path} path was written for, "
+                       "so yours runs"]
+    return taken, why
+
+
+def path_for_edits(attn, path):
+    """(the path attn takes where `path` is asked, the edited pieces that moved it): the written path where the
+    written-out attention was edited; where only sdpa was, the fused path (the learner's sdpa), never the folded."""
+    if attn.kind not in ("scaled", "dot") or path == "written":
+        return path, []
+    cls = type(attn)
+    written = [name for name, function in (("scaled_scores" if attn.kind == "scaled" else "dot_scores", attn.score),
+                                           ("SelfAttention.pattern", cls.pattern),
+                                           ("SelfAttention.written", cls.written),
+                                           ("SelfAttention.visible", cls.visible)) if edited(name, function)]
+    if written:
+        return "written", written
+    if path == "folded" and edited("SelfAttention.sdpa", cls.sdpa):
+        return "fused", ["SelfAttention.sdpa"]
+    return path, []
+
+
+def attention_path_of(attn):
+    """The path attn's attention takes now: 'fused', 'written' or 'folded' (additive and uniform: 'written')."""
+    if isinstance(attn.attend, partial):
+        return "folded" if attn.attend.func is folded else "fused"
+    return "written" if attn.attend == attn.written else "fused"
+
+
+def attention_function(attn, path):
+    """attn's attention on `path`, as a function of (q, k, v); the model's own where its scores have no other."""
+    if attn.kind not in ("scaled", "dot"):
+        return attn.written  # additive and uniform scores are only ever written out
+    if path == "fused" and isinstance(attn.attn_dropout, TableDropout):
+        return partial(fused_unless_dropping, attn)
+    return {"fused": attn.sdpa, "written": attn.written, "folded": partial(folded, attn)}[path]
+
+
+def fused_unless_dropping(attn, q, k, v):
+    """SDPA, but folded while the table's masks drop weights in training: SDPA would draw its own masks."""
+    return folded(attn, q, k, v) if attn.training else attn.sdpa(q, k, v)
+
+
+def folded(attn, q, k, v):
+    """attn.written for scaled and dot scores, with the scale and the mask folded into one batched matmul (the
+    mask as -inf added to the scores): one pass over the (T, S) scores instead of three."""
+    B, H, T, D = q.shape
+    S = k.size(2)
+    mask = torch.zeros(T, S, dtype=q.dtype, device=q.device)
+    if attn.causal:
+        mask = mask.masked_fill(~attn.visible(T, S), float("-inf"))
+    scale = attn.scale or 1 / math.sqrt(D)
+    scores = torch.baddbmm(mask.expand(B * H, T, S), q.reshape(B * H, T, D), k.reshape(B * H, S, D).transpose(1, 2),
+                           alpha=scale)
+    return attn.attn_dropout(scores.view(B, H, T, S).softmax(dim=-1)) @ v
+
+
+MASK_CHUNK = 1 << 20  # elements of the mask table drawn from one fixed seed
+_mask_tables = {}  # (p, dtype) -> the mask table for that dropout rate and precision
+
+
+def mask_table(p, dtype, size):
+    """At least `size` elements, each 0 with probability p (to within 1/32768) or else 1/(1-p), built chunk by
+    chunk from fixed seeds: its first elements are the same however large it has grown, and whatever torch's
+    generator drew before."""
+    table = _mask_tables.get((p, dtype))
+    have = 0 if table is None else table.numel()
+    if have < size:
+        kept, dropped = torch.tensor(1 / (1 - p), dtype=dtype), torch.zeros((), dtype=dtype)
+        chunks = [] if table is None else [table]
+        for seed in range(have // MASK_CHUNK, -(-size // MASK_CHUNK)):
+            seeded = torch.Generator().manual_seed(seed)
+            draws = torch.empty(MASK_CHUNK // 4, dtype=torch.int64).random_(generator=seeded)
+            bits = draws.view(torch.int16) & 0x7FFF  # four 15-bit draws from each 63 random bits
+            chunks.append(torch.where(bits >= round(p * 32768), kept, dropped))
+        table = _mask_tables[p, dtype] = torch.cat(chunks)
+    return table
+
+
+class TableDropout(nn.Module):
+    """nn.Dropout on a CPU, with masks cut from a table: in training, each element zeroed with probability p and
+    the rest scaled by 1/(1-p).
+
+    torch's generator draws a fresh mask serially, several ns an element, which cost a small model as much as its
+    matmuls. Here a mask is a window of a table of random masks at an offset drawn from torch's generator: within
+    a window the elements are independent draws, and from one call to the next the window moves by a random amount
+    among at least 4M places, so an element dropped in one call is dropped in the next with probability p, as with
+    fresh masks. The offset comes from torch's generator (in a compiled block, from inductor's, seeded from
+    torch's), so a seed (and a resumed run's restored state) repeats the masks."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        if not self.training or self.p == 0:
+            return x
+        n = x.numel()
+        span = max(2 * n, 1 << 22)  # the offsets a window can start at: a function of n alone, never of the past
+        offset = int(torch.randint(span, ()))
+        return x * mask_table(self.p, x.dtype, span + n)[offset:offset + n].view(x.shape)
+
+
+class ReLUSquaredFunction(torch.autograd.Function):
+    """relu(x)^2 with one kernel each way past the relu: autograd through relu(x).square() runs four more
+    element-wise kernels. The backward's 2 * grad * r is one addcmul onto a zero, where grad * (r + r) takes two
+    passes; doubling is exact in floating point, so the gradients equal autograd's."""
+
+    @staticmethod
+    def forward(ctx, x):
+        r = F.relu(x)
+        ctx.save_for_backward(r)
+        return r * r
+
+    @staticmethod
+    def backward(ctx, grad):
+        (r,) = ctx.saved_tensors
+        return torch.addcmul(grad.new_zeros(()), grad, r, value=2)
+
+
+def fused_relu_squared(x):
+    return ReLUSquaredFunction.apply(x)
+
+
+def cast_token_shift(h, share, before=None):
+    """The token shift in the autocast precision: autocast leaves the norm's output in float32 and casts it at the
+    branch's first matmul anyway, so casting first moves half the bytes through the shift each way."""
+    if torch.is_autocast_enabled(h.device.type):
+        h = h.to(torch.get_autocast_dtype(h.device.type))
+    return token_shift(h, share, before)

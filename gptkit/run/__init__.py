@@ -1,0 +1,1 @@
+"""A run's files: its checkpoints, its folder and lock, and its metrics."""

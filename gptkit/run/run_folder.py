@@ -1,0 +1,106 @@
+"""A run's folder (out_dir): the files a run keeps there, the lock that keeps a second run out, and which
+checkpoint each command reads.
+
+    latest.pt       the whole resumable state, written at evaluations, on a stop signal and at the end
+    latest.prev.pt  the state before it: each save of latest.pt moves the one it replaces here
+    best.pt         the weights of the best val loss so far, written only when val loss improves
+    ckpt.pt         the single checkpoint of earlier versions, still read
+    metrics.jsonl   every logged and evaluated loss
+    run.lock        held (flock) by the run writing here
+"""
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, model_from_checkpoint
+from gptkit.base.errors import UserError, link_in_place, no_links
+from gptkit.base.locks import exclusive
+from gptkit.data.tokenizer import tokenizer_from_meta
+
+
+class RunDir:
+    """The paths of one run folder, and what can be asked of them."""
+
+    def __init__(self, out_dir):
+        self.path = Path(out_dir)
+        self.latest, self.previous = self.path / "latest.pt", self.path / "latest.prev.pt"
+        self.best, self.legacy = self.path / "best.pt", self.path / "ckpt.pt"
+        self.metrics = self.path / "metrics.jsonl"
+
+    @contextmanager
+    def locked(self, writer=True):
+        """Hold out_dir for this process (the writer: rank 0) from before anything is written there until
+        the run ends: a second run on it stops at once with one line, and a folder that cannot be written
+        fails before any work. The OS releases the lock when the process ends, however it ends."""
+        if not writer:
+            yield self
+            return
+        self.check_folder()
+        with exclusive(self.path / "run.lock", f"cannot write to out_dir {self.path}",
+                       lambda holder: f"{self.path} is in use by another run{holder}; wait for it to end or pick "
+                                      "another --out_dir", opener=no_links):
+            yield self
+
+    def check_folder(self):
+        """out_dir is a folder (or can become one), and each file a run writes there can be a file and be
+        written."""
+        if self.path.exists() and not self.path.is_dir():
+            raise UserError(f"cannot use {self.path} as out_dir (a file of that name is in the way)")
+        saved = [self.latest, self.previous, self.best]
+        in_place = [*(p.with_name(p.name + ".tmp") for p in saved), self.metrics, self.path / "run.lock"]
+        for p in [*saved, *in_place]:
+            if p.is_dir():
+                raise UserError(f"{p} is a folder where the run writes a file; move it out of the way")
+        for p in in_place:  # a rename replaces a link at a saved file's name; these would be written through one
+            if p.is_symlink():
+                raise UserError(link_in_place(p))
+        self.check_writable([*saved, *in_place])
+
+    def check_writable(self, files):
+        """A folder the first save could not write to would lose the work done before it: each save creates a
+        .tmp file there and renames it over the file it replaces, and some files are written in place."""
+        if self.path.is_dir() and not os.access(self.path, os.W_OK | os.X_OK):
+            raise UserError(f"cannot write to out_dir {self.path} (a run saves its state there); make it "
+                            "writable or pick another --out_dir")
+        for p in files:  # not through a link: one at a saved file's name is replaced, never written through
+            if p.exists() and not os.access(p, os.W_OK, follow_symlinks=False):
+                raise UserError(f"cannot write {p}, which a run writes; make it writable or pick another --out_dir")
+
+    def resume_candidates(self):
+        """The saved states a resume may start from, newest first: latest.pt, the one before it, and
+        a checkpoint of an earlier version."""
+        return [p for p in (self.latest, self.previous, self.legacy) if p.exists()]
+
+    def model_file(self, which):
+        """The checkpoint sample.py, plot.py and export.py read: best.pt (or an earlier version's ckpt.pt),
+        or with which='latest' the latest state."""
+        if self.path.exists() and not self.path.is_dir():
+            raise UserError(f"out_dir {self.path} is a file, not a run folder")
+        found = next((p for p in (self.best, self.legacy) if p.exists()), None)
+        if which == "latest":
+            if self.latest.exists():
+                return self.latest
+            if found:
+                raise UserError(f"no latest.pt in {self.path}, only {found.name}; leave out --checkpoint=latest "
+                                f"to use {found.name}")
+            raise UserError(f"no latest.pt in {self.path}; {self.train_first()}")
+        if found:
+            return found
+        if self.latest.exists():
+            raise UserError(f"no best.pt in {self.path} yet (the run has not finished an evaluation); "
+                            "use its latest state with --checkpoint=latest")
+        raise UserError(f"no checkpoint in {self.path} (no best.pt or ckpt.pt); {self.train_first()}")
+
+    def train_first(self):
+        """The hint for a folder no run has saved a state in: a command with out_dir alone would train the
+        bare defaults, and a folder that nothing was saved in does not say which config was meant."""
+        return (f"train one first with `python train.py CONFIG --out_dir={self.path}`, CONFIG being the config "
+                "file of the run you meant to train there (e.g. config/shakespeare_char.py)")
+
+
+def load_model(out_dir, device, which="best"):
+    """A trained model (in eval mode) and its tokenizer, from out_dir's best.pt or latest.pt alone."""
+    path = RunDir(out_dir).model_file(which)
+    ckpt = load_checkpoint(path, required=MODEL_KEYS)
+    return model_from_checkpoint(ckpt, path).to(device).eval(), tokenizer_from_meta(ckpt["tokenizer"])

@@ -1,0 +1,1 @@
+"""Training: its settings, the state a checkpoint keeps, optimizers, resuming, and what a run reports."""

@@ -1,0 +1,124 @@
+"""Continuing a run: the saved state it continues from (checked, falling back to the state before it when the
+latest is damaged) and the settings it continues with (the checkpoint's, except those given again)."""
+
+import time
+from dataclasses import fields, replace
+
+import torch
+
+from gptkit.run.checkpoint import TRAINING_KEYS, load_checkpoint
+from gptkit.base.settings import coerce, flatten, make, settings
+from gptkit.base.errors import UserError
+from gptkit.training.train_config import TrainConfig
+from model import GPTConfig
+
+# what the saved weights and optimizer state are shaped by; dropout has no weights and may change
+FIXED_ON_RESUME = tuple(f.name for f in fields(GPTConfig) if f.name != "dropout") + ("optimizer",)
+
+
+def continued_config(cfg, given, run, note):
+    """(the config this run trains with, (checkpoint, its path) or (None, None)): a resumed run continues with
+    its checkpoint's settings; 'auto' with nothing to resume is a run from scratch."""
+    ckpt, path = resume_state(run, cfg.init_from, note)
+    if ckpt is None:
+        return (replace(cfg, init_from="scratch") if cfg.init_from == "auto" else cfg), (None, None)
+    return resumed_config(ckpt, given, path), (ckpt, path)
+
+
+def claim_for_a_new_run(cfg, run, note):
+    """A run that starts afresh (from scratch, pretrained weights, or 'auto' finding no state to continue) into a
+    folder holding another run's files would replace its best.pt and append to its metrics.jsonl: refuse, naming
+    the ways on; with start_over, move the old run's files into a folder beside them first, deleting nothing."""
+    found = [p for p in (run.latest, run.previous, run.best, run.legacy, run.metrics) if p.exists()]
+    resumable = cfg.init_from == "resume" or cfg.init_from == "auto" and run.resume_candidates()
+    if not found or resumable:
+        return
+    names = ", ".join(p.name for p in found)
+    if not cfg.start_over:  # 'auto' too, where nothing is left to continue from: it would start afresh over them
+        how = "; continue it with --init_from=auto," if cfg.init_from != "auto" else \
+            " but no saved state to continue it from (latest.pt);"
+        raise UserError(f"{run.path} holds another run ({names}){how} train elsewhere with another --out_dir, or "
+                        "start over with --start_over=True (its files are moved aside, not deleted)")
+    aside = run.path / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside.mkdir()
+    for p in found:
+        p.rename(aside / p.name)
+    note(f"note: starting over in {run.path}: the previous run's {names} moved to {aside}")
+
+
+def resume_state(run, init_from, note):
+    """(checkpoint, its path) to continue from, or (None, None) to start afresh: 'resume' needs a saved state,
+    'auto' takes one where there is any. A damaged or missing latest.pt falls back to the one before it,
+    with a note saying so; when every saved state is damaged, one error names them all."""
+    if init_from not in ("resume", "auto"):
+        return None, None
+    candidates = run.resume_candidates()
+    if not candidates:
+        if init_from == "auto":
+            return None, None
+        raise UserError(f"nothing to resume in {run.path} (no latest.pt, latest.prev.pt or ckpt.pt); "
+                        "start the run with --init_from=scratch or --init_from=auto")
+    problems = [] if run.latest.exists() or not run.previous.exists() else \
+        [f"{run.latest} is missing (its save was interrupted)"]
+    for path in candidates:
+        try:
+            ckpt = load_checkpoint(path, required=TRAINING_KEYS)
+            refuse_unusable_numbers(ckpt, path)
+            saved_settings(ckpt, path)
+        except UserError as e:
+            problems.append(str(e))
+            continue
+        if problems:
+            note(f"note: {'; '.join(problems)}; resuming from {path} (iteration {ckpt['iter_num']})")
+        return ckpt, path
+    raise UserError("; ".join(problems))
+
+
+def refuse_unusable_numbers(ckpt, path):
+    """A state whose numbers cannot be trained on is damaged, whatever its checksum says (files from before
+    checksums, or a run that saved a broken state): say so, rather than let the first step blow up."""
+    for where, tensors in [("weights", ckpt["model"].items()), ("optimizer state", optimizer_tensors(ckpt))]:
+        for name, t in tensors:
+            if not t.is_floating_point():
+                continue
+            wrong = "non-finite" if not torch.isfinite(t).all() else "negative" if name == "exp_avg_sq" and \
+                (t < 0).any() else None
+            if wrong:
+                raise UserError(f"{path} is damaged: {wrong} values in {name} of its {where}, "
+                                "which no training run writes")
+
+
+def optimizer_tensors(ckpt):
+    return [(name, t) for opt in ckpt["optimizer"] for per_param in opt.get("state", {}).values()
+            for name, t in per_param.items() if isinstance(t, torch.Tensor)]
+
+
+def resumed_config(ckpt, given, path):
+    """The config a resumed run continues with: the checkpoint's settings, overridden by those given again
+    (config files or --key=value). The model's shape and the optimizer are the checkpoint's; giving another
+    value is refused, naming the key (giving the shape a time budget made smaller is not another value)."""
+    saved = saved_settings(ckpt, path)
+    fitted_from = ckpt.get("measured", {}).get("fitted_from", {})  # what was configured before its budget fitted it
+    given = {key: value for key, value in given.items() if key not in fitted_from or value != fitted_from[key]}
+    for key in FIXED_ON_RESUME:
+        if key in given and given[key] != saved.get(key):
+            raise UserError(f"{key}={given[key]!r} differs from {path}'s {saved.get(key)!r}; a resumed run keeps "
+                            "its model's shape and optimizer (start a new out_dir to change them)")
+    try:
+        return make(TrainConfig, {**saved, **given})
+    except UserError as e:  # the given settings passed alone: a saved one is out of range, or goes with them badly
+        raise UserError(f"{e}, with the settings saved in {path} (give one again to replace its saved value)") \
+            from None
+
+
+def saved_settings(ckpt, path):
+    """The settings saved in a checkpoint, flat, each of its type and among its choices as a config file's
+    value must be: one of another type is damage (no run saves it), named with its key."""
+    saved = flatten(TrainConfig, ckpt["config"])
+    saved.pop("processes", None)  # how many processes that command started, not a setting of the run
+    # the model as built (a GPT-2 start takes its shape from the weights); a model setting newer than the
+    # checkpoint was built at its default, which model_config gives it too
+    saved.update({f.name: f.default for f in fields(GPTConfig)} | ckpt["model_args"])
+    known = settings(TrainConfig)  # all but vocab_size, which the checkpoint's schema checks
+    return {key: coerce(known[key], value, f"{path} is damaged: its saved config", from_text=False)
+            if key in known else value for key, value in saved.items()}

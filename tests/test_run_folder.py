@@ -1,0 +1,138 @@
+"""A run's folder (gptkit/run/run_folder.py): one run at a time holds it, and a run refuses at its start, before any work,
+a folder (or a file in it) it could not write, and a bookkeeping file that is a link out of the folder."""
+
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import train
+from conftest import (Run, assert_one_error_line, logged, run_here, run_script, train_args, train_cmd,
+                      wait_for_iteration)
+from gptkit.base.errors import UserError
+from gptkit.run.run_folder import RunDir
+from test_checkpoints import files
+from test_resume import train_again
+
+
+# ---------------------------------------------------------------------------------------------- the lock
+
+def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path, data_dir):
+    """While one run trains, another on its out_dir stops at once with one line and writes nothing; the first
+    goes on undisturbed (its log is its own), and once it has stopped, the folder is free again."""
+    out = tmp_path / "out"
+    args = ["--max_iters=100000", "--eval_interval=5", "--eval_iters=1", "--log_interval=1", "--init_from=auto"]
+    first = Run(train_cmd(data_dir, out, *args), tmp_path / "first")
+    try:
+        wait_for_iteration(first, out, 3)
+        with pytest.raises(UserError) as info:
+            train.main(train_args(data_dir, out, *args))
+        assert str(info.value) == (f"{out} is in use by another run (process {first.proc.pid}); wait for it to end "
+                                   "or pick another --out_dir")
+        seen = max(logged(out))
+        wait_for_iteration(first, out, seen + 3)
+    finally:
+        first.proc.send_signal(signal.SIGTERM)
+    assert first.wait() == 143
+    assert sorted(logged(out)) == list(range(1, max(logged(out)) + 1))  # one run's records, each once
+    train.main(train_args(data_dir, out, *args[1:], "--max_iters=1"))  # free: resumes, has nothing left to do
+
+
+def test_the_lock_is_never_taken_through_a_link(tmp_path, outside):
+    """A link at run.lock's name, made after the run's check at its start, is refused and never written through;
+    without it, the lock is a file of its own."""
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    run.check_folder = lambda: None  # the link appears after the check
+    (run.path / "run.lock").symlink_to(outside)
+    with pytest.raises(UserError, match="run.lock is a link"):
+        with run.locked():
+            pass
+    assert outside.read_text() == "precious\n"
+    (run.path / "run.lock").unlink()
+    del run.check_folder
+    with run.locked():  # without the link, the lock is a file of its own
+        assert (run.path / "run.lock").read_text().strip().isdigit()
+
+
+# ---------------------------------------------------------------------------------------------- links
+
+@pytest.mark.parametrize("name", ["run.lock", "metrics.jsonl", "latest.pt.tmp", "best.pt.tmp"])
+def test_a_run_refuses_a_bookkeeping_file_that_is_a_link(tmp_path, data_dir, outside, name):
+    """run.lock as a user runs it, the others in this process."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).symlink_to(outside)
+    train_py = run_script if name == "run.lock" else run_here
+    proc = train_py("train.py", *train_args(data_dir, out, "--max_iters=2", "--eval_interval=1"))
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, f"error: {out / name} is a link, and a run writes this file itself*")
+    assert outside.read_text() == "precious\n"
+    assert sorted(p.name for p in out.iterdir()) == [name]  # refused before anything was written
+
+
+# ---------------------------------------------------------------------------------------------- a folder to save in
+
+@pytest.fixture
+def immutable(tmp_path):
+    """chattr +i, undone after the test. For root, chmod leaves every file writable, so it cannot make a folder
+    read-only; the immutable attribute stops root's writes too, and os.access reports it. Skipped where the
+    filesystem or the user cannot set it (the chmod test below runs there instead)."""
+    made = []
+
+    def make(path):
+        if not shutil.which("chattr"):
+            pytest.skip("no chattr here")
+        if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
+            pytest.skip("cannot set the immutable attribute here (a filesystem without it, or not root)")
+        made.append(path)
+
+    yield make
+    for path in made:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+@pytest.mark.parametrize("what", ["the folder", "metrics.jsonl", "best.pt", "run.lock"])
+def test_a_run_folder_that_cannot_be_written_is_refused_before_any_work(run, data_dir, immutable, what):
+    """A run resumed into a folder (or onto a file) it cannot write stops at start-up with one line, rather
+    than train to its first save and fail there; nothing in the folder changes. The folder as a user runs it, the
+    files in this process."""
+    target = run if what == "the folder" else run / what
+    before = files(run)
+    immutable(target)
+    proc = train_again(run, data_dir, "auto", 40, "--eval_interval=5",
+                       runner=run_script if what == "the folder" else run_here)
+    assert proc.returncode == 1 and "iter " not in proc.stdout, proc.stdout
+    expected = (f"error: cannot write to out_dir {run} (a run saves its state there); make it writable or pick "
+                "another --out_dir" if what == "the folder" else
+                f"error: cannot write {target}, which a run writes; make it writable or pick another --out_dir")
+    assert_one_error_line(proc.stderr, expected)
+    assert files(run) == before
+
+
+def test_a_folder_this_user_may_not_write_is_refused_before_any_work(run, data_dir, monkeypatch):
+    """What a user who is not root sees of a folder they made read-only (chmod a-w), with os.access answering
+    as it would for them: root's os.access says yes to any mode, so here it is made to say no. Tested through
+    train.main, so no work starts and the file system is untouched."""
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != run and real_access(path, mode, **kw))
+    before = files(run)
+    with pytest.raises(UserError) as info:
+        train.main(train_args(data_dir, run, "--init_from=auto", "--max_iters=40"))
+    assert str(info.value) == f"cannot write to out_dir {run} (a run saves its state there); make it writable " \
+                              "or pick another --out_dir"
+    assert files(run) == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder: chmod cannot test this")
+def test_a_read_only_folder_is_refused_before_any_work(run, data_dir):
+    run.chmod(0o555)
+    try:
+        proc = run_script("train.py", *train_args(data_dir, run, "--init_from=auto", "--max_iters=40"))
+    finally:
+        run.chmod(0o755)
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, f"error: cannot write to out_dir {run}*")
