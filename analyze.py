@@ -18,8 +18,8 @@ from typing import ClassVar, Literal
 
 import torch
 
-from gptkit.base.settings import parse_config, pick_subcommand, require
 from gptkit.base.errors import UserError, run_main
+from gptkit.base.settings import parse_config, pick_subcommand, require
 from gptkit.machine.runtime import check_device_name, pick_device
 
 SCORE_WINDOWS = 16  # val windows the previous-token, first-token and local scores read
@@ -132,10 +132,10 @@ def drawing(cfg):
 
 
 def analyze_heads(cfg):
-    from gptkit.interp.experiments import (KINDS, ablation_deltas, fast_dtype, head_scores, induction_tokens, no_attention,
-                                    open_run)
-    from gptkit.lab.ladder import markdown_table
+    from gptkit.interp.experiments import KINDS, ablation_deltas, head_scores, induction_tokens, no_attention, open_run
     from gptkit.interp.pictures import draw_heads
+    from gptkit.lab.ladder import markdown_table
+    from gptkit.machine.precision import fast_dtype
     from gptkit.machine.runtime import autocast
 
     device = pick_device(cfg.device)

@@ -23,10 +23,22 @@ Each benchmark lives in benchmarks/, one module per subcommand.
 
 import sys
 
-from benchmarks import (analyze, busy, dropout, explore, hooks, prepare, presets, sample, startup,
-                               throughput, tokenizers, train)
-from gptkit.base.settings import pick_subcommand
+from benchmarks import (
+    analyze,
+    busy,
+    dropout,
+    explore,
+    hooks,
+    prepare,
+    presets,
+    sample,
+    startup,
+    throughput,
+    tokenizers,
+    train,
+)
 from gptkit.base.errors import run_main
+from gptkit.base.settings import pick_subcommand
 
 # subcommand -> (its module's entry function, taking the remaining arguments; what it measures)
 COMMANDS = {

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gptkit.base.settings import parse_config, require
 from gptkit.base.errors import UserError, run_main
+from gptkit.base.settings import parse_config, require
 from gptkit.machine.runtime import check_device_name, pick_device
 
 

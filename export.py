@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gptkit.base.settings import parse_config
 from gptkit.base.errors import run_main
+from gptkit.base.settings import parse_config
 from gptkit.run.run_folder import load_model
 
 

@@ -11,8 +11,8 @@ many seconds each (what each buys per second on this machine).
 
 import sys
 
-from gptkit.base.settings import parse_config
 from gptkit.base.errors import run_main
+from gptkit.base.settings import parse_config
 from gptkit.lab.ladder import LabConfig, run_lab
 
 

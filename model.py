@@ -12,8 +12,8 @@ in gptkit/sampling/decoding.py; CPU speed kernels that stand in for some pieces 
 """
 
 import math
-from functools import partial
 from dataclasses import dataclass, fields
+from functools import partial
 from typing import Literal, get_args, get_origin
 
 import torch

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from gptkit.base.settings import parse_config, pick_subcommand
 from gptkit.base.errors import UserError, run_main
+from gptkit.base.settings import parse_config, pick_subcommand
 from gptkit.machine.runtime import check_device_name
 
 
@@ -50,8 +50,8 @@ class AttentionConfig(PlotConfig):
 
 
 def plot_loss(cfg):
-    from gptkit.run.metrics import read_metrics
     from gptkit.interp.pictures import draw_loss
+    from gptkit.run.metrics import read_metrics
 
     records = read_metrics(cfg.out_dir)
     if not any(r.get("kind") in ("train", "eval") for r in records):
@@ -62,9 +62,9 @@ def plot_loss(cfg):
 
 def plot_attention(cfg):
     from gptkit.interp.pictures import draw_model_attention
-    from gptkit.sampling.prompts import read_prompt
-    from gptkit.run.run_folder import load_model
     from gptkit.machine.runtime import pick_device
+    from gptkit.run.run_folder import load_model
+    from gptkit.sampling.prompts import read_prompt
 
     prompt = read_prompt(cfg.start)
     model, tok = load_model(cfg.out_dir, pick_device(cfg.device), cfg.checkpoint)

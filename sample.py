@@ -15,13 +15,14 @@ from typing import Literal
 
 import torch
 
-from gptkit.base.settings import check_seed, parse_config, require
-from gptkit.sampling.decoding import StopFilter, generate_stream, lay_out_for_decoding
 from gptkit.base.errors import UserError, run_main
-from gptkit.sampling.prompts import read_prompt, unescape
+from gptkit.base.settings import check_seed, parse_config, require
+from gptkit.machine.precision import DTYPES, pick_decode_dtype
+from gptkit.machine.runtime import check_device_name, pick_device
+from gptkit.machine.threads import pick_decode_threads
 from gptkit.run.run_folder import load_model
-from gptkit.machine.runtime import DTYPES, check_device_name, pick_device
-from gptkit.machine.timing import pick_decode_dtype, pick_decode_threads
+from gptkit.sampling.decoding import StopFilter, generate_stream, lay_out_for_decoding
+from gptkit.sampling.prompts import read_prompt, unescape
 
 
 @dataclass

@@ -18,19 +18,21 @@ from dataclasses import asdict
 
 import torch
 
-from gptkit.machine.choices import choose, on_speed_path
-from gptkit.base.settings import command_line_keys, given_values, make
 from gptkit.base.errors import RunStopped, UserError, run_main
+from gptkit.base.settings import command_line_keys, given_values, make
+from gptkit.base.signals import StopSignals
+from gptkit.machine.choices import choose, on_speed_path
+from gptkit.machine.runtime import Runtime, compile_blocks, launch_processes, launched_rank, trains_here
 from gptkit.run.metrics import PROCESS_START, RunLog, records_through
-from gptkit.training.optimizers import lr_factor_at, set_lr
+from gptkit.run.run_folder import RunDir
+from gptkit.training.budget import thread_tuner, time_budget
+from gptkit.training.evaluation import eval_tokens, evaluate, evaluate_split
+from gptkit.training.optimizers import lr_factor_at, set_lr, step_optimizers
 from gptkit.training.reporting import Reporter
 from gptkit.training.resume import claim_for_a_new_run, continued_config
-from gptkit.run.run_folder import RunDir
-from gptkit.machine.runtime import Runtime, compile_blocks, launch_processes, launched_rank, trains_here
-from gptkit.base.signals import StopSignals
+from gptkit.training.starting import build_model, open_data, planned_model, seed_everything
+from gptkit.training.state import TrainState, seconds_spent
 from gptkit.training.train_config import TrainConfig
-from gptkit.training.state import (TrainState, build_model, eval_tokens, evaluate, evaluate_split, open_data,
-                             planned_model, seconds_spent, seed_everything, step_optimizers, thread_tuner, time_budget)
 
 
 def train(cfg, rt, data, state, log, run, budget, stop):

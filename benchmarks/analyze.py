@@ -10,7 +10,8 @@ import torch
 
 from benchmarks.common import device_name
 from gptkit.base.settings import parse_config, require
-from gptkit.interp.experiments import ablation_deltas, fast_dtype, open_run, patching
+from gptkit.interp.experiments import ablation_deltas, open_run, patching
+from gptkit.machine.precision import fast_dtype
 from gptkit.machine.runtime import autocast, check_device_name, pick_device
 from gptkit.training.train_config import TrainConfig
 from model import GPT

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import torch
 
-from gptkit.machine.choices import choose, on_speed_path
 from gptkit.base.errors import UserError
-from gptkit.run.metrics import read_metrics
-from gptkit.training.optimizers import build_optimizers
+from gptkit.machine.choices import choose, on_speed_path
 from gptkit.machine.runtime import Runtime, compile_blocks
 from gptkit.machine.timing import matmul_peak, synchronize
-from gptkit.training.state import step_optimizers
+from gptkit.run.metrics import read_metrics
+from gptkit.training.optimizers import build_optimizers, step_optimizers
 from model import GPT
 
 REPO = Path(__file__).resolve().parents[1]  # where the commands the benchmarks run (train.py, explore.py) live

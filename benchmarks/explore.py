@@ -25,10 +25,10 @@ from tqdm import tqdm
 
 from benchmarks import sample
 from benchmarks.common import REPO, comma_items
-from gptkit.run.checkpoint import save_checkpoint
-from gptkit.base.settings import parse_config, require
 from gptkit.base.errors import UserError, first_line
+from gptkit.base.settings import parse_config, require
 from gptkit.data.tokenizer import CharTokenizer
+from gptkit.run.checkpoint import save_checkpoint
 from model import GPT, GPTConfig
 
 # the page and every file it loads: its modules, one per panel, and the vendored plotting library

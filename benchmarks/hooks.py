@@ -12,8 +12,8 @@ import torch
 
 from benchmarks.common import device_name, seconds_per_step, training_step
 from gptkit.base.settings import parse_config, require
-from gptkit.sampling.decoding import generate_stream
 from gptkit.machine.runtime import check_device_name, pick_device
+from gptkit.sampling.decoding import generate_stream
 from gptkit.training.train_config import TrainConfig
 from model import HookPoint
 

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.common import REPO, bench_input, device_name
-from gptkit.data.bpe import check_vocab_size
-from gptkit.base.settings import parse_config, require
 from gptkit.base.errors import UserError
-
+from gptkit.base.settings import parse_config, require
+from gptkit.data.bpe import check_vocab_size
 
 # what running nanoGPT's data/openwebtext/prepare.py on a local file takes, each edit made exactly once: its
 # load_dataset pointed at the JSON Lines file with its cache in the benchmark's folder, num_proc set, the token

@@ -10,9 +10,11 @@ import torch
 
 from benchmarks.common import comma_items, device_name
 from gptkit.base.settings import check_seed, parse_config, require
+from gptkit.machine.precision import DTYPES, pick_decode_dtype
+from gptkit.machine.runtime import check_device_name, pick_device
+from gptkit.machine.threads import pick_decode_threads
+from gptkit.machine.timing import synchronize
 from gptkit.sampling.decoding import generate_stream, lay_out_for_decoding
-from gptkit.machine.runtime import DTYPES, check_device_name, pick_device
-from gptkit.machine.timing import pick_decode_dtype, pick_decode_threads, synchronize
 from model import GPT, GPTConfig
 
 

@@ -22,9 +22,9 @@ import torch
 
 from benchmarks.busy import busy
 from benchmarks.common import REPO, comma_items, device_name, prepared_work_dir
-from gptkit.run.checkpoint import load_checkpoint
-from gptkit.base.settings import parse_config, require
 from gptkit.base.errors import UserError
+from gptkit.base.settings import parse_config, require
+from gptkit.run.checkpoint import load_checkpoint
 from gptkit.run.metrics import read_metrics
 
 PARTS = ("startup", "same", "budget")

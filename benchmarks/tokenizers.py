@@ -31,17 +31,17 @@ from tqdm import tqdm
 
 from benchmarks.common import REPO, bench_input, comma_items, device_name, train_run
 from benchmarks.prepare import PrepareBenchConfig, corpus_file, measured
-from gptkit.data.bpe import SMALLEST, byte_chars, check_vocab_size
-from gptkit.base.settings import parse_config, require
-from gptkit.data.preparing import PrepareConfig, corpus_texts
-from gptkit.data.dataset import load_meta
 from gptkit.base.errors import UserError
-from gptkit.interp.experiments import open_run
-from gptkit.run.metrics import read_metrics
-from gptkit.machine.runtime import check_device_name
+from gptkit.base.settings import parse_config, require
+from gptkit.data.bpe import SMALLEST, byte_chars, check_vocab_size
+from gptkit.data.dataset import load_meta
+from gptkit.data.preparing import PrepareConfig, corpus_texts
 from gptkit.data.sources import source_files
 from gptkit.data.tokenizer import TrainedBPE, make_tokenizer, ranks_of
-from gptkit.training.state import evaluate_split
+from gptkit.interp.experiments import open_run
+from gptkit.machine.runtime import check_device_name
+from gptkit.run.metrics import read_metrics
+from gptkit.training.evaluation import evaluate_split
 
 PARTS = ("compare", "speed")
 # train.py settings the comparison sets itself, the same for every run or chosen per tokenizer
@@ -187,7 +187,7 @@ def compare_one(cfg, work, train_file, val_text, vocab_size):
 
 
 class TokenStream:
-    """A text's token ids as gptkit.training.state.evaluate_split reads a split: windows of block_size + 1 tokens."""
+    """A text's token ids as gptkit.training.evaluation.evaluate_split reads a split: windows of block_size + 1 tokens."""
 
     def __init__(self, ids, block_size):
         self.ids, self.block_size, self.length = torch.tensor(ids, dtype=torch.long), block_size, len(ids)
@@ -199,7 +199,7 @@ class TokenStream:
 
 def val_score(model, tok, text):
     """(total nats, tokens scored, characters they spell) of text under the model, read as train.py's final score
-    reads the val split (gptkit.training.state.evaluate_split): in consecutive block_size windows, each token scored once
+    reads the val split (gptkit.training.evaluation.evaluate_split): in consecutive block_size windows, each token scored once
     from those before it in its window. The first token, which nothing comes before, is not scored, and its
     characters are not counted."""
     ids, block = tok.encode(text), model.config.block_size

@@ -13,9 +13,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the gptkit package lives one level up
 
+from gptkit.base.errors import run_main  # noqa: E402
 from gptkit.base.settings import parse_config  # noqa: E402
 from gptkit.data.preparing import PrepareConfig, prepare, shown  # noqa: E402
-from gptkit.base.errors import run_main  # noqa: E402
 
 
 def main(argv=None):

@@ -332,8 +332,8 @@ def bpe_data(tmp_path_factory):
     """mixed_script_text() prepared once per session with a byte-level BPE of BPE_VOCAB tokens trained on it (dataset
     'tiny_bpe', by data/prepare.py's own prepare(), in this process: a fraction of a second): (data_dir, its
     metadata as load_meta reads it, the tokenizer in it). Tests read it and never change it."""
-    from gptkit.data.preparing import PrepareConfig, prepare
     from gptkit.data.dataset import load_meta
+    from gptkit.data.preparing import PrepareConfig, prepare
     from gptkit.data.tokenizer import tokenizer_from_meta
 
     folder = tmp_path_factory.mktemp("bpe_corpus")

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conftest import REPO, assert_one_error_line, check_ok, run_here, run_script, tiny_model
-from gptkit.run.checkpoint import save_checkpoint
-from gptkit.interp.hooks import token_label
 from gptkit.data.tokenizer import CharTokenizer
+from gptkit.interp.hooks import token_label
+from gptkit.run.checkpoint import save_checkpoint
 from test_experiments import CHARS
 from test_plot import assert_png
 

@@ -303,8 +303,8 @@ def test_val_score_is_every_token_s_surprise_once_in_consecutive_windows():
     """Total nats of a text in block_size windows, each token scored once from the tokens before it in its window
     (the explorer's surprise_bits, window by window); the first token and its characters left out."""
     from benchmarks.tokenizers import val_score
-    from gptkit.interp.hooks import surprise_bits
     from gptkit.data.tokenizer import CharTokenizer
+    from gptkit.interp.hooks import surprise_bits
     from model import GPT, GPTConfig
 
     text = "to be, or not to be: that is the question."[:41]  # 41 characters: 40 targets, 5 windows of 8
@@ -319,8 +319,8 @@ def test_val_score_is_every_token_s_surprise_once_in_consecutive_windows():
 
 
 def test_hugging_face_s_encoder_for_the_trained_ranks_gives_tiktoken_s_tokens():
-    from conftest import make_text
     from benchmarks.tokenizers import hugging_face_encoder
+    from conftest import make_text
     from gptkit.data.bpe import train_bpe
     from gptkit.data.tokenizer import TrainedBPE
 
@@ -345,8 +345,8 @@ def test_tokenizers_bench_compares_characters_and_bpes_in_bits_per_character(tmp
     """The compare part in miniature: a char-level and two BPE datasets of the train text alone, a few steps of a
     tiny model each, every best.pt scored on the held-out text; bits per character = total nats / (ln 2 x
     characters), which the table's nats per token and characters per token agree with."""
-    from conftest import make_text
     from benchmarks.tokenizers import val_score
+    from conftest import make_text
     from gptkit.data.dataset import load_meta
     from gptkit.interp.experiments import open_run
 
@@ -379,8 +379,8 @@ def test_tokenizers_bench_compares_characters_and_bpes_in_bits_per_character(tmp
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="the speed part reads memory from /proc")
 def test_tokenizers_bench_times_training_a_bpe_and_three_encoders(tmp_path, capsys, tiktoken_cache):
-    from conftest import make_text
     from benchmarks.prepare import make_corpus
+    from conftest import make_text
 
     corpus = tmp_path / "corpus.jsonl"
     make_corpus(make_text(200_000), corpus, 2_000_000, huge_docs=1, huge_bytes=300_000)

@@ -8,9 +8,9 @@ import pytest
 import regex
 
 from conftest import make_text, mixed_script_text
+from gptkit.base.errors import UserError
 from gptkit.data.bpe import WordCounts, merges_table, train_bpe
 from gptkit.data.preparing import bpe_cut
-from gptkit.base.errors import UserError
 from gptkit.data.tokenizer import END_OF_TEXT, GPT2_PATTERN, TrainedBPE
 
 

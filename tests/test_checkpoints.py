@@ -23,13 +23,19 @@ import torch
 import sample
 import train
 from conftest import REPO, assert_one_error_line, run_script, train_args
-from gptkit.run import checkpoint
-from gptkit.run.checkpoint import (HEADER_SIZE, MODEL_KEYS, TRAINING_KEYS, HashingWriter, load_checkpoint,
-                               save_checkpoint)
 from gptkit.base.errors import RunStopped, UserError
 from gptkit.explorer.runs import summarize
-from gptkit.training.resume import resume_state
+from gptkit.run import checkpoint
+from gptkit.run.checkpoint import (
+    HEADER_SIZE,
+    MODEL_KEYS,
+    TRAINING_KEYS,
+    HashingWriter,
+    load_checkpoint,
+    save_checkpoint,
+)
 from gptkit.run.run_folder import RunDir
+from gptkit.training.resume import resume_state
 
 
 def digest(path):

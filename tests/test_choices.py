@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from conftest import tiny_model, train_config
+from gptkit.base.errors import UserError
 from gptkit.machine import choices, stand_ins
 from gptkit.machine.choices import Choices, choose
-from gptkit.base.errors import UserError
 from gptkit.machine.runtime import Runtime
 from gptkit.machine.wisdom import FILE_NAME
 

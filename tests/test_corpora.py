@@ -16,12 +16,12 @@ import pytest
 import torch
 import zstandard
 
-from conftest import REPO, assert_one_error_line, check_ok, make_text, run_script
-from gptkit.data import preparing, sources
 from benchmarks.prepare import tree_rss
-from gptkit.data.preparing import PrepareConfig, prepare
-from gptkit.data.dataset import Split, TrainingData, load_meta
+from conftest import REPO, assert_one_error_line, check_ok, make_text, run_script
 from gptkit.base.errors import UserError
+from gptkit.data import preparing, sources
+from gptkit.data.dataset import Split, TrainingData, load_meta
+from gptkit.data.preparing import PrepareConfig, prepare
 from gptkit.data.sources import in_val
 from gptkit.data.tokenizer import tokenizer_from_meta
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import make_text
-from gptkit.data.dataset import BatchSampler, Split, load_meta
 from gptkit.base.errors import UserError
+from gptkit.data.dataset import BatchSampler, Split, load_meta
 from test_settings import DEEP
 from test_versions import opens, prepared
 

@@ -18,12 +18,21 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import (REPO, Run, assert_one_error_line, faulty_train, logged, torchrun, train_args, train_cmd,
-                      wait_for_iteration)
-from gptkit.run.checkpoint import load_checkpoint
+from conftest import (
+    REPO,
+    Run,
+    assert_one_error_line,
+    faulty_train,
+    logged,
+    torchrun,
+    train_args,
+    train_cmd,
+    wait_for_iteration,
+)
 from gptkit.base.errors import UserError
-from gptkit.run.metrics import read_metrics
 from gptkit.machine.runtime import trains_here
+from gptkit.run.checkpoint import load_checkpoint
+from gptkit.run.metrics import read_metrics
 from test_resume import command
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),

@@ -23,16 +23,16 @@ import export
 import plot
 import sample
 import train
-from conftest import MODEL, REPO, assert_one_error_line, make_text, train_args
 from benchmarks.prepare import PrepareBenchConfig
 from benchmarks.sample import SampleBenchConfig
 from benchmarks.throughput import ThroughputBenchConfig
 from benchmarks.tokenizers import TokenizersBenchConfig
 from benchmarks.train import TrainBenchConfig
-from gptkit.run.checkpoint import load_checkpoint
+from conftest import MODEL, REPO, assert_one_error_line, make_text, train_args
+from gptkit.base.errors import run_main
 from gptkit.base.settings import settings
 from gptkit.data.preparing import PrepareConfig, prepare
-from gptkit.base.errors import run_main
+from gptkit.run.checkpoint import load_checkpoint
 from gptkit.training.train_config import TrainConfig
 
 PROMPT = "Zebra ~ 😀 ROMEO"

@@ -21,12 +21,12 @@ import pytest
 import torch
 
 from conftest import REPO, check_ok, partial_tokens, run_script, sum_tolerance, tiny_model
-from gptkit.run.checkpoint import save_checkpoint
-from gptkit.sampling.decoding import shaped_probs
+from gptkit.data.tokenizer import CharTokenizer
 from gptkit.explorer.app import make_app
 from gptkit.explorer.shelf import Shelf
 from gptkit.interp.hooks import attention_maps, token_label
-from gptkit.data.tokenizer import CharTokenizer
+from gptkit.run.checkpoint import save_checkpoint
+from gptkit.sampling.decoding import shaped_probs
 from gptkit.training.train_config import TrainConfig
 
 TestClient = pytest.importorskip("fastapi.testclient").TestClient
@@ -683,8 +683,8 @@ def test_with_heads_off_every_number_is_the_experiments_apis(client, lab):
 
 def test_generation_with_a_head_off_is_decoding_under_the_apis_ablation(client, lab):
     """The streamed tokens are decode_steps' on the ablated model, KV cache and all, for the same seed."""
-    from gptkit.sampling.decoding import decode_steps
     from gptkit.interp.experiments import ablated
+    from gptkit.sampling.decoding import decode_steps
     model, prompt = lab[1]["rope"], "ROMEO:"
     body = dict(run="rope", prompt=prompt, max_tokens=30, seed=5, temperature=1.0, top_k=0, off=["L1H0"])
     streamed = [e["id"] for e in events(client.post("/api/generate", json=body).iter_lines()) if e["type"] == "token"]

@@ -113,8 +113,8 @@ def test_hub_name_offline_is_one_error_line(tmp_path):
 
 
 def test_train_checks_data_and_block_size_against_pretrained(tmp_path):
+    from gptkit.training.starting import build_model
     from gptkit.training.train_config import TrainConfig
-    from gptkit.training.state import build_model
 
     folder, _ = hf_model(tmp_path)
     cfg = TrainConfig(init_from=str(folder), dataset="tiny", model=GPTConfig(block_size=16, dropout=0.1))
@@ -242,8 +242,8 @@ def test_bpe_prepare_round_trip(tmp_path, tiktoken_cache):
 @pytest.mark.slow
 def test_finetune_sample_export_end_to_end(tmp_path, tiktoken_cache):
     transformers = pytest.importorskip("transformers")
-    from gptkit.run.checkpoint import load_checkpoint
     from gptkit.data.preparing import PrepareConfig, prepare
+    from gptkit.run.checkpoint import load_checkpoint
     from gptkit.run.run_folder import load_model
 
     folder, _ = hf_model(tmp_path, n_layer=1, vocab_size=50257)

@@ -22,9 +22,9 @@ import plot
 import sample
 import train
 from conftest import POLL_S, REPO, Run, assert_one_error_line, random_tokens, run_script, tiny_model
-from gptkit.lab import ladder as machinery
-from gptkit.base.settings import parse_config
 from gptkit.base.errors import UserError
+from gptkit.base.settings import parse_config
+from gptkit.lab import ladder as machinery
 from gptkit.run.run_folder import RunDir
 from gptkit.training.train_config import TrainConfig
 from test_plot import assert_png

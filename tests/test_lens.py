@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from conftest import random_tokens, tiny_model
-from gptkit.interop import lens as lens_interop
 from gptkit.base.errors import UserError
-from gptkit.interp.hooks import hook_points, hooked, run_with_cache
+from gptkit.interop import lens as lens_interop
 from gptkit.interop.lens import to_transformer_lens
+from gptkit.interp.hooks import hook_points, hooked, run_with_cache
 
 CONVERTIBLE = {
     "gpt2": dict(mlp_act="gelu_tanh"),

@@ -9,13 +9,12 @@ import os
 import pytest
 
 import train
-from gptkit.run import metrics
 from gptkit.base.errors import UserError
+from gptkit.run import metrics
 from gptkit.run.metrics import RunLog, loss_series, read_metrics, wall_clock
 from test_checkpoints import digest
-from test_settings import DEEP
 from test_resume import resume
-
+from test_settings import DEEP
 
 RECORDS = [{"kind": "train", "iter": i, "loss": 3.0 - i / 10, "elapsed_s": float(i)} for i in range(0, 20, 5)] + \
           [{"kind": "eval", "iter": 10, "train_loss": 2.5, "val_loss": 2.6, "elapsed_s": 11.0}]

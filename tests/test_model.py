@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from conftest import MODERN, TINY, naive_attention, random_tokens, sum_tolerance, tiny_model
-from gptkit.sampling.decoding import KVCache, generate
-from gptkit.machine.flops import flops_per_token
 from gptkit.interp.hooks import hook_points, hooked
+from gptkit.machine.flops import flops_per_token
+from gptkit.sampling.decoding import KVCache, generate
 from gptkit.training.optimizers import build_optimizers
 from gptkit.training.train_config import TrainConfig
 from model import GPTConfig, SelfAttention, apply_rotary, rotary_tables

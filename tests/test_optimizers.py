@@ -13,7 +13,6 @@ from gptkit.training import optimizers
 from gptkit.training.optimizers import build_optimizers, is_hidden_matrix, lr_factor_at, set_lr
 from gptkit.training.train_config import TrainConfig
 
-
 OPTIONS = {
     "gpt2": {},
     "rope": dict(pos_emb="rope"),

@@ -12,8 +12,8 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from conftest import assert_one_error_line, check_ok, run_here, run_script
-from gptkit.base.settings import settings
 from gptkit.base.errors import UserError
+from gptkit.base.settings import settings
 from gptkit.interp.hooks import token_label
 from test_metrics import write_metrics
 

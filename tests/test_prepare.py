@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from conftest import REPO, assert_one_error_line, check_ok, make_text, mixed_script_text, run_script
+from gptkit.base.errors import UserError
 from gptkit.data import preparing, sources
 from gptkit.data.preparing import PrepareConfig, prepare
-from gptkit.base.errors import UserError
 from gptkit.data.tokenizer import tokenizer_from_meta
 
 

@@ -14,13 +14,25 @@ import torch
 import torch.distributed as dist
 
 import train
-from conftest import (REPO, TRAINED_RUN, Run, assert_one_error_line, check_ok, faulty_train, logged, run_here,
-                      run_script, torchrun, train_args, train_cmd, wait_for_iteration)
-from gptkit.run.checkpoint import load_checkpoint, save_checkpoint
+from conftest import (
+    REPO,
+    TRAINED_RUN,
+    Run,
+    assert_one_error_line,
+    check_ok,
+    faulty_train,
+    logged,
+    run_here,
+    run_script,
+    torchrun,
+    train_args,
+    train_cmd,
+    wait_for_iteration,
+)
 from gptkit.base.errors import UserError
+from gptkit.run.checkpoint import load_checkpoint, save_checkpoint
 from gptkit.run.metrics import read_metrics
 from test_checkpoints import DELETE, damage, digest, files, rewrite
-
 
 ITERS = 120  # long enough that a kill lands mid-run; a CPU step here takes a few milliseconds
 COMMON = [f"--max_iters={ITERS}", "--log_interval=1", "--eval_interval=5", "--eval_iters=2",

@@ -10,13 +10,11 @@ from pathlib import Path
 import pytest
 
 import train
-from conftest import (Run, assert_one_error_line, logged, run_here, run_script, train_args, train_cmd,
-                      wait_for_iteration)
+from conftest import Run, assert_one_error_line, logged, run_here, run_script, train_args, train_cmd, wait_for_iteration
 from gptkit.base.errors import UserError
 from gptkit.run.run_folder import RunDir
 from test_checkpoints import files
 from test_resume import train_again
-
 
 # ---------------------------------------------------------------------------------------------- the lock
 

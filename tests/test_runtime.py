@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conftest import REPO, tiny_model, train_config
-from gptkit.machine.stand_ins import by_rule, install
 from gptkit.machine.runtime import compile_blocks
+from gptkit.machine.stand_ins import by_rule, install
 
 
 def test_compiled_blocks_keep_the_plain_parameter_names():

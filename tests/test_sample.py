@@ -11,9 +11,9 @@ import torch
 
 import sample
 from conftest import REPO, assert_one_error_line, check_ok, partial_tokens, run_here, run_script, tiny_model
+from gptkit.data.tokenizer import CharTokenizer
 from gptkit.run.checkpoint import load_checkpoint
 from gptkit.run.run_folder import load_model
-from gptkit.data.tokenizer import CharTokenizer
 from sample import SampleConfig, StopFilter, generate_texts
 from test_analyze import saved_run
 from test_checkpoints import damage

@@ -8,8 +8,8 @@ import pytest
 
 import plot
 from conftest import REPO, assert_one_error_line, run_script
-from gptkit.base.settings import parse_config, settings
 from gptkit.base.errors import UserError
+from gptkit.base.settings import parse_config, settings
 from gptkit.training.train_config import TrainConfig
 from model import GPTConfig
 

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from conftest import MODERN, REPO, check_ok, random_tokens, run_script, tiny_model
-from gptkit.machine import stand_ins
-from gptkit.sampling.decoding import generate
 from gptkit.interp.hooks import hooked
+from gptkit.machine import stand_ins
 from gptkit.machine.stand_ins import ATTENTION_PATHS, TableDropout, by_rule, install
+from gptkit.sampling.decoding import generate
 
 DROPOUT_MODEL = dict(MODERN, dropout=0.1, token_shift=True)
 
@@ -248,8 +248,8 @@ def test_a_model_loaded_from_a_checkpoint_runs_an_edited_attention(monkeypatch, 
     edited the written-out attention, that model runs the edit too, as training did."""
     from dataclasses import asdict
 
-    from gptkit.run.checkpoint import model_from_checkpoint
     from gptkit.machine.stand_ins import attention_path_of
+    from gptkit.run.checkpoint import model_from_checkpoint
     trained = tiny_model(**dict(DROPOUT_MODEL, dropout=0.0))
     ckpt = {"model": trained.state_dict(), "model_args": asdict(trained.config)}
     assert {attention_path_of(b.attn) for b in model_from_checkpoint(ckpt, "x.pt").transformer.h} == {"fused"}

@@ -1,16 +1,10 @@
-"""gptkit/machine/timing.py: candidates timed in turns, the precision asked for, the thread count while training, and the
-precision and thread count for decoding. (A run's start-up choices: test_choices.py.)"""
+"""gptkit/machine/timing.py: candidates timed in turns, each keeping its fastest turn, within a deadline. (A run's
+start-up choices: test_choices.py; the precision: test_precision.py; threads: test_threads.py.)"""
 
-import pytest
-import torch
+import time
 
-from conftest import tiny_model
 from gptkit.machine import timing
-from gptkit.base.errors import UserError
-from gptkit.machine.timing import pick_dtype
 
-
-# ---------------------------------------------------------------------------------------------- training
 
 def test_probes_time_their_candidates_in_turns_and_keep_each_ones_fastest(monkeypatch):
     """A machine whose speed moves while a probe runs must slow each candidate alike, not the ones timed last;
@@ -32,94 +26,16 @@ def test_probes_time_their_candidates_in_turns_and_keep_each_ones_fastest(monkey
     assert order == ["a", "b"] * 3
 
 
-def test_the_precision_asked_for_is_taken_where_the_device_has_it():
-    assert pick_dtype("bfloat16", "cpu") == "bfloat16" and pick_dtype("auto", "mps") == "float32"
-    assert pick_dtype("auto", "cpu") == "float32"  # a CPU's is chosen at start-up: gptkit/machine/choices.py
-    with pytest.raises(UserError, match="float16 is not supported on CPU"):
-        pick_dtype("float16", "cpu")
+def test_past_a_deadline_no_turn_begins_after_the_first_timed_one(monkeypatch):
+    """A first measurement within a run's budget: however many turns were asked, none begins past the deadline, and
+    each candidate still has one timed turn."""
+    clock = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
 
+    def run():
+        clock[0] += 1.0
 
-def test_the_thread_count_follows_the_faster_steps():
-    """On a busy machine one thread can step faster than two: a trial of the other count wins only when its
-    steps (the first after the switch not counted) are faster by more than the margin; a loss changes nothing."""
-    from gptkit.machine.timing import ThreadTuner
-
-    before = torch.get_num_threads()
-    try:
-        tuner = ThreadTuner(2, every=0.0, first=0.0, trial_steps=4)
-        assert [tuner.after_step(0.100, i) for i in range(4)] == [None] * 4 and torch.get_num_threads() == 1
-        lines = [tuner.after_step(s, 4 + i) for i, s in enumerate([0.5, 0.03, 0.03, 0.03, 0.03])]
-        assert lines[:4] == [None] * 4 and lines[4] == "threads: 1 from iteration 8 (its steps took 30 ms, on 2 " \
-                                                          "threads 100 ms)"
-        assert torch.get_num_threads() == 1
-        for i, s in enumerate([0.03] * 4 + [0.5] + [0.03] * 4):  # two threads as fast: not worth switching back
-            assert tuner.after_step(s, 9 + i) is None
-        assert torch.get_num_threads() == 1 and tuner.current == 1
-    finally:
-        torch.set_num_threads(before)
-
-
-def test_thread_trials_back_off_while_they_keep_the_count_and_come_at_once_when_steps_drift():
-    """Each trial costs steps: on an idle machine they must grow rare (up to `longest` apart on the most threads,
-    twice `every` on one), yet a process arriving (the steps slowing by more than `drift`) must be tried at once."""
-    from gptkit.machine.timing import ThreadTuner
-
-    now, before = [0.0], torch.get_num_threads()
-
-    def steps(tuner, seconds, count, advance=0.0):
-        lines = []
-        for _ in range(count):
-            now[0] += advance
-            lines.append(tuner.after_step(seconds, 0))
-        return [line for line in lines if line]
-
-    try:
-        tuner = ThreadTuner(2, every=10.0, first=0.0, trial_steps=4, longest=40.0, drift=1.25, clock=lambda: now[0])
-        assert steps(tuner, 0.1, 4) == [] and torch.get_num_threads() == 1  # the first trial, at once
-        assert steps(tuner, 0.2, 5) == [] and torch.get_num_threads() == 2  # kept: next wait 20 s
-        assert steps(tuner, 0.1, 15, advance=1.0) == [] and torch.get_num_threads() == 2  # 15 s: none yet
-        steps(tuner, 0.1, 6, advance=1.0)
-        assert torch.get_num_threads() == 1  # 21 s after the last: tried
-        assert steps(tuner, 0.2, 5) == [] and tuner.wait == 40.0
-        steps(tuner, 0.1, 1000, advance=0.03)  # 30 s of steady steps: no trial before the 40 s wait
-        assert torch.get_num_threads() == 2 and tuner.trial is None
-        assert steps(tuner, 0.3, 3) == [] and torch.get_num_threads() == 2  # three slow steps may be noise
-        assert steps(tuner, 0.3, 1) == [] and torch.get_num_threads() == 1  # four: tried at once
-        assert steps(tuner, 0.15, 5) == ["threads: 1 from iteration 0 (its steps took 150 ms, on 2 threads 300 ms)"]
-        assert tuner.wait == 10.0
-        for _ in range(3):  # on one thread the wait stops at twice `every`: a core freed again is found soon
-            steps(tuner, 0.15, 4, advance=10.0)
-            steps(tuner, 0.3, 5)
-        assert tuner.current == 1 and tuner.wait == 20.0
-    finally:
-        torch.set_num_threads(before)
-
-
-# ---------------------------------------------------------------------------------------------- decoding
-
-@pytest.mark.parametrize("bf16_speedup,want", [(2.0, "bfloat16"), (1.1, "float32"), (0.5, "float32")])
-def test_decode_precision_is_measured_and_must_win_clearly(monkeypatch, bf16_speedup, want):
-    monkeypatch.setattr(timing, "cpu_has_bf16", lambda: True)
-    monkeypatch.setattr(timing, "decode_seconds", lambda model, batch, tokens: {
-        torch.float32: 1.0, torch.bfloat16: 1.0 / bf16_speedup}[next(model.parameters()).dtype])
-    dtype, why = timing.pick_decode_dtype("auto", tiny_model(), "cpu")
-    assert dtype == want and why == (f"decoding in {want} (bfloat16 was {bf16_speedup:.2f}x as fast as float32 on this "
-                                     "model)")
-    assert timing.pick_decode_dtype("float32", tiny_model(), "cpu")[0] == "float32"
-
-
-@pytest.mark.parametrize("two_thread_speedup,want", [(1.8, 2), (1.1, 1), (0.2, 1)])
-def test_decode_threads_are_measured_and_more_must_win_clearly(monkeypatch, two_thread_speedup, want):
-    """On a busy machine a second thread stalls every step, so it is taken only when a probe shows it
-    clearly faster; the count chosen is the one left set."""
-    before = torch.get_num_threads()
-    monkeypatch.setattr(timing, "decode_seconds", lambda model, batch, tokens: 1.0 / (
-        two_thread_speedup if torch.get_num_threads() == 2 else 1.0))
-    try:
-        torch.set_num_threads(2)
-        threads, why = timing.pick_decode_threads(0, tiny_model(), "cpu")
-        assert threads == want == torch.get_num_threads()
-        assert why.endswith(f" (2 threads were {two_thread_speedup:.2f}x as fast as 1 on this model)")
-        assert timing.pick_decode_threads(3, tiny_model(), "cpu")[0] == 3 == torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
+    seconds = timing.fastest_in_turns({"a": run, "b": run}, 5, deadline=3.0)
+    assert seconds == {"a": 1.0, "b": 1.0} and clock[0] == 4.0  # one untimed call each, then one turn
+    clock[0] = 0.0
+    assert timing.fastest_in_turns({"a": run}, 5, deadline=time.perf_counter() + 1e9) == {"a": 1.0}

@@ -9,7 +9,6 @@ import pytest
 from conftest import R50K_BASE, SHARED_TIKTOKEN
 from gptkit.data.tokenizer import TiktokenTokenizer, tokenizer_from_meta
 
-
 EMOJI_TEXT = "é—😀"
 
 

@@ -18,21 +18,31 @@ import torch
 
 import sample
 import train
-from conftest import (BPE_VOCAB, REPO, Run, assert_one_error_line, check_ok, faulty_train, logged, run_here, run_script,
-                      train_args, train_cmd)
-from gptkit.run.checkpoint import TRAINING_KEYS, load_checkpoint, model_from_checkpoint
-from gptkit.base.settings import make
-from gptkit.data.preparing import PrepareConfig, prepare
-from gptkit.data.dataset import Split, load_meta
+from conftest import (
+    BPE_VOCAB,
+    REPO,
+    Run,
+    assert_one_error_line,
+    check_ok,
+    faulty_train,
+    logged,
+    run_here,
+    run_script,
+    train_args,
+    train_cmd,
+)
 from gptkit.base.errors import UserError
+from gptkit.base.settings import make
+from gptkit.data.dataset import Split, load_meta
+from gptkit.data.preparing import PrepareConfig, prepare
 from gptkit.machine.flops import flops_per_token
+from gptkit.run.checkpoint import TRAINING_KEYS, load_checkpoint, model_from_checkpoint
 from gptkit.run.metrics import read_metrics
 from gptkit.run.run_folder import load_model
+from gptkit.training.evaluation import evaluate_split
 from gptkit.training.train_config import TrainConfig
-from gptkit.training.state import evaluate_split
 from test_checkpoints import digest
 from test_resume import COMMON, ITERS, resume_args
-
 
 # ---------------------------------------------------------------------------------------------- a run
 

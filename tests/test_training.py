@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from conftest import tiny_model, train_config
-from gptkit.run.checkpoint import load_checkpoint, save_checkpoint
-from gptkit.data.dataset import BatchSampler, Split
 from gptkit.base.errors import UserError
-from gptkit.training.state import batch_shares, evaluate_split, global_batch, rng_state, set_rng_state
+from gptkit.data.dataset import BatchSampler, Split
+from gptkit.run.checkpoint import load_checkpoint, save_checkpoint
+from gptkit.training.evaluation import evaluate_split
+from gptkit.training.starting import batch_shares, global_batch
+from gptkit.training.state import rng_state, set_rng_state
 
 
 @pytest.mark.parametrize("order", ["random", "epochs"])

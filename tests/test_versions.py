@@ -13,10 +13,10 @@ import sys
 import pytest
 
 from conftest import REPO, assert_one_error_line, check_ok, make_text, run_script
-from gptkit.data.preparing import PrepareConfig, prepare
-from gptkit.data.dataset import TrainingData, load_meta
-from gptkit.data.versions import LOCK, OUTPUTS
 from gptkit.base.errors import UserError
+from gptkit.data.dataset import TrainingData, load_meta
+from gptkit.data.preparing import PrepareConfig, prepare
+from gptkit.data.versions import LOCK, OUTPUTS
 
 KILLED = 86  # the exit status of a prepare that the script below killed
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gptkit.data.preparing import TOKEN_DTYPES, data_root, meta_checksum
-from gptkit.data.versions import DATASET_FILE
 from gptkit.base.errors import UserError, first_line
+from gptkit.data.preparing import TOKEN_DTYPES, data_root, meta_checksum
 from gptkit.data.tokenizer import tokenizer_from_meta, trained_bpe
+from gptkit.data.versions import DATASET_FILE
 
 
 def load_meta(data_dir, dataset):

@@ -25,14 +25,13 @@ from typing import Literal
 import numpy as np
 from tqdm import tqdm
 
-from gptkit.data.bpe import (WordCounts, check_vocab_size, merges_table, save_tokenizer, saved_checksum,
-                                 train_bpe)
-from gptkit.data.versions import check_room, commit, dataset_lock, remove_leftovers, sync, work_folder
 from gptkit.base.errors import RunStopped, UserError
-from gptkit.data.shards import CHUNK_TOKENS, ShardWriter, sha256_of, tokenized
 from gptkit.base.signals import StopSignals
+from gptkit.data.bpe import WordCounts, check_vocab_size, merges_table, save_tokenizer, saved_checksum, train_bpe
+from gptkit.data.shards import CHUNK_TOKENS, ShardWriter, sha256_of, tokenized
 from gptkit.data.sources import Reader, Tally, kind_of, read_record, shown, source_files
 from gptkit.data.tokenizer import TiktokenTokenizer, TrainedBPE, make_tokenizer
+from gptkit.data.versions import check_room, commit, dataset_lock, remove_leftovers, sync, work_folder
 
 PROJECT_DATA = Path(__file__).resolve().parents[2] / "data"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"

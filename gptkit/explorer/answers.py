@@ -11,8 +11,9 @@ from pydantic import BaseModel, Field, field_validator
 from gptkit.base.errors import UserError
 from gptkit.explorer.experiments import Off, OffRequest
 from gptkit.explorer.runs import ApiError, attention_note, describe, final_bits_per_char, number, run_records
+from gptkit.interp.experiments import checked_tokens, outside_vocabulary
 from gptkit.interp.hooks import attention_maps, logit_lens, look_inside, read_out, surprise_bits, token_label
-from gptkit.run.metrics import wall_clock
+from gptkit.run.metrics import loss_points
 from gptkit.sampling.decoding import StopFilter, decode_steps, shaped_probs
 
 MAX_PROMPT_CHARS = 20_000
@@ -76,14 +77,19 @@ def encode(loaded, text):
 
 
 def checked_ids(loaded, ids):
-    """Token ids as a (1, T) tensor, refused when the model cannot read them in one window."""
-    block, vocab = loaded.model.config.block_size, loaded.tok.vocab_size
-    if len(ids) > block:
+    """Token ids as a (1, T) tensor, refused as the API refuses them (checked_tokens) when the model cannot read
+    them in one window."""
+    block = loaded.model.config.block_size
+    if len(ids) > block:  # said before the ids become a tensor: a page may send any number
         raise ApiError(400, f"{len(ids)} tokens is more than the model's context of {block}; send at most {block}")
+    vocab = loaded.tok.vocab_size
     bad = next((i for i in ids if not 0 <= i < vocab), None)
-    if bad is not None:
-        raise ApiError(400, f"token id {bad} is outside the vocabulary (0 to {vocab - 1})")
-    return torch.tensor([ids], dtype=torch.long, device=next(loaded.model.parameters()).device)
+    if bad is not None:  # before the ids become a tensor, which cannot hold every number a page may send
+        raise ApiError(400, outside_vocabulary(bad, vocab))
+    try:
+        return checked_tokens(loaded.model, torch.tensor([ids], dtype=torch.long), vocab)
+    except UserError as e:
+        raise ApiError(400, str(e)) from None
 
 
 def token_json(tok, token):
@@ -222,7 +228,7 @@ def run_metrics(summary):
     except UserError as e:
         raise ApiError(409, str(e)) from None
     train, evals, final = [], [], None
-    for r, t in zip(records, wall_clock(records)):
+    for r, t in loss_points(records):
         if r.get("kind") == "train":
             train.append({"iter": r["iter"], "loss": number(r["loss"]), "time": round(t, 3)})
         elif r.get("kind") == "eval":

@@ -3,7 +3,6 @@ the page (its shape, its scores, its health); a request for one it cannot open i
 
 import json
 import math
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from gptkit.data.tokenizer import describe_vocabulary
 from gptkit.lab.ladder import RUNGS
 from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, model_config
 from gptkit.run.metrics import read_metrics
+from gptkit.run.run_folder import RunDir
 from model import GPTConfig
 
 
@@ -27,20 +27,9 @@ class ApiError(Exception):
 # ----------------------------------------------------------------------------- runs
 
 
-CHECKPOINTS = ("best.pt", "ckpt.pt", "latest.pt")  # the first there is what the explorer opens
-
-
 def checkpoint_of(folder):
-    """The checkpoint the explorer opens of a run folder: best.pt (or an earlier version's ckpt.pt), else latest.pt
-    (a run that has not finished an evaluation yet); None when there is none. An error reading the folder other
-    than 'not there' (no permission) is raised: the folder may hold a run."""
-    for name in CHECKPOINTS:
-        try:
-            if stat.S_ISREG((folder / name).stat().st_mode):
-                return folder / name
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-    return None
+    """The checkpoint the explorer opens of a run folder (RunDir.shown), or None."""
+    return RunDir(folder).shown()
 
 
 def child_run(root, child):

@@ -10,12 +10,11 @@ from pathlib import Path
 import torch
 
 from gptkit.base.errors import UserError
-from gptkit.data.tokenizer import tokenizer_from_meta
 from gptkit.explorer.memory import bound_freed_memory, give_back_memory
 from gptkit.explorer.runs import ApiError, Summary, find_run, find_runs, identity_of, summarize
-from gptkit.machine.runtime import DTYPES
-from gptkit.machine.timing import pick_decode_dtype, pick_decode_threads
-from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, model_from_checkpoint
+from gptkit.machine.precision import DTYPES, pick_decode_dtype
+from gptkit.machine.threads import pick_decode_threads
+from gptkit.run.run_folder import model_at
 from gptkit.sampling.decoding import lay_out_for_decoding
 
 LOADED_AT_ONCE = 4  # models kept in memory; the least recently picked one is dropped first
@@ -94,9 +93,7 @@ class Shelf:
     def load(self, summary):
         """The model and tokenizer of the very checkpoint the summary read."""
         try:
-            ckpt = load_checkpoint(summary.checkpoint, required=MODEL_KEYS)
-            model = model_from_checkpoint(ckpt, summary.checkpoint).to(self.device).eval()
-            tok = tokenizer_from_meta(ckpt["tokenizer"])
+            model, tok, _ = model_at(summary.checkpoint, self.device)
         except UserError as e:
             raise ApiError(409, f"run {summary.name!r} cannot be opened: {e}") from None
         decoder = copy.deepcopy(model)

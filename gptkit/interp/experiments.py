@@ -14,12 +14,9 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, model_from_checkpoint
 from gptkit.base.errors import UserError
 from gptkit.interp.hooks import forward_from, hook_points, hooked, names_in, run_with_cache
-from gptkit.run.run_folder import RunDir
-from gptkit.machine.timing import cpu_has_bf16
-from gptkit.data.tokenizer import tokenizer_from_meta
+from gptkit.run.run_folder import RunDir, model_at
 
 KINDS = ("previous_token", "first_token", "duplicate_token", "induction", "local")
 LOCAL_WINDOW = 4  # the local score: attention on the current token and the 3 before it
@@ -88,16 +85,19 @@ class Run:
 
 def open_run(out_dir, checkpoint="best", device="cpu"):
     """The Run in out_dir: its best.pt (or with checkpoint='latest', latest.pt), loaded on device."""
-    path = RunDir(out_dir).model_file(checkpoint)
-    ckpt = load_checkpoint(path, required=MODEL_KEYS)
-    model = model_from_checkpoint(ckpt, path).to(device).eval()
+    model, tok, ckpt = model_at(RunDir(out_dir).model_file(checkpoint), device)
     trained = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
-    return Run(model, tokenizer_from_meta(ckpt["tokenizer"]), out_dir,
+    return Run(model, tok, out_dir,
                {key: trained[key] for key in ("dataset", "data_dir") if isinstance(trained.get(key), str)})
 
 
-def checked_tokens(model, idx):
-    """idx as (B, T) token ids on the model's device, or one line saying why the model cannot read it."""
+def outside_vocabulary(bad, vocab):
+    return f"token id {bad} is outside the vocabulary (0 to {vocab - 1})"
+
+
+def checked_tokens(model, idx, vocab=None):
+    """idx as (B, T) token ids on the model's device, or one line saying why the model cannot read it: ids below
+    `vocab` (the tokenizer's, where it has fewer than the model's padded rows)."""
     if idx.dtype.is_floating_point or idx.dtype == torch.bool or idx.dim() not in (1, 2):
         raise UserError(f"token ids must be whole numbers of shape (T,) or (batch, T), got {idx.dtype} "
                         f"{tuple(idx.shape)}")
@@ -107,10 +107,9 @@ def checked_tokens(model, idx):
     if idx.size(1) > model.config.block_size:
         raise UserError(f"the text is {idx.size(1)} tokens, longer than the model's block_size "
                         f"{model.config.block_size}")
-    vocab = model.config.vocab_size
+    vocab = vocab or model.config.vocab_size
     if idx.min() < 0 or idx.max() >= vocab:
-        bad = idx[(idx < 0) | (idx >= vocab)][0].item()
-        raise UserError(f"token id {bad} is outside the vocabulary (0 to {vocab - 1})")
+        raise UserError(outside_vocabulary(idx[(idx < 0) | (idx >= vocab)][0].item(), vocab))
     return idx.to(next(model.parameters()).device)
 
 
@@ -268,12 +267,6 @@ def ablated(model, heads=(), mlps=(), how="zero", means=None):
         yield Ablation(heads, mlps, how, note)
 
 
-def fast_dtype(device):
-    """'bfloat16' where the device has fast bf16 matmuls (a CUDA GPU that has them, a CPU with AVX-512 BF16 or AMX),
-    else 'float32': the precision analyze.py's ablation deltas take unless told (matmuls under autocast)."""
-    if device.startswith("cuda"):
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
-    return "bfloat16" if device == "cpu" and cpu_has_bf16() else "float32"
 
 
 def token_losses(logits, targets):

@@ -18,11 +18,10 @@ from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 from matplotlib.font_manager import FontProperties, fontManager  # noqa: E402
 from matplotlib.textpath import TextToPath  # noqa: E402
 
-from gptkit.base.settings import shown  # noqa: E402
 from gptkit.base.errors import UserError  # noqa: E402
+from gptkit.base.settings import shown  # noqa: E402
 from gptkit.interp.hooks import attention_of  # noqa: E402
 from gptkit.run.metrics import loss_series, wall_clock  # noqa: E402
-
 
 # fonts with the characters DejaVu Sans lacks (Chinese, Japanese, Korean, symbols), which a run's tokens may
 # hold: matplotlib draws each character with the first font in the list that has it

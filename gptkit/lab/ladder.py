@@ -17,18 +17,18 @@ from pathlib import Path
 
 import torch
 
-from gptkit.base.settings import check_seed, parse_config
-from gptkit.data.dataset import Split, bits_per_char, fixed_offsets, load_meta
-from gptkit.sampling.decoding import generate
 from gptkit.base.errors import UserError, first_line, no_links
+from gptkit.base.settings import check_seed, parse_config
+from gptkit.base.signals import StopSignals
+from gptkit.data.dataset import Split, bits_per_char, fixed_offsets, load_meta
+from gptkit.data.tokenizer import tokenizer_from_meta
 from gptkit.interp.experiments import KINDS, head_scores, induction_tokens
 from gptkit.interp.hooks import attention_maps
-from gptkit.run.metrics import read_metrics
-from gptkit.sampling.prompts import read_prompt
-from gptkit.run.run_folder import RunDir, load_model
 from gptkit.machine.runtime import check_device_name, pick_device
-from gptkit.base.signals import StopSignals
-from gptkit.data.tokenizer import tokenizer_from_meta
+from gptkit.run.metrics import read_metrics
+from gptkit.run.run_folder import RunDir, load_model
+from gptkit.sampling.decoding import generate
+from gptkit.sampling.prompts import read_prompt
 from gptkit.training.train_config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[2]

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from gptkit.base.errors import UserError
+from gptkit.machine.precision import autocast_for, cpu_has_bf16, pick_dtype
 from gptkit.machine.stand_ins import ATTENTION_PATHS, TableDropout, attention_function, by_rule, install, path_for_edits
-from gptkit.machine.timing import autocast_for, cpu_has_bf16, fastest_in_turns, pick_dtype
+from gptkit.machine.timing import fastest_in_turns
 from gptkit.machine.wisdom import Wisdom, shape_key, today
 from model import GPT
 

@@ -19,9 +19,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gptkit.base.errors import UserError
-from gptkit.machine.timing import autocast_for, pick_dtype
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from gptkit.machine.precision import autocast_for, pick_dtype
 
 
 def keep_freed_memory():
@@ -68,7 +66,7 @@ def allow_tf32(device):
 
 
 def autocast(device, dtype):
-    """timing.autocast_for on a device named as the runtime names it ('cuda:1', 'cpu')."""
+    """precision.autocast_for on a device named as the runtime names it ('cuda:1', 'cpu')."""
     return autocast_for(dtype, device.split(":")[0])
 
 

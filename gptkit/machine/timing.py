@@ -1,21 +1,15 @@
-"""Timing on this machine: candidates timed in turns, the matmul peak that utilisation figures are measured
-against, the precision and thread count for decoding (each timed on the model itself in milliseconds), and the
-threads a training run keeps adjusting as it goes (ThreadTuner). A training run's start-up choices are made in
-gptkit/machine/choices.py."""
+"""Timing on this machine: candidates timed in turns, so that a passing spike is passed over; the matmul peak
+that utilisation figures are measured against; decoding's speed. A run's start-up choices, timed once per
+machine, are made in gptkit/machine/choices.py."""
 
 import collections
-import contextlib
-import copy
 import functools
 import math
-import statistics
-import sys
 import time
 
 import torch
 
 from gptkit.sampling.decoding import generate_stream
-from gptkit.base.errors import UserError
 
 
 def synchronize(device):
@@ -59,18 +53,6 @@ def seconds_of(run, device):
     return time.perf_counter() - start
 
 
-def cpu_has_bf16():
-    """AVX-512 BF16 or AMX in the CPU flags: bf16 matmul instructions exist."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 @functools.cache
 def matmul_peak(dtype, device="cpu", size=0, repeats=5):
     """FLOP/s of the fastest of a few size x size matmuls in dtype on device: the most a training step's
@@ -81,119 +63,9 @@ def matmul_peak(dtype, device="cpu", size=0, repeats=5):
     return 2 * size ** 3 / fastest_seconds(lambda: a @ a, repeats, device)
 
 
-def pick_dtype(name, device):
-    """The training precision: as asked, or for 'auto' bf16 on a GPU that has it, else fp32 (on a CPU with bf16
-    instructions, training then times its own step in each: pick_training_dtype)."""
-    if name != "auto":
-        if name == "float16" and device == "cpu":
-            raise UserError("dtype float16 is not supported on CPU; use bfloat16 or float32")
-        return name
-    if device.startswith("cuda"):
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    return "float32"
-
-
-def autocast_for(dtype, device_type="cpu"):
-    """Mixed precision: weights stay fp32, matmuls run in dtype."""
-    return contextlib.nullcontext() if dtype == "float32" else torch.autocast(device_type, getattr(torch, dtype))
-
-
 def decode_seconds(model, batch_size, tokens, repeats=3):
     """The fastest of a few timings of decoding `tokens` tokens."""
     prompt = torch.zeros((batch_size, 1), dtype=torch.long, device=next(model.parameters()).device)
     return fastest_seconds(lambda: collections.deque(generate_stream(model, prompt, tokens), maxlen=0), repeats)
 
 
-def pick_decode_dtype(name, model, device, batch_size=1, tokens=16):
-    """The weights' precision for decoding: as asked, or for 'auto' the faster of float32 and bfloat16 on
-    this machine (bfloat16 reads half the bytes per token, but some CPUs compute it slowly), timed on a
-    few tokens of this model; and a line saying why. bfloat16 must win clearly, so the choice does not flip
-    with a machine's noise and one seed keeps giving one text."""
-    if name != "auto":
-        return pick_dtype(name, device), f"decoding in {name}"
-    if device.startswith("cuda"):
-        return ("bfloat16" if torch.cuda.is_bf16_supported() else "float16"), "decoding in half precision on CUDA"
-    if device != "cpu" or not cpu_has_bf16():
-        return "float32", "decoding in float32"
-    seconds = {dtype: decode_seconds(copy.deepcopy(model).to(getattr(torch, dtype)), batch_size, tokens)
-               for dtype in ("float32", "bfloat16")}
-    best = "bfloat16" if seconds["bfloat16"] * 1.25 < seconds["float32"] else "float32"
-    return best, (f"decoding in {best} (bfloat16 was {seconds['float32'] / seconds['bfloat16']:.2f}x as fast as "
-                  "float32 on this model)")
-
-
-def pick_decode_threads(threads, model, device, batch_size=1, tokens=16):
-    """CPU threads for decoding, set here: as asked, or for 0 the faster of 1 and torch's default on this
-    model, now; and a line saying why. Decoding runs many small operations, each of which waits for all its
-    threads: when another process holds a core, every step stalls. So more than one thread must win clearly."""
-    if threads:
-        torch.set_num_threads(threads)
-        return threads, f"decoding on {threads} thread{'s' if threads > 1 else ''}, as asked"
-    most = torch.get_num_threads()
-    if device != "cpu" or most == 1:
-        return most, ""
-    seconds = {}
-    for n in (1, most):
-        torch.set_num_threads(n)
-        seconds[n] = decode_seconds(model, batch_size, tokens)
-    best = most if seconds[most] * 1.3 < seconds[1] else 1
-    torch.set_num_threads(best)
-    return best, (f"decoding on {best} thread{'s' if best > 1 else ''} ({most} threads were "
-                  f"{seconds[1] / seconds[most]:.2f}x as fast as 1 on this model)")
-
-
-class ThreadTuner:
-    """CPU threads for training, measured as the run goes: each small op waits for all its threads, so when
-    another process holds a core, two threads stall each other at every step while one runs on. `first` seconds
-    in, a few steps run on the other thread count, and it is kept when its steps are faster by more than
-    `margin`. Trials cost steps, so while they keep the count the wait for the next one doubles from `every` (up
-    to `longest` on the most threads, to twice `every` on one, where a core freed again would go unseen); and a
-    trial comes at once when the current count's steps slow down or speed up by more than `drift` from what the
-    last trial measured: another process came or went. after_step() returns a line saying so when it changes
-    the count, else None. It starts on `start` threads, the count start-up chose (gptkit.machine.choices)."""
-
-    def __init__(self, most, start=None, every=15.0, first=15.0, trial_steps=4, margin=1.1, longest=120.0,
-                 drift=1.25, clock=time.perf_counter):
-        self.most, self.current = most, start or most
-        self.other = 1 if self.current == most else most
-        self.every, self.longest, self.wait = every, longest, every
-        self.trial_steps, self.margin, self.drift, self.clock = trial_steps, margin, drift, clock
-        self.recent = []  # the latest steps' seconds on the current count
-        self.trial = None  # steps' seconds on the other count, while a trial runs
-        self.measured = None  # the current count's median step at the last trial
-        self.last_trial = clock() - every + first
-        torch.set_num_threads(self.current)
-
-    def after_step(self, seconds, iteration):
-        if self.trial is None:
-            self.recent = (self.recent + [seconds])[-self.trial_steps:]
-            if len(self.recent) == self.trial_steps and (self.drifted() or self.clock() - self.last_trial >= self.wait):
-                self.trial = []
-                torch.set_num_threads(self.other)
-            return None
-        self.trial.append(seconds)
-        if len(self.trial) <= self.trial_steps:  # the first step after a switch pays for it: not counted
-            return None
-        mine, theirs = statistics.median(self.recent), statistics.median(self.trial[1:])
-        self.trial, self.recent, self.last_trial = None, [], self.clock()
-        if mine <= theirs * self.margin:
-            self.measured = mine
-            self.wait = min(2 * self.wait, self.longest if self.current == self.most else 2 * self.every)
-            torch.set_num_threads(self.current)
-            return None
-        old, (self.current, self.other) = self.current, (self.other, self.current)
-        self.measured, self.wait = theirs, self.every
-        torch.set_num_threads(self.current)
-        return (f"threads: {self.current} from iteration {iteration} (its steps took {theirs * 1e3:.0f} ms, on "
-                f"{old} thread{'s' if old > 1 else ''} {mine * 1e3:.0f} ms)")
-
-    def drifted(self):
-        """Every one of the latest steps on the current count is slower or faster by more than `drift` than the
-        last trial measured (one slow step is noise): try again now, and soon after."""
-        if self.measured is None:
-            return False
-        slower, faster = min(self.recent) > self.measured * self.drift, max(self.recent) < self.measured / self.drift
-        if not (slower or faster):
-            return False
-        self.wait = self.every
-        return True

@@ -188,11 +188,16 @@ def wall_clock(records):
     return out
 
 
+def loss_points(records):
+    """(record, seconds on one wall clock) of each train, eval and final record: what every loss curve is drawn
+    from, in pictures and on the explorer's page alike."""
+    return [(r, t) for r, t in zip(records, wall_clock(records)) if r.get("kind") in ("train", "eval", "final")]
+
+
 def loss_series(records):
     """{label: (iters, seconds, losses)} for the logged train loss and the evaluated train/val losses."""
-    seconds = wall_clock(records)
     series = {"train (batch)": ([], [], []), "train (eval)": ([], [], []), "val": ([], [], [])}
-    for r, t in zip(records, seconds):
+    for r, t in loss_points(records):
         if r.get("kind") == "train" and "loss" in r:
             points = [("train (batch)", r["loss"])]
         elif r.get("kind") == "eval":

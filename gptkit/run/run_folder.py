@@ -10,13 +10,14 @@ checkpoint each command reads.
 """
 
 import os
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 
-from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, model_from_checkpoint
 from gptkit.base.errors import UserError, link_in_place, no_links
 from gptkit.base.locks import exclusive
 from gptkit.data.tokenizer import tokenizer_from_meta
+from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, model_from_checkpoint
 
 
 class RunDir:
@@ -67,6 +68,18 @@ class RunDir:
             if p.exists() and not os.access(p, os.W_OK, follow_symlinks=False):
                 raise UserError(f"cannot write {p}, which a run writes; make it writable or pick another --out_dir")
 
+    def shown(self):
+        """The checkpoint a page over runs shows: the one model_file reads (best.pt, or an earlier version's
+        ckpt.pt), else latest.pt (a run that has not finished an evaluation yet); None when there is none. An error
+        reading the folder other than 'not there' (no permission) is raised: the folder may hold a run."""
+        for path in (self.best, self.legacy, self.latest):
+            try:
+                if stat.S_ISREG(path.stat().st_mode):
+                    return path
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+        return None
+
     def resume_candidates(self):
         """The saved states a resume may start from, newest first: latest.pt, the one before it, and
         a checkpoint of an earlier version."""
@@ -99,8 +112,14 @@ class RunDir:
                 "file of the run you meant to train there (e.g. config/shakespeare_char.py)")
 
 
+def model_at(path, device="cpu"):
+    """(the model in eval mode, its tokenizer, the checkpoint) of one checkpoint file: how every tool that reads a
+    trained model (sample.py, plot.py, export.py, analyze.py, the API, the explorer) loads it."""
+    ckpt = load_checkpoint(path, required=MODEL_KEYS)
+    return model_from_checkpoint(ckpt, path).to(device).eval(), tokenizer_from_meta(ckpt["tokenizer"]), ckpt
+
+
 def load_model(out_dir, device, which="best"):
     """A trained model (in eval mode) and its tokenizer, from out_dir's best.pt or latest.pt alone."""
-    path = RunDir(out_dir).model_file(which)
-    ckpt = load_checkpoint(path, required=MODEL_KEYS)
-    return model_from_checkpoint(ckpt, path).to(device).eval(), tokenizer_from_meta(ckpt["tokenizer"])
+    model, tok, _ = model_at(RunDir(out_dir).model_file(which), device)
+    return model, tok

@@ -232,3 +232,18 @@ class EMA:
             with torch.no_grad():
                 for p, t in zip(self.params, trained):
                     p.copy_(t)
+
+
+def step_optimizers(model, optimizers, scaler, grad_clip):
+    """Clip the accumulated gradients, step every optimizer and clear the gradients."""
+    if grad_clip > 0:
+        for opt in optimizers:
+            scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    for opt in optimizers:
+        scaler.step(opt)
+    scaler.update()
+    for opt in optimizers:
+        opt.zero_grad()
+
+

@@ -6,9 +6,9 @@ from dataclasses import fields, replace
 
 import torch
 
-from gptkit.run.checkpoint import TRAINING_KEYS, load_checkpoint
-from gptkit.base.settings import coerce, flatten, make, settings
 from gptkit.base.errors import UserError
+from gptkit.base.settings import coerce, flatten, make, settings
+from gptkit.run.checkpoint import TRAINING_KEYS, load_checkpoint
 from gptkit.training.train_config import TrainConfig
 from model import GPTConfig
 

@@ -9,7 +9,6 @@ from gptkit.interop.hf import HUB_MODELS
 from gptkit.machine.runtime import check_device_name
 from model import GPTConfig
 
-
 # Evaluation windows are drawn before the first step and held for the run, each batch's as a tensor of its own
 # (about 0.6 KB) and each window's offset in it (8 bytes): these bounds keep them under about 60 and 80 MB per
 # split, and an evaluation of this many batches already takes minutes on the smallest model. A whole split is

@@ -1,0 +1,86 @@
+"""CPU threads: for decoding, timed on the model; for training, followed as the run goes (ThreadTuner), since a
+busy core stalls every operation of a step on several threads."""
+
+import statistics
+import time
+
+import torch
+
+from gptkit.machine.timing import decode_seconds
+
+
+def pick_decode_threads(threads, model, device, batch_size=1, tokens=16):
+    """CPU threads for decoding, set here: as asked, or for 0 the faster of 1 and torch's default on this
+    model, now; and a line saying why. Decoding runs many small operations, each of which waits for all its
+    threads: when another process holds a core, every step stalls. So more than one thread must win clearly."""
+    if threads:
+        torch.set_num_threads(threads)
+        return threads, f"decoding on {threads} thread{'s' if threads > 1 else ''}, as asked"
+    most = torch.get_num_threads()
+    if device != "cpu" or most == 1:
+        return most, ""
+    seconds = {}
+    for n in (1, most):
+        torch.set_num_threads(n)
+        seconds[n] = decode_seconds(model, batch_size, tokens)
+    best = most if seconds[most] * 1.3 < seconds[1] else 1
+    torch.set_num_threads(best)
+    return best, (f"decoding on {best} thread{'s' if best > 1 else ''} ({most} threads were "
+                  f"{seconds[1] / seconds[most]:.2f}x as fast as 1 on this model)")
+
+
+class ThreadTuner:
+    """CPU threads for training, measured as the run goes: each small op waits for all its threads, so when
+    another process holds a core, two threads stall each other at every step while one runs on. `first` seconds
+    in, a few steps run on the other thread count, and it is kept when its steps are faster by more than
+    `margin`. Trials cost steps, so while they keep the count the wait for the next one doubles from `every` (up
+    to `longest` on the most threads, to twice `every` on one, where a core freed again would go unseen); and a
+    trial comes at once when the current count's steps slow down or speed up by more than `drift` from what the
+    last trial measured: another process came or went. after_step() returns a line saying so when it changes
+    the count, else None. It starts on `start` threads, the count start-up chose (gptkit.machine.choices)."""
+
+    def __init__(self, most, start=None, every=15.0, first=15.0, trial_steps=4, margin=1.1, longest=120.0,
+                 drift=1.25, clock=time.perf_counter):
+        self.most, self.current = most, start or most
+        self.other = 1 if self.current == most else most
+        self.every, self.longest, self.wait = every, longest, every
+        self.trial_steps, self.margin, self.drift, self.clock = trial_steps, margin, drift, clock
+        self.recent = []  # the latest steps' seconds on the current count
+        self.trial = None  # steps' seconds on the other count, while a trial runs
+        self.measured = None  # the current count's median step at the last trial
+        self.last_trial = clock() - every + first
+        torch.set_num_threads(self.current)
+
+    def after_step(self, seconds, iteration):
+        if self.trial is None:
+            self.recent = (self.recent + [seconds])[-self.trial_steps:]
+            if len(self.recent) == self.trial_steps and (self.drifted() or self.clock() - self.last_trial >= self.wait):
+                self.trial = []
+                torch.set_num_threads(self.other)
+            return None
+        self.trial.append(seconds)
+        if len(self.trial) <= self.trial_steps:  # the first step after a switch pays for it: not counted
+            return None
+        mine, theirs = statistics.median(self.recent), statistics.median(self.trial[1:])
+        self.trial, self.recent, self.last_trial = None, [], self.clock()
+        if mine <= theirs * self.margin:
+            self.measured = mine
+            self.wait = min(2 * self.wait, self.longest if self.current == self.most else 2 * self.every)
+            torch.set_num_threads(self.current)
+            return None
+        old, (self.current, self.other) = self.current, (self.other, self.current)
+        self.measured, self.wait = theirs, self.every
+        torch.set_num_threads(self.current)
+        return (f"threads: {self.current} from iteration {iteration} (its steps took {theirs * 1e3:.0f} ms, on "
+                f"{old} thread{'s' if old > 1 else ''} {mine * 1e3:.0f} ms)")
+
+    def drifted(self):
+        """Every one of the latest steps on the current count is slower or faster by more than `drift` than the
+        last trial measured (one slow step is noise): try again now, and soon after."""
+        if self.measured is None:
+            return False
+        slower, faster = min(self.recent) > self.measured * self.drift, max(self.recent) < self.measured / self.drift
+        if not (slower or faster):
+            return False
+        self.wait = self.every
+        return True

@@ -1,0 +1,73 @@
+"""Evaluation: the loss on fixed windows of each split at every evaluation, and on the whole val split at the end."""
+
+import sys
+from contextlib import nullcontext
+
+import torch
+from tqdm import tqdm
+
+
+def eval_tokens(data):
+    """How many tokens one evaluation scores: every split's fixed windows."""
+    return sum(o.numel() for offsets in data.eval_offsets.values() for o in offsets) * data.block_size
+
+
+def eagerly():
+    """Compiled blocks run eagerly inside: a second, inference-only graph would cost more compile time than it
+    saves. Where torch's compiler was never imported nothing is compiled, and importing it would cost start-up time."""
+    return torch.compiler.set_stance("force_eager") if "torch._dynamo" in sys.modules else nullcontext()
+
+
+def progress(total, what):
+    """A progress bar with elapsed and remaining time for `total` batches of an evaluation, on a terminal only, and
+    only where the work lasts over a second: an evaluation of a few batches shows none."""
+    return tqdm(total=total, desc=what, unit="batch", leave=False, delay=1.0, dynamic_ncols=True, file=sys.stdout,
+                disable=not sys.stdout.isatty(), bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
+
+
+def evaluate(model, data, autocast):
+    """Mean loss per split over the fixed evaluation windows."""
+    model.eval()
+    device = str(next(model.parameters()).device)
+    out = {}
+    batches = sum(len(offsets) for offsets in data.eval_offsets.values())
+    with torch.no_grad(), eagerly(), progress(batches, "evaluating") as bar:
+        for name, split in data.splits.items():
+            losses = []
+            for offsets in data.eval_offsets[name]:
+                x, y = split.batch(offsets, device)
+                with autocast:
+                    losses.append(model(x, y)[1].item())
+                bar.update(1)
+            out[name] = sum(losses) / len(losses)
+    model.train()
+    return out
+
+
+def evaluate_split(model, split, autocast, batch_size, max_tokens=0):
+    """Mean loss over a split's first max_tokens targets (all of them when 0), read in consecutive
+    block_size windows so that every target is scored exactly once: (loss, targets scored)."""
+    T, n = split.block_size, split.length - 1
+    n = min(n, max_tokens) if max_tokens > 0 else n
+    offsets = list(range(0, n - T + 1, T))
+    scored_before, tail = len(offsets) * T, n - len(offsets) * T
+    if tail:  # one last window ending at target n (the first window, where n < T)
+        offsets.append(max(0, n - T))
+    device = str(next(model.parameters()).device)
+    total, count = 0.0, 0
+    model.eval()
+    with torch.no_grad(), eagerly(), progress(-(-len(offsets) // batch_size), "scoring the val split") as bar:
+        for i in range(0, len(offsets), batch_size):
+            x, y = split.batch(torch.tensor(offsets[i:i + batch_size]), device)
+            if tail and i + batch_size >= len(offsets):
+                y, start = y.clone(), offsets[-1]
+                # ignored by the loss: the targets another window scored, and those past n
+                y[-1, :scored_before - start] = -1
+                y[-1, n - start:] = -1
+            with autocast:
+                loss = model(x, y)[1].item()
+            scored = int((y != -1).sum())
+            total, count = total + loss * scored, count + scored
+            bar.update(1)
+    model.train()
+    return total / count, count
