@@ -31,7 +31,7 @@ from gptkit.training.optimizers import lr_factor_at, set_lr, step_optimizers
 from gptkit.training.reporting import Reporter
 from gptkit.training.resume import claim_for_a_new_run, continued_config
 from gptkit.training.starting import build_model, open_data, planned_model, seed_everything
-from gptkit.training.state import TrainState, seconds_spent
+from gptkit.training.state import TrainState
 from gptkit.training.train_config import TrainConfig
 
 
@@ -204,7 +204,7 @@ def announce_resume(cfg, resumed, run, note, master):
     if dropped:  # said by rank 0, which alone writes
         note(f"note: {run.metrics} held {dropped} record{'s' * (dropped > 1)} logged after iteration {done}, "
              "the state this run continues from; they are dropped, and logged again as it trains")
-    spent = cfg.max_time > 0 and seconds_spent(ckpt) >= cfg.max_time
+    spent = cfg.max_time > 0 and ckpt["seconds_spent"] >= cfg.max_time
     if done < cfg.max_iters and not spent:
         return False
     if not scored:  # stopped while scoring the whole val split: the end is still to do

@@ -104,7 +104,7 @@ CASES = {
                          "error: {w}/truncated/ckpt.pt is damaged: it holds 2,884 bytes after its header, the header "
                          "says *"),
     "resume version 999": ("train", ["--out_dir={w}/v999", "--init_from=resume"],
-                           "error: {w}/v999/ckpt.pt has checkpoint format 999, this tool reads 1"),
+                           "error: {w}/v999/ckpt.pt has checkpoint format 999, this tool reads 1 to 2"),
     "resume incomplete": ("train", ["--out_dir={w}/nokeys", "--init_from=resume"],
                           "error: {w}/nokeys/ckpt.pt is incomplete: it lacks model_args, optimizer"),
     "resume larger block": ("train", ["--out_dir={t}", "--init_from=resume", "--block_size=64"],
@@ -144,7 +144,7 @@ CASES = {
                          "error: {w}/textfile/ckpt.pt is damaged or not a checkpoint (it does not begin with a "
                          "checkpoint header)"),
     "sample version 999": ("sample", ["--out_dir={w}/v999"],
-                           "error: {w}/v999/ckpt.pt has checkpoint format 999, this tool reads 1"),
+                           "error: {w}/v999/ckpt.pt has checkpoint format 999, this tool reads 1 to 2"),
     "sample incomplete": ("sample", ["--out_dir={w}/nokeys"], "error: {w}/nokeys/ckpt.pt is incomplete: it lacks model_args"),
     "sample unknown model setting": ("sample", ["--out_dir={w}/newer"],
                                      "error: {w}/newer/ckpt.pt was written with model settings this version cannot "

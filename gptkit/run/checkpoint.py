@@ -26,9 +26,9 @@ import torch
 
 from gptkit.base.errors import RunStopped, UserError, first_line, no_links
 from gptkit.machine.stand_ins import KERNELS, install
+from gptkit.run.formats import CHECKPOINT_FORMAT, upgraded_checkpoint
 from model import GPT, GPTConfig
 
-FORMAT_VERSION = 1
 HEADER = b"gptkit-checkpoint sha256=%s size=%020d\n"
 HEADER_SIZE = len(HEADER % (b"0" * 64, 0))
 HEADER_PATTERN = re.compile(rb"gptkit-checkpoint sha256=([0-9a-f]{64}) size=([0-9]{20})\n")
@@ -47,7 +47,7 @@ def save_checkpoint(state, path, previous=None):
         with open(tmp, "wb", opener=no_links) as f:
             f.write(bytes(HEADER_SIZE))  # its place; the real line goes in once the checksum is known
             writer = HashingWriter(f)
-            torch.save(dict(state, format_version=FORMAT_VERSION), writer)
+            torch.save(dict(state, format_version=CHECKPOINT_FORMAT), writer)
             f.seek(0)
             f.write(HEADER % (writer.sha256.hexdigest().encode(), writer.size))
             f.flush()
@@ -345,8 +345,10 @@ def load_checkpoint(path, map_location="cpu", required=None):
         raise UserError(f"could not read {path} ({e.strerror or e})") from None
     if not isinstance(state, dict) or "format_version" not in state:
         raise UserError(f"{path} is not a checkpoint written by this tool")
-    if state["format_version"] != FORMAT_VERSION:
-        raise UserError(f"{path} has checkpoint format {state['format_version']}, this tool reads {FORMAT_VERSION}")
+    if state["format_version"] not in range(1, CHECKPOINT_FORMAT + 1):
+        raise UserError(f"{path} has checkpoint format {state['format_version']}, this tool reads 1 to "
+                        f"{CHECKPOINT_FORMAT}")
+    state = upgraded_checkpoint(state)
     if required is not None:
         missing = [key for key in required if key not in state]
         if missing:

@@ -96,8 +96,7 @@ def global_batch(cfg, world, ckpt=None):
     saved = ckpt["config"]
     if (saved.get("batch_size"), saved.get("gradient_accumulation_steps")) != (cfg.batch_size, accumulation_steps):
         return started_on(world)
-    # checkpoints from before global_batch was saved: the processes that wrote it, one RNG state each
-    return ckpt.get("global_batch", started_on(len(ckpt["rng"])))
+    return ckpt["global_batch"]
 
 
 def batch_shares(sequences, batch_size, world):

@@ -115,8 +115,7 @@ class TrainState:
         if "trained" in ckpt:  # the model holds the checkpoint's EMA (this run's, if it keeps one)
             load_weights(self.model, ckpt["trained"], path, "trained weights")
         self.iter_num, self.best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
-        self.best_iter = ckpt.get("best_iter", 0)  # not kept by checkpoints written before it was
-        self.seconds_spent = seconds_spent(ckpt)
+        self.best_iter, self.seconds_spent = ckpt["best_iter"], ckpt["seconds_spent"]
         self.wandb_id = ckpt.get("wandb_id")
         self.restore_random_state(ckpt["rng"], rt)
 
@@ -137,10 +136,5 @@ class TrainState:
                   "draws and the order of the sums differ, so the losses follow the run it would have been only "
                   "to within noise, not exactly")
 
-
-def seconds_spent(ckpt):
-    """A checkpoint's spent time budget; older versions saved the loop's seconds only, as loop_seconds or
-    train_time."""
-    return ckpt.get("seconds_spent", ckpt.get("loop_seconds", ckpt.get("train_time", 0.0)))
 
 
