@@ -30,7 +30,7 @@ from gptkit.training.evaluation import eval_tokens, evaluate, evaluate_split
 from gptkit.training.optimizers import lr_factor_at, set_lr, step_optimizers
 from gptkit.training.reporting import Reporter
 from gptkit.training.resume import claim_for_a_new_run, continued_config
-from gptkit.training.starting import build_model, open_data, planned_model, seed_everything
+from gptkit.training.starting import build_model, open_data, planned_model
 from gptkit.training.state import TrainState
 from gptkit.training.train_config import TrainConfig
 
@@ -175,13 +175,12 @@ def main(argv=None):
 def start(cfg, rt, ckpt, ckpt_path, asked, started):
     """From the config to what the loop trains: the data, the machine's choices (the shape among them, decided
     before the model is built), the model, then the state a checkpoint saves: (TrainingData, TrainState)."""
-    seed_everything(cfg.seed + rt.rank)
     data, sequences = open_data(cfg, rt, ckpt, ckpt_path)
-    saved = ckpt.get("measured", {}) if ckpt is not None else None  # what a resumed run chose
-    # precision, attention path and shape: this machine's, measured once and kept (gptkit/machine/choices.py)
-    cfg, choices = choose(cfg, rt, planned_model(cfg, data.meta, ckpt, ckpt_path), saved, asked, started)
-    seed_everything(cfg.seed + rt.rank)  # the weights as a run configured with the chosen shape draws them
-    model = build_model(cfg, data.meta, ckpt, ckpt_path).to(rt.device)
+    planned = planned_model(cfg, data.meta, ckpt, ckpt_path)  # the model's shape, as the config and data say
+    saved = ckpt["measured"] if ckpt is not None else None  # what a resumed run chose
+    # precision, attention path and a preset's shape: this machine's, measured once and kept (gptkit/machine/)
+    cfg, planned, choices = choose(cfg, rt, planned, saved, asked, started)
+    model = build_model(cfg, planned, data.meta, ckpt, ckpt_path, rt.rank).to(rt.device)
     on_speed_path(model, choices)  # the speed kernels, where model.py is the code they were written for
     state = TrainState(cfg, model, data.tokenizer, data.sampler, rt, choices, sequences)
     if ckpt is not None:

@@ -123,7 +123,7 @@ def training_step(tcfg, device, vocab_size=65):
     rt = Runtime(device, tcfg.dtype)
     planned = replace(tcfg.model, vocab_size=vocab_size)
     # a fresh run has nothing saved, and this model stays as configured: no other shape is fitted
-    _, choices = choose(replace(tcfg, min_tokens_per_param=0.0), rt, planned)
+    _, _, choices = choose(replace(tcfg, min_tokens_per_param=0.0), rt, planned)
     torch.manual_seed(0)  # every candidate starts from the same weights
     model = on_speed_path(GPT(planned).to(rt.device), choices)
     path = choices.attention_path

@@ -46,7 +46,8 @@ def preset(**values):
 
 def chosen(cfg, asked=(), saved=None, vocab=37):
     rt = Runtime(device="cpu", dtype="float32")
-    return choose(cfg, rt, replace(cfg.model, vocab_size=vocab), saved, set(asked), time.time())
+    cfg, _, picked = choose(cfg, rt, replace(cfg.model, vocab_size=vocab), saved, set(asked), time.time())
+    return cfg, picked
 
 
 @pytest.fixture(autouse=True)

@@ -41,6 +41,12 @@ def test_a_run_saved_in_format_1_resumes_and_saves_the_current_format(run, data_
     assert ckpt["iter_num"] == 32 and ckpt["format_version"] == 2 and ckpt["seconds_spent"] > 0
 
 
+def test_a_format_1_state_saved_by_two_processes_took_their_batches_together():
+    state = {"format_version": 1, "iter_num": 3, "optimizer": [], "rng": [{}, {}],
+             "config": {"batch_size": 4, "gradient_accumulation_steps": 1}}
+    assert upgraded_checkpoint(state)["global_batch"] == 8
+
+
 def test_the_current_format_is_left_as_it_is():
     state = {"format_version": 2, "iter_num": 3, "optimizer": [], "seconds_spent": 1.0}
     assert upgraded_checkpoint(dict(state)) == state

@@ -119,14 +119,14 @@ def test_train_checks_data_and_block_size_against_pretrained(tmp_path):
     folder, _ = hf_model(tmp_path)
     cfg = TrainConfig(init_from=str(folder), dataset="tiny", model=GPTConfig(block_size=16, dropout=0.1))
     bpe = {"tokenizer": "tiktoken", "encoding": "gpt2", "vocab_size": 90}
-    model = build_model(cfg, bpe, None)
+    model = build_model(cfg, None, bpe)
     assert (model.config.block_size, model.config.dropout, model.config.vocab_size) == (16, 0.1, 100)
     with pytest.raises(UserError, match="char-level.*--tokenizer=gpt2"):
-        build_model(cfg, {"tokenizer": "char", "vocab": "ab", "vocab_size": 2}, None)
+        build_model(cfg, None, {"tokenizer": "char", "vocab": "ab", "vocab_size": 2})
     with pytest.raises(UserError, match="50,257 token ids, more than .*100"):
-        build_model(cfg, dict(bpe, vocab_size=50257), None)
+        build_model(cfg, None, dict(bpe, vocab_size=50257))
     with pytest.raises(UserError, match="block_size 1024 is larger than .* 64 positions; pass --block_size=64"):
-        build_model(TrainConfig(init_from=str(folder), dataset="tiny"), bpe, None)
+        build_model(TrainConfig(init_from=str(folder), dataset="tiny"), None, bpe)
 
 
 # ----------------------------------------------------------------------------- export

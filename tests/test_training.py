@@ -74,11 +74,11 @@ def test_a_step_the_processes_cannot_share_evenly_is_one_line():
 
 
 def test_a_resumed_run_keeps_its_global_batch_unless_its_batch_settings_are_given_anew():
-    """Saved by 2 processes with one micro-batch of 4 each: 8 a step, on 1 process or 4; a checkpoint from before
-    the number was saved has it from its settings and its count of processes."""
+    """Saved by 2 processes with one micro-batch of 4 each: 8 a step, on 1 process or 4 (a checkpoint from before
+    the number was saved has it from its settings and its count of processes: test_formats.py)."""
     cfg = train_config(batch_size=4, gradient_accumulation_steps=1)
     assert global_batch(cfg, 2) == 8 and global_batch(cfg, 1) == 4
-    saved = {"config": {"batch_size": 4, "gradient_accumulation_steps": 1}, "rng": [{}, {}]}
+    saved = {"config": {"batch_size": 4, "gradient_accumulation_steps": 1}, "rng": [{}, {}], "global_batch": 8}
     assert global_batch(cfg, 1, saved) == global_batch(cfg, 4, saved) == 8
     assert global_batch(cfg, 1, {**saved, "global_batch": 16}) == 16
     assert global_batch(train_config(batch_size=2, gradient_accumulation_steps=1), 1, saved) == 2  # given anew

@@ -61,16 +61,19 @@ class Choices:
 
 
 def choose(cfg, rt, planned, saved=None, asked=frozenset(), started=None):
-    """(cfg, Choices) before the model is built: `planned` is the GPTConfig it will have (None where unknown
-    before its weights load), `saved` a resumed run's recorded choices, `asked` the keys the command line gave,
-    `started` when the run's clock started. Rank 0 reads or measures; every process takes its choices."""
+    """(cfg, planned, Choices) before the model is built: `planned` is the GPTConfig the config and data make
+    (None where unknown before its weights load), and comes back as the shape to build (a preset's fitted one);
+    `saved` a resumed run's recorded choices, `asked` the keys the command line gave, `started` when the run's
+    clock started. Rank 0 reads or measures; every process takes its choices."""
     if rt.master:
-        decided = resumed_choices(cfg, rt, saved) if saved else fresh_choices(cfg, rt, planned, asked, started)
-    cfg, choices = rt.broadcast(decided if rt.master else None)
+        rule = pick_dtype(cfg.dtype, rt.device)  # as asked, or the device's own: the precision before any measuring
+        decided = (cfg, planned, resumed_choices(cfg, rt, saved, rule)) if saved else \
+            fresh_choices(cfg, rt, planned, asked, started, rule)
+    cfg, planned, choices = rt.broadcast(decided if rt.master else None)
     if choices.threads:
         torch.set_num_threads(choices.threads)
     rt.set_dtype(choices.dtype)
-    return cfg, choices
+    return cfg, planned, choices
 
 
 def on_speed_path(model, choices):
@@ -88,32 +91,31 @@ def start_threads(rt, cfg, choices):
         choices.threads = choices.most_threads = torch.get_num_threads()
 
 
-def resumed_choices(cfg, rt, saved):
+def resumed_choices(cfg, rt, saved, rule):
     """A resumed run's choices as it saved them (what the command line names instead, as it says); nothing timed."""
-    dtype = pick_dtype(cfg.dtype, rt.device) if cfg.dtype != "auto" else saved.get("dtype", pick_dtype("auto",
-                                                                                                        rt.device))
+    dtype = rule if cfg.dtype != "auto" else saved.get("dtype", rule)
     path = cfg.attention_path if cfg.attention_path != "auto" else saved.get("attention_path", "fused")
     choices = Choices(dtype, path, saved.get("kernels", by_rule(rt.device)), fitted_from=saved.get("fitted_from"))
     start_threads(rt, cfg, choices)
     if choices.threads and saved.get("threads"):
         choices.threads = min(saved["threads"], choices.most_threads)
     choices.details.append(f"precision: {dtype}, attention: the {path} path, as the run chose them")
-    return cfg, choices
+    return choices
 
 
-def fresh_choices(cfg, rt, planned, asked, started):
+def fresh_choices(cfg, rt, planned, asked, started, rule):
     """Rank 0's choices for a run from scratch or from pretrained weights: read from this machine's wisdom, or
     measured once and kept (see the module's docstring)."""
-    choices = Choices(pick_dtype(cfg.dtype, rt.device), cfg.attention_path, by_rule(rt.device))
+    choices = Choices(rule, cfg.attention_path, by_rule(rt.device))
     start_threads(rt, cfg, choices)
     if cfg.retime and cfg.dtype != "auto" and cfg.attention_path != "auto" and not fits(cfg, asked):
         raise UserError("retime=True measures the choices left to auto again, but dtype and attention_path are "
                         "both set: drop --retime, or leave one of them to auto")
     if planned is None:  # pretrained weights of a shape known once they load: the rules, nothing measured
         choices.attention_path = "fused" if cfg.attention_path == "auto" else cfg.attention_path
-        return cfg, choices
+        return cfg, planned, choices
     speed = Speed(cfg, rt, choices, started)
-    precisions = dtypes(cfg, rt)
+    precisions = dtypes(cfg, rt, rule)
     entry = speed.of(planned, precisions)
     pick_precision(cfg, precisions, entry, choices)
     short = []
@@ -126,14 +128,14 @@ def fresh_choices(cfg, rt, planned, asked, started):
     say_path(cfg, rt, planned, entry, choices)
     say_model(cfg, rt, planned, entry, choices, short)
     choices.lines = speed.wisdom.notes + choices.lines
-    return cfg, choices
+    return cfg, planned, choices
 
 
-def dtypes(cfg, rt):
+def dtypes(cfg, rt, rule):
     """The precisions to know the speed of: both, where 'auto' on a CPU with bf16 instructions has a choice."""
     if cfg.dtype == "auto" and rt.device == "cpu" and cpu_has_bf16():
         return ["float32", "bfloat16"]
-    return [pick_dtype(cfg.dtype, rt.device)]
+    return [rule]
 
 
 def pick_precision(cfg, precisions, entry, choices):

@@ -12,35 +12,44 @@ from gptkit.base.errors import UserError
 from gptkit.data.dataset import TrainingData, load_meta
 from gptkit.data.tokenizer import describe_vocabulary, same_token_ids
 from gptkit.interop.hf import crop_block_size, load_pretrained
-from gptkit.run.checkpoint import model_config, model_from_checkpoint
+from gptkit.run.checkpoint import load_weights, model_config
 from model import GPT
 
 
-def build_model(cfg, meta, ckpt=None, path=None):
-    """The model to train: fresh, from the checkpoint (at path) being resumed, or pretrained GPT-2 weights."""
-    block_size = cfg.model.block_size
-    if ckpt is not None:  # resumed_config has made the shape the checkpoint's
-        model = model_from_checkpoint(ckpt, path, dropout=cfg.model.dropout)
-    elif cfg.init_from == "scratch":
-        model = GPT(planned_model(cfg, meta))
+def build_model(cfg, planned, meta, ckpt=None, path=None, rank=0):
+    """The model to train: of the planned shape, fresh or holding the checkpoint's weights (at path) it resumes,
+    or for planned None pretrained GPT-2 weights; the generators seeded first, so that the same config gives the
+    same weights (and then dropout's draws)."""
+    seed_everything(cfg.seed + rank)
+    if planned is None:
+        model = pretrained(cfg, meta)
     else:
-        if meta["tokenizer"] != "tiktoken":  # GPT-2's weights know GPT-2's token ids only
-            what = "char-level" if meta["tokenizer"] == "char" else "tokenized by a BPE trained on it"
-            raise UserError(f"init_from={cfg.init_from!r} needs GPT-2's BPE tokens, but dataset {cfg.dataset!r} is "
-                            f"{what}; prepare it with `python data/prepare.py --input=FILE --name=NAME "
-                            "--tokenizer=gpt2`")
-        model = load_pretrained(cfg.init_from, dropout=cfg.model.dropout)
-        if meta["vocab_size"] > model.config.vocab_size:
-            raise UserError(f"dataset {cfg.dataset!r} has {meta['vocab_size']:,} token ids, more than "
-                            f"{cfg.init_from!r}'s {model.config.vocab_size:,}; prepare it with --tokenizer=gpt2")
-        if block_size > model.config.block_size:  # as for resume: never train on a shorter context unasked
-            raise UserError(f"block_size {block_size} is larger than {cfg.init_from!r}'s "
-                            f"{model.config.block_size} positions; pass --block_size={model.config.block_size}")
-    if block_size < model.config.block_size:
-        crop_block_size(model, block_size)
+        model = GPT(planned)
+        if ckpt is not None:
+            load_weights(model, ckpt["model"], path)
     if model.config.vocab_size < meta["vocab_size"]:
         raise UserError(f"dataset vocabulary ({meta['vocab_size']}) is larger than the model's "
                         f"({model.config.vocab_size})")
+    return model
+
+
+def pretrained(cfg, meta):
+    """GPT-2's weights (init_from a GPT-2 name or a save_pretrained folder), refused for a dataset they cannot read."""
+    if meta["tokenizer"] != "tiktoken":  # GPT-2's weights know GPT-2's token ids only
+        what = "char-level" if meta["tokenizer"] == "char" else "tokenized by a BPE trained on it"
+        raise UserError(f"init_from={cfg.init_from!r} needs GPT-2's BPE tokens, but dataset {cfg.dataset!r} is "
+                        f"{what}; prepare it with `python data/prepare.py --input=FILE --name=NAME "
+                        "--tokenizer=gpt2`")
+    model = load_pretrained(cfg.init_from, dropout=cfg.model.dropout)
+    if meta["vocab_size"] > model.config.vocab_size:
+        raise UserError(f"dataset {cfg.dataset!r} has {meta['vocab_size']:,} token ids, more than "
+                        f"{cfg.init_from!r}'s {model.config.vocab_size:,}; prepare it with --tokenizer=gpt2")
+    block_size = cfg.model.block_size
+    if block_size > model.config.block_size:  # as for resume: never train on a shorter context unasked
+        raise UserError(f"block_size {block_size} is larger than {cfg.init_from!r}'s "
+                        f"{model.config.block_size} positions; pass --block_size={model.config.block_size}")
+    if block_size < model.config.block_size:
+        crop_block_size(model, block_size)
     return model
 
 
@@ -54,13 +63,13 @@ def open_data(cfg, rt, ckpt=None, ckpt_path=None):
     """(TrainingData, sequences per optimizer step) for the run: its dataset's splits, batches and evaluation
     windows, checked against the checkpoint it resumes. Opened before anything is timed or built, so that a missing
     or damaged shard is one line at once."""
+    sequences = global_batch(cfg, rt.world, ckpt)
+    micro_batch, _ = batch_shares(sequences, cfg.batch_size, rt.world)
     folder, meta = load_meta(cfg.data_dir, cfg.dataset)
     if ckpt is not None and not same_token_ids(ckpt["tokenizer"], meta):
         raise UserError(f"dataset {cfg.dataset!r} has {describe_vocabulary(meta)}, but {ckpt_path} was trained on "
                         f"{describe_vocabulary(ckpt['tokenizer'])}; a resumed run must see the token ids it "
                         "learned (prepare the data with the checkpoint's vocabulary, or start a new out_dir)")
-    sequences = global_batch(cfg, rt.world, ckpt)
-    micro_batch, _ = batch_shares(sequences, cfg.batch_size, rt.world)
     data = TrainingData(folder, meta, cfg.model.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed, rt.device,
                         cfg.batch_order, micro_batch, rt.rank, rt.world)
     return data, sequences
