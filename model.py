@@ -7,8 +7,8 @@ soft-capping, zero-initialised projections, RWKV's token shift) or take the mode
 (scaled or plain dot products, Bahdanau's additive scoring, a plain average of the past), a decoder or an encoder
 (causal), no positions, no MLP, no blocks at all (n_layer=0: a bigram model).
 
-Hook points sit where a learner looks (gptkit/interp/hooks.py names them as TransformerLens does). Decoding lives
-in gptkit/sampling/decoding.py; CPU speed kernels that stand in for some pieces here live in gptkit/machine/stand_ins.py.
+Hook points sit where a learner looks (gptkit/interp/hooks.py names them as TransformerLens does). Decoding lives in
+gptkit/sampling/decoding.py; speed kernels stand in for some pieces here while unedited: gptkit/machine/stand_ins.py.
 """
 
 import math

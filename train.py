@@ -35,6 +35,27 @@ from gptkit.training.state import TrainState
 from gptkit.training.train_config import TrainConfig
 
 
+def start(cfg, rt, ckpt, ckpt_path, asked, started):
+    """From the config to what the loop trains: the data, the machine's choices (the shape among them, decided
+    before the model is built), the model, then the state a checkpoint saves: (TrainingData, TrainState)."""
+    data, sequences = open_data(cfg, rt, ckpt, ckpt_path)
+    planned = planned_model(cfg, data.meta, ckpt, ckpt_path)  # the model's shape, as the config and data say
+    saved = ckpt["measured"] if ckpt is not None else None  # what a resumed run chose
+    # precision, attention path and a preset's shape: this machine's, measured once and kept (gptkit/machine/)
+    cfg, planned, choices = choose(cfg, rt, planned, saved, asked, started)
+    model = build_model(cfg, planned, data.meta, ckpt, ckpt_path, rt.rank).to(rt.device)
+    on_speed_path(model, choices)  # the speed kernels, where model.py is the code they were written for
+    state = TrainState(cfg, model, data.tokenizer, data.sampler, rt, choices, sequences)
+    if ckpt is not None:
+        state.restore(ckpt, ckpt_path, rt)
+    if cfg.compile:
+        compile_blocks(model)
+    if rt.master:
+        for line in choices.lines + (choices.details if cfg.verbose else []):
+            print(line, flush=True)
+    return data, state
+
+
 def train(cfg, rt, data, state, log, run, budget, stop):
     """Optimizer steps until max_iters or the time budget, evaluating every eval_interval steps and at the end.
     best.pt is written only when val loss improves; latest.pt at evaluations, at the end and on a stop signal."""
@@ -170,27 +191,6 @@ def main(argv=None):
             finally:
                 if log is not None:
                     log.close()
-
-
-def start(cfg, rt, ckpt, ckpt_path, asked, started):
-    """From the config to what the loop trains: the data, the machine's choices (the shape among them, decided
-    before the model is built), the model, then the state a checkpoint saves: (TrainingData, TrainState)."""
-    data, sequences = open_data(cfg, rt, ckpt, ckpt_path)
-    planned = planned_model(cfg, data.meta, ckpt, ckpt_path)  # the model's shape, as the config and data say
-    saved = ckpt["measured"] if ckpt is not None else None  # what a resumed run chose
-    # precision, attention path and a preset's shape: this machine's, measured once and kept (gptkit/machine/)
-    cfg, planned, choices = choose(cfg, rt, planned, saved, asked, started)
-    model = build_model(cfg, planned, data.meta, ckpt, ckpt_path, rt.rank).to(rt.device)
-    on_speed_path(model, choices)  # the speed kernels, where model.py is the code they were written for
-    state = TrainState(cfg, model, data.tokenizer, data.sampler, rt, choices, sequences)
-    if ckpt is not None:
-        state.restore(ckpt, ckpt_path, rt)
-    if cfg.compile:
-        compile_blocks(model)
-    if rt.master:
-        for line in choices.lines + (choices.details if cfg.verbose else []):
-            print(line, flush=True)
-    return data, state
 
 
 def announce_resume(cfg, resumed, run, note, master):

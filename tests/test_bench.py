@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import bench
-from benchmarks import busy, common, presets, throughput, train
+from benchmarks import busy, common, presets, startup, throughput, train
 from gptkit.base.errors import UserError
 
 
@@ -395,3 +395,18 @@ def test_tokenizers_bench_times_training_a_bpe_and_three_encoders(tmp_path, caps
     assert len(rates) == 3 and all(float(mb_s) > 0 for _, mb_s, _ in rates), out
     assert re.search(r"trained against GPT-2, both through tiktoken: \d+\.\d\dx GPT-2's MB/s per core: (PASS|FAIL)", out)
     assert re.search(r"Hugging Face's encoder gave tiktoken's tokens for (\d+) of the first \1 pieces", out), out
+
+
+def test_startup_bench_counts_the_runs_that_took_the_first_runs_choices(monkeypatch, capsys, tmp_path):
+    """bench.py startup's `same`: each condition's runs against the first run's shape, precision, path and
+    kernels, the odd ones named; its options refused in one line."""
+    taken = iter([("4x128", "bfloat16", "folded", "relu2")] * 5 + [("3x128", "float32", "fused", "relu2")])
+    monkeypatch.setattr(startup, "run_train", lambda cfg, work, name, extra, wisdom: (1.0, [], tmp_path))
+    monkeypatch.setattr(startup, "chosen", lambda out: next(taken))
+    monkeypatch.setattr(startup, "busy", lambda processes: __import__("contextlib").nullcontext())
+    startup.same(startup.StartupBenchConfig(runs=2), tmp_path, tmp_path)
+    out = capsys.readouterr().out
+    assert "idle      2 of 2 took 4x128 bfloat16 folded relu2" in out
+    assert "two busy  1 of 2 took 4x128 bfloat16 folded relu2; others: [('3x128', 'float32', 'fused', 'relu2')]" in out
+    with pytest.raises(ValueError, match="parts must be some of startup, same, budget"):
+        startup.StartupBenchConfig(parts="startup,warmup")

@@ -372,8 +372,9 @@ def test_a_run_its_budget_made_smaller_resumes_with_the_command_that_started_it(
              "--eval_interval=2", "--eval_iters=1"]
     fitted_from = {"n_layer": 2, "n_embd": 32, "muon_weight_decay": 0.6}
     train.main(start)
-    assert "model: 1 layer × 32, muon_weight_decay=0.3, the largest of this preset's fit_shapes" in \
-        capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "model: 1 layer × 32, " in said and ", muon_weight_decay=0.3: the largest of this preset's fit_shapes (2x32, " \
+        "1x32)" in said
     ckpt = load_checkpoint(out / "latest.pt")
     assert ckpt["model_args"]["n_layer"] == 1 and ckpt["measured"]["fitted_from"] == fitted_from
     train.main([*start, "--max_iters=6", "--init_from=auto"])
