@@ -270,7 +270,7 @@ class Block(nn.Module):
             self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
         self.shift = token_shift if config.token_shift else None
-        # token_shift's shares start at half and half: paired at equal steps, a start at 0 (no shift) ended higher
+        # token_shift's shares start at half and half, not at 0 (no shift): docs/speed.md#what-was-tried
         self.shares = nn.ParameterList(nn.Parameter(torch.full((config.n_embd,), 0.5))
                                        for _ in range((1 + config.mlp) if config.token_shift else 0))
 

@@ -26,7 +26,7 @@ from gptkit.machine.runtime import Runtime, compile_blocks, launch_processes, la
 from gptkit.run.metrics import PROCESS_START, RunLog, records_through
 from gptkit.run.run_folder import RunDir
 from gptkit.training.budget import thread_tuner, time_budget
-from gptkit.training.evaluation import eval_tokens, evaluate, evaluate_split
+from gptkit.training.evaluation import evaluate, evaluate_split
 from gptkit.training.optimizers import lr_factor_at, set_lr, step_optimizers
 from gptkit.training.reporting import Reporter
 from gptkit.training.resume import claim_for_a_new_run, continued_config
@@ -135,12 +135,14 @@ def save_latest(state, run, rt, budget, ended_by_time=False):
 
 
 def evaluate_on_rank0(rt, data, state, budget=None):
-    """Rank 0 evaluates the plain model; every process gets its losses. The budget learns what it cost."""
-    start = time.time()
+    """Rank 0 evaluates the plain model; every process gets its losses. The budget learns what it cost, and what a
+    token of the final score will: its fastest batch's, since the first is slowed by warming up."""
+    start, per_token = time.time(), []
     with state.scored():
-        losses = rt.broadcast(evaluate(state.model, data, rt.autocast) if rt.master else None)
+        losses, fastest = rt.broadcast((evaluate(state.model, data, rt.autocast, per_token), min(per_token))
+                                       if rt.master else None)
     if budget is not None:
-        budget.evaluated(time.time() - start, eval_tokens(data))
+        budget.evaluated(time.time() - start, fastest)
     return losses
 
 

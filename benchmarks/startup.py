@@ -34,7 +34,7 @@ PARTS = ("startup", "same", "budget")
 class StartupBenchConfig:
     input: str = ""  # text to train on ('' = data/shakespeare_char/input.txt, which data/prepare.py downloads)
     work_dir: str = "out-bench-startup"  # prepared data and the runs go here
-    config: str = "config/shakespeare_char.py"  # the command measured
+    config: str = "config/shakespeare_char.py"  # the command measured (the run checkout's own file)
     repo: str = ""  # the checkout whose train.py runs ('' = this one)
     parts: str = "startup,same,budget"  # which measurements, comma-separated
     runs: int = 10  # runs of the same command in each condition (same)
@@ -53,7 +53,7 @@ def run_train(cfg, work, name, extra, wisdom):
     out = work / name
     shutil.rmtree(out, ignore_errors=True)
     repo = Path(cfg.repo).resolve() if cfg.repo else REPO
-    cmd = [sys.executable, str(repo / "train.py"), str(REPO / cfg.config), f"--data_dir={work / 'data'}",
+    cmd = [sys.executable, str(repo / "train.py"), str(repo / cfg.config), f"--data_dir={work / 'data'}",
            "--dataset=shakespeare_char", f"--out_dir={out}", "--device=cpu", *extra]
     start = time.time()
     proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True,

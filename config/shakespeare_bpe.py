@@ -17,10 +17,8 @@ dataset = 'shakespeare_bpe'
 # char-level default reads; a step's 32 windows then hold as much text as the default's, in half the tokens
 block_size = 64
 
-# the shape stays as configured: the smaller-model rule counts tokens per parameter, tuned on the char-level
-# model's steps; a BPE step holds the same text in fewer tokens and its vocabulary adds embedding parameters
-# that each step trains only a few rows of, so the rule would shrink a model the budget can train (GPT-2's
-# vocabulary, 12.9M embedding parameters, would be cut to 2 layers on any CPU, hardly faster: its head is the cost)
+# the shape stays as configured (no threshold: no shape fitted, no note): tokens per parameter were tuned on the
+# char-level model, and a BPE's embedding rows are each trained by few steps (docs/tokenizers.md)
 min_tokens_per_param = 0
 # train.py notes overfitting near the end on this 1 MB text (val 26% above train, still falling); dropout 0.1 or
 # twice the Muon weight decay end higher (docs/tokenizers.md), so the recipe stays as it is

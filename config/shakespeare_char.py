@@ -5,8 +5,8 @@
 # prepare the data first: python data/prepare.py
 
 out_dir = 'out'
-# evaluations (2 fixed batches per split) come out of the budget: every 50 steps they cost half what they did
-# every 25, and the runs ended as low (docs/speed.md#what-was-tried); the log still shows the loss every 25
+# evaluations (2 fixed batches per split) come out of the budget: every 50 steps costs less than every 25, and
+# ended as low (docs/speed.md#what-was-tried); the log still shows the loss every 25
 eval_interval = 50
 eval_iters = 2
 log_interval = 25
@@ -21,8 +21,8 @@ batch_size = 32  # 4,096 tokens per step: more, cheaper steps beat fewer big one
 block_size = 128
 batch_order = 'epochs'  # every window once an epoch: lower than nanoGPT's random offsets, at equal steps and timed
 
-# small and modern: 0.8M parameters, rotary positions, QK-norm, ReLU^2, untied head,
-# residual projections starting at zero; on a CPU, a small model seeing more text wins
+# small and modern: rotary positions, QK-norm, ReLU^2, untied head, residual projections starting at zero;
+# on a CPU, a small model seeing more text wins (docs/speed.md#what-was-tried)
 n_layer = 4
 n_head = 4
 n_embd = 128
@@ -34,8 +34,8 @@ qk_norm = True
 mlp_act = 'relu2'
 tie_weights = False
 zero_init_proj = True
-# each block also reads the previous character's stream (RWKV's token shift, a learned share per channel): at
-# equal steps clearly lower in every seed, for a few element-wise operations (docs/speed.md#what-was-tried)
+# each block also reads the previous character's stream (RWKV's token shift, a learned share per channel): a
+# character-level model learns most from the character just before (docs/speed.md#what-was-tried)
 token_shift = True
 
 # Muon on the hidden matrices, AdamW on embeddings, head and gains
@@ -48,18 +48,18 @@ beta2 = 0.95
 
 # no warmup, a short stable phase, then a linear decay to zero over the last 80% of the time budget
 lr_schedule = 'wsd'
-warmup_iters = 0  # against 10: lower at step 100 in every paired run, about level at the end (docs/speed.md)
-warmdown_frac = 0.8  # of 40, 60 and 80% decay, 80% reached 1.60 soonest and ended lowest
+warmup_iters = 0  # a short run cannot spare steps at a low rate (docs/speed.md#what-was-tried)
+warmdown_frac = 0.8  # the longest decay tried ended lowest (docs/speed.md#what-was-tried)
 min_lr = 0.0
 max_iters = 2000
 max_time = 150  # seconds for the whole run, the final score included; the schedule follows iterations or time
 # evaluations, checkpoints and the final score take a moving average of the weights, over about 50 steps by
-# the end of the decay: at equal steps it scored below the last step's weights, timed about level (docs/speed.md)
+# the end of the decay, which smooths the last steps' noise (docs/speed.md#what-was-tried)
 ema_decay = 0.98
 
 # the shapes this preset may train, its own first: the largest that sees min_tokens_per_param tokens per
-# parameter in max_time on this machine (measured once, then read: gptkit/machine/choices.py). A shape you set yourself,
-# here or on the command line, is what trains (docs/configuration.md#shape)
+# parameter in max_time on this machine (measured once, then read). A shape you set yourself, here or on the
+# command line, is what trains (docs/configuration.md#keys-worth-knowing)
 fit_shapes = '4x128, 3x128, 2x128'
 min_tokens_per_param = 8
 

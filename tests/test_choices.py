@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from conftest import tiny_model, train_config
-from gptkit.base.errors import UserError
 from gptkit.machine import choices, stand_ins
 from gptkit.machine.choices import Choices, choose
 from gptkit.machine.runtime import Runtime
@@ -95,9 +94,9 @@ def test_retime_measures_again_and_refuses_where_nothing_is_left_to_measure(monk
     chosen(preset())
     chosen(preset(retime=True))
     assert len(machine.measured) >= 2 and machine.measured[-1][1] == ["float32", "bfloat16"]
-    with pytest.raises(UserError, match="retime=True measures the choices left to auto again, but dtype and "
-                                        "attention_path are both set"):
-        chosen(preset(min_tokens_per_param=0, retime=True, dtype="float32", attention_path="fused"))
+    with pytest.raises(ValueError, match="retime=True measures the choices left to auto again, but dtype and "
+                                         "attention_path are both set"):
+        preset(min_tokens_per_param=0, retime=True, dtype="float32", attention_path="fused")
 
 
 @pytest.mark.parametrize("damage, note", [

@@ -85,6 +85,12 @@ CASES = {
                        "error: init_from must be one of scratch, resume, auto, gpt2, gpt2-medium, gpt2-large, gpt2-xl "
                        "or a folder saved by save_pretrained (got 'resum'; did you mean 'resume'?)"),
     "beta1 of 2": ("train", ["--beta1=2"], "error: beta1 must be in [0, 1) (got 2.0)"),
+    "retime with nothing to measure": ("train", ["--retime=True", "--attention_path=written"],
+                                       "error: retime=True measures the choices left to auto again, but dtype and "
+                                       "attention_path are both set: drop --retime, or leave one of them to auto"),
+    "fit_shapes not shapes": ("train", ["--fit_shapes=4 layers"],
+                              "error: fit_shapes must list shapes as LAYERSxWIDTH, e.g. '4x128, 3x128' "
+                              "(got '4 layers')"),
     "eval_iters of 10**9": ("train", ["--eval_iters=1000000000"],
                             "error: eval_iters must be at most 100,000 (got 1,000,000,000): each evaluation scores "
                             "that many batches of each split, drawn before the first step; the whole val split is "

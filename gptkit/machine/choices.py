@@ -26,7 +26,6 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from gptkit.base.errors import UserError
 from gptkit.machine.precision import autocast_for, cpu_has_bf16, pick_dtype
 from gptkit.machine.stand_ins import ATTENTION_PATHS, TableDropout, attention_function, by_rule, install, path_for_edits
 from gptkit.machine.timing import fastest_in_turns
@@ -108,9 +107,6 @@ def fresh_choices(cfg, rt, planned, asked, started, rule):
     measured once and kept (see the module's docstring)."""
     choices = Choices(rule, cfg.attention_path, by_rule(rt.device))
     start_threads(rt, cfg, choices)
-    if cfg.retime and cfg.dtype != "auto" and cfg.attention_path != "auto" and not fits(cfg, asked):
-        raise UserError("retime=True measures the choices left to auto again, but dtype and attention_path are "
-                        "both set: drop --retime, or leave one of them to auto")
     if planned is None:  # pretrained weights of a shape known once they load: the rules, nothing measured
         choices.attention_path = "fused" if cfg.attention_path == "auto" else cfg.attention_path
         return cfg, planned, choices
@@ -181,8 +177,11 @@ class Speed:
         self.said = False
 
     def of(self, planned, precisions):
-        """{dtype: {"path", "step"}, "measured": date} for the planned model, for each of `precisions`."""
-        key = shape_key(planned, self.cfg.batch_size, self.choices.kernels, self.cfg.compile)
+        """{dtype: {"path", "step", "threads"}, "params", "measured": date} for the planned model, with at least
+        each of `precisions` (those this machine's wisdom lacks measured now, and kept with the rest)."""
+        asked = [f"attention_path={self.cfg.attention_path}"] * (self.cfg.attention_path != "auto") + \
+            [f"threads={self.cfg.threads}"] * bool(self.cfg.threads)
+        key = shape_key(planned, self.cfg.batch_size, self.choices.kernels, self.cfg.compile, asked)
         entry = {} if self.cfg.retime else self.wisdom.entry(key)
         missing = [d for d in precisions if not isinstance(entry.get(d), dict) or "step" not in entry[d]]
         missing = missing or ([] if "params" in entry else list(precisions))
@@ -191,14 +190,10 @@ class Speed:
                 self.said = True
                 print(f"measuring this machine once for this model ({', '.join(missing)}): later runs read it from "
                       f"{self.wisdom.path} (--retime measures again)", flush=True)
-            entry = {k: v for k, v in entry.items() if k in precisions or k in ("measured", "params")}
             entry.update(measure(planned, self.cfg, self.rt, self.choices.kernels, missing, self.deadline))
             entry["measured"] = today()
             self.wisdom.keep(key, entry)
             entry["now"] = True
-        if self.cfg.attention_path != "auto":
-            for dtype in precisions:
-                entry[dtype] = dict(entry[dtype], path=self.cfg.attention_path)
         return entry
 
 

@@ -22,6 +22,7 @@ the written one, and an edit to `sdpa` leaves the fused path (theirs) but never 
 """
 
 import ast
+import functools
 import hashlib
 import inspect
 import io
@@ -59,6 +60,7 @@ def by_rule(device):
     return [k for k in KERNELS if device == "cpu" or k != "table_dropout"]
 
 
+@functools.cache  # a function's code is fixed once imported; paths are set on every timed step
 def code_fingerprint(function):
     """16 hex digits of a function's code: its tokens without comments, layout or the docstring, so that an edit to
     what it does changes the fingerprint and a reflowed comment does not (and no Python version's syntax tree)."""

@@ -50,10 +50,12 @@ def machine_key(device, threads):
     return f"{cpu_name()}, {threads} thread{'s' if threads != 1 else ''}"
 
 
-def shape_key(model_config, batch_size, kernels, compiled):
-    """What a step's speed depends on besides the machine: the model, the batch, the kernels and compiling."""
+def shape_key(model_config, batch_size, kernels, compiled, asked=()):
+    """What a step's speed depends on besides the machine: the model, the batch, the kernels and compiling; and
+    what the run was told rather than left to measure (`asked`: an attention path or a thread count), since an
+    entry measured under it holds no choice among the others."""
     text = json.dumps({"model": asdict(model_config), "batch_size": batch_size, "kernels": sorted(kernels),
-                       "compile": compiled}, sort_keys=True)
+                       "compile": compiled, "asked": list(asked)}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -18,8 +18,8 @@ class TimeBudget:
     def spent(self):
         return time.time() - self.started
 
-    def evaluated(self, seconds, tokens):
-        self.eval_seconds, self.eval_seconds_per_token = seconds, seconds / tokens
+    def evaluated(self, seconds, seconds_per_token):
+        self.eval_seconds, self.eval_seconds_per_token = seconds, seconds_per_token
 
     def saved(self, seconds):
         self.save_seconds = max(self.save_seconds, seconds)

@@ -1,15 +1,11 @@
 """Evaluation: the loss on fixed windows of each split at every evaluation, and on the whole val split at the end."""
 
 import sys
+import time
 from contextlib import nullcontext
 
 import torch
 from tqdm import tqdm
-
-
-def eval_tokens(data):
-    """How many tokens one evaluation scores: every split's fixed windows."""
-    return sum(o.numel() for offsets in data.eval_offsets.values() for o in offsets) * data.block_size
 
 
 def eagerly():
@@ -25,8 +21,9 @@ def progress(total, what):
                 disable=not sys.stdout.isatty(), bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
 
 
-def evaluate(model, data, autocast):
-    """Mean loss per split over the fixed evaluation windows."""
+def evaluate(model, data, autocast, seconds_per_token=None):
+    """Mean loss per split over the fixed evaluation windows; each batch's seconds per token appended to
+    `seconds_per_token` where it is given (what the final score will cost a token, as the budget plans it)."""
     model.eval()
     device = str(next(model.parameters()).device)
     out = {}
@@ -36,8 +33,11 @@ def evaluate(model, data, autocast):
             losses = []
             for offsets in data.eval_offsets[name]:
                 x, y = split.batch(offsets, device)
+                start = time.perf_counter()
                 with autocast:
                     losses.append(model(x, y)[1].item())
+                if seconds_per_token is not None:
+                    seconds_per_token.append((time.perf_counter() - start) / x.numel())
                 bar.update(1)
             out[name] = sum(losses) / len(losses)
     model.train()

@@ -95,6 +95,10 @@ class TrainConfig:
                 replace(self.model, n_layer=n_layer, n_embd=n_embd)
             except ValueError as e:
                 raise ValueError(f"fit_shapes: {n_layer}x{n_embd} makes no model: {e}") from None
+        fitting = bool(shapes) and self.min_tokens_per_param > 0 and self.max_time > 0
+        if self.retime and self.dtype != "auto" and self.attention_path != "auto" and not fitting:
+            raise ValueError("retime=True measures the choices left to auto again, but dtype and attention_path are "
+                             "both set: drop --retime, or leave one of them to auto")
         check_device_name(self.device)
         starts = ["scratch", "resume", "auto", *HUB_MODELS]
         if self.init_from not in starts and os.sep not in self.init_from and not os.path.isdir(self.init_from):
