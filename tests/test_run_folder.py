@@ -134,3 +134,21 @@ def test_a_read_only_folder_is_refused_before_any_work(run, data_dir):
         run.chmod(0o755)
     assert proc.returncode == 1
     assert_one_error_line(proc.stderr, f"error: cannot write to out_dir {run}*")
+
+
+def test_a_model_loaded_after_model_py_changed_says_what_changed(run, capsys):
+    """A checkpoint keeps the fingerprint of every piece of model.py it trained with; loaded after one changed (as
+    a learner's later edit would), one note on stderr names it, and nothing is said while they agree."""
+    from gptkit.run.checkpoint import load_checkpoint, save_checkpoint
+    from gptkit.run.run_folder import model_at
+
+    path = run / "best.pt"
+    model_at(path)
+    assert capsys.readouterr().err == ""
+    ckpt = load_checkpoint(path)
+    assert set(ckpt["model_code"]) >= {"relu_squared", "SelfAttention.pattern", "GPT.forward"}
+    ckpt["model_code"]["relu_squared"] = "0" * 16  # what an edit since the run made of it
+    save_checkpoint(ckpt, path)
+    model_at(path)
+    assert capsys.readouterr().err == (f"note: model.py has changed since {path} was trained (relu_squared): the model "
+                                       "runs the code as it is now, which may not be what it learned with\n")

@@ -79,6 +79,29 @@ def code_fingerprint(function):
     return hashlib.sha256(" ".join(words).encode()).hexdigest()[:16]
 
 
+def model_code():
+    """{name: fingerprint} of every function and method model.py defines ('relu_squared', 'SelfAttention.pattern'):
+    what a checkpoint keeps of the code it was trained with."""
+    import model as model_py
+
+    code = {}
+    for name, obj in vars(model_py).items():
+        if getattr(obj, "__module__", None) != "model":
+            continue
+        if inspect.isfunction(obj):
+            code[name] = code_fingerprint(obj)
+        elif inspect.isclass(obj):
+            code.update({f"{name}.{attr}": code_fingerprint(f) for attr, f in vars(obj).items()
+                         if inspect.isfunction(f)})
+    return code
+
+
+def changed_since(trained_code):
+    """The model.py pieces whose code differs from a checkpoint's model_code (or are gone): [] where it holds none."""
+    now = model_code()
+    return sorted(name for name, fingerprint in (trained_code or {}).items() if now.get(name) != fingerprint)
+
+
 def edited(piece, function):
     """Whether `function`, the model's `piece` (a WRITTEN_FOR name), is other code than its kernel was written for."""
     return code_fingerprint(function) != WRITTEN_FOR[piece]

@@ -306,7 +306,8 @@ MODEL_KEYS = Fields({
     "model_args": settings(GPTConfig),
     "tokenizer": Tagged("tokenizer", {"char": Fields({"vocab": TEXT}), "tiktoken": Fields({"encoding": TEXT}),
                                       "bpe": Fields({"tokenizer_sha256": TEXT, "bpe": DICT})}),
-})
+    "model_code": Each(TEXT, keyed=True),  # the fingerprint of each piece of model.py it was trained with
+}, optional=("model_code",))
 TRAINING_KEYS = Fields({
     **MODEL_KEYS.kinds,
     "trained": Each(TENSOR, keyed=True),  # with an EMA, which "model" then holds: the weights trained on
@@ -325,7 +326,7 @@ TRAINING_KEYS = Fields({
     "best_iter": COUNT,
     "global_batch": COUNT,  # sequences per optimizer step, over every process
 }, optional=("trained", "seconds_spent", "loop_seconds", "train_time", "wandb_id", "measured", "best_iter",
-             "global_batch"))
+             "global_batch", "model_code"))
 
 
 def load_checkpoint(path, map_location="cpu", required=None):

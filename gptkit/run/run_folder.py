@@ -11,12 +11,14 @@ checkpoint each command reads.
 
 import os
 import stat
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
 from gptkit.base.errors import UserError, link_in_place, no_links
 from gptkit.base.locks import exclusive
 from gptkit.data.tokenizer import tokenizer_from_meta
+from gptkit.machine.stand_ins import changed_since
 from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, model_from_checkpoint
 
 
@@ -114,8 +116,15 @@ class RunDir:
 
 def model_at(path, device="cpu"):
     """(the model in eval mode, its tokenizer, the checkpoint) of one checkpoint file: how every tool that reads a
-    trained model (sample.py, plot.py, export.py, analyze.py, the API, the explorer) loads it."""
+    trained model (sample.py, plot.py, export.py, analyze.py, the API, the explorer) loads it. Where model.py has
+    changed since the checkpoint was trained, one note on stderr names what changed: the model runs the code as
+    it is now."""
     ckpt = load_checkpoint(path, required=MODEL_KEYS)
+    changed = changed_since(ckpt.get("model_code"))
+    if changed:
+        print(f"note: model.py has changed since {path} was trained ({', '.join(changed[:4])}"
+              f"{', ...' if len(changed) > 4 else ''}): the model runs the code as it is now, which may not be what "
+              "it learned with", file=sys.stderr, flush=True)
     return model_from_checkpoint(ckpt, path).to(device).eval(), tokenizer_from_meta(ckpt["tokenizer"]), ckpt
 
 

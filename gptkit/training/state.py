@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from gptkit.base.errors import UserError
+from gptkit.machine.stand_ins import model_code
 from gptkit.run.checkpoint import load_weights, save_checkpoint
 from gptkit.training.optimizers import EMA, build_optimizers
 
@@ -81,12 +82,14 @@ class TrainState:
                 "global_batch": self.global_batch,
                 "wandb_id": self.wandb_id,
                 "measured": self.choices.saved(),
+                "model_code": model_code(),
             }, run.latest, previous=run.previous)
 
     def save_best(self, run, rt):
         """Write best.pt from rank 0: what sample.py needs of the model whose val loss is best_val_loss."""
         if rt.master:
             save_checkpoint({"model": self.scored_weights(), "model_args": asdict(self.model.config),
+                             "model_code": model_code(),
                              "config": asdict(self.cfg), "tokenizer": self.tokenizer.to_meta(),
                              "iter_num": self.iter_num, "val_loss": self.best_val_loss}, run.best)
 
