@@ -1,7 +1,7 @@
 """
 Experiments on a trained model: switch each head off, score what each head does, patch activations from one
-prompt into another, attribute a prediction to the parts that wrote it. The same from Python: gptkit/interp/experiments.py
-(docs/analysis.md).
+prompt into another, attribute a prediction to the parts that wrote it. The same from Python:
+gptkit/interp/experiments.py (docs/analysis.md).
 
     python analyze.py heads out                                   # a table of every head, and out/heads.png
     python analyze.py heads out --ablation=mean --json            # mean ablation, as JSON

@@ -26,7 +26,8 @@ NANOGPT_EDITS = [
     ('load_dataset("openwebtext", num_proc=num_proc_load_dataset)',
      'load_dataset("json", data_files=sys.argv[1], num_proc=num_proc_load_dataset, cache_dir=sys.argv[2])'),
     ("os.path.join(os.path.dirname(__file__), f'{split}.bin')", "os.path.join(sys.argv[3], f'{split}.bin')"),
-    # the same ranks under the name whose files an offline tiktoken cache may hold instead (see gptkit/data/tokenizer.py)
+    # the same ranks under the name whose files an offline tiktoken cache may hold instead (see
+    # gptkit/data/tokenizer.py)
     ('tiktoken.get_encoding("gpt2")', 'tiktoken.get_encoding(sys.argv[5])'),
     # a val split of fewer rows than its 1,024 write batches ends in an IndexError (0.0005 of a corpus under
     # 2M documents); later copies of the script stop there, as this does

@@ -187,7 +187,8 @@ def compare_one(cfg, work, train_file, val_text, vocab_size):
 
 
 class TokenStream:
-    """A text's token ids as gptkit.training.evaluation.evaluate_split reads a split: windows of block_size + 1 tokens."""
+    """A text's token ids as gptkit.training.evaluation.evaluate_split reads a split: windows of block_size + 1
+    tokens."""
 
     def __init__(self, ids, block_size):
         self.ids, self.block_size, self.length = torch.tensor(ids, dtype=torch.long), block_size, len(ids)
@@ -199,7 +200,8 @@ class TokenStream:
 
 def val_score(model, tok, text):
     """(total nats, tokens scored, characters they spell) of text under the model, read as train.py's final score
-    reads the val split (gptkit.training.evaluation.evaluate_split): in consecutive block_size windows, each token scored once
+    reads the val split (gptkit.training.evaluation.evaluate_split): in consecutive block_size windows, each token
+    scored once
     from those before it in its window. The first token, which nothing comes before, is not scored, and its
     characters are not counted."""
     ids, block = tok.encode(text), model.config.block_size

@@ -33,7 +33,8 @@ os.environ["WANDB_SILENT"] = "true"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-# this machine's wisdom (gptkit/machine/wisdom.py) in a folder of the session's own, inherited by every script it starts:
+# this machine's wisdom (gptkit/machine/wisdom.py) in a folder of the session's own, inherited by every script it
+# starts:
 # measured once per shape for the whole session, and never the user's cache
 if "GPTKIT_WISDOM_DIR" not in os.environ:
     import tempfile

@@ -73,7 +73,8 @@ def parts(data):
 
 def test_a_checkpoint_written_before_hook_points_and_kernels_samples_the_same_text(tmp_path, capsys):
     """tests/data/written_before_hooks/best.pt was trained by the model file as it stood before hook points and
-    gptkit/machine/stand_ins.py (2 layers, rotary, QK-norm, ReLU^2, token shift); its sample is the text that code wrote."""
+    gptkit/machine/stand_ins.py (2 layers, rotary, QK-norm, ReLU^2, token shift); its sample is the text that code
+    wrote."""
     shutil.copytree(Path(__file__).parent / "data" / "written_before_hooks", tmp_path / "run")
     sample.main([f"--out_dir={tmp_path / 'run'}", "--device=cpu", "--dtype=float32", "--num_samples=1",
                  "--max_new_tokens=80", "--seed=7", "--start=ROMEO:"])

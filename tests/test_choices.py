@@ -1,6 +1,6 @@
-"""gptkit/machine/choices.py: the start-up choices (precision, attention path, shape) from this machine's wisdom, measured
-once and then read, so that a busy moment changes nothing; a preset's shapes fitted, a learner's shape kept; and
-what the run says."""
+"""gptkit/machine/choices.py: the start-up choices (precision, attention path, shape) from this machine's wisdom,
+measured once and then read, so that a busy moment changes nothing; a preset's shapes fitted, a learner's shape
+kept; and what the run says."""
 
 import json
 import time
@@ -83,8 +83,9 @@ def test_training_precision_is_the_faster_step_not_the_flags(monkeypatch, bf16_i
     assert machine.measured[0][1] == (["float32", "bfloat16"] if bf16_instructions else ["float32"])
     precision = [line for line in picked.lines if line.startswith("precision: ")]
     if bf16_instructions:
+        enough = "" if want == "bfloat16" else ", not enough to pay for it"
         assert precision == [f"precision: {want} (measured now on this CPU: a step in bfloat16 ran "
-                             f"{1 / bf16_step:.2f}x as fast as in float32{'' if want == 'bfloat16' else ', not enough to pay for it'})"]
+                             f"{1 / bf16_step:.2f}x as fast as in float32{enough})"]
     else:
         assert precision == []
 

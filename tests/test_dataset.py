@@ -1,5 +1,5 @@
-"""A prepared dataset as a run reads it (gptkit/data/dataset.py): an epoch's windows, a dataset prepared again or a split
-file changed under a run, and a meta.json too deeply nested to read, each one line."""
+"""A prepared dataset as a run reads it (gptkit/data/dataset.py): an epoch's windows, a dataset prepared again or a
+split file changed under a run, and a meta.json too deeply nested to read, each one line."""
 
 import numpy as np
 import pytest

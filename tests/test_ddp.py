@@ -1,9 +1,9 @@
-"""Several processes (gptkit/machine/runtime.py): two CPU processes with DDP over gloo finish the run, rank 0 alone writing
-the checkpoint and metrics; one rank failing on its own stops every rank; started by train.py itself
+"""Several processes (gptkit/machine/runtime.py): two CPU processes with DDP over gloo finish the run, rank 0 alone
+writing the checkpoint and metrics; one rank failing on its own stops every rank; started by train.py itself
 (--processes=2), the run ends in one line however it ends. (Stop signals and an exact resume on two processes: see
 test_resume.py.) Two torchrun "nodes" on this machine train as one process with the same global batch, a run
-continues on another number of processes with the same global batch and data order, and a node that dies ends
-the others with one line."""
+continues on another number of processes with the same global batch and data order, and a node that dies ends the
+others with one line."""
 
 import os
 import re

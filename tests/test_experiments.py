@@ -1,5 +1,5 @@
-"""gptkit/interp/experiments.py: hooks and caches as TransformerLens gives them, ablation against the same change made by
-hand, the batched ablation deltas against one pass per head, the head scores on heads whose behaviour is known
+"""gptkit/interp/experiments.py: hooks and caches as TransformerLens gives them, ablation against the same change made
+by hand, the batched ablation deltas against one pass per head, the head scores on heads whose behaviour is known
 (set by hand, or grown by training), patching's two ends, and attribution's parts summing to the logit."""
 
 import pytest

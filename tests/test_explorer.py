@@ -118,7 +118,8 @@ def test_the_position_report_is_the_models_own_numbers(client, lab, name):
     shaped = shaped_probs(logits[pos - 1][None], **knobs)[0]
     assert {c["id"]: c["p"] for c in got["why"]["shaped"] if c["p"] > 0} == \
         pytest.approx({i: shaped[i].item() for i in range(len(CHARS)) if shaped[i] > 0}, abs=tol)
-    assert got["why"]["surprise_bits"] == pytest.approx(-math.log2(probs[ids[pos]].item()), abs=tol / min(probs[ids[pos]].item(), 1.0))
+    surprise = -math.log2(probs[ids[pos]].item())
+    assert got["why"]["surprise_bits"] == pytest.approx(surprise, abs=tol / min(probs[ids[pos]].item(), 1.0))
     lens_last = torch.softmax(logits[pos], -1)
     assert [c["id"] for c in got["lens"][-1]["top"]] == lens_last.topk(5).indices.tolist()
     assert [c["p"] for c in got["lens"][-1]["top"]] == pytest.approx(lens_last.topk(5).values.tolist(), abs=tol)

@@ -13,7 +13,7 @@ SCRIPTS = {"train", "sample", "plot", "export", "bench", "lab", "explore", "anal
 LAYERS = {
     "foundations": {"base"},
     "the model": {"model"},
-    "parts: data and tokenizers, sampling, other tools' models, the machine": {"data", "sampling", "interop", "machine"},
+    "parts: data, sampling, other tools' models, the machine": {"data", "sampling", "interop", "machine"},
     "a run's files": {"run"},
     "training, and interpretability": {"training", "interp"},
     "the lab and the explorer": {"lab", "explorer"},

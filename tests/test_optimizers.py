@@ -1,6 +1,6 @@
-"""The optimizers, the learning-rate schedule and the weight average (gptkit/training/optimizers.py): AdamW and Muon against
-torch's, each parameter in the optimizer meant for it, the schedule's edges, the average step by step; and every
-training option (model and optimizer) takes steps under them without NaN."""
+"""The optimizers, the learning-rate schedule and the weight average (gptkit/training/optimizers.py): AdamW and Muon
+against torch's, each parameter in the optimizer meant for it, the schedule's edges, the average step by step; and
+every training option (model and optimizer) takes steps under them without NaN."""
 
 import math
 from dataclasses import replace

@@ -1,6 +1,6 @@
-"""data/prepare.py on a text file or a folder of them (gptkit/data/preparing.py): token files and metadata that round-trip,
-the dtype chosen, text read in pieces that encode as the whole does, the download (from a local server: tests
-never touch the network), one-line CLI errors. (Corpora of records: see test_corpora.py.)"""
+"""data/prepare.py on a text file or a folder of them (gptkit/data/preparing.py): token files and metadata that
+round-trip, the dtype chosen, text read in pieces that encode as the whole does, the download (from a local server:
+tests never touch the network), one-line CLI errors. (Corpora of records: see test_corpora.py.)"""
 
 import http.server
 import json

@@ -1,4 +1,5 @@
-"""Prompt text from the command line (gptkit/sampling/prompts.py): escapes typed in a shell, and a file read as it is."""
+"""Prompt text from the command line (gptkit/sampling/prompts.py): escapes typed in a shell, and a file read as
+it is."""
 
 import pytest
 

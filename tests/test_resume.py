@@ -1,8 +1,8 @@
-"""Continuing a run (gptkit/training/resume.py, through train.py --init_from=resume and auto): after SIGKILL, a kill in the
-middle of a checkpoint write, or a stop signal, on one process or two, a resumed run logs the uninterrupted run's
+"""Continuing a run (gptkit/training/resume.py, through train.py --init_from=resume and auto): after SIGKILL, a kill in
+the middle of a checkpoint write, or a stop signal, on one process or two, a resumed run logs the uninterrupted run's
 losses exactly; a damaged latest state falls back to the one before it, and damage it cannot pass is one line that
-names the file and the field; a resumed run keeps its saved settings but those given again; a finished run says so;
-a fresh run never takes over a folder that holds another."""
+names the file and the field; a resumed run keeps its saved settings but those given again; a finished run says so; a
+fresh run never takes over a folder that holds another."""
 
 import json
 import re
@@ -365,16 +365,16 @@ def test_a_run_its_budget_made_smaller_resumes_with_the_command_that_started_it(
     fitted from, not other settings; the run keeps the smaller model and its decay. A shape that differs from
     both is refused."""
     out, preset = tmp_path / "fitted", tmp_path / "preset.py"
-    preset.write_text("n_layer = 2\nn_embd = 32\nfit_shapes = '2x32, 1x32'\nmin_tokens_per_param = 1e12\nmax_time = 600\n"
-                      "optimizer = 'muon'\nmuon_weight_decay = 0.6\nsmaller_muon_weight_decay = 0.3\n")
+    preset.write_text("n_layer = 2\nn_embd = 32\nfit_shapes = '2x32, 1x32'\nmin_tokens_per_param = 1e12\n"
+                      "max_time = 600\noptimizer = 'muon'\nmuon_weight_decay = 0.6\nsmaller_muon_weight_decay = 0.3\n")
     start = [str(preset), *(a for a in train_args(data_dir, out) if not a.startswith(("--n_layer", "--n_embd"))),
              "--max_iters=4",
              "--eval_interval=2", "--eval_iters=1"]
     fitted_from = {"n_layer": 2, "n_embd": 32, "muon_weight_decay": 0.6}
     train.main(start)
     said = capsys.readouterr().out
-    assert "model: 1 layer × 32, " in said and ", muon_weight_decay=0.3: the largest of this preset's fit_shapes (2x32, " \
-        "1x32)" in said
+    assert "model: 1 layer × 32, " in said and \
+        ", muon_weight_decay=0.3: the largest of this preset's fit_shapes (2x32, 1x32)" in said
     ckpt = load_checkpoint(out / "latest.pt")
     assert ckpt["model_args"]["n_layer"] == 1 and ckpt["measured"]["fitted_from"] == fitted_from
     train.main([*start, "--max_iters=6", "--init_from=auto"])

@@ -1,5 +1,5 @@
-"""A run's folder (gptkit/run/run_folder.py): one run at a time holds it, and a run refuses at its start, before any work,
-a folder (or a file in it) it could not write, and a bookkeeping file that is a link out of the folder."""
+"""A run's folder (gptkit/run/run_folder.py): one run at a time holds it, and a run refuses at its start, before any
+work, a folder (or a file in it) it could not write, and a bookkeeping file that is a link out of the folder."""
 
 import os
 import shutil

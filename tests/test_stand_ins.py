@@ -1,5 +1,5 @@
-"""gptkit/machine/stand_ins.py: each kernel against the plain piece of model.py it stands in for (the same numbers, or the
-same function at a stated tolerance, or for the dropout table the same statistics), and what installing does."""
+"""gptkit/machine/stand_ins.py: each kernel against the plain piece of model.py it stands in for (the same numbers, or
+the same function at a stated tolerance, or for the dropout table the same statistics), and what installing does."""
 
 import json
 import shutil
@@ -261,7 +261,8 @@ EDITS = {  # a learner's edits to model.py, as text: (what they replace, with wh
     "ReLU² made the identity": ("    return F.relu(x).square()", "    return x"),
     "the token shift removed": ("self.shift = token_shift if config.token_shift else None", "self.shift = None"),
     "the score scale changed": ("* (1.0 / math.sqrt(k.size(-1)))", "* 1.0"),
-    "the MLP returning zeros": ("return self.dropout(self.c_proj(self.act(self.c_fc(x))))", "return torch.zeros_like(x)"),
+    "the MLP returning zeros": ("return self.dropout(self.c_proj(self.act(self.c_fc(x))))",
+                                "return torch.zeros_like(x)"),
     "the softmax replaced": ("F.softmax(self.hook_attn_scores(scores), dim=-1)",
                              "torch.sigmoid(self.hook_attn_scores(scores))"),
 }

@@ -1,5 +1,5 @@
-"""Tokenizers (gptkit/data/tokenizer.py): streaming decoding holds back a character split across tokens until it is whole,
-with a byte-level encoding and with GPT-2's BPE."""
+"""Tokenizers (gptkit/data/tokenizer.py): streaming decoding holds back a character split across tokens until it is
+whole, with a byte-level encoding and with GPT-2's BPE."""
 
 import codecs
 import re

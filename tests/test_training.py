@@ -1,5 +1,6 @@
-"""gptkit/training/state.py, the parts train.py's loop is made of: the random state a checkpoint carries, and the
-whole-split evaluation, and how processes share a step's batch. (The start-up choices, the model fitted to its time budget among them: test_choices.py.)"""
+"""gptkit/training/: the parts train.py's loop is made of: the random state a checkpoint carries, the whole-split
+evaluation, and how processes share a step's batch. (The start-up choices, a preset's shape fitted to its time budget
+among them: test_choices.py.)"""
 
 import random
 

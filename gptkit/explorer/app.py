@@ -1,9 +1,9 @@
-"""The explorer: a local web page over the runs in a folder, where a learner watches a model write token by token
-and sees where every number comes from: the candidates for each token, every head's attention, what each layer
-would predict (the logit lens), and how surprised the model is by a text. A FastAPI app; explore.py serves it.
+"""The explorer: a local web page over the runs in a folder, where a learner watches a model write token by token and
+sees where every number comes from: the candidates for each token, every head's attention, what each layer would
+predict (the logit lens), and how surprised the model is by a text. A FastAPI app; explore.py serves it.
 
-Every number comes from the model's own forward pass (gptkit.interp.hooks) and its own sampler (gptkit.sampling.decoding):
-the page does no model arithmetic."""
+Every number comes from the model's own forward pass (gptkit.interp.hooks) and its own sampler
+(gptkit.sampling.decoding): the page does no model arithmetic."""
 
 import mimetypes
 from pathlib import Path

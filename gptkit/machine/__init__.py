@@ -1,1 +1,2 @@
-"""The machine: the device and processes, timing, the start-up choices and this machine's wisdom, the speed stand-ins, FLOPs."""
+"""The machine: the device and processes, timing, the start-up choices and this machine's wisdom, the speed
+stand-ins, FLOPs."""

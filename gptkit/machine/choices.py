@@ -3,16 +3,17 @@ A run's start-up choices, made before its model is built, from this machine's wi
 'auto', a run on a CPU chooses
 
 1. its precision: float32, or bfloat16 under autocast where the CPU has bf16 instructions and a step runs faster;
-2. its attention path: SDPA's fused kernel, the softmax written out, or folded into one matmul (gptkit.machine.stand_ins);
+2. its attention path: SDPA's fused kernel, the softmax written out, or folded into one matmul
+   (gptkit.machine.stand_ins);
 3. its shape, where a preset lists the shapes it may train (fit_shapes): the largest that sees
    min_tokens_per_param tokens per parameter in max_time here. A shape the learner sets is what trains, with a
    note where it will see too few tokens.
 
 Each is a fact of the machine, not of the moment: measured once per CPU, torch version and model shape, kept, and
 read by every later run, so that the same command on the same machine gives the same model, idle or busy. The
-speed kernels come by rule (gptkit.machine.stand_ins.by_rule), never by timing. Threads start on every core and follow the
-load as the run goes (gptkit.machine.timing.ThreadTuner). A resumed run takes what its checkpoint recorded, so that it
-continues exactly; what the command line names wins over both.
+speed kernels come by rule (gptkit.machine.stand_ins.by_rule), never by timing. Threads start on the count that
+stepped faster when measured, and follow the load as the run goes (gptkit.machine.threads.ThreadTuner). A resumed
+run takes what its checkpoint recorded, so that it continues exactly; what the command line names wins over both.
 
 How a first measurement passes over a spike: the candidates take turns, round after round, and each keeps its
 fastest round, so a passing spike, which slows a round or two, is passed over; a busy process slows every round of

@@ -49,7 +49,8 @@ def time_budget(cfg, data, state, started):
 
 def thread_tuner(choices):
     """Threads measured as the run goes (a ThreadTuner), from the count start-up chose, where the count is the
-    run's to choose (gptkit.machine.choices: on a CPU, in one process, with threads=0 and more than one to choose from)."""
+    run's to choose (gptkit.machine.choices: on a CPU, in one process, with threads=0 and more than one to choose
+    from)."""
     if not choices.threads:
         return None
     return ThreadTuner(choices.most_threads, choices.threads, first=5.0)  # start-up times no threads: try soon
