@@ -23,20 +23,8 @@ Each benchmark lives in benchmarks/, one module per subcommand.
 
 import sys
 
-from benchmarks import (
-    analyze,
-    busy,
-    dropout,
-    explore,
-    hooks,
-    prepare,
-    presets,
-    sample,
-    startup,
-    throughput,
-    tokenizers,
-    train,
-)
+from benchmarks import (analyze, busy, dropout, explore, hooks, prepare, presets, sample, startup, throughput,
+                        tokenizers, train)
 from gptkit.base.errors import run_main
 from gptkit.base.settings import pick_subcommand
 

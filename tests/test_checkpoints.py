@@ -26,14 +26,8 @@ from conftest import REPO, assert_one_error_line, run_script, train_args
 from gptkit.base.errors import RunStopped, UserError
 from gptkit.explorer.runs import summarize
 from gptkit.run import checkpoint
-from gptkit.run.checkpoint import (
-    HEADER_SIZE,
-    MODEL_KEYS,
-    TRAINING_KEYS,
-    HashingWriter,
-    load_checkpoint,
-    save_checkpoint,
-)
+from gptkit.run.checkpoint import (HEADER_SIZE, MODEL_KEYS, TRAINING_KEYS, HashingWriter, load_checkpoint,
+                                   save_checkpoint)
 from gptkit.run.run_folder import RunDir
 from gptkit.training.resume import resume_state
 

@@ -18,17 +18,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import (
-    REPO,
-    Run,
-    assert_one_error_line,
-    faulty_train,
-    logged,
-    torchrun,
-    train_args,
-    train_cmd,
-    wait_for_iteration,
-)
+from conftest import (REPO, Run, assert_one_error_line, faulty_train, logged, torchrun, train_args, train_cmd,
+                      wait_for_iteration)
 from gptkit.base.errors import UserError
 from gptkit.machine.runtime import trains_here
 from gptkit.run.checkpoint import load_checkpoint

@@ -9,22 +9,9 @@ from conftest import MODERN, random_tokens, tiny_model
 from gptkit.base.errors import UserError
 from gptkit.data.tokenizer import CharTokenizer
 from gptkit.interp import experiments
-from gptkit.interp.experiments import (
-    KINDS,
-    Run,
-    ablated,
-    ablation_deltas,
-    attribute,
-    chance_scores,
-    head_labels,
-    head_scores,
-    patching,
-    repeated_tokens,
-    run_patched,
-    run_with_cache,
-    run_with_hooks,
-    token_losses,
-)
+from gptkit.interp.experiments import (KINDS, Run, ablated, ablation_deltas, attribute, chance_scores, head_labels,
+                                       head_scores, patching, repeated_tokens, run_patched, run_with_cache,
+                                       run_with_hooks, token_losses)
 from gptkit.interp.hooks import hook_points
 
 CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZa"  # 37 characters: TINY's vocabulary

@@ -8,16 +8,8 @@ import torch
 
 from conftest import MODERN, random_tokens, tiny_model
 from gptkit.base.errors import UserError
-from gptkit.interp.hooks import (
-    attention_maps,
-    hook_points,
-    hooked,
-    logit_lens,
-    look_inside,
-    read_out,
-    run_with_cache,
-    surprise_bits,
-)
+from gptkit.interp.hooks import (attention_maps, hook_points, hooked, logit_lens, look_inside, read_out, run_with_cache,
+                                 surprise_bits)
 
 TL_SHAPES = {  # TransformerLens's shapes, for B=2, T=5, d_model 32, 4 heads of 8
     "hook_embed": (2, 5, 32), "hook_pos_embed": (2, 5, 32),

@@ -14,21 +14,8 @@ import torch
 import torch.distributed as dist
 
 import train
-from conftest import (
-    REPO,
-    TRAINED_RUN,
-    Run,
-    assert_one_error_line,
-    check_ok,
-    faulty_train,
-    logged,
-    run_here,
-    run_script,
-    torchrun,
-    train_args,
-    train_cmd,
-    wait_for_iteration,
-)
+from conftest import (REPO, TRAINED_RUN, Run, assert_one_error_line, check_ok, faulty_train, logged, run_here,
+                      run_script, torchrun, train_args, train_cmd, wait_for_iteration)
 from gptkit.base.errors import UserError
 from gptkit.run.checkpoint import load_checkpoint, save_checkpoint
 from gptkit.run.metrics import read_metrics

@@ -18,19 +18,8 @@ import torch
 
 import sample
 import train
-from conftest import (
-    BPE_VOCAB,
-    REPO,
-    Run,
-    assert_one_error_line,
-    check_ok,
-    faulty_train,
-    logged,
-    run_here,
-    run_script,
-    train_args,
-    train_cmd,
-)
+from conftest import (BPE_VOCAB, REPO, Run, assert_one_error_line, check_ok, faulty_train, logged, run_here, run_script,
+                      train_args, train_cmd)
 from gptkit.base.errors import UserError
 from gptkit.base.settings import make
 from gptkit.data.dataset import Split, load_meta

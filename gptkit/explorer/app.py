@@ -15,21 +15,9 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gptkit.base.errors import UserError, first_line
-from gptkit.explorer.answers import (
-    GenerateRequest,
-    MapRequest,
-    PositionRequest,
-    ReadRequest,
-    attention_map,
-    checked_ids,
-    encode,
-    generation_events,
-    picked,
-    position_report,
-    read_text,
-    run_metrics,
-    sse,
-)
+from gptkit.explorer.answers import (GenerateRequest, MapRequest, PositionRequest, ReadRequest, attention_map,
+                                     checked_ids, encode, generation_events, picked, position_report, read_text,
+                                     run_metrics, sse)
 from gptkit.explorer.experiments import ScoresRequest, head_scores_at, heads_report, lab_curves, off_of
 from gptkit.explorer.guard import Guard, own_names
 from gptkit.explorer.runs import ApiError, lab_rung, shown

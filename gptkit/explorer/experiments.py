@@ -17,18 +17,8 @@ from pydantic import BaseModel, Field
 from gptkit.base.errors import UserError, first_line
 from gptkit.data.dataset import Split, load_meta
 from gptkit.data.tokenizer import same_token_ids
-from gptkit.interp.experiments import (
-    MLP_NAME,
-    ablation_hooks,
-    chance_scores,
-    everything_note,
-    head_labels,
-    head_scores,
-    induction_tokens,
-    parse_heads,
-    parse_mlps,
-    part_names,
-)
+from gptkit.interp.experiments import (MLP_NAME, ablation_hooks, chance_scores, everything_note, head_labels,
+                                       head_scores, induction_tokens, parse_heads, parse_mlps, part_names)
 from gptkit.interp.hooks import hooked, run_with_cache
 
 LABEL_WINDOWS = 8  # val windows the text scores of the labels read: enough to tell the kinds apart, and cheap
