@@ -162,8 +162,7 @@ def say_path(cfg, rt, planned, entry, choices):
 
 
 def measured_when(entry):
-    return "measured now on this CPU" if entry["measured"] == today() and entry.get("now") else \
-        f"measured on this CPU on {entry['measured']}"
+    return "measured now on this CPU" if entry.get("now") else f"measured on this CPU on {entry['measured']}"
 
 
 class Speed:

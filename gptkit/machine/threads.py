@@ -32,14 +32,15 @@ def pick_decode_threads(threads, model, device, batch_size=1, tokens=16):
 class ThreadTuner:
     """CPU threads for training, measured as the run goes: each small op waits for all its threads, so when
     another process holds a core, two threads stall each other at every step while one runs on. `first` seconds
-    in, a few steps run on the other thread count, and it is kept when its steps are faster by more than
-    `margin`. Trials cost steps, so while they keep the count the wait for the next one doubles from `every` (up
-    to `longest` on the most threads, to twice `every` on one, where a core freed again would go unseen); and a
-    trial comes at once when the current count's steps slow down or speed up by more than `drift` from what the
-    last trial measured: another process came or went. after_step() returns a line saying so when it changes
-    the count, else None. It starts on `start` threads, the count start-up chose (gptkit.machine.choices)."""
+    in (start-up times no threads, so the first trial comes soon), a few steps run on the other thread count, and
+    it is kept when its steps are faster by more than `margin`. Trials cost steps, so while they keep the count the
+    wait for the next one doubles from `every` (up to `longest` on the most threads, to twice `every` on one, where
+    a core freed again would go unseen); and a trial comes at once when the current count's steps slow down or
+    speed up by more than `drift` from what the last trial measured: another process came or went. after_step()
+    returns a line saying so when it changes the count, else None. It starts on `start` threads, the count
+    start-up chose (gptkit.machine.choices)."""
 
-    def __init__(self, most, start=None, every=15.0, first=15.0, trial_steps=4, margin=1.1, longest=120.0,
+    def __init__(self, most, start=None, every=15.0, first=5.0, trial_steps=4, margin=1.1, longest=120.0,
                  drift=1.25, clock=time.perf_counter):
         self.most, self.current = most, start or most
         self.other = 1 if self.current == most else most

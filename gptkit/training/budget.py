@@ -53,6 +53,6 @@ def thread_tuner(choices):
     from)."""
     if not choices.threads:
         return None
-    return ThreadTuner(choices.most_threads, choices.threads, first=5.0)  # start-up times no threads: try soon
+    return ThreadTuner(choices.most_threads, choices.threads)
 
 
