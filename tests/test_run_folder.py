@@ -67,7 +67,7 @@ def test_a_run_refuses_a_bookkeeping_file_that_is_a_link(tmp_path, data_dir, out
     train_py = run_script if name == "run.lock" else run_here
     proc = train_py("train.py", *train_args(data_dir, out, "--max_iters=2", "--eval_interval=1"))
     assert proc.returncode == 1
-    assert_one_error_line(proc.stderr, f"error: {out / name} is a link, and a run writes this file itself*")
+    assert_one_error_line(proc.stderr, f"error: {out / name} is a link, and the tool writes this file itself*")
     assert outside.read_text() == "precious\n"
     assert sorted(p.name for p in out.iterdir()) == [name]  # refused before anything was written
 

@@ -1,7 +1,5 @@
 """Errors a user can cause, and the entry-point wrapper that prints them as one line."""
 
-import errno
-import os
 import re
 import signal
 import sys
@@ -22,21 +20,6 @@ class RunStopped(UserError):
     def __init__(self, message, signum=signal.SIGINT):
         super().__init__(message)
         self.exit_code = 128 + signum
-
-
-def no_links(path, flags):
-    """open()'s opener for a file a run keeps in its folder: never through a link at its name, which would send
-    the run's writes to the file it points at, wherever that is. A link there is the user's error."""
-    try:
-        return os.open(path, flags | os.O_NOFOLLOW, 0o666)
-    except OSError as e:
-        if e.errno == errno.ELOOP and os.path.islink(path):
-            raise UserError(link_in_place(path)) from None
-        raise
-
-
-def link_in_place(path):
-    return f"{path} is a link, and a run writes this file itself, never through a link; remove it"
 
 
 def first_line(e):

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from gptkit.base.errors import UserError, first_line, no_links
+from gptkit.base.errors import UserError, first_line
+from gptkit.base.files import no_links
 from gptkit.base.settings import check_seed, parse_config
 from gptkit.base.signals import StopSignals
 from gptkit.data.dataset import Split, bits_per_char, fixed_offsets, load_meta

@@ -24,7 +24,8 @@ from typing import Literal, get_args, get_origin
 import numpy as np
 import torch
 
-from gptkit.base.errors import RunStopped, UserError, first_line, no_links
+from gptkit.base.errors import RunStopped, UserError, first_line
+from gptkit.base.files import no_links
 from gptkit.machine.stand_ins import KERNELS, install
 from gptkit.run.formats import CHECKPOINT_FORMAT, upgraded_checkpoint
 from model import GPT, GPTConfig

@@ -7,7 +7,8 @@ import os
 import time
 from pathlib import Path
 
-from gptkit.base.errors import UserError, first_line, no_links
+from gptkit.base.errors import UserError, first_line
+from gptkit.base.files import no_links
 
 
 def process_start_time():

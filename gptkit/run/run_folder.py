@@ -15,7 +15,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from gptkit.base.errors import UserError, link_in_place, no_links
+from gptkit.base.errors import UserError
+from gptkit.base.files import link_in_place, no_links
 from gptkit.base.locks import exclusive
 from gptkit.data.tokenizer import tokenizer_from_meta
 from gptkit.machine.stand_ins import changed_since
