@@ -112,12 +112,12 @@ def val_windows(run, cfg, device):
     return idx, targets, f"{dataset}'s val split ({windows:,} windows of {T})"
 
 
-def heads_rows(deltas, scores):
-    """One dict a head, the --json entries: layer, head, name (L0H3), ablation_delta and each score."""
+def heads_rows(deltas, scores, labels):
+    """One dict a head, the --json entries: layer, head, name (L0H3), ablation_delta, each score and the label."""
     L, H = deltas.shape
     return [{"layer": layer, "head": head, "name": f"L{layer}H{head}",
              "ablation_delta": round(deltas[layer, head].item(), 6),
-             **{kind: round(s[layer, head].item(), 4) for kind, s in scores.items()}}
+             **{kind: round(s[layer, head].item(), 4) for kind, s in scores.items()}, "label": labels[layer][head]}
             for layer in range(L) for head in range(H)]
 
 
@@ -132,7 +132,8 @@ def drawing(cfg):
 
 
 def analyze_heads(cfg):
-    from gptkit.interp.experiments import KINDS, ablation_deltas, head_scores, induction_tokens, no_attention, open_run
+    from gptkit.interp.experiments import (KINDS, LABEL_AT_LEAST, ablation_deltas, chance_scores, head_labels,
+                                           head_scores, induction_tokens, no_attention, open_run)
     from gptkit.interp.pictures import draw_heads
     from gptkit.lab.ladder import markdown_table
     from gptkit.machine.precision import fast_dtype
@@ -143,25 +144,46 @@ def analyze_heads(cfg):
     no_attention(run.model)
     idx, targets, where = val_windows(run, cfg, device)
     dtype = fast_dtype(device) if cfg.dtype == "auto" else cfg.dtype
+    c = run.config
+    print(f"ablating each of {c.n_layer * c.n_head} heads in turn on {targets.numel():,} tokens of {where}, in "
+          f"{dtype}", file=sys.stderr, flush=True)
     with autocast(device, dtype):
         loss, deltas = ablation_deltas(run.model, idx, targets, cfg.ablation)
-    scores = head_scores(run.model, idx[:SCORE_WINDOWS], induction_tokens(run.model, run.tok.vocab_size))
-    rows = heads_rows(deltas, scores)
-    header = ["layer", "head", "ablation Δ val loss", *(k.replace("_", "-") for k in KINDS)]
-    cells = [[str(r["layer"]), r["name"], f"{r['ablation_delta']:+.4f}", *(f"{r[k]:.2f}" for k in KINDS)]
-             for r in rows]
+    repeated = induction_tokens(run.model, run.tok.vocab_size)
+    scores = head_scores(run.model, idx[:SCORE_WINDOWS], repeated)
+    labels = head_labels(scores, chance_scores(idx[:SCORE_WINDOWS], repeated))
+    rows = heads_rows(deltas, scores, labels)
+    title = (f"{run.out_dir.resolve().name}: each head {cfg.ablation}-ablated on {targets.numel():,} val tokens "
+             f"(val loss {loss:.3f}), and what each head does")
+    with drawing(cfg):  # the picture first: a table printed, then a failure, would be work half kept
+        draw_heads(deltas, scores, title, cfg.output_path())
+    header = ["layer", "head", "ablation Δ val loss", *(k.replace("_", "-") for k in KINDS), "label"]
+    cells = [[str(r["layer"]), r["name"], f"{r['ablation_delta']:+.4f}", *(f"{r[k]:.2f}" for k in KINDS),
+              r["label"].replace("_", "-")] for r in rows]
     answer(cfg, {"val_loss": round(loss, 6), "tokens": targets.numel(), "ablation": cfg.ablation, "dtype": dtype,
                  "heads": rows},
-           f"val loss {loss:.4f} on {targets.numel():,} tokens of {where}, in {dtype}; each head {cfg.ablation}-"
-           f"ablated in turn (docs/analysis.md defines each score)\n\n"
-           f"{markdown_table(header, cells, numeric=set(range(2, len(header))))}")
+           f"val loss {loss:.4f} on {targets.numel():,} tokens of {where}, in {dtype}{final_score_note(run)}; each "
+           f"head {cfg.ablation}-ablated in turn (docs/analysis.md defines each score)\n\n"
+           f"{markdown_table(header, cells, numeric=set(range(2, len(header) - 1)))}\n\n"
+           f"label: the kind whose score goes furthest from chance toward 1, (score - chance) / (1 - chance), where "
+           f"that reaches {LABEL_AT_LEAST}; local only where no other kind does (the explorer's labels)")
     if len(rows) == 1:
         print("note: the model has one head, so ablating it switches every head off (allowed: its row is what all "
               "of attention adds)", file=sys.stderr)
-    title = (f"{run.out_dir.resolve().name}: each head {cfg.ablation}-ablated on {targets.numel():,} val tokens "
-             f"(val loss {loss:.3f}), and what each head does")
-    with drawing(cfg):
-        draw_heads(deltas, scores, title, cfg.output_path())
+
+
+def final_score_note(run):
+    """Why the val loss here is not the run's own final score, where metrics.jsonl has one."""
+    from gptkit.run.metrics import read_metrics
+
+    try:
+        final = [r for r in read_metrics(run.out_dir) if r.get("kind") == "final"]
+    except UserError:
+        return ""
+    if not final:
+        return ""
+    return (f" (the run's final score, {final[-1]['val_loss']:.4f}, reads the whole split with the weights it ended "
+            "with; this reads part of it, with the checkpoint's)")
 
 
 # ----------------------------------------------------------------------------- patch
@@ -224,15 +246,15 @@ def analyze_patch(cfg):
     shown, foil_shown = token_label(run.tok, p.target), None if foil is None else token_label(run.tok, foil)
     metric = (f"logit({shown}) - logit({foil_shown})" if foil is not None else
               f"log-prob of {shown}{'' if cfg.target else ', the clean run’s top prediction,'} after the prompt")
+    ends = [p.clean, p.corrupt, *p.resid.aminmax(), *p.heads.aminmax()]
+    title = (f"{run.out_dir.resolve().name}: activation patching from {cfg.clean!r} into {cfg.corrupt!r}\n{metric}: "
+             f"clean {p.clean:.3f}, corrupt {p.corrupt:.3f}")
+    with drawing(cfg):  # before the answer, which a reader that stops early (`| head`) would cut off
+        draw_patching(p.resid, p.heads, labels, (float(min(ends)), float(max(ends))), title, cfg.output_path())
     answer(cfg, {"metric": metric, "target": shown, "foil": foil_shown, "clean": p.clean, "corrupt": p.corrupt,
                  "tokens": labels, "resid": p.resid.tolist(), "heads": p.heads.tolist()},
            f"metric: {metric}; clean {p.clean:.4f}, corrupt {p.corrupt:.4f}\n\n"
            f"{patch_tables(p, labels, run.config.n_head)}")
-    ends = [p.clean, p.corrupt, *p.resid.aminmax(), *p.heads.aminmax()]
-    title = (f"{run.out_dir.resolve().name}: activation patching from {cfg.clean!r} into {cfg.corrupt!r}\n{metric}: "
-             f"clean {p.clean:.3f}, corrupt {p.corrupt:.3f}")
-    with drawing(cfg):
-        draw_patching(p.resid, p.heads, labels, (float(min(ends)), float(max(ends))), title, cfg.output_path())
 
 
 # ----------------------------------------------------------------------------- attribute

@@ -103,6 +103,9 @@ def train(cfg, rt, data, state, log, run, budget, stop):
                     state.best_val_loss, state.best_iter = losses["val"], state.iter_num
                     state.save_best(run, rt)  # before latest.pt, which must never claim a best that best.pt lacks
                     report.saved_best(state.iter_num, losses["val"], run.best)
+                # an evaluation that spent what the budget had left ends the run here: one more step would only
+                # bring a second evaluation of almost the same weights
+                done = done or finished(cfg, rt, state, budget)
                 if improved or cfg.always_save_checkpoint or done:
                     save_latest(state, run, rt, budget, ended_by_time=done and state.iter_num < cfg.max_iters)
                     saved = True

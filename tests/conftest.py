@@ -562,3 +562,22 @@ def faulty_train(folder, **faults):
     path = Path(folder) / f"train_{'_'.join(faults)}.py"
     path.write_text(FAULTY_TRAIN.format(repo=str(REPO), faults=faults), encoding="utf-8")
     return path
+
+
+@pytest.fixture
+def immutable(tmp_path):
+    """chattr +i, undone after the test. For root, chmod leaves every file writable, so it cannot make a folder
+    read-only; the immutable attribute stops root's writes too, and os.access reports it. Skipped where the
+    filesystem or the user cannot set it (the chmod test below runs there instead)."""
+    made = []
+
+    def make(path):
+        if not shutil.which("chattr"):
+            pytest.skip("no chattr here")
+        if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
+            pytest.skip("cannot set the immutable attribute here (a filesystem without it, or not root)")
+        made.append(path)
+
+    yield make
+    for path in made:
+        subprocess.run(["chattr", "-i", str(path)], check=True)

@@ -3,6 +3,9 @@ and attribution from the command line; the run folder as the first argument or -
 
 import dataclasses
 import json
+import shlex
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -15,7 +18,7 @@ from test_experiments import CHARS
 from test_plot import assert_png
 
 KEYS = {"layer", "head", "name", "ablation_delta", "previous_token", "first_token", "duplicate_token", "induction",
-        "local"}
+        "local", "label"}
 
 
 def saved_run(folder, chars=CHARS, trained_on=None, tok=None, **overrides):
@@ -40,16 +43,30 @@ def test_the_heads_table_lists_every_head_and_draws_its_picture(trained_run, tmp
     out = trained_run[0]
     picture = tmp_path / "heads.png"
     proc = check_ok(run_here("analyze.py", "heads", out, f"--output={picture}", "--tokens=256"))
-    lines = proc.stdout.splitlines()
+    wrote, *lines = proc.stdout.splitlines()  # the picture first, then the answer
     assert lines[0].startswith("val loss ") and "on 256 tokens of tiny's val split (8 windows of 32)" in lines[0]
     header = [c.strip() for c in lines[2].strip("|").split("|")]
     assert header == ["layer", "head", "ablation Δ val loss", "previous-token", "first-token", "duplicate-token",
-                      "induction", "local"]
+                      "induction", "local", "label"]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[4:8]]
     assert [row[:2] for row in rows] == [["0", "L0H0"], ["0", "L0H1"], ["1", "L1H0"], ["1", "L1H1"]]
-    assert all(0 <= float(cell) <= 1 for row in rows for cell in row[3:])
-    assert f"wrote {picture}" in proc.stdout
+    assert all(0 <= float(cell) <= 1 for row in rows for cell in row[3:-1])
+    assert lines[9].startswith("label: the kind whose score goes furthest from chance toward 1")
+    assert wrote == f"wrote {picture}"
     assert_png(picture)
+    assert proc.stderr.startswith("ablating each of 4 heads in turn on 256 tokens of tiny's val split")
+
+
+def test_each_head_has_the_explorers_label(trained_run, tmp_path):
+    """The label column is the explorer's: head_labels over the same scores."""
+    from gptkit.explorer.experiments import heads_report
+    from gptkit.interp.experiments import open_run
+
+    answer = json.loads(check_ok(run_here("analyze.py", "heads", trained_run[0], "--json", "--tokens=512",
+                                          f"--output={tmp_path / 'h.png'}")).stdout)
+    run = open_run(trained_run[0])
+    labels = heads_report(run.model, run.tok, lambda: {"config": run.trained_on})["labels"]
+    assert [e["label"] for e in answer["heads"]] == [label for row in labels for label in row]
 
 
 def test_heads_json_agrees_with_the_api_on_the_same_tokens(trained_run, tmp_path):
@@ -84,8 +101,56 @@ def test_one_head_is_every_head_allowed_with_a_note(data_dir, tmp_path):
                     n_head=1)
     proc = check_ok(run_here("analyze.py", "heads", out, "--tokens=64"))
     assert "| 0     | L0H0 |" in proc.stdout
-    assert proc.stderr.strip() == ("note: the model has one head, so ablating it switches every head off (allowed: "
+    assert proc.stderr.strip().splitlines()[-1] == ("note: the model has one head, so ablating it switches every head off (allowed: "
                                    "its row is what all of attention adds)")
+
+
+# ----------------------------------------------------------------------------- files: whole, where they may go
+
+
+@pytest.mark.parametrize("command", [["patch", "--clean=ROMEO:", "--corrupt=JULIE:"], ["heads", "--tokens=64"]])
+def test_a_picture_is_never_written_through_a_link(data_dir, tmp_path, command):
+    """A link where the picture goes is refused in one line before any work or output; the file it points at
+    is untouched."""
+    meta = json.loads((data_dir / "tiny" / "meta.json").read_text(encoding="utf-8"))
+    out = saved_run(tmp_path / "run", meta["vocab"], {"dataset": "tiny", "data_dir": str(data_dir)})
+    precious = tmp_path / "precious.png"
+    precious.write_bytes(b"mine")
+    (out / f"{command[0]}.png").symlink_to(precious)
+    proc = run_here("analyze.py", command[0], out, *command[1:])
+    assert_one_error_line(proc.stderr, f"error: {out / command[0]}.png is a link, and the tool writes this "
+                                       "file itself, never through a link; remove it")
+    assert proc.stdout == "" and precious.read_bytes() == b"mine"
+
+
+def test_a_folder_that_cannot_take_the_picture_is_refused_before_the_table(tiny, immutable):
+    immutable(tiny)
+    proc = run_here("analyze.py", "patch", tiny, "--clean=ROMEO:", "--corrupt=JULIE:")
+    assert_one_error_line(proc.stderr, f"error: cannot write {tiny / 'patch.png'} (permission denied)*")
+    assert proc.stdout == ""
+
+
+def test_the_picture_is_written_when_the_reader_stops_early(tiny):
+    """`analyze.py patch --json | true`: the reader is gone before the answer is printed, yet the picture is kept
+    (it is drawn first) and the command ends cleanly."""
+    proc = subprocess.run(f"{shlex.quote(sys.executable)} analyze.py patch {shlex.quote(str(tiny))} --clean=ROMEO: "
+                          "--corrupt=JULIE: --json | true", shell=True, cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr
+    assert_png(tiny / "patch.png")
+
+
+def test_characters_without_a_glyph_are_one_note(tmp_path, monkeypatch):
+    """Prompts in Chinese, where no font has their glyphs: one note, not a matplotlib warning a character (the
+    layout, which meets them first, is done as the picture is saved, where the warnings are gathered)."""
+    import matplotlib
+
+    import gptkit.interp.pictures  # noqa: F401  (it sets the fonts when imported; only DejaVu Sans from here on)
+    monkeypatch.setitem(matplotlib.rcParams, "font.family", ["DejaVu Sans"])
+    out = saved_run(tmp_path / "han", CHARS + "罗密欧朱丽叶")
+    proc = check_ok(run_here("analyze.py", "patch", out, "--clean=罗密欧", "--corrupt=朱丽叶"))
+    assert "Glyph" not in proc.stderr + proc.stdout and "Warning" not in proc.stderr
+    note = next(line for line in proc.stdout.splitlines() if line.startswith("note: "))
+    assert note.startswith("note: 6 characters of the picture (") and sorted(note[35:41]) == sorted("罗密欧朱丽叶")
 
 
 # ----------------------------------------------------------------------------- patch and attribute
@@ -100,7 +165,7 @@ def test_patch_prints_both_heatmaps_and_draws_them(tiny):
     assert answer["resid"][0][0] != answer["corrupt"] == answer["resid"][0][-1]  # both prompts end in ":"
     assert_png(tiny / "patch.png")
     table = check_ok(run_here("analyze.py", "patch", f"--out_dir={tiny}", "--clean=ROMEO:", "--corrupt=JULIE:"))
-    assert table.stdout.startswith("metric: log-prob of ") and "| 5        | :     |" in table.stdout
+    assert table.stdout.splitlines()[1].startswith("metric: log-prob of ") and "| 5        | :     |" in table.stdout
 
 
 def test_attribute_lists_each_part_and_their_sum(tiny):

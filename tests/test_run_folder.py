@@ -2,9 +2,7 @@
 work, a folder (or a file in it) it could not write, and a bookkeeping file that is a link out of the folder."""
 
 import os
-import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -58,7 +56,8 @@ def test_the_lock_is_never_taken_through_a_link(tmp_path, outside):
 
 # ---------------------------------------------------------------------------------------------- links
 
-@pytest.mark.parametrize("name", ["run.lock", "metrics.jsonl", "latest.pt.tmp", "best.pt.tmp"])
+@pytest.mark.parametrize("name", ["run.lock", "metrics.jsonl", "latest.pt.tmp", "best.pt.tmp", "latest.pt",
+                                  "best.pt"])
 def test_a_run_refuses_a_bookkeeping_file_that_is_a_link(tmp_path, data_dir, outside, name):
     """run.lock as a user runs it, the others in this process."""
     out = tmp_path / "out"
@@ -73,25 +72,6 @@ def test_a_run_refuses_a_bookkeeping_file_that_is_a_link(tmp_path, data_dir, out
 
 
 # ---------------------------------------------------------------------------------------------- a folder to save in
-
-@pytest.fixture
-def immutable(tmp_path):
-    """chattr +i, undone after the test. For root, chmod leaves every file writable, so it cannot make a folder
-    read-only; the immutable attribute stops root's writes too, and os.access reports it. Skipped where the
-    filesystem or the user cannot set it (the chmod test below runs there instead)."""
-    made = []
-
-    def make(path):
-        if not shutil.which("chattr"):
-            pytest.skip("no chattr here")
-        if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
-            pytest.skip("cannot set the immutable attribute here (a filesystem without it, or not root)")
-        made.append(path)
-
-    yield make
-    for path in made:
-        subprocess.run(["chattr", "-i", str(path)], check=True)
-
 
 @pytest.mark.parametrize("what", ["the folder", "metrics.jsonl", "best.pt", "run.lock"])
 def test_a_run_folder_that_cannot_be_written_is_refused_before_any_work(run, data_dir, immutable, what):

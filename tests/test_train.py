@@ -148,6 +148,26 @@ def test_max_time_covers_the_whole_run_and_a_resume_spends_only_what_is_left(tmp
     assert sorted(logged(out)) == list(range(1, second["iter_num"] + 1))
 
 
+def test_an_evaluation_that_spends_the_budget_is_the_last_one(tmp_path, data_dir, monkeypatch):
+    """Where a regular evaluation leaves no time for another, the run ends at it, rather than taking one more step
+    and printing a second evaluation of almost the same weights (the budget is made to run out by that
+    evaluation)."""
+    from gptkit.training.budget import TimeBudget
+
+    evaluated = TimeBudget.evaluated
+
+    def counted(self, seconds, per_token):
+        self.evaluations = getattr(self, "evaluations", 0) + 1
+        evaluated(self, seconds, per_token)
+    monkeypatch.setattr(TimeBudget, "evaluated", counted)
+    monkeypatch.setattr(TimeBudget, "over", lambda self: getattr(self, "evaluations", 0) >= 2)
+    out = tmp_path / "out"
+    train.main(train_args(data_dir, out, "--max_iters=100", "--eval_interval=4", "--eval_iters=1", "--log_interval=1",
+                          "--max_time=1000"))
+    assert [r["iter"] for r in read_metrics(out) if r["kind"] == "eval"] == [0, 4]
+    assert load_checkpoint(out / "latest.pt")["iter_num"] == 4
+
+
 PRESETS = sorted(p.name for p in (REPO / "config").glob("shakespeare_char*.py"))
 
 

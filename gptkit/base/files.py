@@ -30,16 +30,14 @@ def refuse_link(path):
 
 
 def writable(path):
-    """Raise one line unless `path` can be written now (its folder exists or can be made, takes files, and no
-    link stands at its name): checked before a command prints results it would then fail to keep."""
+    """Raise one line unless `path` can be written now: no link at its name, the nearest folder that exists
+    takes files, and a file already there may be replaced. Checked before a command does work (and prints
+    results) that it would then fail to keep."""
     path = Path(path)
     refuse_link(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot write {path} ({e.strerror or e})") from None
-    if not os.access(path.parent, os.W_OK | os.X_OK) or path.exists() and not os.access(path, os.W_OK):
-        raise UserError(f"cannot write {path} (permission denied)")
+    folder = next((p for p in path.parents if p.exists()), Path("."))
+    if not os.access(folder, os.W_OK | os.X_OK) or path.exists() and not os.access(path, os.W_OK):
+        raise UserError(f"cannot write {path} (permission denied); make {folder} writable or pick another path")
 
 
 @contextmanager

@@ -10,11 +10,14 @@ weights are stored transposed (in, out), and its config calls things by other na
 
 import os
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 
 from gptkit.base.errors import UserError, first_line
+from gptkit.base.files import refuse_link
 from model import GPT, GPTConfig
 
 HUB_MODELS = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}
@@ -207,8 +210,17 @@ def save_hf(model, hf_dir, eos_token_id=None):
     hf_config = transformers.GPT2Config(**hf_config_args(config, eos_token_id))
     hf = transformers.GPT2LMHeadModel(hf_config).eval()
     hf.load_state_dict(state_to_hf(model.state_dict(), config))
+    hf_dir = Path(hf_dir)
     try:
-        hf.save_pretrained(hf_dir)
+        hf_dir.mkdir(parents=True, exist_ok=True)
+        # written aside, then each file renamed in: never through a link, never half a folder
+        with tempfile.TemporaryDirectory(dir=hf_dir, prefix=".export-") as aside:
+            hf.save_pretrained(aside)
+            written = sorted(Path(aside).iterdir())
+            for f in written:
+                refuse_link(hf_dir / f.name)
+            for f in written:
+                os.replace(f, hf_dir / f.name)
     except OSError as e:
         raise UserError(f"could not write {hf_dir} ({e.strerror or e})") from None
     return hf

@@ -19,6 +19,7 @@ from matplotlib.font_manager import FontProperties, fontManager  # noqa: E402
 from matplotlib.textpath import TextToPath  # noqa: E402
 
 from gptkit.base.errors import UserError  # noqa: E402
+from gptkit.base.files import writable, written_whole  # noqa: E402
 from gptkit.base.settings import shown  # noqa: E402
 from gptkit.interp.hooks import attention_of  # noqa: E402
 from gptkit.run.metrics import loss_series, wall_clock  # noqa: E402
@@ -62,20 +63,22 @@ def check_picture_path(path):
                          f"{path / 'picture.png'}")
     if blocker is not None and not blocker.is_dir():
         raise ValueError(f"output {path} cannot be written: {blocker} is a file, not a folder")
+    try:
+        writable(path)
+    except UserError as e:
+        raise ValueError(str(e)) from None
     formats = writable_formats()
     if path.suffix[1:].lower() not in formats:
         raise ValueError(f"output must end in one of .{', .'.join(formats)} (got {shown(str(path))})")
 
 
 def save(fig, path, dpi):
+    """Write the picture whole (aside, then renamed over path), never through a link at its name."""
     path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True) as caught, written_whole(path, "wb") as f:
             warnings.simplefilter("always")
-            fig.savefig(path, dpi=dpi)
-    except OSError as e:
-        raise UserError(f"could not write {path} ({e.strerror or e})") from None
+            fig.savefig(f, dpi=dpi, format=path.suffix[1:].lower())
     finally:
         plt.close(fig)
     print(f"wrote {path}")
@@ -119,7 +122,7 @@ def draw_loss(records, title, path, dpi=100):
     axes[0].set_title("loss against iterations")
     axes[1].set_title("loss against wall time")
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out as it is saved, where its warnings are gathered
     save(fig, path, dpi)
 
 
@@ -145,7 +148,7 @@ def draw_val_loss_vs_time(runs, title, path, dpi=110, aside=None, tokens_per_ite
     if aside:
         axes[0][1].set_title("it cheats: not a result", fontsize=9)
         axes[0][1].legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out as it is saved, where its warnings are gathered
     save(fig, path, dpi)
 
 
@@ -300,7 +303,7 @@ def draw_heads(deltas, scores, title, path, dpi=100):
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
     fig.suptitle(title, fontsize=TITLE_PT)
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out as it is saved, where its warnings are gathered
     save(fig, path, dpi)
 
 
@@ -321,5 +324,5 @@ def draw_patching(resid, heads, labels, limits, title, path, dpi=100):
     axes[1].set_xlabel("head", fontsize=HEAD_PT)
     fig.colorbar(image, ax=axes[1], fraction=0.1, pad=0.04).ax.tick_params(labelsize=LABEL_PT - 1)
     fig.suptitle(title, fontsize=TITLE_PT)
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out as it is saved, where its warnings are gathered
     save(fig, path, dpi)

@@ -8,7 +8,6 @@ same out_dir lists the rungs trained before it too."""
 
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 import torch
 
 from gptkit.base.errors import UserError, first_line
-from gptkit.base.files import no_links
+from gptkit.base.files import no_links, write_whole
 from gptkit.base.settings import check_seed, parse_config
 from gptkit.base.signals import StopSignals
 from gptkit.data.dataset import Split, bits_per_char, fixed_offsets, load_meta
@@ -311,10 +310,7 @@ def read_rung(rung, cfg, seconds, data, prompt, device):
 
 def save_row(row, folder, dataset):
     """The row as lab.json, whole or not at all (written aside, then renamed)."""
-    path, tmp = folder / RESULT, folder / (RESULT + ".tmp")
-    with open(tmp, "w", encoding="utf-8", opener=no_links) as f:
-        json.dump(dict(asdict(row), rung=row.rung.name, dataset=dataset), f, ensure_ascii=False)
-    os.replace(tmp, path)
+    write_whole(folder / RESULT, json.dumps(dict(asdict(row), rung=row.rung.name, dataset=dataset), ensure_ascii=False))
 
 
 def load_row(rung, folder, dataset):
@@ -433,9 +429,9 @@ def write_results(cfg, rows, missing, trained, meta):
     notes += f"\n\n{heads_table(rows)}\n\n{HEADS_NOTES}"
     samples = "\n\n".join(f"## {r.label}: {r.training} of training, seed {r.seed}\n\n```text\n{r.sample}\n```"
                            for r in rows)
-    (out / "table.md").write_text(f"{table}\n\n{notes}\n", encoding="utf-8")
-    (out / "samples.md").write_text(f"# Sampled {unit}s after the prompt, temperature {SAMPLE_TEMPERATURE}\n\n"
-                                    f"{samples}\n", encoding="utf-8")
+    write_whole(out / "table.md", f"{table}\n\n{notes}\n")
+    write_whole(out / "samples.md", f"# Sampled {unit}s after the prompt, temperature {SAMPLE_TEMPERATURE}\n\n"
+                                    f"{samples}\n")
     lengths = sorted({r.training for r in rows})
     mixed, by_time = len(lengths) > 1, all(r.budget > 0 for r in rows)
     curves = {f"{r.label} ({r.training})" if mixed else r.label: r for r in rows}

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from gptkit.base.errors import RunStopped, UserError, first_line
-from gptkit.base.files import no_links
+from gptkit.base.files import no_links, refuse_link
 from gptkit.machine.stand_ins import KERNELS, install
 from gptkit.run.formats import CHECKPOINT_FORMAT, upgraded_checkpoint
 from model import GPT, GPTConfig
@@ -41,6 +41,7 @@ def save_checkpoint(state, path, previous=None):
     """Write to a temporary file, fsync, then rename: a crash leaves the old file or the new, never half of one.
     With previous (a path), the file being replaced is kept there instead of deleted."""
     path = Path(path)
+    refuse_link(path)
     tmp = path.with_name(path.name + ".tmp")
     writer = None
     try:

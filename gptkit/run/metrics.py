@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from gptkit.base.errors import UserError, first_line
-from gptkit.base.files import no_links
+from gptkit.base.files import no_links, refuse_link
 
 
 def process_start_time():
@@ -109,6 +109,7 @@ def parsed(line):
 
 
 def replace_file(path, data):
+    refuse_link(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb", opener=no_links) as f:

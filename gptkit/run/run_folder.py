@@ -56,7 +56,7 @@ class RunDir:
         for p in [*saved, *in_place]:
             if p.is_dir():
                 raise UserError(f"{p} is a folder where the run writes a file; move it out of the way")
-        for p in in_place:  # a rename replaces a link at a saved file's name; these would be written through one
+        for p in [*saved, *in_place]:  # a rename would replace the user's link; the others would write through it
             if p.is_symlink():
                 raise UserError(link_in_place(p))
         self.check_writable([*saved, *in_place])
