@@ -66,3 +66,13 @@ def test_the_notebook_runs_on_a_trained_run(trained_run):
                  "the strongest induction head", "layer 0's stream patched at position 0", "parts sum to"):
         assert line in printed, line
     assert sum(output.output_type == "display_data" for cell in code for output in cell.outputs) == 2  # 2 pictures
+
+
+@pytest.mark.slow
+def test_the_notebook_runs_on_a_bpe_run(bpe_trained_run):
+    """On a run with a BPE vocabulary, whose tokens are not characters: the patching step still finds two
+    prompts of one length in tokens."""
+    nb = executed(bpe_trained_run, this_interpreter())
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert all(cell.execution_count for cell in code)
+    assert "layer 0's stream patched at position 0" in "\n".join(map(text_of, code))
