@@ -71,7 +71,7 @@ def test_every_hook_point_caches_and_patches_as_in_transformer_lens():
     _, theirs = lens.run_with_cache(idx)
     assert "blocks.0.attn.hook_pattern" in names and "blocks.1.hook_resid_post" in names
     for name in names:
-        if not name.endswith("hook_attn_scores"):  # TransformerLens 4.3 caches the softmax's output there
+        if not name.endswith("hook_attn_scores"):  # TransformerLens 3.9 and 4.3 cache the softmax's output there
             torch.testing.assert_close(ours[name], theirs[name], atol=1e-5, rtol=0, msg=name)
 
     def head_off(z, hook=None):  # our hooks are called (activation, name), TransformerLens's (activation, hook)
@@ -97,7 +97,7 @@ def test_other_options_are_refused_in_one_line_naming_them(option):
 
 
 @pytest.mark.parametrize("found, expected", [(None, "needs the `transformer-lens` package: pip install"),
-                                             ("3.5.1", "needs transformer-lens 4.3 or later (found 3.5.1)")])
+                                             ("3.5.1", "needs transformer-lens 3.9 or later (found 3.5.1)")])
 def test_a_missing_or_old_transformer_lens_is_one_line(monkeypatch, found, expected):
     def version(name):
         assert name == "transformer-lens"
