@@ -5,7 +5,7 @@ gptkit/interp/experiments.py (docs/analysis.md).
 
     python analyze.py heads out                                   # a table of every head, and out/heads.png
     python analyze.py heads out --ablation=mean --json            # mean ablation, as JSON
-    python analyze.py patch out --clean="ROMEO:" --corrupt="JULIET:"   # activation patching, and out/patch.png
+    python analyze.py patch out --clean="KING HENR" --corrupt="KING RICH" --target=Y --foil=A   # and out/patch.png
     python analyze.py attribute out --text="First Citizen"        # what pushed each part of the last prediction
 """
 
