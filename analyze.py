@@ -56,17 +56,50 @@ class PictureConfig(AnalyzeConfig):
 
 
 @dataclass
-class HeadsConfig(PictureConfig):
+class DataConfig(AnalyzeConfig):
+    """The settings of a subcommand that reads the run's dataset: every subcommand's, and which dataset."""
+
+    dataset: str = ""  # whose splits ('' = the dataset the run trained on)
+    data_dir: str = ""  # with --dataset: where prepared datasets live ('' = this project's data/)
+
+
+@dataclass
+class HeadsConfig(PictureConfig, DataConfig):
     picture: ClassVar[str] = "heads"
     tokens: int = 65_536  # val tokens each head's ablation is measured on: the split's first ones, in windows
     ablation: Literal["zero", "mean"] = "zero"  # a head's output (its slice of hook_z) set to 0, or to its mean there
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # 'auto': bfloat16 where the device has fast bf16 matmuls
-    dataset: str = ""  # whose val split ('' = the dataset the run trained on)
-    data_dir: str = ""  # with --dataset: where prepared datasets live ('' = this project's data/)
 
     def __post_init__(self):
         super().__post_init__()
         require(self, ["tokens"], lambda v: v >= 1, "at least 1")
+
+
+@dataclass
+class FeaturesConfig(DataConfig):
+    layer: int = -1  # the layer whose site is read, counted from 0 (-1 = the last)
+    site: str = "resid_post"  # resid_post, resid_mid, mlp_out or attn_out (blocks.LAYER.hook_SITE)
+    features: int = 0  # the SAE's features (0 = 8 x the model's width)
+    k: int = 16  # features kept active for each token (TopK)
+    tokens: int = 2_000_000  # train activations the SAE learns from, streamed from the train split
+    batch: int = 2048  # activations a step
+    lr: float = 2e-3  # Adam's learning rate (on activations scaled to a mean norm of sqrt(width))
+    seed: int = 0  # the SAE's initial weights and the windows it reads
+    eval_tokens: int = 65_536  # val tokens the metrics and each feature's contexts are read on (the first ones)
+    show: int = 20  # features in the table, the most frequent first
+    start_over: bool = False  # train again where an SAE with other settings (or a stopped training) is there
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(self, ["layer"], lambda v: v >= -1, "-1 (the last layer) or more")
+        require(self, ["features", "show"], lambda v: v >= 0, "at least 0")
+        require(self, ["k", "batch", "eval_tokens"], lambda v: v >= 1, "at least 1")
+        require(self, ["lr"], lambda v: v > 0, "above 0")
+        if self.features and self.k >= self.features:
+            raise ValueError(f"k must be below features (got k={self.k}, features={self.features})")
+        if self.tokens < self.batch:
+            raise ValueError(f"tokens must be at least one batch of {self.batch} activations to train on (got "
+                             f"{self.tokens})")
 
 
 @dataclass
@@ -91,9 +124,9 @@ class AttributeConfig(AnalyzeConfig):
 # ----------------------------------------------------------------------------- heads
 
 
-def val_windows(run, cfg, device):
-    """(idx, targets), (B, T) each: the first cfg.tokens tokens of the val split (fewer where it holds fewer), in
-    consecutive windows of the run's block_size; and the split's name in words."""
+def run_split(run, cfg, name, block_size):
+    """The run's dataset's split `name` (--dataset's where given), in windows of block_size: (Split, the
+    dataset's name)."""
     from gptkit.data.dataset import Split, load_meta
     from gptkit.data.tokenizer import same_token_ids
 
@@ -105,9 +138,15 @@ def val_windows(run, cfg, device):
     if not same_token_ids(meta, run.tok.to_meta()):
         raise UserError(f"dataset {dataset} is tokenized differently from the run in {run.out_dir}; pass the "
                         "--dataset it trained on")
-    T = min(run.config.block_size, cfg.tokens)
-    split = Split(folder, "val", meta, T)
-    windows = min(max(1, cfg.tokens // T), (split.length - 1) // T)
+    return Split(folder, name, meta, block_size), dataset
+
+
+def val_windows(run, cfg, device, tokens):
+    """(idx, targets), (B, T) each: the first `tokens` tokens of the val split (fewer where it holds fewer), in
+    consecutive windows of the run's block_size; and the split's name in words."""
+    T = min(run.config.block_size, tokens)
+    split, dataset = run_split(run, cfg, "val", T)
+    windows = min(max(1, tokens // T), (split.length - 1) // T)
     idx, targets = split.batch(torch.arange(windows) * T, device)
     return idx, targets, f"{dataset}'s val split ({windows:,} windows of {T})"
 
@@ -142,7 +181,7 @@ def analyze_heads(cfg):
     device = pick_device(cfg.device)
     run = open_run(cfg.out_dir, cfg.checkpoint, device)
     no_attention(run.model)
-    idx, targets, where = val_windows(run, cfg, device)
+    idx, targets, where = val_windows(run, cfg, device, cfg.tokens)
     dtype = fast_dtype(device) if cfg.dtype == "auto" else cfg.dtype
     c = run.config
     print(f"ablating each of {c.n_layer * c.n_head} heads in turn on {targets.numel():,} tokens of {where}, in "
@@ -283,8 +322,126 @@ def analyze_attribute(cfg):
            f"{markdown_table(['part', f'logit of {target}'], rows, numeric={1})}")
 
 
+# ----------------------------------------------------------------------------- features
+
+
+def sae_recipe(run, cfg):
+    """The hook point (its layer and site checked) and the Recipe the settings make for this run."""
+    from gptkit.interp.features import Recipe, site_hook
+
+    layer = run.config.n_layer - 1 if cfg.layer == -1 else cfg.layer
+    hook = site_hook(run.model, layer, cfg.site)
+    features = cfg.features or 8 * run.config.n_embd
+    if cfg.k >= features:
+        raise UserError(f"k must be below features (got k={cfg.k}, features={features})")
+    return Recipe(hook, features, cfg.k, cfg.tokens, cfg.batch, cfg.lr, cfg.seed)
+
+
+def trained_sae(run, cfg, recipe, folder):
+    """The SAE of this recipe in folder, trained now unless it is there already: (SAE, its dead fraction, the
+    scale it was trained at, None for one read from the folder)."""
+    from gptkit.base.files import writable
+    from gptkit.interp.features import OURS_FILE, TRAINING_FILE, load_sae, read_ours, train_sae
+
+    ours = read_ours(folder)
+    if ours is not None and not cfg.start_over:
+        if ours.get("recipe") != recipe.__dict__:
+            raise UserError(f"{folder} holds an SAE trained with other settings "
+                            f"({settings_diff(ours.get('recipe'), recipe)}); pass those to read it, or "
+                            "--start_over=True to replace it")
+        sae, ours = load_sae(folder, run.model)
+        print(f"the SAE trained earlier, from {folder}", file=sys.stderr)
+        return sae, ours["metrics"]["dead_fraction"], None
+    writable(folder / OURS_FILE)
+    if cfg.start_over and folder.is_dir():
+        (folder / TRAINING_FILE).unlink(missing_ok=True)
+        if ours is not None:
+            print(f"note: replacing the SAE in {folder} (--start_over=True)", file=sys.stderr)
+    split, _ = run_split(run, cfg, "train", run.config.block_size)
+    if split.length < 2 * recipe.batch:
+        raise UserError(f"the train split has {split.length:,} tokens: too few to train an SAE on batches of "
+                        f"{recipe.batch:,}; lower --batch or prepare more text")
+    sae, scale, trainer = train_sae(run.model.requires_grad_(False), split, recipe, folder)
+    return sae, trainer.dead_fraction(), scale
+
+
+def settings_diff(saved, recipe):
+    saved = saved if isinstance(saved, dict) else {}
+    return ", ".join(f"{k}={saved.get(k)!r}" for k, v in recipe.__dict__.items() if saved.get(k) != v) or "unknown"
+
+
+def analyze_features(cfg):
+    from gptkit.interp.experiments import open_run
+    from gptkit.interp.features import TRAINING_FILE, feature_rows, measure, save_sae, weights_fingerprint
+
+    run = open_run(cfg.out_dir, cfg.checkpoint, pick_device(cfg.device))
+    recipe = sae_recipe(run, cfg)
+    folder = run.out_dir / "sae" / recipe.hook
+    idx, targets, where = val_windows(run, cfg, "cpu", cfg.eval_tokens)
+    sae, dead, scale = trained_sae(run, cfg, recipe, folder)
+    metrics = measure(run.model, sae, recipe.hook, idx, targets, dead)
+    if scale is not None:  # trained now: kept with its metrics and the weights it read
+        save_sae(folder, sae, recipe.hook, run.out_dir.resolve().name,
+                 {"recipe": recipe.__dict__, "scale": scale, "metrics": metrics.to_json(),
+                  "run_weights": weights_fingerprint(run.model), "checkpoint": cfg.checkpoint})
+        (folder / TRAINING_FILE).unlink(missing_ok=True)
+    rows = feature_rows(run.model, run.tok, sae, recipe.hook, idx, cfg.show)
+    write_feature_page(folder / "features.html", recipe, metrics, rows, where)
+    answer(cfg, {"metrics": {k: metrics.to_json()[k] for k in ("l0", "explained_variance", "ce_loss_recovered",
+                                                                "delta_loss", "dead_fraction")},
+                 "hook": recipe.hook, "folder": str(folder), "features": rows},
+           features_text(recipe, metrics, rows, where, folder))
+
+
+def features_text(recipe, metrics, rows, where, folder):
+    from gptkit.data.tokenizer import visible
+    from gptkit.lab.ladder import markdown_table
+
+    m = metrics
+    cells = [[str(r["index"]), f"{r['frequency']:.2%}",
+              "  ".join(f"{visible(b)}[{visible(t)}]{visible(a)}" for b, t, a, _ in r["contexts"][:3]),
+              " ".join(visible(t) for t in r["promotes"][:3]), " ".join(visible(t) for t in r["demotes"][:3])]
+             for r in rows]
+    table = markdown_table(["feature", "fires", "top contexts ([the token it fires on])", "pushes up", "pushes down"],
+                           cells, numeric={0, 1})
+    return (f"an SAE of {recipe.features:,} features, k={recipe.k}, on {recipe.hook}, trained on {recipe.tokens:,} "
+            f"activations; saved in {folder} (SAELens's format)\n"
+            f"on {m.tokens:,} tokens of {where}: L0 {m.l0:.1f}, explained variance {m.explained_variance:.4f}, "
+            f"CE loss recovered {m.ce_loss_recovered:.4f} (val loss {m.clean_loss:.4f} clean, {m.spliced_loss:.4f} "
+            f"spliced, {m.zero_loss:.4f} zeroed), splicing adds {m.delta_loss:+.4f} nats, dead features "
+            f"{m.dead_fraction:.1%} (docs/analysis.md defines each)\n\n"
+            f"the {len(rows)} features that fire most often:\n\n{table}\n\nevery feature's contexts: "
+            f"{folder / 'features.html'}")
+
+
+def write_feature_page(path, recipe, metrics, rows, where):
+    """features.html: each feature's top contexts with the token it fires on marked, its frequency and logit
+    effect; a page reads contexts of text better than a picture does."""
+    from html import escape
+
+    from gptkit.base.files import write_whole
+
+    def context(before, token, after, value):
+        return (f"<li><code>{escape(before)}<mark title='{value:.3f}'>{escape(token)}</mark>{escape(after)}</code>"
+                f" <small>{value:.2f}</small></li>")
+
+    items = "\n".join(f"<section><h2>feature {r['index']} <small>fires on {r['frequency']:.2%} of tokens</small></h2>"
+                       f"<ul>{''.join(context(*c) for c in r['contexts'])}</ul>"
+                       f"<p>pushes up: <code>{escape(' '.join(r['promotes']))}</code> · pushes down: "
+                       f"<code>{escape(' '.join(r['demotes']))}</code></p></section>" for r in rows)
+    m = metrics
+    write_whole(path, f"""<!doctype html><meta charset="utf-8"><title>features of {escape(recipe.hook)}</title>
+<style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}code{{white-space:pre;background:#f4f4f4}}
+mark{{background:#fc6}}section{{border-top:1px solid #ddd}}</style>
+<h1>{recipe.features:,} features of {escape(recipe.hook)}, k={recipe.k}</h1>
+<p>On {m.tokens:,} tokens of {escape(where)}: L0 {m.l0:.1f}, explained variance {m.explained_variance:.4f}, CE loss
+recovered {m.ce_loss_recovered:.4f}, splicing adds {m.delta_loss:+.4f} nats, dead {m.dead_fraction:.1%}.</p>
+{items}
+""")
+
+
 COMMANDS = {"heads": (analyze_heads, HeadsConfig), "patch": (analyze_patch, PatchConfig),
-            "attribute": (analyze_attribute, AttributeConfig)}
+            "attribute": (analyze_attribute, AttributeConfig), "features": (analyze_features, FeaturesConfig)}
 
 
 def out_dir_first(argv):

@@ -1,0 +1,381 @@
+"""The features of a trained run: a sparse autoencoder (gptkit/interp/sae.py) trained on one hook point's
+activations over the run's own train split, kept in the run folder in SAELens's file format, and read back: the
+standard metrics (L0, explained variance, CE loss recovered, the loss splicing adds, dead features), each
+feature's top contexts, frequency and logit effect, and features switched off in the forward pass.
+
+The folder of an SAE, out_dir/sae/<hook name>/:
+    cfg.json, sae_weights.safetensors   SAELens's own files (SAE.load_from_disk reads them), raw activations in
+    gptkit.json                         settings, metrics, each file's sha256, and the run's weights it read
+    training.pt                         while training: the state a stopped training continues from"""
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from gptkit.base.errors import RunStopped, UserError, first_line
+from gptkit.base.files import write_whole
+from gptkit.interp.hooks import hook_points, hooked
+
+SITES = {"resid_post": "hook_resid_post", "resid_mid": "hook_resid_mid", "mlp_out": "hook_mlp_out",
+         "attn_out": "hook_attn_out"}
+SAE_FORMAT = 1
+WEIGHTS_FILE, CFG_FILE, OURS_FILE, TRAINING_FILE = "sae_weights.safetensors", "cfg.json", "gptkit.json", "training.pt"
+
+
+def site_hook(model, layer, site):
+    """The hook name of one site of one layer (blocks.2.hook_resid_post), or one line naming what is wrong."""
+    L = model.config.n_layer
+    if site not in SITES:
+        raise UserError(f"unknown site {site!r}; choose one of {', '.join(SITES)}")
+    if L == 0:
+        raise UserError("this model has no layers (a bigram table): it has no site for features")
+    if not 0 <= layer < L:
+        raise UserError(f"layer {layer} is out of range: the model has {L} layer{'s' * (L > 1)}, 0 to {L - 1}")
+    name = f"blocks.{layer}.{SITES[site]}"
+    if name not in hook_points(model):
+        raise UserError(f"this model has no {site} (it was built with mlp=False); choose resid_post or attn_out")
+    return name
+
+
+def weights_fingerprint(model):
+    """sha256 of the model's weights: an SAE reads the activations of these weights and no others."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+class StopAfter(Exception):
+    """Raised by the hook of the site read: the layers after it have nothing to give."""
+
+
+@torch.no_grad()
+def site_activations(model, idx, hook):
+    """The activation at hook for idx (B, T): (B, T, d), the forward pass stopped right after it."""
+    kept = {}
+
+    def keep(x, name):
+        kept["x"] = x
+        raise StopAfter
+
+    with hooked(model, {hook: keep}):
+        try:
+            model(idx)
+        except StopAfter:
+            pass
+    return kept["x"].float()
+
+
+class ActivationStream:
+    """Activations at one hook point, (batch, d) at a time, from random windows of a split, through a shuffling
+    buffer (neighbouring positions of one window are alike): never the whole stream in memory. Seeded; its state
+    (the generator and the buffer) continues a stopped training exactly."""
+
+    def __init__(self, model, split, hook, batch, buffer_windows=64, seed=0):
+        self.model, self.split, self.hook, self.batch = model, split, hook, batch
+        self.windows = buffer_windows
+        self.generator = torch.Generator().manual_seed(seed)
+        self.buffer = torch.empty(0)
+
+    def refill(self):
+        T = self.split.block_size
+        offsets = torch.randint(0, self.split.length - T - 1, (self.windows,), generator=self.generator)
+        idx, _ = self.split.batch(offsets, "cpu")
+        fresh = site_activations(self.model, idx, self.hook).flatten(0, 1)
+        pool = torch.cat([self.buffer, fresh]) if self.buffer.numel() else fresh
+        self.buffer = pool[torch.randperm(pool.size(0), generator=self.generator)]
+
+    def next(self):
+        # the buffer is kept at least twice a batch deep, so each batch mixes several refills' windows
+        while self.buffer.size(0) < 2 * self.batch + self.windows * self.split.block_size // 2:
+            self.refill()
+        taken, self.buffer = self.buffer[:self.batch], self.buffer[self.batch:]
+        return taken
+
+    def state_dict(self):
+        return {"generator": self.generator.get_state(), "buffer": self.buffer}
+
+    def load_state_dict(self, state):
+        self.generator.set_state(state["generator"])
+        self.buffer = state["buffer"]
+
+
+@dataclass
+class Metrics:
+    l0: float
+    explained_variance: float
+    ce_loss_recovered: float
+    delta_loss: float
+    dead_fraction: float
+    clean_loss: float
+    spliced_loss: float
+    zero_loss: float
+    tokens: int
+
+    def to_json(self):
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in self.__dict__.items()}
+
+
+def spliced(sae, off=()):
+    """A hook function that puts the SAE's reconstruction in place of the activation (with the features in off
+    switched off first)."""
+    def splice(x, name):
+        values, indices = sae.encode_sparse(x.float())
+        if len(off):
+            values = values.masked_fill(torch.isin(indices, torch.as_tensor(off, dtype=indices.dtype)), 0.0)
+        return sae.decode_sparse(values, indices).to(x.dtype)
+    return splice
+
+
+def features_off(sae, off):
+    """A hook function that subtracts the decoded contribution of the features in off from the activation:
+    each one's value times its decoder row, and nothing else (the rest of the activation, the SAE's error
+    included, is kept)."""
+    off = torch.as_tensor(sorted(set(off)), dtype=torch.long)
+
+    def subtract(x, name):
+        f = sae.encode(x.float())[..., off]  # (..., n) the switched-off features' values
+        return (x.float() - f @ sae.W_dec[off]).to(x.dtype)
+    return subtract
+
+
+@torch.no_grad()
+def measure(model, sae, hook, idx, targets, dead_fraction):
+    """The standard metrics on val windows idx, targets (B, T): L0 and explained variance of the activations at
+    hook; the loss clean, spliced (the reconstruction in place of the activation) and with the site zeroed; CE
+    loss recovered = (zero - spliced) / (zero - clean); the loss splicing adds = spliced - clean."""
+    x = site_activations(model, idx, hook).flatten(0, 1)
+    values, indices = sae.encode_sparse(x)
+    recon = sae.decode_sparse(values, indices)
+    l0 = (values > 0).sum(-1).float().mean().item()
+    explained = 1 - ((x - recon).pow(2).sum() / (x - x.mean(0)).pow(2).sum()).item()
+    clean = model(idx, targets)[1].item()
+    with hooked(model, {hook: spliced(sae)}):
+        spliced_loss = model(idx, targets)[1].item()
+    with hooked(model, {hook: lambda x, name: torch.zeros_like(x)}):
+        zero = model(idx, targets)[1].item()
+    return Metrics(l0, explained, recovered(clean, spliced_loss, zero), spliced_loss - clean, dead_fraction, clean,
+                   spliced_loss, zero, targets.numel())
+
+
+def recovered(clean, spliced_loss, zero):
+    """CE loss recovered: 1 for a perfect reconstruction, 0 for one no better than zeroing the site."""
+    return (zero - spliced_loss) / (zero - clean) if zero != clean else float("nan")
+
+
+# ----------------------------------------------------------------------------- training
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What an SAE is trained with: kept in its files, and a stopped training continues only with the same."""
+
+    hook: str
+    features: int
+    k: int
+    tokens: int
+    batch: int
+    lr: float
+    seed: int
+
+    @property
+    def steps(self):
+        return max(1, self.tokens // self.batch)
+
+    @property
+    def dead_after(self):
+        """A feature that has not fired for this many activations is dead (and AuxK works on it): 1,000,000, or
+        half of a shorter training."""
+        return min(1_000_000, self.tokens // 2)
+
+
+SAVE_EVERY_S = 30  # a stopped training loses at most this much
+
+
+def train_sae(model, split, recipe, folder, say=print):
+    """Train an SAE on recipe.tokens activations at recipe.hook, streamed from split; continue one stopped
+    earlier with the same recipe (training.pt in folder). (the SAE, made to read raw activations; the scale it
+    was trained at; the Trainer)."""
+    from gptkit.base.files import refuse_link
+    from gptkit.interp.sae import SparseAutoencoder, Trainer, activation_scale
+    from gptkit.run.checkpoint import load_checkpoint, save_checkpoint
+
+    torch.manual_seed(recipe.seed)
+    stream = ActivationStream(model, split, recipe.hook, recipe.batch, seed=recipe.seed)
+    first = stream.next()
+    sae = SparseAutoencoder(first.size(-1), recipe.features, recipe.k, torch.Generator().manual_seed(recipe.seed))
+    trainer, scale = Trainer(sae, recipe.lr, recipe.steps, recipe.dead_after), activation_scale(first)
+    with torch.no_grad():
+        sae.b_dec.copy_(first.mean(0) * scale)  # the decoder's bias starts at the data's centre
+    state_path = folder / TRAINING_FILE
+    refuse_link(state_path)
+    if state_path.exists():
+        state = load_checkpoint(state_path)
+        if state.get("recipe") != recipe.__dict__:
+            raise UserError(f"{state_path} is a stopped training with other settings; continue it with those, or "
+                            "pass --start_over=True")
+        sae.load_state_dict(state["sae"])
+        trainer.load_state_dict(state["trainer"])
+        stream.load_state_dict(state["stream"])
+        scale = state["scale"]
+        say(f"continuing the stopped training at step {trainer.step:,} of {recipe.steps:,}")
+    bar = progress(recipe, trainer.step)
+    saved = time.time()
+    try:
+        while trainer.step < recipe.steps:
+            mse, unexplained = trainer.train_step(stream.next() * scale)
+            bar.update(1)
+            if trainer.step % 50 == 0:
+                bar.set_postfix_str(f"explained variance {1 - unexplained:.3f}, dead {trainer.dead_fraction():.1%}")
+            if time.time() - saved > SAVE_EVERY_S and trainer.step < recipe.steps:
+                save_training(save_checkpoint, state_path, sae, trainer, stream, scale, recipe)
+                saved = time.time()
+    except KeyboardInterrupt:
+        save_training(save_checkpoint, state_path, sae, trainer, stream, scale, recipe)
+        raise RunStopped(f"stopped at step {trainer.step:,} of {recipe.steps:,}, saved in {state_path}; the same "
+                         "command continues from there") from None
+    finally:
+        bar.close()
+    sae.fold_scale(scale)
+    return sae.eval().requires_grad_(False), scale, trainer
+
+
+def save_training(save_checkpoint, path, sae, trainer, stream, scale, recipe):
+    save_checkpoint({"sae": sae.state_dict(), "trainer": trainer.state_dict(), "stream": stream.state_dict(),
+                     "scale": scale, "recipe": recipe.__dict__}, path)
+
+
+def progress(recipe, done):
+    from tqdm import tqdm
+
+    return tqdm(total=recipe.steps, initial=done, desc=f"training an SAE on {recipe.hook}", unit="step",
+                file=sys.stderr, disable=not sys.stderr.isatty(), dynamic_ncols=True)
+
+
+# ----------------------------------------------------------------------------- the files
+
+
+def sae_lens_cfg(sae, hook, run_name):
+    """cfg.json as SAELens 6 writes it for a TopKSAE (architecture 'topk'), raw activations in and out."""
+    return {"d_in": sae.d_in, "d_sae": sae.d_sae, "dtype": "float32", "device": "cpu", "apply_b_dec_to_input": True,
+            "normalize_activations": "none", "reshape_activations": "none", "k": sae.k,
+            "rescale_acts_by_decoder_norm": False, "architecture": "topk",
+            "metadata": {"hook_name": hook, "model_name": run_name}}
+
+
+def save_sae(folder, sae, hook, run_name, ours):
+    """The SAE in SAELens's files, and gptkit.json with ours (settings, metrics, the run's fingerprint) and the
+    sha256 of each: written whole, never through a link."""
+    from safetensors.torch import save
+
+    weights = save({name: p.detach().contiguous() for name, p in sae.state_dict().items()})
+    cfg = json.dumps(sae_lens_cfg(sae, hook, run_name), indent=1) + "\n"
+    write_whole(folder / WEIGHTS_FILE, weights)
+    write_whole(folder / CFG_FILE, cfg)
+    files = {WEIGHTS_FILE: hashlib.sha256(weights).hexdigest(), CFG_FILE: hashlib.sha256(cfg.encode()).hexdigest()}
+    write_whole(folder / OURS_FILE, json.dumps(dict(ours, format=SAE_FORMAT, hook=hook, files=files), indent=1,
+                                               ensure_ascii=False) + "\n")
+
+
+def read_ours(folder):
+    """gptkit.json of an SAE folder, or None where there is none; one line where it is damaged."""
+    path = folder / OURS_FILE
+    if not path.exists():
+        return None
+    try:
+        ours = json.loads(path.read_text(encoding="utf-8"))
+        assert isinstance(ours, dict) and isinstance(ours.get("files"), dict)
+    except (ValueError, AssertionError, RecursionError) as e:
+        raise UserError(f"{path} is damaged ({first_line(e)}); train the SAE again with --start_over=True") from None
+    return ours
+
+
+def load_sae(folder, model):
+    """The SAE saved in folder, checked: its files as gptkit.json recorded them, and read from these weights.
+    (SparseAutoencoder, gptkit.json's content)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    from gptkit.interp.sae import SparseAutoencoder
+
+    ours = read_ours(folder)
+    if ours is None or not (folder / WEIGHTS_FILE).exists():
+        raise UserError(f"no SAE in {folder}; train one with `python analyze.py features ...`")
+    again = "train it again with --start_over=True"
+    blobs = {}
+    for name, digest in ours["files"].items():
+        blobs[name] = (folder / name).read_bytes()
+        if hashlib.sha256(blobs[name]).hexdigest() != digest:
+            raise UserError(f"{folder / name} is damaged or was edited (its checksum differs from the one saved "
+                            f"with it); {again}")
+    if ours.get("run_weights") != weights_fingerprint(model):
+        raise UserError(f"the SAE in {folder} was trained on other weights than this run's checkpoint (the run was "
+                        f"trained again, or the SAE copied from another run); {again}")
+    try:
+        state, cfg = load(blobs[WEIGHTS_FILE]), json.loads(blobs[CFG_FILE])
+        sae = SparseAutoencoder(cfg["d_in"], cfg["d_sae"], cfg["k"])
+        sae.load_state_dict(state)
+    except (SafetensorError, ValueError, KeyError, RuntimeError) as e:
+        raise UserError(f"the SAE in {folder} cannot be read ({first_line(e)}); {again}") from None
+    return sae.eval().requires_grad_(False), ours
+
+
+# ----------------------------------------------------------------------------- what each feature is
+
+
+@torch.no_grad()
+def top_contexts(model, sae, hook, idx, n_top):
+    """Each feature's n_top strongest activations over the windows idx (B, T): (values, flat positions), each
+    (d_sae, n_top), and how often each fires (a share of the tokens)."""
+    B, T = idx.shape
+    best_v = torch.full((sae.d_sae, n_top), -1.0)
+    best_p = torch.zeros(sae.d_sae, n_top, dtype=torch.long)
+    fires = torch.zeros(sae.d_sae)
+    for start in range(0, B, 16):
+        f = sae.encode(site_activations(model, idx[start:start + 16], hook)).flatten(0, 1)  # (n, d_sae)
+        fires += (f > 0).sum(0)
+        positions = torch.arange(start * T, start * T + f.size(0)).expand(sae.d_sae, -1)
+        v = torch.cat([best_v, f.T], 1)
+        p = torch.cat([best_p, positions], 1)
+        best_v, order = v.topk(n_top, dim=1)
+        best_p = p.gather(1, order)
+    return best_v, best_p, fires / (B * T)
+
+
+def logit_effects(model, sae, n):
+    """Each feature's decoder direction through the final norm's scale and the unembedding: ([n promoted token
+    ids], [n demoted]) a feature, the logit lens of one direction."""
+    ln = model.transformer.ln_f
+    direction = sae.W_dec * (ln.weight if ln.weight is not None else 1.0)
+    logits = direction @ model.lm_head.weight.T  # (d_sae, vocab)
+    return logits.topk(n, dim=1).indices.tolist(), (-logits).topk(n, dim=1).indices.tolist()
+
+
+def context_of(tok, idx, position, width):
+    """(before, the token, after) around a flat position of idx (B, T), width tokens either side, within its
+    window."""
+    B, T = idx.shape
+    row, t = divmod(position, T)
+    ids = idx[row].tolist()
+    text = [tok.decode([i]) for i in ids]
+    return "".join(text[max(0, t - width):t]), text[t], "".join(text[t + 1:t + 1 + width])
+
+
+def feature_rows(model, tok, sae, hook, idx, count, n_contexts=4, width=12):
+    """The `count` most frequent features, each a dict: index, frequency, contexts ([before, token, after,
+    value]), promotes and demotes (tokens)."""
+    values, positions, frequency = top_contexts(model, sae, hook, idx, n_contexts)
+    promotes, demotes = logit_effects(model, sae, 5)
+    order = frequency.argsort(descending=True)[:count].tolist()
+    return [{"index": i, "frequency": round(frequency[i].item(), 6),
+             "contexts": [[*context_of(tok, idx, p, width), round(v, 4)]
+                          for v, p in zip(values[i].tolist(), positions[i].tolist()) if v > 0],
+             "promotes": [tok.decode([t]) for t in promotes[i]], "demotes": [tok.decode([t]) for t in demotes[i]]}
+            for i in order]
+
+
