@@ -10,6 +10,7 @@ The folder of an SAE, out_dir/sae/<hook name>/:
 
 import hashlib
 import json
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import torch
 
 from gptkit.base.errors import RunStopped, UserError, first_line
 from gptkit.base.files import write_whole
+from gptkit.base.signals import StopSignals
 from gptkit.interp.hooks import hook_points, hooked
 
 SITES = {"resid_post": "hook_resid_post", "resid_mid": "hook_resid_mid", "mlp_out": "hook_mlp_out",
@@ -224,23 +226,23 @@ def train_sae(model, split, recipe, folder, say=print):
         stream.load_state_dict(state["stream"])
         scale = state["scale"]
         say(f"continuing the stopped training at step {trainer.step:,} of {recipe.steps:,}")
-    bar = progress(recipe, trainer.step)
-    saved = time.time()
-    try:
+    bar, saved = progress(recipe, trainer.step), time.time()
+    # a stop signal (Ctrl-C, SIGTERM) is seen between steps: the step finishes, and the state after it is saved
+    with StopSignals() as stop, stop.deferred():
         while trainer.step < recipe.steps:
             mse, unexplained = trainer.train_step(stream.next() * scale)
             bar.update(1)
             if trainer.step % 50 == 0:
                 bar.set_postfix_str(f"explained variance {1 - unexplained:.3f}, dead {trainer.dead_fraction():.1%}")
-            if time.time() - saved > SAVE_EVERY_S and trainer.step < recipe.steps:
+            if stop.signum or time.time() - saved > SAVE_EVERY_S and trainer.step < recipe.steps:
                 save_training(save_checkpoint, state_path, sae, trainer, stream, scale, recipe)
                 saved = time.time()
-    except KeyboardInterrupt:
-        save_training(save_checkpoint, state_path, sae, trainer, stream, scale, recipe)
-        raise RunStopped(f"stopped at step {trainer.step:,} of {recipe.steps:,}, saved in {state_path}; the same "
-                         "command continues from there") from None
-    finally:
-        bar.close()
+            if stop.signum:
+                bar.close()
+                raise RunStopped(f"stopped by {signal.Signals(stop.signum).name} at step {trainer.step:,} of "
+                                 f"{recipe.steps:,}, saved in {state_path}; the same command continues from there",
+                                 stop.signum)
+    bar.close()
     sae.fold_scale(scale)
     return sae.eval().requires_grad_(False), scale, trainer
 
