@@ -2,6 +2,7 @@
 counts; the same tokens as Hugging Face's own encoder of what it trained; the same merges when trained again;
 and one line for a vocabulary the text cannot fill."""
 
+import os
 from collections import Counter
 
 import pytest
@@ -9,7 +10,7 @@ import regex
 
 from conftest import make_text, mixed_script_text
 from gptkit.base.errors import UserError
-from gptkit.data.bpe import WordCounts, merges_table, train_bpe
+from gptkit.data.bpe import WordCounts, merges_table, save_tokenizer, saved_checksum, train_bpe
 from gptkit.data.preparing import bpe_cut
 from gptkit.data.tokenizer import END_OF_TEXT, GPT2_PATTERN, TrainedBPE
 
@@ -108,3 +109,16 @@ def test_the_merges_table_draws_whitespace():
     assert len(lines) == 6 and "of 43 merges" in lines[0]
     assert any("␣" in line and " → " in line for line in lines[1:])
     assert lines[1].split()[-1].replace(",", "").isdigit()
+
+
+def test_the_tokenizer_file_is_written_whole_and_never_through_a_link(tmp_path, outside):
+    content = train_bpe([make_text(5000)], 270)
+    path = tmp_path / "tokenizer.json"
+    save_tokenizer(path, content)
+    assert saved_checksum(path) == TrainedBPE(content).sha256
+    assert sorted(os.listdir(tmp_path)) == ["elsewhere", "tokenizer.json"]  # no temporary file left beside it
+    path.unlink()
+    path.symlink_to(outside)
+    with pytest.raises(UserError, match=f"^{path} is a link, and the tool writes this file itself"):
+        save_tokenizer(path, content)
+    assert outside.read_text() == "precious\n" and path.is_symlink()

@@ -265,6 +265,46 @@ def test_ctrl_c_keeps_the_work_and_says_how_to_continue(tmp_path, monkeypatch):
     assert [p.name for p in (tmp_path / "d" / "s" / ".versions").iterdir() if p.name.startswith("work-")] == []
 
 
+def test_a_stopped_prepare_that_replaces_another_dataset_continues_and_the_old_one_stays_till_then(tmp_path,
+                                                                                                   monkeypatch,
+                                                                                                   capsys):
+    """Replacing a dataset another split made takes --start_over=True, and a prepare given it that was stopped
+    continues with the same command; the one without it is refused, the stopped work kept for it."""
+    src = mixed_corpus(tmp_path / "src")
+    data_dir = str(tmp_path / "d")
+    prepare(PrepareConfig(input=str(src), name="s", data_dir=data_dir, shard_tokens=3000, workers=1))
+    monkeypatch.setattr(preparing, "BATCH_CHARS", 2000)
+    real_close, closed = preparing.ShardWriter.close_shard, [0]
+
+    def interrupted(self):
+        real_close(self)
+        closed[0] += 1
+        if closed[0] == 4:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(preparing.ShardWriter, "close_shard", interrupted)
+    again = dict(input=str(src), name="s", data_dir=data_dir, val_fraction=0.2, shard_tokens=3000, workers=1)
+    with pytest.raises(UserError, match="^interrupted; run the same command again"):
+        prepare(PrepareConfig(**again, start_over=True))
+    monkeypatch.setattr(preparing.ShardWriter, "close_shard", real_close)
+    assert load_meta(data_dir, "s")[1]["val_fraction"] == 0.1  # the old dataset, whole, until the new one is
+    with pytest.raises(UserError, match="holds a dataset made with --val_fraction=0.1; prepare this one under"):
+        prepare(PrepareConfig(**again))
+    capsys.readouterr()
+    out_dir, meta = prepare(PrepareConfig(**again, start_over=True))
+    assert "continuing the prepare that was stopped" in capsys.readouterr().out
+    assert meta["val_fraction"] == 0.2 and load_meta(data_dir, "s")[1] == meta
+    assert sorted(documents(out_dir, meta, "train") + documents(out_dir, meta, "val")) == sorted(DOCS)
+
+
+def test_records_read_from_another_field_are_other_text(tmp_path):
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": d, "title": d[:20]}) + "\n" for d in DOCS[:300]), encoding="utf-8")
+    prepare(PrepareConfig(input=str(src), name="s", data_dir=str(tmp_path / "d")))
+    with pytest.raises(UserError, match="holds a dataset made with --text_field=text; prepare this one under"):
+        prepare(PrepareConfig(input=str(src), name="s", data_dir=str(tmp_path / "d"), text_field="title"))
+
+
 BAD_LINES = {
     "malformed": (b'{"text": "fine"}\n{"text": "cut sh\n', "2: not valid JSON"),
     "missing field": (b'{"text": "fine"}\n{"body": "no text field"}\n', "2: no text in field 'text'"),
@@ -284,8 +324,7 @@ def test_a_bad_record_names_its_file_and_line_and_skip_bad_counts_it(tmp_path, c
     proc = run_script("data/prepare.py", f"--input={path}", "--name=bad", f"--data_dir={tmp_path / 'd'}")
     assert proc.returncode == 1
     assert_one_error_line(proc.stderr, f"error: {path}:{what}*")
-    assert not (tmp_path / "d" / "bad" / "meta.json").exists()
-    assert os.listdir(tmp_path / "d" / "bad" / ".versions") == []  # nothing half-written left behind
+    assert os.listdir(tmp_path / "d") == []  # nothing half-written left behind, not even the dataset's folder
     proc = check_ok(run_script("data/prepare.py", f"--input={path}", "--name=bad", f"--data_dir={tmp_path / 'd'}",
                                "--skip_bad=True"))
     assert "skipped 0 empty and 1 bad" in proc.stdout
@@ -337,9 +376,7 @@ def test_a_bad_file_is_one_line_and_leaves_nothing(tmp_path, case):
     proc = run_script("data/prepare.py", f"--input={path}", "--name=bad", f"--data_dir={tmp_path / 'd'}")
     assert proc.returncode == 1
     assert str(path) in assert_one_error_line(proc.stderr, expected.format(p=path))
-    folder = tmp_path / "d" / "bad"
-    assert not (folder / "meta.json").exists()
-    assert not (folder / ".versions").exists() or os.listdir(folder / ".versions") == []
+    assert not (tmp_path / "d").exists() or os.listdir(tmp_path / "d") == []
 
 
 def test_too_few_documents_for_a_split_by_document(tmp_path):
@@ -359,7 +396,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
     proc = subprocess.run([sys.executable, "-c", limited], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert_one_error_line(proc.stderr, "error: could not write the dataset to *")
-    assert os.listdir(tmp_path / "d" / "full" / ".versions") == []
+    assert os.listdir(tmp_path / "d") == []
 
 
 @pytest.mark.slow

@@ -28,7 +28,8 @@ from benchmarks.sample import SampleBenchConfig
 from benchmarks.throughput import ThroughputBenchConfig
 from benchmarks.tokenizers import TokenizersBenchConfig
 from benchmarks.train import TrainBenchConfig
-from conftest import MODEL, REPO, assert_one_error_line, make_text, train_args
+from conftest import (BPE_VOCAB, MODEL, REPO, assert_one_error_line, check_ok, make_text, mixed_script_text,
+                      run_here, train_args)
 from gptkit.base.errors import run_main
 from gptkit.base.settings import settings
 from gptkit.data.preparing import PrepareConfig, prepare
@@ -49,6 +50,10 @@ CASES = {
     "uint16 too small": ("prepare", ["--input={w}/wide.txt", "--dtype=uint16"],
                          "error: the vocabulary has 66,000 tokens, more than uint16 holds (65,536); "
                          "use --dtype=uint32 or --dtype=auto"),
+    "prepare over another dataset": ("prepare", ["--input={w}/short.txt", "--name=other", "--data_dir={w}/data"],
+                                     "error: {w}/data/other holds a dataset made from other text ({w}/input.txt as "
+                                     "it was then); prepare this one under another --name, or replace that dataset "
+                                     "with --start_over=True (it is deleted)"),
     "unknown dtype": ("prepare", ["--input={w}/input.txt", "--dtype=int8"],
                       "error: command line: dtype must be one of auto, uint16, uint32 (got 'int8')"),
     "prepare unknown key": ("prepare", ["--input={w}/input.txt", "--nme=x"],
@@ -126,8 +131,8 @@ CASES = {
                                             "--max_iters=1000000"],  # more to do: a finished run just says so
                                   "error: dataset 'other' has a vocabulary of 62 characters, but {t}/latest.pt was "
                                   "trained on a vocabulary of 65 characters; a resumed run must see the token ids it "
-                                  "learned (prepare the data with the checkpoint's vocabulary, or start a new "
-                                  "out_dir)"),
+                                  "learned: resume on the dataset it was trained on with --dataset=tiny, or start a "
+                                  "new out_dir"),
     "sample without checkpoint": ("sample", ["--out_dir={w}/none"],
                                   "error: no checkpoint in {w}/none (no best.pt or ckpt.pt); train one first with "
                                   "`python train.py CONFIG --out_dir={w}/none`, CONFIG being the config file of the "
@@ -543,6 +548,33 @@ def test_bad_input_is_one_error_line(results, case):
         assert_one_error_line(stderr, line and line.format(w=w, t=t))
     assert rc == 1
     assert not changed, f"a failed command changed files written before it, under {changed}"
+
+
+@pytest.mark.slow
+def test_a_resume_refused_for_its_replaced_dataset_names_commands_that_work(tmp_path):
+    """A dataset prepared again with other merges (--start_over=True) no longer gives the run trained on it its
+    token ids: the refusal names the prepare that makes them again, from the checkpoint's tokenizer settings, and
+    the --dataset to resume on; run as said, both work."""
+    text = tmp_path / "input.txt"
+    text.write_text(mixed_script_text(), encoding="utf-8")
+    data = tmp_path / "data"
+    args = [f"--data_dir={data}", "--dataset=d", f"--out_dir={tmp_path / 'out'}", *MODEL, "--eval_interval=2",
+            "--eval_iters=1", "--log_interval=2"]
+    for vocab_size, start_over in ((BPE_VOCAB, False), (BPE_VOCAB - 20, True)):
+        prepare(PrepareConfig(input=str(text), name="d", tokenizer="bpe", vocab_size=vocab_size, data_dir=str(data),
+                              workers=1, start_over=start_over))
+        if not start_over:
+            train.main([*args, "--max_iters=2"])
+    proc = run_here("train.py", *args, "--init_from=resume", "--max_iters=4")
+    assert proc.returncode == 1
+    line = assert_one_error_line(proc.stderr, f"error: dataset 'd' has a trained BPE of {BPE_VOCAB - 20} tokens *")
+    command, dataset = re.fullmatch(r".*: prepare its text again with its tokenizer, `python (data/prepare.py [^`]*)`, "
+                                    r"TEXT being the text it was trained on, and resume with (--dataset=\S+); or "
+                                    r"start a new out_dir", line).groups()
+    assert command == (f"data/prepare.py --input=TEXT --name=d_bpe{BPE_VOCAB} --tokenizer=bpe "
+                       f"--vocab_size={BPE_VOCAB} --data_dir={data}")
+    check_ok(run_here(*command.replace("TEXT", str(text)).split()))
+    check_ok(run_here("train.py", *args, "--init_from=resume", "--max_iters=4", dataset))
 
 
 # ---------------------------------------------------------------------------------------------- memory

@@ -5,6 +5,7 @@ tests never touch the network), one-line CLI errors. (Corpora of records: see te
 import http.server
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -12,9 +13,11 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import REPO, assert_one_error_line, check_ok, make_text, mixed_script_text, run_script
+from conftest import (REPO, assert_one_error_line, check_ok, make_text, mixed_script_text, run_here,
+                      run_script)
 from gptkit.base.errors import UserError
 from gptkit.data import preparing, sources
+from gptkit.data.dataset import load_meta
 from gptkit.data.preparing import PrepareConfig, prepare
 from gptkit.data.tokenizer import tokenizer_from_meta
 
@@ -59,13 +62,120 @@ def test_char_round_trip(prepared, corpus_file, corpus_text):
     assert not (out_dir / "all.bin.tmp").exists()
 
 
-def test_prepare_again_overwrites(tmp_path, corpus_file):
+def dataset_bytes(out_dir):
+    """Every file a reader finds in a dataset folder, by name: what a prepare that is refused must leave as it was."""
+    return {p.name: p.read_bytes() for p in out_dir.iterdir() if p.is_file() and not p.name.startswith(".")}
+
+
+def test_the_same_text_and_settings_prepare_again_and_other_text_only_with_start_over(tmp_path, corpus_file,
+                                                                                     capsys):
     cfg = PrepareConfig(input=str(corpus_file), name="tiny", data_dir=str(tmp_path / "d"))
-    prepare(cfg)
-    corpus_file.write_text("short text, but long enough\n" * 4, encoding="utf-8")
     out_dir, meta = prepare(cfg)
+    assert prepare(PrepareConfig(input=str(corpus_file), name="tiny", data_dir=str(tmp_path / "d"),
+                                 shard_tokens=1000, dtype="uint32"))[1]["train_shards"][0]["file"] == "train_000.bin"
+    assert prepare(cfg)[1] == meta  # the same again, as it was: a repair, or another layout of the same tokens
+    before = dataset_bytes(out_dir)
+    corpus_file.write_text("short text, but long enough\n" * 4, encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        prepare(cfg)
+    assert str(e.value) == (f"{out_dir} holds a dataset made from other text ({corpus_file} as it was then); "
+                            "prepare this one under another --name, or replace that dataset with --start_over=True "
+                            "(it is deleted)")
+    assert dataset_bytes(out_dir) == before
+    capsys.readouterr()
+    out_dir, meta = prepare(PrepareConfig(input=str(corpus_file), name="tiny", data_dir=str(tmp_path / "d"),
+                                          start_over=True))
+    assert capsys.readouterr().out == (f"note: {out_dir} holds a dataset made from other text ({corpus_file} as it "
+                                       "was then); --start_over=True: it is deleted once this one is whole\n")
     train, val = decode_all(out_dir, meta)
     assert train + val == corpus_file.read_text(encoding="utf-8")
+    assert len(os.listdir(out_dir / ".versions")) == 1  # the old dataset is gone, as the line said
+
+
+@pytest.mark.parametrize("first,then,made", [
+    ({}, {"tokenizer": "bpe", "vocab_size": 300}, "made with --tokenizer=char"),
+    ({"tokenizer": "bpe", "vocab_size": 300}, {"tokenizer": "bpe", "vocab_size": 290},
+     "made with --tokenizer=bpe --vocab_size=300"),
+    ({"tokenizer": "bpe", "vocab_size": 300}, {}, "made with --tokenizer=bpe --vocab_size=300"),
+    ({}, {"val_fraction": 0.2}, "made with --val_fraction=0.1"),
+])
+def test_a_dataset_another_tokenizer_or_split_made_is_never_replaced_unasked(tmp_path, corpus_file, first, then,
+                                                                             made):
+    """Other merges (or another split, which a trained BPE learns from) are other token ids: a run trained on the
+    dataset there could no longer resume."""
+    data_dir = str(tmp_path / "d")
+    out_dir, meta = prepare(PrepareConfig(input=str(corpus_file), name="tiny", data_dir=data_dir, **first))
+    before = dataset_bytes(out_dir)
+    with pytest.raises(UserError, match=f"^{out_dir} holds a dataset {made}; prepare this one under another --name"):
+        prepare(PrepareConfig(input=str(corpus_file), name="tiny", data_dir=data_dir, **then))
+    assert dataset_bytes(out_dir) == before and len(os.listdir(out_dir / ".versions")) == 1
+    prepare(PrepareConfig(input=str(corpus_file), name="other", data_dir=data_dir, **then))
+    assert prepare(PrepareConfig(input=str(corpus_file), name="tiny", data_dir=data_dir, **first))[1] == meta
+
+
+@pytest.mark.parametrize("damage,made", [
+    ("not json", "whose meta.json cannot be read to say what made it"),
+    ("no meta", "without a meta.json to say what made it (train.bin, val.bin)"),
+])
+def test_a_dataset_whose_making_is_unknown_is_replaced_only_with_start_over(tmp_path, corpus_file, damage, made):
+    out_dir, _ = prepare(PrepareConfig(input=str(corpus_file), name="tiny", data_dir=str(tmp_path / "d")))
+    meta_file = out_dir / os.readlink(out_dir / "meta.json")
+    if damage == "not json":
+        meta_file.write_text("{ cut sho", encoding="utf-8")
+    else:
+        meta_file.unlink()
+    with pytest.raises(UserError, match=rf"^{out_dir} holds a dataset {re.escape(made)}; .* --start_over=True"):
+        prepare(PrepareConfig(input=str(corpus_file), name="tiny", data_dir=str(tmp_path / "d")))
+    meta = prepare(PrepareConfig(input=str(corpus_file), name="tiny", data_dir=str(tmp_path / "d"),
+                                 start_over=True))[1]
+    assert "".join(decode_all(out_dir, meta)) == corpus_file.read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_cli_preparing_over_another_dataset_is_one_line_and_start_over_replaces_it(tmp_path, corpus_file):
+    args = [f"--input={corpus_file}", "--name=tiny", f"--data_dir={tmp_path / 'd'}"]
+    check_ok(run_script("data/prepare.py", *args))
+    out_dir = tmp_path / "d" / "tiny"
+    before = dataset_bytes(out_dir)
+    proc = run_script("data/prepare.py", *args, "--tokenizer=bpe", "--vocab_size=300")
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, f"error: {out_dir} holds a dataset made with --tokenizer=char; prepare this "
+                                       "one under another --name, or replace that dataset with --start_over=True "
+                                       "(it is deleted)")
+    assert dataset_bytes(out_dir) == before
+    check_ok(run_script("data/prepare.py", *args, "--tokenizer=bpe", "--vocab_size=300", "--start_over=True"))
+    assert json.loads((out_dir / "meta.json").read_text(encoding="utf-8"))["tokenizer"] == "bpe"
+
+
+@pytest.mark.parametrize("bad", ["empty", "latin-1", "vocabulary too big", "too little text"])
+def test_a_prepare_that_fails_leaves_no_folder_and_train_s_hint_works(tmp_path, corpus_file, bad):
+    """A dataset folder holding only a lock would tell train.py a dataset is there, half made; with none, its hint
+    is the command that makes one."""
+    path = tmp_path / "bad.txt"
+    settings = {"tokenizer": "bpe", "vocab_size": 60000} if bad == "vocabulary too big" else {}
+    path.write_bytes({"empty": b"", "latin-1": "café".encode("latin-1"), "too little text": b"a"}.get(bad, b"text"))
+    data = tmp_path / "d"
+    data.mkdir()
+    with pytest.raises(UserError):
+        prepare(PrepareConfig(input=str(path), name="mine", data_dir=str(data), **settings))
+    assert os.listdir(data) == []
+    with pytest.raises(UserError) as e:
+        load_meta(str(data), "mine")
+    command = re.fullmatch(r"dataset folder .* not found; create it with `python (.*)`", str(e.value)).group(1)
+    check_ok(run_here(*command.replace("YOUR.txt", str(corpus_file)).split()))
+
+
+def test_a_failed_prepare_clears_what_one_left_before_but_keeps_a_folder_the_user_made(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    left = tmp_path / "d" / "left"
+    (left / ".versions").mkdir(parents=True)
+    (left / ".prepare.lock").write_text("4242\n", encoding="utf-8")
+    (tmp_path / "d" / "made").mkdir()
+    for name in ("left", "made"):
+        with pytest.raises(UserError, match="is empty"):
+            prepare(PrepareConfig(input=str(empty), name=name, data_dir=str(tmp_path / "d")))
+    assert os.listdir(tmp_path / "d") == ["made"] and os.listdir(tmp_path / "d" / "made") == []
 
 
 def test_val_fraction(tmp_path, corpus_file, corpus_text):
@@ -73,6 +183,20 @@ def test_val_fraction(tmp_path, corpus_file, corpus_text):
                                           val_fraction=0.25))
     assert meta["train_tokens"] == int(len(corpus_text) * 0.75)
     assert meta["train_tokens"] + meta["val_tokens"] == len(corpus_text)
+
+
+def test_a_text_file_in_shards_splits_where_its_val_tail_spans_whole_shards(tmp_path, corpus_file, corpus_text):
+    """The last tenth of the tokens moves to val: the train shards it held go, and the part being filled with
+    them must follow the shards kept (it once stayed at the old count, and finishing failed)."""
+    out_dir, meta = prepare(PrepareConfig(input=str(corpus_file), name="s", data_dir=str(tmp_path / "d"),
+                                          shard_tokens=400, workers=1))
+    n = len(corpus_text)
+    assert meta["train_tokens"] == int(n * 0.9) and len(meta["train_shards"]) == -(-int(n * 0.9) // 400)
+    tok = tokenizer_from_meta(meta)
+    text = "".join(tok.decode(np.fromfile(out_dir / s["file"], dtype=meta["dtype"]).tolist())
+                   for split in ("train", "val") for s in meta[f"{split}_shards"])
+    assert text == corpus_text
+    assert not [p for p in (out_dir / ".current").iterdir() if p.name.endswith(".part")]
 
 
 def test_folder_input_reads_files_in_sorted_order(tmp_path):
@@ -305,7 +429,7 @@ def test_download_failures_are_one_line(server, tmp_path, monkeypatch):
     data = tmp_path / "d"
     with pytest.raises(UserError, match=r"could not download tinyshakespeare \(File not found\); pass a local copy"):
         prepare(PrepareConfig(data_dir=str(data)))  # the server has no such file
-    assert not (data / "shakespeare_char" / "input.txt").exists()
+    assert os.listdir(data) == []  # no folder that would tell train.py a dataset is there
     (server / "input.txt").write_text("not shakespeare\n", encoding="utf-8")
     with pytest.raises(UserError, match="is not the tinyshakespeare file .*; delete it and run again"):
         prepare(PrepareConfig(data_dir=str(data)))
@@ -313,6 +437,16 @@ def test_download_failures_are_one_line(server, tmp_path, monkeypatch):
     monkeypatch.setattr(preparing, "SHAKESPEARE_URL", "http://127.0.0.1:9/input.txt")  # nothing listens there
     with pytest.raises(UserError, match=r"could not download tinyshakespeare \(.*refused\)"):
         prepare(PrepareConfig(data_dir=str(data)))
+
+
+def test_the_download_is_written_whole_and_never_through_a_link(server, tmp_path, outside):
+    (server / "input.txt").write_text("not shakespeare\n", encoding="utf-8")
+    folder = tmp_path / "d" / "shakespeare_char"
+    folder.mkdir(parents=True)
+    (folder / "input.txt").symlink_to(tmp_path / "elsewhere" / "gone.txt")  # dangling: the download would go there
+    with pytest.raises(UserError, match=f"^{folder / 'input.txt'} is a link, and the tool writes this file itself"):
+        prepare(PrepareConfig(data_dir=str(tmp_path / "d")))
+    assert (folder / "input.txt").is_symlink() and os.listdir(tmp_path / "elsewhere") == ["precious.txt"]
 
 
 def test_name_must_be_plain(tmp_path, corpus_file):

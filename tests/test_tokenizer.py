@@ -173,3 +173,12 @@ def test_char_counts_add_up_to_the_characters_a_text_spells(which, trained, requ
     counts = tok.char_counts()
     assert int(counts[tok.encode(text)].sum()) == len(text)
     assert counts[tok.eot_token] == 0
+
+
+def test_prepare_options_name_the_tokenizer_a_dataset_or_checkpoint_was_made_with():
+    from gptkit.data.tokenizer import prepare_options
+
+    assert prepare_options({"tokenizer": "char", "vocab": "ab"}) == "--tokenizer=char"
+    assert prepare_options({"tokenizer": "tiktoken", "encoding": "gpt2"}) == "--tokenizer=gpt2"
+    assert prepare_options({"tokenizer": "bpe", "vocab_size": 512, "tokenizer_sha256": "0" * 64}) == \
+        "--tokenizer=bpe --vocab_size=512"

@@ -1,7 +1,8 @@
 """A dataset folder's layout on disk (gptkit/data/versions.py): a dataset is replaced as a whole, by one prepare at a
 time: a prepare killed at every step that changes a name on disk leaves the old dataset or the new one, a failed
-prepare leaves nothing, and a second prepare of the same dataset is refused while one holds its lock. (A run whose
-dataset changes under it: see test_dataset.py.)"""
+prepare leaves nothing, a second prepare of the same dataset is refused while one holds its lock, and a link of the
+user's where one of the dataset's own goes is refused. (A run whose dataset changes under it: see
+test_dataset.py; preparing over a dataset another tokenizer or other text made: test_prepare.py.)"""
 
 import fcntl
 import json
@@ -22,8 +23,8 @@ KILLED = 86  # the exit status of a prepare that the script below killed
 
 # prepares, each in a process of its own forked from this script once its imports are done, that die at their Nth
 # call changing a name on disk, by os._exit: no `finally`, no clean-up, as under SIGKILL. argv: the text, and a JSON
-# list of [N, data_dir]. A prepare with N = 0 runs through and prints how many such calls it made. The last line
-# printed is {N: exit status}.
+# list of [N, data_dir]. A prepare with N = 0 runs through and prints how many such calls it made (after what the
+# prepare prints). The last line printed is {N: exit status}.
 KILL_AT_STEP = """
 import json, os, shutil, sys, traceback
 sys.path.insert(0, {repo!r})
@@ -44,7 +45,7 @@ def prepare_dying_at(at, text, data_dir):
     for name in ("replace", "rename", "symlink", "link", "unlink", "mkdir", "rmdir"):
         setattr(os, name, dying(getattr(os, name)))
     shutil.rmtree = dying(shutil.rmtree)
-    prepare(PrepareConfig(input=text, name="tiny", data_dir=data_dir))
+    prepare(PrepareConfig(input=text, name="tiny", data_dir=data_dir, start_over=True))
     return calls[0]
 
 
@@ -82,8 +83,9 @@ def texts(tmp_path_factory):
     return old, new
 
 
-def prepared(text, data_dir):
-    prepare(PrepareConfig(input=str(text), name="tiny", data_dir=str(data_dir)))
+def prepared(text, data_dir, start_over=True):
+    """data_dir with `text` prepared as dataset 'tiny', replacing the one there (these tests replace datasets)."""
+    prepare(PrepareConfig(input=str(text), name="tiny", data_dir=str(data_dir), start_over=start_over))
     return data_dir
 
 
@@ -143,8 +145,8 @@ def test_prepare_killed_at_any_step_leaves_the_old_dataset_or_the_new(tmp_path, 
         *printed, exits = proc.stdout.splitlines()
         return printed, {int(at): status for at, status in json.loads(exits).items()}, proc.stderr
 
-    (steps,), exits, _ = run((0, tmp_path / "whole"))
-    steps = int(steps)
+    printed, exits, _ = run((0, tmp_path / "whole"))
+    steps = int(printed[-1])  # after the note that the dataset there is replaced
     assert exits == {0: 0} and found(tmp_path / "whole") == new
     _, exits, stderr = run(*((at, tmp_path / f"killed-{at}") for at in range(1, steps + 1)))
     seen = set()
@@ -201,12 +203,53 @@ def test_a_second_prepare_of_a_dataset_is_refused(tmp_path, texts):
         lock.truncate(0)
         lock.write("4242\n")
         lock.flush()
-        proc = run_script("data/prepare.py", f"--input={new_text}", "--name=tiny", f"--data_dir={data_dir}")
+        proc = run_script("data/prepare.py", f"--input={new_text}", "--name=tiny", f"--data_dir={data_dir}",
+                          "--start_over=True")
         assert proc.returncode == 1
         assert_one_error_line(proc.stderr, f"error: {folder} is being prepared by another data/prepare.py "
                                            "(process 4242); wait for it to end or pick another --name")
         assert found(data_dir) == before
         check_ok(run_script("data/prepare.py", f"--input={new_text}", "--name=other", f"--data_dir={data_dir}"))
-    check_ok(run_script("data/prepare.py", f"--input={new_text}", "--name=tiny", f"--data_dir={data_dir}"))
+    check_ok(run_script("data/prepare.py", f"--input={new_text}", "--name=tiny", f"--data_dir={data_dir}",
+                        "--start_over=True"))
     assert found(data_dir) == found(prepared(new_text, tmp_path / "reference"))
+    opens(data_dir)
+
+
+@pytest.mark.parametrize("name", ["meta.json", "train.bin", "tokenizer.json", ".current", ".versions", LOCK])
+def test_a_link_of_the_user_s_where_the_dataset_s_own_goes_is_refused(tmp_path, texts, outside, name):
+    """The dataset's files are the project's own links, and kept working; a link the user put in one's place is
+    refused in one line, never replaced (dropping it) nor written through or deleted under (reaching what it
+    points at: the lock is written, .versions has old versions deleted in it)."""
+    data_dir = prepared(texts[0], tmp_path / "data")
+    folder, elsewhere = data_dir / "tiny", outside.parent
+    (elsewhere / "old-version").mkdir()  # what a prepare would delete, were .versions a link to here
+    if (folder / name).is_dir() and not (folder / name).is_symlink():
+        shutil.rmtree(folder / name)
+    else:
+        (folder / name).unlink(missing_ok=True)
+    (folder / name).symlink_to(elsewhere if name in (".current", ".versions") else outside)
+    with pytest.raises(UserError) as e:
+        prepared(texts[0], data_dir, start_over=False)  # the same text again: nothing else stands in its way
+    assert str(e.value) == (f"{folder / name} is a link, and the tool writes this file itself, never through a link; "
+                            "remove it")
+    assert (folder / name).is_symlink() and sorted(os.listdir(elsewhere)) == ["old-version", "precious.txt"]
+    assert outside.read_text() == "precious\n"
+
+
+def test_a_link_put_among_the_versions_is_removed_not_what_it_points_at(tmp_path, texts, outside):
+    data_dir = prepared(texts[0], tmp_path / "data")
+    (data_dir / "tiny" / ".versions" / "stray").symlink_to(outside.parent)
+    prepared(texts[1], data_dir)
+    assert_tidy(data_dir)
+    assert outside.read_text() == "precious\n"
+
+
+def test_a_bpe_dataset_replaced_by_characters_keeps_no_tokenizer_link(tmp_path, texts):
+    """tokenizer.json is a link through .current like the others: it goes with the dataset it belongs to."""
+    data_dir = tmp_path / "data"
+    prepare(PrepareConfig(input=str(texts[0]), name="tiny", data_dir=str(data_dir), tokenizer="bpe", vocab_size=300))
+    assert os.readlink(data_dir / "tiny" / "tokenizer.json") == ".current/tokenizer.json"
+    prepared(texts[0], data_dir)
+    assert_tidy(data_dir)
     opens(data_dir)

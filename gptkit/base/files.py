@@ -56,8 +56,8 @@ def written_whole(path, mode="w", encoding="utf-8"):
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        what = "disk full" if e.errno == errno.ENOSPC else f"could not write ({e.strerror or e})"
-        raise UserError(f"{what}: {path}; it is as it was") from None
+        reason = "disk full" if e.errno == errno.ENOSPC else e.strerror or str(e)
+        raise UserError(f"could not write {path} ({reason}); it is as it was") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -9,10 +9,10 @@ token, until the vocabulary has the size asked for. Trained twice on the same te
 """
 
 import json
-import os
 from collections import Counter
 
 from gptkit.base.errors import UserError
+from gptkit.base.files import write_whole
 from gptkit.data.tokenizer import BPE_FORMAT, END_OF_TEXT, GPT2_PATTERN, bpe_checksum, ranks_of, visible
 
 SMALLEST = 257  # the 256 bytes and <|endoftext|>
@@ -123,13 +123,12 @@ def merges_table(tok, counts):
 
 
 def save_tokenizer(path, content):
-    """The trained tokenizer's file: its format and pattern, then one merge a line (token ids; 0-255 are bytes)."""
+    """The trained tokenizer's file: its format and pattern, then one merge a line (token ids; 0-255 are bytes);
+    written whole and synced, never through a link."""
     head = {k: v for k, v in content.items() if k != "merges"}
     lines = [f" {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in head.items()]
     merges = ",\n  ".join(json.dumps(m) for m in content["merges"])
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("{\n" + "\n".join(lines) + f'\n "merges": [\n  {merges}\n ]\n}}\n', encoding="utf-8")
-    os.replace(tmp, path)
+    write_whole(path, "{\n" + "\n".join(lines) + f'\n "merges": [\n  {merges}\n ]\n}}\n')
 
 
 def saved_checksum(path):

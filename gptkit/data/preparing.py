@@ -5,7 +5,8 @@ Turn a corpus into a dataset: its documents tokenized on every core into the tra
 Memory stays bounded whatever the corpus size: documents are read in pieces, a few batches are in flight, and
 tokens go straight to disk (uint16 when the vocabulary fits, uint32 otherwise). A prepare saves where it is as
 it goes; stopped in any way (Ctrl-C, SIGTERM, SIGKILL), the same command continues from there, and the dataset
-readers find is replaced only once the new one is whole (see gptkit/data/versions.py).
+readers find is replaced only once the new one is whole (see gptkit/data/versions.py). A dataset made from other
+text or with another tokenizer is never replaced unasked: runs trained on it need its token ids.
 
 Splits: a corpus of text files only is cut by position, the last val_fraction of its tokens in val (as nanoGPT,
 so tinyshakespeare's split is byte for byte the one it always was). A corpus with records (JSON Lines, Parquet)
@@ -26,12 +27,14 @@ import numpy as np
 from tqdm import tqdm
 
 from gptkit.base.errors import RunStopped, UserError
+from gptkit.base.files import refuse_link, write_whole
 from gptkit.base.signals import StopSignals
 from gptkit.data.bpe import WordCounts, check_vocab_size, merges_table, save_tokenizer, saved_checksum, train_bpe
 from gptkit.data.shards import CHUNK_TOKENS, ShardWriter, sha256_of, tokenized
 from gptkit.data.sources import Reader, Tally, kind_of, read_record, shown, source_files
-from gptkit.data.tokenizer import TiktokenTokenizer, TrainedBPE, make_tokenizer
-from gptkit.data.versions import check_room, commit, dataset_lock, remove_leftovers, sync, work_folder
+from gptkit.data.tokenizer import TiktokenTokenizer, TrainedBPE, make_tokenizer, prepare_options, same_token_ids
+from gptkit.data.versions import (LINKED, bare, check_room, commit, dataset_lock, remove_bare, remove_leftovers,
+                                  stopped_work, sync, work_folder)
 
 PROJECT_DATA = Path(__file__).resolve().parents[2] / "data"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -58,6 +61,7 @@ class PrepareConfig:
     skip_bad: bool = False  # skip records that cannot be read (and count them) instead of stopping at the first
     shard_tokens: int = 100_000_000  # tokens per shard file; a split that fits in one is a single train.bin/val.bin
     workers: int = 0  # processes that tokenize (0 = one per core)
+    start_over: bool = False  # replace a dataset under --name made from other text or with another tokenizer (deleted)
 
     def __post_init__(self):
         if not 0 < self.val_fraction < 1:
@@ -97,10 +101,7 @@ def download_shakespeare(dest):
         except OSError as e:
             raise UserError(f"could not download tinyshakespeare ({getattr(e, 'reason', e)}); "
                             "pass a local copy with --input=PATH/input.txt") from None
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_suffix(".part")
-        tmp.write_bytes(body)
-        os.replace(tmp, dest)
+        write_whole(dest, body)
     digest = sha256_of(dest)
     if digest != SHAKESPEARE_SHA256:
         raise UserError(f"{shown(dest)} is not the tinyshakespeare file (sha256 {digest}); delete it and run again")
@@ -126,24 +127,93 @@ def progress_bar(files, desc):
 
 
 def prepare(cfg):
-    """Write the dataset data_dir/name, replacing the one there as a whole; return the folder and the metadata."""
+    """Write the dataset data_dir/name, replacing the one there as a whole (one that other text or another tokenizer
+    made only with start_over); return the folder and the metadata. One that makes no dataset leaves no lock or
+    folder of its own behind, so that train.py's hint for a missing dataset is the one it shows."""
     out_dir = data_root(cfg.data_dir) / cfg.name
     if not cfg.input and cfg.name != "shakespeare_char":
         raise UserError("pass the text to prepare with --input=PATH")
     files = source_files(cfg.input) if cfg.input else None
     check_room(out_dir)
+    made = bare(out_dir)  # missing, or as a prepare that failed left it: this one's to remove (a user's stays)
     with dataset_lock(out_dir):
-        files = files or [download_shakespeare(out_dir / "input.txt")]
-        if sum(f.stat().st_size for f in files) == 0:
-            raise UserError(f"input {shown(cfg.input or files[0])} is empty")
-        work = work_folder(out_dir, settings_key(cfg, files))
-        remove_leftovers(out_dir, keep=work)
-        with StopSignals() as stop:
-            stop.doing = "preparing"
-            meta = kept_or_cleared(lambda: write_dataset(cfg, files, work), work, out_dir)
-        commit(out_dir, work)
-        remove_leftovers(out_dir)
+        try:
+            meta = prepare_locked(cfg, out_dir, files)
+        finally:
+            if bare(out_dir):
+                remove_bare(out_dir, folder_too=made)
     return out_dir, meta
+
+
+def prepare_locked(cfg, out_dir, files):
+    """prepare's work, holding the dataset's lock: the metadata."""
+    files = files or [download_shakespeare(out_dir / "input.txt")]
+    if sum(f.stat().st_size for f in files) == 0:
+        raise UserError(f"input {shown(cfg.input or files[0])} is empty")
+    check_replacing(cfg, files, out_dir)
+    work = work_folder(out_dir, settings_key(cfg, files))
+    if stopped_work(out_dir, work):
+        print(f"note: the work of a stopped prepare of {shown(out_dir)} with other settings is deleted; "
+              "this prepare starts afresh")
+    remove_leftovers(out_dir, keep=work)
+    with StopSignals() as stop:
+        stop.doing = "preparing"
+        meta = kept_or_cleared(lambda: write_dataset(cfg, files, work), work, out_dir)
+    commit(out_dir, work)
+    remove_leftovers(out_dir)
+    return meta
+
+
+def check_replacing(cfg, files, out_dir):
+    """Refuse to replace a dataset that other text or another tokenizer made (a run trained on it could no longer
+    resume), as train.py refuses a new run into a folder holding another, unless start_over says to. The same
+    text and settings prepared again (to repair it, or in other shards or token type) go ahead."""
+    otherwise = made_otherwise(cfg, files, out_dir)
+    if otherwise and not cfg.start_over:
+        raise UserError(f"{shown(out_dir)} holds a dataset {otherwise}; prepare this one under another --name, or "
+                        "replace that dataset with --start_over=True (it is deleted)")
+    if otherwise:
+        print(f"note: {shown(out_dir)} holds a dataset {otherwise}; --start_over=True: it is deleted once this one "
+              "is whole")
+
+
+def made_otherwise(cfg, files, out_dir):
+    """How the dataset in out_dir differs from the one cfg makes of files ('made from other text (...), with
+    --tokenizer=char'); None where there is none, or it was made the same way."""
+    if not (out_dir / "meta.json").exists():
+        found = [n for n in sorted(os.listdir(out_dir)) if LINKED.fullmatch(n) and (out_dir / n).exists()]
+        return f"without a meta.json to say what made it ({', '.join(found)})" if found else None
+    try:
+        meta = json.loads((out_dir / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        meta = None
+    if not isinstance(meta, dict):
+        return "whose meta.json cannot be read to say what made it"
+    source = f"({meta['source']} as it was then)" if "source" in meta else "(its meta.json names none)"
+    ways = [] if same_text(meta, files) else [f"from other text {source}"]
+    if not same_tokenizer(meta, cfg):
+        ways.append(f"with {prepare_options(meta)}")
+    ways += [f"with --{key}={meta[key]}" for key in ("val_fraction", "text_field")
+             if key in meta and meta[key] != getattr(cfg, key)]
+    return f"made {', '.join(ways)}" if ways else None
+
+
+def same_text(meta, files):
+    """Whether a dataset was made of these files as they are now: each of the same size and modification time, in
+    order (wherever they are found: the same file may be given by another path)."""
+    was = meta.get("sources")
+    now = [{"bytes": f.stat().st_size, "mtime": f.stat().st_mtime} for f in files]
+    return isinstance(was, list) and [{k: s.get(k) for k in ("bytes", "mtime")} if isinstance(s, dict) else s
+                                      for s in was] == now
+
+
+def same_tokenizer(meta, cfg):
+    """Whether cfg's tokenizer gives the token ids of a dataset's (a trained BPE: of the same size, from the same
+    text, which same_text and the val_fraction check)."""
+    if cfg.tokenizer in ("char", "bpe"):
+        return meta.get("tokenizer") == cfg.tokenizer and (cfg.tokenizer == "char"
+                                                            or meta.get("vocab_size") == cfg.vocab_size)
+    return same_token_ids(meta, {"tokenizer": "tiktoken", "encoding": cfg.tokenizer})
 
 
 def kept_or_cleared(write, work, out_dir):
@@ -166,7 +236,8 @@ def kept_or_cleared(write, work, out_dir):
 
 def settings_key(cfg, files):
     """What makes a stopped prepare's work reusable: the same settings and the same source files, unchanged."""
-    settings = {k: v for k, v in asdict(cfg).items() if k not in ("data_dir", "name", "workers", "show_merges")}
+    ignored = ("data_dir", "name", "workers", "show_merges", "start_over")
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ignored}
     stats = [(shown(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
     return hashlib.sha256(json.dumps([settings, stats]).encode("utf-8")).hexdigest()[:16]
 
@@ -185,9 +256,7 @@ class Progress:
 
     def save(self, **state):
         self.saved.update(state)
-        tmp = self.path.with_name("state.json.tmp")
-        tmp.write_text(json.dumps(self.saved), encoding="utf-8")
-        os.replace(tmp, self.path)
+        write_whole(self.path, json.dumps(self.saved))
         self.last = time.monotonic()
 
     def due(self):
@@ -196,6 +265,7 @@ class Progress:
 
 def open_work(work):
     """The work folder and its saved state: a stopped prepare's, to continue, or a fresh one."""
+    refuse_link(work)  # a folder it points at would be written into, and deleted
     if work.is_dir() and not (work / "state.json").is_file():
         shutil.rmtree(work)  # stopped before its first saved state: nothing to continue from
     work.mkdir(parents=True, exist_ok=True)
@@ -389,15 +459,15 @@ def write_meta(cfg, files, work, tok, dtype, shards, docs, tally, by_document):
                 val_tokens=sum(s["tokens"] for s in shards["val"]),
                 **{f"{split}_chars": characters(work, shards[split], dtype, counts) for split in ("train", "val")},
                 train_shards=shards["train"], val_shards=shards["val"],
-                split="by document" if by_document else "by position", documents=sum(docs.values()),
-                **({"val_documents": docs["val"]} if by_document else {}),
+                split="by document" if by_document else "by position", val_fraction=cfg.val_fraction,
+                documents=sum(docs.values()),
+                **({"val_documents": docs["val"], "text_field": cfg.text_field} if by_document else {}),
                 skipped={"empty": tally.empty, "bad": tally.bad}, source=shown(cfg.input or files[0]),
                 sources=[{"path": shown(f), "bytes": f.stat().st_size, "mtime": f.stat().st_mtime} for f in files])
     meta["sha256"] = meta_checksum(meta)
-    (work / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_whole(work / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False) + "\n")  # synced, as the tokenizer
     (work / "state.json").unlink(missing_ok=True)
-    written = [work / s["file"] for split in shards.values() for s in split] + [work / "meta.json"]
-    sync([*written, *([work / TOKENIZER_FILE] if tok.kind == "bpe" else []), work, work.parent])
+    sync([*(work / s["file"] for split in shards.values() for s in split), work, work.parent])
     return dict(meta, bpe=tok.content) if tok.kind == "bpe" else meta  # as load_meta reads it
 
 

@@ -17,6 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
+from gptkit.base.files import no_links, refuse_link
 from gptkit.data.sources import hashed, read_record
 from gptkit.data.tokenizer import tokenizer_from_meta
 
@@ -27,20 +28,23 @@ class ShardWriter:
     """One split's tokens, appended into shards of shard_tokens each. The shard being filled is a .part file,
     renamed to its name once full and flushed; state() flushes too, so a saved state (the finished shards'
     token counts and checksums, the part's length) names exactly what is on disk to continue from. Checksums are
-    taken as the tokens are written, so finishing does not read the shards again."""
+    taken as the tokens are written, so finishing does not read the shards again. A link among the split's files
+    (put in a stopped prepare's work folder) is refused: they are written, truncated and renamed over."""
 
     def __init__(self, folder, split, dtype, shard_tokens, state=None):
         self.folder, self.split, self.dtype, self.shard_tokens = folder, split, np.dtype(dtype), shard_tokens
         self.done = list(state["done"]) if state else []
         self.sums = list(state["sums"]) if state else []
         self.part = state["part"] if state else 0
+        for path in folder.glob(f"{split}*.bin*"):
+            refuse_link(path)
         k = len(self.done)
         if not self.path(k, ".part").exists() and self.path(k).exists():
             os.replace(self.path(k), self.path(k, ".part"))  # finished after the saved state: it continues
         for later in folder.glob(f"{split}_*.bin*"):
             if int(later.name[len(split) + 1:].split(".")[0]) > k:
                 later.unlink()
-        self.file = open(self.path(k, ".part"), "ab")
+        self.file = open(self.path(k, ".part"), "ab", opener=no_links)
         self.file.truncate(self.part * self.dtype.itemsize)  # what was written after the saved state goes
         self.hash = hashed(self.path(k, ".part"), hashlib.sha256())
 
@@ -77,7 +81,7 @@ class ShardWriter:
         self.done.append(self.part)
         self.sums.append(self.hash.hexdigest())
         self.part, self.hash = 0, hashlib.sha256()
-        self.file = open(self.path(len(self.done), ".part"), "ab")
+        self.file = open(self.path(len(self.done), ".part"), "ab", opener=no_links)
 
     def flush(self):
         self.file.flush()
@@ -112,7 +116,10 @@ class ShardWriter:
                     os.truncate(self.path(k), kept[-1] * self.dtype.itemsize)
                     self.sums[k] = sha256_of(self.path(k))
             start += n
+        self.file.close()  # the empty part follows the shards kept, not those that went
+        self.path(len(self.done), ".part").unlink()
         self.done, self.sums = kept, self.sums[:len(kept)]
+        self.file = open(self.path(len(self.done), ".part"), "ab", opener=no_links)
 
     def finish(self):
         """Close the last shard and name them: `train.bin` where one shard holds the split. The shards, each

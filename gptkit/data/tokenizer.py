@@ -296,3 +296,11 @@ def describe_vocabulary(meta):
     if meta.get("tokenizer") == "bpe":
         return f"a trained BPE of {meta.get('vocab_size', '?')} tokens ({str(meta.get('tokenizer_sha256'))[:12]})"
     return f"tiktoken's {meta.get('encoding')!r} tokens"
+
+
+def prepare_options(meta):
+    """The data/prepare.py options that make a dataset's (or a checkpoint's) tokenizer: for characters and a trained
+    BPE, from the same text (a trained BPE also with the same --val_fraction, as it learns from the train split)."""
+    if meta.get("tokenizer") == "bpe":
+        return f"--tokenizer=bpe --vocab_size={meta.get('vocab_size')}"
+    return f"--tokenizer={meta.get('encoding') if meta.get('tokenizer') == 'tiktoken' else meta.get('tokenizer')}"

@@ -1,25 +1,29 @@
 """
 A dataset folder's layout on disk, so that a dataset is replaced as a whole.
 
-Its files (meta.json and the split's token files: train.bin and val.bin, or shards train_000.bin, ...) are links
-through `.current`, itself a link to one folder under `.versions/`: prepare writes the new dataset into a folder
-of its own there and then renames a new `.current` over the old one, so a prepare killed at any moment leaves
-the old dataset or the new one, complete, and never a mix. `.prepare.lock` keeps a second prepare of the same
-dataset out meanwhile. A prepare that was stopped keeps its work in `.versions/work-<settings>`, found again by
-the same command.
+Its files (meta.json, a trained BPE's tokenizer.json and the split's token files: train.bin and val.bin, or shards
+train_000.bin, ...) are links through `.current`, itself a link to one folder under `.versions/`: prepare writes
+the new dataset into a folder of its own there and then renames a new `.current` over the old one, so a prepare
+killed at any moment leaves the old dataset or the new one, complete, and never a mix. `.prepare.lock` keeps a
+second prepare of the same dataset out meanwhile. A prepare that was stopped keeps its work in
+`.versions/work-<settings>`, found again by the same command. Those links are the project's own: a link the user
+put at one of these names, or at `.versions` or the lock, is refused rather than written through or replaced.
 """
 
+import errno
 import os
 import re
 import secrets
 import shutil
 
 from gptkit.base.errors import UserError
+from gptkit.base.files import link_in_place, no_links
 from gptkit.base.locks import exclusive
 from gptkit.data.sources import shown
 
 OUTPUTS = ("train.bin", "val.bin", "meta.json")  # a dataset that fits in one shard per split
 DATASET_FILE = re.compile(r"(meta\.json|(train|val)(_\d+)?\.bin)")
+LINKED = re.compile(rf"{DATASET_FILE.pattern}|tokenizer\.json")  # every name that is a link through .current
 CURRENT, VERSIONS, LOCK = ".current", ".versions", ".prepare.lock"
 
 
@@ -32,6 +36,27 @@ def check_room(out_dir):
         if (out_dir / name).is_dir():
             raise UserError(f"{shown(out_dir / name)} is a folder where the dataset's {name} goes; "
                             "move it out of the way")
+    refuse_links(out_dir)
+
+
+def refuse_links(out_dir):
+    """A link at a name the dataset's own links take, that is not one of them, is the user's: replacing it would
+    drop it, and writing through it (the lock) or deleting under it (.versions) would reach what it points at."""
+    if not out_dir.is_dir():
+        return
+    for name in os.listdir(out_dir):
+        path = out_dir / name
+        if not os.path.islink(path):
+            continue
+        if LINKED.fullmatch(name):
+            theirs = os.readlink(path) != f"{CURRENT}/{name}"
+        elif name == CURRENT:
+            target = os.readlink(path)
+            theirs = not (target.startswith(f"{VERSIONS}/") and "/" not in target[len(VERSIONS) + 1:])
+        else:
+            theirs = name in (VERSIONS, LOCK)
+        if theirs:
+            raise UserError(link_in_place(shown(path)))
 
 
 def dataset_lock(out_dir):
@@ -39,7 +64,7 @@ def dataset_lock(out_dir):
     with one line instead of writing over the first one's files."""
     return exclusive(out_dir / LOCK, f"cannot write the dataset to {shown(out_dir)}",
                      lambda holder: f"{shown(out_dir)} is being prepared by another data/prepare.py{holder}; "
-                                    "wait for it to end or pick another --name")
+                                    "wait for it to end or pick another --name", opener=no_links)
 
 
 def new_version(out_dir, name=None):
@@ -65,7 +90,7 @@ def commit(out_dir, work):
     link_names(out_dir, names)
     point(out_dir / CURRENT, f"{VERSIONS}/{version.name}")
     for name in os.listdir(out_dir):
-        if DATASET_FILE.fullmatch(name) and name not in names and os.path.islink(out_dir / name):
+        if LINKED.fullmatch(name) and name not in names and os.path.islink(out_dir / name):
             os.unlink(out_dir / name)
     sync([out_dir])  # a prepare that returned stays done after a power cut
 
@@ -75,7 +100,7 @@ def link_names(out_dir, names):
     files found as plain files (from a prepare before versions, or a copy that followed the links) are first
     kept, by hard links, as a version of their own that .current points to."""
     current = out_dir / CURRENT
-    plain = [n for n in os.listdir(out_dir) if DATASET_FILE.fullmatch(n) and not os.path.islink(out_dir / n)]
+    plain = [n for n in os.listdir(out_dir) if LINKED.fullmatch(n) and not os.path.islink(out_dir / n)]
     if plain or (current.is_dir() and not current.is_symlink()):
         kept = new_version(out_dir)
         for name in plain:
@@ -98,6 +123,37 @@ def point(link, target):
     os.replace(tmp, link)
 
 
+def bare(out_dir):
+    """Whether out_dir is missing, or holds only what a prepare that made nothing leaves: its lock and an empty
+    .versions."""
+    try:
+        names = set(os.listdir(out_dir))
+    except OSError:  # missing, or not a folder (which taking the lock says), or unreadable: none of this prepare's
+        return not out_dir.exists()
+    return LOCK in names and names <= {LOCK, VERSIONS} and not (VERSIONS in names and os.listdir(out_dir / VERSIONS))
+
+
+def remove_bare(out_dir, folder_too):
+    """Clear a bare dataset folder, so that nothing says a dataset is there (train.py's hint is then the command
+    that makes one): its lock and .versions, and with folder_too the folder. Called holding the lock: where
+    another prepare has opened a new lock file by now, the folder is its, and stays."""
+    if (out_dir / VERSIONS).is_dir():
+        os.rmdir(out_dir / VERSIONS)
+    os.unlink(out_dir / LOCK)
+    try:
+        if folder_too:
+            os.rmdir(out_dir)
+    except OSError as e:
+        if e.errno != errno.ENOTEMPTY:
+            raise
+
+
+def stopped_work(out_dir, keep):
+    """The work folders of stopped prepares other than `keep`, which remove_leftovers(out_dir, keep) deletes."""
+    versions = out_dir / VERSIONS
+    return [v for v in versions.glob("work-*") if v != keep] if versions.is_dir() else []
+
+
 def remove_leftovers(out_dir, keep=None):
     """Delete every version but the one readers find (older datasets, and what failed or killed prepares left)
     and `keep` (a stopped prepare's work, to continue), and any half-made link."""
@@ -105,10 +161,14 @@ def remove_leftovers(out_dir, keep=None):
         return
     current = os.path.realpath(out_dir / CURRENT)
     for version in (out_dir / VERSIONS).iterdir():
-        if os.path.realpath(version) != current and version != keep:
+        if os.path.realpath(version) == current or version == keep:
+            continue
+        if version.is_symlink():  # a link put there: removed itself, as rmtree refuses to, never what it points at
+            os.unlink(version)
+        else:
             shutil.rmtree(version)
     for name in os.listdir(out_dir):
-        if name.endswith(".tmp") and (name[:-4] == CURRENT or DATASET_FILE.fullmatch(name[:-4])):
+        if name.endswith(".tmp") and (name[:-4] == CURRENT or LINKED.fullmatch(name[:-4])):
             os.unlink(out_dir / name)
 
 

@@ -10,7 +10,7 @@ import torch
 
 from gptkit.base.errors import UserError
 from gptkit.data.dataset import TrainingData, load_meta
-from gptkit.data.tokenizer import describe_vocabulary, same_token_ids
+from gptkit.data.tokenizer import describe_vocabulary, prepare_options, same_token_ids
 from gptkit.interop.hf import crop_block_size, load_pretrained
 from gptkit.run.checkpoint import load_weights, model_config
 from model import GPT
@@ -67,12 +67,39 @@ def open_data(cfg, rt, ckpt=None, ckpt_path=None):
     micro_batch, _ = batch_shares(sequences, cfg.batch_size, rt.world)
     folder, meta = load_meta(cfg.data_dir, cfg.dataset)
     if ckpt is not None and not same_token_ids(ckpt["tokenizer"], meta):
-        raise UserError(f"dataset {cfg.dataset!r} has {describe_vocabulary(meta)}, but {ckpt_path} was trained on "
-                        f"{describe_vocabulary(ckpt['tokenizer'])}; a resumed run must see the token ids it "
-                        "learned (prepare the data with the checkpoint's vocabulary, or start a new out_dir)")
+        raise UserError(other_vocabulary(cfg, folder, meta, ckpt, ckpt_path))
     data = TrainingData(folder, meta, cfg.model.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed, rt.device,
                         cfg.batch_order, micro_batch, rt.rank, rt.world)
     return data, sequences
+
+
+def other_vocabulary(cfg, folder, meta, ckpt, ckpt_path):
+    """The line refusing to resume on a dataset of other token ids, with a command that gets the run going: on the
+    dataset it was trained on, where that still holds its ids; else its text prepared again with its tokenizer
+    (which the checkpoint names; the text it does not keep), beside this dataset."""
+    learned = ckpt["tokenizer"]
+    head = (f"dataset {cfg.dataset!r} has {describe_vocabulary(meta)}, but {ckpt_path} was trained on "
+            f"{describe_vocabulary(learned)}; a resumed run must see the token ids it learned")
+    data_dir, dataset = ckpt["config"].get("data_dir", cfg.data_dir), ckpt["config"].get("dataset", cfg.dataset)
+    if (data_dir, dataset) != (cfg.data_dir, cfg.dataset) and holds_token_ids(data_dir, dataset, learned):
+        flags = f"--dataset={dataset}" + (f" --data_dir={data_dir}" if data_dir != cfg.data_dir else "")
+        return f"{head}: resume on the dataset it was trained on with {flags}, or start a new out_dir"
+    kind = learned.get("tokenizer")
+    name = f"{folder.name}_" + (learned.get("encoding") if kind == "tiktoken" else
+                                f"bpe{learned.get('vocab_size')}" if kind == "bpe" else kind)
+    elsewhere = "/" in cfg.dataset or cfg.data_dir  # else prepare's default, this project's data/
+    return (f"{head}: prepare its text again with its tokenizer, `python data/prepare.py --input=TEXT --name={name} "
+            f"{prepare_options(learned)}{f' --data_dir={folder.parent}' if elsewhere else ''}`, TEXT being the text "
+            f"it was trained on, and resume with --dataset={folder.parent / name if '/' in cfg.dataset else name}; "
+            "or start a new out_dir")
+
+
+def holds_token_ids(data_dir, dataset, tokenizer):
+    """Whether a dataset is there and gives the token ids of a tokenizer's metadata."""
+    try:
+        return same_token_ids(tokenizer, load_meta(data_dir, dataset)[1])
+    except UserError:
+        return False
 
 
 def planned_model(cfg, meta, ckpt=None, path=None):
