@@ -2,6 +2,7 @@
 by hand, the batched ablation deltas against one pass per head, the head scores on heads whose behaviour is known
 (set by hand, or grown by training), patching's two ends, and attribution's parts summing to the logit."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -399,3 +400,153 @@ def test_attribution_needs_a_position_with_a_next_token():
         with pytest.raises(UserError) as error:
             attribute(model, idx, position)
         assert one_line(error).startswith(expected)
+
+
+# ----------------------------------------------------------------------------- every value given is checked
+
+
+@pytest.fixture
+def run_folder(tmp_path):
+    """A run folder holding a tiny model's best.pt, as open_run reads it."""
+    from dataclasses import asdict
+
+    from gptkit.run.checkpoint import save_checkpoint
+
+    model = tiny_model()
+    (tmp_path / "out").mkdir()
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config),
+                     "tokenizer": CharTokenizer(CHARS).to_meta()}, tmp_path / "out" / "best.pt")
+    return tmp_path / "out"
+
+
+HUGE = 10 ** 5000  # more digits than Python will write: a message that echoes it must not try
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    (dict(checkpoint="bestest"), "checkpoint must be 'best' (best.pt) or 'latest' (latest.pt), got 'bestest'"),
+    (dict(checkpoint=None), "checkpoint must be 'best' (best.pt) or 'latest' (latest.pt), got None"),
+    (dict(device="cuda"), "device 'cuda' asked for, but this machine has no CUDA GPU torch can use; use device='cpu'"),
+    (dict(device="cuda:3"), "device 'cuda:3' asked for, but this machine has no CUDA GPU"),
+    (dict(device="cuda:" + "9" * 5000), "device 'cuda:999999999999...999999999999999999' asked for, but"),
+    (dict(device="gpu"), "device must be 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto', got 'gpu'"),
+    (dict(device=0), "device must be 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto', got 0"),
+    (dict(out_dir=None), "out_dir must be the path of a run folder, e.g. 'out'; got None"),
+    (dict(out_dir="o\0ut"), "out_dir must be the path of a run folder"),
+    (dict(out_dir="x" * 300), "cannot read xxxx"),
+])
+def test_open_run_takes_only_what_it_can_open(run_folder, monkeypatch, kwargs, expected):
+    """A checkpoint other than best or latest, a device this machine lacks (no GPU here: device_count says so)
+    or of no known name, a folder that is no path: each one line, and nothing silently opened instead."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(UserError) as error:
+        experiments.open_run(**dict(dict(out_dir=run_folder), **kwargs))
+    assert one_line(error).startswith(expected)
+    assert experiments.open_run(run_folder, "best", torch.device("cpu")).config.n_layer == 2
+
+
+@pytest.mark.parametrize("tokens, expected", [
+    (None, "expected a text (a str) or token ids (a tensor, or a list of whole numbers), got None"),
+    (b"ROMEO", "expected a text (a str) or token ids (a tensor, or a list of whole numbers), got b'ROMEO' (bytes)"),
+    (3, "expected a text (a str) or token ids"),
+    ([[1, 2], [3]], "the rows of token ids are of different lengths (2, 1): give every row as many"),
+    ([1, [2]], "token ids must be whole numbers, in a list (T) or a list of lists (batch, T); got [2] among them"),
+    ([[[1]]], "token ids must be whole numbers, in a list (T) or a list of lists (batch, T); got [1] among them"),
+    ([1, 2.5], "token ids must be whole numbers, in a list (T) or a list of lists (batch, T); got 2.5 among them"),
+    ([1, True], "token ids must be whole numbers, in a list (T) or a list of lists (batch, T); got True among them"),
+    (["a"], "token ids must be whole numbers, in a list (T) or a list of lists (batch, T); got 'a' among them"),
+    ([1, 10 ** 20], "token id <a 21-digit number> is outside the vocabulary (0 to 36)"),
+    ([1, -HUGE], "token id -<a 5,001-digit number> is outside the vocabulary (0 to 36)"),
+    ([-1], "token id -1 is outside the vocabulary (0 to 36)"),
+    (torch.tensor([1.5]), "token ids must be whole numbers of shape (T,) or (batch, T), got torch.float32 (1,)"),
+    (torch.ones(1, 2, dtype=torch.complex64), "token ids must be whole numbers of shape (T,) or (batch, T)"),
+    (torch.ones(1, 1, 2, dtype=torch.long), "token ids must be whole numbers of shape (T,) or (batch, T)"),
+    (np.array([1, object()], dtype=object), "token ids must be a tensor, or a list (T) or a list of lists"),
+])
+def test_token_ids_that_are_not_token_ids_are_one_line(tokens, expected):
+    run = tiny_run()
+    calls = [run.run_with_cache, run.run_with_hooks, run.to_tokens]
+    if tokens is not None:  # means=None is mean ablation's own error
+        calls.append(lambda ids: run.ablated(["L0H0"], how="mean", means=ids).__enter__())
+    for call in calls:
+        with pytest.raises(UserError) as error:
+            call(tokens)
+        assert one_line(error).startswith(expected) and len(one_line(error)) < 200, call
+
+
+def test_token_ids_of_every_shape_and_kind_are_read_alike():
+    run, ids = tiny_run(), [[5, 1, 36], [0, 2, 3]]
+    want = run.run_with_cache(torch.tensor(ids))[0]
+    numpy_ints = [[np.int64(i) for i in row] for row in ids]
+    for same in (ids, tuple(map(tuple, ids)), np.array(ids), np.array(ids, dtype=np.int32), numpy_ints):
+        torch.testing.assert_close(run.run_with_cache(same)[0], want)
+    torch.testing.assert_close(run.run_with_cache(ids[0])[0], want[:1])
+
+
+@pytest.mark.parametrize("heads, mlps, expected", [
+    (0, (), "heads=0 is not a head or a list of them: write L0H3 (layer 0, head 3) or (0, 3), or a list of them"),
+    (True, (), "heads=True is not a head or a list of them"),
+    (b"L0H0", (), "heads=b'L0H0' (bytes) is not a head or a list of them"),
+    ([(True, False)], (), "(True, False) is not a head: write L0H3 (layer 0, head 3) or (0, 3), or a list of them"),
+    ([(0, 1.0)], (), "(0, 1.0) is not a head"),
+    ([(0, 1, 2)], (), "(0, 1, 2) is not a head"),
+    ([None], (), "None is not a head"),
+    (["L" + "9" * 5000 + "H0"], (), "head L<a 5,000-digit number>H0 is out of range: this model has layers 0-1"),
+    ([(HUGE, 0)], (), "head L<a 5,001-digit number>H0 is out of range"),
+    ([(-1, 0)], (), "head L-1H0 is out of range"),
+    (["x" * 10_000], (), "'xxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxx' is not a head"),
+    ((), True, "mlps=True is not an MLP or a list of them: write MLP1 or the layer number, 1, or a list of them"),
+    ((), 1.5, "mlps=1.5 is not an MLP or a list of them"),
+    ((), [True], "True is not an MLP: write MLP1 or the layer number, 1, or a list of them"),
+    ((), ["MLP" + "9" * 5000], "MLP<a 5,000-digit number> is out of range: this model has MLP0-MLP1"),
+    ((), [-HUGE], "MLP-<a 5,001-digit number> is out of range"),
+])
+def test_heads_and_mlps_that_name_nothing_are_one_line_never_nothing_switched_off(heads, mlps, expected):
+    """A number alone, a bool (an int to Python), a pair that is not two whole numbers, a number of thousands of
+    digits: each one line from ablated, where a 0 once switched nothing off and (True, False) failed on a hook
+    name."""
+    run = tiny_run()
+    for call in (lambda: run.ablated(heads, mlps).__enter__(), lambda: ablated(run.model, heads, mlps).__enter__()):
+        with pytest.raises(UserError) as error:
+            call()
+        assert one_line(error).startswith(expected) and len(one_line(error)) < 200
+
+
+def test_a_lone_pair_none_and_numpy_numbers_name_parts_as_lists_do():
+    run = tiny_run()
+    assert experiments.parse_heads(run.model, (0, 3)) == ((0, 3),) == experiments.parse_heads(run.model, [(0, 3)])
+    assert experiments.parse_heads(run.model, [(np.int64(1), torch.tensor(2)), "l0h1"]) == ((0, 1), (1, 2))
+    assert experiments.parse_heads(run.model, None) == () == experiments.parse_mlps(run.model, None)
+    assert experiments.parse_mlps(run.model, np.int64(1)) == (1,) == experiments.parse_mlps(run.model, "MLP1")
+    assert experiments.parse_heads(tiny_run(n_layer=0).model, []) == ()  # nothing asked of a bigram: nothing to say
+
+
+@pytest.mark.parametrize("call, expected", [
+    (lambda run: run.ablated(["L0H0"], how="median").__enter__(), "ablation must be 'zero' or 'mean' (got 'median')"),
+    (lambda run: run.ablated(["L0H0"], how=None).__enter__(), "ablation must be 'zero' or 'mean' (got None)"),
+    (lambda run: ablation_deltas(run.model, random_tokens((1, 8)), random_tokens((1, 8)), how="median"),
+     "ablation must be 'zero' or 'mean' (got 'median')"),
+    (lambda run: ablation_deltas(run.model, random_tokens((1, 8)), random_tokens((1, 7))),
+     "idx is (1, 8) and targets (1, 7)"),
+    (lambda run: run.run_with_cache("ROMEO", 5), "names_filter must be None (every hook point), a hook point's name"),
+    (lambda run: run.run_with_cache("ROMEO", [5]), "names_filter must be None"),
+    (lambda run: run.run_with_hooks("ROMEO", [("blocks.0.attn.hook_z",)]),
+     "fwd_hooks must be a list of (hook point name, function) pairs"),
+    (lambda run: run.run_with_hooks("ROMEO", ("blocks.0.attn.hook_z", print)), "fwd_hooks must be a list"),
+    (lambda run: attribute(run.model, run.tokens("ROMEO"), True), "position must be a whole number, got True"),
+    (lambda run: attribute(run.model, run.tokens("ROMEO"), HUGE),
+     "position must be 0 to 3, a position with a next token in the text (got <a 5,001-digit number>)"),
+    (lambda run: attribute(run.model, run.tokens("ROMEO"), 1, target=10 ** 20),
+     "target must be a token id, a whole number from 0 to 36; got <a 21-digit number>"),
+    (lambda run: attribute(run.model, random_tokens((2, 5)), 1), "idx must be one row of tokens, (1, T) or (T,)"),
+    (lambda run: patching(run.model, run.tokens("ROMEO"), run.tokens("JULIE"), target=-1),
+     "target must be a token id, a whole number from 0 to 36; got -1"),
+    (lambda run: patching(run.model, run.tokens("ROMEO"), run.tokens("JULIE"), foil=1.0), "foil must be a token id"),
+    (lambda run: patching(run.model, run.tokens("ROMEO"), run.tokens("JULIE"), foil=torch.tensor(True)),
+     "foil must be a token id, a whole number from 0 to 36; got tensor(True) (Tensor)"),
+    (lambda run: patching(run.model, run.tokens("ROMEO"), [1, 99, 2, 3, 4]), "token id 99 is outside the vocabulary"),
+    (lambda run: head_scores(run.model, None, repeated_tokens(37, 4)), "token ids must be a tensor"),
+])
+def test_every_other_value_the_api_takes_is_checked(call, expected):
+    with pytest.raises(UserError) as error:
+        call(tiny_run())
+    assert one_line(error).startswith(expected)

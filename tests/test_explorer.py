@@ -828,3 +828,183 @@ def test_a_bpe_runs_generation_shows_each_token_itself_and_the_text_whole(bpe_ru
     assert all(e["text"] == tok.decode([e["id"]]) for e in got if e["type"] == "token")
     whole = tok.decode(new)  # the text as sample.py prints it: a character cut at the very end is held back
     assert got[-1]["text"] == whole.removesuffix("\ufffd") or got[-1]["text"] == whole
+
+
+# ----------------------------------------------------------------------------- bad values, failures, paths
+
+
+GUARDED = {"x-content-type-options": "nosniff", "x-frame-options": "DENY",
+           "content-security-policy": "frame-ancestors 'none'"}
+HUGE = "<huge>"  # stands for a JSON number of 5,000 digits, more than Python reads as an int
+
+
+def as_json(body):
+    """body as JSON text, each HUGE a number of 5,000 digits (json.dumps cannot write one)."""
+    return json.dumps(body).replace(f'"{HUGE}"', "9" * 5000).replace(f'"-{HUGE}"', "-" + "9" * 5000)
+
+
+def refused_in_a_line(r, where):
+    """r is a refusal as the page reads it, {"error": one short line}, with the guard's headers."""
+    assert 400 <= r.status_code < 500 and set(r.json()) == {"error"}, (where, r.status_code, r.text[:300])
+    assert "\n" not in r.json()["error"] and len(r.json()["error"]) < 300, (where, r.text[:300])
+    assert {k: r.headers.get(k) for k in GUARDED} == GUARDED, where
+
+
+# what a page may send in place of any field: numbers past every range, of thousands of digits, of the wrong
+# kind, nested lists, very long names, names with NUL or a lone surrogate, and parts of thousands of digits
+BAD_VALUES = [HUGE, f"-{HUGE}", 10 ** 30, -1, 1.5, True, "x", None, [[1]], {"a": 1}, "a" * 300, "a\0b", "\ud800",
+              ["L" + "9" * 5000 + "H0"], ["MLP" + "9" * 5000], ["L" + "9" * 40 + "H0"], ["x" * 10_000], ["L0H0\0"],
+              [None], [True]]
+BODIES = {"/api/generate": dict(run="scaled", prompt="a", max_tokens=2), "/api/read": dict(run="scaled", text="abc"),
+          "/api/position": dict(run="scaled", ids=[0, 1], position=1),
+          "/api/attention_map": dict(run="scaled", ids=[0, 1], layer=0, head=0),
+          "/api/scores": dict(run="scaled", ids=[0, 1], position=1, layer=0, head=0)}
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+def test_every_field_of_every_request_fuzzed_is_answered_never_a_500(client, lab, path):
+    """Each field of each request given each of BAD_VALUES (and inside a list, for the lists): never a 500, a
+    refusal one line with the guard's headers, no path of this machine. A part named with thousands of digits was
+    a 500 from Python's int(), without those headers."""
+    from gptkit.explorer.answers import GenerateRequest, MapRequest, PositionRequest, ReadRequest
+    from gptkit.explorer.experiments import ScoresRequest
+
+    fields = set(dict(zip(BODIES, (GenerateRequest, ReadRequest, PositionRequest, MapRequest, ScoresRequest)))[path]
+                 .model_fields)
+    assert set(BODIES[path]) <= fields and "off" in fields
+    for field in sorted(fields):
+        for value in BAD_VALUES + [[value] for value in BAD_VALUES[:8]] * (field in ("ids", "off")):
+            r = client.post(path, content=as_json(dict(BODIES[path], **{field: value})),
+                            headers={"content-type": "application/json"})
+            if r.status_code != 200:  # some are good values for some fields (a text of 300 a's)
+                refused_in_a_line(r, (path, field, str(value)[:20]))
+            assert str(lab[0].parent) not in r.text, (path, field)
+    for off in (["L" + "9" * 5000 + "H0"], ["MLP" + "9" * 60], ["L0H" + "1" * 40]):
+        r = client.post(path, json=dict(BODIES[path], off=off))
+        refused_in_a_line(r, off[0][:10])
+        assert "out of range" in r.json()["error"] or "at most 64 characters" in r.json()["error"], r.text
+
+
+@pytest.mark.parametrize("name", ["a" * 300, "a" * 5000, "%00", "a%00b", "%ED%A0%80", "%FF", "..", "9" * 5000],
+                         ids=["300 bytes", "5000 bytes", "NUL", "a NUL b", "a lone surrogate", "not UTF-8", "..",
+                              "5000 digits"])
+def test_every_run_address_fuzzed_is_a_refusal_in_one_line(client, lab, name):
+    """A run name too long for any folder was answered with the server's path from the file system's error."""
+    for suffix in ("", "/metrics", "/heads"):
+        r = client.get(f"/api/runs/{name}{suffix}")
+        refused_in_a_line(r, suffix)
+        assert r.status_code == 404 and str(lab[0].parent) not in r.text, r.text
+
+
+@pytest.mark.parametrize("method,path,body,patched", [
+    ("GET", "/api/runs/scaled/metrics", None, "run_metrics"),
+    ("POST", "/api/read", dict(run="scaled", text="abc"), "read_text"),
+    ("POST", "/api/generate", dict(run="scaled", prompt="a"), "encode"),
+])
+def test_a_failure_inside_the_explorer_is_a_500_line_with_the_guards_headers(lab, monkeypatch, caplog, method, path,
+                                                                              body, patched):
+    """A bug (here an exception put into the app) is a 500 the page reads as one line, with the guard's headers,
+    holding none of the exception's words (a path of this machine); its traceback goes to the console."""
+    import gptkit.explorer.app as explorer_app
+
+    def failing(*args):
+        raise OSError(errno.EIO, "Input/output error", str(lab[0] / "scaled" / "best.pt"))
+
+    monkeypatch.setattr(explorer_app, patched, failing)
+    client = app_over(lab[0])
+    r = client.request(method, path, json=body)
+    assert r.status_code == 500 and set(r.json()) == {"error"} and "\n" not in r.json()["error"], r.text
+    assert "failed to answer this request" in r.json()["error"] and str(lab[0]) not in r.text
+    assert {k: r.headers.get(k) for k in GUARDED} == GUARDED
+    assert "Input/output error" in caplog.text and "Traceback" in caplog.text
+    assert client.get("/api/runs/scaled").status_code == 200  # and the rest still answer
+
+
+def test_no_answer_holds_a_path_of_this_machine(lab, tmp_path):
+    """Where the runs are is named from the folder the explorer serves (its name; damaged/best.pt), never from
+    this machine's root: the page may be reached from elsewhere, and a path names users and folders."""
+    root = copies(lab, tmp_path / "runs", "good", "deep")
+    with_records(root / "deep", "[" * 5000 + "]" * 5000)
+    (root / "damaged").mkdir()
+    (root / "damaged" / "best.pt").write_bytes(b"not a checkpoint")
+    app = app_over(root)
+    listed = app.get("/api/runs").json()
+    assert listed["root"] == "runs"
+    runs = {r["name"]: r for r in listed["runs"]}
+    assert runs["damaged"]["error"].startswith("damaged/best.pt is damaged or not a checkpoint")
+    assert runs["deep"]["metrics_error"].startswith("deep/metrics.jsonl has a line nested too deeply")
+    answers = [app.get("/api/runs"), app.get("/api/runs/damaged"), app.get("/api/runs/deep/metrics"),
+               app.get("/api/lab"), app.get(run_url("a" * 300)),
+               app.post("/api/read", json=dict(run="a" * 300, text="abc")),
+               app.post("/api/read", json=dict(run="damaged", text="abc")), app.get("/api/runs/damaged/heads")]
+    for r in answers:
+        assert str(tmp_path) not in r.text and r.status_code in (200, 404, 409), (r.url, r.text)
+    assert app.get("/api/runs/damaged").json()["error"].startswith("run 'damaged' cannot be opened: damaged/best.pt")
+
+
+# ----------------------------------------------------------------------------- a port another program has
+
+
+def test_a_default_port_another_program_has_moves_to_the_next_free_one_and_says_so():
+    """As Jupyter: the default port taken, the next free one, and the line says plainly which is the explorer's;
+    a port the user gave is that port or one line, never a page that is another program's."""
+    import explore
+    from gptkit.base.errors import UserError
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        cfg = explore.ExploreConfig(port=port)
+        sock, note = explore.open_socket(cfg, given={})
+        with sock:
+            got = sock.getsockname()[1]
+        assert port < got < port + explore.PORT_TRIES
+        assert note == f"port {port} is another program's, not this explorer's: this explorer is at port {got}"
+        with pytest.raises(UserError) as refused:
+            explore.open_socket(cfg, given={"port": port})
+        assert str(refused.value) == (f"cannot listen on 127.0.0.1:{port}: port {port} is another program's, so what "
+                                      f"answers at http://127.0.0.1:{port}/ is not this explorer; pick another with "
+                                      "--port (--port=0 takes any free one)")
+    free_port = explore.open_socket(explore.ExploreConfig(port=0), given={})
+    free_port[0].close()
+    assert free_port[1] is None
+
+
+def test_a_port_another_program_has_on_the_other_loopback_or_every_port_tried_taken(monkeypatch):
+    """A browser asked for localhost may try ::1 first: a port another program has there is taken too. With every
+    port tried taken, one line says so."""
+    import explore
+    from gptkit.base.errors import UserError
+
+    try:
+        taken = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback")
+    with taken:
+        port = taken.getsockname()[1]
+        sock, note = explore.open_socket(explore.ExploreConfig(port=port), given={})
+        with sock:
+            assert sock.getsockname()[1] != port and f"port {port} is another program's" in note
+    monkeypatch.setattr(explore, "PORT_TRIES", 2)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        try:
+            next_one = socket.create_server(("127.0.0.1", port + 1))
+        except OSError:  # another program has it already
+            next_one = socket.socket()
+        with next_one, pytest.raises(UserError) as refused:
+            explore.open_socket(explore.ExploreConfig(port=port), given={})
+    assert str(refused.value) == (f"cannot listen on 127.0.0.1: ports {port} to {port + 1} are all other programs'; "
+                                  "pick a free one with --port (--port=0 takes any)")
+
+
+@pytest.mark.slow
+def test_explore_py_refuses_a_port_it_was_given_that_another_program_has_in_one_line(lab):
+    from conftest import assert_one_error_line
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        proc = run_script("explore.py", lab[0] / "scaled", f"--port={port}", "--device=cpu")
+    line = assert_one_error_line(proc.stderr)
+    assert proc.returncode == 1 and proc.stdout == "", proc.stdout
+    assert f"port {port} is another program's, so what answers at http://127.0.0.1:{port}/ is not this " \
+        "explorer" in line

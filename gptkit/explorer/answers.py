@@ -9,9 +9,10 @@ import torch
 from pydantic import BaseModel, Field, field_validator
 
 from gptkit.base.errors import UserError
-from gptkit.explorer.experiments import Off, OffRequest
-from gptkit.explorer.runs import ApiError, attention_note, describe, final_bits_per_char, number, run_records
-from gptkit.interp.experiments import checked_tokens, outside_vocabulary
+from gptkit.explorer.experiments import MAX_OFF, MAX_TOKENS, Off, OffRequest, Real, Whole
+from gptkit.explorer.runs import (ApiError, attention_note, describe, final_bits_per_char, number, run_records,
+                                  without_paths)
+from gptkit.interp.experiments import checked_tokens
 from gptkit.interp.hooks import attention_maps, logit_lens, look_inside, read_out, surprise_bits, token_label
 from gptkit.run.metrics import loss_points
 from gptkit.sampling.decoding import StopFilter, decode_steps, shaped_probs
@@ -27,9 +28,9 @@ FLUSH_SECONDS = 0.015  # after the first token, tokens are sent in small groups:
 class Knobs(BaseModel):
     """The sampling settings, with sample.py's meanings; ranges a page can ask for without breaking the sampler."""
 
-    temperature: float = Field(0.8, ge=0, le=10)
-    top_k: int = Field(200, ge=0, le=1_000_000)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: Real = Field(0.8, ge=0, le=10)
+    top_k: Whole = Field(200, ge=0, le=1_000_000)
+    top_p: Real = Field(1.0, gt=0, le=1)
 
     @field_validator("temperature")
     @classmethod
@@ -42,8 +43,8 @@ class Knobs(BaseModel):
 class GenerateRequest(Knobs, OffRequest):
     run: str
     prompt: str = Field("\n", min_length=1, max_length=MAX_PROMPT_CHARS)
-    seed: int = Field(1337, ge=0, lt=2 ** 31)
-    max_tokens: int = Field(200, ge=1, le=MAX_NEW_TOKENS)
+    seed: Whole = Field(1337, ge=0, lt=2 ** 31)
+    max_tokens: Whole = Field(200, ge=1, le=MAX_NEW_TOKENS)
     stop: str = Field("", max_length=200)
 
 
@@ -54,16 +55,16 @@ class ReadRequest(OffRequest):
 
 class PositionRequest(Knobs, OffRequest):
     run: str
-    ids: list[int] = Field(min_length=1, max_length=100_000)
-    position: int = Field(ge=0)
-    k: int = Field(10, ge=1, le=100)
+    ids: list[Whole] = Field(min_length=1, max_length=MAX_TOKENS)
+    position: Whole = Field(ge=0, lt=MAX_TOKENS)
+    k: Whole = Field(10, ge=1, le=100)
 
 
 class MapRequest(OffRequest):
     run: str
-    ids: list[int] = Field(min_length=1, max_length=100_000)
-    layer: int = Field(ge=0)
-    head: int = Field(ge=0)
+    ids: list[Whole] = Field(min_length=1, max_length=MAX_TOKENS)
+    layer: Whole = Field(ge=0, le=MAX_OFF)
+    head: Whole = Field(ge=0, le=MAX_OFF)
 
 
 def encode(loaded, text):
@@ -80,14 +81,10 @@ def checked_ids(loaded, ids):
     """Token ids as a (1, T) tensor, refused as the API refuses them (checked_tokens) when the model cannot read
     them in one window."""
     block = loaded.model.config.block_size
-    if len(ids) > block:  # said before the ids become a tensor: a page may send any number
+    if len(ids) > block:  # said in the page's words: it sends ids in one window
         raise ApiError(400, f"{len(ids)} tokens is more than the model's context of {block}; send at most {block}")
-    vocab = loaded.tok.vocab_size
-    bad = next((i for i in ids if not 0 <= i < vocab), None)
-    if bad is not None:  # before the ids become a tensor, which cannot hold every number a page may send
-        raise ApiError(400, outside_vocabulary(bad, vocab))
-    try:
-        return checked_tokens(loaded.model, torch.tensor([ids], dtype=torch.long), vocab)
+    try:  # as a list: checked_tokens checks each id before a tensor, which cannot hold every number, is made
+        return checked_tokens(loaded.model, [ids], loaded.tok.vocab_size)
     except UserError as e:
         raise ApiError(400, str(e)) from None
 
@@ -226,7 +223,7 @@ def run_metrics(summary):
     try:
         records = run_records(summary.folder)
     except UserError as e:
-        raise ApiError(409, str(e)) from None
+        raise ApiError(409, without_paths(str(e), summary.folder)) from None
     train, evals, final = [], [], None
     for r, t in loss_points(records):
         if r.get("kind") == "train":

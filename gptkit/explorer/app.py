@@ -6,6 +6,7 @@ Every number comes from the model's own forward pass (gptkit.interp.hooks) and i
 (gptkit.sampling.decoding): the page does no model arithmetic."""
 
 import mimetypes
+import sys
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -33,6 +34,9 @@ def body_refused(e):
         return f"the request body is not UTF-8 text ({cause.reason} at byte {cause.start}); send JSON"
     if isinstance(cause, RecursionError):
         return "the request body is nested too deeply to read; send the JSON the page sends"
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):  # Python's int() refused it
+        return (f"the request body holds a number of more than {sys.get_int_max_str_digits()} digits; send the JSON "
+                "the page sends")
     return f"the request body could not be read ({first_line(cause)}); send JSON" if cause else str(e.detail)
 
 
@@ -54,7 +58,7 @@ def make_app(shelf, host="127.0.0.1", port=8000, bound=None):
         found = [s.to_json() for s in shelf.summaries()]
         # the lab's rungs in the order of its path, as its table lists them; other runs by name, after them
         found.sort(key=lambda r: (r["rung"] is None, r["rung"]["step"] if r["rung"] else 0, r["name"]))
-        return {"root": shown(str(shelf.root)), "runs": found}
+        return {"root": shelf.root_name, "runs": found}
 
     # a run's name is one folder's name, never a path: any character but '/' (a newline too) reaches it
     @app.get("/api/runs/{name}/metrics")

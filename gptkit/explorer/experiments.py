@@ -9,26 +9,33 @@ in the answer."""
 import math
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Annotated
 from weakref import WeakKeyDictionary
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, Strict
 
 from gptkit.base.errors import UserError, first_line
 from gptkit.data.dataset import Split, load_meta
 from gptkit.data.tokenizer import same_token_ids
+from gptkit.explorer.runs import without_paths
 from gptkit.interp.experiments import (MLP_NAME, ablation_hooks, chance_scores, everything_note, head_labels,
                                        head_scores, induction_tokens, parse_heads, parse_mlps, part_names)
 from gptkit.interp.hooks import hooked, run_with_cache
 
 LABEL_WINDOWS = 8  # val windows the text scores of the labels read: enough to tell the kinds apart, and cheap
-MAX_OFF = 10_000  # names in one request's "off": more than any model here has heads and MLPs
+MAX_OFF = 10_000  # names in one request's "off", and the highest layer or head it names: past any model here
+MAX_NAME = 64  # characters in one of those names: 'L10000H10000' and room around it
+MAX_TOKENS = 100_000  # token ids in one request: far past any model's context here, which each request checks
+# a number the page sends: a JSON number of its kind, never true (1 to Python) or "3" (which pydantic would take)
+Whole = Annotated[int, Strict()]
+Real = Annotated[float, Strict()]
 
 
 class OffRequest(BaseModel):
     """What a request switches off: heads as L0H3 and MLPs as MLP1, for this request only."""
 
-    off: list[str] = Field([], max_length=MAX_OFF)
+    off: list[Annotated[str, Field(max_length=MAX_NAME)]] = Field([], max_length=MAX_OFF)
 
 
 @dataclass(frozen=True)
@@ -65,10 +72,8 @@ def switched_off(models, heads, mlps):
 
 def off_of(model, names):
     """The Off that names ('L0H3', 'MLP1', any case) ask of model; one line (a UserError) for a name it lacks."""
-    heads = [n for n in names if not MLP_NAME.fullmatch(n)]
-    mlps = [n for n in names if MLP_NAME.fullmatch(n)]
-    heads = parse_heads(model, heads) if heads else ()
-    mlps = parse_mlps(model, mlps)
+    heads = parse_heads(model, [n for n in names if not MLP_NAME.fullmatch(n)])
+    mlps = parse_mlps(model, [n for n in names if MLP_NAME.fullmatch(n)])
     return Off(heads, mlps, everything_note(model, heads, mlps))
 
 
@@ -97,7 +102,7 @@ def text_windows(model, ckpt, tok):
         device = str(next(model.parameters()).device)  # Split.batch takes the device's name
         return split.batch(torch.arange(windows) * T, device)[0], f"{windows} windows of {dataset}'s val split"
     except (UserError, OSError, ValueError, KeyError) as e:
-        return None, f"{dataset}'s val split cannot be read ({first_line(e)})"
+        return None, f"{dataset}'s val split cannot be read ({without_paths(first_line(e))})"
 
 
 def heads_report(model, tok, ckpt_of):
@@ -126,10 +131,10 @@ def heads_report(model, tok, ckpt_of):
 
 class ScoresRequest(OffRequest):
     run: str
-    ids: list[int] = Field(min_length=1, max_length=100_000)
-    position: int = Field(ge=0)
-    layer: int = Field(ge=0)
-    head: int = Field(ge=0)
+    ids: list[Whole] = Field(min_length=1, max_length=MAX_TOKENS)
+    position: Whole = Field(ge=0, lt=MAX_TOKENS)
+    layer: Whole = Field(ge=0, le=MAX_OFF)
+    head: Whole = Field(ge=0, le=MAX_OFF)
 
 
 def head_scores_at(model, idx, layer, head, position):

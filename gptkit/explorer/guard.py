@@ -4,9 +4,11 @@ or straight to 127.0.0.1 from its own origin. So the explorer answers only reque
 names and port, takes requests that change something (POST: generate, read, analyse) only from its own page, lets
 no other site's page reach its API, and asks browsers never to show it inside another site's frame.
 
-An ASGI middleware around the app, so that every response, the refusals included, carries the same headers."""
+An ASGI middleware around the app, so that every response, the refusals and a failure's 500 included, carries
+the same headers."""
 
 import ipaddress
+import logging
 import socket
 from urllib.parse import urlsplit
 
@@ -18,6 +20,7 @@ SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 # nosniff: a file is only ever what its Content-Type says; the frame rules: no other page may frame this one
 HEADERS = {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
            "Content-Security-Policy": "frame-ancestors 'none'"}
+FAILED = "the explorer failed to answer this request (a bug: its console says where); the other requests still work"
 
 
 def normal_name(name):
@@ -77,7 +80,8 @@ def split_host(value):
 class Guard:
     """Refuses, with a 4xx and {"error": "one line"}: a Host the explorer is not (name and port); a state-changing
     request from another origin; an API request that a browser says comes from another site. Adds HEADERS to
-    every response."""
+    every response. A request the app fails on is a 500 and one line, without the exception's words (which may
+    name this machine's paths), from here: the server's own 500 would come from outside, without HEADERS."""
 
     def __init__(self, app, names, port):
         self.app, self.names, self.port = app, frozenset(names), port
@@ -90,15 +94,24 @@ class Guard:
         if problem:
             await JSONResponse({"error": problem[1]}, status_code=problem[0], headers=HEADERS)(scope, receive, send)
             return
+        started = False
 
         async def send_with_headers(message):
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 headers = MutableHeaders(scope=message)
                 for key, value in HEADERS.items():
                     headers.append(key, value)
             await send(message)
 
-        await self.app(scope, receive, send_with_headers)
+        try:
+            await self.app(scope, receive, send_with_headers)
+        except Exception:
+            if started:  # the answer's headers are out (a stream): the server can only cut it short
+                raise
+            logging.getLogger("uvicorn.error").exception("explorer: %s %s failed", scope["method"], scope["path"])
+            await JSONResponse({"error": FAILED}, status_code=500, headers=HEADERS)(scope, receive, send)
 
     def refusal(self, scope, headers):
         """(status, line) for a request the explorer does not answer, else None."""

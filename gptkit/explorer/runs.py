@@ -3,6 +3,8 @@ the page (its shape, its scores, its health); a request for one it cannot open i
 
 import json
 import math
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,9 +60,35 @@ def find_run(root, name):
     root = Path(root).resolve()
     if checkpoint_of(root):
         return root if name == root.name else None
-    if name in ("", ".", "..") or "/" in name or "\0" in name:
+    if name in ("", ".", "..") or "/" in name or "\0" in name or not can_name_a_folder(name):
         return None
     return child_run(root, root / name)
+
+
+NAME_MAX = 255  # bytes in one folder's name, on the file systems of Linux, macOS and Windows
+
+
+def can_name_a_folder(name):
+    """Whether name can be a folder's name here: one the file system can spell (not a lone surrogate, which a
+    page's JSON may hold) of at most NAME_MAX bytes. Another is no run's, and asking the system for it fails."""
+    try:
+        return len(os.fsencode(name)) <= NAME_MAX
+    except UnicodeEncodeError:
+        return False
+
+
+# an absolute path in a line: one after a space, a quote or a parenthesis ('/home/...', 'C:\\Users\\...')
+ABSOLUTE_PATH = re.compile(r"""(?<![^\s'"(])(?:/|[A-Za-z]:\\)[^\s'"()]+""")
+
+
+def without_paths(line, folder=None):
+    """line as an answer may hold it: a path inside folder's parent from there (runs/x/best.pt), any other
+    absolute path by its last name alone. An answer says where in the runs a problem is, never where this machine
+    keeps them: the page may be reached from another machine, and paths name users and folders."""
+    base = Path(folder).resolve().parent if folder is not None else None
+    if base is not None and base != base.parent:  # the file system's root is every path's start
+        line = line.replace(str(base) + os.sep, "")
+    return ABSOLUTE_PATH.sub(lambda m: re.split(r"[\\/]", m.group().rstrip("\\/"))[-1] or m.group(), line)
 
 
 def inside(path, folder):
@@ -141,7 +169,7 @@ def finished(folder, tokenizer_kind):
     try:
         records = run_records(folder)
     except UserError as e:
-        return {"metrics_error": first_line(e)}
+        return {"metrics_error": without_paths(first_line(e), folder)}
     iters = [r["iter"] for r in records if type(r.get("iter")) is int]
     losses = {kind: [v for r in records if r.get("kind") == kind and (v := number(r.get("val_loss"))) is not None]
               for kind in ("final", "eval")}
@@ -219,7 +247,9 @@ def summarize(name, folder):
         return Summary(name, folder, path, config, params, describe_vocabulary(ckpt["tokenizer"]),
                        ckpt["tokenizer"]["tokenizer"], identity=identity)
     except OSError as e:
-        return Summary(name, folder, error=f"cannot read {e.filename or folder} ({e.strerror or e})")
+        return Summary(name, folder, error=without_paths(f"cannot read {e.filename or folder} ({e.strerror or e})",
+                                                         folder))
     except (UserError, ValueError, KeyError, TypeError) as e:
-        return Summary(name, folder, error=str(e).splitlines()[0] if str(e) else type(e).__name__, identity=identity)
+        return Summary(name, folder, error=without_paths(str(e).splitlines()[0] if str(e) else type(e).__name__,
+                                                         folder), identity=identity)
 

@@ -11,7 +11,9 @@ import torch
 
 from gptkit.base.errors import UserError
 from gptkit.explorer.memory import bound_freed_memory, give_back_memory
-from gptkit.explorer.runs import ApiError, Summary, find_run, find_runs, identity_of, summarize
+from gptkit.explorer.runs import (ApiError, Summary, find_run, find_runs, identity_of, shown, summarize,
+                                  without_paths)
+from gptkit.interp.experiments import shown_value
 from gptkit.machine.precision import DTYPES, pick_decode_dtype
 from gptkit.machine.threads import pick_decode_threads
 from gptkit.run.run_folder import model_at
@@ -65,15 +67,21 @@ class Shelf:
         try:
             return how(*args)
         except OSError as e:
-            raise ApiError(409, f"cannot read {e.filename or self.root} ({e.strerror or e})") from None
+            raise ApiError(409, without_paths(f"cannot read {e.filename or self.root} ({e.strerror or e})",
+                                              self.root)) from None
+
+    @property
+    def root_name(self):
+        """The root folder as answers name it: by its name, never its path (see without_paths)."""
+        return shown(self.root.resolve().name)
 
     def summary(self, name):
         folder = self.scan(find_run, self.root, name)
         if folder is None:
-            raise ApiError(404, f"no run named {name!r} in {self.root}")
+            raise ApiError(404, f"no run named {shown_value(name)} in {self.root_name}")
         summary = self.current(name, folder)
         if summary.error:
-            raise ApiError(409, f"run {name!r} cannot be opened: {summary.error}")
+            raise ApiError(409, f"run {shown_value(name)} cannot be opened: {summary.error}")
         return summary
 
     def get(self, name):
@@ -95,7 +103,8 @@ class Shelf:
         try:
             model, tok, _ = model_at(summary.checkpoint, self.device)
         except UserError as e:
-            raise ApiError(409, f"run {summary.name!r} cannot be opened: {e}") from None
+            raise ApiError(409, f"run {shown_value(summary.name)} cannot be opened: "
+                                f"{without_paths(str(e), summary.folder)}") from None
         decoder = copy.deepcopy(model)
         if self.device == "cpu":
             lay_out_for_decoding(decoder)

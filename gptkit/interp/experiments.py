@@ -4,7 +4,11 @@ switch heads and MLPs off (zero or mean ablation), score what each head does, pa
 into another, and attribute a logit to the parts that wrote it. Layers and heads count from 0; a head is written
 L0H3 (layer 0, head 3), an MLP MLP1. docs/analysis.md shows each at work and defines each score."""
 
+import math
+import numbers
+import os
 import re
+import reprlib
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,6 +20,7 @@ from tqdm import tqdm
 
 from gptkit.base.errors import UserError
 from gptkit.interp.hooks import forward_from, hook_points, hooked, names_in, run_with_cache
+from gptkit.machine.runtime import pick_device
 from gptkit.run.run_folder import RunDir, model_at
 
 KINDS = ("previous_token", "first_token", "duplicate_token", "induction", "local")
@@ -62,7 +67,7 @@ class Run:
     def tokens(self, text):
         """The text's token ids as a (1, T) LongTensor on the model's device."""
         if not isinstance(text, str):
-            raise UserError(f"expected a text, got {type(text).__name__}")
+            raise UserError(f"expected a text (a str), got {shown_value(text)}")
         if not text:
             raise UserError("the text is empty: give the model at least one token")
         return checked_tokens(self.model, torch.tensor([self.tok.encode(text)]))
@@ -71,10 +76,13 @@ class Run:
         """A text's tokens, or token ids (T,) or (B, T) checked and moved to the model's device: (B, T)."""
         if isinstance(text_or_tokens, str):
             return self.tokens(text_or_tokens)
-        return checked_tokens(self.model, torch.as_tensor(text_or_tokens))
+        if not isinstance(text_or_tokens, (torch.Tensor, list, tuple)) and not hasattr(text_or_tokens, "__array__"):
+            raise UserError(f"expected a text (a str) or token ids (a tensor, or a list of whole numbers), got "
+                            f"{shown_value(text_or_tokens)}")
+        return checked_tokens(self.model, text_or_tokens)
 
     def run_with_cache(self, text_or_tokens, names_filter=None):
-        return run_with_cache(self.model, self.to_tokens(text_or_tokens), names_filter)
+        return run_with_cache(self.model, self.to_tokens(text_or_tokens), checked_filter(names_filter))
 
     def run_with_hooks(self, text_or_tokens, fwd_hooks=()):
         return run_with_hooks(self.model, self.to_tokens(text_or_tokens), fwd_hooks)
@@ -83,22 +91,94 @@ class Run:
         return ablated(self.model, heads, mlps, how, None if means is None else self.to_tokens(means))
 
 
+CHECKPOINTS = ("best", "latest")
+
+
 def open_run(out_dir, checkpoint="best", device="cpu"):
-    """The Run in out_dir: its best.pt (or with checkpoint='latest', latest.pt), loaded on device."""
-    model, tok, ckpt = model_at(RunDir(out_dir).model_file(checkpoint), device)
+    """The Run in out_dir: its best.pt (or with checkpoint='latest', latest.pt), loaded on device ('cpu', 'cuda',
+    'cuda:N', 'mps', or 'auto': the first of those this machine has)."""
+    if not isinstance(out_dir, (str, os.PathLike)) or "\0" in str(out_dir):
+        raise UserError(f"out_dir must be the path of a run folder, e.g. 'out'; got {shown_value(out_dir)}")
+    if not isinstance(checkpoint, str) or checkpoint not in CHECKPOINTS:
+        raise UserError(f"checkpoint must be 'best' (best.pt) or 'latest' (latest.pt), got {shown_value(checkpoint)}")
+    device = device_here(device)
+    try:
+        path = RunDir(out_dir).model_file(checkpoint)
+    except OSError as e:  # a name too long for the file system, a folder this user may not read
+        raise UserError(f"cannot read {out_dir} ({e.strerror or e})") from None
+    model, tok, ckpt = model_at(path, device)
     trained = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
     return Run(model, tok, out_dir,
                {key: trained[key] for key in ("dataset", "data_dir") if isinstance(trained.get(key), str)})
 
 
+def device_here(device):
+    """device ('cpu', 'cuda', 'cuda:N', 'mps' or 'auto'; a torch.device too) when this machine has it, 'auto' as
+    the first of cuda, mps and cpu it has; one line otherwise."""
+    name = str(device) if isinstance(device, torch.device) else device
+    if not isinstance(name, str) or not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", name):
+        raise UserError(f"device must be 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto', got {shown_value(device)}")
+    if name == "auto":
+        return pick_device(name)
+    gpus = torch.cuda.device_count() if name.startswith("cuda") else 0
+    if name.startswith("cuda") and gpus <= number_in(name.partition(":")[2] or "0"):
+        has = f"{gpus} CUDA GPU{'s' * (gpus > 1)} (cuda:0 to cuda:{gpus - 1})" if gpus else "no CUDA GPU torch can use"
+        raise UserError(f"device {shown_value(name)} asked for, but this machine has {has}; use device='cpu'")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise UserError("device 'mps' asked for, but MPS is not available here; use device='cpu'")
+    return name
+
+
+class Shown(reprlib.Repr):
+    """A value as a message echoes it: its repr cut short, a huge number by its length (Python will not write
+    an int of more than 4300 digits, and a message should not hold thousands)."""
+
+    def __init__(self):
+        super().__init__()
+        self.maxstring = self.maxother = 40
+        self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = self.maxdict = 4
+
+    def repr_int(self, x, level):
+        return shown_number(x)
+
+
+def shown_value(value):
+    """repr(value) as a one-line message echoes it: cut short (see Shown), and with its type's name where that is
+    not plain from it."""
+    text = Shown().repr(value).replace("\n", " ")
+    plain = isinstance(value, (str, int, float, tuple, list, type(None)))
+    return text if plain else f"{text} ({type(value).__name__})"
+
+
+def shown_number(n):
+    """An int as a message writes it: a number of more than 15 digits by how many it has."""
+    if -10 ** 15 < n < 10 ** 15:
+        return str(int(n))
+    digits = int((abs(n).bit_length() - 1) * math.log10(2)) + 1  # those of 2 ** (bits - 1): n's, or one fewer
+    digits += abs(n) >= 10 ** digits
+    return f"{'-' if n < 0 else ''}<a {digits:,}-digit number>"
+
+
+def whole(value):
+    """value as an int when it is a whole number (an int, a NumPy integer, a tensor of one integer), else None;
+    never a bool, which Python counts as an int but no layer, head or token is called True."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.dtype.is_floating_point and \
+            not value.dtype.is_complex and value.dtype != torch.bool:
+        return int(value.item())
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
+
+
 def outside_vocabulary(bad, vocab):
-    return f"token id {bad} is outside the vocabulary (0 to {vocab - 1})"
+    return f"token id {shown_number(bad)} is outside the vocabulary (0 to {vocab - 1})"
 
 
 def checked_tokens(model, idx, vocab=None):
     """idx as (B, T) token ids on the model's device, or one line saying why the model cannot read it: ids below
-    `vocab` (the tokenizer's, where it has fewer than the model's padded rows)."""
-    if idx.dtype.is_floating_point or idx.dtype == torch.bool or idx.dim() not in (1, 2):
+    `vocab` (the tokenizer's, where it has fewer than the model's padded rows). idx: a tensor, a NumPy array, or
+    a list (of lists) of whole numbers."""
+    vocab = vocab or model.config.vocab_size
+    idx = ids_tensor(idx, vocab)
+    if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool or idx.dim() not in (1, 2):
         raise UserError(f"token ids must be whole numbers of shape (T,) or (batch, T), got {idx.dtype} "
                         f"{tuple(idx.shape)}")
     idx = idx.long()[None] if idx.dim() == 1 else idx.long()
@@ -107,10 +187,74 @@ def checked_tokens(model, idx, vocab=None):
     if idx.size(1) > model.config.block_size:
         raise UserError(f"the text is {idx.size(1)} tokens, longer than the model's block_size "
                         f"{model.config.block_size}")
-    vocab = vocab or model.config.vocab_size
     if idx.min() < 0 or idx.max() >= vocab:
         raise UserError(outside_vocabulary(idx[(idx < 0) | (idx >= vocab)][0].item(), vocab))
     return idx.to(next(model.parameters()).device)
+
+
+def ids_tensor(ids, vocab):
+    """Token ids as a tensor: a tensor as it is, a NumPy array's, or a list's (list_ids); one line for anything
+    else (None, bytes, a text: Run.to_tokens takes texts)."""
+    if isinstance(ids, torch.Tensor):
+        return ids
+    if isinstance(ids, (list, tuple)):
+        return list_ids(ids, vocab)
+    if hasattr(ids, "__array__") and not isinstance(ids, (str, bytes)):
+        try:
+            return torch.as_tensor(ids)
+        except (TypeError, ValueError, RuntimeError):  # an array of objects, or of a dtype torch has not
+            pass
+    raise UserError(f"token ids must be a tensor, or a list (T) or a list of lists (batch, T) of whole numbers; "
+                    f"got {shown_value(ids)}")
+
+
+def list_ids(ids, vocab):
+    """A list (T) or a list of lists (B, T) of token ids as a (B, T) tensor, each checked a whole number below
+    vocab before the tensor is made: a tensor holds no number of more than 64 bits."""
+    rows = ids if ids and all(isinstance(row, (list, tuple)) for row in ids) else [ids]
+    if len({len(row) for row in rows}) > 1:
+        lengths = ", ".join(str(len(row)) for row in rows[:4]) + (", ..." if len(rows) > 4 else "")
+        raise UserError(f"the rows of token ids are of different lengths ({lengths}): give every row as many")
+    for i in (i for row in rows for i in row):
+        if whole(i) is None:
+            raise UserError(f"token ids must be whole numbers, in a list (T) or a list of lists (batch, T); got "
+                            f"{shown_value(i)} among them")
+        if not 0 <= i < vocab:
+            raise UserError(outside_vocabulary(i, vocab))
+    return torch.tensor([[int(i) for i in row] for row in rows], dtype=torch.long)
+
+
+def one_row(model, idx, what):
+    """idx checked (checked_tokens) and one row, (1, T): what the call names it, for its one line."""
+    idx = checked_tokens(model, idx)
+    if idx.size(0) != 1:
+        raise UserError(f"{what} must be one row of tokens, (1, T) or (T,); got {idx.size(0)} rows")
+    return idx
+
+
+def token_of(model, token, what):
+    """token when it is a token id the model has; one line naming what otherwise."""
+    vocab = model.config.vocab_size
+    if whole(token) is None or not 0 <= whole(token) < vocab:
+        raise UserError(f"{what} must be a token id, a whole number from 0 to {vocab - 1}; got {shown_value(token)}")
+    return whole(token)
+
+
+def checked_filter(names_filter):
+    """A names_filter as run_with_cache takes it: None (every hook point), a name, a list of names or a function
+    of a name; one line for anything else."""
+    if names_filter is None or callable(names_filter) or isinstance(names_filter, str):
+        return names_filter
+    if isinstance(names_filter, (list, tuple, set, frozenset)) and all(isinstance(n, str) for n in names_filter):
+        return names_filter
+    raise UserError(f"names_filter must be None (every hook point), a hook point's name, a list of names or a "
+                    f"function of a name; got {shown_value(names_filter)}")
+
+
+def is_hook(pair):
+    """Whether pair is a fwd_hooks entry: (a hook point's name or a function of a name, a function)."""
+    return isinstance(pair, (list, tuple)) and len(pair) == 2 and callable(pair[1]) and \
+        (isinstance(pair[0], str) or callable(pair[0]))
 
 
 def run_with_hooks(model, idx, fwd_hooks=()):
@@ -118,6 +262,9 @@ def run_with_hooks(model, idx, fwd_hooks=()):
     point name, or a function of a name that picks the points, as TransformerLens takes it; function), calls
     function(activation, hook) with hook.name its point's name; a function that returns a tensor replaces the
     activation with it. The hooks are gone afterwards, as TransformerLens's run_with_hooks."""
+    if not isinstance(fwd_hooks, (list, tuple)) or not all(is_hook(pair) for pair in fwd_hooks):
+        raise UserError(f"fwd_hooks must be a list of (hook point name, function) pairs; got "
+                        f"{shown_value(fwd_hooks)}")
     pairs = []
     for picks, fn in fwd_hooks:
         for name in names_in(model, picks if callable(picks) else [picks]):
@@ -150,7 +297,10 @@ def no_attention(model):
                         "look into")
 
 
+HEAD_NAME = re.compile(r"\s*L(\d+)H(\d+)\s*", re.IGNORECASE)  # 'L0H3': head 3 of layer 0
 MLP_NAME = re.compile(r"\s*MLP(\d+)\s*", re.IGNORECASE)  # 'MLP1': the MLP of layer 1
+NOT_A_HEAD = "write L0H3 (layer 0, head 3) or (0, 3), or a list of them"
+NOT_AN_MLP = "write MLP1 or the layer number, 1, or a list of them"
 
 
 def part_names(heads, mlps):
@@ -158,46 +308,88 @@ def part_names(heads, mlps):
     return [*(f"L{layer}H{head}" for layer, head in heads), *(f"MLP{m}" for m in mlps)]
 
 
+def number_in(digits):
+    """The number a run of digits writes; past 15 digits, out of every range here, one of as many digits (Python's
+    int() refuses more than 4300)."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 15 else 10 ** (len(digits) - 1)
+
+
+def listed(parts, one, what, kind, how):
+    """parts (the argument named what) as a list: one part (one(parts) says whether it is), a list, tuple or set
+    of them, or None (none); one line for anything else, such as a number alone, which names no head: taken as
+    no parts, it would switch nothing off without a word."""
+    if parts is None:
+        return []
+    if one(parts):
+        return [parts]
+    if isinstance(parts, (list, tuple, set, frozenset, range)):
+        return list(parts)
+    raise UserError(f"{what}={shown_value(parts)} is not {kind} or a list of them: {how}")
+
+
+def head_at(head):
+    """(layer, head) of 'L0H3' or (0, 3), or None for anything else."""
+    if isinstance(head, str):
+        m = HEAD_NAME.fullmatch(head)
+        return (number_in(m.group(1)), number_in(m.group(2))) if m else None
+    if isinstance(head, (tuple, list)) and len(head) == 2 and None not in (whole(head[0]), whole(head[1])):
+        return whole(head[0]), whole(head[1])
+    return None
+
+
 def parse_heads(model, heads):
-    """Heads given as 'L0H3' or (layer, head), one or many, as sorted (layer, head) pairs; one line for one the
-    model does not have."""
-    no_attention(model)
+    """Heads given as 'L0H3' or (layer, head), one, a list of them, or None (none), as sorted (layer, head)
+    pairs; one line for anything else, or a head the model does not have."""
+    heads = listed(heads, lambda h: isinstance(h, str) or isinstance(h, tuple) and head_at(h) is not None, "heads",
+                   "a head", NOT_A_HEAD)
+    if heads:
+        no_attention(model)
     n_layer, n_head = model.config.n_layer, model.config.n_head
     found = set()
-    for head in [heads] if isinstance(heads, str) else heads:
-        if isinstance(head, str):
-            m = re.fullmatch(r"\s*L(\d+)H(\d+)\s*", head, re.IGNORECASE)
-            if not m:
-                raise UserError(f"{head!r} is not a head: write L0H3 (layer 0, head 3) or (0, 3)")
-            layer, index = int(m.group(1)), int(m.group(2))
-        elif isinstance(head, (tuple, list)) and len(head) == 2 and all(isinstance(i, int) for i in head):
-            layer, index = head
-        else:
-            raise UserError(f"{head!r} is not a head: write L0H3 (layer 0, head 3) or (0, 3)")
+    for head in heads:
+        at = head_at(head)
+        if at is None:
+            raise UserError(f"{shown_value(head)} is not a head: {NOT_A_HEAD}")
+        layer, index = at
         if not (0 <= layer < n_layer and 0 <= index < n_head):
-            raise UserError(f"head L{layer}H{index} is out of range: this model has layers 0-{n_layer - 1} and "
-                            f"heads 0-{n_head - 1} in each")
-        found.add((layer, index))
+            raise UserError(f"head L{shown_number(layer)}H{shown_number(index)} is out of range: this model has "
+                            f"layers 0-{n_layer - 1} and heads 0-{n_head - 1} in each")
+        found.add(at)
     return tuple(sorted(found))
 
 
+def mlp_at(mlp):
+    """The layer of 'MLP1' or 1, or None for anything else."""
+    if isinstance(mlp, str):
+        m = MLP_NAME.fullmatch(mlp)
+        return number_in(m.group(1)) if m else None
+    return whole(mlp)
+
+
 def parse_mlps(model, mlps):
-    """MLPs given as a layer number or 'MLP1', one or many, as sorted layers; one line for one the model lacks."""
-    mlps = [mlps] if isinstance(mlps, (str, int)) else list(mlps)
+    """MLPs given as a layer number or 'MLP1', one, a list of them, or None (none), as sorted layers; one line for
+    anything else, or an MLP the model lacks."""
+    mlps = listed(mlps, lambda m: isinstance(m, str) or whole(m) is not None, "mlps", "an MLP", NOT_AN_MLP)
     if mlps and model.config.n_layer == 0:
         no_attention(model)
     if mlps and not model.config.mlp:
         raise UserError("this model has no MLPs (mlp=False: its blocks are attention only)")
     found = set()
     for mlp in mlps:
-        m = MLP_NAME.fullmatch(mlp) if isinstance(mlp, str) else None
-        if not (m or isinstance(mlp, int) and not isinstance(mlp, bool)):
-            raise UserError(f"{mlp!r} is not an MLP: write MLP1 or the layer number, 1")
-        layer = int(m.group(1)) if m else mlp
+        layer = mlp_at(mlp)
+        if layer is None:
+            raise UserError(f"{shown_value(mlp)} is not an MLP: {NOT_AN_MLP}")
         if not 0 <= layer < model.config.n_layer:
-            raise UserError(f"MLP{layer} is out of range: this model has MLP0-MLP{model.config.n_layer - 1}")
+            raise UserError(f"MLP{shown_number(layer)} is out of range: this model has "
+                            f"MLP0-MLP{model.config.n_layer - 1}")
         found.add(layer)
     return tuple(sorted(found))
+
+
+def checked_how(how):
+    if not isinstance(how, str) or how not in ("zero", "mean"):
+        raise UserError(f"ablation must be 'zero' or 'mean' (got {shown_value(how)})")
 
 
 def everything_note(model, heads, mlps=()):
@@ -250,16 +442,15 @@ def ablated(model, heads=(), mlps=(), how="zero", means=None):
     zero ablation sets each head's slice of hook_z, and each MLP's output, to 0; mean ablation to its mean over
     every row and position of the tokens `means` (B, T). Yields an Ablation; switching every head off is allowed,
     with a note, printed and kept in it."""
-    heads, mlps = parse_heads(model, heads) if heads else (), parse_mlps(model, mlps)
-    if how not in ("zero", "mean"):
-        raise UserError(f"ablation must be 'zero' or 'mean' (got {how!r})")
+    heads, mlps = parse_heads(model, heads), parse_mlps(model, mlps)
+    checked_how(how)
     fill = {}
     names = [*(f"blocks.{layer}.attn.hook_z" for layer in sorted({l for l, _ in heads})),
              *(f"blocks.{layer}.hook_mlp_out" for layer in mlps)]
     if how == "mean":
         if means is None:
             raise UserError("mean ablation needs means=: the tokens whose mean activation replaces each part's")
-        fill = mean_activations(model, checked_tokens(model, torch.as_tensor(means)), names)
+        fill = mean_activations(model, checked_tokens(model, means), names)
     note = everything_note(model, heads, mlps)
     if note:
         print(f"note: {note}")
@@ -306,6 +497,11 @@ def ablation_deltas(model, idx, targets, how="zero"):
     kept from one intact pass: the layers before an ablated head, and its own layer's attention, are computed
     once."""
     no_attention(model)
+    checked_how(how)
+    idx, targets = checked_tokens(model, idx), checked_tokens(model, targets)
+    if idx.shape != targets.shape:
+        raise UserError(f"idx is {tuple(idx.shape)} and targets {tuple(targets.shape)}: each target is the token "
+                        "after its idx, so they must be the same shape")
     L, H = model.config.n_layer, model.config.n_head
     z_names = [f"blocks.{layer}.attn.hook_z" for layer in range(L)]
     fill = mean_activations(model, idx, z_names) if how == "mean" else None
@@ -402,6 +598,7 @@ def head_scores(model, text, repeated):
     text; duplicate_token and induction from repeated (B, T'), random sequences each written twice
     (repeated_tokens)."""
     no_attention(model)
+    text, repeated = checked_tokens(model, text), checked_tokens(model, repeated)
     return scores_of(patterns(model, text), patterns(model, repeated), repeated)
 
 
@@ -470,6 +667,7 @@ def patching(model, clean, corrupt, target=None, foil=None):
     foil) at the last position; target defaults to the clean run's top prediction there. Each layer's cells
     in one batched pass from that layer's corrupt resid_pre, a row per cell."""
     no_attention(model)
+    clean, corrupt = one_row(model, clean, "clean"), one_row(model, corrupt, "corrupt")
     if clean.shape != corrupt.shape:
         raise UserError(f"the clean prompt is {clean.size(-1)} tokens and the corrupt one {corrupt.size(-1)}: "
                         "patching pairs their positions, so they must be the same length")
@@ -477,7 +675,8 @@ def patching(model, clean, corrupt, target=None, foil=None):
     names = [f"blocks.{layer}.{point}" for layer in range(L) for point in ("hook_resid_pre", "attn.hook_z")]
     clean_logits, clean_cache = run_with_cache(model, clean, names)
     corrupt_logits, corrupt_cache = run_with_cache(model, corrupt, names)
-    target = int(clean_logits[0, -1].argmax()) if target is None else target
+    target = int(clean_logits[0, -1].argmax()) if target is None else token_of(model, target, "target")
+    foil = None if foil is None else token_of(model, foil, "foil")
     metric, rotary = metric_of(target, foil), model.embed(clean)[1]
     resid, heads = torch.empty(L, T), torch.empty(L, H)
     for layer in range(L):
@@ -511,13 +710,18 @@ def attribute(model, idx, position, target=None):
     frozen at the real pass's (ln_final.hook_scale) and its centring, which is linear, applied to each part,
     dotted with target's unembedding. The final stream is the sum of the parts, so the parts and the norm's bias
     term sum to the logit (before any soft-cap) exactly."""
-    c, T = model.config, idx.size(1)
-    if target is None and not 0 <= position < T - 1:
-        raise UserError(f"position must be 0 to {T - 2}, a position with a next token in the text (got {position})"
-                        if T > 1 else "the text is one token: attribution needs a next token to attribute")
-    if not 0 <= position < T:
-        raise UserError(f"position must be 0 to {T - 1} (got {position})")
-    target = int(idx[0, position + 1]) if target is None else target
+    idx = one_row(model, idx, "idx")
+    c, T, at = model.config, idx.size(1), whole(position)
+    if at is None:
+        raise UserError(f"position must be a whole number, got {shown_value(position)}")
+    if target is None and not 0 <= at < T - 1:
+        raise UserError(f"position must be 0 to {T - 2}, a position with a next token in the text (got "
+                        f"{shown_number(at)})" if T > 1 else "the text is one token: attribution needs a next token "
+                        "to attribute")
+    if not 0 <= at < T:
+        raise UserError(f"position must be 0 to {T - 1} (got {shown_number(at)})")
+    position = at
+    target = int(idx[0, position + 1]) if target is None else token_of(model, target, "target")
     _, cache = run_with_cache(model, idx, None)
     ln, unembed = model.transformer.ln_f, model.lm_head.weight[target].float()
     direction = unembed * ln.weight.float() / cache["ln_final.hook_scale"][0, position].float()
