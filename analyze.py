@@ -372,7 +372,8 @@ def settings_diff(saved, recipe):
 
 def analyze_features(cfg):
     from gptkit.interp.experiments import open_run
-    from gptkit.interp.features import TRAINING_FILE, feature_rows, measure, save_sae, weights_fingerprint
+    from gptkit.interp.features import (TABLE_FILE, TRAINING_FILE, feature_rows, measure, save_sae,
+                                        weights_fingerprint)
 
     run = open_run(cfg.out_dir, cfg.checkpoint, pick_device(cfg.device))
     recipe = sae_recipe(run, cfg)
@@ -380,12 +381,16 @@ def analyze_features(cfg):
     idx, targets, where = val_windows(run, cfg, "cpu", cfg.eval_tokens)
     sae, dead, scale = trained_sae(run, cfg, recipe, folder)
     metrics = measure(run.model, sae, recipe.hook, idx, targets, dead)
-    if scale is not None:  # trained now: kept with its metrics and the weights it read
+    if scale is not None:  # trained now: kept with its metrics, every feature's row and the weights it read
+        table = feature_rows(run.model, run.tok, sae, recipe.hook, idx, sae.d_sae)
         save_sae(folder, sae, recipe.hook, run.out_dir.resolve().name,
                  {"recipe": recipe.__dict__, "scale": scale, "metrics": metrics.to_json(),
-                  "run_weights": weights_fingerprint(run.model), "checkpoint": cfg.checkpoint})
+                  "run_weights": weights_fingerprint(run.model), "checkpoint": cfg.checkpoint,
+                  "contexts_from": where}, table)
         (folder / TRAINING_FILE).unlink(missing_ok=True)
-    rows = feature_rows(run.model, run.tok, sae, recipe.hook, idx, cfg.show)
+    else:
+        table = json.loads((folder / TABLE_FILE).read_text(encoding="utf-8"))
+    rows = table[:cfg.show]
     write_feature_page(folder / "features.html", recipe, metrics, rows, where)
     answer(cfg, {"metrics": {k: metrics.to_json()[k] for k in ("l0", "explained_variance", "ce_loss_recovered",
                                                                 "delta_loss", "dead_fraction")},

@@ -87,8 +87,20 @@ class Run:
     def run_with_hooks(self, text_or_tokens, fwd_hooks=()):
         return run_with_hooks(self.model, self.to_tokens(text_or_tokens), fwd_hooks)
 
-    def ablated(self, heads=(), mlps=(), how="zero", means=None):
-        return ablated(self.model, heads, mlps, how, None if means is None else self.to_tokens(means))
+    def features(self, hook):
+        """The features of the SAE `analyze.py features` trained on this run at hook (e.g.
+        'blocks.2.hook_resid_post'): encode, decode, and what each one fires on (gptkit/interp/features.py)."""
+        from gptkit.interp.features import Features
+
+        return Features.of(self, hook)
+
+    def ablated(self, heads=(), mlps=(), how="zero", means=None, features=None):
+        """The heads and MLPs off (see `ablated`), and features ({hook: [index, ...]}, each hook's SAE trained
+        on this run) off too: their decoded contribution subtracted from the activation at their hook."""
+        from gptkit.interp.features import feature_hooks
+
+        return ablated(self.model, heads, mlps, how, None if means is None else self.to_tokens(means),
+                       feature_hooks(self, features))
 
 
 CHECKPOINTS = ("best", "latest")
@@ -284,11 +296,12 @@ class Ablation:
     mlps: tuple
     how: str
     note: str | None
+    features: tuple = ()  # 'blocks.2.hook_resid_post F12': each feature switched off
 
     @property
     def label(self):
-        """'L0H3, MLP1': the parts switched off, for a banner or a title."""
-        return ", ".join(part_names(self.heads, self.mlps))
+        """'L0H3, MLP1, blocks.2.hook_resid_post F12': the parts switched off, for a banner or a title."""
+        return ", ".join([*part_names(self.heads, self.mlps), *self.features])
 
 
 def no_attention(model):
@@ -437,11 +450,12 @@ def ablation_hooks(model, heads, mlps, fill):
 
 
 @contextmanager
-def ablated(model, heads=(), mlps=(), how="zero", means=None):
+def ablated(model, heads=(), mlps=(), how="zero", means=None, features=()):
     """Within the block the heads ('L0H3' or (0, 3)) and MLPs (1 or 'MLP1') are off in every forward pass of model:
     zero ablation sets each head's slice of hook_z, and each MLP's output, to 0; mean ablation to its mean over
-    every row and position of the tokens `means` (B, T). Yields an Ablation; switching every head off is allowed,
-    with a note, printed and kept in it."""
+    every row and position of the tokens `means` (B, T). features: (hook, function, label) triples that switch
+    features off (Run.ablated makes them). Yields an Ablation; switching every head off is allowed, with a note,
+    printed and kept in it."""
     heads, mlps = parse_heads(model, heads), parse_mlps(model, mlps)
     checked_how(how)
     fill = {}
@@ -454,8 +468,8 @@ def ablated(model, heads=(), mlps=(), how="zero", means=None):
     note = everything_note(model, heads, mlps)
     if note:
         print(f"note: {note}")
-    with hooked(model, ablation_hooks(model, heads, mlps, fill)):
-        yield Ablation(heads, mlps, how, note)
+    with hooked(model, [*ablation_hooks(model, heads, mlps, fill), *((h, f) for h, f, _ in features)]):
+        yield Ablation(heads, mlps, how, note, tuple(label for _, _, label in features))
 
 
 

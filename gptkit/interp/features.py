@@ -25,7 +25,8 @@ from gptkit.interp.hooks import hook_points, hooked
 SITES = {"resid_post": "hook_resid_post", "resid_mid": "hook_resid_mid", "mlp_out": "hook_mlp_out",
          "attn_out": "hook_attn_out"}
 SAE_FORMAT = 1
-WEIGHTS_FILE, CFG_FILE, OURS_FILE, TRAINING_FILE = "sae_weights.safetensors", "cfg.json", "gptkit.json", "training.pt"
+WEIGHTS_FILE, CFG_FILE, OURS_FILE = "sae_weights.safetensors", "cfg.json", "gptkit.json"
+TABLE_FILE, TRAINING_FILE = "features.json", "training.pt"
 
 
 def site_hook(model, layer, site):
@@ -270,16 +271,17 @@ def sae_lens_cfg(sae, hook, run_name):
             "metadata": {"hook_name": hook, "model_name": run_name}}
 
 
-def save_sae(folder, sae, hook, run_name, ours):
-    """The SAE in SAELens's files, and gptkit.json with ours (settings, metrics, the run's fingerprint) and the
-    sha256 of each: written whole, never through a link."""
+def save_sae(folder, sae, hook, run_name, ours, table=()):
+    """The SAE in SAELens's files, features.json with every feature's row (feature_rows), and gptkit.json with
+    ours (settings, metrics, the run's fingerprint) and the sha256 of each: written whole, never through a link."""
     from safetensors.torch import save
 
-    weights = save({name: p.detach().contiguous() for name, p in sae.state_dict().items()})
-    cfg = json.dumps(sae_lens_cfg(sae, hook, run_name), indent=1) + "\n"
-    write_whole(folder / WEIGHTS_FILE, weights)
-    write_whole(folder / CFG_FILE, cfg)
-    files = {WEIGHTS_FILE: hashlib.sha256(weights).hexdigest(), CFG_FILE: hashlib.sha256(cfg.encode()).hexdigest()}
+    blobs = {WEIGHTS_FILE: save({name: p.detach().contiguous() for name, p in sae.state_dict().items()}),
+             CFG_FILE: (json.dumps(sae_lens_cfg(sae, hook, run_name), indent=1) + "\n").encode(),
+             TABLE_FILE: json.dumps(list(table), ensure_ascii=False).encode()}
+    for name, blob in blobs.items():
+        write_whole(folder / name, blob)
+    files = {name: hashlib.sha256(blob).hexdigest() for name, blob in blobs.items()}
     write_whole(folder / OURS_FILE, json.dumps(dict(ours, format=SAE_FORMAT, hook=hook, files=files), indent=1,
                                                ensure_ascii=False) + "\n")
 
@@ -311,7 +313,10 @@ def load_sae(folder, model):
     again = "train it again with --start_over=True"
     blobs = {}
     for name, digest in ours["files"].items():
-        blobs[name] = (folder / name).read_bytes()
+        try:
+            blobs[name] = (folder / name).read_bytes()
+        except FileNotFoundError:
+            raise UserError(f"{folder / name} is missing; {again}") from None
         if hashlib.sha256(blobs[name]).hexdigest() != digest:
             raise UserError(f"{folder / name} is damaged or was edited (its checksum differs from the one saved "
                             f"with it); {again}")
@@ -325,6 +330,65 @@ def load_sae(folder, model):
     except (SafetensorError, ValueError, KeyError, RuntimeError) as e:
         raise UserError(f"the SAE in {folder} cannot be read ({first_line(e)}); {again}") from None
     return sae.eval().requires_grad_(False), ours
+
+
+# ----------------------------------------------------------------------------- from Python
+
+
+class Features:
+    """The SAE trained on a run at one hook point, as the API gives it: encode and decode, each feature's top
+    contexts, frequency and logit effect (`table`), and the metrics it was saved with."""
+
+    def __init__(self, sae, hook, ours, table):
+        self.sae, self.hook, self.metrics, self.table = sae, hook, ours.get("metrics", {}), table
+
+    @classmethod
+    def of(cls, run, hook):
+        if not isinstance(hook, str) or hook not in hook_points(run.model):
+            raise UserError(f"features are read at a hook point of the model, e.g. 'blocks.0.hook_resid_post'; got "
+                            f"{str(hook)[:60]!r}")
+        folder = run.out_dir / "sae" / hook
+        sae, ours = load_sae(folder, run.model)
+        return cls(sae, hook, ours, json.loads((folder / TABLE_FILE).read_text(encoding="utf-8")))
+
+    @property
+    def d_sae(self):
+        return self.sae.d_sae
+
+    def encode(self, x):
+        """Every feature's activation for activations x (..., d_in) at the hook: (..., d_sae), all but k zero."""
+        return self.sae.encode(torch.as_tensor(x).float())
+
+    def decode(self, f):
+        """The activation (..., d_in) features f (..., d_sae) write."""
+        return self.sae.decode(torch.as_tensor(f).float())
+
+    def indices(self, off):
+        """Feature indices, checked: whole numbers below d_sae, one or a list."""
+        listed = [off] if isinstance(off, int) else off
+        if not isinstance(listed, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                             for i in listed):
+            raise UserError(f"features are given by index, a whole number or a list of them; got {str(off)[:60]}")
+        bad = [i for i in listed if not 0 <= i < self.d_sae]
+        if bad:
+            raise UserError(f"feature {bad[0]} is out of range: the SAE at {self.hook} has features 0 to "
+                            f"{self.d_sae - 1}")
+        return sorted(set(listed))
+
+
+def feature_hooks(run, features):
+    """[(hook, function, label)] switching off features given as {hook: [index, ...]} (None: none)."""
+    if not features:
+        return []
+    if not isinstance(features, dict):
+        raise UserError("features to switch off are given as {hook: [index, ...]}, e.g. "
+                        "{'blocks.2.hook_resid_post': [12]}")
+    out = []
+    for hook, off in features.items():
+        f = run.features(hook)
+        indices = f.indices(off)
+        out.append((hook, features_off(f.sae, indices), ", ".join(f"{hook} F{i}" for i in indices)))
+    return out
 
 
 # ----------------------------------------------------------------------------- what each feature is
