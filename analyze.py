@@ -22,7 +22,6 @@ from gptkit.base.errors import UserError, run_main
 from gptkit.base.settings import parse_config, pick_subcommand, require
 from gptkit.machine.runtime import check_device_name, pick_device
 
-SCORE_WINDOWS = 16  # val windows the previous-token, first-token and local scores read
 
 
 @dataclass
@@ -30,11 +29,14 @@ class AnalyzeConfig:
     """Every subcommand's settings: the run, and how to answer."""
 
     out_dir: str = "out"  # the run folder (also the argument after the subcommand: analyze.py NAME OUT_DIR)
-    checkpoint: Literal["best", "latest"] = "best"  # 'best' (best.pt) or 'latest' (latest.pt)
+    checkpoint: str = "best"  # 'best' (best.pt), 'latest' (latest.pt) or 'iter:N' (a snapshot: train.py --snapshots)
     device: str = "cpu"  # 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'
     json: bool = False  # print JSON, for programs, instead of tables
 
     def __post_init__(self):
+        from gptkit.run.run_folder import check_checkpoint
+
+        check_checkpoint(self.checkpoint)
         check_device_name(self.device)
 
 
@@ -112,6 +114,11 @@ class PatchConfig(PictureConfig):
 
 
 @dataclass
+class TimelineConfig(PictureConfig):
+    picture: ClassVar[str] = "timeline"
+
+
+@dataclass
 class AttributeConfig(AnalyzeConfig):
     text: str = ""  # the text whose prediction is attributed (\n for a newline, FILE:path to read one)
     position: int = -1  # which position's prediction of the token that came next (-1 = the last that has one)
@@ -174,6 +181,7 @@ def analyze_heads(cfg):
     from gptkit.interp.experiments import (KINDS, LABEL_AT_LEAST, ablation_deltas, chance_scores, head_labels,
                                            head_scores, induction_tokens, no_attention, open_run)
     from gptkit.interp.pictures import draw_heads
+    from gptkit.interp.timeline import SCORE_WINDOWS
     from gptkit.lab.ladder import markdown_table
     from gptkit.machine.precision import fast_dtype
     from gptkit.machine.runtime import autocast
@@ -322,6 +330,64 @@ def analyze_attribute(cfg):
            f"{markdown_table(['part', f'logit of {target}'], rows, numeric={1})}")
 
 
+# ----------------------------------------------------------------------------- timeline
+
+
+def timeline_steps(steps):
+    """The --json steps: iter, val_loss, icl, and each head's scores."""
+    from gptkit.interp.experiments import KINDS
+
+    out = []
+    for s in steps:
+        heads = s.get("heads") or {}
+        rows = [{"layer": layer, "head": head, **{k: heads[k][layer][head] for k in KINDS}}
+                for layer in range(len(heads.get("induction", []))) for head in range(len(heads["induction"][layer]))]
+        out.append({"iter": s["iter"], "val_loss": s.get("val_loss"), "icl": s["icl"], "heads": rows})
+    return out
+
+
+def timeline_table(steps, phase):
+    from gptkit.interp.experiments import KINDS
+    from gptkit.lab.ladder import markdown_table
+
+    def strongest(s, kind):
+        best = max(s["heads"], key=lambda h: h[kind])
+        return f"{best[kind]:.2f} L{best['layer']}H{best['head']}"
+
+    cells = [[f"{s['iter']:,}", "" if s["val_loss"] is None else f"{s['val_loss']:.4f}", f"{s['icl']:+.3f}",
+              *(strongest(s, k) for k in KINDS)] for s in steps]
+    table = markdown_table(["step", "val loss", "in-context learning", *(f"strongest {k.replace('_', '-')}"
+                                                                          for k in KINDS)], cells, numeric={0, 1, 2})
+    return (f"{table}\n\nthe phase change: the strongest induction head, L{phase['layer']}H{phase['head']}, rose "
+            f"fastest at step {phase['induction_iter']:,}; the in-context learning score fell fastest at step "
+            f"{phase['icl_iter']:,} (docs/analysis.md#timeline defines both)")
+
+
+def analyze_timeline(cfg):
+    from gptkit.interp.pictures import draw_timeline
+    from gptkit.interp.timeline import phase_change, timeline_of
+    from gptkit.run.metrics import loss_series, read_metrics
+
+    records = read_metrics(cfg.out_dir)
+    timeline = timeline_of(records)
+    if not timeline:
+        raise UserError(f"{cfg.out_dir} has no timeline: it was trained before runs recorded one (train it again "
+                        "to record one)")
+    if not any(t.get("heads") for t in timeline):
+        raise UserError(f"{cfg.out_dir}'s model has no attention (a bigram table): its timeline has no heads to "
+                        "follow")
+    phase = phase_change(timeline)
+    steps = timeline_steps(timeline)
+    name = Path(cfg.out_dir).resolve().name
+    with drawing(cfg):  # the picture first: the answer, then a failure, would be work half kept
+        draw_timeline(timeline, loss_series(records), phase, f"{name}: what each head does as it trains\nred "
+                      "dashes: the induction score's steepest rise; black dots: the in-context score's steepest fall",
+                      cfg.output_path())
+    answer(cfg, {"steps": steps, "phase_change": phase},
+           f"{len(steps)} records of {name}'s timeline, each head's scores read as analyze.py heads reads them\n\n"
+           f"{timeline_table([s for s in steps if s['heads']], phase)}")
+
+
 # ----------------------------------------------------------------------------- features
 
 
@@ -446,7 +512,8 @@ recovered {m.ce_loss_recovered:.4f}, splicing adds {m.delta_loss:+.4f} nats, dea
 
 
 COMMANDS = {"heads": (analyze_heads, HeadsConfig), "patch": (analyze_patch, PatchConfig),
-            "attribute": (analyze_attribute, AttributeConfig), "features": (analyze_features, FeaturesConfig)}
+            "attribute": (analyze_attribute, AttributeConfig), "timeline": (analyze_timeline, TimelineConfig),
+            "features": (analyze_features, FeaturesConfig)}
 
 
 def out_dir_first(argv):

@@ -8,7 +8,7 @@ Pictures of a run.
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from gptkit.base.errors import UserError, run_main
 from gptkit.base.settings import parse_config, pick_subcommand
@@ -40,12 +40,15 @@ class AttentionConfig(PlotConfig):
     """`plot.py attention`'s settings: every picture's, and the checkpoint and prompt it draws."""
 
     picture: ClassVar[str] = "attention"
-    checkpoint: Literal["best", "latest"] = "best"  # 'best' (best.pt) or 'latest' (latest.pt)
+    checkpoint: str = "best"  # 'best' (best.pt), 'latest' (latest.pt) or 'iter:N' (a snapshot: train.py --snapshots)
     start: str = "First Citizen:"  # the prompt whose attention is drawn, or FILE:path
     device: str = "cpu"  # 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'
 
     def __post_init__(self):
+        from gptkit.run.run_folder import check_checkpoint
+
         super().__post_init__()
+        check_checkpoint(self.checkpoint)
         check_device_name(self.device)
 
 

@@ -20,7 +20,7 @@ from gptkit.base.settings import check_seed, parse_config, require
 from gptkit.machine.precision import DTYPES, pick_decode_dtype
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.machine.threads import pick_decode_threads
-from gptkit.run.run_folder import load_model
+from gptkit.run.run_folder import check_checkpoint, load_model
 from gptkit.sampling.decoding import StopFilter, generate_stream, lay_out_for_decoding
 from gptkit.sampling.prompts import read_prompt, unescape
 
@@ -28,7 +28,7 @@ from gptkit.sampling.prompts import read_prompt, unescape
 @dataclass
 class SampleConfig:
     out_dir: str = "out"  # the run's folder
-    checkpoint: Literal["best", "latest"] = "best"  # 'best' (best.pt: lowest val loss) or 'latest' (latest.pt)
+    checkpoint: str = "best"  # 'best' (best.pt: lowest val loss), 'latest' (latest.pt) or 'iter:N' (a snapshot)
     start: str = "\n"  # prompt text (\n, \t typed in a shell are read as newline, tab), or FILE:path to read it from
     num_samples: int = 10  # samples, generated together as one batch
     max_new_tokens: int = 500  # tokens generated per sample
@@ -49,6 +49,7 @@ class SampleConfig:
         require(self, ["top_p"], lambda v: 0 < v <= 1, "in (0, 1]")
         check_seed(self.seed)
         check_device_name(self.device)
+        check_checkpoint(self.checkpoint)
 
 
 def generate_texts(model, tok, prompt, cfg, stop="", stream=None):

@@ -423,8 +423,10 @@ HUGE = 10 ** 5000  # more digits than Python will write: a message that echoes i
 
 
 @pytest.mark.parametrize("kwargs, expected", [
-    (dict(checkpoint="bestest"), "checkpoint must be 'best' (best.pt) or 'latest' (latest.pt), got 'bestest'"),
-    (dict(checkpoint=None), "checkpoint must be 'best' (best.pt) or 'latest' (latest.pt), got None"),
+    (dict(checkpoint="bestest"), "checkpoint must be 'best' (best.pt), 'latest' (latest.pt) or 'iter:N' (the "
+                                 "snapshot of iteration N), got 'bestest'"),
+    (dict(checkpoint=None), "checkpoint must be 'best' (best.pt), 'latest' (latest.pt) or 'iter:N' (the snapshot of "
+                            "iteration N), got 'None'"),
     (dict(device="cuda"), "device 'cuda' asked for, but this machine has no CUDA GPU torch can use; use device='cpu'"),
     (dict(device="cuda:3"), "device 'cuda:3' asked for, but this machine has no CUDA GPU"),
     (dict(device="cuda:" + "9" * 5000), "device 'cuda:999999999999...999999999999999999' asked for, but"),

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from gptkit.base.errors import UserError
 from gptkit.interp.hooks import forward_from, hook_points, hooked, names_in, run_with_cache
 from gptkit.machine.runtime import pick_device
-from gptkit.run.run_folder import RunDir, model_at
+from gptkit.run.run_folder import RunDir, check_checkpoint, model_at
 
 KINDS = ("previous_token", "first_token", "duplicate_token", "induction", "local")
 LOCAL_WINDOW = 4  # the local score: attention on the current token and the 3 before it
@@ -103,16 +103,16 @@ class Run:
                        feature_hooks(self, features))
 
 
-CHECKPOINTS = ("best", "latest")
-
-
 def open_run(out_dir, checkpoint="best", device="cpu"):
-    """The Run in out_dir: its best.pt (or with checkpoint='latest', latest.pt), loaded on device ('cpu', 'cuda',
+    """The Run in out_dir: its best.pt (with checkpoint='latest', latest.pt; with 'iter:N' the snapshot of iteration
+    N), loaded on device ('cpu', 'cuda',
     'cuda:N', 'mps', or 'auto': the first of those this machine has)."""
     if not isinstance(out_dir, (str, os.PathLike)) or "\0" in str(out_dir):
         raise UserError(f"out_dir must be the path of a run folder, e.g. 'out'; got {shown_value(out_dir)}")
-    if not isinstance(checkpoint, str) or checkpoint not in CHECKPOINTS:
-        raise UserError(f"checkpoint must be 'best' (best.pt) or 'latest' (latest.pt), got {shown_value(checkpoint)}")
+    try:
+        check_checkpoint(checkpoint)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     device = device_here(device)
     try:
         path = RunDir(out_dir).model_file(checkpoint)

@@ -326,3 +326,53 @@ def draw_patching(resid, heads, labels, limits, title, path, dpi=100):
     fig.suptitle(title, fontsize=TITLE_PT)
     fig.set_layout_engine("tight")  # laid out as it is saved, where its warnings are gathered
     save(fig, path, dpi)
+
+
+# ----------------------------------------------------------------------------- timeline
+
+KIND_COLOURS = {"previous_token": "tab:blue", "first_token": "tab:grey", "duplicate_token": "tab:green",
+                "induction": "tab:red", "local": "tab:purple"}
+
+
+def draw_timeline(steps, losses, phase, title, path, dpi=100):
+    """A run's timeline: one small panel per head, each kind's score over the steps; beside them the train and val
+    loss and the in-context learning score; the phase change (phase: {induction_iter, icl_iter, layer, head}, or
+    None) marked on every panel. steps: the timeline records (gptkit/interp/timeline.py); losses: loss_series."""
+    scored = [s for s in steps if s.get("heads")]
+    L, H = (len(scored[0]["heads"]["induction"]), len(scored[0]["heads"]["induction"][0])) if scored else (0, 0)
+    columns = max(H, 2)
+    fig, axes = plt.subplots(L + 1, columns, figsize=(2.6 * columns, 2.0 * (L + 1) + 0.6), squeeze=False,
+                             sharex=True)
+    x = [s["iter"] for s in scored]
+    for layer in range(L):
+        for head in range(H):
+            ax = axes[layer, head]
+            for kind, colour in KIND_COLOURS.items():
+                ax.plot(x, [s["heads"][kind][layer][head] for s in scored], color=colour, linewidth=1.2,
+                        label=kind.replace("_", "-"))
+            ax.set_ylim(0, 1)
+            ax.set_title(f"L{layer}H{head}", fontsize=HEAD_PT)
+        for ax in axes[layer, H:]:
+            ax.axis("off")
+    if L:
+        axes[0, 0].legend(fontsize=LABEL_PT - 2, loc="upper left")
+    bottom = axes[L]
+    for name, (iters, _, values) in losses.items():
+        bottom[0].plot(iters, values, label=name, linewidth=1.2)
+    bottom[0].set_title("loss", fontsize=HEAD_PT)
+    bottom[0].legend(fontsize=LABEL_PT - 2)
+    bottom[1].plot([s["iter"] for s in steps], [s["icl"] for s in steps], color="black", linewidth=1.2)
+    bottom[1].set_title("in-context learning score (late − early loss)", fontsize=HEAD_PT)
+    for ax in bottom[2:]:
+        ax.axis("off")
+    for ax in axes.flat:
+        ax.set_xscale("symlog", linthresh=10)  # steps 0, 1, 2, 4, ... then every evaluation
+        if phase and phase.get("induction_iter") is not None:
+            ax.axvline(phase["induction_iter"], color="tab:red", linestyle="--", linewidth=0.8)
+        if phase and phase.get("icl_iter") is not None:
+            ax.axvline(phase["icl_iter"], color="black", linestyle=":", linewidth=0.8)
+    for ax in axes[L]:
+        ax.set_xlabel("step", fontsize=LABEL_PT)
+    fig.suptitle(title, fontsize=TITLE_PT)
+    fig.set_layout_engine("tight")  # laid out as it is saved, where its warnings are gathered
+    save(fig, path, dpi)

@@ -49,7 +49,9 @@ class RunLog:
         append_line(self.path, json.dumps(record) + "\n")
         if self.wandb is not None:
             kind = record["kind"]
-            values = {f"{kind}/{k}": v for k, v in record.items() if k not in ("kind", "iter")}
+            # numbers only: a timeline's scores by head and its loss by position stay in metrics.jsonl
+            values = {f"{kind}/{k}": v for k, v in record.items()
+                      if k not in ("kind", "iter") and isinstance(v, (int, float))}
             self.wandb.log(values, step=record["iter"])
 
     def close(self):

@@ -7,9 +7,11 @@ checkpoint each command reads.
     ckpt.pt         the single checkpoint of earlier versions, still read
     metrics.jsonl   every logged and evaluated loss
     run.lock        held (flock) by the run writing here
+    snapshots/      with --snapshots=N, the weights at N log-spaced steps: iter_<N>.pt, opened with iter:<N>
 """
 
 import os
+import re
 import stat
 import sys
 from contextlib import contextmanager
@@ -31,6 +33,16 @@ class RunDir:
         self.latest, self.previous = self.path / "latest.pt", self.path / "latest.prev.pt"
         self.best, self.legacy = self.path / "best.pt", self.path / "ckpt.pt"
         self.metrics = self.path / "metrics.jsonl"
+        self.snapshots = self.path / "snapshots"
+
+    def snapshot(self, iteration):
+        return self.snapshots / f"iter_{iteration}.pt"
+
+    def kept_snapshots(self):
+        """The iterations whose snapshot the folder holds, in order."""
+        found = (SNAPSHOT.fullmatch(p.name) for p in self.snapshots.glob("iter_*.pt")) if self.snapshots.is_dir() \
+            else ()
+        return sorted(int(m.group(1)) for m in found if m)
 
     @contextmanager
     def locked(self, writer=True):
@@ -90,9 +102,11 @@ class RunDir:
 
     def model_file(self, which):
         """The checkpoint sample.py, plot.py and export.py read: best.pt (or an earlier version's ckpt.pt),
-        or with which='latest' the latest state."""
+        with which='latest' the latest state, with 'iter:N' the snapshot of iteration N."""
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"out_dir {self.path} is a file, not a run folder")
+        if which.startswith("iter:"):
+            return self.snapshot_file(int(which[5:]))
         found = next((p for p in (self.best, self.legacy) if p.exists()), None)
         if which == "latest":
             if self.latest.exists():
@@ -108,11 +122,32 @@ class RunDir:
                             "use its latest state with --checkpoint=latest")
         raise UserError(f"no checkpoint in {self.path} (no best.pt or ckpt.pt); {self.train_first()}")
 
+    def snapshot_file(self, iteration):
+        kept = self.kept_snapshots()
+        if iteration in kept:
+            return self.snapshot(iteration)
+        if not kept:
+            raise UserError(f"{self.path} keeps no snapshots (train it with --snapshots=N to keep the weights at N "
+                            "steps); use --checkpoint=best or latest")
+        raise UserError(f"{self.path} keeps no snapshot of iteration {iteration}; it keeps "
+                        f"{', '.join(f'iter:{i}' for i in kept)}")
+
     def train_first(self):
         """The hint for a folder no run has saved a state in: a command with out_dir alone would train the
         bare defaults, and a folder that nothing was saved in does not say which config was meant."""
         return (f"train one first with `python train.py CONFIG --out_dir={self.path}`, CONFIG being the config "
                 "file of the run you meant to train there (e.g. config/shakespeare_char.py)")
+
+
+SNAPSHOT = re.compile(r"iter_(\d+)\.pt")
+CHECKPOINT_CHOICE = re.compile(r"best|latest|iter:\d{1,12}")
+
+
+def check_checkpoint(which):
+    """A --checkpoint value: 'best', 'latest' or 'iter:N' (a snapshot), else ValueError in one line."""
+    if not isinstance(which, str) or not CHECKPOINT_CHOICE.fullmatch(which):
+        raise ValueError(f"checkpoint must be 'best' (best.pt), 'latest' (latest.pt) or 'iter:N' (the snapshot of "
+                         f"iteration N), got {str(which)[:40]!r}")
 
 
 def model_at(path, device="cpu"):

@@ -9,7 +9,10 @@ import time
 from tqdm import tqdm
 
 from gptkit.data.dataset import bits_per_char
+from gptkit.interp.timeline import Probe, due, has_attention, record
 from gptkit.machine.flops import flops_per_token, peak_flops
+from gptkit.training.evaluation import eagerly
+from gptkit.training.snapshots import drop_after, take
 
 # overfitting: val loss this far above train loss (in nats, and as a share of train loss, whichever is larger) ...
 OVERFIT_GAP, OVERFIT_SHARE = 0.3, 0.25
@@ -33,8 +36,9 @@ class Reporter:
     """A run's console and metrics.jsonl: a progress bar on a terminal, else a line per log_interval (loss,
     learning rates, ms/iter, tokens/s, MFU); a line per evaluation; printed and written by rank 0 only."""
 
-    def __init__(self, cfg, rt, data, state, log, budget=None):
+    def __init__(self, cfg, rt, data, state, log, budget=None, run=None):
         self.cfg, self.rt, self.log, self.state, self.budget, self.meta = cfg, rt, log, state, budget, data.meta
+        self.run, self.probe, self.last_record = run, None, None
         # each optimizer's peak rate, named for it: Muon's is on another scale entirely than AdamW's
         self.peak_lrs = {"adamw_lr": cfg.learning_rate, **({"muon_lr": cfg.muon_lr} if cfg.optimizer == "muon" else {})}
         self.tokens_per_iter = state.global_batch * data.block_size
@@ -49,9 +53,32 @@ class Reporter:
             log.write({"kind": "run", "iter": state.iter_num, "device": rt.device, "dtype": rt.dtype,
                        "processes": rt.world, "params": params, "tokens_per_iter": self.tokens_per_iter,
                        "flops_per_token": token_flops})
+            self.probe = self.timeline_probe(data)
             if budget is not None and sys.stdout.isatty():
                 self.bar = tqdm(total=100, desc="training", unit="%", dynamic_ncols=True, file=sys.stdout,
                                 bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}")
+
+    def timeline_probe(self, data):
+        """The fixed tokens the timeline reads (gptkit/interp/timeline.py); for a resumed run, its snapshots past
+        the state it continues from dropped."""
+        if not has_attention(self.state.model):
+            self.say("timeline: this model has no attention (a bigram table), so its timeline records the in-context "
+                     "learning score and the loss by position, and no head scores")
+        if self.run is not None and self.state.iter_num > 0:
+            drop_after(self.run, self.state.iter_num)
+        return Probe.of(self.state.model, data.splits["val"], self.meta["vocab_size"])
+
+    def recorded(self, iter_num):
+        """The timeline's record of this step (once a step), and with --snapshots the weights kept."""
+        if not self.rt.master or iter_num == self.last_record:
+            return
+        self.last_record = iter_num
+        with self.state.scored(), eagerly():
+            numbers = record(self.state.model, self.probe)
+        heads = numbers.pop("heads")
+        self.log.write({"kind": "timeline", "iter": iter_num, **numbers, **({"heads": heads} if heads else {})})
+        if self.cfg.snapshots and self.run is not None:
+            take(self.state, self.run, self.cfg.snapshots)
 
     def say(self, line):
         """A line above the progress bar, or a plain line."""
@@ -64,6 +91,8 @@ class Reporter:
         line on the machinery (the thread count changed) is said with --verbose only."""
         if machinery and self.cfg.verbose:
             self.say(machinery)
+        if due(iter_num, self.cfg.eval_interval):
+            self.recorded(iter_num)
         if self.bar is not None:
             done = iter_num / self.cfg.max_iters
             if self.cfg.max_time > 0:
@@ -94,6 +123,7 @@ class Reporter:
         self.say(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         self.log.write({"kind": "eval", "iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"]})
         self.evals.append((iter_num, losses["train"], losses["val"]))
+        self.recorded(iter_num)
         why = overfitting(self.evals)
         if why and not self.warned:
             self.warned = True

@@ -1,0 +1,125 @@
+"""A run's timeline: what its heads do, and how well it learns in context, as it trains. At each evaluation, and at
+log-spaced steps before the first (1, 2, 4, ...: dense at the start, as Pythia's checkpoints), one record goes to
+metrics.jsonl (kind 'timeline'):
+
+    heads: {kind: [[score]] a layer, a head}: analyze.py heads' scores (gptkit/interp/experiments.py), read as it
+           reads them: the first SCORE_WINDOWS val windows and the repeated random sequences
+    icl: the in-context learning score of Olsson et al. (2022): the loss at a late position minus the loss at an
+         early one, their 500th and 50th tokens of 512 scaled to block_size, on fixed val windows
+    loss_by_position: the mean loss in each of POSITION_BUCKETS equal spans of the window, on the same windows
+
+and where the phase change happened: the steps of the steepest rise of the strongest induction score and of the
+steepest fall of the in-context learning score."""
+
+from dataclasses import dataclass
+
+import torch
+
+from gptkit.interp.experiments import KINDS, head_scores, induction_tokens, token_losses
+
+SCORE_WINDOWS = 16  # val windows the previous-token, first-token and local scores read (as analyze.py heads)
+ICL_WINDOWS = 64  # val windows the in-context learning score and the loss by position read
+ICL_EARLY, ICL_LATE = 50 / 512, 500 / 512  # Olsson et al.'s 50th and 500th tokens, as shares of the context
+POSITION_BUCKETS = 8
+
+
+def icl_positions(block_size):
+    """The early and late positions (counted from 0) the in-context learning score compares."""
+    early = max(0, round(block_size * ICL_EARLY) - 1)
+    return early, max(early + 1, round(block_size * ICL_LATE) - 1)
+
+
+def due(iter_num, eval_interval):
+    """Whether a step is one of the log-spaced ones recorded before the first regular evaluation: a power of 2."""
+    return 0 < iter_num < eval_interval and iter_num & (iter_num - 1) == 0
+
+
+@dataclass
+class Probe:
+    """The fixed tokens every record of a run reads: val windows for the text scores, the in-context learning score
+    and the loss by position; the repeated random sequences for the induction and duplicate-token scores."""
+
+    text: torch.Tensor
+    windows: torch.Tensor
+    targets: torch.Tensor
+    repeated: torch.Tensor
+
+    @classmethod
+    def of(cls, model, val_split, vocab):
+        """The probe for a model (its has_attention decides whether heads are scored) on a val split in windows of
+        the model's block_size, and the tokenizer's vocabulary size."""
+        T = val_split.block_size
+        windows = max(1, min(ICL_WINDOWS, (val_split.length - 1) // T))
+        device = str(next(model.parameters()).device)
+        idx, targets = val_split.batch(torch.arange(windows) * T, device)
+        repeated = induction_tokens(model, vocab) if has_attention(model) else None
+        return cls(idx[:SCORE_WINDOWS], idx, targets, repeated)
+
+
+def has_attention(model):
+    return model.config.n_layer > 0
+
+
+@torch.no_grad()
+def record(model, probe):
+    """One timeline record's numbers for the model as it is now (in float32, in eval mode; left in the mode it
+    was in): {icl, loss_by_position, heads (None without attention)}."""
+    was_training = model.training
+    model.eval()
+    try:
+        logits, _ = model(probe.windows, probe.targets)
+        losses = token_losses(logits, probe.targets).view(probe.targets.shape).float().mean(0)  # (T,)
+        early, late = icl_positions(losses.numel())
+        buckets = losses.tensor_split(POSITION_BUCKETS) if losses.numel() >= POSITION_BUCKETS else [losses]
+        heads = None
+        if probe.repeated is not None:
+            scores = head_scores(model, probe.text, probe.repeated)
+            heads = {kind: [[round(v, 4) for v in row] for row in scores[kind].tolist()] for kind in KINDS}
+    finally:
+        model.train(was_training)
+    return {"icl": round((losses[late] - losses[early]).item(), 5),
+            "loss_by_position": [round(b.mean().item(), 5) for b in buckets], "heads": heads}
+
+
+# ----------------------------------------------------------------------------- reading it back
+
+
+def timeline_of(records):
+    """The timeline records of a run's metrics (one per step, the last written kept), in step order, each with
+    the val loss of an evaluation at the same step where there was one."""
+    by_iter, val = {}, {}
+    for r in records:
+        if r.get("kind") == "timeline":
+            by_iter[r["iter"]] = r
+        elif r.get("kind") == "eval":
+            val[r["iter"]] = r.get("val_loss")
+    return [dict(by_iter[i], val_loss=val.get(i)) for i in sorted(by_iter)]
+
+
+def steepest(steps, values, rise=True):
+    """The step where values change fastest (a rise, or a fall) between consecutive records, per step of training:
+    the midpoint of the two records' steps, or None with fewer than two."""
+    if len(steps) < 2:
+        return None
+    slopes = [(b - a) / max(1, t1 - t0) * (1 if rise else -1)
+              for (t0, a), (t1, b) in zip(zip(steps, values), zip(steps[1:], values[1:]))]
+    i = max(range(len(slopes)), key=slopes.__getitem__)
+    return (steps[i] + steps[i + 1]) // 2
+
+
+def strongest_head(timeline, kind="induction"):
+    """(layer, head) of the head whose score of kind is highest at the last record that scored heads."""
+    last = [t for t in timeline if t.get("heads")][-1]["heads"][kind]
+    return max(((layer, head) for layer, row in enumerate(last) for head in range(len(row))),
+               key=lambda lh: last[lh[0]][lh[1]])
+
+
+def phase_change(timeline):
+    """{induction_iter, icl_iter, layer, head}: the steepest rise of the strongest induction head's score and the
+    steepest fall of the in-context learning score."""
+    scored = [t for t in timeline if t.get("heads")]
+    layer, head = strongest_head(scored)
+    steps = [t["iter"] for t in scored]
+    return {"induction_iter": steepest(steps, [t["heads"]["induction"][layer][head] for t in scored]),
+            "icl_iter": steepest([t["iter"] for t in timeline], [t["icl"] for t in timeline], rise=False),
+            "layer": layer, "head": head}
