@@ -11,6 +11,7 @@ Benchmarks, one subcommand each; every subcommand takes its own --key=value opti
     python bench.py explore --out_dir=out          # the explorer: first token, streaming, page load, analysis, load
     python bench.py analyze                        # analyze.py: every head's ablation delta, a patching heatmap
     python bench.py features                       # analyze.py features on the default's model, against its targets
+    python bench.py timeline                       # what the timeline costs; the induction lesson against its targets
     python bench.py busy                           # training tokens/s idle and beside one busy process
     python bench.py startup                        # start-up, the same choices run after run, max_time held
     python bench.py presets                        # each preset trained with 3 seeds: mean val loss, spread, target
@@ -25,7 +26,7 @@ Each benchmark lives in benchmarks/, one module per subcommand.
 import sys
 
 from benchmarks import (analyze, busy, dropout, explore, features, hooks, prepare, presets, sample, startup,
-                        throughput, tokenizers, train)
+                        throughput, timeline, tokenizers, train)
 from gptkit.base.errors import run_main
 from gptkit.base.settings import pick_subcommand
 
@@ -39,6 +40,7 @@ COMMANDS = {
     "explore": (explore.main, "the explorer: page load, first token, streaming, the analysis panels, under load"),
     "analyze": (analyze.main, "analyze.py: every head's ablation delta on 65,536 val tokens, a patching heatmap"),
     "features": (features.main, "analyze.py features on the default's model: time, peak memory, the SAE's metrics"),
+    "timeline": (timeline.main, "the timeline's cost in training time and disk; the induction lesson's targets"),
     "busy": (busy.main, "training tokens/s idle and beside a busy process"),
     "startup": (startup.main, "start-up to the first step, the same command's choices idle and busy, max_time held"),
     "presets": (presets.main, "each preset trained once per seed: mean val loss, spread, target"),
