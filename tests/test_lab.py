@@ -120,8 +120,9 @@ def test_every_rung_leaves_a_run_folder_a_row_a_picture_and_a_sample(ladder):
     for label, row in heads.items():  # the strongest head of each kind: its name and its score
         for kind in ("previous-token", "first-token", "duplicate-token", "induction", "local"):
             if label != "bigram":
-                name, score = row[kind].split()
+                name, score, *formed = row[kind].split(maxsplit=2)
                 assert name.startswith("L") and 0 <= float(score) <= 1
+                assert not formed or formed[0].startswith("(step ")
     assert_png(out / "loss_vs_time.png")
     assert "| rung " in printed and "--- encoder (cheats) ---" in printed
 
@@ -179,6 +180,18 @@ def test_a_rung_s_strongest_heads_name_each_kind_s_best_head_and_its_score():
     heads = machinery.strongest_heads(previous_token_model(), random_tokens((2, 16)), 37)
     assert list(heads) == ["previous_token", "first_token", "duplicate_token", "induction", "local"]
     assert heads["previous_token"] == ["L0H0", 1.0] and heads["induction"][1] < 0.05
+
+
+def test_the_step_a_head_formed_is_the_first_record_where_its_score_passed_the_mark():
+    def record(step, score):
+        scores = {k: [[0.0, 0.0]] for k in ("previous_token", "first_token", "duplicate_token", "local")}
+        return {"kind": "timeline", "iter": step, "icl": 0.0, "heads": dict(scores, induction=[[0.1, score]])}
+    records = [record(0, 0.0), record(10, 0.2), record(20, machinery.FORMED_AT), record(30, 0.9)]
+    heads = {"induction": ["L0H1", 0.9], "local": ["L0H0", 0.0]}
+    assert machinery.formed_at(heads, records) == {"induction": 20}
+    row = machinery.Row(machinery.RUNGS[1], 0, 1, 10, 5, 2.0, 2.0, None, 1.0, "", [], heads=heads,
+                        formed={"induction": 20})
+    assert "L0H1 0.90 (step 20)" in machinery.heads_table([row])
 
 
 def test_entropy_is_in_bits_and_falls_as_the_softmax_sharpens():

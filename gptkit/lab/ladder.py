@@ -24,6 +24,7 @@ from gptkit.data.dataset import Split, bits_per_char, fixed_offsets, load_meta
 from gptkit.data.tokenizer import tokenizer_from_meta
 from gptkit.interp.experiments import KINDS, head_scores, induction_tokens
 from gptkit.interp.hooks import attention_maps
+from gptkit.interp.timeline import timeline_of
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.run.metrics import read_metrics
 from gptkit.run.run_folder import RunDir, load_model
@@ -50,6 +51,7 @@ RECIPE = ("--block_size=32", "--batch_size=16", "--n_layer=2", "--n_head=1", "--
 MAX_ITERS = 1_000_000
 SAMPLE_TEMPERATURE = 0.8  # as sample.py: a little safer than the model's own distribution
 ENTROPY_WINDOWS = 8  # val windows whose attention the entropy is averaged over
+FORMED_AT = 0.3  # a head has formed once its score of a kind reaches this (the table's "step N")
 RESULT = "lab.json"  # a rung's row, in its folder
 STOP_GRACE_S = 30  # how long a stopped train.py may take to save its step before it is killed
 
@@ -236,6 +238,7 @@ class Row:
     tokens: int = 0  # the training tokens it was given, where it was not a budget (its steps cover at least those)
     tokens_per_iter: int = 0  # its steps' tokens (rows written before they were kept: 0)
     heads: dict = field(default_factory=dict)  # {kind: [head, score]}: its strongest head of each kind ({}: none)
+    formed: dict = field(default_factory=dict)  # {kind: step}: where that head's timeline first passed FORMED_AT
 
     @property
     def training(self):
@@ -266,6 +269,18 @@ def strongest_heads(model, windows, vocab):
         layer, head = divmod(best, model.config.n_head)
         strongest[kind] = [f"L{layer}H{head}", round(scores[kind].flatten()[best].item(), 3)]
     return strongest
+
+
+def formed_at(heads, records):
+    """{kind: the first step at which the rung's strongest head of that kind scored FORMED_AT or more in its
+    timeline}, for the kinds whose head got there."""
+    formed = {}
+    for t in timeline_of(records):
+        for kind, (name, _) in heads.items():
+            layer, head = map(int, name[1:].split("H"))
+            if kind not in formed and t.get("heads") and t["heads"][kind][layer][head] >= FORMED_AT:
+                formed[kind] = t["iter"]
+    return formed
 
 
 def val_windows(folder, meta, block_size, device):
@@ -303,7 +318,7 @@ def read_rung(rung, cfg, seconds, data, prompt, device):
             draw_model_attention(model, tok, prompt, folder / "attention.png", name=rung.name)
         row = Row(rung, cfg.budget, cfg.seed, model.num_params(), finals[-1]["iter"], evals[-1]["train_loss"],
                   finals[-1]["val_loss"], entropy, seconds, sample_text(model, tok, prompt, cfg, device), evals,
-                  0 if cfg.budget > 0 else cfg.tokens, per_step, heads)
+                  0 if cfg.budget > 0 else cfg.tokens, per_step, heads, formed_at(heads, records))
         save_row(row, folder, cfg.dataset)
     return row
 
@@ -384,15 +399,18 @@ def heads_table(rows):
     """Each rung's strongest head of each kind and its score: where a previous-token head, and then an induction
     head, first appear on the ladder."""
     header = ["rung", *(kind.replace("_", "-") for kind in KINDS)]
-    cells = [[r.label, *(f"{r.heads[k][0]} {r.heads[k][1]:.2f}" if k in r.heads else "—" for k in KINDS)]
-             for r in rows]
+    def cell(r, k):
+        step = f" (step {r.formed[k]:,})" if k in r.formed else ""
+        return f"{r.heads[k][0]} {r.heads[k][1]:.2f}{step}" if k in r.heads else "—"
+    cells = [[r.label, *(cell(r, k) for k in KINDS)] for r in rows]
     return markdown_table(header, cells, numeric=set())
 
 
 HEADS_NOTES = (f"Strongest heads: each rung's head with the highest score of each kind, a share of its attention "
                f"in [0, 1] (docs/analysis.md defines each, and what chance gives it), on the same {ENTROPY_WINDOWS} "
                "val windows and on random sequences written twice; — without attention, or in a row from before the "
-               "lab kept them.")
+               f"lab kept them. (step N): the first step of the rung's timeline at which that head scored {FORMED_AT} "
+               "or more (analyze.py timeline on the rung's folder shows the whole of it).")
 
 
 BITS_NOTES = {
