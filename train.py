@@ -61,7 +61,7 @@ def train(cfg, rt, data, state, log, run, budget, stop):
     best.pt is written only when val loss improves; latest.pt at evaluations, at the end and on a stop signal."""
     model = rt.wrap(state.model)  # DDP when there are several processes
     accum = state.micro_batches
-    report = Reporter(cfg, rt, data, state, log, budget)
+    report = Reporter(cfg, rt, data, state, log, budget, run)
     if state.iter_num == 0:
         stop.doing = "evaluating before the first step (nothing was saved)"
         losses = report.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state, budget))
@@ -168,7 +168,7 @@ def main(argv=None):
     # too); called with arguments, as tests do, from this call
     started = PROCESS_START if argv is None else time.time()
     argv = sys.argv[1:] if argv is None else argv
-    given = given_values(TrainConfig, argv, prog="train.py")
+    given, asked = given_values(TrainConfig, argv, prog="train.py"), command_line_keys(TrainConfig, argv)
     cfg = make(TrainConfig, given)
     if not trains_here(cfg.processes):
         return launch_processes(cfg.processes, __file__, argv)  # each process runs this main with the same argv
@@ -177,12 +177,12 @@ def main(argv=None):
         note = print if master else lambda line: None
         if master:
             claim_for_a_new_run(cfg, run, note)
-        cfg, resumed = continued_config(cfg, given, run, note)
+        cfg, resumed = continued_config(cfg, given, asked, run, note)
         if resumed[0] is not None and announce_resume(cfg, resumed, run, note, master) and not cfg.eval_only:
             return  # a finished run: nothing to train, nothing written
         with StopSignals() as stop, Runtime(cfg.device, cfg.dtype, cfg.backend, cfg.threads) as rt:
             stop.doing = "starting (nothing was saved)"
-            data, state = start(cfg, rt, *resumed, asked=command_line_keys(TrainConfig, argv), started=started)
+            data, state = start(cfg, rt, *resumed, asked=asked, started=started)
             del resumed  # the state holds what it needs of the checkpoint
             log = RunLog(run.metrics, wandb_args(state)) if rt.master else None
             try:

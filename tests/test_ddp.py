@@ -1,9 +1,10 @@
 """Several processes (gptkit/machine/runtime.py): two CPU processes with DDP over gloo finish the run, rank 0 alone
 writing the checkpoint and metrics; one rank failing on its own stops every rank; started by train.py itself
-(--processes=2), the run ends in one line however it ends. (Stop signals and an exact resume on two processes: see
-test_resume.py.) Two torchrun "nodes" on this machine train as one process with the same global batch, a run
-continues on another number of processes with the same global batch and data order, and a node that dies ends the
-others with one line."""
+(--processes=2), the run ends in one line however it ends, and its processes save and stop when it is killed. (Stop
+signals and an exact resume on two processes: see test_resume.py.) Two torchrun "nodes" on this machine train as one
+process with the same global batch, a run continues on another number of processes with the same global batch and
+data order (given its config file again too) and says a batch changed anew as old → new, and a node that dies ends
+the others with one line."""
 
 import os
 import re
@@ -18,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import train
 from conftest import (REPO, Run, assert_one_error_line, faulty_train, logged, torchrun, train_args, train_cmd,
                       wait_for_iteration)
 from gptkit.base.errors import UserError
@@ -111,6 +113,60 @@ def test_a_process_killed_under_the_launcher_is_named_in_one_line(data_dir, tmp_
     assert_one_error_line(run.stderr, "error: training process 1 of 2 was killed by SIGKILL")
 
 
+def started(pid):
+    """(state, start time) of a process, as /proc has them ('Z': ended, left for its parent to reap); None when gone.
+    The start time tells the process from a later one given its number."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return fields[0], fields[19]
+
+
+def still_there(processes):
+    """Those of processes ({pid: its start time}) that have not ended: a process ending closes its files (the run's
+    lock among them) before it is a zombie, but its command line is gone before that."""
+    return [pid for pid, start in processes.items() if (now := started(pid)) and now[0] != "Z" and now[1] == start]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the processes through Linux's /proc")
+def test_processes_whose_launcher_is_killed_save_and_stop_and_the_same_command_continues(data_dir, tmp_path,
+                                                                                       monkeypatch):
+    """kill -9 of `python train.py --processes=2` passes no stop on: its processes see it gone and stop within
+    seconds as SIGTERM stops them (the step finishes, latest.pt saves it), freeing the run's lock, so that the same
+    command, requeued, continues the run. (They trained on to the end, holding the lock: the requeued command was
+    refused as "in use by another run".)"""
+    out = tmp_path / "out"
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the launcher keeps its processes' stderr, left there now
+    command = train_cmd(data_dir, out, *UNTIL_STOPPED, "--init_from=auto")
+    run = Run(command, tmp_path / "first")
+    wait_for_iteration(run, out, 2)
+    children = {int(pid): started(pid)[1]
+                for pid in Path(f"/proc/{run.proc.pid}/task/{run.proc.pid}/children").read_text().split()}
+    assert len(children) == 2
+    run.proc.kill()  # the launcher alone: its processes are in sessions of their own
+    run.proc.wait()
+    try:
+        deadline = time.time() + 10
+        while still_there(children) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not still_there(children), "still training 10 s after their launcher was killed"
+    finally:
+        for pid in still_there(children):
+            os.kill(pid, signal.SIGKILL)
+    said = {path.read_text() for path in tmp_path.glob("gptkit-processes-*/*/attempt_*/*/stderr.log")}
+    assert len(said) == 1, said  # both processes stopped at the same step, and said so alike
+    line = said.pop().strip()
+    assert re.fullmatch(rf"error: stopped by SIGTERM at iteration (\d+); latest state saved to "
+                        rf"{re.escape(str(out / 'latest.pt'))}, continue with --init_from=auto", line), line
+    saved = load_checkpoint(out / "latest.pt")["iter_num"]
+    assert saved == int(re.search(r"iteration (\d+);", line).group(1))
+    again = Run(command + [f"--max_iters={saved + 2}"], tmp_path / "again").check_ok()
+    assert f"resuming from iteration {saved} of {saved + 2}" in again.stdout
+    assert load_checkpoint(out / "latest.pt")["iter_num"] == saved + 2
+
+
 def test_processes_under_torchrun_must_be_the_number_it_started(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     assert trains_here(1) and not trains_here(2)
@@ -180,8 +236,8 @@ def test_two_nodes_train_as_one_process_taking_the_same_global_batch(data_dir, t
 
 @pytest.mark.slow
 @pytest.mark.parametrize("saved_by, continued_on, note", [
-    (2, 1, "continues on 1: each takes 2 micro-batches of 4 sequences a step, the 8 a step it started with"),
-    (1, 2, "continues on 2: each takes 1 micro-batch of 2 sequences a step, the 4 a step it started with")])
+    (2, 1, "continues on 1: each takes 2 micro-batches of 4 sequences a step, the 8 a step it was saved with"),
+    (1, 2, "continues on 2: each takes 1 micro-batch of 2 sequences a step, the 4 a step it was saved with")])
 def test_a_run_continues_on_another_number_of_processes_as_it_would_have_gone_on(data_dir, tmp_path, saved_by,
                                                                                  continued_on, note):
     """Saved at iteration 6 by some processes, continued to 12 on another number: the same sequences a step
@@ -199,6 +255,32 @@ def test_a_run_continues_on_another_number_of_processes_as_it_would_have_gone_on
     assert f"note: this run was saved by {saved_by} process{'es' * (saved_by > 1)} and {note}" in second.stdout
     assert_losses_follow(resized, reference, range(7, 13))
     assert logged(resized, "train", "tokens")[12] == 12 * 4 * saved_by * 16
+
+
+@pytest.mark.slow
+def test_a_run_given_its_config_file_again_keeps_its_global_batch_and_a_new_one_is_said(data_dir, tmp_path, capsys):
+    """A preset says batch_size=16; the run started with --batch_size=4 on 2 processes takes 8 sequences a step.
+    Continued on 1 process by the same preset, it keeps 8 (it took the preset's 16, and said "the 16 a step it
+    started with"). A batch the command line sets anew is said as old → new."""
+    out, preset = tmp_path / "out", tmp_path / "preset.py"
+    preset.write_text("batch_size = 16\ngradient_accumulation_steps = 1\n")
+    args = [str(preset), *(a for a in train_args(data_dir, out) if not a.startswith("--batch_size")),
+            "--eval_interval=2", "--eval_iters=2", "--log_interval=1", "--warmup_iters=1", "--init_from=auto"]
+    Run([sys.executable, "train.py", *args, "--batch_size=4", "--processes=2", "--max_iters=2"],
+        tmp_path / "first").check_ok()
+    train.main([*args, "--max_iters=4"])
+    said = capsys.readouterr().out
+    assert "note: the config file's batch_size=16 is not the 4 this run was saved with: it keeps 4, and its global " \
+           "batch (--batch_size=16 would change them)" in said, said
+    assert "note: this run was saved by 2 processes and continues on 1: each takes 2 micro-batches of 4 sequences a " \
+           "step, the 8 a step it was saved with, in the same data order; " in said, said
+    assert load_checkpoint(out / "latest.pt")["global_batch"] == 8 and "128 tokens per iteration" in said
+    train.main([*args, "--max_iters=6", "--gradient_accumulation_steps=4"])
+    said = capsys.readouterr().out
+    assert "note: the global batch changes, 8 → 16 sequences a step, as the command line sets " \
+           "gradient_accumulation_steps=4; it continues on its 1 process: each takes 4 micro-batches of 4 sequences " \
+           "a step; from here on the losses are another run's" in said, said
+    assert load_checkpoint(out / "latest.pt")["global_batch"] == 16
 
 
 @pytest.mark.slow

@@ -374,6 +374,52 @@ def test_a_run_its_budget_made_smaller_resumes_with_the_command_that_started_it(
         train.main([*start, "--max_iters=8", "--init_from=auto", "--n_layer=3"])
 
 
+def test_a_config_file_given_again_leaves_the_batch_a_resumed_run_was_saved_with():
+    """The config file's batch settings may be those a command line replaced when the run started: a resumed run
+    keeps its own (and so its global batch), saying so where the file's differ; the command line's are taken, and
+    so are the file's other settings. (Through train.py, on another number of processes: test_ddp.py.)"""
+    from gptkit.training.resume import own_batch
+
+    saved = {"batch_size": 4, "gradient_accumulation_steps": 2, "learning_rate": 1e-3}
+    given = {"batch_size": 16, "gradient_accumulation_steps": 2, "learning_rate": 3e-3}
+    notes = []
+    assert own_batch(given, set(), saved, notes.append) == {"learning_rate": 3e-3}
+    # gradient_accumulation_steps: the file repeats the run's
+    assert notes == [("note: the config file's batch_size=16 is not the 4 this run was saved with: it keeps 4, and its "
+                      "global batch (--batch_size=16 would change them)")]
+    notes.clear()
+    assert own_batch(given, {"batch_size"}, saved, notes.append) == {"batch_size": 16, "learning_rate": 3e-3}
+    assert notes == []
+
+
+def test_a_resume_says_the_batch_it_was_saved_with_and_a_change_of_it_as_old_to_new(capsys):
+    """Saved by 2 processes with 8 sequences a step (batch_size 4, gradient_accumulation_steps 1)."""
+    from types import SimpleNamespace
+
+    from gptkit.training.state import TrainState
+
+    def said(world, global_batch, batch_size=4, accumulation=1):
+        cfg = SimpleNamespace(batch_size=batch_size, gradient_accumulation_steps=accumulation)
+        state = SimpleNamespace(cfg=cfg, sampler=SimpleNamespace(batch_size=batch_size), global_batch=global_batch,
+                                micro_batches=global_batch // (batch_size * world))
+        ckpt = {"rng": [{}, {}], "global_batch": 8, "config": {"batch_size": 4, "gradient_accumulation_steps": 1}}
+        TrainState.say_how_it_continues(state, ckpt, world)
+        return capsys.readouterr().out
+
+    assert said(2, 8) == ""  # continued as it was saved: nothing to say
+    assert said(1, 8).startswith("note: this run was saved by 2 processes and continues on 1: each takes 2 "
+                                 "micro-batches of 4 sequences a step, the 8 a step it was saved with, in the same "
+                                 "data order; dropout's random draws")
+    assert said(1, 32, accumulation=8) == (
+        "note: the global batch changes, 8 → 32 sequences a step, as the command line sets "
+        "gradient_accumulation_steps=8; this run was saved by 2 processes and continues on 1: each takes 8 "
+        "micro-batches of 4 sequences a step; from here on the losses are another run's, not those of the run it "
+        "would have been\n")
+    assert said(2, 16, batch_size=8).startswith("note: the global batch changes, 8 → 16 sequences a step, as the "
+                                                "command line sets batch_size=8; it continues on its 2 processes: "
+                                                "each takes 1 micro-batch of 8 sequences a step; ")
+
+
 def test_a_checkpoint_from_before_a_model_setting_resumes_with_its_default(run, data_dir):
     """A run saved before token_shift existed was built without it: resumed, it continues so, and a config that
     asks for the shift is refused naming the checkpoint's value, not a missing one."""

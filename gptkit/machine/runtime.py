@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gptkit.base.errors import UserError
+from gptkit.base.signals import LAUNCHER_PID, stop_with_launcher
 from gptkit.machine.precision import autocast_for, pick_dtype
 
 
@@ -142,6 +143,7 @@ def launch_processes(processes, script, argv):
                               signals_to_handle=",".join(PASSED_ON), shutdown_timeout=SHUTDOWN_S,
                               logs_specs=DefaultLogsSpecs(log_dir=logs, redirects=Std.ERR))
         ranks, status, line = range(processes), 0, None
+        os.environ[LAUNCHER_PID] = str(os.getpid())  # they stop when this process is gone (stop_with_launcher)
         try:
             elastic_launch(config, sys.executable)("-u", os.path.abspath(script), *argv)
         except SignalException as e:
@@ -158,6 +160,7 @@ def launch_processes(processes, script, argv):
         finally:
             for name, handler in handlers.items():  # torch's handlers would raise its exception from here on
                 signal.signal(getattr(signal, name), handler)
+            del os.environ[LAUNCHER_PID]
         said = show_stderr(logs, ranks)
     if status:
         if not said:
@@ -196,6 +199,7 @@ class Runtime:
             torch.set_num_threads(threads)
         device = pick_device(device)
         if self.distributed:
+            stop_with_launcher(SHUTDOWN_S)  # from before the rendezvous, whose store our launcher holds
             if device.startswith("cuda"):
                 device = f"cuda:{self.local_rank}"
                 torch.cuda.set_device(device)

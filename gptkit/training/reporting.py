@@ -53,7 +53,7 @@ class Reporter:
             log.write({"kind": "run", "iter": state.iter_num, "device": rt.device, "dtype": rt.dtype,
                        "processes": rt.world, "params": params, "tokens_per_iter": self.tokens_per_iter,
                        "flops_per_token": token_flops})
-            self.probe = self.timeline_probe(data)
+            self.probe = self.timeline_probe(data) if cfg.timeline else None
             if budget is not None and sys.stdout.isatty():
                 self.bar = tqdm(total=100, desc="training", unit="%", dynamic_ncols=True, file=sys.stdout,
                                 bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}")
@@ -70,7 +70,7 @@ class Reporter:
 
     def recorded(self, iter_num):
         """The timeline's record of this step (once a step), and with --snapshots the weights kept."""
-        if not self.rt.master or iter_num == self.last_record:
+        if not self.rt.master or not self.cfg.timeline or iter_num == self.last_record:
             return
         self.last_record = iter_num
         with self.state.scored(), eagerly():

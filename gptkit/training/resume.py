@@ -9,20 +9,21 @@ import torch
 from gptkit.base.errors import UserError
 from gptkit.base.settings import coerce, flatten, make, settings
 from gptkit.run.checkpoint import TRAINING_KEYS, load_checkpoint
-from gptkit.training.train_config import TrainConfig
+from gptkit.training.train_config import BATCH_KEYS, TrainConfig
 from model import GPTConfig
 
 # what the saved weights and optimizer state are shaped by; dropout has no weights and may change
 FIXED_ON_RESUME = tuple(f.name for f in fields(GPTConfig) if f.name != "dropout") + ("optimizer",)
 
 
-def continued_config(cfg, given, run, note):
+def continued_config(cfg, given, asked, run, note):
     """(the config this run trains with, (checkpoint, its path) or (None, None)): a resumed run continues with
-    its checkpoint's settings; 'auto' with nothing to resume is a run from scratch."""
+    its checkpoint's settings but those given again (asked: the keys the command line gives); 'auto' with nothing
+    to resume is a run from scratch."""
     ckpt, path = resume_state(run, cfg.init_from, note)
     if ckpt is None:
         return (replace(cfg, init_from="scratch") if cfg.init_from == "auto" else cfg), (None, None)
-    return resumed_config(ckpt, given, path), (ckpt, path)
+    return resumed_config(ckpt, given, asked, path, note), (ckpt, path)
 
 
 def claim_for_a_new_run(cfg, run, note):
@@ -93,13 +94,15 @@ def optimizer_tensors(ckpt):
             for name, t in per_param.items() if isinstance(t, torch.Tensor)]
 
 
-def resumed_config(ckpt, given, path):
+def resumed_config(ckpt, given, asked, path, note):
     """The config a resumed run continues with: the checkpoint's settings, overridden by those given again
-    (config files or --key=value). The model's shape and the optimizer are the checkpoint's; giving another
-    value is refused, naming the key (giving the shape a time budget made smaller is not another value)."""
+    (config files or --key=value; the batch settings on the command line only: own_batch). The model's shape and
+    the optimizer are the checkpoint's; giving another value is refused, naming the key (giving the shape a time
+    budget made smaller is not another value)."""
     saved = saved_settings(ckpt, path)
     fitted_from = ckpt.get("measured", {}).get("fitted_from", {})  # what was configured before its budget fitted it
     given = {key: value for key, value in given.items() if key not in fitted_from or value != fitted_from[key]}
+    given = own_batch(given, asked, saved, note)
     for key in FIXED_ON_RESUME:
         if key in given and given[key] != saved.get(key):
             raise UserError(f"{key}={given[key]!r} differs from {path}'s {saved.get(key)!r}; a resumed run keeps "
@@ -109,6 +112,21 @@ def resumed_config(ckpt, given, path):
     except UserError as e:  # the given settings passed alone: a saved one is out of range, or goes with them badly
         raise UserError(f"{e}, with the settings saved in {path} (give one again to replace its saved value)") \
             from None
+
+
+def own_batch(given, asked, saved, note):
+    """given, less the batch settings (BATCH_KEYS) that only config files give: a resumed run keeps its own, and
+    its global batch with them, unless the command line gives them anew. A config file given again repeats the
+    run, but it names the values from before a command line changed them: `config/shakespeare_char.py
+    --batch_size=4 --processes=2`, continued by the same file and `--init_from=auto` on one process, took the
+    file's 32 sequences a step where the run had taken 8. A value kept over the file's is said in a note."""
+    # (a checkpoint of an early version that saved no such key takes the file's)
+    from_file = [key for key in BATCH_KEYS if key in given and key not in asked and key in saved]
+    for key in from_file:
+        if given[key] != saved[key]:
+            note(f"note: the config file's {key}={given[key]} is not the {saved[key]} this run was saved with: it "
+                 f"keeps {saved[key]}, and its global batch (--{key}={given[key]} would change them)")
+    return {key: value for key, value in given.items() if key not in from_file}
 
 
 def saved_settings(ckpt, path):

@@ -13,6 +13,7 @@ from gptkit.base.errors import UserError
 from gptkit.machine.stand_ins import model_code
 from gptkit.run.checkpoint import load_weights, save_checkpoint
 from gptkit.training.optimizers import EMA, build_optimizers
+from gptkit.training.train_config import BATCH_KEYS
 
 
 def rng_state(sampler):
@@ -121,6 +122,8 @@ class TrainState:
         self.best_iter, self.seconds_spent = ckpt["best_iter"], ckpt["seconds_spent"]
         self.wandb_id = ckpt.get("wandb_id")
         self.restore_random_state(ckpt["rng"], rt)
+        if rt.master:
+            self.say_how_it_continues(ckpt, rt.world)
 
     def restore_random_state(self, states, rt):
         """Each process's generators as it saved them; on another number of processes, the data order where it
@@ -131,13 +134,25 @@ class TrainState:
         if rt.master and any(not same_state(s["sampler"], states[0]["sampler"]) for s in states):
             print("note: this checkpoint was written before the processes shared one data order; the order "
                   "continues from process 0's, so some windows process 1 and up read may come round again")
-        if rt.master and len(states) != rt.world:
-            micro, accum = self.sampler.batch_size, self.micro_batches
-            print(f"note: this run was saved by {len(states)} process{'es' * (len(states) != 1)} and continues "
-                  f"on {rt.world}: each takes {accum} micro-batch{'es' * (accum != 1)} of {micro} sequences a step, "
-                  f"the {self.global_batch} a step it started with, in the same data order; dropout's random "
-                  "draws and the order of the sums differ, so the losses follow the run it would have been only "
-                  "to within noise, not exactly")
 
-
-
+    def say_how_it_continues(self, ckpt, world):
+        """A note, where a run continues on another number of processes than it was saved by or with another global
+        batch, saying the batch a step it was saved with, any change of it as old → new (from batch settings the
+        command line gave anew), and what that means for its losses."""
+        saved_by, saved_batch = len(ckpt["rng"]), ckpt["global_batch"]
+        if saved_by == world and saved_batch == self.global_batch:
+            return
+        where = f"this run was saved by {saved_by} process{'es' * (saved_by != 1)} and continues on {world}" \
+            if saved_by != world else f"it continues on its {world} process{'es' * (world != 1)}"
+        micro, accum = self.sampler.batch_size, self.micro_batches
+        share = f"each takes {accum} micro-batch{'es' * (accum != 1)} of {micro} sequences a step"
+        if saved_batch == self.global_batch:
+            print(f"note: {where}: {share}, the {saved_batch} a step it was saved with, in the same data order; "
+                  "dropout's random draws and the order of the sums differ, so the losses follow the run it would "
+                  "have been only to within noise, not exactly")
+            return
+        anew = " and ".join(f"{key}={getattr(self.cfg, key)}" for key in BATCH_KEYS
+                            if getattr(self.cfg, key) != ckpt["config"].get(key))
+        print(f"note: the global batch changes, {saved_batch} → {self.global_batch} sequences a step, as the command "
+              f"line sets {anew}; {where}: {share}; from here on the losses are another run's, not those of the run "
+              "it would have been")

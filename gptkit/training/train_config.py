@@ -16,6 +16,9 @@ from model import GPTConfig
 MAX_EVAL_ITERS = 100_000
 MAX_EVAL_WINDOWS = 10_000_000
 
+# the settings that make a run's global batch (its sequences a step, over every process) with its processes
+BATCH_KEYS = ("batch_size", "gradient_accumulation_steps")
+
 
 @dataclass
 class TrainConfig:
@@ -30,6 +33,8 @@ class TrainConfig:
     init_from: str = "scratch"  # 'scratch', 'resume', 'auto' (resume if out_dir has a state), a GPT-2 name or HF folder
     start_over: bool = False  # a new run into an out_dir holding another: move the old run's files aside first
     seed: int = 1337  # seeds weights, data order and dropout
+    timeline: bool = True  # record what each head does as the run trains (analyze.py timeline)
+    snapshots: int = 0  # keep the weights at this many log-spaced steps in out_dir/snapshots (open one with iter:N)
     # wandb
     wandb_log: bool = False  # log to Weights & Biases
     wandb_project: str = "nanogpt"  # wandb project name
@@ -82,7 +87,7 @@ class TrainConfig:
                        "max_iters", "processes"], lambda v: v >= 1, "at least 1")
         require(self, ["warmup_iters", "lr_decay_iters", "threads", "learning_rate", "embedding_lr", "min_lr",
                        "muon_lr", "weight_decay", "muon_weight_decay", "grad_clip", "max_time", "final_eval_tokens",
-                       "min_tokens_per_param"],
+                       "min_tokens_per_param", "snapshots"],
                 lambda v: v >= 0, "at least 0")
         require(self, ["beta1", "beta2", "muon_momentum", "ema_decay"], lambda v: 0 <= v < 1, "in [0, 1)")
         require(self, ["warmdown_frac"], lambda v: 0 <= v <= 1, "in [0, 1]")
