@@ -4,6 +4,7 @@ its folder given as the notebook's parameter, as papermill would give it.
 The kernel is ipykernel's own python3 kernel spec, built in memory by jupyter_client with no kernel spec folder
 searched: it starts this interpreter (sys.executable), whatever kernels the machine has installed, or none."""
 
+import shutil
 import sys
 
 import nbformat
@@ -12,7 +13,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 
-from conftest import REPO
+from conftest import REPO, check_ok, run_here
 
 NOTEBOOK = REPO / "notebooks" / "inside_your_model.ipynb"
 
@@ -51,9 +52,18 @@ def test_the_notebook_is_committed_without_outputs_and_takes_the_run_folder_as_a
     assert nb.metadata.kernelspec.name == "python3"
 
 
+def with_small_sae(run, folder):
+    """A copy of the run with a small SAE on its last layer, trained by analyze.py in a few seconds: the notebook
+    reads it rather than train the default one."""
+    shutil.copytree(run, folder)
+    check_ok(run_here("analyze.py", "features", folder, "--tokens=4096", "--batch=256", "--features=64", "--k=4",
+                      "--eval_tokens=256"))
+    return folder
+
+
 @pytest.mark.slow
-def test_the_notebook_runs_on_a_trained_run(trained_run):
-    out, kernel = trained_run[0], this_interpreter()
+def test_the_notebook_runs_on_a_trained_run(trained_run, tmp_path):
+    out, kernel = with_small_sae(trained_run[0], tmp_path / "run"), this_interpreter()
     assert kernel.kernel_spec.argv[0] == sys.executable
     nb = executed(out, kernel)
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
@@ -63,16 +73,17 @@ def test_the_notebook_runs_on_a_trained_run(trained_run):
     # a line from each step; the notebook asserts its own checks (by hand = hooked, the ablation's two ways
     # agreeing, patching the differing position restoring the clean run, the parts summing to the logit)
     for line in ("hook_q is after qk_norm", "largest difference from blocks.1.attn.hook_pattern", "with L0H0 off",
-                 "the strongest induction head", "layer 0's stream patched at position 0", "parts sum to"):
+                 "the strongest induction head", "layer 0's stream patched at position 0", "parts sum to",
+                 "64 features at blocks.1.hook_resid_post", "off: val loss"):
         assert line in printed, line
     assert sum(output.output_type == "display_data" for cell in code for output in cell.outputs) == 2  # 2 pictures
 
 
 @pytest.mark.slow
-def test_the_notebook_runs_on_a_bpe_run(bpe_trained_run):
+def test_the_notebook_runs_on_a_bpe_run(bpe_trained_run, tmp_path):
     """On a run with a BPE vocabulary, whose tokens are not characters: the patching step still finds two
     prompts of one length in tokens."""
-    nb = executed(bpe_trained_run, this_interpreter())
+    nb = executed(with_small_sae(bpe_trained_run, tmp_path / "run"), this_interpreter())
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     assert all(cell.execution_count for cell in code)
     assert "layer 0's stream patched at position 0" in "\n".join(map(text_of, code))

@@ -413,12 +413,13 @@ def top_contexts(model, sae, hook, idx, n_top):
     return best_v, best_p, fires / (B * T)
 
 
-def logit_effects(model, sae, n):
+def logit_effects(model, sae, n, vocab):
     """Each feature's decoder direction through the final norm's scale and the unembedding: ([n promoted token
-    ids], [n demoted]) a feature, the logit lens of one direction."""
+    ids], [n demoted]) a feature, among the tokenizer's `vocab` (a padded vocabulary's rest is no token): the logit
+    lens of one direction."""
     ln = model.transformer.ln_f
     direction = sae.W_dec * (ln.weight if ln.weight is not None else 1.0)
-    logits = direction @ model.lm_head.weight.T  # (d_sae, vocab)
+    logits = direction @ model.lm_head.weight[:vocab].T  # (d_sae, vocab)
     return logits.topk(n, dim=1).indices.tolist(), (-logits).topk(n, dim=1).indices.tolist()
 
 
@@ -436,7 +437,7 @@ def feature_rows(model, tok, sae, hook, idx, count, n_contexts=4, width=12):
     """The `count` most frequent features, each a dict: index, frequency, contexts ([before, token, after,
     value]), promotes and demotes (tokens)."""
     values, positions, frequency = top_contexts(model, sae, hook, idx, n_contexts)
-    promotes, demotes = logit_effects(model, sae, 5)
+    promotes, demotes = logit_effects(model, sae, 5, tok.vocab_size)
     order = frequency.argsort(descending=True)[:count].tolist()
     return [{"index": i, "frequency": round(frequency[i].item(), 6),
              "contexts": [[*context_of(tok, idx, p, width), round(v, 4)]
