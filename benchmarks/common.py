@@ -66,7 +66,9 @@ def prepared_work_dir(cfg):
     from gptkit.data.preparing import PrepareConfig, prepare
 
     work = Path(cfg.work_dir)
-    prepare(PrepareConfig(input=bench_input(cfg), name="shakespeare_char", data_dir=str(work / "data")))
+    # the benchmark's own folder: a dataset an earlier run left there of another --input is replaced
+    prepare(PrepareConfig(input=bench_input(cfg), name="shakespeare_char", data_dir=str(work / "data"),
+                          start_over=True))
     return work
 
 

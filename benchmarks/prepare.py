@@ -222,7 +222,8 @@ def measured(cmd, disk_folders, env=None, warm=None):
 def run_ours(corpus, data_dir, tokenizer, val_fraction, workers, vocab_size=0):
     cmd = [sys.executable, "data/prepare.py", f"--input={corpus}", "--name=bench", f"--data_dir={data_dir}",
            f"--tokenizer={tokenizer}", f"--val_fraction={val_fraction}", f"--workers={workers}",
-           *([f"--vocab_size={vocab_size}"] if vocab_size else [])]
+           *([f"--vocab_size={vocab_size}"] if vocab_size else []),
+           "--start_over=True"]  # the benchmark's own folder: a dataset left by its last run, of other settings, goes
     print(f"\n== ours: {' '.join(cmd[1:])}", flush=True)
     return measured(cmd, [data_dir], warm=corpus)
 

@@ -165,7 +165,7 @@ def compare_one(cfg, work, train_file, val_text, vocab_size):
     name = f"bpe{vocab_size}" if vocab_size else "chars"
     how = ["--tokenizer=bpe", f"--vocab_size={vocab_size}"] if vocab_size else ["--tokenizer=char"]
     cmd = [sys.executable, "data/prepare.py", f"--input={train_file}", f"--name={name}",
-           f"--data_dir={work / 'data'}", *how]
+           f"--data_dir={work / 'data'}", *how, "--start_over=True"]  # train.txt is written anew each run
     print(f"\n== {name}: {' '.join(map(str, cmd[1:]))}", flush=True)
     if subprocess.run(cmd, cwd=REPO).returncode:
         raise UserError(f"preparing the {name} dataset failed (its error is above)")
