@@ -16,6 +16,7 @@ from nbclient import NotebookClient
 from conftest import REPO, check_ok, run_here
 
 NOTEBOOK = REPO / "notebooks" / "inside_your_model.ipynb"
+WATCH = REPO / "notebooks" / "watch_it_learn.ipynb"
 
 
 def parameters_cell(nb):
@@ -31,9 +32,9 @@ def this_interpreter():
     return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
 
 
-def executed(out_dir, kernel):
+def executed(out_dir, kernel, notebook=NOTEBOOK):
     """The notebook run in kernel, started in notebooks/ as Jupyter starts it, with out_dir as its run."""
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nb = nbformat.read(notebook, as_version=4)
     parameters_cell(nb).source = f"out_dir = {str(out_dir)!r}"
     NotebookClient(nb, km=kernel, timeout=120, resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
     return nb
@@ -43,12 +44,13 @@ def text_of(cell):
     return "".join(output.get("text", "") for output in cell.outputs if output.output_type == "stream")
 
 
-def test_the_notebook_is_committed_without_outputs_and_takes_the_run_folder_as_a_parameter():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+@pytest.mark.parametrize("notebook, out_dir", [(NOTEBOOK, "out"), (WATCH, "out-induction")])
+def test_the_notebooks_are_committed_without_outputs_and_take_the_run_folder_as_a_parameter(notebook, out_dir):
+    nb = nbformat.read(notebook, as_version=4)
     nbformat.validate(nb)
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     assert code and all(cell.outputs == [] and cell.execution_count is None for cell in code)
-    assert parameters_cell(nb).source == 'out_dir = "out"'
+    assert parameters_cell(nb).source == f'out_dir = "{out_dir}"'
     assert nb.metadata.kernelspec.name == "python3"
 
 
@@ -87,3 +89,31 @@ def test_the_notebook_runs_on_a_bpe_run(bpe_trained_run, tmp_path):
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     assert all(cell.execution_count for cell in code)
     assert "layer 0's stream patched at position 0" in "\n".join(map(text_of, code))
+
+
+@pytest.mark.slow
+def test_watch_it_learn_runs_on_a_run_trained_on_lines_written_twice(tmp_path):
+    """A tiny two-layer attention-only model trained a few steps on random letter strings each written twice,
+    keeping its timeline and snapshots: every step of the lesson runs on it."""
+    import random
+
+    import train
+    from gptkit.data.preparing import PrepareConfig, prepare
+
+    rng = random.Random(0)
+    lines = ["".join(rng.sample("abcdefghijklmnopqrstuvwxyz", rng.randint(4, 10))) for _ in range(3000)]
+    (tmp_path / "repeats.txt").write_text("".join(s + s + "\n" for s in lines), encoding="utf-8")
+    prepare(PrepareConfig(input=str(tmp_path / "repeats.txt"), name="repeats", data_dir=str(tmp_path / "data")))
+    out = tmp_path / "out-induction"
+    train.main([f"--data_dir={tmp_path / 'data'}", "--dataset=repeats", f"--out_dir={out}", "--device=cpu",
+                "--dtype=float32", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=64", "--mlp=False",
+                "--token_shift=False", "--batch_size=8", "--max_iters=40", "--eval_interval=10", "--eval_iters=2",
+                "--snapshots=3", "--max_time=0"])
+    nb = executed(out, this_interpreter(), WATCH)
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert all(cell.execution_count for cell in code)
+    printed = "\n".join(map(text_of, code))
+    for line in ("2 layers of 2 heads, mlp=False, token_shift=False", "the strongest induction head is",
+                 "layer 0's strongest previous-token head", "with the previous-token head", "loss on the first copies",
+                 "snapshots at steps [0,"):
+        assert line in printed, line
