@@ -10,6 +10,9 @@ out_dir = 'out'
 eval_interval = 50
 eval_iters = 2
 log_interval = 25
+# the weights at 5 log-spaced steps, about 3.3 MB each for the 4 x 128 model: any tool opens the run as it was
+# then with --checkpoint=iter:N (docs/analysis.md#python-analyzepy-timeline)
+snapshots = 5
 
 wandb_log = False  # override via command line if you like
 wandb_project = 'shakespeare-char'
