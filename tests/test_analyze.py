@@ -236,5 +236,5 @@ def test_mistakes_are_one_line(tiny, args, expected):
 def test_a_folder_without_a_run_and_an_unknown_analysis_are_one_line(tmp_path):
     assert_one_error_line(run_here("analyze.py", "heads", tmp_path).stderr, f"error: no checkpoint in {tmp_path}*")
     assert_one_error_line(run_here("analyze.py", "shapes", tmp_path).stderr,
-                          "error: unknown analysis 'shapes'; choose one of: heads, patch, attribute, features")
-    assert "usage: python analyze.py {heads, patch, attribute, features}" in check_ok(run_here("analyze.py")).stdout
+                          "error: unknown analysis 'shapes'; choose one of: heads, patch, attribute, timeline, features")
+    assert "usage: python analyze.py {heads, patch, attribute, timeline, features}" in check_ok(run_here("analyze.py")).stdout

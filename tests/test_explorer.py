@@ -58,12 +58,33 @@ def fake_run(folder, seed=0, tok=None, final=None, **overrides):
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """A folder of runs like the lab's, one per attention variant, and one damaged run."""
+    """A folder of runs like the lab's, one per attention variant ('scaled' with an SAE), and one damaged run."""
     root = tmp_path_factory.mktemp("explorer") / "runs"
     models = {name: fake_run(root / name, i, **opts) for i, (name, opts) in enumerate(VARIANTS.items())}
+    with_sae(root / "scaled", models["scaled"])
     (root / "damaged").mkdir()
     (root / "damaged" / "best.pt").write_bytes(b"not a checkpoint")
     return root, models
+
+
+HOOK = "blocks.1.hook_resid_post"  # where the lab's 'scaled' run has an SAE
+D_SAE = 32
+
+
+def with_sae(folder, model, seed=0, fingerprint=None):
+    """An SAE at HOOK of the run in folder, saved as analyze.py features saves one (SAELens's files, every
+    feature's row of the table from the run's windows of TEXT, the metrics measured, the weights it read, or
+    fingerprint), its weights random: the explorer reads it as it reads a trained one."""
+    from gptkit.interp.features import feature_rows, measure, save_sae, weights_fingerprint
+    from gptkit.interp.sae import SparseAutoencoder
+
+    sae = SparseAutoencoder(model.config.n_embd, D_SAE, 4, torch.Generator().manual_seed(seed))
+    ids = ids_of(TEXT * 2)
+    idx = torch.tensor([ids[i:i + SHAPE["block_size"] + 1] for i in (0, 20)])
+    table = feature_rows(model, CharTokenizer(CHARS), sae, HOOK, idx[:, :-1], D_SAE)
+    metrics = measure(model, sae, HOOK, idx[:, :-1], idx[:, 1:], 0.0).to_json()
+    save_sae(folder / "sae" / HOOK, sae, HOOK, folder.name,
+             {"metrics": metrics, "run_weights": fingerprint or weights_fingerprint(model)}, table)
 
 
 def app_over(root):
@@ -763,6 +784,167 @@ def test_the_lab_lists_each_rungs_val_loss_curve(lab, tmp_path):
     assert got[0]["final"] == {"val_loss": 2.65, "bits_per_char": pytest.approx(2.65 / math.log(2))}
 
 
+# ----------------------------------------------------------------------------- features: an SAE on the run
+
+
+def api_features(lab):
+    """The Python API's run and its features at HOOK, for the lab's 'scaled' run."""
+    from gptkit.interp.experiments import open_run
+
+    run = open_run(lab[0] / "scaled")
+    return run, run.features(HOOK)
+
+
+def activations(run, f, ids, heads=()):
+    """Every feature's value at every token of ids (one window), as the API gives them: f.encode of the activation
+    run_with_cache keeps at HOOK, with heads off."""
+    with run.ablated(heads=heads):
+        _, cache = run.run_with_cache(torch.tensor([ids]), HOOK)
+    return f.encode(cache[HOOK])[0]
+
+
+def test_a_runs_saes_are_listed_and_each_is_the_apis_own(client, lab):
+    """The run's answer lists its SAEs; an SAE's answer is run.features(hook)'s shape, metrics and table."""
+    run, f = api_features(lab)
+    assert client.get("/api/runs/scaled").json()["saes"] == [HOOK]
+    assert client.get("/api/runs/uniform").json()["saes"] == []
+    got = strict_json(client.get(f"/api/runs/scaled/sae/{HOOK}"))
+    assert (got["hook"], got["d_sae"], got["k"], got["d_in"]) == (HOOK, f.d_sae, f.sae.k, run.config.n_embd)
+    assert got["metrics"] == {k: f.metrics[k] for k in got["metrics"]} and "ce_loss_recovered" in got["metrics"]
+    assert got["frequent"] == f.table[:16] and len(f.table) == D_SAE
+
+
+def test_a_tokens_features_are_the_apis_encoding_with_parts_off(client, lab):
+    """The features active at a token are every nonzero value of f.encode at HOOK, largest first, each with its
+    row of f.table; with a head off, the API's under run.ablated; a feature off at HOOK itself shows the value it
+    is switched off at (read as the activation arrives) and says it is off."""
+    run, f = api_features(lab)
+    rows = {row["index"]: row for row in f.table}
+    ids, pos = ids_of(TEXT)[:20], 11
+    body = dict(run="scaled", hook=HOOK, ids=ids, position=pos)
+    for heads in ([], ["L0H1"]):
+        want = activations(run, f, ids, heads)[pos]
+        firing = [i for i in want.argsort(descending=True).tolist() if want[i] > 0]
+        got = strict_json(client.post("/api/token_features", json=dict(body, off=heads)))
+        assert [g["index"] for g in got["features"]] == firing and 0 < len(firing) <= f.sae.k
+        assert [g["value"] for g in got["features"]] == pytest.approx(want[firing].tolist(), abs=1e-5)
+        assert [g["row"] for g in got["features"]] == [rows[i] for i in firing]
+        assert got["token"]["id"] == ids[pos] and not any(g["off"] for g in got["features"])
+    off = client.post("/api/token_features", json=dict(body, off=["L0H1", f"{HOOK} F{firing[0]}"])).json()
+    assert [(g["index"], g["value"], g["off"]) for g in off["features"]] == \
+        [(g["index"], g["value"], g["index"] == firing[0]) for g in got["features"]]
+    assert off["off"]["names"] == ["L0H1", f"{HOOK} F{firing[0]}"]
+
+
+def test_where_a_feature_fires_is_its_value_at_every_token_as_the_api_gives_it(client, lab):
+    """One feature's value at every token of a text longer than the context (read in consecutive windows, as read
+    a text reads it), and its row of f.table; without a text, the row alone."""
+    run, f = api_features(lab)
+    index = f.table[0]["index"]  # the most frequent: it fires
+    text, T = TEXT * 2, SHAPE["block_size"]
+    got = strict_json(client.post("/api/feature", json=dict(run="scaled", hook=HOOK, feature=index, text=text)))
+    ids = ids_of(text)
+    want = torch.cat([activations(run, f, ids[s:s + T])[:, index] for s in range(0, len(ids), T)])
+    assert [t["id"] for t in got["tokens"]] == ids and got["row"] == f.table[0] and got["feature"] == index
+    assert [t["value"] for t in got["tokens"]] == pytest.approx(want.tolist(), abs=1e-5)
+    assert 0 < sum(v > 0 for v in want.tolist()) < len(ids)
+    alone = client.post("/api/feature", json=dict(run="scaled", hook=HOOK, feature=5)).json()
+    assert alone["tokens"] == [] and alone["row"] == next(r for r in f.table if r["index"] == 5)
+
+
+def test_a_feature_switched_off_changes_every_answer_as_the_apis_ablation_does(client, lab):
+    """Read a text, why this token and writing with a feature off are run.ablated(features=...)'s forward pass and
+    decoding; the read also carries the intact model's reading."""
+    from gptkit.interp.hooks import surprise_bits
+    from gptkit.sampling.decoding import decode_steps
+    run, f = api_features(lab)
+    index, off = f.table[0]["index"], [f"{HOOK} F{f.table[0]['index']}"]
+    ids, pos = ids_of(TEXT)[:20], 11
+    idx = torch.tensor([ids])
+    with run.ablated(features={HOOK: [index]}) as ablation, torch.no_grad():
+        assert ablation.label == off[0]
+        bits = surprise_bits(run.model, idx[:, :-1], idx[:, 1:])[0]
+        probs = torch.softmax(run.model(idx, idx)[0][0, pos - 1], -1)
+        steps = decode_steps(run.model, torch.tensor([ids_of("ROMEO:")]), 20, temperature=1.0,
+                             generator=torch.Generator().manual_seed(5), vocab_size=len(CHARS))
+        written = [step[0].item() for step in steps]
+    read = client.post("/api/read", json=dict(run="scaled", text=TEXT[:20], off=off)).json()
+    assert [t["surprise_bits"] for t in read["tokens"][1:]] == pytest.approx(bits.tolist(), abs=1e-5)
+    assert read["off"] == {"names": off, "label": off[0], "note": None}
+    assert read["intact"] == client.post("/api/read", json=dict(run="scaled", text=TEXT[:20])).json()
+    assert read["intact"]["total_bits"] != pytest.approx(read["total_bits"], abs=1e-3)
+    got = client.post("/api/position", json=dict(run="scaled", ids=ids, position=pos, k=len(CHARS), off=off)).json()
+    # the page's model reaches the probabilities on another path (look_inside, then the head): sums in another order
+    assert {c["id"]: c["p"] for c in got["why"]["raw"]} == \
+        pytest.approx({i: probs[i].item() for i in range(len(CHARS))}, abs=1e-5)
+    body = dict(run="scaled", prompt="ROMEO:", max_tokens=20, seed=5, temperature=1.0, top_k=0, off=off)
+    streamed = [e["id"] for e in events(client.post("/api/generate", json=body).iter_lines()) if e["type"] == "token"]
+    assert streamed == written
+
+
+@pytest.mark.parametrize("path,body,status,message", [
+    ("/api/read", dict(text="abc", off=["nowhere F1"]), 400, "'nowhere' is not a hook point of this model"),
+    ("/api/read", dict(text="abc", off=["blocks.0.hook_resid_post F1"]), 404,
+     "run 'scaled' has no SAE at blocks.0.hook_resid_post"),
+    ("/api/position", dict(ids=[0, 1], position=1, off=[f"{HOOK} F{D_SAE}"]), 400,
+     f"feature {D_SAE} is out of range: the SAE at {HOOK} has features 0 to {D_SAE - 1}"),
+    ("/api/generate", dict(prompt="a", off=[f"{HOOK} F" + "9" * 30]), 400, "is out of range"),
+    ("/api/attention_map", dict(ids=[0, 1], layer=0, head=0, off=["F12"]), 400,
+     "'F12' is not a head, an MLP or a feature: write L0H3 (layer 0, head 3), MLP1, or a feature of an SAE as "
+     "'blocks.1.hook_resid_post F12'"),
+    ("/api/read", dict(run="uniform", text="abc", off=[f"{HOOK} F1"]), 404, "run 'uniform' has no SAE at"),
+    ("/api/token_features", dict(hook="blocks.0.hook_resid_post", ids=[0, 1], position=1), 404, "has no SAE at"),
+    ("/api/token_features", dict(hook=HOOK, ids=[0, 1], position=2), 400, "past the last of 2 tokens"),
+    ("/api/token_features", dict(hook="blocks.7.hook_resid_post", ids=[0, 1], position=1), 400,
+     "'blocks.7.hook_resid_post' is not a hook point"),
+    ("/api/feature", dict(hook=HOOK, feature=D_SAE), 400, f"feature {D_SAE} is out of range"),
+    ("/api/feature", dict(hook=HOOK, feature=1, text="xyz"), 400, "outside the training vocabulary"),
+    ("/api/runs/scaled/sae/nowhere", None, 400, "'nowhere' is not a hook point"),
+    ("/api/runs/uniform/sae/" + HOOK, None, 404, "run 'uniform' has no SAE at " + HOOK),
+])
+def test_a_feature_that_names_nothing_is_one_line_and_a_4xx(client, path, body, status, message):
+    r = client.get(path) if body is None else client.post(path, json=dict(dict(run="scaled"), **body))
+    assert r.status_code == status and message in r.json()["error"] and "\n" not in r.json()["error"], r.text
+
+
+def test_an_sae_is_read_once_again_when_retrained_and_damaged_or_foreign_is_one_409_line(lab, tmp_path,
+                                                                                          monkeypatch):
+    """The shelf reads an SAE once (run.features), and again when its files are replaced; damaged, trained on
+    other weights, or a link leading out of the run, it is a 409 line naming no path of this machine, for the
+    features and for a request that switches one of its features off, and the run still serves the rest."""
+    from gptkit.interp.experiments import Run
+    root = copies(lab, tmp_path / "runs", "run")
+    reads, features = [], Run.features
+    monkeypatch.setattr(Run, "features", lambda self, hook: reads.append(hook) or features(self, hook))
+    app, url = app_over(root), f"/api/runs/run/sae/{HOOK}"
+    first = app.get(url).json()
+    assert app.get(url).json() == first and reads == [HOOK]
+    with_sae(root / "run", lab[1]["scaled"], seed=1)  # trained again
+    assert app.get(url).json()["frequent"] != first["frequent"] and reads == [HOOK, HOOK]
+    weights = root / "run" / "sae" / HOOK / "sae_weights.safetensors"
+    blob = bytearray(weights.read_bytes())
+    blob[-1] ^= 1
+    weights.write_bytes(bytes(blob))
+    later = weights.stat().st_mtime_ns + 10 ** 9  # edited a second later: within one tick of the clock, unseen
+    os.utime(weights, ns=(later, later))
+    with_sae(root / "elsewhere", lab[1]["scaled"])  # beside the run, not in it
+    with_sae(root / "foreign", lab[1]["scaled"], fingerprint="0" * 64)
+    for problem, change in [("is damaged or was edited", None),
+                            ("trained on other weights than this run's checkpoint",
+                             lambda sae: shutil.copytree(root / "foreign" / "sae" / HOOK, sae)),
+                            ("is a link leading out of the run's folder",
+                             lambda sae: sae.symlink_to(root / "elsewhere" / "sae" / HOOK))]:
+        sae = root / "run" / "sae" / HOOK
+        if change:
+            shutil.rmtree(sae)
+            change(sae)
+        for r in (app.get(url), app.post("/api/read", json=dict(run="run", text="abc", off=[f"{HOOK} F1"]))):
+            assert r.status_code == 409 and problem in r.json()["error"], r.text
+            assert str(tmp_path) not in r.text and "\n" not in r.json()["error"]
+            assert r.json()["error"].startswith(f"the SAE at {HOOK} of run 'run' cannot be read: ")
+    assert app.post("/api/read", json=dict(run="run", text="abc")).status_code == 200
+
+
 # ----------------------------------------------------------------------------- a run cut into BPE tokens
 
 
@@ -858,7 +1040,9 @@ BAD_VALUES = [HUGE, f"-{HUGE}", 10 ** 30, -1, 1.5, True, "x", None, [[1]], {"a":
 BODIES = {"/api/generate": dict(run="scaled", prompt="a", max_tokens=2), "/api/read": dict(run="scaled", text="abc"),
           "/api/position": dict(run="scaled", ids=[0, 1], position=1),
           "/api/attention_map": dict(run="scaled", ids=[0, 1], layer=0, head=0),
-          "/api/scores": dict(run="scaled", ids=[0, 1], position=1, layer=0, head=0)}
+          "/api/scores": dict(run="scaled", ids=[0, 1], position=1, layer=0, head=0),
+          "/api/token_features": dict(run="scaled", hook=HOOK, ids=[0, 1], position=1),
+          "/api/feature": dict(run="scaled", hook=HOOK, feature=1, text="abc")}
 
 
 @pytest.mark.parametrize("path", list(BODIES))
@@ -868,9 +1052,10 @@ def test_every_field_of_every_request_fuzzed_is_answered_never_a_500(client, lab
     a 500 from Python's int(), without those headers."""
     from gptkit.explorer.answers import GenerateRequest, MapRequest, PositionRequest, ReadRequest
     from gptkit.explorer.experiments import ScoresRequest
+    from gptkit.explorer.features import FeatureRequest, TokenFeaturesRequest
 
-    fields = set(dict(zip(BODIES, (GenerateRequest, ReadRequest, PositionRequest, MapRequest, ScoresRequest)))[path]
-                 .model_fields)
+    fields = set(dict(zip(BODIES, (GenerateRequest, ReadRequest, PositionRequest, MapRequest, ScoresRequest,
+                                   TokenFeaturesRequest, FeatureRequest)))[path].model_fields)
     assert set(BODIES[path]) <= fields and "off" in fields
     for field in sorted(fields):
         for value in BAD_VALUES + [[value] for value in BAD_VALUES[:8]] * (field in ("ids", "off")):
@@ -890,7 +1075,7 @@ def test_every_field_of_every_request_fuzzed_is_answered_never_a_500(client, lab
                               "5000 digits"])
 def test_every_run_address_fuzzed_is_a_refusal_in_one_line(client, lab, name):
     """A run name too long for any folder was answered with the server's path from the file system's error."""
-    for suffix in ("", "/metrics", "/heads"):
+    for suffix in ("", "/metrics", "/heads", f"/sae/{HOOK}"):
         r = client.get(f"/api/runs/{name}{suffix}")
         refused_in_a_line(r, suffix)
         assert r.status_code == 404 and str(lab[0].parent) not in r.text, r.text

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import httpx
@@ -69,11 +70,17 @@ def shoot(driver, tmp_path, name, element=None):
     assert path.stat().st_size > 10_000, path  # a picture, not a blank page
 
 
+def fixed(x, digits):
+    """x as JavaScript's toFixed writes it: its exact binary value rounded half away from zero (Python's format
+    rounds half to even: 12.5 is '12' there and '13' on the page)."""
+    return str(Decimal(x).quantize(Decimal(1).scaleb(-digits), ROUND_HALF_UP))
+
+
 def percent(p):
-    """The page's way of writing a probability (explorer.js, fmtP)."""
+    """The page's way of writing a probability or a share (format.js, fmtP)."""
     pct = p * 100
-    return "0%" if p == 0 else f"{pct:.0f}%" if pct >= 10 else f"{pct:.1f}%" if pct >= 1 else \
-        f"{pct:.2f}%" if pct >= 0.01 else "<0.01%"
+    return "0%" if p == 0 else f"{fixed(pct, 0)}%" if pct >= 10 else f"{fixed(pct, 1)}%" if pct >= 1 else \
+        f"{fixed(pct, 2)}%" if pct >= 0.01 else "<0.01%"
 
 
 def test_a_learner_writes_clicks_a_token_and_sees_the_models_numbers(served, browser, tmp_path):
@@ -224,6 +231,127 @@ def test_a_head_switched_off_is_named_in_a_banner_and_the_panels_follow(served, 
     browser.find_element(By.ID, "all-on").click()
     wait.until(lambda d: not d.find_element(By.ID, "off-banner").is_displayed())
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+@pytest.mark.slow
+def test_the_features_panel_matches_the_api(trained_run, browser, tmp_path):
+    """The page matches the API, on a run with an SAE trained by analyze.py features: the features active at a token
+    clicked in the written text and in a read text are run.features(hook).encode's, each with its frequency and
+    top contexts from the SAE's table; where a feature fires in a pasted text is its value at every token; and
+    with that feature switched off, read a text's surprise is run.ablated(features=...)'s, token by token."""
+    import torch
+
+    from conftest import make_text
+    from gptkit.interp.experiments import open_run
+    from gptkit.interp.hooks import surprise_bits
+    from test_features import small_sae
+
+    out, hook = small_sae(trained_run, tmp_path)[0], "blocks.1.hook_resid_post"
+    run = open_run(out)
+    f = run.features(hook)
+    url, proc = serve(out)
+    try:
+        wait = WebDriverWait(browser, 60)
+        browser.get(url + "/")
+        wait.until(lambda d: d.find_element(By.ID, "sae-metrics").get_attribute("data-ready"))
+        assert [o.get_attribute("value") for o in browser.find_elements(By.CSS_SELECTOR, "#sae-hook option")] == [hook]
+        assert [b.text for b in browser.find_elements(By.CSS_SELECTOR, "#sae-frequent .feature-pick")] == \
+            [f"F{r['index']} · {percent(r['frequency'])}" for r in f.table[:16]]
+        chips = write(browser, wait, "ROMEO:", 30)
+        chips[20].click()
+        wait.until(lambda d: d.find_element(By.ID, "token-features").get_attribute("data-index") == "20")
+        block = run.config.block_size
+        ids = [int(c.get_attribute("data-id")) for c in chips][max(0, 21 - block):21]
+        index = check_token_features(browser, run, f, ids, len(ids) - 1)
+
+        text = make_text()[:50]  # longer than the context: read in two windows
+        line = f'#token-features .feature-line[data-index="{index}"]'
+        browser.find_element(By.CSS_SELECTOR, f"{line} .feature-pick").click()
+        browser.find_element(By.ID, "feature-text").send_keys(text)
+        browser.find_element(By.ID, "feature-go").click()
+        wait.until(lambda d: d.find_element(By.ID, "feature-output").get_attribute("data-ready"))
+        check_where_it_fires(browser, run, f, index, run.tok.encode(text))
+
+        browser.find_element(By.CSS_SELECTOR, f"{line} .feature-off").click()
+        wait.until(lambda d: d.find_element(By.ID, "off-names").text == f"{hook} F{index}")
+        browser.find_element(By.ID, "read-text").send_keys(text)
+        browser.find_element(By.ID, "read-go").click()
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#read-output .read-row.diff .read-chip"))
+        read = browser.find_elements(By.CSS_SELECTOR, "#read-output .read-row:first-child .read-chip")
+        read_ids = run.tok.encode(text)
+        idx = torch.tensor([read_ids])
+        with run.ablated(features={hook: [index]}):
+            bits = torch.cat([surprise_bits(run.model, idx[:, s:s + block], idx[:, s + 1:s + 1 + block])[0]
+                              for s in range(0, len(read_ids) - 1, block)])
+        assert [float(c.get_attribute("data-bits")) for c in read[1:]] == pytest.approx(bits.tolist(), abs=1e-5)
+        read[5].click()  # a token of the read text: its features, the one switched off marked so
+        wait.until(lambda d: d.find_element(By.ID, "token-features").get_attribute("data-where") == "read text"
+                   and d.find_element(By.ID, "token-features").get_attribute("data-index") == "5")
+        check_token_features(browser, run, f, read_ids[:block], 5)
+        for button in browser.find_elements(By.CSS_SELECTOR, f'.feature-off[data-name="{hook} F{index}"]'):
+            assert button.get_attribute("aria-pressed") == "true"
+        card = browser.find_element(By.ID, "features-card")
+        browser.execute_script("arguments[0].scrollIntoView()", card)
+        shoot(browser, tmp_path, "explorer_features.png", card)
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def write(browser, wait, prompt, tokens):
+    """Generate from prompt: the written text's chips."""
+    browser.find_element(By.ID, "prompt").send_keys(prompt)
+    browser.find_element(By.ID, "max-tokens").clear()
+    browser.find_element(By.ID, "max-tokens").send_keys(str(tokens))
+    browser.find_element(By.ID, "generate").click()
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#output .chip.gen")) >= tokens)
+    return browser.find_elements(By.CSS_SELECTOR, "#output .chip")
+
+
+def check_token_features(browser, run, f, ids, position):
+    """The features the panel lists for token position of the window ids are the nonzero values of f.encode at
+    f.hook, largest first, each shown with its value, its frequency and its top contexts' values from f.table:
+    the index of the first."""
+    import torch
+
+    _, cache = run.run_with_cache(torch.tensor([ids]), f.hook)
+    values = f.encode(cache[f.hook])[0, position]
+    firing = [i for i in values.argsort(descending=True).tolist() if values[i] > 0]
+    rows = {row["index"]: row for row in f.table}
+    lines = browser.find_elements(By.CSS_SELECTOR, "#token-features .feature-line")
+    assert [int(line.get_attribute("data-index")) for line in lines] == firing != []
+    for line, i in zip(lines, firing):
+        shown = float(line.get_attribute("data-value"))
+        assert shown == pytest.approx(values[i].item(), abs=1e-5)
+        assert line.find_element(By.CSS_SELECTOR, ".feature-value").text == fixed(shown, 3)
+        assert line.find_element(By.CSS_SELECTOR, ".feature-freq").text == \
+            f"fires on {percent(rows[i]['frequency'])} of tokens"
+        assert [v.text for v in line.find_elements(By.CSS_SELECTOR, ".context-value")] == \
+            [fixed(c[3], 3) for c in rows[i]["contexts"]]
+    return firing[0]
+
+
+def check_where_it_fires(browser, run, f, index, ids):
+    """The pasted text's chips are its tokens, each with feature index's value as f.encode gives it (in windows
+    of the context), and the feature's row shows its frequency and top contexts from f.table."""
+    import torch
+
+    T = run.config.block_size
+    want = []
+    for start in range(0, len(ids), T):
+        _, cache = run.run_with_cache(torch.tensor([ids[start:start + T]]), f.hook)
+        want += f.encode(cache[f.hook])[0, :, index].tolist()
+    chips = browser.find_elements(By.CSS_SELECTOR, "#feature-output .feature-chip")
+    assert [int(c.get_attribute("data-id")) for c in chips] == ids
+    shown = [float(c.get_attribute("data-value")) for c in chips]
+    assert shown == pytest.approx(want, abs=1e-5) and max(want) > 0
+    assert all(c.get_attribute("title").endswith(f"F{index} {fixed(v, 3)}") for c, v in zip(chips, shown))
+    row = next(r for r in f.table if r["index"] == index)
+    box = browser.find_element(By.ID, "feature-row")
+    assert box.find_element(By.CSS_SELECTOR, ".feature-freq").text == f"fires on {percent(row['frequency'])} of tokens"
+    assert [v.text for v in box.find_elements(By.CSS_SELECTOR, ".context-value")] == \
+        [fixed(c[3], 3) for c in row["contexts"]]
 
 
 # a text for the BPE run: Greek and Cyrillic letters, some of which the run's BPE cuts between tokens

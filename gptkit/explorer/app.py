@@ -1,6 +1,7 @@
 """The explorer: a local web page over the runs in a folder, where a learner watches a model write token by token and
 sees where every number comes from: the candidates for each token, every head's attention, what each layer would
-predict (the logit lens), and how surprised the model is by a text. A FastAPI app; explore.py serves it.
+predict (the logit lens), how surprised the model is by a text, and the features of an SAE trained on the run. A
+FastAPI app; explore.py serves it.
 
 Every number comes from the model's own forward pass (gptkit.interp.hooks) and its own sampler
 (gptkit.sampling.decoding): the page does no model arithmetic."""
@@ -20,6 +21,8 @@ from gptkit.explorer.answers import (GenerateRequest, MapRequest, PositionReques
                                      checked_ids, encode, generation_events, picked, position_report, read_text,
                                      run_metrics, sse)
 from gptkit.explorer.experiments import ScoresRequest, head_scores_at, heads_report, lab_curves, off_of
+from gptkit.explorer.features import (FeatureRequest, TokenFeaturesRequest, feature_report, sae_hooks, sae_report,
+                                      token_features)
 from gptkit.explorer.guard import Guard, own_names
 from gptkit.explorer.runs import ApiError, lab_rung, shown
 from gptkit.run.checkpoint import load_checkpoint
@@ -67,19 +70,20 @@ def make_app(shelf, host="127.0.0.1", port=8000, bound=None):
 
     @app.get("/api/runs/{name}")
     def pick(name: str):
-        return picked(name, shelf.get(name))
+        loaded = shelf.get(name)
+        return dict(picked(name, loaded), saes=sae_hooks(loaded.summary.folder, loaded.model))
 
     @app.post("/api/generate")
     def generate(req: GenerateRequest):
         loaded = shelf.get(req.run)
-        ids, off = encode(loaded, req.prompt), off_of(loaded.model, req.off)
+        ids, off = encode(loaded, req.prompt), off_for(shelf, loaded, req.off)
         return StreamingResponse(sse(generation_events(shelf, loaded, ids, req, off)), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
     @app.post("/api/read")
     def read(req: ReadRequest):
         loaded = shelf.get(req.run)
-        off = off_of(loaded.model, req.off)
+        off = off_for(shelf, loaded, req.off)
         answer = read_text(shelf, loaded, req.text, off)
         if off.names:  # and the intact model's reading, for the difference token by token
             answer["intact"] = read_text(shelf, loaded, req.text)
@@ -88,15 +92,21 @@ def make_app(shelf, host="127.0.0.1", port=8000, bound=None):
     @app.post("/api/position")
     def position(req: PositionRequest):
         loaded = shelf.get(req.run)
-        return position_report(shelf, loaded, req, off_of(loaded.model, req.off))
+        return position_report(shelf, loaded, req, off_for(shelf, loaded, req.off))
 
     @app.post("/api/attention_map")
     def head_map(req: MapRequest):
         loaded = shelf.get(req.run)
-        return attention_map(shelf, loaded, req, off_of(loaded.model, req.off))
+        return attention_map(shelf, loaded, req, off_for(shelf, loaded, req.off))
 
     add_experiment_routes(app, shelf)
+    add_feature_routes(app, shelf)
     return app
+
+
+def off_for(shelf, loaded, names):
+    """What a request's "off" switches off in a loaded run: its features from the SAEs the shelf keeps."""
+    return off_of(loaded.model, names, lambda hook: shelf.sae(loaded, hook))
 
 
 def add_experiment_routes(app, shelf):
@@ -111,7 +121,7 @@ def add_experiment_routes(app, shelf):
     @app.post("/api/scores")
     def scores(req: ScoresRequest):
         loaded = shelf.get(req.run)
-        idx, off = checked_ids(loaded, req.ids), off_of(loaded.model, req.off)
+        idx, off = checked_ids(loaded, req.ids), off_for(shelf, loaded, req.off)
         with shelf.lock, off.on(loaded.model):
             return dict(head_scores_at(loaded.model, idx, req.layer, req.head, req.position), off=off.to_json())
 
@@ -124,6 +134,29 @@ def add_experiment_routes(app, shelf):
                 return str(e)
         rungs = [(s, lab_rung(s.folder)) for s in shelf.summaries() if not s.error]
         return {"runs": lab_curves([(shown(s.name), rung, metrics(s)) for s, rung in rungs if rung])}
+
+
+def add_feature_routes(app, shelf):
+    """The features' routes (gptkit/explorer/features.py): an SAE of a run, a token's features, one feature. What
+    is off is read before the SAE a request asks for, so that a part the model lacks is refused first, as on the
+    other routes."""
+
+    @app.get("/api/runs/{name}/sae/{hook}")
+    def sae(name: str, hook: str):
+        loaded = shelf.get(name)
+        return sae_report(shelf.sae(loaded, hook))
+
+    @app.post("/api/token_features")
+    def token(req: TokenFeaturesRequest):
+        loaded = shelf.get(req.run)
+        off = off_for(shelf, loaded, req.off)
+        return token_features(shelf, loaded, shelf.sae(loaded, req.hook), req, off)
+
+    @app.post("/api/feature")
+    def feature(req: FeatureRequest):
+        loaded = shelf.get(req.run)
+        off = off_for(shelf, loaded, req.off)
+        return feature_report(shelf, loaded, shelf.sae(loaded, req.hook), req, off)
 
 
 def add_error_handlers(app):

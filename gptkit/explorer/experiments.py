@@ -1,12 +1,15 @@
-"""The explorer's experiments (gptkit/explorer/app.py serves them): heads and MLPs switched off for one request, what
-each head does as a label, one head's scores before and after its softmax, and the lab's runs' curves together.
+"""The explorer's experiments (gptkit/explorer/app.py serves them): heads, MLPs and features switched off for one
+request, what each head does as a label, one head's scores before and after its softmax, and the lab's runs' curves
+together.
 
-What is off travels with each request, as names ("L0H3", "MLP1"): the hooks that switch it off are put on the
-shared model under the shelf's lock and taken off before the lock is let go, so one tab's experiment is never
-another's. It is gptkit.interp.experiments's zero ablation (the same hooks), without its printed note: the note travels
-in the answer."""
+What is off travels with each request, as names ("L0H3", "MLP1", "blocks.1.hook_resid_post F12"): the hooks that
+switch it off are put on the shared model under the shelf's lock and taken off before the lock is let go, so one
+tab's experiment is never another's. They are gptkit.interp's own: experiments's zero ablation for heads and MLPs
+(without its printed note: the note travels in the answer), and features's features_off for a feature of an SAE
+trained on the run."""
 
 import math
+import re
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Annotated
@@ -19,13 +22,16 @@ from gptkit.base.errors import UserError, first_line
 from gptkit.data.dataset import Split, load_meta
 from gptkit.data.tokenizer import same_token_ids
 from gptkit.explorer.runs import without_paths
-from gptkit.interp.experiments import (MLP_NAME, ablation_hooks, chance_scores, everything_note, head_labels,
-                                       head_scores, induction_tokens, parse_heads, parse_mlps, part_names)
-from gptkit.interp.hooks import hooked, run_with_cache
+from gptkit.interp.experiments import (HEAD_NAME, MLP_NAME, ablation_hooks, chance_scores, everything_note, head_labels,
+                                       head_scores, induction_tokens, number_in, parse_heads, parse_mlps, part_names,
+                                       shown_value)
+from gptkit.interp.features import features_off
+from gptkit.interp.hooks import hook_points, hooked, run_with_cache
 
 LABEL_WINDOWS = 8  # val windows the text scores of the labels read: enough to tell the kinds apart, and cheap
 MAX_OFF = 10_000  # names in one request's "off", and the highest layer or head it names: past any model here
-MAX_NAME = 64  # characters in one of those names: 'L10000H10000' and room around it
+MAX_NAME = 64  # characters in one of those names: 'L10000H10000', 'blocks.10.hook_resid_post F65535' and room
+FEATURE_NAME = re.compile(r"\s*(\S+)\s+F(\d+)\s*", re.IGNORECASE)  # 'blocks.1.hook_resid_post F12': a feature
 MAX_TOKENS = 100_000  # token ids in one request: far past any model's context here, which each request checks
 # a number the page sends: a JSON number of its kind, never true (1 to Python) or "3" (which pydantic would take)
 Whole = Annotated[int, Strict()]
@@ -33,48 +39,79 @@ Real = Annotated[float, Strict()]
 
 
 class OffRequest(BaseModel):
-    """What a request switches off: heads as L0H3 and MLPs as MLP1, for this request only."""
+    """What a request switches off: heads as L0H3, MLPs as MLP1 and features as 'blocks.1.hook_resid_post F12',
+    for this request only."""
 
     off: list[Annotated[str, Field(max_length=MAX_NAME)]] = Field([], max_length=MAX_OFF)
 
 
 @dataclass(frozen=True)
 class Off:
-    """The heads ((layer, head) pairs) and MLPs (layers) a request switches off, and the note when every head is."""
+    """The heads ((layer, head) pairs), MLPs (layers) and features ((hook, its Features, (index, ...)) a hook) a
+    request switches off, and the note when every head is."""
 
     heads: tuple = ()
     mlps: tuple = ()
     note: str | None = None
+    features: tuple = ()
 
     @property
     def names(self):
-        return part_names(self.heads, self.mlps)
+        return [*part_names(self.heads, self.mlps), *(f"{hook} F{i}" for hook, _, off in self.features for i in off)]
 
     def on(self, *models):
         """A context in which each of models (the analysis model, the decoding copy) runs with these parts off."""
-        if not self.heads and not self.mlps:
+        if not self.heads and not self.mlps and not self.features:
             return nullcontext()
-        return switched_off(models, self.heads, self.mlps)
+        return switched_off(models, self.hooks)
+
+    def hooks(self, model):
+        """[(hook name, function)] that switch these parts off in model: the API's own (ablated, features_off)."""
+        return [*ablation_hooks(model, self.heads, self.mlps, {}),
+                *((hook, features_off(f.sae, off)) for hook, f, off in self.features)]
 
     def to_json(self):
         return {"names": self.names, "label": ", ".join(self.names), "note": self.note}
 
 
 @contextmanager
-def switched_off(models, heads, mlps):
-    with hooked(models[0], ablation_hooks(models[0], heads, mlps, {})):
+def switched_off(models, hooks_of):
+    with hooked(models[0], hooks_of(models[0])):
         if len(models) == 1:
             yield
         else:
-            with switched_off(models[1:], heads, mlps):
+            with switched_off(models[1:], hooks_of):
                 yield
 
 
-def off_of(model, names):
-    """The Off that names ('L0H3', 'MLP1', any case) ask of model; one line (a UserError) for a name it lacks."""
-    heads = parse_heads(model, [n for n in names if not MLP_NAME.fullmatch(n)])
-    mlps = parse_mlps(model, [n for n in names if MLP_NAME.fullmatch(n)])
-    return Off(heads, mlps, everything_note(model, heads, mlps))
+def off_of(model, names, sae_at):
+    """The Off that names ('L0H3', 'MLP1', any case, and 'blocks.1.hook_resid_post F12') ask of model, sae_at(hook)
+    giving the run's SAE there (gptkit/explorer/features.py's Kept, or a 4xx line where it has none); one line (a
+    UserError) for a part it lacks."""
+    features = [n for n in names if FEATURE_NAME.fullmatch(n)]
+    parts = [n for n in names if not FEATURE_NAME.fullmatch(n)]
+    for name in parts:
+        if not HEAD_NAME.fullmatch(name) and not MLP_NAME.fullmatch(name):
+            raise UserError(f"{shown_value(name)} is not a head, an MLP or a feature: write L0H3 (layer 0, head 3), "
+                            "MLP1, or a feature of an SAE as 'blocks.1.hook_resid_post F12'")
+    heads = parse_heads(model, [n for n in parts if not MLP_NAME.fullmatch(n)])
+    mlps = parse_mlps(model, [n for n in parts if MLP_NAME.fullmatch(n)])
+    return Off(heads, mlps, everything_note(model, heads, mlps), features_named(model, features, sae_at))
+
+
+def features_named(model, names, sae_at):
+    """((hook, Features, (index, ...)), ...) for feature names, the hooks in the model's order, the indices checked
+    against each hook's SAE (Features.indices: a line for one out of range)."""
+    wanted = {}
+    for name in names:
+        hook, digits = FEATURE_NAME.fullmatch(name).groups()
+        wanted.setdefault(hook, set()).add(number_in(digits))
+    order = {hook: i for i, hook in enumerate(hook_points(model))}
+    found = []
+    for hook in sorted(wanted, key=lambda h: order.get(h, -1)):  # a hook the model lacks: refused first
+        f = sae_at(hook).features
+        found.append((hook, f, tuple(f.indices(sorted(wanted[hook])))))
+    return tuple(found)
 
 
 # ----------------------------------------------------------------------------- what each head does

@@ -1,15 +1,16 @@
 """The models the explorer holds: each picked run loaded once, in float32 for analysis and laid out for decoding,
-the least recently picked dropped first."""
+the least recently picked dropped first; and each SAE trained on a run, read once and kept with its model."""
 
 import copy
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from gptkit.base.errors import UserError
+from gptkit.explorer.features import checked_hook, files_identity, read_sae
 from gptkit.explorer.memory import bound_freed_memory, give_back_memory
 from gptkit.explorer.runs import (ApiError, Summary, find_run, find_runs, identity_of, shown, summarize,
                                   without_paths)
@@ -31,6 +32,7 @@ class Loaded:
     decoder: torch.nn.Module
     tok: object
     decoding: str  # which precision decodes, and why
+    saes: dict = field(default_factory=dict)  # hook -> its SAE (gptkit/explorer/features.py's Kept), once asked for
 
 
 class Shelf:
@@ -97,6 +99,20 @@ class Shelf:
                     give_back_memory()
             self.loaded.move_to_end(name)
             return self.loaded[name]
+
+    def sae(self, loaded, hook):
+        """The SAE at hook of a loaded run, read once and kept with its model (and dropped with it) while its files
+        are the same files; one line where the run has none there (404) or it cannot be read (409)."""
+        checked_hook(loaded.model, hook)
+        identity = files_identity(loaded.summary.folder / "sae" / hook)
+        with self.lock:
+            kept = loaded.saes.get(hook)
+            if kept is not None and kept.identity != identity:  # trained again: the old one's memory goes back
+                del loaded.saes[hook]
+                give_back_memory()
+            if hook not in loaded.saes:
+                loaded.saes[hook] = read_sae(loaded, hook, identity)
+            return loaded.saes[hook]
 
     def load(self, summary):
         """The model and tokenizer of the very checkpoint the summary read."""

@@ -7,17 +7,19 @@
        why.js        why this token                       attention.js where it looked (every head)
        headmap.js    one head's whole map                 lens.js      the logit lens
        scores.js     one head's q·k before its softmax    twoheads.js  two heads' maps side by side
-     switches.js   heads and MLPs switched off, and each head's label
+     switches.js   heads, MLPs and features switched off, and each head's label
      read.js       read a text                          lab.js       the lab's runs' curves on one chart
+     features.js   an SAE's features: at a clicked token, and one feature over a pasted text
    shared by them: state.js (what more than one panel reads), api.js, dom.js, format.js, shades.js.
 
    Plain ES modules, no build step, no framework. Every number shown comes from the API; the page only
-   formats numbers, picks colours for them, adds up the attention weights a "…" box stands for and
-   subtracts two runs' surprise (the Read panel's differences). */
+   formats numbers, picks colours and bar lengths for them, adds up the attention weights a "…" box stands for,
+   subtracts two runs' surprise (the Read panel's differences) and counts the tokens a feature fires on. */
 
 import { attentionClick, attentionHover, redrawAttention } from './attention.js';
 import { resizeCurves, setXAxis } from './curves.js';
 import { $ } from './dom.js';
+import { featuresAt, loadSae, refreshFeatures, requestFeature } from './features.js';
 import { mapHover } from './headmap.js';
 import { linkSlider } from './knobs.js';
 import { hoverToken, knobsChanged, leaveText, pin, requestPosition } from './inspector.js';
@@ -45,6 +47,12 @@ function wireWriting() {
   $('#top-k').addEventListener('input', knobsChanged);
 }
 
+/** Pin token i of the written text: the panels below show it, and the Features panel its features. */
+function pinWritten(i) {
+  pin(i);
+  featuresAt(state.chips.map((c) => c.id), i, 'written text');
+}
+
 /** Hover a token to show it in the panels below, click to pin it, arrow keys to move the pin. */
 function wirePointing() {
   const out = $('#output');
@@ -59,7 +67,7 @@ function wirePointing() {
   out.addEventListener('mouseleave', leaveText);
   out.addEventListener('click', (e) => {
     const i = chipAt(e);
-    if (i !== null) pin(i);
+    if (i !== null) pinWritten(i);
   });
   document.addEventListener('keydown', (e) => {
     if (state.pinned === null || e.ctrlKey || e.metaKey || e.altKey) return;
@@ -68,7 +76,7 @@ function wirePointing() {
     const to = state.pinned + (step || 0);
     if (!step || to < 0 || to >= state.chips.length) return;
     e.preventDefault();
-    pin(to);
+    pinWritten(to);
   });
   const grid = $('#attention');
   grid.addEventListener('click', attentionClick);
@@ -109,6 +117,18 @@ function wireRest() {
   });
 }
 
+function wireFeatures() {
+  $('#sae-hook').addEventListener('change', () => loadSae($('#sae-hook').value));
+  $('#feature-go').addEventListener('click', () => requestFeature());
+  for (const id of ['#feature-index', '#feature-text']) {
+    $(id).addEventListener('keydown', (e) => {
+      if (e.key !== 'Enter' || (id === '#feature-text' && !(e.ctrlKey || e.metaKey))) return;
+      e.preventDefault();
+      requestFeature();
+    });
+  }
+}
+
 /** A part switched off or on: the panels showing a token, and a text read, are asked for again with it. */
 function wireSwitches() {
   onOffChange((labelsOnly) => {
@@ -117,6 +137,7 @@ function wireSwitches() {
     const i = state.pinned !== null ? state.pinned : state.shown ? state.shown.index : null;
     if (i !== null) requestPosition(i);
     if ($('#read-output').childElementCount) readText();
+    refreshFeatures();
   });
   $('#all-on').addEventListener('click', allOn);
   for (const side of ['a', 'b']) $(`#pair-${side}`).addEventListener('change', refreshPair);
@@ -128,5 +149,6 @@ wireWriting();
 wirePointing();
 wireRest();
 wireSwitches();
+wireFeatures();
 loadRuns();
 loadLab();

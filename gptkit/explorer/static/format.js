@@ -13,6 +13,8 @@ export function fmtP(p) {
 }
 
 export const fmtBits = (b) => (missing(b) ? '—' : b.toFixed(2));
+/** A feature's value (an SAE's activation), as the Features panel writes every one. */
+export const fmtValue = (v) => (missing(v) ? '—' : v.toFixed(3));
 export const fmtSigned = (d, digits = 2) => (d > 0 ? '+' : d < 0 ? '−' : '±') + Math.abs(d).toFixed(digits);
 export const fmtInt = (n) => (n === null || n === undefined ? '—' : Number(n).toLocaleString('en-US'));
 export const plural = (n, word) => `${n} ${word}${n === 1 ? '' : 's'}`;

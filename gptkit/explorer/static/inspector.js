@@ -79,16 +79,17 @@ function markChips() {
   if (s && s !== p) s.classList.add('shown');
 }
 
-/** The window the model reads around token i: at most block_size tokens, as many of them before i as fit,
-    then the ones after it (a causal model's numbers at i do not depend on them; an encoder's do, and the
-    attention panel shows it looking ahead). */
-function windowFor(i) {
+/** The window the model reads around token i of the token ids allIds: at most block_size tokens, as many of
+    them before i as fit, then the ones after it (a causal model's numbers at i do not depend on them; an
+    encoder's do, and the attention panel shows it looking ahead). */
+export function windowOf(allIds, i) {
   const block = state.info && state.info.block_size ? state.info.block_size : Infinity;
   const start = Math.max(0, i + 1 - block);
-  const end = Math.min(state.chips.length, start + block);
-  const ids = state.chips.slice(start, end).map((c) => c.id);
-  return { start, end, ids, position: i - start };
+  const end = Math.min(allIds.length, start + block);
+  return { start, end, ids: allIds.slice(start, end), position: i - start };
 }
+
+const windowFor = (i) => windowOf(state.chips.map((c) => c.id), i);
 
 function cacheGet(key) {
   if (!cache.has(key)) return undefined;

@@ -1,10 +1,11 @@
 /* Read a text: every token of a pasted text shaded by the model's surprise at it (POST /api/read), and with
    a second run, the difference token by token. The page's only arithmetic is that difference of two API
-   numbers. */
+   numbers. A token of the picked run's reading is clicked for its features (features.js). */
 
 import { api } from './api.js';
 import { $, el, setLine } from './dom.js';
 import { lineBreaks, named, showsIds, tokenChip } from './chips.js';
+import { featuresAt } from './features.js';
 import { fmtBits, fmtInt, fmtSigned } from './format.js';
 import { BETTER_RGB, SURPRISE_RGB, WORSE_RGB, diffAlpha, shade, surpriseAlpha, swatch } from './shades.js';
 import { state } from './state.js';
@@ -48,7 +49,7 @@ export async function readText() {
   const out = $('#read-output');
   out.textContent = '';
   const pair = el('div', 'read-pair' + (runB ? '' : ' single'));
-  pair.append(readRow(nameA, results[0]));
+  pair.append(readRow(nameA, results[0], true));
   if (runB) pair.append(readRow(runB, results[1]));
   out.append(pair);
   const intact = results[0].status === 'fulfilled' && results[0].value.intact;
@@ -64,13 +65,15 @@ function tokenChips(tokens, kind, paint) {
   const chips = el('div', 'chips');
   tokens.forEach((t, j) => {
     const c = tokenChip(t, 'chip read-chip', showsIds(kind));
+    c.dataset.index = String(j);
     paint(c, t, j);
     chips.append(c, ...lineBreaks(t));
   });
   return chips;
 }
 
-function readRow(name, result) {
+/** The picked run's row (pickable): a click on a token shows its features, where the run has an SAE. */
+function readRow(name, result, pickable = false) {
   const row = el('div', 'read-row');
   row.dataset.run = name;
   row.append(el('h3', null, name));
@@ -81,7 +84,7 @@ function readRow(name, result) {
   }
   const r = result.value;
   row.append(readTotals(r));
-  row.append(tokenChips(r.tokens || [], r.tokenizer_kind, (c, t) => {
+  const chips = tokenChips(r.tokens || [], r.tokenizer_kind, (c, t) => {
     const b = t.surprise_bits;
     if (b === null || b === undefined) {
       c.classList.add('none');
@@ -91,8 +94,21 @@ function readRow(name, result) {
     shade(c, SURPRISE_RGB, surpriseAlpha(b));
     c.title = `${named(t)}: ${fmtBits(b)} bits of surprise`;
     c.dataset.bits = String(b);
-  }));
+  });
+  if (pickable && state.saes.length) pickTokens(chips, r.tokens);
+  row.append(chips);
   return row;
+}
+
+function pickTokens(chips, tokens) {
+  chips.classList.add('pickable');
+  chips.addEventListener('click', (e) => {
+    const c = e.target.closest('.read-chip');
+    if (!c) return;
+    for (const p of chips.querySelectorAll('.read-chip.pinned')) p.classList.remove('pinned');
+    c.classList.add('pinned');
+    featuresAt(tokens.map((t) => t.id), Number(c.dataset.index), 'read text');
+  });
 }
 
 const fixed = (x, digits) => (x === null || x === undefined || !Number.isFinite(x) ? '—' : x.toFixed(digits));

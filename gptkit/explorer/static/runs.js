@@ -5,6 +5,7 @@
 import { api, runUrl } from './api.js';
 import { loadMetrics } from './curves.js';
 import { $, el, oneLine, setLine } from './dom.js';
+import { buildFeatures } from './features.js';
 import { fmtInt, headName, plural } from './format.js';
 import { clearReadOutput, fillSecondRunPicker } from './read.js';
 import { state } from './state.js';
@@ -153,6 +154,7 @@ async function loadInfo(name, seq) {
     state.info = info;
     renderInfo(info);
     buildSwitches(info, seq);
+    buildFeatures(info);
     fillPairPickers(info);
     return info;
   } catch (e) {

@@ -7,6 +7,7 @@ export const ATT_RGB = '75, 63, 168';
 export const SURPRISE_RGB = '214, 104, 24';
 export const BETTER_RGB = '22, 128, 160';
 export const WORSE_RGB = '196, 40, 92';
+export const FEATURE_RGB = '21, 128, 61';
 
 export const probAlpha = (p) => 0.04 + 0.86 * clamp01(p);
 // the square root lifts small weights: a head spreading its attention over many tokens still shows where
@@ -15,6 +16,8 @@ export const SURPRISE_FULL = 10; // bits at which the surprise shade is at its d
 export const surpriseAlpha = (b) => 0.04 + 0.86 * clamp01(b / SURPRISE_FULL);
 const DIFF_FULL = 4; // bits of difference at which the difference shade is at its darkest
 export const diffAlpha = (d) => 0.06 + 0.84 * clamp01(Math.abs(d) / DIFF_FULL);
+// a feature's value as a share of its largest in the text shown: the darkest shade is where it fires most
+export const featureAlpha = (share) => 0.06 + 0.84 * clamp01(share);
 export const rgba = (rgb, a) => `rgba(${rgb}, ${a.toFixed(3)})`;
 
 /** Shade a token's box; text on a dark shade turns white. */

@@ -11,6 +11,8 @@ export const state = {
   pinned: null, // index of the clicked token
   shown: null, // what the inspector panels show: {index, idsKey, key, window, data}
   selectedHead: null, // {layer, head} whose whole map is open
-  off: [], // the heads and MLPs switched off ('L0H3', 'MLP1'): every request carries them, the server keeps none
+  off: [], // the parts switched off ('L0H3', 'MLP1', 'blocks.1.hook_resid_post F12'): every request carries them,
+  // the server keeps none
+  saes: [], // the hook points at which the picked run has an SAE (GET /api/runs/{name}), in the model's order
   labels: null, // GET /api/runs/{name}/heads: what each head of the picked run does most
 };

@@ -1,7 +1,8 @@
 /* Switching parts of the model off: a switch for every head (a row per layer, as the attention grid) and for
-   every layer's MLP. What is off travels with each request ("off": ["L0H3", "MLP1"]), never as state on the
-   server, so another tab's experiment never changes this one's numbers; the banner names it. Each head's switch
-   wears the label of what that head does most (GET /api/runs/{name}/heads), as its cell in the grid does. */
+   every layer's MLP, and features (their switches are in the Features panel, features.js). What is off travels
+   with each request ("off": ["L0H3", "MLP1", "blocks.1.hook_resid_post F12"]), never as state on the server, so
+   another tab's experiment never changes this one's numbers; the banner names it. Each head's switch wears the
+   label of what that head does most (GET /api/runs/{name}/heads), as its cell in the grid does. */
 
 import { api, runUrl } from './api.js';
 import { $, el, setLine } from './dom.js';
@@ -16,10 +17,29 @@ export function onOffChange(fn) {
   changed = fn;
 }
 
-/** The names the requests carry in "off", in the model's order: heads first, then MLPs. */
+/** The names the requests carry in "off", in the server's order: heads and MLPs, then features. */
 export const offList = () => state.off.slice();
 
 export const isOff = (name) => state.off.includes(name);
+
+const FEATURE = /^(\S+) F(\d+)$/; // 'blocks.1.hook_resid_post F12': feature 12 of the SAE at that hook point
+
+/** Names in the order the server answers them with: heads and MLPs as their switches stand, then features by
+    their hook's place in the model (the picked run's SAEs come in that order) and their number. */
+function ordered(names) {
+  const parts = [...document.querySelectorAll('#switches .switch')].map((b) => b.dataset.name)
+    .filter((n) => names.includes(n));
+  const key = (n) => {
+    const m = FEATURE.exec(n);
+    return [state.saes.indexOf(m[1]), Number(m[2])];
+  };
+  const features = names.filter((n) => FEATURE.test(n)).sort((a, b) => {
+    const [ha, ia] = key(a);
+    const [hb, ib] = key(b);
+    return ha - hb || ia - ib;
+  });
+  return [...parts, ...features];
+}
 
 /** The label of head (l, h) in words ('' while unknown, or for a head no detector calls). */
 export function headKind(l, h) {
@@ -61,25 +81,26 @@ function switchButton(name, words) {
   return b;
 }
 
-function toggle(name) {
-  const on = !isOff(name);
-  const order = [...document.querySelectorAll('#switches .switch')].map((b) => b.dataset.name);
-  state.off = order.filter((n) => (n === name ? on : isOff(n)));
-  for (const b of document.querySelectorAll('#switches .switch')) {
+/** Switch a part (a head, an MLP or a feature, by name) off, or back on when it is off. */
+export function toggle(name) {
+  state.off = ordered(isOff(name) ? state.off.filter((n) => n !== name) : [...state.off, name]);
+  markSwitches();
+  renderBanner();
+  changed();
+}
+
+/** Every switch on the page, the heads' and MLPs' and the features', pressed where its part is off. */
+export function markSwitches() {
+  for (const b of document.querySelectorAll('#switches .switch, .feature-off')) {
     b.classList.toggle('off', isOff(b.dataset.name));
     b.setAttribute('aria-pressed', String(isOff(b.dataset.name)));
   }
-  renderBanner();
-  changed();
 }
 
 export function allOn() {
   if (!state.off.length) return;
   state.off = [];
-  for (const b of document.querySelectorAll('#switches .switch.off')) {
-    b.classList.remove('off');
-    b.setAttribute('aria-pressed', 'false');
-  }
+  markSwitches();
   renderBanner();
   changed();
 }

@@ -4,6 +4,7 @@
 import { ApiError, refusal } from './api.js';
 import { $, el, placeholder, setLine } from './dom.js';
 import { lineBreaks, named, showsIds, tokenChip } from './chips.js';
+import { forgetToken } from './features.js';
 import { fmtP, plural } from './format.js';
 import { clearInspector } from './inspector.js';
 import { numberField, readKnobs, stopText } from './knobs.js';
@@ -18,6 +19,7 @@ export function clearOutput(message) {
   placeholder($('#output'), 'The prompt\'s tokens and the model\'s tokens appear here. Hover a token to see why it was written; click to pin it.');
   if (message) setLine('#status', message);
   clearInspector();
+  forgetToken('written text');
 }
 
 export function stopGeneration(why) {
