@@ -25,6 +25,7 @@ from gptkit.interp.hooks import hook_points, hooked
 SITES = {"resid_post": "hook_resid_post", "resid_mid": "hook_resid_mid", "mlp_out": "hook_mlp_out",
          "attn_out": "hook_attn_out"}
 SAE_FORMAT = 1
+MEASURE_WINDOWS = 32  # val windows a pass of the metrics and the contexts reads: memory stays that of these
 WEIGHTS_FILE, CFG_FILE, OURS_FILE = "sae_weights.safetensors", "cfg.json", "gptkit.json"
 TABLE_FILE, TRAINING_FILE = "features.json", "training.pt"
 
@@ -151,19 +152,27 @@ def features_off(sae, off):
 def measure(model, sae, hook, idx, targets, dead_fraction):
     """The standard metrics on val windows idx, targets (B, T): L0 and explained variance of the activations at
     hook; the loss clean, spliced (the reconstruction in place of the activation) and with the site zeroed; CE
-    loss recovered = (zero - spliced) / (zero - clean); the loss splicing adds = spliced - clean."""
-    x = site_activations(model, idx, hook).flatten(0, 1)
-    values, indices = sae.encode_sparse(x)
-    recon = sae.decode_sparse(values, indices)
-    l0 = (values > 0).sum(-1).float().mean().item()
-    explained = 1 - ((x - recon).pow(2).sum() / (x - x.mean(0)).pow(2).sum()).item()
-    clean = model(idx, targets)[1].item()
-    with hooked(model, {hook: spliced(sae)}):
-        spliced_loss = model(idx, targets)[1].item()
-    with hooked(model, {hook: lambda x, name: torch.zeros_like(x)}):
-        zero = model(idx, targets)[1].item()
-    return Metrics(l0, explained, recovered(clean, spliced_loss, zero), spliced_loss - clean, dead_fraction, clean,
-                   spliced_loss, zero, targets.numel())
+    loss recovered = (zero - spliced) / (zero - clean); the loss splicing adds = spliced - clean. In chunks of
+    MEASURE_WINDOWS windows, so that memory stays that of a chunk, summed in float64."""
+    sums = torch.zeros(6, dtype=torch.float64)  # active, squared error, Σx² , clean, spliced, zeroed (token sums)
+    total_x = torch.zeros(sae.d_in, dtype=torch.float64)
+    for start in range(0, idx.size(0), MEASURE_WINDOWS):
+        x_idx, y = idx[start:start + MEASURE_WINDOWS], targets[start:start + MEASURE_WINDOWS]
+        x = site_activations(model, x_idx, hook).flatten(0, 1)
+        values, indices = sae.encode_sparse(x)
+        n = y.numel()
+        losses = [model(x_idx, y)[1].item()]
+        for replace in (spliced(sae), lambda a, name: torch.zeros_like(a)):
+            with hooked(model, {hook: replace}):
+                losses.append(model(x_idx, y)[1].item())
+        sums += torch.tensor([(values > 0).sum().item(), (x - sae.decode_sparse(values, indices)).pow(2).sum().item(),
+                              x.double().pow(2).sum().item(), *(loss * n for loss in losses)], dtype=torch.float64)
+        total_x += x.double().sum(0)
+    N = targets.numel()
+    variance = sums[2] - total_x.pow(2).sum() / N  # Σ‖x − mean x‖²
+    clean, spliced_loss, zero = (sums[3:] / N).tolist()
+    return Metrics(sums[0].item() / N, 1 - (sums[1] / variance).item(), recovered(clean, spliced_loss, zero),
+                   spliced_loss - clean, dead_fraction, clean, spliced_loss, zero, N)
 
 
 def recovered(clean, spliced_loss, zero):
@@ -402,8 +411,8 @@ def top_contexts(model, sae, hook, idx, n_top):
     best_v = torch.full((sae.d_sae, n_top), -1.0)
     best_p = torch.zeros(sae.d_sae, n_top, dtype=torch.long)
     fires = torch.zeros(sae.d_sae)
-    for start in range(0, B, 16):
-        f = sae.encode(site_activations(model, idx[start:start + 16], hook)).flatten(0, 1)  # (n, d_sae)
+    for start in range(0, B, MEASURE_WINDOWS):
+        f = sae.encode(site_activations(model, idx[start:start + MEASURE_WINDOWS], hook)).flatten(0, 1)  # (n, d_sae)
         fires += (f > 0).sum(0)
         positions = torch.arange(start * T, start * T + f.size(0)).expand(sae.d_sae, -1)
         v = torch.cat([best_v, f.T], 1)

@@ -54,10 +54,10 @@ class SparseAutoencoder(nn.Module):
                                                                                                     values)
 
     def decode_sparse(self, values, indices):
-        """f W_dec + b_dec from the k kept features alone: a sum of k rows, never a (d_sae,) row of zeros."""
-        flat = F.embedding_bag(indices.reshape(-1, indices.size(-1)), self.W_dec,
-                               per_sample_weights=values.reshape(-1, values.size(-1)), mode="sum")
-        return flat.view(*values.shape[:-1], self.d_in) + self.b_dec
+        """f W_dec + b_dec from the k kept features: scattered into a row of d_sae and multiplied, which on a CPU
+        beats gathering k rows (whose backward sorts the indices) at these sizes."""
+        f = torch.zeros(*values.shape[:-1], self.d_sae, dtype=values.dtype, device=values.device)
+        return self.decode(f.scatter(-1, indices, values))
 
     def decode(self, f):
         return f @ self.W_dec + self.b_dec
@@ -109,7 +109,7 @@ class Trainer:
         self.opt.step()
         with torch.no_grad():
             sae.W_dec.copy_(F.normalize(sae.W_dec, dim=-1))
-            fired = torch.zeros(sae.d_sae, dtype=torch.bool).index_fill_(0, indices[values > 0].unique(), True)
+            fired = torch.zeros(sae.d_sae, dtype=torch.bool).index_fill_(0, indices[values > 0], True)
             self.since_fired += x.size(0)
             self.since_fired[fired] = 0
         self.step += 1
@@ -124,8 +124,7 @@ class Trainer:
         pre = sae.pre_activations(x).masked_fill(~dead, float("-inf"))
         k_aux = min(int(dead.sum()), max(1, int(sae.d_in * AUX_K_SHARE)))
         values, indices = pre.topk(k_aux, dim=-1, sorted=False)
-        values = values.relu()
-        guess = F.embedding_bag(indices, sae.W_dec, per_sample_weights=values, mode="sum")
+        guess = sae.decode_sparse(values.relu(), indices) - sae.b_dec  # their rows alone
         return (guess - residual).pow(2).sum(-1).mean() / residual.pow(2).sum(-1).mean().clamp_min(1e-12)
 
     def keep_decoder_norm_gradient(self):
