@@ -20,12 +20,14 @@ import httpx
 import pytest
 import torch
 
-from conftest import REPO, check_ok, partial_tokens, run_script, sum_tolerance, tiny_model
+from conftest import MODEL, REPO, check_ok, partial_tokens, run_script, sum_tolerance, tiny_model
 from gptkit.data.tokenizer import CharTokenizer
 from gptkit.explorer.app import make_app
 from gptkit.explorer.shelf import Shelf
 from gptkit.interp.hooks import attention_maps, token_label
 from gptkit.run.checkpoint import save_checkpoint
+from gptkit.run.metrics import read_metrics
+from gptkit.run.run_folder import RunDir
 from gptkit.sampling.decoding import shaped_probs
 from gptkit.training.train_config import TrainConfig
 
@@ -1075,7 +1077,7 @@ def test_every_field_of_every_request_fuzzed_is_answered_never_a_500(client, lab
                               "5000 digits"])
 def test_every_run_address_fuzzed_is_a_refusal_in_one_line(client, lab, name):
     """A run name too long for any folder was answered with the server's path from the file system's error."""
-    for suffix in ("", "/metrics", "/heads", f"/sae/{HOOK}"):
+    for suffix in ("", "/metrics", "/heads", f"/sae/{HOOK}", "/timeline"):
         r = client.get(f"/api/runs/{name}{suffix}")
         refused_in_a_line(r, suffix)
         assert r.status_code == 404 and str(lab[0].parent) not in r.text, r.text
@@ -1119,12 +1121,196 @@ def test_no_answer_holds_a_path_of_this_machine(lab, tmp_path):
     assert runs["damaged"]["error"].startswith("damaged/best.pt is damaged or not a checkpoint")
     assert runs["deep"]["metrics_error"].startswith("deep/metrics.jsonl has a line nested too deeply")
     answers = [app.get("/api/runs"), app.get("/api/runs/damaged"), app.get("/api/runs/deep/metrics"),
-               app.get("/api/lab"), app.get(run_url("a" * 300)),
+               app.get("/api/lab"), app.get(run_url("a" * 300)), app.get("/api/runs/deep/timeline"),
                app.post("/api/read", json=dict(run="a" * 300, text="abc")),
                app.post("/api/read", json=dict(run="damaged", text="abc")), app.get("/api/runs/damaged/heads")]
     for r in answers:
         assert str(tmp_path) not in r.text and r.status_code in (200, 404, 409), (r.url, r.text)
     assert app.get("/api/runs/damaged").json()["error"].startswith("run 'damaged' cannot be opened: damaged/best.pt")
+
+
+# ----------------------------------------------------------------------------- over training: timeline, snapshots
+
+
+TIMED = ["--dataset=tiny_bpe", *MODEL, "--max_iters=30", "--eval_interval=10", "--eval_iters=2", "--log_interval=10"]
+FIELDS = ("iter", "val_loss", "icl", "loss_by_position", "heads")
+
+
+@pytest.fixture(scope="module")
+def timed(tmp_path_factory, bpe_data, lab):
+    """Runs trained in this process (each in a fraction of a second) on conftest's BPE corpus, each keeping its
+    timeline: 'timed' (2 layers, 3 snapshots), 'no_snapshots' (the same run without its snapshots) and 'bigram' (no
+    attention); and 'old', a run written as runs were before they kept a timeline (the lab's 'scaled')."""
+    import train
+
+    root = tmp_path_factory.mktemp("timed") / "runs"
+    for name, shape in (("timed", ["--n_layer=2", "--snapshots=3"]), ("bigram", ["--n_layer=0"])):
+        train.main([f"--data_dir={bpe_data[0]}", f"--out_dir={root / name}", *TIMED, *shape])
+    shutil.copytree(root / "timed", root / "no_snapshots", ignore=shutil.ignore_patterns("snapshots"))
+    shutil.copytree(lab[0] / "scaled", root / "old", ignore=shutil.ignore_patterns("sae"))
+    return root
+
+
+def test_the_timeline_is_the_runs_records_and_their_phase_change(timed):
+    """Each record is timeline_of(read_metrics(out))'s, the phase change phase_change's, the steps those the run
+    keeps snapshots of, and the run's own checkpoint its best.pt at the last step."""
+    from gptkit.interp.experiments import KINDS
+    from gptkit.interp.timeline import phase_change, timeline_of
+
+    got = strict_json(app_over(timed).get("/api/runs/timed/timeline"))
+    want = timeline_of(read_metrics(timed / "timed"))
+    assert got["records"] == [{k: t[k] for k in FIELDS} for t in want]
+    assert [t["iter"] for t in got["records"]] == [0, 1, 2, 4, 8, 10, 20, 30]
+    assert got["phase"] == phase_change(want) and got["phase"]["icl_iter"] is not None
+    assert got["snapshots"] == RunDir(timed / "timed").kept_snapshots() and len(got["snapshots"]) == 3
+    assert got["kinds"] == list(KINDS) and got["own"] == {"file": "best.pt", "iter": 30} and got["note"] is None
+
+
+def test_every_answer_at_a_snapshot_is_the_python_apis_on_that_snapshot(timed):
+    """Why this token, every head's attention, the lens, one head's map, read a text, writing and the heads' labels
+    at "checkpoint": "iter:N" are open_run(out, checkpoint="iter:N")'s numbers, not the run's own."""
+    from gptkit.explorer.experiments import heads_report
+    from gptkit.interp.experiments import open_run
+    from gptkit.interp.hooks import surprise_bits
+    from gptkit.run.checkpoint import load_checkpoint
+    from gptkit.sampling.decoding import decode_steps
+
+    app, step = app_over(timed), RunDir(timed / "timed").kept_snapshots()[1]
+    run, at = open_run(timed / "timed", checkpoint=f"iter:{step}"), dict(run="timed", checkpoint=f"iter:{step}")
+    ids, pos, V = run.tok.encode(TEXT * 2)[:16], 9, run.tok.vocab_size
+    got = app.post("/api/position", json=dict(at, ids=ids, position=pos, k=20)).json()
+    idx = torch.tensor([ids])
+    with torch.no_grad():
+        logits = run.model(idx, idx)[0][0]
+    probs, maps = torch.softmax(logits[pos - 1], -1), attention_maps(run.model, idx)
+    raw = got["why"]["raw"]
+    assert [c["p"] for c in raw] == pytest.approx([probs[c["id"]].item() for c in raw], abs=1e-6)
+    assert [c["p"] for c in raw] == pytest.approx(probs[:V].topk(20).values.tolist(), abs=1e-6)
+    assert [c["p"] for c in got["lens"][-1]["top"]] == \
+        pytest.approx(torch.softmax(logits[pos], -1).topk(5).values.tolist(), abs=1e-6)
+    for layer, m in enumerate(maps):
+        assert torch.tensor(got["attention"]["rows"][layer]) == pytest.approx(m[0, :, pos], abs=1e-6)
+    assert got["why"] != app.post("/api/position", json=dict(run="timed", ids=ids, position=pos, k=20)).json()["why"]
+    head_map = app.post("/api/attention_map", json=dict(at, ids=ids, layer=1, head=1)).json()
+    assert torch.tensor(head_map["weights"]) == pytest.approx(maps[1][0, 1], abs=1e-6)
+    read = app.post("/api/read", json=dict(at, text=TEXT[:12])).json()
+    tokens = torch.tensor([run.tok.encode(TEXT[:12])])
+    assert 2 < tokens.size(1) <= 16 and [t["id"] for t in read["tokens"]] == tokens[0].tolist()  # one window
+    bits = surprise_bits(run.model, tokens[:, :-1], tokens[:, 1:])[0]
+    assert [t["surprise_bits"] for t in read["tokens"][1:]] == pytest.approx(bits.tolist(), abs=1e-5)
+    body = dict(at, prompt="ROMEO:", max_tokens=12, seed=3, temperature=1.0, top_k=0)
+    streamed = [e["id"] for e in events(app.post("/api/generate", json=body).iter_lines()) if e["type"] == "token"]
+    steps = decode_steps(run.model, torch.tensor([run.tok.encode("ROMEO:")]), 12, temperature=1.0,
+                         generator=torch.Generator().manual_seed(3), vocab_size=V)
+    assert streamed == [s[0].item() for s in steps]
+    labels = app.get("/api/runs/timed/heads", params={"checkpoint": f"iter:{step}"}).json()
+    assert labels == heads_report(run.model, run.tok, lambda: load_checkpoint(RunDir(run.out_dir).snapshot(step)))
+    assert app.post("/api/position", json=dict(at, ids=ids, position=pos, checkpoint="best")).json() == \
+        app.post("/api/position", json=dict(run="timed", ids=ids, position=pos)).json()  # best.pt: its own
+
+
+CHECKPOINT_ASKED = {"/api/position": dict(ids=[1, 2], position=1), "/api/read": dict(text="First"),
+                    "/api/attention_map": dict(ids=[1, 2], layer=0, head=0),
+                    "/api/scores": dict(ids=[1, 2], position=1, layer=0, head=0),
+                    "/api/generate": dict(prompt="F", max_tokens=2)}
+
+
+@pytest.mark.parametrize("checkpoint,status,message", [
+    ("iter:7", 404, "run 'timed' keeps no snapshot of step 7; it keeps {kept}"),
+    ("iter:", 422, "checkpoint must be 'best' (best.pt), 'latest' (latest.pt) or 'iter:N'"),
+    ("iter:-1", 422, "got 'iter:-1'"), ("iter:1e3", 422, "got 'iter:1e3'"), ("best.pt", 422, "got 'best.pt'"),
+    ("../timed/best.pt", 422, "got '../timed/best.pt'"), ("iter:" + "9" * 13, 422, "got 'iter:9999999999999"),
+    ("", 422, "got ''"), (12, 422, "checkpoint: Input should be a valid string"),
+])
+def test_a_step_not_kept_or_a_malformed_checkpoint_is_one_line(timed, checkpoint, status, message):
+    """Every request that takes a checkpoint refuses one the run does not keep with the steps it does, and a
+    malformed one with the forms it takes: one line, the guard's headers, no path of this machine."""
+    app, kept = app_over(timed), RunDir(timed / "timed").kept_snapshots()
+    line = message.format(kept=", ".join(f"iter:{i}" for i in kept))
+    for path, body in CHECKPOINT_ASKED.items():
+        r = app.post(path, json=dict(body, run="timed", checkpoint=checkpoint))
+        refused_in_a_line(r, path)
+        assert r.status_code == status and line in r.json()["error"] and str(timed.parent) not in r.text, r.text
+    if isinstance(checkpoint, str):  # the labels' GET takes it in its query
+        r = app.get("/api/runs/timed/heads", params={"checkpoint": checkpoint})
+        refused_in_a_line(r, "heads")
+        assert r.status_code == (404 if status == 404 else 400) and line in r.json()["error"], r.text
+
+
+def test_a_run_without_snapshots_a_timeline_or_attention_answers_what_it_has(timed):
+    """Without snapshots: the curves, and the line on what --snapshots adds; a snapshot asked for is a 404 line.
+    Trained before runs kept a timeline: no records, and a note. Without attention: the in-context learning score,
+    no heads, and its steepest fall alone as the phase change."""
+    from gptkit.interp.timeline import steepest, timeline_of
+
+    app = app_over(timed)
+    bare = strict_json(app.get("/api/runs/no_snapshots/timeline"))
+    assert bare["snapshots"] == [] and bare["records"] == strict_json(app.get("/api/runs/timed/timeline"))["records"]
+    assert "python train.py ... --snapshots=5 keeps the weights of 5 steps" in bare["note"]
+    r = app.post("/api/position", json=dict(run="no_snapshots", ids=[1, 2], position=1, checkpoint="iter:1"))
+    refused_in_a_line(r, "no snapshots")
+    assert r.status_code == 404 and "run 'no_snapshots' keeps no snapshots (python train.py" in r.json()["error"]
+    old = strict_json(app.get("/api/runs/old/timeline"))
+    assert old["records"] == [] and old["phase"] is None and old["snapshots"] == []
+    assert old["note"].startswith("this run has no timeline: it was trained before runs recorded one")
+    bigram, want = strict_json(app.get("/api/runs/bigram/timeline")), timeline_of(read_metrics(timed / "bigram"))
+    assert bigram["records"] == [{k: t.get(k) for k in FIELDS} for t in want] and len(want) > 3
+    assert all(t["heads"] is None for t in bigram["records"])
+    assert bigram["phase"] == {"induction_iter": None, "layer": None, "head": None,
+                               "icl_iter": steepest([t["iter"] for t in want], [t["icl"] for t in want], rise=False)}
+
+
+def test_a_timeline_hand_edited_is_shown_as_far_as_it_holds_numbers(timed, tmp_path):
+    """A record whose numbers are NaN or text, whose head grid is not the model's shape, or whose step is not a
+    number: those values are gaps (JSON null), the rest as written, and the phase change from the whole records."""
+    from gptkit.interp.timeline import phase_change, timeline_of
+
+    root = tmp_path / "runs"
+    shutil.copytree(timed / "timed", root / "run")
+    whole = timeline_of(read_metrics(root / "run"))
+    with_records(root / "run", '{"kind": "timeline", "iter": 40, "icl": NaN, "loss_by_position": [1.0, "x"], '
+                               '"heads": {"induction": [[0.5]]}}', {"kind": "timeline", "iter": "soon", "icl": 1.0})
+    got = strict_json(app_over(root).get("/api/runs/run/timeline"))
+    assert got["records"][:-1] == [{k: t[k] for k in FIELDS} for t in whole]
+    assert got["records"][-1] == {"iter": 40, "val_loss": None, "icl": None, "loss_by_position": [1.0, None],
+                                  "heads": None}
+    assert got["phase"] == phase_change(whole)
+
+
+def test_a_snapshot_loads_once_is_kept_with_its_run_and_is_read_again_when_replaced(timed, tmp_path, monkeypatch):
+    """The shelf keeps each snapshot asked for with its run's model (at most SNAPSHOTS_AT_ONCE, the least recently
+    asked for dropped first) and reads it again when its file is replaced; one thinned away is a 404 naming the
+    steps left, a damaged one a 409 line; a feature switched off at a snapshot is refused: its SAE reads the run's
+    own weights."""
+    import gptkit.explorer.shelf as shelf_module
+
+    root = tmp_path / "runs"
+    shutil.copytree(timed / "timed", root / "run")
+    shelf, run = Shelf(root, "cpu", "float32"), RunDir(root / "run")
+    early, later = (f"iter:{i}" for i in run.kept_snapshots()[:2])
+    at = shelf.get("run", later)
+    assert shelf.get("run", later) is at and at.at == later and at.model is not shelf.get("run").model
+    assert shelf.get("run", "best") is shelf.get("run") and list(shelf.get("run").snapshots) == [later]
+    shutil.copy(run.snapshot(int(early[5:])), root / "copy.pt")
+    os.replace(root / "copy.pt", run.snapshot(int(later[5:])))  # the step's file replaced: the weights of `early`
+    again, weights = shelf.get("run", later), shelf.get("run", early).model.state_dict()
+    assert again is not at and all(torch.equal(w, weights[k]) for k, w in again.model.state_dict().items())
+    monkeypatch.setattr(shelf_module, "SNAPSHOTS_AT_ONCE", 1)
+    shelf.get("run", later)
+    assert list(shelf.get("run").snapshots) == [later]
+    app = TestClient(make_app(shelf), base_url="http://127.0.0.1:8000")
+    r = app.post("/api/read", json=dict(run="run", text="First", checkpoint=later, off=[f"{HOOK} F1"]))
+    refused_in_a_line(r, "feature")
+    assert r.status_code == 400 and r.json()["error"].startswith("a feature belongs to the run's own checkpoint")
+    run.snapshot(int(later[5:])).unlink()  # thinned by a run still training
+    r = app.post("/api/position", json=dict(run="run", ids=[1, 2], position=1, checkpoint=later))
+    refused_in_a_line(r, "thinned")
+    assert r.status_code == 404 and r.json()["error"].endswith(
+        "it keeps " + ", ".join(f"iter:{i}" for i in run.kept_snapshots()))
+    run.snapshot(0).write_bytes(b"not a checkpoint")
+    r = app.post("/api/position", json=dict(run="run", ids=[1, 2], position=1, checkpoint="iter:0"))
+    refused_in_a_line(r, "damaged")
+    assert r.status_code == 409 and "run/snapshots/iter_0.pt" in r.json()["error"] and str(tmp_path) not in r.text
 
 
 # ----------------------------------------------------------------------------- a port another program has

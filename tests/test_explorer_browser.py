@@ -2,8 +2,8 @@
 opens the page served by explore.py from a model trained in the test, types a prompt, waits for the streamed
 tokens, clicks one, and checks that the candidate bars, every head's attention (named L0H0, L0H1, ...: layers and
 heads count from 0) and the logit lens appear with the model's numbers, and that one head's map has its axes and
-labels. The page is ES modules, so the test also checks that they are served as JavaScript and load without an
-error. Screenshots go to the test's folder, and also to $EXPLORER_SCREENSHOTS when it is set
+labels, and that the Over training slider moves the grid to the weights of a step the run kept. The page is ES
+modules, so the test also checks that they are served as JavaScript and load without an error. Screenshots go to the test's folder, and also to $EXPLORER_SCREENSHOTS when it is set
 (the README's come from `EXPLORER_RUN=out EXPLORER_SCREENSHOTS=assets python -m pytest tests/test_explorer_browser.py`)."""
 
 import os
@@ -23,6 +23,7 @@ pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="no chromium a
                                 "apt-get install chromium chromium-driver (.ci/run does)")
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 
@@ -352,6 +353,79 @@ def check_where_it_fires(browser, run, f, index, ids):
     assert box.find_element(By.CSS_SELECTOR, ".feature-freq").text == f"fires on {percent(row['frequency'])} of tokens"
     assert [v.text for v in box.find_elements(By.CSS_SELECTOR, ".context-value")] == \
         [fixed(c[3], 3) for c in row["contexts"]]
+
+
+@pytest.fixture
+def timed_run(tmp_path, data_dir):
+    """A run trained in this process keeping 3 snapshots, at a learning rate at which its heads change between
+    them."""
+    import train
+    from conftest import train_args
+
+    out = tmp_path / "timed"
+    train.main(train_args(data_dir, out, "--n_layer=2", "--max_iters=60", "--eval_interval=20", "--eval_iters=2",
+                          "--learning_rate=1e-2", "--warmup_iters=5", "--snapshots=3"))
+    return out
+
+
+def test_the_over_training_slider_moves_the_attention_grid_to_a_snapshots_weights(timed_run, browser, tmp_path):
+    """The Over training card draws a chart per head, each naming its top kind at the slider's step as the
+    timeline's numbers have it. With a token pinned, the slider moved a kept step back (the arrow key, as a learner
+    drags it) shows the attention grid at that snapshot: every cell's top weight is the API's at "checkpoint":
+    "iter:N", and the banner names the step; back to the run's own weights, the grid is the API's own again."""
+    url, proc = serve(timed_run)
+    try:
+        wait = WebDriverWait(browser, 60)
+        browser.get(url + "/")
+        wait.until(lambda d: d.find_element(By.ID, "timeline-card").get_attribute("data-ready"))
+        timeline, info = httpx.get(f"{url}/api/runs/timed/timeline").json(), httpx.get(f"{url}/api/runs/timed").json()
+        check_multiples(browser, timeline, int(browser.find_element(By.ID, "timeline-card").get_attribute("data-step")))
+        assert not browser.find_element(By.ID, "step-banner").is_displayed()
+        chips = write(browser, wait, "ROMEO:", 24)
+        chips[20].click()
+        wait.until(lambda d: d.find_element(By.ID, "attention").get_attribute("data-ready") == "1")
+        ids = [int(c.get_attribute("data-id")) for c in chips][max(0, 21 - info["block_size"]):21]
+        body = dict(run="timed", ids=ids, position=len(ids) - 1, temperature=0.8, top_k=200, top_p=1.0, k=10)
+        own = httpx.post(f"{url}/api/position", json=body).json()
+        check_attention_grid(browser, browser.find_elements(By.CSS_SELECTOR, "#attention .head-cell"),
+                             own["attention"]["rows"], own["token"]["label"], info)
+
+        slider = browser.find_element(By.ID, "step-range")
+        slider.send_keys(Keys.ARROW_LEFT)
+        step = timeline["snapshots"][int(slider.get_attribute("value"))]
+        wait.until(lambda d: d.find_element(By.ID, "attention").get_attribute("data-checkpoint") == f"iter:{step}"
+                   and d.find_element(By.ID, "attention").get_attribute("data-ready") == "1")
+        then = httpx.post(f"{url}/api/position", json=dict(body, checkpoint=f"iter:{step}")).json()
+        assert then["attention"]["rows"] != own["attention"]["rows"]
+        check_attention_grid(browser, browser.find_elements(By.CSS_SELECTOR, "#attention .head-cell"),
+                             then["attention"]["rows"], then["token"]["label"], info)
+        assert browser.find_element(By.ID, "step-banner").is_displayed()
+        assert browser.find_element(By.ID, "step-now").text == f"{step:,}"
+        check_multiples(browser, timeline, step)
+        browser.execute_script("document.getElementById('timeline-card').scrollIntoView()")
+        shoot(browser, tmp_path, "explorer_over_training.png")
+
+        browser.find_element(By.ID, "step-own-mini").click()
+        wait.until(lambda d: d.find_element(By.ID, "attention").get_attribute("data-checkpoint") == ""
+                   and d.find_element(By.ID, "attention").get_attribute("data-ready") == "1")
+        check_attention_grid(browser, browser.find_elements(By.CSS_SELECTOR, "#attention .head-cell"),
+                             own["attention"]["rows"], own["token"]["label"], info)
+        assert not browser.find_element(By.ID, "step-banner").is_displayed()
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def check_multiples(browser, timeline, step):
+    """A chart per head, each naming the kind its head scores highest at the record of the slider's step."""
+    record = [r for r in timeline["records"] if r["iter"] <= step][-1]
+    figures = browser.find_elements(By.CSS_SELECTOR, "#head-multiples .head-multiple")
+    assert len(figures) == sum(len(row) for row in record["heads"]["induction"])
+    for fig in figures:
+        layer, head = int(fig.get_attribute("data-layer")), int(fig.get_attribute("data-head"))
+        scores = {kind: record["heads"][kind][layer][head] for kind in timeline["kinds"]}
+        assert fig.get_attribute("data-top") == max(scores, key=scores.get), (layer, head, scores)
 
 
 # a text for the BPE run: Greek and Cyrillic letters, some of which the run's BPE cuts between tokens

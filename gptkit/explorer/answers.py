@@ -12,6 +12,7 @@ from gptkit.base.errors import UserError
 from gptkit.explorer.experiments import MAX_OFF, MAX_TOKENS, Off, OffRequest, Real, Whole
 from gptkit.explorer.runs import (ApiError, attention_note, describe, final_bits_per_char, number, run_records,
                                   without_paths)
+from gptkit.explorer.timeline import AtRequest
 from gptkit.interp.experiments import checked_tokens
 from gptkit.interp.hooks import attention_maps, logit_lens, look_inside, read_out, surprise_bits, token_label
 from gptkit.run.metrics import loss_points
@@ -40,7 +41,7 @@ class Knobs(BaseModel):
         return v
 
 
-class GenerateRequest(Knobs, OffRequest):
+class GenerateRequest(Knobs, OffRequest, AtRequest):
     run: str
     prompt: str = Field("\n", min_length=1, max_length=MAX_PROMPT_CHARS)
     seed: Whole = Field(1337, ge=0, lt=2 ** 31)
@@ -48,19 +49,19 @@ class GenerateRequest(Knobs, OffRequest):
     stop: str = Field("", max_length=200)
 
 
-class ReadRequest(OffRequest):
+class ReadRequest(OffRequest, AtRequest):
     run: str
     text: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
 
 
-class PositionRequest(Knobs, OffRequest):
+class PositionRequest(Knobs, OffRequest, AtRequest):
     run: str
     ids: list[Whole] = Field(min_length=1, max_length=MAX_TOKENS)
     position: Whole = Field(ge=0, lt=MAX_TOKENS)
     k: Whole = Field(10, ge=1, le=100)
 
 
-class MapRequest(OffRequest):
+class MapRequest(OffRequest, AtRequest):
     run: str
     ids: list[Whole] = Field(min_length=1, max_length=MAX_TOKENS)
     layer: Whole = Field(ge=0, le=MAX_OFF)

@@ -1,7 +1,8 @@
 """The explorer: a local web page over the runs in a folder, where a learner watches a model write token by token and
 sees where every number comes from: the candidates for each token, every head's attention, what each layer would
-predict (the logit lens), how surprised the model is by a text, and the features of an SAE trained on the run. A
-FastAPI app; explore.py serves it.
+predict (the logit lens), how surprised the model is by a text, the features of an SAE trained on the run, and how
+its heads formed over training (the run's timeline, and its weights at the steps it keeps). A FastAPI app;
+explore.py serves it.
 
 Every number comes from the model's own forward pass (gptkit.interp.hooks) and its own sampler
 (gptkit.sampling.decoding): the page does no model arithmetic."""
@@ -20,11 +21,12 @@ from gptkit.base.errors import UserError, first_line
 from gptkit.explorer.answers import (GenerateRequest, MapRequest, PositionRequest, ReadRequest, attention_map,
                                      checked_ids, encode, generation_events, picked, position_report, read_text,
                                      run_metrics, sse)
-from gptkit.explorer.experiments import ScoresRequest, head_scores_at, heads_report, lab_curves, off_of
+from gptkit.explorer.experiments import FEATURE_NAME, ScoresRequest, head_scores_at, heads_report, lab_curves, off_of
 from gptkit.explorer.features import (FeatureRequest, TokenFeaturesRequest, feature_report, sae_hooks, sae_report,
                                       token_features)
 from gptkit.explorer.guard import Guard, own_names
 from gptkit.explorer.runs import ApiError, lab_rung, shown
+from gptkit.explorer.timeline import checked_checkpoint, timeline_report
 from gptkit.run.checkpoint import load_checkpoint
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -75,14 +77,14 @@ def make_app(shelf, host="127.0.0.1", port=8000, bound=None):
 
     @app.post("/api/generate")
     def generate(req: GenerateRequest):
-        loaded = shelf.get(req.run)
+        loaded = shelf.get(req.run, req.checkpoint)
         ids, off = encode(loaded, req.prompt), off_for(shelf, loaded, req.off)
         return StreamingResponse(sse(generation_events(shelf, loaded, ids, req, off)), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
     @app.post("/api/read")
     def read(req: ReadRequest):
-        loaded = shelf.get(req.run)
+        loaded = shelf.get(req.run, req.checkpoint)
         off = off_for(shelf, loaded, req.off)
         answer = read_text(shelf, loaded, req.text, off)
         if off.names:  # and the intact model's reading, for the difference token by token
@@ -91,12 +93,12 @@ def make_app(shelf, host="127.0.0.1", port=8000, bound=None):
 
     @app.post("/api/position")
     def position(req: PositionRequest):
-        loaded = shelf.get(req.run)
+        loaded = shelf.get(req.run, req.checkpoint)
         return position_report(shelf, loaded, req, off_for(shelf, loaded, req.off))
 
     @app.post("/api/attention_map")
     def head_map(req: MapRequest):
-        loaded = shelf.get(req.run)
+        loaded = shelf.get(req.run, req.checkpoint)
         return attention_map(shelf, loaded, req, off_for(shelf, loaded, req.off))
 
     add_experiment_routes(app, shelf)
@@ -105,22 +107,27 @@ def make_app(shelf, host="127.0.0.1", port=8000, bound=None):
 
 
 def off_for(shelf, loaded, names):
-    """What a request's "off" switches off in a loaded run: its features from the SAEs the shelf keeps."""
+    """What a request's "off" switches off in a loaded run: its features from the SAEs the shelf keeps. An SAE reads
+    the run's own weights, which it was trained on: at a snapshot, a feature switched off is refused."""
+    if loaded.at and any(FEATURE_NAME.fullmatch(n) for n in names):
+        raise ApiError(400, f"a feature belongs to the run's own checkpoint, whose activations its SAE was trained "
+                            f"on, not to {loaded.at}'s: switch the features back on to look at {loaded.at}")
     return off_of(loaded.model, names, lambda hook: shelf.sae(loaded, hook))
 
 
 def add_experiment_routes(app, shelf):
-    """The experiments' own routes (gptkit/explorer/experiments.py): heads' labels, one head's scores, the lab."""
+    """The experiments' own routes (gptkit/explorer/experiments.py): heads' labels (at a checkpoint the query names,
+    ?checkpoint=iter:1200), one head's scores, the lab, and a run's timeline (gptkit/explorer/timeline.py)."""
 
     @app.get("/api/runs/{name}/heads")
-    def labels(name: str):
-        loaded = shelf.get(name)
+    def labels(name: str, checkpoint: str | None = None):
+        loaded = shelf.get(name, None if checkpoint is None else checked_checkpoint(checkpoint))
         with shelf.lock:
             return heads_report(loaded.model, loaded.tok, lambda: load_checkpoint(loaded.summary.checkpoint))
 
     @app.post("/api/scores")
     def scores(req: ScoresRequest):
-        loaded = shelf.get(req.run)
+        loaded = shelf.get(req.run, req.checkpoint)
         idx, off = checked_ids(loaded, req.ids), off_for(shelf, loaded, req.off)
         with shelf.lock, off.on(loaded.model):
             return dict(head_scores_at(loaded.model, idx, req.layer, req.head, req.position), off=off.to_json())
@@ -134,6 +141,10 @@ def add_experiment_routes(app, shelf):
                 return str(e)
         rungs = [(s, lab_rung(s.folder)) for s in shelf.summaries() if not s.error]
         return {"runs": lab_curves([(shown(s.name), rung, metrics(s)) for s, rung in rungs if rung])}
+
+    @app.get("/api/runs/{name}/timeline")
+    def timeline(name: str):
+        return timeline_report(shelf.summary(name))
 
 
 def add_feature_routes(app, shelf):

@@ -22,6 +22,7 @@ from gptkit.base.errors import UserError, first_line
 from gptkit.data.dataset import Split, load_meta
 from gptkit.data.tokenizer import same_token_ids
 from gptkit.explorer.runs import without_paths
+from gptkit.explorer.timeline import AtRequest
 from gptkit.interp.experiments import (HEAD_NAME, MLP_NAME, ablation_hooks, chance_scores, everything_note, head_labels,
                                        head_scores, induction_tokens, number_in, parse_heads, parse_mlps, part_names,
                                        shown_value)
@@ -166,7 +167,7 @@ def heads_report(model, tok, ckpt_of):
 # ----------------------------------------------------------------------------- one head's scores
 
 
-class ScoresRequest(OffRequest):
+class ScoresRequest(OffRequest, AtRequest):
     run: str
     ids: list[Whole] = Field(min_length=1, max_length=MAX_TOKENS)
     position: Whole = Field(ge=0, lt=MAX_TOKENS)

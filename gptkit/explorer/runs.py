@@ -150,6 +150,7 @@ class Summary:
     tokenizer_kind: str = ""  # 'char', 'bpe' or 'tiktoken'
     error: str = None
     identity: tuple = None  # the checkpoint file's identity when read: another one is read again
+    iter_num: int = None  # the step its weights are of, where the checkpoint says
 
     def to_json(self):
         out = {"name": shown(self.name), "error": self.error, "settings": None, "params": None, "iterations": None,
@@ -244,8 +245,9 @@ def summarize(name, folder):
         params = sum(t.numel() for k, t in ckpt["model"].items() if k != "transformer.wpe.weight")
         if config.tie_weights:
             params -= ckpt["model"]["lm_head.weight"].numel()
+        step = ckpt.get("iter_num")
         return Summary(name, folder, path, config, params, describe_vocabulary(ckpt["tokenizer"]),
-                       ckpt["tokenizer"]["tokenizer"], identity=identity)
+                       ckpt["tokenizer"]["tokenizer"], identity=identity, iter_num=step if type(step) is int else None)
     except OSError as e:
         return Summary(name, folder, error=without_paths(f"cannot read {e.filename or folder} ({e.strerror or e})",
                                                          folder))

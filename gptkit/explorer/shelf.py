@@ -1,10 +1,12 @@
 """The models the explorer holds: each picked run loaded once, in float32 for analysis and laid out for decoding,
-the least recently picked dropped first; and each SAE trained on a run, read once and kept with its model."""
+the least recently picked dropped first; each SAE trained on a run, read once and kept with its model; and each
+snapshot of a run a request asks for ("checkpoint": "iter:1200"), loaded once and kept with the run's model, the
+least recently asked for dropped first."""
 
 import copy
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -14,6 +16,7 @@ from gptkit.explorer.features import checked_hook, files_identity, read_sae
 from gptkit.explorer.memory import bound_freed_memory, give_back_memory
 from gptkit.explorer.runs import (ApiError, Summary, find_run, find_runs, identity_of, shown, summarize,
                                   without_paths)
+from gptkit.explorer.timeline import checkpoint_file
 from gptkit.interp.experiments import shown_value
 from gptkit.machine.precision import DTYPES, pick_decode_dtype
 from gptkit.machine.threads import pick_decode_threads
@@ -21,6 +24,7 @@ from gptkit.run.run_folder import model_at
 from gptkit.sampling.decoding import lay_out_for_decoding
 
 LOADED_AT_ONCE = 4  # models kept in memory; the least recently picked one is dropped first
+SNAPSHOTS_AT_ONCE = 4  # snapshots kept with each of them: a slider dragged back and forth reloads none of these
 
 
 @dataclass
@@ -33,6 +37,8 @@ class Loaded:
     tok: object
     decoding: str  # which precision decodes, and why
     saes: dict = field(default_factory=dict)  # hook -> its SAE (gptkit/explorer/features.py's Kept), once asked for
+    at: str = None  # the checkpoint a request named ('iter:1200'), for one of the run's snapshots; else None
+    snapshots: OrderedDict = field(default_factory=OrderedDict)  # checkpoint -> its Loaded, once asked for
 
 
 class Shelf:
@@ -86,7 +92,13 @@ class Shelf:
             raise ApiError(409, f"run {shown_value(name)} cannot be opened: {summary.error}")
         return summary
 
-    def get(self, name):
+    def get(self, name, checkpoint=None):
+        """The loaded run; with a checkpoint ('iter:N', 'best', 'latest') that is another file than the run's own,
+        that file's model, kept with the run's."""
+        loaded = self.run(name)
+        return loaded if checkpoint is None else self.at(loaded, checkpoint)
+
+    def run(self, name):
         summary = self.summary(name)
         with self.lock:
             if name not in self.loaded or self.loaded[name].summary is not summary:
@@ -99,6 +111,25 @@ class Shelf:
                     give_back_memory()
             self.loaded.move_to_end(name)
             return self.loaded[name]
+
+    def at(self, loaded, checkpoint):
+        """The model of another checkpoint of a loaded run, loaded once and read again when its file is replaced (a
+        run still training thins its snapshots); one line where the run does not keep it."""
+        path, identity = checkpoint_file(loaded.summary, checkpoint)
+        if path == loaded.summary.checkpoint:
+            return loaded
+        with self.lock:
+            kept = loaded.snapshots.pop(checkpoint, None)
+            dropped = kept is not None and kept.summary.identity != identity  # its file replaced: read again
+            if kept is None or dropped:
+                kept = self.load(replace(loaded.summary, checkpoint=path, identity=identity), checkpoint)
+            loaded.snapshots[checkpoint] = kept
+            while len(loaded.snapshots) > SNAPSHOTS_AT_ONCE:
+                loaded.snapshots.popitem(last=False)
+                dropped = True
+            if dropped:
+                give_back_memory()
+            return kept
 
     def sae(self, loaded, hook):
         """The SAE at hook of a loaded run, read once and kept with its model (and dropped with it) while its files
@@ -114,8 +145,8 @@ class Shelf:
                 loaded.saes[hook] = read_sae(loaded, hook, identity)
             return loaded.saes[hook]
 
-    def load(self, summary):
-        """The model and tokenizer of the very checkpoint the summary read."""
+    def load(self, summary, at=None):
+        """The model and tokenizer of the very checkpoint the summary read (at: the checkpoint a request named)."""
         try:
             model, tok, _ = model_at(summary.checkpoint, self.device)
         except UserError as e:
@@ -126,6 +157,6 @@ class Shelf:
             lay_out_for_decoding(decoder)
         _, threads = pick_decode_threads(0, decoder, self.device)  # as sample.py: one thread unless clearly faster
         dtype, why = pick_decode_dtype(self.dtype, decoder, self.device)
-        return Loaded(summary, model, decoder.to(DTYPES[dtype]), tok, "; ".join(w for w in (why, threads) if w))
+        return Loaded(summary, model, decoder.to(DTYPES[dtype]), tok, "; ".join(w for w in (why, threads) if w), at=at)
 
 

@@ -2,6 +2,7 @@
    panels; each panel is its own module:
 
      runs.js       the run list and the picked run        curves.js    its loss curves
+     timeline.js   over training: the curves, the slider  multiples.js every head's scores over training
      write.js      the prompt and the streamed tokens     knobs.js     the sampling knobs
      inspector.js  the token pointed at, for the panels below the text:
        why.js        why this token                       attention.js where it looked (every head)
@@ -10,11 +11,13 @@
      switches.js   heads, MLPs and features switched off, and each head's label
      read.js       read a text                          lab.js       the lab's runs' curves on one chart
      features.js   an SAE's features: at a clicked token, and one feature over a pasted text
-   shared by them: state.js (what more than one panel reads), api.js, dom.js, format.js, shades.js.
+   shared by them: state.js (what more than one panel reads, the weights they read among it), api.js, dom.js,
+   format.js, shades.js.
 
    Plain ES modules, no build step, no framework. Every number shown comes from the API; the page only
    formats numbers, picks colours and bar lengths for them, adds up the attention weights a "…" box stands for,
-   subtracts two runs' surprise (the Read panel's differences) and counts the tokens a feature fires on. */
+   subtracts two runs' surprise (the Read panel's differences), counts the tokens a feature fires on and places
+   steps along an axis. */
 
 import { attentionClick, attentionHover, redrawAttention } from './attention.js';
 import { resizeCurves, setXAxis } from './curves.js';
@@ -28,7 +31,8 @@ import { readText } from './read.js';
 import { loadRuns, refreshRuns } from './runs.js';
 import { drawLegends } from './shades.js';
 import { state } from './state.js';
-import { allOn, onOffChange } from './switches.js';
+import { allOn, onOffChange, refreshLabels } from './switches.js';
+import { onCheckpointChange, ownWeights, resizeTimeline, setTimelineX, slideTo } from './timeline.js';
 import { refreshPair } from './twoheads.js';
 import { generate, stopGeneration } from './write.js';
 
@@ -112,6 +116,7 @@ function wireRest() {
     clearTimeout(resizeTimer);
     resizeTimer = setTimeout(() => {
       resizeCurves();
+      resizeTimeline();
       redrawAttention();
     }, 200); // once the window stops changing size
   });
@@ -143,6 +148,27 @@ function wireSwitches() {
   for (const side of ['a', 'b']) $(`#pair-${side}`).addEventListener('change', refreshPair);
 }
 
+/** The Over training slider (and its copy in the banner) moved to a snapshot, or back to the run's own weights: the
+    heads' labels, the panels showing a token and a text read are asked for again at those weights; writing uses
+    them from the next Generate. The Features panel stays on the run's own weights, which its SAEs read. */
+function wireSteps() {
+  for (const id of ['#step-range', '#step-range-mini']) {
+    $(id).addEventListener('input', (e) => slideTo(Number(e.target.value)));
+  }
+  for (const id of ['#step-own', '#step-own-mini']) $(id).addEventListener('click', ownWeights);
+  for (const r of document.querySelectorAll('input[name="timeline-x"]')) {
+    r.addEventListener('change', () => {
+      if (r.checked) setTimelineX(r.value);
+    });
+  }
+  onCheckpointChange(() => {
+    refreshLabels();
+    const i = state.pinned !== null ? state.pinned : state.shown ? state.shown.index : null;
+    if (i !== null) requestPosition(i);
+    if ($('#read-output').childElementCount) readText();
+  });
+}
+
 // a module runs after the document is parsed, so the page's elements are all there
 drawLegends();
 wireWriting();
@@ -150,5 +176,6 @@ wirePointing();
 wireRest();
 wireSwitches();
 wireFeatures();
+wireSteps();
 loadRuns();
 loadLab();

@@ -7,7 +7,7 @@ import { $, monoFont, setLine, setupCanvas, textWidth } from './dom.js';
 import { fmtP, headName, quote, tokenNumber } from './format.js';
 import { ATT_RGB, attAlpha, rgba } from './shades.js';
 import { clearScores, loadScores } from './scores.js';
-import { state } from './state.js';
+import { atStep, state, stepWords } from './state.js';
 import { offList } from './switches.js';
 
 const MIN_CELL = 2;
@@ -63,7 +63,8 @@ export async function loadMap(l, h) {
   setLine('#map-status', `loading ${headName(l, h)}…`);
   let data;
   try {
-    data = await api('POST', '/api/attention_map', { run: state.run, ids: w.ids, layer: l, head: h, off: offList() });
+    data = await api('POST', '/api/attention_map',
+      atStep({ run: state.run, ids: w.ids, layer: l, head: h, off: offList() }));
   } catch (e) {
     if (seq === mapSeq) setLine('#map-status', e.message, true);
     return;
@@ -147,8 +148,8 @@ function drawMap(data, l, h, w, idsKey) {
   const labels = Array.isArray(data.labels) ? data.labels : [];
   const canvas = $('#attention-map');
   const pinned = `${quote(labels[w.position] || '')}, ${tokenNumber(w.start + w.position)}`;
-  $('#map-title').textContent = `${headName(l, h)} (layer ${l}, head ${h}): row by row, how much each token (the query) ` +
-    `weighs each token it may look at (the keys); the outlined row is ${pinned}`;
+  $('#map-title').textContent = `${headName(l, h)} (layer ${l}, head ${h})${stepWords()}: row by row, how much ` +
+    `each token (the query) weighs each token it may look at (the keys); the outlined row is ${pinned}`;
   if (!weights.length) return setLine('#map-status', 'the map is empty');
   const g = mapGeometry(labels);
   const ctx = setupCanvas(canvas, g.left + g.size + 6, g.top + g.size + 6);

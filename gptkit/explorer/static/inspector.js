@@ -1,5 +1,6 @@
 /* The token the learner points at (hovered, or clicked to pin it): one POST /api/position for it, drawn by
-   the three panels below the text: why this token, where it looked, and the logit lens. */
+   the three panels below the text: why this token, where it looked, and the logit lens; at the weights the Over
+   training slider picked (state.checkpoint), if it picked a snapshot. */
 
 import { api } from './api.js';
 import { $, placeholder, setLine } from './dom.js';
@@ -9,7 +10,7 @@ import { readKnobs } from './knobs.js';
 import { renderLens } from './lens.js';
 import { refreshPair } from './twoheads.js';
 import { answeredOff, offList } from './switches.js';
-import { state } from './state.js';
+import { atStep, state } from './state.js';
 import { renderWhy } from './why.js';
 
 const HOVER_MS = 120; // a pointer crossing the text asks only for the token it rests on
@@ -129,9 +130,10 @@ export async function requestPosition(i) {
   const knobs = readKnobs();
   if (knobs.error) return setLine('#why-status', knobs.error, true);
   const w = windowFor(i);
-  const body = { run: state.run, ids: w.ids, position: w.position, ...knobs, k: 10, off: offList() };
+  const body = atStep({ run: state.run, ids: w.ids, position: w.position, ...knobs, k: 10, off: offList() });
   const key = JSON.stringify(body);
-  const idsKey = JSON.stringify([state.run, w.ids, w.position, state.off]); // parts off change every panel
+  // parts off, and other weights, change every panel
+  const idsKey = JSON.stringify([state.run, w.ids, w.position, state.off, state.checkpoint]);
   const shown = state.shown;
   if (shown && shown.key === key && shown.index === i) {
     markChips();
@@ -154,6 +156,7 @@ export async function requestPosition(i) {
     setLine('#attention-status', '');
     setLine('#lens-status', '');
     renderAttention(i, w, data);
+    $('#attention').dataset.checkpoint = body.checkpoint || '';
     renderLens(i, data);
   }
   if (state.pinned === i) refreshMapFor(i);

@@ -1,6 +1,7 @@
 /* Read a text: every token of a pasted text shaded by the model's surprise at it (POST /api/read), and with
    a second run, the difference token by token. The page's only arithmetic is that difference of two API
-   numbers. A token of the picked run's reading is clicked for its features (features.js). */
+   numbers. The picked run reads at the weights the Over training slider picked; a second run at its own. A token
+   of the picked run's reading is clicked for its features (features.js). */
 
 import { api } from './api.js';
 import { $, el, setLine } from './dom.js';
@@ -8,7 +9,7 @@ import { lineBreaks, named, showsIds, tokenChip } from './chips.js';
 import { featuresAt } from './features.js';
 import { fmtBits, fmtInt, fmtSigned } from './format.js';
 import { BETTER_RGB, SURPRISE_RGB, WORSE_RGB, diffAlpha, shade, surpriseAlpha, swatch } from './shades.js';
-import { state } from './state.js';
+import { atStep, state, stepWords } from './state.js';
 import { offList } from './switches.js';
 
 let readSeq = 0; // counts reads, so that an answer for an earlier text or run is dropped
@@ -39,8 +40,8 @@ export async function readText() {
   setLine('#read-status', runB ? `reading with ${runA} and ${runB}…` : `reading with ${runA}…`);
   $('#read-go').disabled = true;
   const off = offList(); // the picked run's parts: a second run of another shape has other heads
-  const nameA = off.length ? `${runA} with ${off.join(', ')} off` : runA;
-  const asks = [api('POST', '/api/read', { run: runA, text, off })];
+  const nameA = `${runA}${stepWords()}${off.length ? ` with ${off.join(', ')} off` : ''}`;
+  const asks = [api('POST', '/api/read', atStep({ run: runA, text, off }))];
   if (runB) asks.push(api('POST', '/api/read', { run: runB, text }));
   const results = await Promise.allSettled(asks);
   if (seq !== readSeq) return;
@@ -53,7 +54,7 @@ export async function readText() {
   if (runB) pair.append(readRow(runB, results[1]));
   out.append(pair);
   const intact = results[0].status === 'fulfilled' && results[0].value.intact;
-  if (intact) out.append(diffRow(`${runA} intact`, intact, nameA, results[0].value));
+  if (intact) out.append(diffRow(`${runA}${stepWords()} intact`, intact, nameA, results[0].value));
   if (runB && results.every((r) => r.status === 'fulfilled')) out.append(diffRow(nameA, results[0].value, runB, results[1].value));
   const failed = results.filter((r) => r.status === 'rejected').length;
   if (failed) setLine('#read-status', failed === results.length ? 'the text could not be read' : 'one run could not read the text', true);

@@ -10,6 +10,7 @@ import { fmtInt, headName, plural } from './format.js';
 import { clearReadOutput, fillSecondRunPicker } from './read.js';
 import { state } from './state.js';
 import { buildSwitches } from './switches.js';
+import { clearTimeline, loadTimeline } from './timeline.js';
 import { fillPairPickers } from './twoheads.js';
 import { clearOutput, stopGeneration } from './write.js';
 
@@ -124,6 +125,7 @@ export function pickRun(name, again = false) {
   if (!again && state.run === name && (state.info || state.infoPromise)) return state.infoPromise;
   const seq = ++state.pickSeq;
   stopGeneration('run');
+  clearTimeline(); // the run's own weights, until its timeline's slider picks a snapshot
   state.run = name;
   state.info = null;
   for (const b of document.querySelectorAll('#runs .run')) {
@@ -143,6 +145,7 @@ export function pickRun(name, again = false) {
   clearOutput('Picked ' + name + '. Type a prompt and press Generate.');
   clearReadOutput();
   loadMetrics(name, seq);
+  loadTimeline(name, seq);
   state.infoPromise = loadInfo(name, seq);
   return state.infoPromise;
 }

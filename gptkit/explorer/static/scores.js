@@ -6,7 +6,7 @@ import { api } from './api.js';
 import { $, el, setLine } from './dom.js';
 import { fmtP, headName, quote, tokenNumber } from './format.js';
 import { ATT_RGB, attAlpha, shade } from './shades.js';
-import { state } from './state.js';
+import { atStep, state } from './state.js';
 import { offList } from './switches.js';
 
 let seq = 0;
@@ -23,7 +23,8 @@ export async function loadScores(l, h) {
   const mine = ++seq;
   let data;
   try {
-    data = await api('POST', '/api/scores', { run: state.run, ids: w.ids, position: w.position, layer: l, head: h, off: offList() });
+    data = await api('POST', '/api/scores', atStep({ run: state.run, ids: w.ids, position: w.position, layer: l, head: h,
+      off: offList() }));
   } catch (e) {
     if (mine === seq) setLine('#scores-status', e.message, true);
     return;

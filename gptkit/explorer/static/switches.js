@@ -2,16 +2,18 @@
    every layer's MLP, and features (their switches are in the Features panel, features.js). What is off travels
    with each request ("off": ["L0H3", "MLP1", "blocks.1.hook_resid_post F12"]), never as state on the server, so
    another tab's experiment never changes this one's numbers; the banner names it. Each head's switch wears the
-   label of what that head does most (GET /api/runs/{name}/heads), as its cell in the grid does. */
+   label of what that head does most (GET /api/runs/{name}/heads), as its cell in the grid does: at the weights
+   the Over training slider picked (?checkpoint=iter:N), if it picked a snapshot. */
 
 import { api, runUrl } from './api.js';
 import { $, el, setLine } from './dom.js';
 import { headName } from './format.js';
-import { state } from './state.js';
+import { state, stepWords } from './state.js';
 
-const KIND_WORDS = { previous_token: 'previous-token', first_token: 'first-token', duplicate_token: 'duplicate',
+export const KIND_WORDS = { previous_token: 'previous-token', first_token: 'first-token', duplicate_token: 'duplicate',
   induction: 'induction', local: 'local' };
 let changed = () => {}; // what the panels do when a part goes off or on again (explorer.js wires it)
+let labelSeq = 0; // counts label requests, so that the labels of weights no longer picked are dropped
 
 export function onOffChange(fn) {
   changed = fn;
@@ -106,20 +108,27 @@ export function allOn() {
 }
 
 async function loadLabels(name, seq) {
+  const mine = ++labelSeq;
+  const at = state.checkpoint ? '?checkpoint=' + encodeURIComponent(state.checkpoint) : '';
   try {
-    const labels = await api('GET', runUrl(name, '/heads'));
-    if (seq !== state.pickSeq) return;
+    const labels = await api('GET', runUrl(name, '/heads') + at);
+    if (seq !== state.pickSeq || mine !== labelSeq) return;
     state.labels = labels;
   } catch (e) {
-    if (seq === state.pickSeq) setLine('#switches-status', 'no labels: ' + e.message, true);
+    if (seq === state.pickSeq && mine === labelSeq) setLine('#switches-status', 'no labels: ' + e.message, true);
     return;
   }
   for (const b of document.querySelectorAll('#switches .switch')) {
     const m = /^L(\d+)H(\d+)$/.exec(b.dataset.name);
     if (m) b.querySelector('.switch-kind').textContent = headKind(Number(m[1]), Number(m[2]));
   }
-  setLine('#switches-status', `labels from what each head does on ${state.labels.text}`);
+  setLine('#switches-status', `labels from what each head does${stepWords()} on ${state.labels.text}`);
   changed(true);
+}
+
+/** The weights the panels read changed (the Over training slider): the heads' labels at those. */
+export function refreshLabels() {
+  if (state.run && state.info && state.info.n_layer) loadLabels(state.run, state.pickSeq);
 }
 
 /** The banner naming what is off; the server's note (every head off) when an answer brought one. */

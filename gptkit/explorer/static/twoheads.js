@@ -5,7 +5,7 @@ import { api } from './api.js';
 import { $, setLine, setupCanvas } from './dom.js';
 import { headName } from './format.js';
 import { ATT_RGB, attAlpha, rgba } from './shades.js';
-import { state } from './state.js';
+import { atStep, state, stepWords } from './state.js';
 import { headKind, offList } from './switches.js';
 
 const SIDES = ['a', 'b'];
@@ -44,7 +44,7 @@ export async function refreshPair() {
   let maps;
   try {
     maps = await Promise.all(heads.map(([layer, head]) => api('POST', '/api/attention_map',
-      { run: state.run, ids: w.ids, layer, head, off: offList() })));
+      atStep({ run: state.run, ids: w.ids, layer, head, off: offList() }))));
   } catch (e) {
     if (mine === seq) setLine('#pair-status', e.message, true);
     return;
@@ -75,6 +75,6 @@ function drawSmallMap(side, [l, h], data, query) {
   ctx.strokeRect(1, 1 + query * cell, T * cell, cell);
   const kind = headKind(l, h);
   const off = offList().includes(headName(l, h)) ? ' — switched off: its output is zeroed, its weights still computed' : '';
-  $(`#pair-title-${side}`).textContent = `${headName(l, h)}${kind ? ' · ' + kind : ''}${off}`;
+  $(`#pair-title-${side}`).textContent = `${headName(l, h)}${kind ? ' · ' + kind : ''}${stepWords()}${off}`;
   Object.assign(canvas.dataset, { ready: '1', layer: String(l), head: String(h) });
 }

@@ -1,5 +1,6 @@
 /* Write: the prompt goes to POST /api/generate and the model's tokens stream back (server-sent events),
-   each shown as a chip shaded by the probability the model gave it. */
+   each shown as a chip shaded by the probability the model gave it; written by the weights the Over training
+   slider picked, if it picked a snapshot. */
 
 import { ApiError, refusal } from './api.js';
 import { $, el, placeholder, setLine } from './dom.js';
@@ -9,7 +10,7 @@ import { fmtP, plural } from './format.js';
 import { clearInspector } from './inspector.js';
 import { numberField, readKnobs, stopText } from './knobs.js';
 import { PROB_RGB, probAlpha, shade } from './shades.js';
-import { state } from './state.js';
+import { atStep, state, stepWords } from './state.js';
 import { offList } from './switches.js';
 
 let gen = null; // the AbortController of the running generation; its `why` says who stopped it
@@ -42,7 +43,7 @@ function generationRequest() {
   const bad = [knobs, seed, maxTokens].find((f) => f.error);
   if (bad) return { error: bad.error };
   const typed = $('#prompt').value;
-  return {
+  return atStep({
     run: state.run,
     prompt: typed === '' ? '\n' : typed, // sample.py's default start
     temperature: knobs.temperature,
@@ -52,7 +53,7 @@ function generationRequest() {
     max_tokens: maxTokens.value,
     stop: stopText(),
     off: offList(),
-  };
+  });
 }
 
 export async function generate() {
@@ -70,7 +71,7 @@ export async function generate() {
   }
   clearOutput(null);
   setGenerating(true);
-  const without = body.off.length ? ` with ${body.off.join(', ')} off` : '';
+  const without = stepWords() + (body.off.length ? ` with ${body.off.join(', ')} off` : '');
   setLine('#status', (fromNewline ? 'generating from a newline (the prompt is empty)' : 'generating') + without + '…');
   const counter = { tokens: 0, ended: false };
   try {
