@@ -7,6 +7,7 @@ Prepare a text corpus for training.
     python data/prepare.py --input=my.txt --name=mine_512 --tokenizer=bpe --vocab_size=512 --show_merges=10  # trained
     python data/prepare.py --input=corpus/ --name=web --tokenizer=gpt2     # .jsonl(.gz/.zst), .parquet, text
     python data/prepare.py --input=my.txt --name=mine --tokenizer=gpt2 --start_over=True  # replace dataset 'mine'
+    python data/prepare.py --synthetic=repeats                 # random strings, each written twice -> data/repeats/
 
 A dataset made from other text or with another tokenizer is replaced only with --start_over=True: runs trained on
 it need its token ids (docs/corpora.md#preparing-a-dataset-again).

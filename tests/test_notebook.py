@@ -95,14 +95,11 @@ def test_the_notebook_runs_on_a_bpe_run(bpe_trained_run, tmp_path):
 def test_watch_it_learn_runs_on_a_run_trained_on_lines_written_twice(tmp_path):
     """A tiny two-layer attention-only model trained a few steps on random letter strings each written twice,
     keeping its timeline and snapshots: every step of the lesson runs on it."""
-    import random
-
     import train
     from gptkit.data.preparing import PrepareConfig, prepare
+    from gptkit.data.synthetic import repeats_text
 
-    rng = random.Random(0)
-    lines = ["".join(rng.sample("abcdefghijklmnopqrstuvwxyz", rng.randint(4, 10))) for _ in range(3000)]
-    (tmp_path / "repeats.txt").write_text("".join(s + s + "\n" for s in lines), encoding="utf-8")
+    (tmp_path / "repeats.txt").write_text(repeats_text(3000), encoding="utf-8")
     prepare(PrepareConfig(input=str(tmp_path / "repeats.txt"), name="repeats", data_dir=str(tmp_path / "data")))
     out = tmp_path / "out-induction"
     train.main([f"--data_dir={tmp_path / 'data'}", "--dataset=repeats", f"--out_dir={out}", "--device=cpu",

@@ -11,6 +11,7 @@ import torch
 
 from gptkit.base.errors import UserError, first_line
 from gptkit.data.preparing import TOKEN_DTYPES, data_root, meta_checksum
+from gptkit.data.synthetic import SYNTHETIC
 from gptkit.data.tokenizer import tokenizer_from_meta, trained_bpe
 from gptkit.data.versions import DATASET_FILE
 
@@ -26,6 +27,7 @@ def load_meta(data_dir, dataset):
             raise UserError(f"dataset {folder} is a file, not a folder made by data/prepare.py")
         # with no --input, prepare.py downloads tinyshakespeare into exactly this folder
         how = ("python data/prepare.py" if folder.name == "shakespeare_char" else
+               f"python data/prepare.py --synthetic={folder.name}" if folder.name in SYNTHETIC else
                f"python data/prepare.py --input=YOUR.txt --name={folder.name}")
         how += f" --data_dir={data_dir}" if data_dir and "/" not in dataset else ""  # where this run looks
         raise UserError(f"dataset folder {folder} not found; create it with `{how}`")

@@ -28,10 +28,12 @@ from tqdm import tqdm
 
 from gptkit.base.errors import RunStopped, UserError
 from gptkit.base.files import refuse_link, write_whole
+from gptkit.base.settings import closest
 from gptkit.base.signals import StopSignals
 from gptkit.data.bpe import WordCounts, check_vocab_size, merges_table, save_tokenizer, saved_checksum, train_bpe
 from gptkit.data.shards import CHUNK_TOKENS, ShardWriter, sha256_of, tokenized
 from gptkit.data.sources import Reader, Tally, kind_of, read_record, shown, source_files
+from gptkit.data.synthetic import SYNTHETIC, write_source
 from gptkit.data.tokenizer import TiktokenTokenizer, TrainedBPE, make_tokenizer, prepare_options, same_token_ids
 from gptkit.data.versions import (LINKED, bare, check_room, commit, dataset_lock, remove_bare, remove_leftovers,
                                   stopped_work, sync, work_folder)
@@ -50,7 +52,8 @@ TOKENIZER_FILE = "tokenizer.json"  # a trained BPE's merges, in the dataset fold
 @dataclass
 class PrepareConfig:
     input: str = ""  # a text, .jsonl(.gz/.zst) or .parquet file, or a folder of them ('' = download tinyshakespeare)
-    name: str = "shakespeare_char"  # output folder name under data_dir
+    synthetic: str = ""  # instead of --input, text made by a seeded generator: 'repeats' (gptkit/data/synthetic.py)
+    name: str = ""  # output folder name under data_dir ('' = shakespeare_char, or the --synthetic corpus's name)
     tokenizer: str = "char"  # 'char', 'bpe' (trained on this corpus) or a tiktoken encoding (gpt2, cl100k_base, ...)
     vocab_size: int = 0  # with --tokenizer=bpe: the tokens to train, the 256 bytes and <|endoftext|> included
     show_merges: int = 0  # with --tokenizer=bpe: print the first K merges the tokenizer learned, with their counts
@@ -64,6 +67,12 @@ class PrepareConfig:
     start_over: bool = False  # replace a dataset under --name made from other text or with another tokenizer (deleted)
 
     def __post_init__(self):
+        if self.synthetic and self.synthetic not in SYNTHETIC:
+            raise ValueError(f"unknown --synthetic={self.synthetic}{closest(self.synthetic, SYNTHETIC)} (known: "
+                             f"{', '.join(SYNTHETIC)})")
+        if self.synthetic and self.input:
+            raise ValueError("--input and --synthetic each name the text to prepare: give one of them")
+        self.name = self.name or self.synthetic or "shakespeare_char"
         if not 0 < self.val_fraction < 1:
             raise ValueError(f"val_fraction must be between 0 and 1 (got {self.val_fraction})")
         if not self.name or "/" in self.name or self.name.startswith("."):
@@ -131,8 +140,8 @@ def prepare(cfg):
     made only with start_over); return the folder and the metadata. One that makes no dataset leaves no lock or
     folder of its own behind, so that train.py's hint for a missing dataset is the one it shows."""
     out_dir = data_root(cfg.data_dir) / cfg.name
-    if not cfg.input and cfg.name != "shakespeare_char":
-        raise UserError("pass the text to prepare with --input=PATH")
+    if not (cfg.input or cfg.synthetic) and cfg.name != "shakespeare_char":
+        raise UserError(f"pass the text to prepare with --input=PATH, or --synthetic={'|'.join(SYNTHETIC)}")
     files = source_files(cfg.input) if cfg.input else None
     check_room(out_dir)
     made = bare(out_dir)  # missing, or as a prepare that failed left it: this one's to remove (a user's stays)
@@ -147,7 +156,8 @@ def prepare(cfg):
 
 def prepare_locked(cfg, out_dir, files):
     """prepare's work, holding the dataset's lock: the metadata."""
-    files = files or [download_shakespeare(out_dir / "input.txt")]
+    files = files or [write_source(cfg.synthetic, out_dir) if cfg.synthetic
+                      else download_shakespeare(out_dir / "input.txt")]
     if sum(f.stat().st_size for f in files) == 0:
         raise UserError(f"input {shown(cfg.input or files[0])} is empty")
     check_replacing(cfg, files, out_dir)

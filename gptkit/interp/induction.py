@@ -1,6 +1,6 @@
-"""The induction lesson's measurements, on a run trained on lines each written twice (data/prepare.py
---synthetic=repeats): the loss on the first and on the second copy of each line, what switching heads off does to
-each, and the lesson's targets read from the run's timeline."""
+"""The induction lesson's measurements, on a run trained on random strings each written twice (data/prepare.py
+--synthetic=repeats): the loss on the first and on the second copy of fresh pairs, what switching heads off does
+to each, and the lesson's targets read from the run's timeline."""
 
 import math
 
@@ -10,49 +10,39 @@ from gptkit.interp.experiments import open_run, token_losses
 from gptkit.interp.timeline import phase_change, timeline_of
 
 INDUCTION_AT_LEAST = 0.3  # the layer-1 heads ablated as induction heads: their score at least this
+PROBE_SEED = 12345  # the fresh pairs the copy losses read: not the training data's (seed 0)
 
 
-def doubled_lines(tokens, newline, block_size, max_windows=256):
-    """Windows of whole lines from a token stream of lines each written twice (s s, then a newline): (idx, targets,
-    first, second), (B, T) each; first and second mark the targets inside each copy, the copy's first letter left
-    out (nothing before it says what it is)."""
-    rows, firsts, seconds, free_from = [], [], [], 0
-    for begin in ((tokens == newline).nonzero().flatten() + 1).tolist():  # each line's start, windows apart
-        window = tokens[begin:begin + block_size + 1]
-        if len(window) < block_size + 1 or len(rows) == max_windows:
+def copy_windows(tok, block_size, windows=256, seed=PROBE_SEED):
+    """Fresh pairs of the repeats corpus's kind (gptkit/data/synthetic.py: random strings, each written twice, one
+    pair after another), in windows: (idx, targets, first, second), (B, T) each; first and second mark the
+    targets inside each copy of a pair that starts inside the window, the copy's first letter left out (nothing
+    before it says what it is)."""
+    from gptkit.data.synthetic import repeats_strings
+
+    text, role, start = [], [], []
+    for s in repeats_strings(count=2 ** 62, seed=seed):
+        if len(text) > windows * block_size:
             break
-        if begin < free_from:
-            continue
-        first, second = torch.zeros(block_size, dtype=torch.bool), torch.zeros(block_size, dtype=torch.bool)
-        line_start = 0
-        for line_end in (window == newline).nonzero().flatten().tolist():
-            half = (line_end - line_start) // 2
-            if half > 1 and torch.equal(window[line_start:line_start + half], window[line_start + half:line_end]):
-                first[line_start:line_start + half - 1] = True  # target i is the window's token i + 1
-                second[line_start + half:line_start + 2 * half - 1] = True
-            line_start = line_end + 1
-        rows.append(window)
-        firsts.append(first)
-        seconds.append(second)
-        free_from = begin + block_size
-    xy = torch.stack(rows)
-    return xy[:, :-1], xy[:, 1:], torch.stack(firsts), torch.stack(seconds)
+        n = len(s)
+        start += [len(text)] * (2 * n)
+        text += [*s, *s]
+        role += [0] + [1] * (n - 1) + [0] + [2] * (n - 1)
+    ids, role, start = torch.tensor(tok.encode("".join(text))), torch.tensor(role), torch.tensor(start)
+    span = windows * block_size
+    idx, targets = ids[:span].view(windows, -1), ids[1:span + 1].view(windows, -1)
+    role, start = role[1:span + 1].view(windows, -1), start[1:span + 1].view(windows, -1)
+    inside = start >= (torch.arange(windows) * block_size)[:, None]
+    return idx, targets, (role == 1) & inside, (role == 2) & inside
 
 
 @torch.no_grad()
 def copy_losses(model, windows):
-    """(mean loss on the first copies, on the second copies) over the windows of doubled_lines."""
+    """(mean loss on the first copies, on the second copies) over the windows of copy_windows."""
     idx, targets, first, second = windows
-    losses = token_losses(model(idx, targets)[0], targets)
+    losses = token_losses(model(idx.to(next(model.parameters()).device), None)[0] if False else
+                          model(idx, targets)[0], targets)
     return losses[first].mean().item(), losses[second].mean().item()
-
-
-def val_tokens(run):
-    from gptkit.data.dataset import Split, load_meta
-
-    folder, meta = load_meta(run.trained_on.get("data_dir", ""), run.trained_on.get("dataset", "repeats"))
-    split = Split(folder, "val", meta, run.config.block_size)
-    return torch.from_numpy(split.shards[0].tokens()[:split.length].astype("int64"))
 
 
 def induction_report(out_dir):
@@ -60,7 +50,7 @@ def induction_report(out_dir):
     from gptkit.run.metrics import read_metrics
 
     run = open_run(out_dir)
-    windows = doubled_lines(val_tokens(run), run.tok.encode("\n")[0], run.config.block_size)
+    windows = copy_windows(run.tok, run.config.block_size)
     timeline = [t for t in timeline_of(read_metrics(out_dir)) if t.get("heads")]
     first, last = timeline[0]["heads"]["induction"], timeline[-1]["heads"]["induction"]
     steps = timeline[-1]["iter"]
