@@ -4,7 +4,6 @@ targets. The default config is trained first (its 4 x 128 shape kept with --min_
 own, whose wall time and peak memory (its largest resident set) are measured."""
 
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -20,6 +19,11 @@ from gptkit.base.settings import parse_config
 TARGETS = {"explained_variance": (">=", 0.92), "ce_loss_recovered": (">=", 0.97), "delta_loss": ("<=", 0.08),
            "dead_fraction": ("<", 0.05)}
 SECONDS, PEAK_GB = 300, 1.0
+# a process whose one child is the command: its children's peak resident set is the command's alone (this
+# process's own children include the training run before it)
+MEASURED = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
+            "print(f'peak_kib={resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}', file=sys.stderr); "
+            "sys.exit(code)")
 
 
 @dataclass
@@ -46,13 +50,12 @@ def main(argv):
                f"--features={cfg.features}", f"--k={cfg.k}", "--json", "--start_over=True", *cfg.extra.split()]
     print(f"machine: {device_name('cpu')}, torch {torch.__version__}\n$ {' '.join(command[1:])}", flush=True)
     start = time.perf_counter()
-    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", MEASURED, *command], cwd=REPO, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if proc.returncode:
         raise UserError(f"analyze.py features failed: {proc.stderr.strip().splitlines()[-1:]}")
-    peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB on Linux
-    answer = json.loads(proc.stdout)
-    report(answer, seconds, peak_gb)
+    peak_gb = int(proc.stderr.strip().splitlines()[-1].removeprefix("peak_kib=")) / 2**20
+    report(json.loads(proc.stdout), seconds, peak_gb)
 
 
 def report(answer, seconds, peak_gb):

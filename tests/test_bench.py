@@ -410,3 +410,25 @@ def test_startup_bench_counts_the_runs_that_took_the_first_runs_choices(monkeypa
     assert "two busy  1 of 2 took 4x128 bfloat16 folded relu2; others: [('3x128', 'float32', 'fused', 'relu2')]" in out
     with pytest.raises(ValueError, match="parts must be some of startup, same, budget"):
         startup.StartupBenchConfig(parts="startup,warmup")
+
+
+def test_features_bench_times_the_command_and_measures_its_own_memory(trained_run, tmp_path, capsys):
+    """bench.py features on a run already trained: the whole command's time, its peak memory (its own, not the
+    training run's before it), and each metric against its target; the 20 most frequent features' contexts."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(trained_run[0], out)
+    bench.main(["features", f"--out_dir={out}", "--layer=1", "--features=64", "--k=4",
+                "--extra=--tokens=4096 --batch=256 --eval_tokens=256"])
+    printed = capsys.readouterr().out
+    rows = {line[:22].strip(): line[22:].split() for line in printed.splitlines() if line[:1].isalpha()}
+    assert float(rows["whole command"][0]) > 0 and 0.05 < float(rows["peak memory"][0]) < 8
+    for metric in ("explained variance", "ce loss recovered", "delta loss", "dead fraction"):
+        assert math.isfinite(float(rows[metric][0])) and rows[metric][-1] == "met", rows[metric]  # met or NOT met
+    assert "the 20 most frequent features" in printed
+
+
+def test_timeline_bench_refuses_a_part_it_does_not_have():
+    with pytest.raises(UserError, match="parts: unknown part 'speed'; choose from cost, induction"):
+        bench.main(["timeline", "--parts=speed"])

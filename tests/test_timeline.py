@@ -165,3 +165,15 @@ def test_a_run_without_a_timeline_or_without_attention_is_one_line(timed_run, tm
     records = timeline(bigram)
     assert records and all("heads" not in t for t in records)
     assert torch.tensor([t["icl"] for t in records]).isfinite().all()
+
+
+def test_a_run_started_over_moves_the_old_runs_snapshots_aside(timed_run, tmp_path, data_dir):
+    """A fresh run into a folder with another run's snapshots moves them aside with its other files: the new run's
+    snapshots are its own, never thinned together with the old run's."""
+    out = tmp_path / "run"
+    shutil.copytree(timed_run, out)
+    train.main(train_args(data_dir, out, *SHORT, "--max_iters=12", "--snapshots=2", "--start_over=True"))
+    aside = next(out.glob("replaced-*"))
+    assert sorted(p.name for p in (aside / "snapshots").iterdir()) == \
+        sorted(p.name for p in (timed_run / "snapshots").iterdir())
+    assert sorted(p.name for p in (out / "snapshots").iterdir()) == ["iter_0.pt", "iter_12.pt"]

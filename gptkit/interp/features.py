@@ -5,7 +5,9 @@ feature's top contexts, frequency and logit effect, and features switched off in
 
 The folder of an SAE, out_dir/sae/<hook name>/:
     cfg.json, sae_weights.safetensors   SAELens's own files (SAE.load_from_disk reads them), raw activations in
+    features.json                       every feature's row: frequency, top contexts, the tokens it pushes
     gptkit.json                         settings, metrics, each file's sha256, and the run's weights it read
+    features.html                       the rows as a page (analyze.py features writes it)
     training.pt                         while training: the state a stopped training continues from"""
 
 import hashlib

@@ -127,6 +127,7 @@ class Trainer:
         guess = sae.decode_sparse(values.relu(), indices) - sae.b_dec  # their rows alone
         return (guess - residual).pow(2).sum(-1).mean() / residual.pow(2).sum(-1).mean().clamp_min(1e-12)
 
+    @torch.no_grad()  # W requires grad: outside no_grad the subtraction would chain a graph onto the gradient
     def keep_decoder_norm_gradient(self):
         """The decoder's rows are renormalised after the step: the gradient along a row would only change its
         length, so it is removed, leaving Adam's moments to the directions."""

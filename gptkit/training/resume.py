@@ -30,7 +30,9 @@ def claim_for_a_new_run(cfg, run, note):
     """A run that starts afresh (from scratch, pretrained weights, or 'auto' finding no state to continue) into a
     folder holding another run's files would replace its best.pt and append to its metrics.jsonl: refuse, naming
     the ways on; with start_over, move the old run's files into a folder beside them first, deleting nothing."""
-    found = [p for p in (run.latest, run.previous, run.best, run.legacy, run.metrics) if p.exists()]
+    # snapshots and SAEs too: another run's weights, which a new run's would be mixed with or taken for
+    found = [p for p in (run.latest, run.previous, run.best, run.legacy, run.metrics, run.snapshots,
+                         run.path / "sae") if p.exists()]
     resumable = cfg.init_from == "resume" or cfg.init_from == "auto" and run.resume_candidates()
     if not found or resumable:
         return
