@@ -348,6 +348,7 @@ def timeline_steps(steps):
 
 def timeline_table(steps, phase):
     from gptkit.interp.experiments import KINDS
+    from gptkit.interp.timeline import FORMED_AT
     from gptkit.lab.ladder import markdown_table
 
     def strongest(s, kind):
@@ -358,9 +359,15 @@ def timeline_table(steps, phase):
               *(strongest(s, k) for k in KINDS)] for s in steps]
     table = markdown_table(["step", "val loss", "in-context learning", *(f"strongest {k.replace('_', '-')}"
                                                                           for k in KINDS)], cells, numeric={0, 1, 2})
-    return (f"{table}\n\nthe phase change: the strongest induction head, L{phase['layer']}H{phase['head']}, rose "
-            f"fastest at step {phase['induction_iter']:,}; the in-context learning score fell fastest at step "
-            f"{phase['icl_iter']:,} (docs/analysis.md#timeline defines both)")
+    head = f"L{phase['layer']}H{phase['head']}"
+    best = next(h["induction"] for h in steps[-1]["heads"] if (h["layer"], h["head"]) == (phase["layer"],
+                                                                                           phase["head"]))
+    if best < FORMED_AT:  # the steepest moves of scores that stayed near chance are noise, not a phase change
+        return (f"{table}\n\nno induction head formed (the strongest, {head}, ends at {best:.2f}, below "
+                f"{FORMED_AT}): no phase change to locate")
+    return (f"{table}\n\nthe phase change: the strongest induction head, {head}, rose fastest at step "
+            f"{phase['induction_iter']:,}; the in-context learning score fell fastest at step {phase['icl_iter']:,} "
+            "(docs/analysis.md#python-analyzepy-timeline defines both)")
 
 
 def analyze_timeline(cfg):

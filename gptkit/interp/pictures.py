@@ -362,17 +362,19 @@ def draw_timeline(steps, losses, phase, title, path, dpi=100):
     bottom[0].set_title("loss", fontsize=HEAD_PT)
     bottom[0].legend(fontsize=LABEL_PT - 2)
     bottom[1].plot([s["iter"] for s in steps], [s["icl"] for s in steps], color="black", linewidth=1.2)
-    bottom[1].set_title("in-context learning score (late − early loss)", fontsize=HEAD_PT)
+    bottom[1].set_title("in-context learning score", fontsize=HEAD_PT)
+    bottom[1].set_ylabel("late − early loss", fontsize=LABEL_PT)
     for ax in bottom[2:]:
         ax.axis("off")
-    for ax in axes.flat:
+    for ax in (ax for ax in axes.flat if ax.axison):
         ax.set_xscale("symlog", linthresh=10)  # steps 0, 1, 2, 4, ... then every evaluation
         if phase and phase.get("induction_iter") is not None:
             ax.axvline(phase["induction_iter"], color="tab:red", linestyle="--", linewidth=0.8)
         if phase and phase.get("icl_iter") is not None:
             ax.axvline(phase["icl_iter"], color="black", linestyle=":", linewidth=0.8)
-    for ax in axes[L]:
+    for ax in axes[L][:2]:
         ax.set_xlabel("step", fontsize=LABEL_PT)
-    fig.suptitle(title, fontsize=TITLE_PT)
+    width = int(2.6 * columns * 11)  # characters of the title's size that fit across the figure
+    fig.suptitle("\n".join(textwrap.fill(line, width) for line in title.splitlines()), fontsize=TITLE_PT)
     fig.set_layout_engine("tight")  # laid out as it is saved, where its warnings are gathered
     save(fig, path, dpi)

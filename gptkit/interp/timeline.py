@@ -21,6 +21,7 @@ SCORE_WINDOWS = 16  # val windows the previous-token, first-token and local scor
 ICL_WINDOWS = 64  # val windows the in-context learning score and the loss by position read
 ICL_EARLY, ICL_LATE = 50 / 512, 500 / 512  # Olsson et al.'s 50th and 500th tokens, as shares of the context
 POSITION_BUCKETS = 8
+FORMED_AT = 0.3  # a head has formed once its score of a kind reaches this (the lab's "step N", the phase change's)
 
 
 def icl_positions(block_size):

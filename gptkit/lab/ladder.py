@@ -24,7 +24,7 @@ from gptkit.data.dataset import Split, bits_per_char, fixed_offsets, load_meta
 from gptkit.data.tokenizer import tokenizer_from_meta
 from gptkit.interp.experiments import KINDS, head_scores, induction_tokens
 from gptkit.interp.hooks import attention_maps
-from gptkit.interp.timeline import timeline_of
+from gptkit.interp.timeline import FORMED_AT, timeline_of
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.run.metrics import read_metrics
 from gptkit.run.run_folder import RunDir, load_model
@@ -51,7 +51,6 @@ RECIPE = ("--block_size=32", "--batch_size=16", "--n_layer=2", "--n_head=1", "--
 MAX_ITERS = 1_000_000
 SAMPLE_TEMPERATURE = 0.8  # as sample.py: a little safer than the model's own distribution
 ENTROPY_WINDOWS = 8  # val windows whose attention the entropy is averaged over
-FORMED_AT = 0.3  # a head has formed once its score of a kind reaches this (the table's "step N")
 RESULT = "lab.json"  # a rung's row, in its folder
 STOP_GRACE_S = 30  # how long a stopped train.py may take to save its step before it is killed
 
