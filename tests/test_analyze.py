@@ -101,8 +101,8 @@ def test_one_head_is_every_head_allowed_with_a_note(data_dir, tmp_path):
                     n_head=1)
     proc = check_ok(run_here("analyze.py", "heads", out, "--tokens=64"))
     assert "| 0     | L0H0 |" in proc.stdout
-    assert proc.stderr.strip().splitlines()[-1] == ("note: the model has one head, so ablating it switches every head off (allowed: "
-                                   "its row is what all of attention adds)")
+    assert proc.stderr.strip().splitlines()[-1] == ("note: the model has one head, so ablating it switches every "
+                                                    "head off (allowed: its row is what all of attention adds)")
 
 
 # ----------------------------------------------------------------------------- files: whole, where they may go

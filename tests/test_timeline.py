@@ -56,8 +56,8 @@ def test_a_records_head_scores_are_analyze_heads_on_the_weights_of_that_step(tim
 def test_a_resumed_runs_timeline_is_the_uninterrupted_ones(tmp_path, data_dir):
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     train.main(train_args(data_dir, straight, *SHORT, "--snapshots=3"))
-    proc = Run(train_cmd(data_dir, stopped, *SHORT, "--snapshots=3", script=faulty_train(tmp_path, signal=("SIGTERM", 14, [0]))),
-               tmp_path / "log")
+    script = faulty_train(tmp_path, signal=("SIGTERM", 14, [0]))
+    proc = Run(train_cmd(data_dir, stopped, *SHORT, "--snapshots=3", script=script), tmp_path / "log")
     assert proc.wait() == 143
     train.main(train_args(data_dir, stopped, *SHORT, "--snapshots=3", "--init_from=auto"))
     def numbers(out):  # each record but the seconds it was written at
