@@ -138,7 +138,7 @@ def test_analyze_timeline_prints_a_table_draws_the_picture_and_answers_json(time
 
     picture = tmp_path / "t.png"
     proc = check_ok(run_here("analyze.py", "timeline", timed_run, f"--output={picture}"))
-    assert "the phase change: the strongest induction head" in proc.stdout
+    assert "no induction head formed (the strongest, " in proc.stdout  # 30 steps: none, so no phase change
     assert_png(picture)
     answer = json.loads(check_ok(run_here("analyze.py", "timeline", timed_run, "--json",
                                           f"--output={picture}")).stdout)
@@ -177,3 +177,19 @@ def test_a_run_started_over_moves_the_old_runs_snapshots_aside(timed_run, tmp_pa
     assert sorted(p.name for p in (aside / "snapshots").iterdir()) == \
         sorted(p.name for p in (timed_run / "snapshots").iterdir())
     assert sorted(p.name for p in (out / "snapshots").iterdir()) == ["iter_0.pt", "iter_12.pt"]
+
+
+def test_the_table_names_the_phase_change_only_where_an_induction_head_formed():
+    import analyze
+
+    def step(i, score):
+        row = {"layer": 1, "head": 0, "previous_token": 0.0, "first_token": 0.0, "duplicate_token": 0.0,
+               "induction": score, "local": 0.0}
+        return {"iter": i, "val_loss": None, "icl": 0.0, "heads": [row]}
+    phase = {"induction_iter": 150, "icl_iter": 160, "layer": 1, "head": 0}
+    formed = analyze.timeline_table([step(0, 0.05), step(300, 0.7)], phase)
+    assert formed.endswith("the phase change: the strongest induction head, L1H0, rose fastest at step 150; the "
+                           "in-context learning score fell fastest at step 160 (docs/analysis.md#python-analyzepy-"
+                           "timeline defines both)")
+    assert analyze.timeline_table([step(0, 0.05), step(300, 0.1)], phase).endswith(
+        "no induction head formed (the strongest, L1H0, ends at 0.10, below 0.3): no phase change to locate")

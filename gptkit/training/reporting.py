@@ -70,7 +70,8 @@ class Reporter:
 
     def recorded(self, iter_num):
         """The timeline's record of this step (once a step), and with --snapshots the weights kept."""
-        if not self.rt.master or not self.cfg.timeline or iter_num == self.last_record:
+        # eval_only evaluates a saved state whose record its run made already
+        if not self.rt.master or not self.cfg.timeline or self.cfg.eval_only or iter_num == self.last_record:
             return
         self.last_record = iter_num
         with self.state.scored(), eagerly():
