@@ -412,7 +412,7 @@ def sae_recipe(run, cfg):
 
 def trained_sae(run, cfg, recipe, folder):
     """The SAE of this recipe in folder, trained now unless it is there already: (SAE, its dead fraction, the
-    scale it was trained at, None for one read from the folder)."""
+    scale it was trained at, its feature table), the last two None for one trained now and one read back."""
     from gptkit.base.files import writable
     from gptkit.interp.features import OURS_FILE, TRAINING_FILE, load_sae, read_ours, train_sae
 
@@ -422,9 +422,9 @@ def trained_sae(run, cfg, recipe, folder):
             raise UserError(f"{folder} holds an SAE trained with other settings "
                             f"({settings_diff(ours.get('recipe'), recipe)}); pass those to read it, or "
                             "--start_over=True to replace it")
-        sae, ours = load_sae(folder, run.model)
+        sae, ours, table = load_sae(folder, run.model)
         print(f"the SAE trained earlier, from {folder}", file=sys.stderr)
-        return sae, ours["metrics"]["dead_fraction"], None
+        return sae, ours["metrics"]["dead_fraction"], None, table
     writable(folder / OURS_FILE)
     if cfg.start_over and folder.is_dir():
         (folder / TRAINING_FILE).unlink(missing_ok=True)
@@ -435,7 +435,7 @@ def trained_sae(run, cfg, recipe, folder):
         raise UserError(f"the train split has {split.length:,} tokens: too few to train an SAE on batches of "
                         f"{recipe.batch:,}; lower --batch or prepare more text")
     sae, scale, trainer = train_sae(run.model.requires_grad_(False), split, recipe, folder)
-    return sae, trainer.dead_fraction(), scale
+    return sae, trainer.dead_fraction(), scale, None
 
 
 def settings_diff(saved, recipe):
@@ -445,14 +445,13 @@ def settings_diff(saved, recipe):
 
 def analyze_features(cfg):
     from gptkit.interp.experiments import open_run
-    from gptkit.interp.features import (TABLE_FILE, TRAINING_FILE, feature_rows, measure, save_sae,
-                                        weights_fingerprint)
+    from gptkit.interp.features import TRAINING_FILE, feature_rows, measure, save_sae, weights_fingerprint
 
     run = open_run(cfg.out_dir, cfg.checkpoint, pick_device(cfg.device))
     recipe = sae_recipe(run, cfg)
     folder = run.out_dir / "sae" / recipe.hook
     idx, targets, where = val_windows(run, cfg, "cpu", cfg.eval_tokens)
-    sae, dead, scale = trained_sae(run, cfg, recipe, folder)
+    sae, dead, scale, table = trained_sae(run, cfg, recipe, folder)
     metrics = measure(run.model, sae, recipe.hook, idx, targets, dead)
     if scale is not None:  # trained now: kept with its metrics, every feature's row and the weights it read
         table = feature_rows(run.model, run.tok, sae, recipe.hook, idx, sae.d_sae)
@@ -461,8 +460,6 @@ def analyze_features(cfg):
                   "run_weights": weights_fingerprint(run.model), "checkpoint": cfg.checkpoint,
                   "contexts_from": where}, table)
         (folder / TRAINING_FILE).unlink(missing_ok=True)
-    else:
-        table = json.loads((folder / TABLE_FILE).read_text(encoding="utf-8"))
     rows = table[:cfg.show]
     write_feature_page(folder / "features.html", recipe, metrics, rows, where)
     answer(cfg, {"metrics": {k: metrics.to_json()[k] for k in ("l0", "explained_variance", "ce_loss_recovered",

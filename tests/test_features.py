@@ -174,7 +174,7 @@ def test_sae_lens_loads_the_saved_sae_and_reconstructs_the_same_activations(trai
     assert sorted(p.name for p in folder.iterdir()) == ["cfg.json", "features.html", "features.json", "gptkit.json",
                                                         "sae_weights.safetensors"]
     run = open_run(out)
-    ours, _ = load_sae(folder, run.model)
+    ours, _, _ = load_sae(folder, run.model)
     theirs = sae_lens.SAE.load_from_disk(str(folder), device="cpu")
     assert type(theirs).__name__ == "TopKSAE" and theirs.cfg.k == 4 and theirs.cfg.d_sae == 64
     x = site_activations(run.model, torch.randint(0, run.config.vocab_size, (4, 32)), "blocks.1.hook_resid_post")

@@ -312,7 +312,7 @@ def read_ours(folder):
 
 def load_sae(folder, model):
     """The SAE saved in folder, checked: its files as gptkit.json recorded them, and read from these weights.
-    (SparseAutoencoder, gptkit.json's content)."""
+    (SparseAutoencoder, gptkit.json's content, features.json's rows), each read from the bytes checked."""
     from safetensors import SafetensorError
     from safetensors.torch import load
 
@@ -335,12 +335,12 @@ def load_sae(folder, model):
         raise UserError(f"the SAE in {folder} was trained on other weights than this run's checkpoint (the run was "
                         f"trained again, or the SAE copied from another run); {again}")
     try:
-        state, cfg = load(blobs[WEIGHTS_FILE]), json.loads(blobs[CFG_FILE])
+        state, cfg, table = load(blobs[WEIGHTS_FILE]), json.loads(blobs[CFG_FILE]), json.loads(blobs[TABLE_FILE])
         sae = SparseAutoencoder(cfg["d_in"], cfg["d_sae"], cfg["k"])
         sae.load_state_dict(state)
     except (SafetensorError, ValueError, KeyError, RuntimeError) as e:
         raise UserError(f"the SAE in {folder} cannot be read ({first_line(e)}); {again}") from None
-    return sae.eval().requires_grad_(False), ours
+    return sae.eval().requires_grad_(False), ours, table
 
 
 # ----------------------------------------------------------------------------- from Python
@@ -358,9 +358,8 @@ class Features:
         if not isinstance(hook, str) or hook not in hook_points(run.model):
             raise UserError(f"features are read at a hook point of the model, e.g. 'blocks.0.hook_resid_post'; got "
                             f"{str(hook)[:60]!r}")
-        folder = run.out_dir / "sae" / hook
-        sae, ours = load_sae(folder, run.model)
-        return cls(sae, hook, ours, json.loads((folder / TABLE_FILE).read_text(encoding="utf-8")))
+        sae, ours, table = load_sae(run.out_dir / "sae" / hook, run.model)
+        return cls(sae, hook, ours, table)
 
     @property
     def d_sae(self):
@@ -437,11 +436,10 @@ def logit_effects(model, sae, n, vocab):
 def context_of(tok, idx, position, width):
     """(before, the token, after) around a flat position of idx (B, T), width tokens either side, within its
     window."""
-    B, T = idx.shape
-    row, t = divmod(position, T)
-    ids = idx[row].tolist()
-    text = [tok.decode([i]) for i in ids]
-    return "".join(text[max(0, t - width):t]), text[t], "".join(text[t + 1:t + 1 + width])
+    row, t = divmod(position, idx.size(1))
+    start = max(0, t - width)
+    text = [tok.decode([i]) for i in idx[row, start:t + 1 + width].tolist()]  # the tokens shown, decoded once
+    return "".join(text[:t - start]), text[t - start], "".join(text[t - start + 1:])
 
 
 def feature_rows(model, tok, sae, hook, idx, count, n_contexts=4, width=12):
