@@ -30,6 +30,7 @@ from gptkit.training.evaluation import evaluate, evaluate_split
 from gptkit.training.optimizers import lr_factor_at, set_lr, step_optimizers
 from gptkit.training.reporting import Reporter
 from gptkit.training.resume import claim_for_a_new_run, continued_config
+from gptkit.training.snapshots import drop_after
 from gptkit.training.starting import build_model, open_data, planned_model
 from gptkit.training.state import TrainState
 from gptkit.training.train_config import TrainConfig
@@ -199,12 +200,15 @@ def main(argv=None):
 
 
 def announce_resume(cfg, resumed, run, note, master):
-    """Say where a resumed run continues from, and drop from its metrics the records it will log again; True
+    """Say where a resumed run continues from, and drop from its metrics the records it will log again (and the
+    snapshots of the steps it will train again); True
     (after saying so) when it has nothing left to do: its steps done and its final score recorded."""
     ckpt, path = resumed
     done, budget = ckpt["iter_num"], f" and {cfg.max_time:g} s" if cfg.max_time > 0 else ""
     note(f"resuming from iteration {done} of {cfg.max_iters}{budget} ({path})")
     dropped, scored = records_through(run.metrics, done, rewrite=master) if not cfg.eval_only else (0, True)
+    if master and not cfg.eval_only:
+        drop_after(run, done)
     if dropped:  # said by rank 0, which alone writes
         note(f"note: {run.metrics} held {dropped} record{'s' * (dropped > 1)} logged after iteration {done}, "
              "the state this run continues from; they are dropped, and logged again as it trains")

@@ -12,7 +12,7 @@ from gptkit.data.dataset import bits_per_char
 from gptkit.interp.timeline import Probe, due, has_attention, record
 from gptkit.machine.flops import flops_per_token, peak_flops
 from gptkit.training.evaluation import eagerly
-from gptkit.training.snapshots import drop_after, take
+from gptkit.training.snapshots import take
 
 # overfitting: val loss this far above train loss (in nats, and as a share of train loss, whichever is larger) ...
 OVERFIT_GAP, OVERFIT_SHARE = 0.3, 0.25
@@ -59,13 +59,10 @@ class Reporter:
                                 bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}")
 
     def timeline_probe(self, data):
-        """The fixed tokens the timeline reads (gptkit/interp/timeline.py); for a resumed run, its snapshots past
-        the state it continues from dropped."""
+        """The fixed tokens the timeline reads (gptkit/interp/timeline.py)."""
         if not has_attention(self.state.model):
             self.say("timeline: this model has no attention (a bigram table), so its timeline records the in-context "
                      "learning score and the loss by position, and no head scores")
-        if self.run is not None and self.state.iter_num > 0:
-            drop_after(self.run, self.state.iter_num)
         return Probe.of(self.state.model, data.splits["val"], self.meta["vocab_size"])
 
     def recorded(self, iter_num):
