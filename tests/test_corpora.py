@@ -240,9 +240,9 @@ def test_a_stopped_prepare_whose_tokenizer_file_changed_starts_again(tmp_path):
         assert (tmp_path / "stopped" / "s" / name).read_bytes() == (whole / name).read_bytes(), name
 
 
-def test_ctrl_c_keeps_the_work_and_says_how_to_continue(tmp_path, monkeypatch):
-    src = mixed_corpus(tmp_path / "src")
-    monkeypatch.setattr(preparing, "BATCH_CHARS", 2000)
+def interrupt_at_the_fourth_shard(monkeypatch):
+    """Ctrl-C as the fourth shard is closed, once written (prepare's shards are its saved state); returns the real
+    close_shard, to put back."""
     real_close, closed = preparing.ShardWriter.close_shard, [0]
 
     def interrupted(self):
@@ -252,6 +252,13 @@ def test_ctrl_c_keeps_the_work_and_says_how_to_continue(tmp_path, monkeypatch):
             raise KeyboardInterrupt
 
     monkeypatch.setattr(preparing.ShardWriter, "close_shard", interrupted)
+    return real_close
+
+
+def test_ctrl_c_keeps_the_work_and_says_how_to_continue(tmp_path, monkeypatch):
+    src = mixed_corpus(tmp_path / "src")
+    monkeypatch.setattr(preparing, "BATCH_CHARS", 2000)
+    real_close = interrupt_at_the_fourth_shard(monkeypatch)
     cfg = PrepareConfig(input=str(src), name="s", data_dir=str(tmp_path / "d"), shard_tokens=3000, workers=1)
     with pytest.raises(UserError) as e:
         prepare(cfg)
@@ -274,15 +281,7 @@ def test_a_stopped_prepare_that_replaces_another_dataset_continues_and_the_old_o
     data_dir = str(tmp_path / "d")
     prepare(PrepareConfig(input=str(src), name="s", data_dir=data_dir, shard_tokens=3000, workers=1))
     monkeypatch.setattr(preparing, "BATCH_CHARS", 2000)
-    real_close, closed = preparing.ShardWriter.close_shard, [0]
-
-    def interrupted(self):
-        real_close(self)
-        closed[0] += 1
-        if closed[0] == 4:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(preparing.ShardWriter, "close_shard", interrupted)
+    real_close = interrupt_at_the_fourth_shard(monkeypatch)
     again = dict(input=str(src), name="s", data_dir=data_dir, val_fraction=0.2, shard_tokens=3000, workers=1)
     with pytest.raises(UserError, match="^interrupted; run the same command again"):
         prepare(PrepareConfig(**again, start_over=True))
