@@ -10,6 +10,7 @@ gptkit/interp/experiments.py (docs/analysis.md).
 """
 
 import json
+import math
 import sys
 from contextlib import nullcontext, redirect_stdout
 from dataclasses import dataclass
@@ -45,7 +46,8 @@ class PictureConfig(AnalyzeConfig):
     """The settings of a subcommand that draws: every subcommand's, and where the picture goes."""
 
     picture: ClassVar[str] = ""
-    output: str = ""  # the picture's path ('' = out_dir/heads.png or out_dir/patch.png)
+    of_checkpoint: ClassVar[bool] = True  # the picture is of the checkpoint's weights (the timeline's is not)
+    output: str = ""  # the picture's path ('' = out_dir/NAME.png; of --checkpoint=iter:150, out_dir/NAME-iter150.png)
 
     def __post_init__(self):
         from gptkit.interp.pictures import check_picture_path
@@ -54,7 +56,11 @@ class PictureConfig(AnalyzeConfig):
         check_picture_path(self.output_path())  # here, not after the work
 
     def output_path(self):
-        return Path(self.output) if self.output else Path(self.out_dir) / f"{self.picture}.png"
+        from gptkit.interp.pictures import picture_name
+
+        if self.output:
+            return Path(self.output)
+        return Path(self.out_dir) / picture_name(self.picture, self.checkpoint if self.of_checkpoint else "best")
 
 
 @dataclass
@@ -116,6 +122,7 @@ class PatchConfig(PictureConfig):
 @dataclass
 class TimelineConfig(PictureConfig):
     picture: ClassVar[str] = "timeline"
+    of_checkpoint: ClassVar[bool] = False
 
 
 @dataclass
@@ -168,8 +175,42 @@ def heads_rows(deltas, scores, labels):
 
 
 def answer(cfg, data, text):
-    """The answer on stdout: JSON for programs, or the tables for a person."""
-    print(json.dumps(data, ensure_ascii=False) if cfg.json else text, flush=True)
+    """The answer on stdout: JSON for programs (strict JSON, finite_json's), or the tables for a person."""
+    print(json.dumps(finite_json(data), ensure_ascii=False, allow_nan=False) if cfg.json else text, flush=True)
+
+
+def finite_json(value, notes=True):
+    """value with each number JSON cannot hold (NaN, Infinity) as null, and beside each key whose value held one
+    KEY_note saying so: a number's in the object that holds it, or for a list or a mapping (an object inside an
+    object, e.g. attribute's parts) one note beside it, which keeps its keys what they name. Every program reads
+    the answer; none has to accept NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, v in value.items():
+        out[key] = finite_json(v, notes=not isinstance(v, dict))
+        bad = not_finite(v)
+        if notes and bad and f"{key}_note" not in value:
+            out[f"{key}_note"] = (f"came out as {bad[0]}, which JSON cannot hold: null" if isinstance(v, float) else
+                                  f"{len(bad)} of its numbers came out as NaN or infinite, which JSON cannot hold: "
+                                  "null there")
+    return out
+
+
+def not_finite(value):
+    """The numbers in value (a number, or lists and mappings of them) that are not finite, as text; those in the
+    objects of a list are noted in each object."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [str(value)]
+    if isinstance(value, (list, tuple)):
+        return [bad for v in value if not isinstance(v, dict) for bad in not_finite(v)]
+    if isinstance(value, dict):
+        return [bad for v in value.values() for bad in not_finite(v)]
+    return []
 
 
 def drawing(cfg):
@@ -200,7 +241,7 @@ def analyze_heads(cfg):
     scores = head_scores(run.model, idx[:SCORE_WINDOWS], repeated)
     labels = head_labels(scores, chance_scores(idx[:SCORE_WINDOWS], repeated))
     rows = heads_rows(deltas, scores, labels)
-    title = (f"{run.out_dir.resolve().name}: each head {cfg.ablation}-ablated on {targets.numel():,} val tokens "
+    title = (f"{weights_words(run)}: each head {cfg.ablation}-ablated on {targets.numel():,} val tokens "
              f"(val loss {loss:.3f}), and what each head does")
     with drawing(cfg):  # the picture first: a table printed, then a failure, would be work half kept
         draw_heads(deltas, scores, title, cfg.output_path())
@@ -217,6 +258,14 @@ def analyze_heads(cfg):
     if len(rows) == 1:
         print("note: the model has one head, so ablating it switches every head off (allowed: its row is what all "
               "of attention adds)", file=sys.stderr)
+
+
+def weights_words(run):
+    """Whose weights a picture is of, for its title: the run's name and the checkpoint (e.g. 'out, the snapshot of
+    step 150', 'out, best.pt of step 1,200')."""
+    from gptkit.interp.pictures import checkpoint_words
+
+    return f"{run.out_dir.resolve().name}, {checkpoint_words(run.checkpoint, run.iteration)}"
 
 
 def final_score_note(run):
@@ -294,7 +343,7 @@ def analyze_patch(cfg):
     metric = (f"logit({shown}) - logit({foil_shown})" if foil is not None else
               f"log-prob of {shown}{'' if cfg.target else ', the clean run’s top prediction,'} after the prompt")
     ends = [p.clean, p.corrupt, *p.resid.aminmax(), *p.heads.aminmax()]
-    title = (f"{run.out_dir.resolve().name}: activation patching from {cfg.clean!r} into {cfg.corrupt!r}\n{metric}: "
+    title = (f"{weights_words(run)}: activation patching from {cfg.clean!r} into {cfg.corrupt!r}\n{metric}: "
              f"clean {p.clean:.3f}, corrupt {p.corrupt:.3f}")
     with drawing(cfg):  # before the answer, which a reader that stops early (`| head`) would cut off
         draw_patching(p.resid, p.heads, labels, (float(min(ends)), float(max(ends))), title, cfg.output_path())
@@ -348,7 +397,6 @@ def timeline_steps(steps):
 
 def timeline_table(steps, phase):
     from gptkit.interp.experiments import KINDS
-    from gptkit.interp.timeline import FORMED_AT
     from gptkit.lab.ladder import markdown_table
 
     def strongest(s, kind):
@@ -359,38 +407,43 @@ def timeline_table(steps, phase):
               *(strongest(s, k) for k in KINDS)] for s in steps]
     table = markdown_table(["step", "val loss", "in-context learning", *(f"strongest {k.replace('_', '-')}"
                                                                           for k in KINDS)], cells, numeric={0, 1, 2})
-    head = f"L{phase['layer']}H{phase['head']}"
-    best = next(h["induction"] for h in steps[-1]["heads"] if (h["layer"], h["head"]) == (phase["layer"],
-                                                                                           phase["head"]))
-    if best < FORMED_AT:  # the steepest moves of scores that stayed near chance are noise, not a phase change
-        return (f"{table}\n\nno induction head formed (the strongest, {head}, ends at {best:.2f}, below "
-                f"{FORMED_AT}): no phase change to locate")
-    return (f"{table}\n\nthe phase change: the strongest induction head, {head}, rose fastest at step "
+    return f"{table}\n\n{phase_words(phase)}"
+
+
+def phase_words(phase):
+    """phase_change's answer in a line: the two steps where a phase change happened, else why none is located."""
+    if phase["induction_iter"] is None:
+        return phase["note"]
+    return (f"the phase change: the strongest induction head, L{phase['layer']}H{phase['head']}, rose fastest at step "
             f"{phase['induction_iter']:,}; the in-context learning score fell fastest at step {phase['icl_iter']:,} "
             "(docs/analysis.md#python-analyzepy-timeline defines both)")
 
 
 def analyze_timeline(cfg):
     from gptkit.interp.pictures import draw_timeline
-    from gptkit.interp.timeline import phase_change, timeline_of
+    from gptkit.interp.timeline import phase_change, timeline_of, why_no_timeline
     from gptkit.run.metrics import loss_series, read_metrics
 
     records = read_metrics(cfg.out_dir)
-    timeline = timeline_of(records)
+    timeline, left_out = timeline_of(records), records.note("timeline")
     if not timeline:
-        raise UserError(f"{cfg.out_dir} has no timeline: it was trained before runs recorded one (train it again "
-                        "to record one)")
+        why = f"no whole record: {left_out.removeprefix('note: ')}" if left_out else why_no_timeline(records)
+        raise UserError(f"{cfg.out_dir} has no timeline: {why} (train it again to record one)")
     if not any(t.get("heads") for t in timeline):
         raise UserError(f"{cfg.out_dir}'s model has no attention (a bigram table): its timeline has no heads to "
                         "follow")
+    if left_out:
+        print(left_out, file=sys.stderr, flush=True)
     phase = phase_change(timeline)
     steps = timeline_steps(timeline)
     name = Path(cfg.out_dir).resolve().name
+    marks = ("red dashes: the induction score's steepest rise; black dots: the in-context score's steepest fall"
+             if phase["induction_iter"] is not None else phase["note"])
     with drawing(cfg):  # the picture first: the answer, then a failure, would be work half kept
-        draw_timeline(timeline, loss_series(records), phase, f"{name}: what each head does as it trains\nred "
-                      "dashes: the induction score's steepest rise; black dots: the in-context score's steepest fall",
+        draw_timeline(timeline, loss_series(records), phase, f"{name}: what each head does as it trains\n{marks}",
                       cfg.output_path())
-    answer(cfg, {"steps": steps, "phase_change": phase},
+    left = [{"line": line, "why": why} for line, kind, why in records.left_out if kind == "timeline"]
+    answer(cfg, {"steps": steps, "phase_change": phase, "left_out": left},
            f"{len(steps)} records of {name}'s timeline, each head's scores read as analyze.py heads reads them\n\n"
            f"{timeline_table([s for s in steps if s['heads']], phase)}")
 
@@ -414,27 +467,27 @@ def trained_sae(run, cfg, recipe, folder):
     """The SAE of this recipe in folder, trained now unless it is there already: (SAE, its dead fraction, the
     scale it was trained at, its feature table), the last two None for one trained now and one read back."""
     from gptkit.base.files import writable
-    from gptkit.interp.features import OURS_FILE, TRAINING_FILE, load_sae, read_ours, train_sae
+    from gptkit.interp.features import OURS_FILE, TRAINING_FILE, load_sae, read_ours, train_sae, weights_of
 
-    ours = read_ours(folder)
-    if ours is not None and not cfg.start_over:
+    ours = None if cfg.start_over else read_ours(folder)  # --start_over replaces even a damaged one
+    if ours is not None:
         if ours.get("recipe") != recipe.__dict__:
             raise UserError(f"{folder} holds an SAE trained with other settings "
                             f"({settings_diff(ours.get('recipe'), recipe)}); pass those to read it, or "
                             "--start_over=True to replace it")
-        sae, ours, table = load_sae(folder, run.model)
+        sae, ours, table = load_sae(folder, run)
         print(f"the SAE trained earlier, from {folder}", file=sys.stderr)
         return sae, ours["metrics"]["dead_fraction"], None, table
     writable(folder / OURS_FILE)
     if cfg.start_over and folder.is_dir():
         (folder / TRAINING_FILE).unlink(missing_ok=True)
-        if ours is not None:
+        if (folder / OURS_FILE).exists():
             print(f"note: replacing the SAE in {folder} (--start_over=True)", file=sys.stderr)
     split, _ = run_split(run, cfg, "train", run.config.block_size)
     if split.length < 2 * recipe.batch:
         raise UserError(f"the train split has {split.length:,} tokens: too few to train an SAE on batches of "
                         f"{recipe.batch:,}; lower --batch or prepare more text")
-    sae, scale, trainer = train_sae(run.model.requires_grad_(False), split, recipe, folder)
+    sae, scale, trainer = train_sae(run.model.requires_grad_(False), split, recipe, folder, weights_of(run))
     return sae, trainer.dead_fraction(), scale, None
 
 
@@ -443,28 +496,31 @@ def settings_diff(saved, recipe):
     return ", ".join(f"{k}={saved.get(k)!r}" for k, v in recipe.__dict__.items() if saved.get(k) != v) or "unknown"
 
 
+FEATURE_METRICS = ("l0", "explained_variance", "ce_loss_recovered", "delta_loss", "dead_fraction")  # --json's
+
+
 def analyze_features(cfg):
     from gptkit.interp.experiments import open_run
-    from gptkit.interp.features import TRAINING_FILE, feature_rows, measure, save_sae, weights_fingerprint
+    from gptkit.interp.features import (TRAINING_FILE, check_memory, feature_rows, measure, sae_folder, save_sae,
+                                        weights_of)
 
     run = open_run(cfg.out_dir, cfg.checkpoint, pick_device(cfg.device))
     recipe = sae_recipe(run, cfg)
-    folder = run.out_dir / "sae" / recipe.hook
+    folder = sae_folder(run.out_dir, recipe.hook, cfg.checkpoint)  # each checkpoint's SAEs apart
     idx, targets, where = val_windows(run, cfg, "cpu", cfg.eval_tokens)
+    check_memory(recipe, run.config.n_embd, idx, run.tok.vocab_size)
     sae, dead, scale, table = trained_sae(run, cfg, recipe, folder)
     metrics = measure(run.model, sae, recipe.hook, idx, targets, dead)
     if scale is not None:  # trained now: kept with its metrics, every feature's row and the weights it read
         table = feature_rows(run.model, run.tok, sae, recipe.hook, idx, sae.d_sae)
         save_sae(folder, sae, recipe.hook, run.out_dir.resolve().name,
-                 {"recipe": recipe.__dict__, "scale": scale, "metrics": metrics.to_json(),
-                  "run_weights": weights_fingerprint(run.model), "checkpoint": cfg.checkpoint,
+                 {"recipe": recipe.__dict__, "scale": scale, "metrics": metrics.to_json(), **weights_of(run),
                   "contexts_from": where}, table)
         (folder / TRAINING_FILE).unlink(missing_ok=True)
     rows = table[:cfg.show]
     write_feature_page(folder / "features.html", recipe, metrics, rows, where)
-    answer(cfg, {"metrics": {k: metrics.to_json()[k] for k in ("l0", "explained_variance", "ce_loss_recovered",
-                                                                "delta_loss", "dead_fraction")},
-                 "hook": recipe.hook, "folder": str(folder), "features": rows},
+    shown = {k: v for k, v in metrics.to_json().items() if k.removesuffix("_note") in FEATURE_METRICS}
+    answer(cfg, {"metrics": shown, "hook": recipe.hook, "folder": str(folder), "features": rows},
            features_text(recipe, metrics, rows, where, folder))
 
 
@@ -481,10 +537,11 @@ def features_text(recipe, metrics, rows, where, folder):
                            cells, numeric={0, 1})
     return (f"an SAE of {recipe.features:,} features, k={recipe.k}, on {recipe.hook}, trained on {recipe.tokens:,} "
             f"activations; saved in {folder} (SAELens's format)\n"
-            f"on {m.tokens:,} tokens of {where}: L0 {m.l0:.1f}, explained variance {m.explained_variance:.4f}, "
-            f"CE loss recovered {m.ce_loss_recovered:.4f} (val loss {m.clean_loss:.4f} clean, {m.spliced_loss:.4f} "
-            f"spliced, {m.zero_loss:.4f} zeroed), splicing adds {m.delta_loss:+.4f} nats, dead features "
-            f"{m.dead_fraction:.1%} (docs/analysis.md defines each)\n\n"
+            f"on {m.tokens:,} tokens of {where}: L0 {m.shown('l0', '.1f')}, explained variance "
+            f"{m.shown('explained_variance', '.4f')}, CE loss recovered {m.shown('ce_loss_recovered', '.4f')} "
+            f"(val loss {m.shown('clean_loss', '.4f')} clean, {m.shown('spliced_loss', '.4f')} spliced, "
+            f"{m.shown('zero_loss', '.4f')} zeroed), splicing adds {m.shown('delta_loss', '+.4f')} nats, dead "
+            f"features {m.dead_fraction:.1%} (docs/analysis.md defines each)\n\n"
             f"the {len(rows)} features that fire most often:\n\n{table}\n\nevery feature's contexts: "
             f"{folder / 'features.html'}")
 
@@ -495,22 +552,28 @@ def write_feature_page(path, recipe, metrics, rows, where):
     from html import escape
 
     from gptkit.base.files import write_whole
+    from gptkit.data.tokenizer import VISIBLE
+
+    def shown(text):  # a newline, tab or carriage return as its mark: the page shows each context on one line
+        return escape("".join(VISIBLE[c] if c in "\n\r\t" else c for c in text))
 
     def context(before, token, after, value):
-        return (f"<li><code>{escape(before)}<mark title='{value:.3f}'>{escape(token)}</mark>{escape(after)}</code>"
+        return (f"<li><code>{shown(before)}<mark title='{value:.3f}'>{shown(token)}</mark>{shown(after)}</code>"
                 f" <small>{value:.2f}</small></li>")
 
     items = "\n".join(f"<section><h2>feature {r['index']} <small>fires on {r['frequency']:.2%} of tokens</small></h2>"
                        f"<ul>{''.join(context(*c) for c in r['contexts'])}</ul>"
-                       f"<p>pushes up: <code>{escape(' '.join(r['promotes']))}</code> · pushes down: "
-                       f"<code>{escape(' '.join(r['demotes']))}</code></p></section>" for r in rows)
-    m = metrics
-    write_whole(path, f"""<!doctype html><meta charset="utf-8"><title>features of {escape(recipe.hook)}</title>
+                       f"<p>pushes up: <code>{shown(' '.join(r['promotes']))}</code> · pushes down: "
+                       f"<code>{shown(' '.join(r['demotes']))}</code></p></section>" for r in rows)
+    m, listed = metrics, f"{len(rows):,}" + (f" of {recipe.features:,}" if len(rows) < recipe.features else "")
+    hook = escape(recipe.hook)
+    write_whole(path, f"""<!doctype html><meta charset="utf-8"><title>{listed} features of {hook}</title>
 <style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}code{{white-space:pre;background:#f4f4f4}}
 mark{{background:#fc6}}section{{border-top:1px solid #ddd}}</style>
-<h1>{recipe.features:,} features of {escape(recipe.hook)}, k={recipe.k}</h1>
-<p>On {m.tokens:,} tokens of {escape(where)}: L0 {m.l0:.1f}, explained variance {m.explained_variance:.4f}, CE loss
-recovered {m.ce_loss_recovered:.4f}, splicing adds {m.delta_loss:+.4f} nats, dead {m.dead_fraction:.1%}.</p>
+<h1>{listed} features of {hook}, k={recipe.k}: those that fire most often</h1>
+<p>On {m.tokens:,} tokens of {escape(where)}: L0 {escape(m.shown('l0', '.1f'))}, explained variance
+{escape(m.shown('explained_variance', '.4f'))}, CE loss recovered {escape(m.shown('ce_loss_recovered', '.4f'))},
+splicing adds {escape(m.shown('delta_loss', '+.4f'))} nats, dead {m.dead_fraction:.1%}.</p>
 {items}
 """)
 

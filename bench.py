@@ -14,6 +14,7 @@ Benchmarks, one subcommand each; every subcommand takes its own --key=value opti
     python bench.py timeline                       # what the timeline costs; the induction lesson against its targets
     python bench.py busy                           # training tokens/s idle and beside one busy process
     python bench.py startup                        # start-up, the same choices run after run, max_time held
+    python bench.py fair                           # the same steps idle and busy; records' cost; edits compared
     python bench.py presets                        # each preset trained with 3 seeds: mean val loss, spread, target
     python bench.py prepare --nanogpt_dir=../nanoGPT  # a 1 GB JSON Lines corpus: ours vs nanoGPT's OpenWebText prepare
     python bench.py prepare --size_gb=10           # peak memory preparing, then training on, 10 GB
@@ -25,8 +26,8 @@ Each benchmark lives in benchmarks/, one module per subcommand.
 
 import sys
 
-from benchmarks import (analyze, busy, dropout, explore, features, hooks, prepare, presets, sample, startup,
-                        throughput, timeline, tokenizers, train)
+from benchmarks import (analyze, busy, dropout, explore, fair, features, hooks, prepare, presets, sample,
+                        startup, throughput, timeline, tokenizers, train)
 from gptkit.base.errors import run_main
 from gptkit.base.settings import pick_subcommand
 
@@ -43,6 +44,8 @@ COMMANDS = {
     "timeline": (timeline.main, "the timeline's cost in training time and disk; the induction lesson's targets"),
     "busy": (busy.main, "training tokens/s idle and beside a busy process"),
     "startup": (startup.main, "start-up to the first step, the same command's choices idle and busy, max_time held"),
+    "fair": (fair.main, "the same command idle and busy, a busy first measurement, the records' cost, edits "
+                            "compared idle and busy"),
     "presets": (presets.main, "each preset trained once per seed: mean val loss, spread, target"),
     "prepare": (prepare.main, "a JSON Lines corpus prepared (and read by train.py) beside nanoGPT's script"),
     "tokenizers": (tokenizers.main, "characters against trained BPEs in bits per character at equal training time; "

@@ -25,9 +25,9 @@ from gptkit.machine.choices import choose, on_speed_path
 from gptkit.machine.runtime import Runtime, compile_blocks, launch_processes, launched_rank, trains_here
 from gptkit.run.metrics import PROCESS_START, RunLog, records_through
 from gptkit.run.run_folder import RunDir
-from gptkit.training.budget import thread_tuner, time_budget
+from gptkit.training.budget import Pace, StepCosts, plan_steps, thread_tuner, time_budget
 from gptkit.training.evaluation import evaluate, evaluate_split
-from gptkit.training.optimizers import lr_factor_at, set_lr, step_optimizers
+from gptkit.training.optimizers import lr_factor_at, set_lr, step_optimizers, update_for
 from gptkit.training.reporting import Reporter
 from gptkit.training.resume import claim_for_a_new_run, continued_config
 from gptkit.training.snapshots import drop_after
@@ -36,16 +36,21 @@ from gptkit.training.state import TrainState
 from gptkit.training.train_config import TrainConfig
 
 
-def start(cfg, rt, ckpt, ckpt_path, asked, started):
+def start(cfg, rt, ckpt, ckpt_path, given, asked, started):
     """From the config to what the loop trains: the data, the machine's choices (the shape among them, decided
-    before the model is built), the model, then the state a checkpoint saves: (TrainingData, TrainState)."""
+    before the model is built), the model, the steps a time budget plans, then the state a checkpoint saves:
+    (the config that trains, TrainingData, TrainState)."""
     data, sequences = open_data(cfg, rt, ckpt, ckpt_path)
     planned = planned_model(cfg, data.meta, ckpt, ckpt_path)  # the model's shape, as the config and data say
     saved = ckpt["measured"] if ckpt is not None else None  # what a resumed run chose
-    # precision, attention path and a preset's shape: this machine's, measured once and kept (gptkit/machine/)
-    cfg, planned, choices = choose(cfg, rt, planned, saved, asked, started)
+    # precision, attention path, a preset's shape and the step's speed: this machine's, measured once and kept
+    # (gptkit/machine/)
+    cfg, planned, choices = choose(cfg, rt, planned, saved, asked, started, update_for(cfg))
     model = build_model(cfg, planned, data.meta, ckpt, ckpt_path, rt.rank).to(rt.device)
     on_speed_path(model, choices)  # the speed kernels, where model.py is the code they were written for
+    if ckpt is None:  # max_time as steps, at this machine's idle speed (a resumed run keeps its own)
+        cfg, plan = plan_steps(cfg, choices, step_costs(cfg, rt, data, model, choices, sequences), given)
+        choices.lines.extend(plan)
     state = TrainState(cfg, model, data.tokenizer, data.sampler, rt, choices, sequences)
     if ckpt is not None:
         state.restore(ckpt, ckpt_path, rt)
@@ -54,7 +59,17 @@ def start(cfg, rt, ckpt, ckpt_path, asked, started):
     if rt.master:
         for line in choices.lines + (choices.details if cfg.verbose else []):
             print(line, flush=True)
-    return data, state
+    return cfg, data, state
+
+
+def step_costs(cfg, rt, data, model, choices, sequences):
+    """What a step, an evaluation and the final score cost here idle (StepCosts), where the step was timed."""
+    if choices.whole_seconds is None:
+        return None
+    val = data.splits["val"].length - 1
+    final_tokens = min(val, cfg.final_eval_tokens) if cfg.final_eval_tokens > 0 else val
+    micro = sequences // (cfg.batch_size * rt.world)
+    return StepCosts.of(cfg, choices, final_tokens, data.block_size, model.num_params(), micro)
 
 
 def train(cfg, rt, data, state, log, run, budget, stop):
@@ -69,6 +84,7 @@ def train(cfg, rt, data, state, log, run, budget, stop):
         stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
     x, y = data.sampler.next()
     done, tuner = finished(cfg, rt, state, budget), thread_tuner(state.choices)
+    pace = Pace(state.choices.planned, state.iter_num, cfg) if rt.master else None
     with stop.deferred():
         while not done:
             step_start = time.perf_counter()
@@ -88,8 +104,12 @@ def train(cfg, rt, data, state, log, run, budget, stop):
                 state.ema.update(lr_factor)
             state.iter_num += 1
             state.seconds_spent = budget.spent()
-            threads = tuner.after_step(time.perf_counter() - step_start, state.iter_num) if tuner else None
+            step_seconds = time.perf_counter() - step_start
+            threads = tuner.after_step(step_seconds, state.iter_num) if tuner else None
             report.stepped(state.iter_num, threads)
+            busy = pace.stepped(state.iter_num, step_seconds, budget.spent()) if pace else None
+            if busy:  # the planned steps all the same, later than planned: said once
+                report.say(busy)
             if state.iter_num % cfg.log_interval == 0:
                 mean_loss = rt.mean(loss.item())  # the step's loss reaches the host here, and only here
                 stop_if_diverged("loss", mean_loss, state.iter_num, rt.dtype)
@@ -120,12 +140,15 @@ def train(cfg, rt, data, state, log, run, budget, stop):
     stop.doing = f"scoring the whole val split at the end (the trained state is saved in {run.latest})"
     report.close()  # the training bar, done
     report.final(state.iter_num, rt.broadcast(final_evaluation(cfg, data, state, rt) if rt.master else None), run)
+    if pace is not None:  # what a comparison with another run is fair in
+        print(pace.summary(state.iter_num, report.tokens_per_iter, budget.spent()), flush=True)
 
 
 def finished(cfg, rt, state, budget):
     """All max_iters steps taken, or the time budget spent but for what the end will cost (on any process: all
     stop at the same step). The first step is always taken, so that every run leaves a state to use."""
-    return state.iter_num >= cfg.max_iters or (cfg.max_time > 0 and state.iter_num > 0 and rt.any(budget.over()))
+    return state.iter_num >= cfg.max_iters or (cfg.wall_clock and cfg.max_time > 0 and state.iter_num > 0 and
+                                               rt.any(budget.over()))
 
 
 def save_latest(state, run, rt, budget, ended_by_time=False):
@@ -183,7 +206,7 @@ def main(argv=None):
             return  # a finished run: nothing to train, nothing written
         with StopSignals() as stop, Runtime(cfg.device, cfg.dtype, cfg.backend, cfg.threads) as rt:
             stop.doing = "starting (nothing was saved)"
-            data, state = start(cfg, rt, *resumed, asked=asked, started=started)
+            cfg, data, state = start(cfg, rt, *resumed, given=set(given), asked=asked, started=started)
             del resumed  # the state holds what it needs of the checkpoint
             log = RunLog(run.metrics, wandb_args(state)) if rt.master else None
             try:
@@ -204,7 +227,7 @@ def announce_resume(cfg, resumed, run, note, master):
     snapshots of the steps it will train again); True
     (after saying so) when it has nothing left to do: its steps done and its final score recorded."""
     ckpt, path = resumed
-    done, budget = ckpt["iter_num"], f" and {cfg.max_time:g} s" if cfg.max_time > 0 else ""
+    done, budget = ckpt["iter_num"], f" and {cfg.max_time:g} s" if cfg.max_time > 0 and cfg.wall_clock else ""
     note(f"resuming from iteration {done} of {cfg.max_iters}{budget} ({path})")
     dropped, scored = records_through(run.metrics, done, rewrite=master) if not cfg.eval_only else (0, True)
     if master and not cfg.eval_only:
@@ -212,7 +235,7 @@ def announce_resume(cfg, resumed, run, note, master):
     if dropped:  # said by rank 0, which alone writes
         note(f"note: {run.metrics} held {dropped} record{'s' * (dropped > 1)} logged after iteration {done}, "
              "the state this run continues from; they are dropped, and logged again as it trains")
-    spent = cfg.max_time > 0 and ckpt["seconds_spent"] >= cfg.max_time
+    spent = cfg.wall_clock and cfg.max_time > 0 and ckpt["seconds_spent"] >= cfg.max_time
     if done < cfg.max_iters and not spent:
         return False
     if not scored:  # stopped while scoring the whole val split: the end is still to do

@@ -6,6 +6,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -152,3 +153,12 @@ def seconds_per_step(step, steps, device):
         step()
     synchronize(device)
     return (time.perf_counter() - start) / steps
+
+
+def run_parts(parts, cfg, work):
+    """Each of the benchmark's parts that cfg.parts names, in turn, as parts[name](cfg, work, wisdom): their runs
+    read and write a wisdom cache of their own (a fresh machine's), never the user's."""
+    with tempfile.TemporaryDirectory(prefix="bench-wisdom-") as folder:
+        wisdom = Path(folder) / "wisdom"
+        for part in comma_items(cfg.parts):
+            parts[part](cfg, work, wisdom)

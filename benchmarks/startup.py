@@ -3,9 +3,9 @@
 - startup: process start to the run's first record (just before its first evaluation and step) of the default
   config, the first run on a machine (its wisdom measured, into a fresh cache) and the runs after it;
 - same: the same command run again and again, idle and beside one and two busy processes: the shape, precision,
-  attention path and kernels each run took, against the first's;
-- budget: whole runs at max_time 20 s and 150 s, idle and beside three busy processes: wall time from the
-  command's start to its exit, against max_time.
+  attention path and kernels each run took, against the first's.
+
+Whole runs idle and busy, their steps and the time they said against the time they took: `bench.py fair`.
 
 --repo=PATH runs another checkout's train.py (e.g. one from before a change) the same way, in the same sitting."""
 
@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,13 +20,13 @@ from pathlib import Path
 import torch
 
 from benchmarks.busy import busy
-from benchmarks.common import REPO, comma_items, device_name, prepared_work_dir
+from benchmarks.common import REPO, comma_items, device_name, prepared_work_dir, run_parts
 from gptkit.base.errors import UserError
 from gptkit.base.settings import parse_config, require
 from gptkit.run.checkpoint import load_checkpoint
 from gptkit.run.metrics import read_metrics
 
-PARTS = ("startup", "same", "budget")
+PARTS = ("startup", "same")
 
 
 @dataclass
@@ -36,10 +35,9 @@ class StartupBenchConfig:
     work_dir: str = "out-bench-startup"  # prepared data and the runs go here
     config: str = "config/shakespeare_char.py"  # the command measured (the run checkout's own file)
     repo: str = ""  # the checkout whose train.py runs ('' = this one)
-    parts: str = "startup,same,budget"  # which measurements, comma-separated
+    parts: str = "startup,same"  # which measurements, comma-separated
     runs: int = 10  # runs of the same command in each condition (same)
     reads: int = 3  # runs after the first, reading the machine's wisdom (startup)
-    budgets: str = "20,150"  # max_time seconds of whole runs (budget)
 
     def __post_init__(self):
         require(self, ["runs", "reads"], lambda v: v >= 1, "at least 1")
@@ -98,24 +96,8 @@ def same(cfg, work, wisdom):
               + ("" if kinds == [first] else f"; others: {[k for k in kinds if k != first]}"), flush=True)
 
 
-def budget(cfg, work, wisdom):
-    """Whole runs at each budget, idle and beside three busy processes: wall time against max_time."""
-    print(f"\n== max_time held: {cfg.config}, wall time from the command's start to its exit")
-    for seconds in [float(b) for b in comma_items(cfg.budgets)]:
-        for label, processes in (("idle", 0), ("three busy", 3)):
-            with busy(processes):
-                wall, records, _ = run_train(cfg, work, f"budget_{seconds:g}_{processes}",
-                                             [f"--max_time={seconds:g}"], wisdom)
-            final = next(r for r in reversed(records) if r["kind"] == "final")
-            print(f"max_time {seconds:>5g} s, {label:<10}: {wall:6.1f} s ({100 * (wall / seconds - 1):+.1f}%), "
-                  f"{final['iter']:,} steps, val loss {final['val_loss']:.4f}", flush=True)
-
-
 def main(argv):
     cfg = parse_config(StartupBenchConfig, argv, prog="bench.py startup")
     work = prepared_work_dir(cfg)
     print(f"machine: {device_name('cpu')}, torch {torch.__version__}; train.py of {cfg.repo or REPO}")
-    with tempfile.TemporaryDirectory(prefix="bench-wisdom-") as folder:
-        wisdom = Path(folder) / "wisdom"
-        for part in comma_items(cfg.parts):
-            {"startup": startup, "same": same, "budget": budget}[part](cfg, work, wisdom)
+    run_parts({"startup": startup, "same": same}, cfg, work)

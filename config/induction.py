@@ -4,8 +4,9 @@
 # prepare the data first: python data/prepare.py --synthetic=repeats
 
 out_dir = 'out-induction'
-# the timeline (analyze.py timeline) records at steps 1, 2, 4, ... up to the first evaluation and then at each:
-# every 50 steps sees the phase change (steps 150 to 300 or so) from several records
+# the timeline (analyze.py timeline) may record at steps 1, 2, 4, ... up to the first evaluation and then at each,
+# where the run can afford it (its records take at most 3% of its time): every 50 steps gives the records steps to
+# land on in the phase change (steps 150 to 300 or so)
 eval_interval = 50
 eval_iters = 4
 log_interval = 50
@@ -48,7 +49,9 @@ ema_decay = 0.98
 # no min_tokens_per_param)
 max_iters = 3000
 max_time = 0
-snapshots = 8  # weights kept at 8 log-spaced steps: analyze.py and explore.py open them with iter:N
+# weights kept at 10 of the steps recorded, dense where the timeline moves fastest (the phase change) and early
+# on: the explorer's slider passes through the change; analyze.py and explore.py open them with iter:N
+snapshots = 10
 
 compile = False  # a minute's run would spend much of it compiling
 # one thread: the same command gives the same model bit for bit. threads=0 may change its thread count as the

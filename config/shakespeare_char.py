@@ -54,8 +54,10 @@ lr_schedule = 'wsd'
 warmup_iters = 0  # a short run cannot spare steps at a low rate (docs/speed.md#what-was-tried)
 warmdown_frac = 0.8  # the longest decay tried ended lowest (docs/speed.md#what-was-tried)
 min_lr = 0.0
-max_iters = 2000
-max_time = 150  # seconds for the whole run, the final score included; the schedule follows iterations or time
+# seconds for the whole run on this machine idle, the final score included: planned as steps from this machine's
+# measured idle speed (kept with its wisdom), so the same command trains the same steps however busy the machine
+# is; a busy machine takes longer, and the run says so. wall_clock = True stops at the clock instead
+max_time = 150
 # evaluations, checkpoints and the final score take a moving average of the weights, over about 50 steps by
 # the end of the decay, which smooths the last steps' noise (docs/speed.md#what-was-tried)
 ema_decay = 0.98

@@ -21,6 +21,7 @@ dropout = 0.2  # 30 s of steps see the training text several times over: it over
 
 max_iters = 100000  # out of reach: the clock ends the run
 max_time = 30  # seconds for the whole run: start-up and the final whole-split score included
+wall_clock = True  # a race against nanoGPT's own code: the clock ends the run, whatever the steps
 min_tokens_per_param = 0  # the configured shape, untimed: a GPU has time for it
 
 # eager: from a cold cache, compiling took longer than the whole budget; eager steps are slower, but the run

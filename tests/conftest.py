@@ -40,6 +40,10 @@ if "GPTKIT_WISDOM_DIR" not in os.environ:
     import tempfile
     os.environ["GPTKIT_WISDOM_DIR"] = tempfile.mkdtemp(prefix="gptkit-wisdom-")
 
+# two test workers share two cores, so every measurement would be taken beside a busy one and kept by no run: the
+# tests take them as idle (tests/test_idle.py checks the check itself)
+os.environ["GPTKIT_ASSUME_IDLE"] = "1"
+
 # the fixtures that build the session's corpus and trained run through data/prepare.py and train.py
 SLOW_FIXTURES = {"data_dir", "trained_run", "run", "bpe_trained_run"}
 
@@ -309,6 +313,16 @@ def outside(tmp_path):
     return target
 
 
+@pytest.fixture(scope="session", autouse=True)
+def every_record():
+    """Runs trained in this process record at every step that calls for a record: how many a run affords
+    (gptkit/training/reporting.py's RECORD_SHARE of its time) hangs on the machine's load, which no test may.
+    tests/test_timeline.py puts the share back where it tests the pacing."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("gptkit.training.reporting.RECORD_SHARE", math.inf)
+        yield
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, request):
     """A folder shared by one test module's tests."""
@@ -470,7 +484,9 @@ sys.argv[0] = os.path.join({repo!r}, "train.py")
 import train
 from gptkit.run import checkpoint
 from gptkit.base.errors import run_main
+from gptkit.training import reporting
 
+reporting.RECORD_SHARE = float("inf")  # every record, as in the tests' own process (conftest's every_record)
 FAULTS = {faults!r}
 saves = 0
 
@@ -507,19 +523,24 @@ if "kill" in FAULTS or "enospc" in FAULTS or "ctrl_c" in FAULTS:
     checkpoint.open = faulty_open
 if "nan" in FAULTS:  # the training loss of forward pass NTH becomes NaN
     import model
-    real_forward = model.GPT.forward
-    calls = 0
+    real_forward, real_train = model.GPT.forward, train.train
+    calls, looping = 0, False
+
+    def counted_train(*args, **kwargs):  # the loop's forward passes only: not start-up's measuring
+        global looping
+        looping = True
+        return real_train(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
         global calls
         logits, loss = real_forward(self, *args, **kwargs)
-        if self.training and loss is not None:
+        if self.training and loss is not None and looping:
             calls += 1
             if calls == FAULTS["nan"]:
                 loss = loss * float("nan")
         return logits, loss
 
-    model.GPT.forward = forward
+    model.GPT.forward, train.train = forward, counted_train
 if "signal" in FAULTS or "rank1" in FAULTS:
     import torch.distributed as dist
     from gptkit.base.errors import UserError

@@ -238,3 +238,66 @@ def test_a_folder_without_a_run_and_an_unknown_analysis_are_one_line(tmp_path):
     assert_one_error_line(run_here("analyze.py", "shapes", tmp_path).stderr,
                           "error: unknown analysis 'shapes'; choose one of: heads, patch, attribute, timeline, features")
     assert "usage: python analyze.py {heads, patch, attribute, timeline, features}" in check_ok(run_here("analyze.py")).stdout
+
+
+# ----------------------------------------------------------------------------- JSON and pictures
+
+
+def test_a_json_answer_is_strict_json_a_number_that_cannot_be_given_null_with_its_reason(tiny, capsys):
+    """Issue 65: --json holds no NaN or Infinity (json.dumps(..., allow_nan=False) passes): a figure that came out
+    so is null, with KEY_note beside it; a mapping or a list holding some gets one note, its keys kept as names."""
+    import analyze
+    from gptkit.run.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(tiny / "best.pt")
+    ckpt["model"]["lm_head.weight"][:] = float("inf")  # every logit NaN
+    save_checkpoint(ckpt, tiny / "best.pt")
+    analyze.main(["attribute", str(tiny), "--text=ABAB", "--json"])
+    answer = json.loads(capsys.readouterr().out, parse_constant=lambda word: pytest.fail(word))
+    assert answer["logit"] is None and answer["logit_note"] == "came out as nan, which JSON cannot hold: null"
+    assert set(answer["parts"].values()) == {None} and not any(k.endswith("_note") for k in answer["parts"])
+    assert answer["parts_note"].startswith(f"{len(answer['parts'])} of its numbers came out as NaN or infinite")
+    rows = analyze.finite_json({"heads": [{"name": "L0H0", "ablation_delta": float("-inf")}], "resid": [[1.0]]})
+    assert rows == {"heads": [{"name": "L0H0", "ablation_delta": None,
+                               "ablation_delta_note": "came out as -inf, which JSON cannot hold: null"}],
+                    "resid": [[1.0]]}
+
+
+def test_a_picture_of_another_checkpoint_has_a_file_and_a_title_of_its_own(tiny):
+    """Issue 65: analyze.py heads --checkpoint=iter:150 wrote the run's heads.png over. Each checkpoint's picture
+    is a file of its own beside the run's (heads-iter150.png, patch-latest.png), titled with whose weights it
+    shows; the timeline, drawn from the run's records, stays timeline.png."""
+    import analyze
+    from gptkit.run.run_folder import RunDir
+
+    for config, picture in ((analyze.HeadsConfig, "heads"), (analyze.PatchConfig, "patch")):
+        for checkpoint, name in (("best", f"{picture}.png"), ("latest", f"{picture}-latest.png"),
+                                 ("iter:150", f"{picture}-iter150.png")):
+            assert config(out_dir=str(tiny), checkpoint=checkpoint).output_path() == tiny / name
+    assert analyze.TimelineConfig(out_dir=str(tiny), checkpoint="iter:150").output_path() == tiny / "timeline.png"
+    assert analyze.HeadsConfig(out_dir=str(tiny), checkpoint="iter:150", output="x.png").output_path().name == "x.png"
+    RunDir(tiny).snapshots.mkdir()
+    (tiny / "best.pt").rename(RunDir(tiny).snapshot(150))
+    (tiny / "patch.png").write_bytes(b"the run's own picture")
+    proc = check_ok(run_here("analyze.py", "patch", tiny, "--checkpoint=iter:150", "--clean=AB", "--corrupt=AC"))
+    assert proc.stdout.startswith(f"wrote {tiny / 'patch-iter150.png'}\n")
+    assert (tiny / "patch.png").read_bytes() == b"the run's own picture"
+
+
+def test_the_ablation_colours_are_one_fixed_scale_whatever_the_values(monkeypatch, tmp_path):
+    """Issue 65: the deltas' colour scale spanned each picture's own largest delta, so a snapshot's +0.033 was as
+    red as the finished run's +1.057. One scale for every picture, stated in its colour bar: a delta has one colour
+    whatever the others, and +0.033 is far from +1.057's."""
+    from gptkit.interp import pictures
+
+    drawn = []
+    monkeypatch.setattr(pictures, "save", lambda fig, path, dpi: drawn.append(fig))
+    scores = {"induction": [[0.1, 0.2]]}
+    for largest in (0.033, 1.057):
+        pictures.draw_heads([[largest, 0.033]], scores, "t", tmp_path / "h.png")
+    colours = [[tuple(image.cmap(image.norm(v))) for v in (0.033, 1.057)]
+               for image in (fig.axes[0].images[0] for fig in drawn)]
+    assert colours[0] == colours[1]
+    assert sum(abs(a - b) for a, b in zip(*colours[0])) > 0.5
+    labels = [ax.get_ylabel() for ax in drawn[0].axes if ax.get_ylabel()]
+    assert labels == ["nats; log scale past ±0.01, fixed"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import bench
-from benchmarks import busy, common, presets, startup, throughput, train
+from benchmarks import busy, common, fair, presets, startup, throughput, train
 from gptkit.base.errors import UserError
 
 
@@ -408,7 +408,7 @@ def test_startup_bench_counts_the_runs_that_took_the_first_runs_choices(monkeypa
     out = capsys.readouterr().out
     assert "idle      2 of 2 took 4x128 bfloat16 folded relu2" in out
     assert "two busy  1 of 2 took 4x128 bfloat16 folded relu2; others: [('3x128', 'float32', 'fused', 'relu2')]" in out
-    with pytest.raises(ValueError, match="parts must be some of startup, same, budget"):
+    with pytest.raises(ValueError, match=r"parts must be some of startup, same \(got"):
         startup.StartupBenchConfig(parts="startup,warmup")
 
 
@@ -432,3 +432,30 @@ def test_features_bench_times_the_command_and_measures_its_own_memory(trained_ru
 def test_timeline_bench_refuses_a_part_it_does_not_have():
     with pytest.raises(UserError, match="parts: unknown part 'speed'; choose from cost, induction"):
         bench.main(["timeline", "--parts=speed"])
+
+
+def test_the_fairness_benchmarks_edits_apply_to_model_py_and_each_trains(tmp_path):
+    """Each edit finds the text it replaces in today's model.py, and the edited model builds and steps."""
+    import importlib.util
+
+    from conftest import train_config
+    for name in fair.EDITS:
+        copy = fair.edited_checkout(name, tmp_path)
+        spec = importlib.util.spec_from_file_location(f"edited_{copy.name}", copy / "model.py")
+        edited = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(edited)
+        cfg = train_config(pos_emb="rope", mlp_act="relu2").model
+        model = edited.GPT(type(cfg)(**{**cfg.__dict__, "vocab_size": 11, "n_layer": 1, "n_embd": 16, "n_head": 2,
+                                        "block_size": 8}))
+        _, loss = model(torch.zeros((2, 8), dtype=torch.long), torch.zeros((2, 8), dtype=torch.long))
+        loss.backward()
+        assert torch.isfinite(loss)
+
+
+def test_the_time_a_run_said_is_its_busy_line_or_else_its_plan():
+    plan = "steps: 1,204, planned from max_time=150 at this machine's idle speed (105 ms a step; with the " \
+           "evaluations and the final score, about 149 s idle): the same command"
+    assert fair.said_seconds(plan) == 149
+    assert fair.said_seconds(plan + "\nnote: this machine is busy (a step takes 1.9x its idle time): the run "
+                                 "trains its 1,204 steps all the same, in about 4m12s rather than 149 s") == 252
+    assert fair.said_seconds("nothing said") is None

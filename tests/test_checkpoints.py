@@ -22,7 +22,7 @@ import torch
 
 import sample
 import train
-from conftest import REPO, assert_one_error_line, run_script, train_args
+from conftest import REPO, assert_one_error_line, run_here, run_script, train_args
 from gptkit.base.errors import RunStopped, UserError
 from gptkit.explorer.runs import summarize
 from gptkit.run import checkpoint
@@ -481,3 +481,23 @@ def test_a_save_never_writes_through_a_link(tmp_path, outside):
     with pytest.raises(UserError, match="best.pt.tmp is a link"):
         save_checkpoint({"iter_num": 1}, tmp_path / "best.pt")
     assert outside.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_fifo_or_a_device_in_a_checkpoints_place_is_one_true_line_and_never_opened(tmp_path, kind):
+    """A FIFO would block the reader until something writes to it, /dev/zero never ends: each is named for what it
+    is (the snapshot of a run, here), not taken for a checkpoint to train first."""
+    path = tmp_path / "out" / "snapshots" / "iter_5.pt"
+    path.parent.mkdir(parents=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path = tmp_path / "out" / "best.pt"
+        path.symlink_to("/dev/zero")  # a link where no run's rules refuse one: read through, but not a file
+    what = "a FIFO (a named pipe)" if kind == "fifo" else "a character device"
+    with pytest.raises(UserError) as info:
+        load_checkpoint(path, required=MODEL_KEYS)
+    assert str(info.value) == f"{path} is {what}, not a checkpoint file; remove it"
+    if kind == "fifo":
+        proc = run_here("sample.py", f"--out_dir={tmp_path / 'out'}", "--checkpoint=iter:5", "--device=cpu")
+        assert_one_error_line(proc.stderr, f"error: {path} is {what}, not a checkpoint file; remove it")

@@ -641,3 +641,103 @@ def test_another_runtime_error_is_not_called_out_of_memory():
 
     with pytest.raises(RuntimeError, match="shapes"):
         run_main(main, memory_settings=("batch_size",))
+
+
+# ----------------------------------------------------------------------------------------- the learner's model.py
+
+def in_model_py(source):
+    """Code compiled as if it were model.py's, as a learner's edit to it would be."""
+    from gptkit.base.errors import MODEL_PY
+    return compile(source, str(MODEL_PY), "exec")
+
+
+def learner_function(source, name):
+    namespace = {"torch": torch}
+    exec(in_model_py(source), namespace)
+    return namespace[name]
+
+
+def raised(call):
+    try:
+        call()
+    except Exception as e:
+        return e
+    raise AssertionError("nothing was raised")
+
+
+def test_a_model_py_that_does_not_compile_or_import_is_one_line_naming_its_line():
+    from gptkit.base.errors import model_py_error
+    line = model_py_error(raised(lambda: in_model_py("import torch\n\ndef token_shift(h, share)\n    return h\n")))
+    assert line.startswith("model.py, line 3: SyntaxError: expected ':'"), line  # the code too, read from a file
+    assert model_py_error(raised(lambda: exec(in_model_py("import math\nx = math.tau\ny = undefined\n"), {}))) == \
+        "model.py, line 3: NameError: name 'undefined' is not defined"
+    assert model_py_error(raised(lambda: compile("def f(:\n", "other.py", "exec"))) is None
+
+
+def test_a_model_py_function_whose_signature_no_longer_fits_its_callers_is_one_line(monkeypatch):
+    """token_shift called by model.py's Block, and GPT.forward called through nn.Module by the sampler: each line
+    names the definition, its signature now, and the call that expects the old one (the file, line and code)."""
+    import model as model_py
+    from conftest import random_tokens, tiny_model
+    from gptkit.base.errors import model_py_error
+    from gptkit.sampling.decoding import generate
+    monkeypatch.setattr(model_py, "token_shift", learner_function("def token_shift(h, share):\n    return h\n",
+                                                                  "token_shift"))
+    model = tiny_model(token_shift=True)
+    line = model_py_error(raised(lambda: model(random_tokens((1, 4)))))
+    assert re.fullmatch(r"model\.py, line 1: token_shift\(h, share\) cannot take what model\.py, line \d+ "
+                        r"\(`return self\.shift\(h, self\.shares\[branch\], .*…`\) gives it: "
+                        r"token_shift\(\) takes 2 positional arguments but 3 were given; keep its parameters, or "
+                        r"give a new one a default", line), line
+    forward = "def forward(self, idx, targets=None):\n    return self.head(self.embed(idx)[0]), None\n"
+    monkeypatch.setattr(model_py.GPT, "forward", learner_function(forward, "forward"))
+    monkeypatch.setattr(model_py.GPT.forward, "__qualname__", "GPT.forward")
+    line = model_py_error(raised(lambda: generate(tiny_model(), random_tokens((1, 4)), 3)))
+    assert re.fullmatch(r"model\.py, line 1: GPT\.forward\(self, idx, targets=None\) cannot take what "
+                        r"gptkit/sampling/decoding\.py, line \d+ \(`.*model\(.*cache=cache\)`\) gives it: "
+                        r"GPT\.forward\(\) got an unexpected keyword argument 'cache'; .*", line), line
+
+
+def test_an_error_inside_a_model_py_function_or_elsewhere_keeps_its_traceback():
+    """A TypeError that a learner's function body raises shows their code in a traceback; so does one of a function
+    that is not model.py's."""
+    from gptkit.base.errors import model_py_error
+    shift = learner_function("def token_shift(h, share, before=None):\n    return torch.lerp(h)\n", "token_shift")
+    assert model_py_error(raised(lambda: shift(torch.ones(2), torch.ones(2)))) is None
+
+    def token_shift(h, share):
+        return h
+
+    assert model_py_error(raised(lambda: token_shift(1, 2, 3))) is None
+
+
+BROKEN = ("def token_shift(h, share, before=None):", "def token_shift(h, share, before=None)")
+
+
+@pytest.mark.slow
+def test_every_script_says_in_one_line_where_model_py_does_not_run(tmp_path, trained_run, data_dir):
+    """The project copied and its model.py edited: a syntax error is one line naming model.py's line in every
+    script that imports it, `--help` included (before run_main, through the excepthook); and a token_shift whose
+    signature no longer fits its caller is one line in training."""
+    project = tmp_path / "project"
+    project.mkdir()
+    scripts = ("train", "sample", "analyze", "explore", "plot", "lab", "export", "bench")
+    for part in ("model.py", *(f"{s}.py" for s in scripts), "gptkit", "benchmarks", "config"):
+        (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, project / part)
+    source = (REPO / "model.py").read_text()
+    (project / "model.py").write_text(source.replace(*BROKEN))
+    line = source[:source.index(BROKEN[0])].count("\n") + 1
+    run = str(trained_run[0])
+    for command in (["train.py", "--help"], ["sample.py", "--help"], ["analyze.py", "heads", run],
+                    ["explore.py", run], ["plot.py", "attention", f"--out_dir={run}"], ["lab.py", "--help"],
+                    ["export.py", "--help"], ["bench.py", "--help"]):
+        proc = subprocess.run([sys.executable, *command], cwd=project, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1, (command, proc.stderr)
+        assert_one_error_line(proc.stderr, f"error: model.py, line {line}: SyntaxError: expected ':' "
+                                           f"({BROKEN[1]})")
+    (project / "model.py").write_text(source.replace(BROKEN[0], "def token_shift(h, share):"))
+    args = train_args(data_dir, tmp_path / "out", "--token_shift=True", "--attention_path=fused", "--max_iters=2")
+    proc = subprocess.run([sys.executable, "train.py", *args], cwd=project, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, f"error: model.py, line {line}: token_shift(h, share) cannot take what *")

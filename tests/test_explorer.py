@@ -1161,7 +1161,7 @@ def test_the_timeline_is_the_runs_records_and_their_phase_change(timed):
     want = timeline_of(read_metrics(timed / "timed"))
     assert got["records"] == [{k: t[k] for k in FIELDS} for t in want]
     assert [t["iter"] for t in got["records"]] == [0, 1, 2, 4, 8, 10, 20, 30]
-    assert got["phase"] == phase_change(want) and got["phase"]["icl_iter"] is not None
+    assert got["phase"] == phase_change(want) and got["phase"]["layer"] is not None
     assert got["snapshots"] == RunDir(timed / "timed").kept_snapshots() and len(got["snapshots"]) == 3
     assert got["kinds"] == list(KINDS) and got["own"] == {"file": "best.pt", "iter": 30} and got["note"] is None
 
@@ -1240,8 +1240,8 @@ def test_a_step_not_kept_or_a_malformed_checkpoint_is_one_line(timed, checkpoint
 def test_a_run_without_snapshots_a_timeline_or_attention_answers_what_it_has(timed):
     """Without snapshots: the curves, and the line on what --snapshots adds; a snapshot asked for is a 404 line.
     Trained before runs kept a timeline: no records, and a note. Without attention: the in-context learning score,
-    no heads, and its steepest fall alone as the phase change."""
-    from gptkit.interp.timeline import steepest, timeline_of
+    no heads, and no phase change: no induction head can form."""
+    from gptkit.interp.timeline import timeline_of
 
     app = app_over(timed)
     bare = strict_json(app.get("/api/runs/no_snapshots/timeline"))
@@ -1256,25 +1256,28 @@ def test_a_run_without_snapshots_a_timeline_or_attention_answers_what_it_has(tim
     bigram, want = strict_json(app.get("/api/runs/bigram/timeline")), timeline_of(read_metrics(timed / "bigram"))
     assert bigram["records"] == [{k: t.get(k) for k in FIELDS} for t in want] and len(want) > 3
     assert all(t["heads"] is None for t in bigram["records"])
-    assert bigram["phase"] == {"induction_iter": None, "layer": None, "head": None,
-                               "icl_iter": steepest([t["iter"] for t in want], [t["icl"] for t in want], rise=False)}
+    assert bigram["phase"]["induction_iter"] is bigram["phase"]["icl_iter"] is bigram["phase"]["layer"] is None
+    assert bigram["phase"]["note"] == "the model has no attention: no induction head to form, no phase change to locate"
 
 
-def test_a_timeline_hand_edited_is_shown_as_far_as_it_holds_numbers(timed, tmp_path):
-    """A record whose numbers are NaN or text, whose head grid is not the model's shape, or whose step is not a
-    number: those values are gaps (JSON null), the rest as written, and the phase change from the whole records."""
+def test_a_timeline_record_hand_edited_is_left_out_and_said_so(timed, tmp_path):
+    """A timeline record whose numbers are NaN or text, whose head grid is not the run's shape, or whose step is not
+    a number is left out, as analyze.py timeline leaves it out (read_metrics): the rest as written, the phase change
+    from them, and the note naming each line left out and why, without a path of this machine."""
     from gptkit.interp.timeline import phase_change, timeline_of
 
     root = tmp_path / "runs"
     shutil.copytree(timed / "timed", root / "run")
     whole = timeline_of(read_metrics(root / "run"))
+    lines = len((root / "run" / "metrics.jsonl").read_text().splitlines())
     with_records(root / "run", '{"kind": "timeline", "iter": 40, "icl": NaN, "loss_by_position": [1.0, "x"], '
                                '"heads": {"induction": [[0.5]]}}', {"kind": "timeline", "iter": "soon", "icl": 1.0})
     got = strict_json(app_over(root).get("/api/runs/run/timeline"))
-    assert got["records"][:-1] == [{k: t[k] for k in FIELDS} for t in whole]
-    assert got["records"][-1] == {"iter": 40, "val_loss": None, "icl": None, "loss_by_position": [1.0, None],
-                                  "heads": None}
+    assert got["records"] == [{k: t[k] for k in FIELDS} for t in whole]
     assert got["phase"] == phase_change(whole)
+    assert got["note"] == (f"left out 2 timeline records of run/metrics.jsonl that train.py would not write (line "
+                           f"{lines + 1}: icl is nan, not a finite number; line {lines + 2}: iter is not an iteration "
+                           "number)")
 
 
 def test_a_snapshot_loads_once_is_kept_with_its_run_and_is_read_again_when_replaced(timed, tmp_path, monkeypatch):

@@ -3,6 +3,7 @@ features found, features switched off by exactly their decoded contribution, CE 
 saved files read by SAELens as they are, a stopped training continued to the same weights, and each mistake one
 line."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -14,7 +15,8 @@ import torch
 from conftest import assert_one_error_line, check_ok, run_here, tiny_model
 from gptkit.base.errors import RunStopped, UserError
 from gptkit.interp.features import (ActivationStream, Recipe, features_off, load_sae, measure, recovered, save_sae,
-                                    site_activations, site_hook, spliced, train_sae, weights_fingerprint)
+                                    site_activations, site_hook, spliced, train_sae, weights_fingerprint,
+                                    weights_of)
 from gptkit.interp.hooks import hooked
 from gptkit.interp.sae import SparseAutoencoder, Trainer, activation_scale
 
@@ -174,7 +176,7 @@ def test_sae_lens_loads_the_saved_sae_and_reconstructs_the_same_activations(trai
     assert sorted(p.name for p in folder.iterdir()) == ["cfg.json", "features.html", "features.json", "gptkit.json",
                                                         "sae_weights.safetensors"]
     run = open_run(out)
-    ours, _, _ = load_sae(folder, run.model)
+    ours, _, _ = load_sae(folder, run)
     theirs = sae_lens.SAE.load_from_disk(str(folder), device="cpu")
     assert type(theirs).__name__ == "TopKSAE" and theirs.cfg.k == 4 and theirs.cfg.d_sae == 64
     x = site_activations(run.model, torch.randint(0, run.config.vocab_size, (4, 32)), "blocks.1.hook_resid_post")
@@ -211,32 +213,86 @@ def test_a_second_run_reads_the_saved_sae_and_a_damaged_or_foreign_one_is_one_li
     assert "was trained on other weights than this run's checkpoint" in line
 
 
-def test_a_stopped_training_continues_to_the_same_weights(trained_run, tmp_path, monkeypatch):
+def train_split(run):
+    """The train split of the run's dataset, in windows of its block size."""
     from gptkit.data.dataset import Split, load_meta
-    from gptkit.interp.experiments import open_run
 
-    run = open_run(trained_run[0])
     folder, meta = load_meta(run.trained_on["data_dir"], run.trained_on["dataset"])
-    split = Split(folder, "train", meta, run.config.block_size)
-    recipe = Recipe("blocks.1.hook_resid_post", 64, 4, 256 * 12, 256, 2e-3, 0)
-    whole, _, _ = train_sae(run.model, split, recipe, tmp_path / "whole", say=lambda line: None)
+    return Split(folder, "train", meta, run.config.block_size)
 
+
+RECIPE = Recipe("blocks.1.hook_resid_post", 64, 4, 256 * 12, 256, 2e-3, 0)
+
+
+def stop_at_step_5(run, folder, monkeypatch, recipe=RECIPE):
+    """A training of recipe in folder stopped by Ctrl-C during its fifth step, its state saved."""
     step = Trainer.train_step
 
-    def stop_at_5(self, x):  # Ctrl-C during the fifth step
+    def stop_at_5(self, x):
         if self.step == 4:
             os.kill(os.getpid(), signal.SIGINT)
         return step(self, x)
     monkeypatch.setattr(Trainer, "train_step", stop_at_5)
-    (tmp_path / "stopped").mkdir()
-    with pytest.raises(RunStopped, match="stopped by SIGINT at step 5 of 12, saved in .*training.pt; the same "):
-        train_sae(run.model, split, recipe, tmp_path / "stopped")
+    folder.mkdir(parents=True)
+    with pytest.raises(RunStopped, match=f"stopped by SIGINT at step 5 of {recipe.steps}, saved in .*training.pt"):
+        train_sae(run.model, train_split(run), recipe, folder, weights_of(run))
     monkeypatch.setattr(Trainer, "train_step", step)
+
+
+def assert_same_weights(a, b):
+    for name, p in a.state_dict().items():
+        torch.testing.assert_close(b.state_dict()[name], p, rtol=0, atol=0)
+
+
+def test_a_stopped_training_continues_to_the_same_weights(trained_run, tmp_path, monkeypatch):
+    from gptkit.interp.experiments import open_run
+
+    run = open_run(trained_run[0])
+    whole, _, _ = train_sae(run.model, train_split(run), RECIPE, tmp_path / "whole", weights_of(run),
+                            say=lambda line: None)
+    stop_at_step_5(run, tmp_path / "stopped", monkeypatch)
     lines = []
-    continued, _, _ = train_sae(run.model, split, recipe, tmp_path / "stopped", say=lines.append)
+    continued, _, _ = train_sae(run.model, train_split(run), RECIPE, tmp_path / "stopped", weights_of(run),
+                                say=lines.append)
     assert lines == ["continuing the stopped training at step 5 of 12"]
-    for name, p in whole.state_dict().items():
-        torch.testing.assert_close(continued.state_dict()[name], p, rtol=0, atol=0)
+    assert_same_weights(whole, continued)
+
+
+def test_a_stopped_training_on_weights_trained_since_starts_again_and_says_why(trained_run, tmp_path, monkeypatch):
+    """Continued after the run trained further, a training would mix two models' activations and claim the new
+    weights: it starts again on them, with one line naming the iterations."""
+    from gptkit.interp.experiments import open_run
+
+    run = open_run(trained_run[0])
+    stop_at_step_5(run, tmp_path / "stopped", monkeypatch)
+    with torch.no_grad():
+        run.model.lm_head.weight.mul_(1.5)
+        run.model.transformer.h[0].attn.c_proj.weight.mul_(1.5)
+    later = run.iteration
+    run.iteration += 10  # best.pt as the run left it ten steps later
+    fresh, _, _ = train_sae(run.model, train_split(run), RECIPE, tmp_path / "fresh", weights_of(run),
+                            say=lambda line: None)
+    lines = []
+    again, _, _ = train_sae(run.model, train_split(run), RECIPE, tmp_path / "stopped", weights_of(run),
+                            say=lines.append)
+    state = tmp_path / "stopped" / "training.pt"
+    assert lines == [f"note: the stopped training in {state} was trained on best.pt as it was at iteration "
+                     f"{later}; it now holds iteration {later + 10}'s weights; starting it again on these weights"]
+    assert_same_weights(fresh, again)
+
+
+def test_progress_is_told_in_lines_where_stderr_is_a_file(trained_run, tmp_path, monkeypatch, capsys):
+    """Trained with stderr in a file (no terminal), the SAE says how far it is, here at every step."""
+    from gptkit.base import progress
+    from gptkit.interp.experiments import open_run
+
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0)
+    run = open_run(trained_run[0])
+    train_sae(run.model, train_split(run), RECIPE, tmp_path / "sae", weights_of(run))
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 12
+    assert lines[4].startswith(f"training an SAE on {RECIPE.hook}: 5/12 step (42%), ")
+    assert "elapsed, about " in lines[4]
 
 
 def test_the_stream_never_holds_more_than_its_buffer(trained_run):
@@ -347,3 +403,279 @@ def test_a_step_removes_the_gradient_along_each_decoder_row_and_chains_no_graph_
     grad = sae.W_dec.grad
     assert grad.grad_fn is None and not grad.requires_grad
     torch.testing.assert_close((grad * sae.W_dec.detach()).sum(-1), torch.zeros(32), atol=1e-6, rtol=0)
+
+
+# ----------------------------------------------------------------------------- what it needs, and its answers
+
+
+def test_safetensors_is_installed_with_the_tool_not_only_with_its_tests():
+    """analyze.py features saves and reads the SAE's weights with safetensors: requirements.txt names it."""
+    from conftest import REPO
+
+    lines = (REPO / "requirements.txt").read_text(encoding="utf-8").splitlines()
+    assert "safetensors" in {line.split("#")[0].strip().split("=")[0] for line in lines}
+
+
+def strict_json(text):
+    """JSON as a strict parser reads it: NaN and Infinity, which Python's json writes, are refused."""
+    def refuse(constant):
+        raise AssertionError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_figure_that_cannot_be_computed_is_null_with_its_reason(tmp_path, data_dir):
+    """At a site that is zero at every token (an MLP whose output projection starts at zero, as a run at step 0
+    has), explained variance and CE loss recovered cannot be computed: null in --json and in gptkit.json, each
+    with a note, and 'n/a (why)' in the table."""
+    from test_analyze import saved_run
+
+    meta = json.loads((data_dir / "tiny" / "meta.json").read_text(encoding="utf-8"))
+    out = saved_run(tmp_path / "zero", meta["vocab"], {"dataset": "tiny", "data_dir": str(data_dir)},
+                    zero_init_proj=True)
+    proc = check_ok(run_here("analyze.py", "features", out, "--layer=0", "--site=mlp_out", *SMALL, "--json"))
+    metrics = strict_json(proc.stdout)["metrics"]
+    hook = "blocks.0.hook_mlp_out"
+    assert metrics["explained_variance"] is None and metrics["ce_loss_recovered"] is None
+    assert metrics["explained_variance_note"] == (f"the activations at {hook} are the same at every token, so "
+                                                  "there is no variance to explain")
+    assert metrics["ce_loss_recovered_note"] == (f"zeroing {hook} leaves the loss as it is, so there is no loss "
+                                                 "to recover")
+    assert strict_json((out / "sae" / hook / "gptkit.json").read_text())["metrics"]["explained_variance"] is None
+    again = check_ok(run_here("analyze.py", "features", out, "--layer=0", "--site=mlp_out", *SMALL))
+    assert f"explained variance n/a (the activations at {hook} are the same at every token" in again.stdout
+
+
+def test_the_feature_page_says_what_it_lists_and_keeps_each_context_on_its_line(trained_run, tmp_path):
+    _, answer, folder = small_sae(trained_run, tmp_path)
+    page = (folder / "features.html").read_text(encoding="utf-8")
+    assert "<title>5 of 64 features of blocks.1.hook_resid_post</title>" in page
+    assert "<h1>5 of 64 features of blocks.1.hook_resid_post, k=4: those that fire most often</h1>" in page
+    assert any("\n" in "".join(c[:3]) for row in answer["features"] for c in row["contexts"]), "no newline to show"
+    items = [line for line in page.splitlines() if "<li>" in line or "</li>" in line]
+    assert items and all(line.count("<li>") == line.count("</li>") for line in items)  # a context never breaks
+    assert "↵" in page
+
+
+def test_a_stopped_training_says_so_on_stderr_and_json_stays_alone_on_stdout(trained_run, tmp_path, monkeypatch):
+    from gptkit.interp.experiments import open_run
+
+    out = tmp_path / "run"
+    shutil.copytree(trained_run[0], out)
+    run = open_run(out)
+    recipe = Recipe(RECIPE.hook, 64, 4, 4096, 256, 2e-3, 0)  # SMALL's
+    stop_at_step_5(run, out / "sae" / recipe.hook, monkeypatch, recipe)
+    proc = check_ok(run_here("analyze.py", "features", out, "--layer=1", *SMALL, "--json"))
+    assert strict_json(proc.stdout)["hook"] == recipe.hook
+    assert "continuing the stopped training at step 5 of 16" in proc.stderr
+
+
+# ----------------------------------------------------------------------------- each checkpoint's SAE
+
+
+HOOK = "blocks.1.hook_resid_post"
+
+
+def changed_weights(path, iterations=0):
+    """The checkpoint at path with other weights, and iter_num moved on by `iterations`."""
+    from gptkit.run.checkpoint import load_checkpoint, save_checkpoint
+
+    ckpt = load_checkpoint(path)
+    ckpt["model"] = {k: v + 0.01 if v.is_floating_point() else v for k, v in ckpt["model"].items()}
+    ckpt["iter_num"] += iterations
+    save_checkpoint(ckpt, path)
+    return ckpt["iter_num"]
+
+
+def test_saes_of_two_checkpoints_live_side_by_side_and_one_in_anothers_place_is_named(run):
+    """best.pt's SAE in sae/<hook>/, latest.pt's in sae/latest/<hook>/: neither replaces the other, the plain
+    command and the API read each checkpoint's own, and one moved into best.pt's place names the checkpoint it
+    belongs to."""
+    from gptkit.interp.experiments import open_run
+
+    changed_weights(run / "latest.pt")
+    best = strict_json(check_ok(run_here("analyze.py", "features", run, "--layer=1", *SMALL, "--json")).stdout)
+    latest = check_ok(run_here("analyze.py", "features", run, "--layer=1", *SMALL, "--checkpoint=latest",
+                               "--json"))
+    assert strict_json(latest.stdout)["folder"] == str(run / "sae" / "latest" / HOOK)
+    assert best["folder"] == str(run / "sae" / HOOK)
+    again = check_ok(run_here("analyze.py", "features", run, "--layer=1", *SMALL, "--json"))
+    assert "the SAE trained earlier, from " + str(run / "sae" / HOOK) in again.stderr
+    assert strict_json(again.stdout)["metrics"] == best["metrics"]
+    of_best, of_latest = open_run(run).features(HOOK), open_run(run, "latest").features(HOOK)
+    assert of_best.metrics["clean_loss"] != of_latest.metrics["clean_loss"]
+
+    shutil.rmtree(run / "sae" / HOOK)
+    (run / "sae" / "latest" / HOOK).rename(run / "sae" / HOOK)
+    assert_one_error_line(run_here("analyze.py", "features", run, "--layer=1", *SMALL).stderr,
+                          f"error: the SAE in {run / 'sae' / HOOK} belongs to latest.pt (--checkpoint=latest), "
+                          f"not to best.pt: move it to {run / 'sae' / 'latest' / HOOK}, where that checkpoint's "
+                          "SAE is read, or train one on these weights with --start_over=True")
+
+
+def test_an_sae_of_weights_the_run_trained_past_names_both_iterations(run):
+    check_ok(run_here("analyze.py", "features", run, "--layer=1", *SMALL))
+    was = changed_weights(run / "best.pt", iterations=30) - 30
+    assert_one_error_line(run_here("analyze.py", "features", run, "--layer=1", *SMALL).stderr,
+                          f"error: the SAE in {run / 'sae' / HOOK} was trained on best.pt as it was at "
+                          f"iteration {was}; it now holds iteration {was + 30}'s weights; train it again on these "
+                          "weights with --start_over=True")
+
+
+# ----------------------------------------------------------------------------- the files, checked
+
+
+@pytest.fixture(scope="module")
+def saved(trained_run, tmp_path_factory):
+    """A copy of the session's run with a small SAE at HOOK, trained once for the tests that damage a copy."""
+    out = tmp_path_factory.mktemp("saved") / "run"
+    shutil.copytree(trained_run[0], out)
+    check_ok(run_here("analyze.py", "features", out, "--layer=1", *SMALL))
+    return out
+
+
+def sealed(folder, name, change):
+    """The SAE in folder with file `name` changed by change(its content) and every checksum made to match it:
+    damaged as a learner who knows the format would, or tampered consistently."""
+    from safetensors.torch import load_file, save_file
+
+    from gptkit.interp.features import own_checksum
+
+    ours = json.loads((folder / "gptkit.json").read_text(encoding="utf-8"))
+    if name == "gptkit.json":
+        change(ours)
+    elif name == "sae_weights.safetensors":
+        state = load_file(folder / name)
+        change(state)
+        save_file(state, folder / name)
+    else:
+        content = json.loads((folder / name).read_text(encoding="utf-8"))
+        change(content)
+        (folder / name).write_text(json.dumps(content), encoding="utf-8")
+    for kept in ours.get("files", {}):
+        if (folder / kept).is_file():  # a name ours lists, even one outside the folder
+            ours["files"][kept] = hashlib.sha256((folder / kept).read_bytes()).hexdigest()
+    ours["checksum"] = own_checksum(ours)
+    (folder / "gptkit.json").write_text(json.dumps(ours), encoding="utf-8")
+
+
+def nan_at(name):
+    def change(state):
+        state[name].view(-1)[0] = float("nan")
+    return change
+
+
+OUTSIDE = "../../../outside.txt"  # a file of the user's, beside the run, that a gptkit.json names
+DAMAGES = [  # (the file, its change, what the line says is wrong with it)
+    ("gptkit.json", lambda o: o.pop("metrics"), "it has no metrics"),
+    ("gptkit.json", lambda o: o["metrics"].pop("dead_fraction"), "metrics has no dead_fraction"),
+    ("gptkit.json", lambda o: o["metrics"].update(dead_fraction=float("nan")),
+     "metrics.dead_fraction is nan, not a number from 0 to 1"),
+    ("gptkit.json", lambda o: o["files"].update({OUTSIDE: ""}),
+     f"its files name '{OUTSIDE}', not one of the SAE's own"),
+    ("gptkit.json", lambda o: o.update(format=3), "format is 3, not a format this tool reads"),
+    ("gptkit.json", lambda o: o["recipe"].update(k=0), "recipe.k is 0, not a whole number"),
+    ("gptkit.json", lambda o: o.update(run_weights=1), "run_weights is 1, not a sha256"),
+    ("cfg.json", lambda c: c.update(k=0), "k is 0, not a whole number of at least 1"),
+    ("cfg.json", lambda c: c.update(k=64), "k is 64, not below d_sae (64)"),
+    ("cfg.json", lambda c: c.update(d_in="32"), "d_in is '32', not a whole number of at least 1"),
+    ("cfg.json", lambda c: c.update(d_in=16), "d_in is 16, not the model's width at the hook"),
+    ("cfg.json", lambda c: c.pop("metadata"), "it has no metadata"),
+    ("sae_weights.safetensors", nan_at("W_enc"), "W_enc holds numbers that are not finite (NaN or infinity)"),
+    ("sae_weights.safetensors", lambda s: s.pop("b_enc"),
+     "it holds W_dec, W_enc, b_dec, not W_enc, b_enc, W_dec, b_dec"),
+    ("sae_weights.safetensors", lambda s: s.update(b_dec=s["b_dec"].double()),
+     "b_dec is float64 (32,), not float32 (32,)"),
+    ("features.json", lambda t: t[0].update(frequency="often"),
+     "rows[0].frequency is 'often', not a number from 0 to 1"),
+    ("features.json", lambda t: t[1].update(index=64), "its rows are not of distinct features 0 to 63"),
+]
+
+
+@pytest.mark.parametrize("name, change, what", DAMAGES, ids=[d[2][:40] for d in DAMAGES])
+def test_a_damaged_or_consistently_tampered_file_is_one_line(saved, tmp_path, name, change, what):
+    """Every checksum made to match, a wrong type, a missing key, NaN weights or a value out of range is still
+    one line naming the file and what is wrong: never a traceback, never used."""
+    out = tmp_path / "run"
+    shutil.copytree(saved, out)
+    (tmp_path / "outside.txt").write_text("the user's own\n")  # OUTSIDE, seen from the SAE's folder
+    sealed(out / "sae" / HOOK, name, change)
+    proc = run_here("analyze.py", "features", out, "--layer=1", *SMALL)
+    assert_one_error_line(proc.stderr, f"error: {out / 'sae' / HOOK / name} is damaged: {what}*")
+    assert (tmp_path / "outside.txt").read_text() == "the user's own\n"
+
+
+def test_gptkit_json_edited_without_its_checksum_is_one_line(saved, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(saved, out)
+    path = out / "sae" / HOOK / "gptkit.json"
+    ours = json.loads(path.read_text(encoding="utf-8"))
+    ours["metrics"]["explained_variance"] = 0.99
+    path.write_text(json.dumps(ours), encoding="utf-8")
+    assert_one_error_line(run_here("analyze.py", "features", out, "--layer=1", *SMALL).stderr,
+                          f"error: {path} is damaged: it was edited (its checksum differs from the one saved "
+                          "with it); train the SAE again with --start_over=True")
+    check_ok(run_here("analyze.py", "features", out, "--layer=1", *SMALL, "--start_over=True"))
+
+
+@pytest.mark.parametrize("kind", ["link", "pipe"])
+def test_a_link_or_a_pipe_in_place_of_a_file_is_one_line_and_never_read(saved, tmp_path, kind):
+    out = tmp_path / "run"
+    shutil.copytree(saved, out)
+    path = out / "sae" / HOOK / "features.json"
+    if kind == "link":
+        shutil.copy(path, tmp_path / "elsewhere.json")
+        path.unlink()
+        path.symlink_to(tmp_path / "elsewhere.json")
+        expected = f"error: {path} is a link; an SAE's files are its own, never read or written through a link: " \
+                   "remove it"
+    else:
+        path.unlink()
+        os.mkfifo(path)  # read, it would wait for a writer for ever
+        expected = f"error: {path} is not a regular file (a pipe, a device or a folder); remove it"
+    assert_one_error_line(run_here("analyze.py", "features", out, "--layer=1", *SMALL).stderr, expected)
+
+
+# ----------------------------------------------------------------------------- shapes and sizes
+
+
+def test_encode_refuses_a_tensor_of_no_dimension_or_another_width_naming_the_shape():
+    from gptkit.interp.features import Features
+
+    sae = SparseAutoencoder(8, 16, 2)
+    f = Features(sae, "blocks.0.hook_resid_post", {"metrics": {}}, [])
+    for x in (torch.tensor(1.0), torch.zeros(3, 7)):
+        with pytest.raises(UserError) as e:
+            f.encode(x)
+        assert str(e.value) == ("the SAE reads activations it encodes as a tensor of shape (..., 8), 8 numbers a "
+                                f"token; got one of shape {tuple(x.shape)}")
+    with pytest.raises(UserError, match=r"^the SAE reads feature values it decodes as a tensor of shape"):
+        f.decode(torch.zeros(4))
+    with pytest.raises(UserError, match="^activations are numbers .*; got a str$"):
+        f.encode("abc")
+    assert f.encode(torch.zeros(8)).shape == (16,)
+
+
+def test_an_sae_too_large_for_memory_is_one_line_before_any_work(trained_run):
+    proc = run_here("analyze.py", "features", trained_run[0], "--layer=1", "--features=1000000000",
+                    "--tokens=4096", "--batch=256")
+    line = assert_one_error_line(proc.stderr)
+    assert matches(line, "error: an SAE of 1,000,000,000 features on blocks.1.hook_resid_post would need about * "
+                         "of memory to train and measure, more than the * free here; the largest --features that "
+                         "fits is about *"), line
+    assert not (trained_run[0] / "sae").exists()
+
+
+def test_the_largest_features_said_to_fit_is_the_largest_that_passes(monkeypatch):
+    import dataclasses
+
+    from gptkit.interp import features
+
+    monkeypatch.setattr(features, "free_memory", lambda: 2 ** 30)
+    idx = torch.zeros(8, 32, dtype=torch.long)
+    recipe = Recipe(HOOK, 10 ** 6, 16, 4096, 256, 2e-3, 0)
+    with pytest.raises(UserError, match="more than the 1.0 GiB free here") as e:
+        features.check_memory(recipe, 32, idx, 65)
+    largest = int(str(e.value).rpartition("about ")[2].replace(",", ""))
+    features.check_memory(dataclasses.replace(recipe, features=largest), 32, idx, 65)
+    with pytest.raises(UserError):
+        features.check_memory(dataclasses.replace(recipe, features=largest + 1), 32, idx, 65)

@@ -85,7 +85,7 @@ def ladder(data_dir, workdir):
     """Every rung, trained for a fraction of a second each: (out_dir, what lab.py printed)."""
     preset = workdir / "preset.py"
     preset.write_text(TINY_PRESET, encoding="utf-8")
-    return workdir / "lab", tiny_lab(data_dir, workdir / "lab", "--budget=0.1", preset=preset)
+    return workdir / "lab", tiny_lab(data_dir, workdir / "lab", "--budget=4.3", preset=preset)
 
 
 def table_rows(out, which=0):
@@ -103,7 +103,7 @@ def test_every_rung_leaves_a_run_folder_a_row_a_picture_and_a_sample(ladder):
     for i, rung in enumerate(machinery.RUNGS, 1):
         label = f"{rung.name} (cheats)" if rung.cheats else rung.name
         row = rows[label]
-        assert row["what it adds"] == rung.adds and row["training"] == "0.1 s"
+        assert row["what it adds"] == rung.adds and row["training"] == "4.3 s"
         assert int(row["steps"].replace(",", "")) >= 1 and int(row["parameters"].replace(",", "")) > 0
         assert float(row["bits/char"]) == pytest.approx(float(row["val loss"]) / math.log(2), abs=2e-3)
         assert (out / rung.name / "best.pt").exists() and (out / rung.name / "train.log").exists()
@@ -112,7 +112,7 @@ def test_every_rung_leaves_a_run_folder_a_row_a_picture_and_a_sample(ladder):
         else:
             assert float(row["attention entropy (bits)"]) > 0
             assert_png(out / rung.name / "attention.png")
-        assert f"## {label}: 0.1 s of training, seed 1337\n\n```text\n{PROMPT}" in samples
+        assert f"## {label}: 4.3 s of training, seed 1337\n\n```text\n{PROMPT}" in samples
         assert f"[{i}/{len(machinery.RUNGS)}] {rung.name}: " in printed
     assert list(rows) == [f"{r.name} (cheats)" if r.cheats else r.name for r in machinery.RUNGS]
     heads = table_rows(out, which=1)
@@ -167,7 +167,9 @@ def test_the_modern_rung_is_the_preset_itself_with_only_what_the_lab_must_set():
     preset, lab_run = parse_config(TrainConfig, [args[0]]), parse_config(TrainConfig, args)
     assert (lab_run.out_dir, lab_run.max_time, lab_run.data_dir, lab_run.seed) == \
         ("somewhere/modern", 7, "elsewhere", 5)
-    assert lab_run.max_iters >= 1e5 and lab_run.init_from == "scratch"
+    # no max_iters: the budget is planned as the steps that fit in it here idle, whatever the load
+    assert not any(a.startswith("--max_iters") for a in args) and not lab_run.wall_clock
+    assert lab_run.init_from == "scratch"
     assert lab_run.model == preset.model and lab_run.optimizer == preset.optimizer  # the preset's model, as it is
     assert lab_run.min_tokens_per_param == 0  # never fitted to its budget: rungs compare models, not machines
     assert (lab_run.learning_rate, lab_run.batch_size, lab_run.lr_schedule) == \
@@ -284,23 +286,23 @@ def test_a_later_lab_run_keeps_the_rows_of_rungs_it_does_not_train(data_dir, tmp
     real_draw = pictures.draw_val_loss_vs_time
     monkeypatch.setattr(pictures, "draw_val_loss_vs_time", draw)
     out = tmp_path / "lab"
-    tiny_lab(data_dir, out, "--rungs=uniform,scaled", "--budget=0.1")
+    tiny_lab(data_dir, out, "--rungs=uniform,scaled", "--budget=4.3")
     first = table_rows(out)
-    assert [r["training"] for r in first.values()] == ["0.1 s", "0.1 s"] and "per rung" in drawn["title"]
+    assert [r["training"] for r in first.values()] == ["4.3 s", "4.3 s"] and "per rung" in drawn["title"]
     (out / "additive").mkdir()  # a rung stopped before it finished: a folder without a row
-    printed = tiny_lab(data_dir, out, "--rungs=scaled,dot", "--budget=0.3")
+    printed = tiny_lab(data_dir, out, "--rungs=scaled,dot", "--budget=4.6")
     rows = table_rows(out)
-    budgets = {"uniform": "0.1 s", "scaled": "0.3 s", "dot": "0.3 s"}
+    budgets = {"uniform": "4.3 s", "scaled": "4.6 s", "dot": "4.6 s"}
     assert {name: row["training"] for name, row in rows.items()} == budgets
     assert rows["uniform"] == first["uniform"]  # rebuilt from its lab.json as it was
-    assert json.loads((out / "uniform" / "lab.json").read_text(encoding="utf-8"))["budget"] == 0.1
+    assert json.loads((out / "uniform" / "lab.json").read_text(encoding="utf-8"))["budget"] == 4.3
     notes = (out / "table.md").read_text(encoding="utf-8")
     assert "rows trained for different lengths do not compare" in notes and "before the end): additive;" in notes
     assert_png(out / "loss_vs_time.png")
-    assert list(drawn["runs"]) == ["uniform (0.1 s)", "scaled (0.3 s)", "dot (0.3 s)"]
+    assert list(drawn["runs"]) == ["uniform (4.3 s)", "scaled (4.6 s)", "dot (4.6 s)"]
     latest = [r for r in map(json.loads, (out / "scaled" / "metrics.jsonl").read_text().splitlines())
               if r["kind"] == "eval"]
-    assert drawn["runs"]["scaled (0.3 s)"] == latest
+    assert drawn["runs"]["scaled (4.6 s)"] == latest
     samples = (out / "samples.md").read_text(encoding="utf-8")
     assert all(f"## {name}: {budget} of training, seed 1337" in samples for name, budget in budgets.items())
     assert "--- dot ---" in printed and "--- uniform ---" not in printed  # printed: the rungs trained now
@@ -308,16 +310,16 @@ def test_a_later_lab_run_keeps_the_rows_of_rungs_it_does_not_train(data_dir, tmp
 
 def test_rows_of_another_dataset_or_damaged_rows_are_one_line_before_training(data_dir, tmp_path):
     out = tmp_path / "lab"
-    tiny_lab(data_dir, out, "--rungs=uniform", "--budget=0.1")
+    tiny_lab(data_dir, out, "--rungs=uniform", "--budget=4.3")
     kept = out / "uniform" / "lab.json"
     kept.write_text(kept.read_text(encoding="utf-8").replace('"dataset": "tiny"', '"dataset": "other"'))
     with pytest.raises(UserError, match=r"was trained on dataset 'other', not 'tiny'.*--rungs=uniform"):
-        lab.main(lab_args(data_dir, out, "--rungs=dot", "--budget=0.1"))
+        lab.main(lab_args(data_dir, out, "--rungs=dot", "--budget=4.3"))
     kept.write_text("{truncated")
     with pytest.raises(UserError, match=r"lab.json is not a row the lab wrote .*--rungs=uniform"):
-        lab.main(lab_args(data_dir, out, "--rungs=dot", "--budget=0.1"))
+        lab.main(lab_args(data_dir, out, "--rungs=dot", "--budget=4.3"))
     assert not (out / "dot").exists()
-    tiny_lab(data_dir, out, "--rungs=uniform", "--budget=0.1")  # training it again replaces the row
+    tiny_lab(data_dir, out, "--rungs=uniform", "--budget=4.3")  # training it again replaces the row
 
 
 def test_a_rung_folder_in_use_is_refused_before_anything_in_it_is_deleted(data_dir, tmp_path):
@@ -327,7 +329,7 @@ def test_a_rung_folder_in_use_is_refused_before_anything_in_it_is_deleted(data_d
         for name, text in live.items():
             (folder / name).write_text(text)
         with pytest.raises(UserError) as caught:
-            lab.main(lab_args(data_dir, tmp_path / "lab", "--rungs=scaled", "--budget=0.1"))
+            lab.main(lab_args(data_dir, tmp_path / "lab", "--rungs=scaled", "--budget=4.3"))
         assert {name: (folder / name).read_text() for name in live} == live
     message = str(caught.value)
     assert message.startswith(f"{folder} is in use by another run (process {os.getpid()})") and "\n" not in message
@@ -340,7 +342,7 @@ def test_a_run_the_lab_did_not_train_in_a_rung_s_folder_is_refused_and_kept(data
     folder.mkdir(parents=True)
     (folder / "best.pt").write_text("someone's best model")
     with pytest.raises(UserError) as caught:
-        lab.main(lab_args(data_dir, tmp_path / "lab", "--rungs=scaled", "--budget=0.1"))
+        lab.main(lab_args(data_dir, tmp_path / "lab", "--rungs=scaled", "--budget=4.3"))
     assert str(caught.value) == (f"{folder} holds a run the lab did not train (best.pt); move it, or give the lab "
                                  "another --out_dir")
     assert (folder / "best.pt").read_text() == "someone's best model"

@@ -4,6 +4,7 @@ damage is one line naming the line, and the clock runs on across resumes."""
 import errno
 import io
 import json
+import math
 import os
 
 import pytest
@@ -87,9 +88,97 @@ def test_wall_clock_continues_across_resumes():
 
 
 def test_a_record_without_a_time_keeps_the_time_before_it():
-    """A kind of record whose fields are not checked (a run or final record edited by hand) may hold text, NaN or
-    nothing for elapsed_s: the clock neither fails nor jumps there."""
+    """A kind of record whose fields are not checked (a run or final record edited by hand) may hold text, NaN, an
+    integer of 400 digits or nothing for elapsed_s: the clock neither fails nor jumps there."""
     records = [{"kind": "train", "iter": 10, "loss": 3.0, "elapsed_s": 5.0}, {"kind": "run", "elapsed_s": "soon"},
                {"kind": "final", "iter": 10, "val_loss": 2.9, "elapsed_s": float("nan")}, {"kind": "health"},
-               {"kind": "train", "iter": 20, "loss": 2.5, "elapsed_s": 7.0}]
-    assert wall_clock(records) == [5.0, 5.0, 5.0, 5.0, 7.0]
+               {"kind": "timeline", "elapsed_s": 10 ** 400}, {"kind": "train", "iter": 20, "loss": 2.5, "elapsed_s": 7.0}]
+    assert wall_clock(records) == [5.0, 5.0, 5.0, 5.0, 5.0, 7.0]
+
+
+WHOLE = {"kind": "timeline", "iter": 4, "icl": -0.1, "loss_by_position": [3.1, 2.9],
+         "heads": {k: [[0.1, 0.2], [0.3, 0.4]] for k in ("previous_token", "first_token", "duplicate_token",
+                                                          "induction", "local")}}
+
+
+REMOVE = object()
+
+
+def edited(path, value):
+    """WHOLE with the field at path (keys and indices) set to value, or removed where value is REMOVE."""
+    record = json.loads(json.dumps(WHOLE))
+    *inner, last = path
+    where = record
+    for key in inner:
+        where = where[key]
+    if value is REMOVE:
+        del where[last]
+    else:
+        where[last] = value
+    return record
+
+
+@pytest.mark.parametrize("path, value, why", [
+    (["icl"], REMOVE, "it has no icl"),
+    (["icl"], "0.5", "icl is '0.5', not a number"),
+    (["icl"], float("nan"), "icl is nan, not a finite number"),
+    (["icl"], float("-inf"), "icl is -inf, not a finite number"),
+    (["icl"], 1e300, "icl is 1e+300, beyond any number train.py logs"),
+    (["iter"], "4", "iter is not an iteration number"),
+    (["loss_by_position"], {"a": 1.0}, "loss_by_position is not a list of numbers"),
+    (["heads"], [[0.1]], "heads is [[0.1]], not each kind's scores"),
+    (["heads", "induction"], REMOVE, "heads has no induction scores"),
+    (["heads", "local"], [[0.1], [0.2, 0.3]], "heads' local is [[0.1], [0.2, 0.3]], not a grid of scores"),
+    (["heads", "induction", 1, 0], None, "induction is null, not a number"),
+    (["heads", "induction", 1, 0], 1.5, "induction is 1.5, outside 0 to 1"),
+    (["heads", "first_token"], [[0.1, 0.2]], "heads holds grids of scores of different shapes"),
+])
+def test_a_timeline_record_not_as_train_py_writes_it_is_left_out_and_said_so(tmp_path, path, value, why):
+    """Issue 65: a hand-edited timeline record (a field missing, text or a list where a number or a dict goes, NaN,
+    a score outside 0 to 1, a grid of another shape) is left out of what read_metrics gives every reader, with its
+    line and why: never a traceback further on, never used."""
+    write_metrics(tmp_path, [json.dumps(RECORDS[0]), json.dumps(edited(path, value)), json.dumps(WHOLE)])
+    records = read_metrics(tmp_path)
+    assert [r["kind"] for r in records] == ["train", "timeline"] and records.left_out == [(2, "timeline", why)]
+    assert records.note("timeline") == (f"note: left out 1 timeline record of {tmp_path / 'metrics.jsonl'} that "
+                                        f"train.py would not write (line 2: {why})")
+    assert records.note("final") is None
+
+
+def test_a_timeline_record_of_another_shape_than_the_runs_last_is_left_out(tmp_path):
+    small = edited(["heads"], {k: [[0.5]] for k in WHOLE["heads"]})
+    write_metrics(tmp_path, [json.dumps(small), json.dumps(WHOLE), json.dumps(dict(WHOLE, heads=None))])
+    assert read_metrics(tmp_path).left_out == [
+        (1, "timeline", "it holds the scores of 1 x 1 heads, where the run's last record holds no head scores"),
+        (2, "timeline", "it holds the scores of 2 x 2 heads, where the run's last record holds no head scores")]
+
+
+def test_a_final_record_without_a_finite_score_is_left_out(tmp_path):
+    write_metrics(tmp_path, [json.dumps({"kind": "final", "iter": 3, "val_loss": "x"}),
+                             '{"kind": "final", "iter": 3, "val_loss": NaN}', json.dumps({"kind": "final", "iter": 3})])
+    records = read_metrics(tmp_path)
+    assert records == [] and [why for _, _, why in records.left_out] == [
+        "val_loss is 'x', not a number", "val_loss is nan, not a finite number", "it has no val_loss"]
+
+
+@pytest.mark.parametrize("record, why", [
+    ({"kind": ["train"], "iter": 1}, "kind is ['train'], not a name"),
+    ({"kind": "train", "iter": 1, "loss": 1e300}, "loss is 1e+300, beyond any number train.py logs"),
+    ({"kind": "eval", "iter": 10 ** 30, "val_loss": 2.0}, f"iter is {10 ** 30}, not an iteration number"),
+])
+def test_a_curve_record_of_the_wrong_kind_or_size_is_one_line_naming_it(tmp_path, record, why):
+    """A train or eval record (what every loss curve is drawn from) of a kind that is no name, or holding a number
+    no run logs (one that overflowed the pictures' axes), is one line naming the line, as any other damage."""
+    write_metrics(tmp_path, [json.dumps(RECORDS[0]), json.dumps(record)])
+    with pytest.raises(UserError) as info:
+        read_metrics(tmp_path)
+    assert str(info.value) == (f"{tmp_path / 'metrics.jsonl'} has a line that has a record of the wrong shape (line 2: "
+                               f"{why}); was it written by train.py?")
+
+
+def test_a_diverged_runs_nan_loss_is_read_as_it_was_logged(tmp_path):
+    """train.py logs the NaN loss that stops a run that diverged: the curves keep it (a gap), nothing is refused."""
+    write_metrics(tmp_path, [json.dumps(RECORDS[0]), '{"kind": "eval", "iter": 5, "train_loss": NaN, '
+                                                     '"val_loss": NaN, "elapsed_s": 2.0}'])
+    records = read_metrics(tmp_path)
+    assert len(records) == 2 and math.isnan(records[1]["val_loss"]) and records.left_out == []

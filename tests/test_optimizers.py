@@ -210,8 +210,10 @@ def test_wsd_is_flat_then_linear_to_min_lr():
     assert lr_factor_at(cfg, 100) == pytest.approx(0.1)
 
 
-def test_time_budget_drives_the_decay():
-    cfg = schedule(lr_schedule="wsd", warmdown_frac=0.4, max_time=100.0)
+def test_a_budget_by_the_clock_drives_the_decay_and_a_planned_one_does_not():
+    planned = schedule(lr_schedule="wsd", warmdown_frac=0.4, max_time=100.0)
+    assert lr_factor_at(planned, 20, time_progress=0.8) == 1.0  # its steps are planned: they alone say
+    cfg = schedule(lr_schedule="wsd", warmdown_frac=0.4, max_time=100.0, wall_clock=True)
     assert lr_factor_at(cfg, 20, time_progress=0.1) == 1.0  # iterations ahead of time
     assert lr_factor_at(cfg, 20, time_progress=0.8) == pytest.approx(1.0 - 0.5 * 0.9)  # time ahead
     assert lr_factor_at(cfg, 20, time_progress=1.0) == pytest.approx(0.1)

@@ -1,5 +1,6 @@
 """plot.py and the pictures it draws (gptkit/interp/pictures.py): loss and attention PNGs whose every label is readable,
-each subcommand taking only its own options, and an output it cannot write refused before any work."""
+each subcommand taking only its own options, an output it cannot write refused before any work, and runs
+compared (their curves, and what differs between them)."""
 
 import json
 import re
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from conftest import assert_one_error_line, check_ok, run_here, run_script
+from conftest import REPO, assert_one_error_line, check_ok, run_here, run_script, train_args
 from gptkit.base.errors import UserError
 from gptkit.base.settings import settings
 from gptkit.interp.hooks import token_label
@@ -174,6 +175,24 @@ def test_attention_png(run_dir, tmp_path, capsys):
     assert image.shape[0] > 400  # a grid of 2 layers x 2 heads
 
 
+def test_a_snapshots_attention_picture_has_a_file_and_a_title_of_its_own(tmp_path, monkeypatch):
+    """--checkpoint=iter:150 draws attention-iter150.png, titled with the snapshot's step: the run's own
+    attention.png is never drawn over with another checkpoint's weights."""
+    import plot
+    from gptkit.interp import pictures
+    from gptkit.run.run_folder import RunDir
+    from test_analyze import saved_run
+
+    run = saved_run(tmp_path / "run")
+    RunDir(run).snapshots.mkdir()
+    (run / "best.pt").rename(RunDir(run).snapshot(150))
+    drawn = []
+    monkeypatch.setattr(pictures, "save", lambda fig, path, dpi: drawn.append((fig._suptitle.get_text(), path)))
+    plot.main(["attention", f"--out_dir={run}", "--checkpoint=iter:150", "--start=AB"])
+    (title, path), = drawn
+    assert path == run / "attention-iter150.png" and title.startswith("run, the snapshot of step 150: ")
+
+
 def test_loss_png_of_a_resumed_run(run_dir, tmp_path):
     """A resumed run appends records whose clock restarts at zero; the picture still gets drawn."""
     import plot
@@ -273,3 +292,114 @@ def test_the_output_extension_picks_the_format(tmp_path, output, signature):
     proc = check_ok(run("plot.py", "loss", f"--out_dir={write_metrics(tmp_path)}", f"--output={tmp_path / output}"))
     assert proc.stdout.strip() == f"wrote {tmp_path / output}"
     assert (tmp_path / output).read_bytes().startswith(signature)
+
+
+# ----------------------------------------------------------------------------- plot.py compare
+
+COMPARED = ["--max_iters=10", "--eval_interval=5", "--eval_iters=1", "--log_interval=5", "--warmup_iters=2",
+            "--learning_rate=3e-3", "--attention_path=fused"]  # named: a measured path is not this test's
+
+
+@pytest.fixture(scope="module")
+def compared(data_dir, workdir):
+    """Tiny runs as a learner makes them, in this process: the base, one with another learning rate, and one
+    with another learning rate that also trained fewer steps."""
+    import train
+
+    for name, extra in {"base": [], "lr": ["--learning_rate=1e-3"],
+                        "lr_shorter": ["--learning_rate=1e-3", "--max_iters=8"]}.items():
+        train.main(train_args(data_dir, workdir / name, *COMPARED, *extra))
+    return workdir
+
+
+def notes(stdout):
+    return [line for line in stdout.splitlines() if line.startswith("note:")]
+
+
+@pytest.mark.slow
+def test_compare_names_the_one_setting_that_differs_and_draws_both_runs(compared):
+    """As a user runs it: the folders as arguments, the picture in the first one's folder."""
+    base = compared / "base"
+    proc = check_ok(run_script("plot.py", "compare", base, compared / "lr"))
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("base: 10 steps, 640 tokens seen, final val loss ")  # 10 x 4 sequences x 16
+    assert lines[2:5] == ["lr against base:", "  settings: learning_rate 0.003 → 0.001",
+                          "  model.py: the same code"]
+    assert notes(proc.stdout) == []
+    assert lines[-1] == f"wrote {base / 'compare.png'}"
+    assert_png(base / "compare.png")
+
+
+@pytest.mark.slow
+def test_compare_notes_the_steps_that_differ_besides_the_setting(compared, tmp_path):
+    proc = check_ok(run_here("plot.py", "compare", compared / "base", compared / "lr_shorter",
+                             f"--output={tmp_path / 'c.png'}"))
+    assert "  settings: learning_rate 0.003 → 0.001, max_iters 10 → 8" in proc.stdout.splitlines()
+    assert notes(proc.stdout) == ["note: besides learning_rate, lr_shorter differs from base in steps (10 → 8): "
+                                  "the comparison is not only your edit"]
+    assert_png(tmp_path / "c.png")
+
+
+@pytest.mark.slow
+def test_compare_names_the_pieces_of_model_py_an_edit_changed(compared, data_dir, tmp_path):
+    """A learner's edit to model.py, trained from a copy of the project, against the base from before it."""
+    import shutil
+
+    tree = tmp_path / "project"
+    shutil.copytree(REPO / "gptkit", tree / "gptkit", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "train.py", tree)
+    source = (REPO / "model.py").read_text(encoding="utf-8")
+    edited = source.replace("return F.relu(x).square()", "return F.relu(x) * F.relu(x)")
+    assert edited != source
+    (tree / "model.py").write_text(edited, encoding="utf-8")
+    check_ok(run_script(tree / "train.py", *train_args(data_dir, tmp_path / "edited", *COMPARED)))
+    proc = check_ok(run_here("plot.py", "compare", compared / "base", tmp_path / "edited",
+                             f"--output={tmp_path / 'c.png'}"))
+    lines = proc.stdout.splitlines()
+    assert lines[2:5] == ["edited against base:", "  settings: the same", "  model.py: relu_squared changed"]
+    assert notes(proc.stdout) == []
+
+
+@pytest.mark.slow
+def test_compare_refuses_bad_input_in_one_line(compared, tmp_path):
+    """The first case as a user runs it, the others in this process; nothing is drawn."""
+    import shutil
+
+    base, damaged = compared / "base", tmp_path / "damaged"
+    empty, missing = tmp_path / "empty", tmp_path / "missing"
+    empty.mkdir()
+    shutil.copytree(compared / "lr", damaged)
+    data = bytearray((damaged / "latest.pt").read_bytes())
+    data[len(data) // 2] ^= 1
+    (damaged / "latest.pt").write_bytes(bytes(data))
+    cases = [([base], "error: compare needs two or more run folders (got 1)*"),
+             ([base, empty], f"error: no run in {empty} (no latest.pt or best.pt); train one first*"),
+             ([base, missing], f"error: no run in {missing}: no such folder"),
+             ([base, damaged], f"error: {damaged / 'latest.pt'} is damaged: its contents do not match the "
+                               "checksum written with them"),
+             ([base, f"{base}/"], f"error: {base} is named twice; name each run once")]
+    for i, (folders, expected) in enumerate(cases):
+        run = run_script if i == 0 else run_here
+        proc = run("plot.py", "compare", *folders, f"--output={tmp_path / 'c.png'}")
+        assert proc.returncode == 1
+        assert_one_error_line(proc.stderr, expected)
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_compare_draws_each_run_in_one_colour_against_steps_and_tokens(tmp_path):
+    """The tokens panel puts each evaluation at its step times the run's tokens a step."""
+    from gptkit.interp.pictures import draw_comparison
+
+    def evals(losses):
+        return [{"kind": "eval", "iter": 5 * i, "train_loss": loss - 0.1, "val_loss": loss, "elapsed_s": i}
+                for i, loss in enumerate(losses)]
+
+    fig = draw_comparison([("base", evals([4.0, 3.0, 2.5]), 64), ("wider", evals([4.0, 2.8]), 128)],
+                          "two runs", tmp_path / "c.png")
+    assert_png(tmp_path / "c.png")
+    by_steps, by_tokens = fig.axes
+    assert [list(line.get_xdata()) for line in by_steps.lines] == [[0, 5, 10]] * 2 + [[0, 5]] * 2
+    assert [list(line.get_xdata()) for line in by_tokens.lines] == [[0, 320, 640]] * 2 + [[0, 640]] * 2
+    colours = [line.get_color() for line in by_tokens.lines]
+    assert colours[0] == colours[1] != colours[2] == colours[3]
+    assert [t.get_text() for t in by_steps.get_legend().get_texts()] == ["base", "wider", "val", "train"]

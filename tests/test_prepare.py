@@ -439,6 +439,29 @@ def test_download_failures_are_one_line(server, tmp_path, monkeypatch):
         prepare(PrepareConfig(data_dir=str(data)))
 
 
+DOWNLOAD_FAILS = """import runpy, sys
+sys.path.insert(0, {repo!r})
+from gptkit.data import preparing
+preparing.SHAKESPEARE_URL = "http://127.0.0.1:9/input.txt"  # nothing listens there
+sys.argv = ["data/prepare.py", "--data_dir={data}"]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_a_failed_download_says_what_it_was_downloading_then_its_error_on_a_line_of_its_own(tmp_path):
+    """stdout and stderr into one pipe, as `2>&1 | tee log` takes them (block-buffered): the download's line, then
+    the error's, each whole."""
+    driver = DOWNLOAD_FAILS.format(repo=str(REPO), data=tmp_path / "d", script=str(REPO / "data" / "prepare.py"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    proc = subprocess.run([sys.executable, "-c", driver], cwd=tmp_path, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env=env, timeout=120)
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "downloading http://127.0.0.1:9/input.txt" and len(lines) == 2, proc.stdout
+    assert re.fullmatch(r"error: could not download tinyshakespeare \(.*refused\); pass a local copy .*", lines[1])
+
+
 def test_the_download_is_written_whole_and_never_through_a_link(server, tmp_path, outside):
     (server / "input.txt").write_text("not shakespeare\n", encoding="utf-8")
     folder = tmp_path / "d" / "shakespeare_char"

@@ -347,6 +347,23 @@ def test_a_resume_continues_with_the_saved_settings_and_those_given_again(run, d
     assert {g["base_lr"] for g in ckpt["optimizer"][0]["param_groups"]} == {1e-3}
 
 
+def test_a_resume_after_an_edit_to_model_py_says_what_changed(run, data_dir, capsys, monkeypatch):
+    """As sample.py does for a checkpoint: model.py changed since the state was saved is said in one note naming
+    the pieces, since the run no longer continues exactly; unchanged, nothing is said."""
+    import model as model_py
+
+    def rms_norm(x, norm):  # an edit
+        return x
+
+    rms_norm.__module__ = "model"
+    train.main(resume(data_dir, run, "--max_iters=31"))
+    assert "model.py has changed" not in capsys.readouterr().out
+    monkeypatch.setattr(model_py, "rms_norm", rms_norm)
+    train.main(resume(data_dir, run, "--max_iters=32"))
+    assert f"note: model.py has changed since {run / 'latest.pt'} was saved (rms_norm): the run continues with " \
+        "the code as it is now, not the code it trained with so far\n" in capsys.readouterr().out
+
+
 def test_a_run_its_budget_made_smaller_resumes_with_the_command_that_started_it(tmp_path, data_dir, capsys):
     """The config file still says the bigger shape and its decay: given again on resume they are what the run was
     fitted from, not other settings; the run keeps the smaller model and its decay. A shape that differs from
@@ -361,7 +378,8 @@ def test_a_run_its_budget_made_smaller_resumes_with_the_command_that_started_it(
     train.main(start)
     said = capsys.readouterr().out
     assert "model: 1 layer × 32, " in said and \
-        ", muon_weight_decay=0.3: the largest of this preset's fit_shapes (2x32, 1x32)" in said
+        ", muon_weight_decay=0.3: none of this preset's fit_shapes sees enough here, so the smallest of them " \
+        "(2x32, 1x32)" in said
     ckpt = load_checkpoint(out / "latest.pt")
     assert ckpt["model_args"]["n_layer"] == 1 and ckpt["measured"]["fitted_from"] == fitted_from
     train.main([*start, "--max_iters=6", "--init_from=auto"])

@@ -54,6 +54,24 @@ def test_the_lock_is_never_taken_through_a_link(tmp_path, outside):
         assert (run.path / "run.lock").read_text().strip().isdigit()
 
 
+def test_a_run_that_fails_before_writing_leaves_no_folder_it_made(tmp_path):
+    """train.py with a dataset that is not there, into an out_dir it would make (two levels deep): one line, and
+    no folder left behind. A folder that was there stays, and so does one the run wrote in."""
+    missing = [f"--data_dir={tmp_path / 'data'}", "--dataset=mine"]
+    with pytest.raises(UserError, match="dataset folder .*mine not found"):
+        train.main([*missing, f"--out_dir={tmp_path / 'runs' / 'out-mine'}"])
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "there").mkdir()
+    with pytest.raises(UserError):
+        train.main([*missing, f"--out_dir={tmp_path / 'there' / 'out'}"])
+    assert [p.name for p in tmp_path.iterdir()] == ["there"] and not any((tmp_path / "there").iterdir())
+    run = RunDir(tmp_path / "written")
+    with pytest.raises(KeyboardInterrupt), run.locked():
+        (run.path / "metrics.jsonl").write_text("")
+        raise KeyboardInterrupt
+    assert sorted(p.name for p in run.path.iterdir()) == ["metrics.jsonl", "run.lock"]
+
+
 # ---------------------------------------------------------------------------------------------- links
 
 @pytest.mark.parametrize("name", ["run.lock", "metrics.jsonl", "latest.pt.tmp", "best.pt.tmp", "latest.pt",
@@ -69,6 +87,25 @@ def test_a_run_refuses_a_bookkeeping_file_that_is_a_link(tmp_path, data_dir, out
     assert_one_error_line(proc.stderr, f"error: {out / name} is a link, and the tool writes this file itself*")
     assert outside.read_text() == "precious\n"
     assert sorted(p.name for p in out.iterdir()) == [name]  # refused before anything was written
+
+
+@pytest.mark.parametrize("where", ["the snapshot", "the snapshots folder", "/dev/zero"])
+def test_a_snapshot_is_never_opened_through_a_link(tmp_path, outside, where):
+    """A link in a snapshot's place (to another run's file, or to /dev/zero), or a snapshots folder that is a link,
+    is one line naming it, and nothing is read through it."""
+    out = tmp_path / "out"
+    (out / "snapshots").mkdir(parents=True)
+    link = out / "snapshots" if where == "the snapshots folder" else out / "snapshots" / "iter_5.pt"
+    if where == "the snapshots folder":
+        (out / "snapshots").rmdir()
+        (outside.parent / "iter_5.pt").write_bytes(b"another run's snapshot")
+        link.symlink_to(outside.parent)
+    else:
+        link.symlink_to("/dev/zero" if where == "/dev/zero" else outside)
+    proc = run_here("sample.py", f"--out_dir={out}", "--checkpoint=iter:5", "--device=cpu")
+    assert_one_error_line(proc.stderr, f"error: {link} is a link; a run's snapshots are opened only as its own "
+                                       "files, never through a link*")
+    assert outside.read_text() == "precious\n"
 
 
 # ---------------------------------------------------------------------------------------------- a folder to save in

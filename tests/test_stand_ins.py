@@ -190,7 +190,7 @@ def edited_model(monkeypatch, piece, function, **config):
         monkeypatch.setattr(model_py, "ACTIVATIONS", dict(model_py.ACTIVATIONS, relu2=function))
     if name in ("scaled_scores", "dot_scores"):
         monkeypatch.setattr(model_py, "SCORES", dict(model_py.SCORES, **{name.split("_")[0]: function}))
-    return tiny_model(**dict(DROPOUT_MODEL, dropout=0.0, **config))
+    return tiny_model(**{**DROPOUT_MODEL, "dropout": 0.0, **config})
 
 
 def relu_squared(x):  # an edit: ReLU^2 made the identity
@@ -234,13 +234,18 @@ def test_a_kernel_steps_aside_for_an_edited_piece_and_the_edit_runs(monkeypatch,
     assert abs(got.item() - before.item()) > 1e-4
 
 
-def test_an_edited_sdpa_keeps_the_fused_path_but_never_the_folded_one(monkeypatch):
+def test_an_edited_sdpa_takes_the_fused_path_from_every_other_one(monkeypatch):
     def sdpa(self, q, k, v):  # an edit: attend twice as much to the values
         return 2 * F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     model = edited_model(monkeypatch, "SelfAttention.sdpa", sdpa)
-    assert install(model, [], "folded")[0] == "fused" and install(model, [], "fused") == ("fused", [])
-    assert install(model, [], "written") == ("written", [])
+    edit = "model.py's SelfAttention.sdpa is not the code"
+    assert [install(model, [], path) for path in ATTENTION_PATHS] == [
+        ("fused", [f"attention: the fused path: {edit} the written and folded paths stand in for, so yours runs"]),
+        ("fused", [f"attention: the fused path instead of written: {edit} the written path stands in for, so yours "
+                   "runs"]),
+        ("fused", [f"attention: the fused path instead of folded: {edit} the folded path stands in for, so yours "
+                   "runs"])]
 
 
 def test_a_model_loaded_from_a_checkpoint_runs_an_edited_attention(monkeypatch, tmp_path):
@@ -257,6 +262,50 @@ def test_a_model_loaded_from_a_checkpoint_runs_an_edited_attention(monkeypatch, 
     assert {attention_path_of(b.attn) for b in model_from_checkpoint(ckpt, "x.pt").transformer.h} == {"written"}
 
 
+def recording_edit(piece, original, ran):
+    """A learner's edit to `piece`: the numbers of `original`, and `piece` noted in `ran` each time it runs."""
+    def edit(*args, **kwargs):
+        ran.add(piece)
+        return original(*args, **kwargs)
+    edit.__name__ = original.__name__  # install() knows an activation or a shift by its name
+    return edit
+
+
+# every piece a kernel or attention path stands in for, each with the attention kinds whose paths cover it
+COVERED = {"relu_squared": ["scaled"], "token_shift": ["scaled"], "scaled_scores": ["scaled"],
+           "dot_scores": ["scaled", "dot"], "SelfAttention.pattern": ["scaled", "dot"],
+           "SelfAttention.written": ["scaled", "dot"], "SelfAttention.visible": ["scaled", "dot"],
+           "SelfAttention.sdpa": ["scaled", "dot"]}
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+@pytest.mark.parametrize("path", ATTENTION_PATHS)
+@pytest.mark.parametrize("piece, kind", [(piece, kind) for piece, kinds in COVERED.items() for kind in kinds])
+def test_every_edit_to_a_piece_a_stand_in_covers_runs_in_training_and_sampling(monkeypatch, piece, kind, path,
+                                                                               dropout):
+    """Each piece of model.py a kernel or path stands in for, edited: its edit runs in a training step under
+    every kernel and path, and in sampling from a model loaded as sample.py loads it; on any path asked, one line
+    names the piece. (An edit to dot_scores once never ran, nor said so: the scaled attention's fast paths skipped
+    the dot_scores that scaled_scores calls.)"""
+    from dataclasses import asdict
+
+    import model as model_py
+    from gptkit.run.checkpoint import model_from_checkpoint
+    assert set(COVERED) == set(stand_ins.WRITTEN_FOR), "a new stand-in's pieces belong in COVERED"
+    owner, _, name = piece.rpartition(".")
+    ran = set()
+    edit = recording_edit(piece, getattr(getattr(model_py, owner) if owner else model_py, name), ran)
+    model = edited_model(monkeypatch, piece, edit, attention=kind, dropout=dropout)
+    taken, lines = install(model, by_rule("cpu"), path)
+    assert len(lines) == 1 and f"model.py's {piece} is not the code" in lines[0], lines
+    train_step(model, random_tokens((2, 12)), torch.float32)
+    assert ran == {piece}, f"{piece} did not run in training on the {path} path"
+    ran.clear()
+    sampler = model_from_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config)}, "x.pt")
+    generate(sampler.eval(), random_tokens((1, 3)), 6, temperature=0.0)
+    assert ran == {piece}, f"{piece} did not run in sampling"
+
+
 EDITS = {  # a learner's edits to model.py, as text: (what they replace, with what)
     "ReLU² made the identity": ("    return F.relu(x).square()", "    return x"),
     "the token shift removed": ("self.shift = token_shift if config.token_shift else None", "self.shift = None"),
@@ -265,6 +314,7 @@ EDITS = {  # a learner's edits to model.py, as text: (what they replace, with wh
                                 "return torch.zeros_like(x)"),
     "the softmax replaced": ("F.softmax(self.hook_attn_scores(scores), dim=-1)",
                              "torch.sigmoid(self.hook_attn_scores(scores))"),
+    "the dot products doubled": ("    return q @ k.transpose(-2, -1)", "    return 2 * (q @ k.transpose(-2, -1))"),
 }
 
 
@@ -296,5 +346,6 @@ def test_each_edit_to_model_py_changes_what_the_default_config_trains(tmp_path, 
         (project / "model.py").write_text(source.replace(old, new))
         loss, said = loss_after_20_steps(project, data_dir, tmp_path / name.replace(" ", "_"))
         assert abs(loss - unedited) > 1e-3, f"{name}: {loss} against {unedited} unedited"
-        if name in ("ReLU² made the identity", "the score scale changed", "the softmax replaced"):
+        if name in ("ReLU² made the identity", "the score scale changed", "the softmax replaced",
+                    "the dot products doubled"):
             assert "model.py's" in said and "so yours runs" in said, name

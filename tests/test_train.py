@@ -125,13 +125,14 @@ def test_eval_only_on_another_dataset_keeps_the_checkpoints(trained_run, tmp_pat
     assert digests(out) == before
 
 
-def test_max_time_covers_the_whole_run_and_a_resume_spends_only_what_is_left(tmp_path, data_dir):
-    """max_time is the whole run's: start-up, steps, evaluations, saves and the final score. The seconds spent
+def test_max_time_by_the_clock_covers_the_whole_run_and_a_resume_spends_only_what_is_left(tmp_path, data_dir):
+    """With wall_clock, max_time is the whole run's: start-up, steps, evaluations, saves and the final score. The
+    seconds spent
     travel in the checkpoint (all of them, once the budget ended the run): a resumed run with the same budget
     takes no step, and with a larger one it trains until the two runs together reach it."""
     out = tmp_path / "timed"
     args = ["--max_iters=1000000", "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1",
-            "--max_time=4.0"]  # the budget keeps two seconds for the process to exit, so give it more than that
+            "--wall_clock=True", "--max_time=4.0"]  # the budget keeps two seconds for the exit: give it more
     start = time.time()
     train.main(train_args(data_dir, out, *args))
     whole = time.time() - start
@@ -163,7 +164,7 @@ def test_an_evaluation_that_spends_the_budget_is_the_last_one(tmp_path, data_dir
     monkeypatch.setattr(TimeBudget, "over", lambda self: getattr(self, "evaluations", 0) >= 2)
     out = tmp_path / "out"
     train.main(train_args(data_dir, out, "--max_iters=100", "--eval_interval=4", "--eval_iters=1", "--log_interval=1",
-                          "--max_time=1000"))
+                          "--max_time=1000", "--wall_clock=True"))
     assert [r["iter"] for r in read_metrics(out) if r["kind"] == "eval"] == [0, 4]
     assert load_checkpoint(out / "latest.pt")["iter_num"] == 4
 

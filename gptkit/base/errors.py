@@ -1,8 +1,14 @@
-"""Errors a user can cause, and the entry-point wrapper that prints them as one line."""
+"""Errors a user can cause, and the entry-point wrapper that prints them as one line; and the hook that makes a
+learner's model.py that does not run (or no longer takes the arguments it is called with) one line too, wherever it
+fails, in a script's imports as well."""
 
+import inspect
+import os
 import re
 import signal
 import sys
+import traceback
+from pathlib import Path
 
 
 class UserError(Exception):
@@ -37,24 +43,34 @@ def run_main(main, memory_settings=()):
     try:
         main()
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_error(e)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        say_error("interrupted")
         sys.exit(RunStopped.exit_code)
     except BrokenPipeError:  # e.g. `python sample.py | head`
         sys.exit(0)
     except OSError as e:  # a path no check foresaw: a full disk, a folder where a file goes, no permission
         if e.filename is None:
             raise
-        print(f"error: {e.filename}: {e.strerror or first_line(e)}", file=sys.stderr)
+        say_error(f"{e.filename}: {e.strerror or first_line(e)}")
         sys.exit(1)
     except (MemoryError, RuntimeError) as e:
         asked = failed_allocation(e)
         if asked is None:
             raise
-        print(f"error: {out_of_memory(asked, memory_settings)}", file=sys.stderr)
+        say_error(out_of_memory(asked, memory_settings))
         sys.exit(1)
+
+
+def say_error(line):
+    """`error: line` on stderr, after what stdout holds: where both go to one file or pipe, the error comes last,
+    on a line of its own."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):  # a reader that went away, or stdout closed: the error still goes out
+        pass
+    print(f"error: {line}", file=sys.stderr)
 
 
 # how torch's CPU, CUDA and MPS allocators say what they were asked for
@@ -90,3 +106,84 @@ def in_units(n):
     while n >= 1024 and unit < len(UNITS) - 1:
         n, unit = n / 1024, unit + 1
     return f"{n:,.0f} bytes" if unit == 0 else f"{n:,.1f} {UNITS[unit]}"
+
+
+# ----------------------------------------------------------------------------------------- the learner's model.py
+
+MODEL_PY = Path(__file__).resolve().parents[2] / "model.py"  # the learner's, at the project's root beside gptkit/
+# how CPython says a function refused the arguments of a call
+CALL_REFUSED = re.compile(r"([\w.]+)\(\) (?:takes|got|missing) ")
+
+
+def model_py_error(e):
+    """The one line for an exception that comes of the learner's model.py not running as the tools need it: its
+    file, the line and what is wrong, where it does not compile or import, or where a function of it no longer
+    takes the arguments it is called with (by the tools or by model.py itself); None for anything else. An error
+    inside a function's body keeps its traceback, which shows the learner their own code."""
+    if isinstance(e, SyntaxError) and is_model_py(e.filename):
+        text = (e.text or "").strip()
+        return f"{in_model_py(e.lineno)}: {type(e).__name__}: {e.msg}" + (f" ({text})" if text else "")
+    frames = list(traceback.walk_tb(e.__traceback__))
+    importing = [line for frame, line in frames if frame.f_code.co_name == "<module>" and
+                 is_model_py(frame.f_code.co_filename)]
+    if importing:
+        return f"{in_model_py(importing[-1])}: {type(e).__name__}: {first_line(e)}"
+    return refused_call(e, frames) if isinstance(e, TypeError) else None
+
+
+def refused_call(e, frames):
+    """The line for a TypeError raised where a model.py function was called with arguments its signature no longer
+    takes: its definition, and the call that expects the old one. None where the function is not model.py's, or
+    the error was raised inside it."""
+    m, model_py = CALL_REFUSED.match(str(e)), sys.modules.get("model")
+    function = model_py if m and model_py else None
+    for part in m.group(1).split(".") if function else ():
+        function = getattr(function, part, None)
+    code = getattr(function, "__code__", None)
+    if code is None or not is_model_py(code.co_filename) or any(frame.f_code is code for frame, _ in frames):
+        return None
+    torch = sys.modules.get("torch")  # nn.Module's call passes the arguments on: the call is the one that made it
+    inside_torch = os.path.dirname(torch.__file__) + os.sep if torch else None
+    calls = [(frame, line) for frame, line in frames
+             if not (inside_torch and frame.f_code.co_filename.startswith(inside_torch))]
+    caller = "its caller"
+    if calls:
+        frame, line = calls[-1]
+        text = " ".join((inspect.getframeinfo(frame).code_context or [""])[0].split())
+        caller = f"{shown_file(frame.f_code.co_filename)}, line {line}" + \
+            (f" (`{text[:60]}{'…' * (len(text) > 60)}`)" if text else "")
+    return (f"{in_model_py(code.co_firstlineno)}: {m.group(1)}{inspect.signature(function)} cannot take what "
+            f"{caller} gives it: {e}; keep its parameters, or give a new one a default")
+
+
+def is_model_py(filename):
+    return bool(filename) and Path(filename).resolve() == MODEL_PY
+
+
+def in_model_py(line):
+    return f"{shown_file(MODEL_PY)}, line {line}"
+
+
+def shown_file(filename):
+    """A file's path from the current folder where it lies below it (model.py, from the project's root), else
+    whole."""
+    path = Path(filename).resolve()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
+def one_line_for_model_py(previous):
+    """An excepthook: an exception that comes of the learner's model.py (model_py_error), wherever it is raised (in
+    the scripts' imports, before run_main, too), is one line and exit status 1; anything else goes on to
+    `previous`."""
+    def hook(kind, value, tb):
+        try:
+            line = model_py_error(value) if isinstance(value, Exception) else None
+        except Exception:  # the learner's error, not this hook's, is what must show
+            line = None
+        if line is None:
+            return previous(kind, value, tb)
+        say_error(line)
+    return hook
+
+
+sys.excepthook = one_line_for_model_py(sys.excepthook)

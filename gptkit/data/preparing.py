@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from tqdm import tqdm
 
 from gptkit.base.errors import RunStopped, UserError
 from gptkit.base.files import refuse_link, write_whole
+from gptkit.base.progress import progress as bar_or_lines
 from gptkit.base.settings import closest
 from gptkit.base.signals import StopSignals
 from gptkit.data.bpe import WordCounts, check_vocab_size, merges_table, save_tokenizer, saved_checksum, train_bpe
@@ -103,7 +103,7 @@ def data_root(data_dir):
 def download_shakespeare(dest):
     """Fetch tinyshakespeare once and check it is the exact char-rnn file."""
     if not dest.exists():
-        print(f"downloading {SHAKESPEARE_URL}")
+        print(f"downloading {SHAKESPEARE_URL}", flush=True)  # before the seconds it takes, or its error
         try:
             with urllib.request.urlopen(SHAKESPEARE_URL, timeout=30) as r:
                 body = r.read()
@@ -131,8 +131,7 @@ def bpe_cut(text):
 
 
 def progress_bar(files, desc):
-    # only on a terminal: piped or logged stderr gets just the one-line error, not bar redraws
-    return tqdm(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True, desc=desc, disable=None)
+    return bar_or_lines(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True, desc=desc)
 
 
 def prepare(cfg):

@@ -79,9 +79,9 @@ def files_identity(folder):
 
 
 def read_sae(loaded, hook, identity):
-    """The SAE at hook of loaded's run, read and checked by the API (run.features: its checksums, the weights it
-    read): a 404 where the run has none there; a 409 where its files are damaged, another run's, or a link
-    leading out of the run's folder."""
+    """The SAE at hook of loaded's run, read and checked by the API (run.features: every file's fields, shapes and
+    checksums, the weights it read): a 404 where the run has none there; a 409 where its files are damaged,
+    another run's, or a link leading out of the run's folder."""
     summary = loaded.summary
     folder = summary.folder / "sae" / hook
     if not (folder / OURS_FILE).is_file():
@@ -91,34 +91,18 @@ def read_sae(loaded, hook, identity):
         for name in SAE_FILES:
             inside(folder / name, summary.folder)
         f = Run(loaded.model, loaded.tok, summary.folder).features(hook)
-        rows = {row["index"]: row for row in map(checked_row, f.table)}
-    except (UserError, OSError, ValueError, TypeError, KeyError, RecursionError) as e:
+    except (UserError, OSError) as e:
         raise ApiError(409, f"the SAE at {hook} of run {shown_value(summary.name)} cannot be read: "
                             f"{without_paths(first_line(e), summary.folder)}") from None
     f.sae.to(next(loaded.model.parameters()).device)
-    return Kept(f, rows, identity)
-
-
-def checked_row(row):
-    """A row of features.json as feature_rows writes it, numbers finite (JSON has no NaN); ValueError otherwise."""
-    try:
-        contexts = [[str(before), str(token), str(after), number(value)]
-                    for before, token, after, value in row["contexts"]]
-        checked = {"index": int(row["index"]), "frequency": number(row["frequency"]), "contexts": contexts,
-                   "promotes": [str(t) for t in row["promotes"]], "demotes": [str(t) for t in row["demotes"]]}
-    except (TypeError, KeyError, ValueError):
-        raise ValueError("features.json holds a row of another shape than analyze.py writes") from None
-    if checked["frequency"] is None or None in (c[3] for c in contexts):
-        raise ValueError("features.json holds a number that is not finite")
-    return checked
+    return Kept(f, {row["index"]: row for row in f.table}, identity)
 
 
 def sae_report(kept):
     """An SAE as the panel introduces it: its shape, its metrics, and its most frequent features' rows."""
     f = kept.features
-    metrics = f.metrics if isinstance(f.metrics, dict) else {}
     return {"hook": f.hook, "d_in": f.sae.d_in, "d_sae": f.d_sae, "k": f.sae.k,
-            "metrics": {name: number(metrics.get(name)) for name in METRICS},
+            "metrics": {name: number(f.metrics[name]) for name in METRICS},
             "frequent": list(kept.rows.values())[:FREQUENT]}
 
 

@@ -10,11 +10,11 @@ from gptkit.base.errors import UserError, first_line
 from gptkit.data.dataset import file_identity
 from gptkit.explorer.runs import ApiError, inside, number, run_records, without_paths
 from gptkit.interp.experiments import KINDS, shown_value
-from gptkit.interp.timeline import phase_change, steepest, timeline_of
+from gptkit.interp.timeline import phase_change, timeline_of, why_no_timeline
+from gptkit.run.metrics import Records
 from gptkit.run.run_folder import RunDir, check_checkpoint
 
-NO_TIMELINE = ("this run has no timeline: it was trained before runs recorded one (or with --timeline=False); "
-               "train it again to watch its heads form")
+NO_TIMELINE = "this run has no timeline: {why}; train it again to watch its heads form"
 NO_SNAPSHOTS = ("python train.py ... --snapshots=5 keeps the weights of 5 steps, so that the other panels can "
                 "follow the slider; this run keeps none, so only the curves do")
 
@@ -88,10 +88,11 @@ def snapshot_kept(run, name, step):
 def timeline_report(summary):
     """{records, phase, snapshots, kinds, own, note}: each timeline record (iter, val_loss, icl, loss_by_position,
     heads: {kind: [[score]] a layer, a head}, or None without attention) as gptkit.interp.timeline.timeline_of reads
-    them, its phase_change, the steps the run keeps snapshots of, the run's own checkpoint (its file's name and
-    step), and a line saying what the run lacks (a timeline, or snapshots), if it does. A value that is not a finite
-    number (a hand-edited file) is None, and a head grid not of the model's shape is left out: the page draws a
-    gap."""
+    them, its phase_change (analyze.py timeline's, from the same records), the steps the run keeps snapshots of, the
+    run's own checkpoint (its file's name and step), and a line saying what the run lacks (a timeline, or
+    snapshots) and which records were left out (read_metrics leaves out one that is not whole), if any. A val loss
+    that is not a finite number (a run that diverged) is None, and head grids not of the model's shape are left out:
+    the page draws a gap."""
     try:
         records = run_records(summary.folder)
         snapshots = RunDir(summary.folder).kept_snapshots()
@@ -99,49 +100,20 @@ def timeline_report(summary):
         raise ApiError(409, without_paths(first_line(e), summary.folder)) from None
     except OSError as e:
         raise unreadable(summary, e, "snapshots") from None
-    wanted = [r for r in records if r.get("kind") in ("timeline", "eval") and type(r.get("iter")) is int]
-    shown = [shown_record(t, summary.config) for t in timeline_of(wanted)]
-    note = None if shown and snapshots else NO_TIMELINE if not shown else NO_SNAPSHOTS
-    return {"records": shown, "phase": phase_of(shown), "snapshots": snapshots, "kinds": list(KINDS),
-            "own": {"file": summary.checkpoint.name, "iter": summary.iter_num}, "note": note}
-
-
-def finite(value):
-    return None if type(value) is bool else number(value)
+    timeline = timeline_of(records)
+    left_out = records.note("timeline") if isinstance(records, Records) else None  # None: no metrics.jsonl
+    left_out = left_out and without_paths(left_out.removeprefix("note: "), summary.folder)
+    why = ("no whole record" if left_out else why_no_timeline(records)) if not timeline else None
+    lacks = None if timeline and snapshots else NO_SNAPSHOTS if timeline else NO_TIMELINE.format(why=why)
+    return {"records": [shown_record(t, summary.config) for t in timeline], "phase": phase_change(timeline),
+            "snapshots": snapshots, "kinds": list(KINDS), "own": {"file": summary.checkpoint.name,
+                                                                   "iter": summary.iter_num},
+            "note": "; ".join(filter(None, [lacks, left_out])) or None}
 
 
 def shown_record(t, config):
-    positions = t.get("loss_by_position")
-    return {"iter": t["iter"], "val_loss": finite(t.get("val_loss")), "icl": finite(t.get("icl")),
-            "loss_by_position": [finite(v) for v in positions] if isinstance(positions, list) else [],
-            "heads": head_grids(t.get("heads"), config)}
-
-
-def head_grids(heads, config):
-    """{kind: [[score]]} of the model's n_layer x n_head, each score a finite number or None; None otherwise."""
-    if not isinstance(heads, dict) or config.n_layer == 0:
-        return None
-    grids = {}
-    for kind in KINDS:
-        rows = heads.get(kind)
-        if not isinstance(rows, list) or len(rows) != config.n_layer or \
-                any(not isinstance(row, list) or len(row) != config.n_head for row in rows):
-            return None
-        grids[kind] = [[finite(v) for v in row] for row in rows]
-    return grids
-
-
-def phase_of(shown):
-    """phase_change's {induction_iter, icl_iter, layer, head} of the records whose numbers are all there; without
-    head scores (no attention), the in-context learning score's steepest fall alone."""
-    whole = [t for t in shown if t["icl"] is not None and all_there(t["heads"])]
-    if not whole:
-        return None
-    if any(t["heads"] for t in whole):
-        return phase_change(whole)
-    return {"induction_iter": None, "icl_iter": steepest([t["iter"] for t in whole], [t["icl"] for t in whole],
-                                                         rise=False), "layer": None, "head": None}
-
-
-def all_there(heads):
-    return heads is None or all(v is not None for rows in heads.values() for row in rows for v in row)
+    heads = t.get("heads")
+    whole = heads is not None and config.n_layer > 0 and \
+        (len(heads["induction"]), len(heads["induction"][0])) == (config.n_layer, config.n_head)
+    return {"iter": t["iter"], "val_loss": number(t.get("val_loss")), "icl": t["icl"],
+            "loss_by_position": t["loss_by_position"], "heads": {k: heads[k] for k in KINDS} if whole else None}

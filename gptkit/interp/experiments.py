@@ -9,21 +9,20 @@ import numbers
 import os
 import re
 import reprlib
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.nn import functional as F
-from tqdm import tqdm
 
 from gptkit.base.errors import UserError
+from gptkit.base.progress import progress
 from gptkit.interp.hooks import forward_from, hook_points, hooked, names_in, run_with_cache
 from gptkit.machine.runtime import pick_device
+from gptkit.run.metrics import KINDS
 from gptkit.run.run_folder import RunDir, check_checkpoint, model_at
 
-KINDS = ("previous_token", "first_token", "duplicate_token", "induction", "local")
 LOCAL_WINDOW = 4  # the local score: attention on the current token and the 3 before it
 REPEAT_LENGTH = 32  # the longest random sequence the induction and duplicate-token scores repeat
 REPEAT_ROWS = 32  # how many such sequences
@@ -52,9 +51,12 @@ class Hook:
 class Run:
     """A trained model (in eval mode) and its tokenizer, opened from a run folder: what the experiments take."""
 
-    def __init__(self, model, tok, out_dir, trained_on=None):
+    def __init__(self, model, tok, out_dir, trained_on=None, checkpoint="best", iteration=None):
         self.model, self.tok, self.out_dir = model, tok, Path(out_dir)
         self.trained_on = trained_on or {}  # the training config's dataset and data_dir, where its val split is
+        # which of the run's checkpoints the weights are ('best', 'latest', 'iter:N'), and the step they are of:
+        # an SAE belongs to the weights it was trained on (gptkit/interp/features.py)
+        self.checkpoint, self.iteration = checkpoint, iteration
 
     @property
     def config(self):
@@ -121,7 +123,8 @@ def open_run(out_dir, checkpoint="best", device="cpu"):
     model, tok, ckpt = model_at(path, device)
     trained = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
     return Run(model, tok, out_dir,
-               {key: trained[key] for key in ("dataset", "data_dir") if isinstance(trained.get(key), str)})
+               {key: trained[key] for key in ("dataset", "data_dir") if isinstance(trained.get(key), str)},
+               checkpoint, ckpt["iter_num"] if type(ckpt.get("iter_num")) is int else None)
 
 
 def device_here(device):
@@ -523,8 +526,7 @@ def ablation_deltas(model, idx, targets, how="zero"):
                                                                              "attn.hook_z")]
     group, rows = pass_shape(model, idx.size(1))
     total, base = torch.zeros(L, H, dtype=torch.float64), 0.0
-    bar = tqdm(range(0, idx.size(0), rows), desc="ablating heads", unit="pass", leave=False, delay=1.0,
-               file=sys.stderr, disable=not sys.stderr.isatty())
+    bar = progress(range(0, idx.size(0), rows), desc="ablating heads", unit="pass", leave=False, delay=1.0)
     for start in bar:
         x, y = idx[start:start + rows], targets[start:start + rows]
         logits, cache = run_with_cache(model, x, kept)

@@ -3,30 +3,38 @@ activations over the run's own train split, kept in the run folder in SAELens's 
 standard metrics (L0, explained variance, CE loss recovered, the loss splicing adds, dead features), each
 feature's top contexts, frequency and logit effect, and features switched off in the forward pass.
 
-The folder of an SAE, out_dir/sae/<hook name>/:
+The folder of an SAE, out_dir/sae/<hook name>/ for best.pt's weights, out_dir/sae/latest/<hook name>/ and
+out_dir/sae/iter_N/<hook name>/ for latest.pt's and a snapshot's (sae_folder):
     cfg.json, sae_weights.safetensors   SAELens's own files (SAE.load_from_disk reads them), raw activations in
     features.json                       every feature's row: frequency, top contexts, the tokens it pushes
-    gptkit.json                         settings, metrics, each file's sha256, and the run's weights it read
+    gptkit.json                         settings, metrics, each file's sha256 and its own, the weights it read
     features.html                       the rows as a page (analyze.py features writes it)
     training.pt                         while training: the state a stopped training continues from"""
 
 import hashlib
 import json
+import math
+import os
+import re
 import signal
+import stat
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from gptkit.base.errors import RunStopped, UserError, first_line
-from gptkit.base.files import write_whole
+from gptkit.base.errors import RunStopped, UserError, first_line, in_units
+from gptkit.base.files import no_links, write_whole
 from gptkit.base.signals import StopSignals
 from gptkit.interp.hooks import hook_points, hooked
+from gptkit.run.checkpoint import COUNT, DICT, TENSOR, TEXT, TORCH_RANDOM, Each, Fields, Kind
+from gptkit.run.run_folder import CHECKPOINT_CHOICE
 
 SITES = {"resid_post": "hook_resid_post", "resid_mid": "hook_resid_mid", "mlp_out": "hook_mlp_out",
          "attn_out": "hook_attn_out"}
-SAE_FORMAT = 1
+SAE_FORMAT = 2  # 2: gptkit.json holds its own sha256 and the iteration of the weights read; 1 is read too
 MEASURE_WINDOWS = 32  # val windows a pass of the metrics and the contexts reads: memory stays that of these
 WEIGHTS_FILE, CFG_FILE, OURS_FILE = "sae_weights.safetensors", "cfg.json", "gptkit.json"
 TABLE_FILE, TRAINING_FILE = "features.json", "training.pt"
@@ -122,9 +130,28 @@ class Metrics:
     spliced_loss: float
     zero_loss: float
     tokens: int
+    notes: dict = field(default_factory=dict)  # why a figure that cannot be computed is missing, by its name
 
     def to_json(self):
-        return {k: round(v, 6) if isinstance(v, float) else v for k, v in self.__dict__.items()}
+        """The figures as JSON holds them: one that cannot be computed (NaN, infinite) is null, and "<name>_note"
+        beside it says why."""
+        out = {}
+        for k, v in self.__dict__.items():
+            if k == "notes":
+                continue
+            if finite(v):
+                out[k] = round(v, 6) if isinstance(v, float) else v
+            else:
+                out[k], out[f"{k}_note"] = None, self.note(k)
+        return out
+
+    def note(self, name):
+        return self.notes.get(name, "it is not a finite number: the activations or the losses are not")
+
+    def shown(self, name, spec):
+        """A figure as a line shows it: formatted by spec, or 'n/a (why)'."""
+        value = getattr(self, name)
+        return format(value, spec) if finite(value) else f"n/a ({self.note(name)})"
 
 
 def spliced(sae, off=()):
@@ -171,10 +198,17 @@ def measure(model, sae, hook, idx, targets, dead_fraction):
                               x.double().pow(2).sum().item(), *(loss * n for loss in losses)], dtype=torch.float64)
         total_x += x.double().sum(0)
     N = targets.numel()
-    variance = sums[2] - total_x.pow(2).sum() / N  # Σ‖x − mean x‖²
+    variance = (sums[2] - total_x.pow(2).sum() / N).item()  # Σ‖x − mean x‖²
     clean, spliced_loss, zero = (sums[3:] / N).tolist()
-    return Metrics(sums[0].item() / N, 1 - (sums[1] / variance).item(), recovered(clean, spliced_loss, zero),
-                   spliced_loss - clean, dead_fraction, clean, spliced_loss, zero, N)
+    notes = {}
+    if variance <= 1e-9 * sums[2].item():  # what is left is rounding: the activations are one vector
+        variance = float("nan")
+        notes["explained_variance"] = (f"the activations at {hook} are the same at every token, so there is no "
+                                       "variance to explain")
+    if zero == clean:
+        notes["ce_loss_recovered"] = f"zeroing {hook} leaves the loss as it is, so there is no loss to recover"
+    return Metrics(sums[0].item() / N, 1 - sums[1].item() / variance, recovered(clean, spliced_loss, zero),
+                   spliced_loss - clean, dead_fraction, clean, spliced_loss, zero, N, notes)
 
 
 def recovered(clean, spliced_loss, zero):
@@ -211,13 +245,47 @@ class Recipe:
 SAVE_EVERY_S = 30  # a stopped training loses at most this much
 
 
-def train_sae(model, split, recipe, folder, say=print):
+def free_memory():
+    """Bytes of memory this machine has free now (Linux's MemAvailable), or None where it cannot tell."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(recipe, d_in, idx, vocab):
+    """One line, before any work, where the SAE of recipe would not fit in the memory free (measured on the val
+    windows idx). A feature takes its weights with their gradients, Adam's moments and the copies a save makes (12
+    x d_in numbers), its row of the table (about 512 numbers' worth of Python text), and a row of the widest of a
+    training step's (batch, features) tensors (6 of them), a measuring chunk's (its windows' tokens, features)
+    ones (5) and the logit effects' (features, vocab) (2): within half of the peak measured either way."""
+    free = free_memory()
+    chunk = min(idx.size(0), MEASURE_WINDOWS) * idx.size(1)
+    per_feature = 4 * (12 * d_in + 512 + max(6 * recipe.batch, 5 * chunk, 2 * vocab))
+    need = recipe.features * per_feature
+    if free is not None and need > free:
+        largest = free // per_feature
+        raise UserError(f"an SAE of {recipe.features:,} features on {recipe.hook} would need about "
+                        f"{in_units(need)} of memory to train and measure, more than the {in_units(free)} free "
+                        f"here; the largest --features that fits is about {largest:,}"
+                        + (f", not above k={recipe.k}: lower --batch too" if largest <= recipe.k else ""))
+
+
+def to_stderr(line):
+    """A line about the work, on stderr: stdout holds the answer alone (JSON under --json)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def train_sae(model, split, recipe, folder, weights, say=to_stderr):
     """Train an SAE on recipe.tokens activations at recipe.hook, streamed from split; continue one stopped
-    earlier with the same recipe (training.pt in folder). (the SAE, made to read raw activations; the scale it
-    was trained at; the Trainer)."""
-    from gptkit.base.files import refuse_link
+    earlier (training.pt in folder) with the same recipe on the same weights (weights: weights_of the run).
+    (the SAE, made to read raw activations; the scale it was trained at; the Trainer)."""
     from gptkit.interp.sae import SparseAutoencoder, Trainer, activation_scale
-    from gptkit.run.checkpoint import load_checkpoint, save_checkpoint
+    from gptkit.run.checkpoint import save_checkpoint
 
     torch.manual_seed(recipe.seed)
     stream = ActivationStream(model, split, recipe.hook, recipe.batch, seed=recipe.seed)
@@ -227,16 +295,9 @@ def train_sae(model, split, recipe, folder, say=print):
     with torch.no_grad():
         sae.b_dec.copy_(first.mean(0) * scale)  # the decoder's bias starts at the data's centre
     state_path = folder / TRAINING_FILE
-    refuse_link(state_path)
-    if state_path.exists():
-        state = load_checkpoint(state_path)
-        if state.get("recipe") != recipe.__dict__:
-            raise UserError(f"{state_path} is a stopped training with other settings; continue it with those, or "
-                            "pass --start_over=True")
-        sae.load_state_dict(state["sae"])
-        trainer.load_state_dict(state["trainer"])
-        stream.load_state_dict(state["stream"])
-        scale = state["scale"]
+    state = stopped_training(state_path, recipe, weights, say)
+    if state is not None:
+        scale = resumed(state_path, state, sae, trainer, stream)
         say(f"continuing the stopped training at step {trainer.step:,} of {recipe.steps:,}")
     bar, saved = progress(recipe, trainer.step), time.time()
     # a stop signal (Ctrl-C, SIGTERM) is seen between steps: the step finishes, and the state after it is saved
@@ -247,7 +308,9 @@ def train_sae(model, split, recipe, folder, say=print):
             if trainer.step % 50 == 0:
                 bar.set_postfix_str(f"explained variance {1 - unexplained:.3f}, dead {trainer.dead_fraction():.1%}")
             if stop.signum or time.time() - saved > SAVE_EVERY_S and trainer.step < recipe.steps:
-                save_training(save_checkpoint, state_path, sae, trainer, stream, scale, recipe)
+                save_checkpoint({"sae": sae.state_dict(), "trainer": trainer.state_dict(),
+                                 "stream": stream.state_dict(), "scale": scale, "recipe": recipe.__dict__,
+                                 "weights": weights}, state_path)
                 saved = time.time()
             if stop.signum:
                 bar.close()
@@ -259,19 +322,292 @@ def train_sae(model, split, recipe, folder, say=print):
     return sae.eval().requires_grad_(False), scale, trainer
 
 
-def save_training(save_checkpoint, path, sae, trainer, stream, scale, recipe):
-    save_checkpoint({"sae": sae.state_dict(), "trainer": trainer.state_dict(), "stream": stream.state_dict(),
-                     "scale": scale, "recipe": recipe.__dict__}, path)
+def stopped_training(path, recipe, weights, say):
+    """The state of a training stopped earlier at path, to continue: None where there is none, and where it read
+    other weights than `weights` (it starts again, and one line says why). One line where its settings differ."""
+    from gptkit.run.checkpoint import load_checkpoint
+
+    if not is_kept(path):
+        return None
+    state = load_checkpoint(path, required=TRAINING_STATE)
+    if state["recipe"] != recipe.__dict__:
+        raise UserError(f"{path} is a stopped training with other settings; continue it with those, or pass "
+                        "--start_over=True")
+    why = other_weights(state.get("weights", {}), weights, f"the stopped training in {path}")
+    if why:
+        say(f"note: {why}; starting it again on these weights")
+        return None
+    return state
+
+
+def resumed(path, state, sae, trainer, stream):
+    """A stopped training's state put into sae, trainer and stream: its scale. One line where it does not fit."""
+    try:
+        counts = state["trainer"]["since_fired"]
+        for name, tensor in [*state["sae"].items(), ("the dead features' counts", counts)]:
+            if not tensor.isfinite().all():
+                raise ValueError(f"{name} holds numbers that are not finite")
+        if counts.shape != (sae.d_sae,) or state["trainer"]["step"] > trainer.steps:
+            raise ValueError("its step or its dead features' counts do not fit its settings")
+        if state["stream"]["buffer"].numel() and state["stream"]["buffer"].size(-1) != sae.d_in:
+            raise ValueError("its buffered activations are not of this site's width")
+        sae.load_state_dict(state["sae"])
+        trainer.load_state_dict(state["trainer"])
+        stream.load_state_dict(state["stream"])
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise UserError(f"{path} cannot be continued ({first_line(e)}); pass --start_over=True to train from the "
+                        "start") from None
+    return state["scale"]
 
 
 def progress(recipe, done):
-    from tqdm import tqdm
+    from gptkit.base.progress import progress as bar
 
-    return tqdm(total=recipe.steps, initial=done, desc=f"training an SAE on {recipe.hook}", unit="step",
-                file=sys.stderr, disable=not sys.stderr.isatty(), dynamic_ncols=True)
+    return bar(total=recipe.steps, initial=done, desc=f"training an SAE on {recipe.hook}", unit="step")
+
+
+# ----------------------------------------------------------------------------- the weights it reads
+
+
+def sae_folder(out_dir, hook, checkpoint="best"):
+    """The folder of the SAE at hook that reads one checkpoint's weights: out_dir/sae/<hook>/ for best.pt's (the
+    one a plain command and the explorer read), out_dir/sae/latest/<hook>/ for latest.pt's and
+    out_dir/sae/iter_N/<hook>/ for a snapshot's: side by side, none in another's place."""
+    base = Path(out_dir) / "sae"
+    return base / hook if checkpoint == "best" else base / checkpoint.replace(":", "_") / hook
+
+
+def checkpoint_name(checkpoint):
+    """A checkpoint as a line names it: 'best.pt', 'latest.pt', 'the snapshot of iteration 50'."""
+    return f"the snapshot of iteration {checkpoint[5:]}" if checkpoint.startswith("iter:") else f"{checkpoint}.pt"
+
+
+def weights_of(run):
+    """What an SAE keeps of the weights it reads, a Run's: their fingerprint, the checkpoint they were opened
+    from ('best', 'latest', 'iter:N') and the iteration they are of."""
+    return {"run_weights": weights_fingerprint(run.model), "checkpoint": run.checkpoint,
+            "iteration": run.iteration}
+
+
+def other_weights(saved, now, what):
+    """None where `saved` (weights_of's dict, as a file kept it) is the weights `now`; else why not, in words that
+    name the checkpoint each belongs to. what: who read `saved` ('the SAE in out/sae/...')."""
+    if saved.get("run_weights") == now["run_weights"]:
+        return None
+    theirs, then, later = saved.get("checkpoint", "best"), saved.get("iteration"), now["iteration"]
+    if theirs != now["checkpoint"]:
+        return (f"{what} belongs to {checkpoint_name(theirs)} (--checkpoint={theirs}), not to "
+                f"{checkpoint_name(now['checkpoint'])}")
+    if then is not None and later is not None and then != later:
+        return (f"{what} was trained on {checkpoint_name(theirs)} as it was at iteration {then:,}; it now holds "
+                f"iteration {later:,}'s weights")
+    return (f"{what} was trained on other weights than this run's checkpoint, {checkpoint_name(theirs)} (the run "
+            "was trained again from the start, or the files copied from another run)")
 
 
 # ----------------------------------------------------------------------------- the files
+
+
+def finite(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def exactly(value):
+    return Kind(repr(value), lambda v: type(v) is type(value) and v == value)
+
+
+WHOLE = Kind("a whole number of at least 1", lambda v: type(v) is int and v >= 1)
+SHARE = Kind("a number from 0 to 1", lambda v: finite(v) and 0 <= v <= 1)
+POSITIVE = Kind("a finite number above 0", lambda v: finite(v) and v > 0)
+FIGURE = Kind("a finite number, or null", lambda v: v is None or finite(v))
+SHA256 = Kind("a sha256 (64 hexadecimal digits)", lambda v: isinstance(v, str) and re.fullmatch("[0-9a-f]{64}", v))
+FIGURES = ("l0", "explained_variance", "ce_loss_recovered", "delta_loss", "clean_loss", "spliced_loss",
+           "zero_loss")
+CHECKPOINT = Kind("'best', 'latest' or 'iter:N'", lambda v: isinstance(v, str) and CHECKPOINT_CHOICE.fullmatch(v))
+ITERATION = Kind("a whole number, or null", lambda v: v is None or type(v) is int and v >= 0)
+CHECKED_FILES = (WEIGHTS_FILE, CFG_FILE, TABLE_FILE)  # those gptkit.json holds the sha256 of
+# what a reader uses of each file, and what each value must be (gptkit/run/checkpoint.py's Fields)
+OURS = Fields({
+    "format": Kind(f"a format this tool reads, 1 to {SAE_FORMAT}",
+                   lambda v: type(v) is int and 1 <= v <= SAE_FORMAT),
+    "hook": TEXT,
+    "files": Fields({name: SHA256 for name in CHECKED_FILES}),
+    "metrics": Fields({**{name: FIGURE for name in FIGURES}, **{f"{name}_note": TEXT for name in FIGURES},
+                       "dead_fraction": SHARE, "tokens": COUNT}, optional=[f"{name}_note" for name in FIGURES]),
+    "run_weights": SHA256,
+    "recipe": Fields({"hook": TEXT, "features": WHOLE, "k": WHOLE, "tokens": WHOLE, "batch": WHOLE,
+                      "lr": POSITIVE, "seed": Kind("a whole number", lambda v: type(v) is int)}),
+    "scale": POSITIVE,
+    "checkpoint": CHECKPOINT,
+    "iteration": ITERATION,
+    "checksum": SHA256,
+}, optional=("recipe", "scale", "checkpoint", "iteration", "checksum"))
+CFG = Fields({"d_in": WHOLE, "d_sae": WHOLE, "k": WHOLE, "architecture": exactly("topk"),
+              "apply_b_dec_to_input": exactly(True), "normalize_activations": exactly("none"),
+              "dtype": exactly("float32"), "metadata": Fields({"hook_name": TEXT})})
+CONTEXT = Kind("[before, token, after, value]", lambda c: isinstance(c, list) and len(c) == 4 and finite(c[3])
+               and all(isinstance(t, str) for t in c[:3]))
+ROWS = Each(Fields({"index": Kind("a whole number", lambda v: type(v) is int), "frequency": SHARE,
+                    "contexts": Each(CONTEXT), "promotes": Each(TEXT), "demotes": Each(TEXT)}))
+TRAINING_STATE = Fields({
+    "sae": Each(TENSOR, keyed=True),
+    "trainer": Fields({"opt": DICT, "step": COUNT, "since_fired": TENSOR}),
+    "stream": Fields({"generator": TORCH_RANDOM, "buffer": TENSOR}),
+    "scale": POSITIVE, "recipe": DICT,
+    "weights": Fields({"run_weights": SHA256, "checkpoint": CHECKPOINT, "iteration": ITERATION}),
+}, optional=("weights",))
+AGAIN = "train the SAE again with --start_over=True"
+
+
+def is_kept(path):
+    """Whether one of an SAE's files is at path. One line where a link, a pipe, a device or a folder is at its
+    name: never followed, never read (a pipe would hang its reader)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as e:
+        raise UserError(f"cannot read {path} ({e.strerror or e})") from None
+    if stat.S_ISLNK(mode):
+        raise UserError(f"{path} is a link; an SAE's files are its own, never read or written through a link: "
+                        "remove it")
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{path} is not a regular file (a pipe, a device or a folder); remove it")
+    return True
+
+
+def kept_bytes(path):
+    """The bytes of one of an SAE's files (is_kept), None where there is none."""
+    if not is_kept(path):
+        return None
+    try:
+        with open(path, "rb", opener=no_links) as f:
+            return f.read()
+    except OSError as e:
+        raise UserError(f"cannot read {path} ({e.strerror or e})") from None
+
+
+def problem_in(value, kinds, where=""):
+    """What in value is not as kinds (a Fields or an Each) has it, in words, or None."""
+    problem = kinds.problem(value, where)
+    return "it" + problem if problem and problem.startswith(" ") else problem  # the file itself: "it has no k"
+
+
+def damaged(path, problem):
+    return UserError(f"{path} is damaged: {problem}; {AGAIN}")
+
+
+def parsed_json(path, blob):
+    try:
+        return json.loads(blob.decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # not UTF-8 (a ValueError too), not JSON, nested past reading
+        raise damaged(path, first_line(e)) from None
+
+
+def own_checksum(ours):
+    """The sha256 gptkit.json holds of the rest of itself: an edit to its settings or metrics is told."""
+    rest = {k: v for k, v in ours.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def read_ours(folder):
+    """gptkit.json of an SAE folder, checked (ours_problem). None where there is none; one line where it is
+    damaged."""
+    path = folder / OURS_FILE
+    blob = kept_bytes(path)
+    if blob is None:
+        return None
+    ours = parsed_json(path, blob)
+    problem = ours_problem(ours, folder.name)
+    if problem:
+        raise damaged(path, problem)
+    return ours
+
+
+def ours_problem(ours, hook):
+    """What is wrong with gptkit.json's content in the folder of hook, or None: its fields each of its kind, the
+    files it names the SAE's own, its hook the folder's, its content as saved (its own checksum), and its recipe
+    one analyze.py trains."""
+    problem = problem_in(ours, OURS)
+    if problem:
+        return problem
+    others = sorted(set(ours["files"]) - set(CHECKED_FILES))
+    if others:
+        return f"its files name {others[0]!r}, not one of the SAE's own"
+    if ours["hook"] != hook:
+        return f"it is the SAE of {ours['hook']!r}, in the folder of {hook!r}"
+    if ours["format"] >= 2 and ours.get("checksum") != own_checksum(ours):
+        return "it was edited (its checksum differs from the one saved with it)"
+    r = ours.get("recipe")
+    if r and (r["hook"] != hook or r["k"] >= r["features"] or r["tokens"] < r["batch"]):
+        return "its recipe is not one analyze.py trains (of its hook, k below features, a batch or more)"
+    return None
+
+
+def checked_blob(path, digest):
+    """A file of the SAE as gptkit.json recorded it (its sha256), or one line."""
+    blob = kept_bytes(path)
+    if blob is None:
+        raise UserError(f"{path} is missing; {AGAIN}")
+    if hashlib.sha256(blob).hexdigest() != digest:
+        raise UserError(f"{path} is damaged or was edited (its checksum differs from the one saved with it); "
+                        f"{AGAIN}")
+    return blob
+
+
+def checked_cfg(path, blob, ours, width):
+    """cfg.json as save_sae writes it: a TopK SAE of this hook reading `width` numbers, k below d_sae, and the
+    recipe's features and k."""
+    cfg = parsed_json(path, blob)
+    problem = problem_in(cfg, CFG)
+    if problem is None:
+        recipe = ours.get("recipe", {"features": cfg["d_sae"], "k": cfg["k"]})
+        if cfg["k"] >= cfg["d_sae"]:
+            problem = f"k is {cfg['k']}, not below d_sae ({cfg['d_sae']})"
+        elif cfg["d_in"] != width:
+            problem = f"d_in is {cfg['d_in']}, not the model's width at the hook ({width})"
+        elif cfg["metadata"]["hook_name"] != ours["hook"]:
+            problem = f"its hook is {cfg['metadata']['hook_name']!r}, not {ours['hook']!r}"
+        elif (cfg["d_sae"], cfg["k"]) != (recipe["features"], recipe["k"]):
+            problem = f"d_sae and k are {cfg['d_sae']} and {cfg['k']}, not the recipe's in {OURS_FILE}"
+    if problem:
+        raise damaged(path, problem)
+    return cfg
+
+
+def checked_weights(path, blob, cfg):
+    """The SAE's tensors, each float32 of its shape and finite, or one line."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    try:
+        state = load(blob)
+    except (SafetensorError, ValueError, RuntimeError) as e:
+        raise damaged(path, first_line(e)) from None
+    d_in, d_sae = cfg["d_in"], cfg["d_sae"]
+    shapes = {"W_enc": (d_in, d_sae), "b_enc": (d_sae,), "W_dec": (d_sae, d_in), "b_dec": (d_in,)}
+    if set(state) != set(shapes):
+        raise damaged(path, f"it holds {', '.join(sorted(state)) or 'nothing'}, not {', '.join(shapes)}")
+    for name, shape in shapes.items():
+        t = state[name]
+        if t.dtype != torch.float32 or tuple(t.shape) != shape:
+            raise damaged(path, f"{name} is {str(t.dtype)[6:]} {tuple(t.shape)}, not float32 {shape}")
+        if not t.isfinite().all():
+            raise damaged(path, f"{name} holds numbers that are not finite (NaN or infinity)")
+    return state
+
+
+def checked_table(path, blob, d_sae):
+    """features.json's rows as feature_rows writes them, each of a feature below d_sae, once."""
+    table = parsed_json(path, blob)
+    problem = problem_in(table, ROWS, "rows")
+    if problem is None:
+        indices = [row["index"] for row in table]
+        if not all(0 <= i < d_sae for i in indices) or len(set(indices)) != len(indices):
+            problem = f"its rows are not of distinct features 0 to {d_sae - 1}"
+    if problem:
+        raise damaged(path, problem)
+    return table
 
 
 def sae_lens_cfg(sae, hook, run_name):
@@ -284,7 +620,8 @@ def sae_lens_cfg(sae, hook, run_name):
 
 def save_sae(folder, sae, hook, run_name, ours, table=()):
     """The SAE in SAELens's files, features.json with every feature's row (feature_rows), and gptkit.json with
-    ours (settings, metrics, the run's fingerprint) and the sha256 of each: written whole, never through a link."""
+    ours (settings, metrics, weights_of the run), the sha256 of each and its own: written whole, never through a
+    link."""
     from safetensors.torch import save
 
     blobs = {WEIGHTS_FILE: save({name: p.detach().contiguous() for name, p in sae.state_dict().items()}),
@@ -292,55 +629,46 @@ def save_sae(folder, sae, hook, run_name, ours, table=()):
              TABLE_FILE: json.dumps(list(table), ensure_ascii=False).encode()}
     for name, blob in blobs.items():
         write_whole(folder / name, blob)
-    files = {name: hashlib.sha256(blob).hexdigest() for name, blob in blobs.items()}
-    write_whole(folder / OURS_FILE, json.dumps(dict(ours, format=SAE_FORMAT, hook=hook, files=files), indent=1,
+    ours = dict(ours, format=SAE_FORMAT, hook=hook, files={name: hashlib.sha256(blob).hexdigest()
+                                                            for name, blob in blobs.items()})
+    write_whole(folder / OURS_FILE, json.dumps(dict(ours, checksum=own_checksum(ours)), indent=1,
                                                ensure_ascii=False) + "\n")
 
 
-def read_ours(folder):
-    """gptkit.json of an SAE folder, or None where there is none; one line where it is damaged."""
-    path = folder / OURS_FILE
-    if not path.exists():
-        return None
-    try:
-        ours = json.loads(path.read_text(encoding="utf-8"))
-        assert isinstance(ours, dict) and isinstance(ours.get("files"), dict)
-    except (ValueError, AssertionError, RecursionError) as e:
-        raise UserError(f"{path} is damaged ({first_line(e)}); train the SAE again with --start_over=True") from None
-    return ours
-
-
-def load_sae(folder, model):
-    """The SAE saved in folder, checked: its files as gptkit.json recorded them, and read from these weights.
+def load_sae(folder, run):
+    """The SAE saved in folder for run (a Run: its weights, and the checkpoint they are), every file checked
+    (gptkit.json's fields, the sha256 it holds of the others, their shapes and values) and the weights it read.
     (SparseAutoencoder, gptkit.json's content, features.json's rows), each read from the bytes checked."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load
-
     from gptkit.interp.sae import SparseAutoencoder
 
     ours = read_ours(folder)
-    if ours is None or not (folder / WEIGHTS_FILE).exists():
-        raise UserError(f"no SAE in {folder}; train one with `python analyze.py features ...`")
-    again = "train it again with --start_over=True"
-    blobs = {}
-    for name, digest in ours["files"].items():
-        try:
-            blobs[name] = (folder / name).read_bytes()
-        except FileNotFoundError:
-            raise UserError(f"{folder / name} is missing; {again}") from None
-        if hashlib.sha256(blobs[name]).hexdigest() != digest:
-            raise UserError(f"{folder / name} is damaged or was edited (its checksum differs from the one saved "
-                            f"with it); {again}")
-    if ours.get("run_weights") != weights_fingerprint(model):
-        raise UserError(f"the SAE in {folder} was trained on other weights than this run's checkpoint (the run was "
-                        f"trained again, or the SAE copied from another run); {again}")
-    try:
-        state, cfg, table = load(blobs[WEIGHTS_FILE]), json.loads(blobs[CFG_FILE]), json.loads(blobs[TABLE_FILE])
-        sae = SparseAutoencoder(cfg["d_in"], cfg["d_sae"], cfg["k"])
-        sae.load_state_dict(state)
-    except (SafetensorError, ValueError, KeyError, RuntimeError) as e:
-        raise UserError(f"the SAE in {folder} cannot be read ({first_line(e)}); {again}") from None
+    if ours is None:
+        at = "" if run.checkpoint == "best" else f" --checkpoint={run.checkpoint}"
+        raise UserError(f"no SAE in {folder}; train one with `python analyze.py features ...{at}`")
+    blobs = {name: checked_blob(folder / name, digest) for name, digest in ours["files"].items()}
+    cfg = checked_cfg(folder / CFG_FILE, blobs[CFG_FILE], ours, run.config.n_embd)
+    state = checked_weights(folder / WEIGHTS_FILE, blobs[WEIGHTS_FILE], cfg)
+    table = checked_table(folder / TABLE_FILE, blobs[TABLE_FILE], cfg["d_sae"])
+    refuse_other_weights(folder, ours, run)
+    sae = SparseAutoencoder(cfg["d_in"], cfg["d_sae"], cfg["k"])
+    sae.load_state_dict(state)
     return sae.eval().requires_grad_(False), ours, table
+
+
+def refuse_other_weights(folder, ours, run):
+    """One line where the SAE in folder (gptkit.json's content ours) read other weights than run's, naming whose
+    they are and the way on."""
+    why = other_weights(ours, weights_of(run), f"the SAE in {folder}")
+    if why is None:
+        return
+    theirs = ours.get("checkpoint", "best")
+    home = sae_folder(run.out_dir, ours["hook"], theirs)
+    if theirs == run.checkpoint:
+        raise UserError(f"{why}; train it again on these weights with --start_over=True")
+    if home == folder:
+        raise UserError(f"{why}: read it with that checkpoint's weights")
+    raise UserError(f"{why}: move it to {home}, where that checkpoint's SAE is read, or train one on these weights "
+                    "with --start_over=True")
 
 
 # ----------------------------------------------------------------------------- from Python
@@ -351,14 +679,14 @@ class Features:
     contexts, frequency and logit effect (`table`), and the metrics it was saved with."""
 
     def __init__(self, sae, hook, ours, table):
-        self.sae, self.hook, self.metrics, self.table = sae, hook, ours.get("metrics", {}), table
+        self.sae, self.hook, self.metrics, self.table = sae, hook, ours["metrics"], table
 
     @classmethod
     def of(cls, run, hook):
         if not isinstance(hook, str) or hook not in hook_points(run.model):
             raise UserError(f"features are read at a hook point of the model, e.g. 'blocks.0.hook_resid_post'; got "
                             f"{str(hook)[:60]!r}")
-        sae, ours, table = load_sae(run.out_dir / "sae" / hook, run.model)
+        sae, ours, table = load_sae(sae_folder(run.out_dir, hook, run.checkpoint), run)
         return cls(sae, hook, ours, table)
 
     @property
@@ -367,11 +695,11 @@ class Features:
 
     def encode(self, x):
         """Every feature's activation for activations x (..., d_in) at the hook: (..., d_sae), all but k zero."""
-        return self.sae.encode(torch.as_tensor(x).float())
+        return self.sae.encode(numbers(x, "activations"))
 
     def decode(self, f):
         """The activation (..., d_in) features f (..., d_sae) write."""
-        return self.sae.decode(torch.as_tensor(f).float())
+        return self.sae.decode(numbers(f, "feature values"))
 
     def indices(self, off):
         """Feature indices, checked: whole numbers below d_sae, one or a list."""
@@ -384,6 +712,18 @@ class Features:
             raise UserError(f"feature {bad[0]} is out of range: the SAE at {self.hook} has features 0 to "
                             f"{self.d_sae - 1}")
         return sorted(set(listed))
+
+
+def numbers(x, what):
+    """x (a tensor, an array, nested lists) as a float32 tensor, or one line."""
+    try:
+        x = torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError):
+        raise UserError(f"{what} are numbers (a tensor, an array or nested lists); got a "
+                        f"{type(x).__name__}") from None
+    if x.dtype.is_complex or x.dtype == torch.bool:
+        raise UserError(f"{what} are real numbers; got a tensor of {str(x.dtype)[6:]}")
+    return x.float()
 
 
 def feature_hooks(run, features):

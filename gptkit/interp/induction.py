@@ -52,14 +52,15 @@ def induction_report(out_dir):
     run = open_run(out_dir)
     windows = copy_windows(run.tok, run.config.block_size)
     timeline = [t for t in timeline_of(read_metrics(out_dir)) if t.get("heads")]
+    phase = phase_change(timeline)
     first, last = timeline[0]["heads"]["induction"], timeline[-1]["heads"]["induction"]
     steps = timeline[-1]["iter"]
     clean = copy_losses(run.model, windows)
     heads = [(1, h) for h, s in enumerate(last[1]) if s >= INDUCTION_AT_LEAST]
     with run.ablated(heads=heads or None):
         off = copy_losses(run.model, windows)
-    phase = phase_change(timeline_of(read_metrics(out_dir)))
-    apart = abs(phase["induction_iter"] - phase["icl_iter"])
+    located = phase["induction_iter"] is not None  # phase_change's rule: where no induction head formed, none is
+    apart = abs(phase["induction_iter"] - phase["icl_iter"]) if located else steps
     rows = [("best layer-1 induction score at the end", max(last[1]), ">= 0.5", max(last[1]) >= 0.5),
             ("best layer-1 induction score at the first record", max(first[1]), "<= 0.1", max(first[1]) <= 0.1),
             ("highest layer-0 induction score at the end", max(last[0]), "<= 0.15", max(last[0]) <= 0.15),
@@ -69,7 +70,8 @@ def induction_report(out_dir):
              off[1] - clean[1], ">= +1", off[1] - clean[1] >= 1),
             ("... and the first copies'", off[0] - clean[0], "<= a quarter of the above",
              abs(off[0] - clean[0]) * 4 <= off[1] - clean[1]),
-            (f"phase change: induction at step {phase['induction_iter']}, in-context score at {phase['icl_iter']}",
-             apart / max(1, steps), "<= 0.10 of the steps", apart <= 0.1 * steps)]
+            (f"phase change: induction at step {phase['induction_iter']}, in-context score at {phase['icl_iter']}"
+             if located else "phase change: none located, no induction head formed", apart / max(1, steps),
+             "<= 0.10 of the steps", located and apart <= 0.1 * steps)]
     return [f"{name:<72} {value:>+8.3f}  {target:<26} {'met' if met else 'NOT met'}" for name, value, target, met
             in rows]

@@ -50,6 +50,20 @@ def writable_formats():
     return sorted(formats)
 
 
+def picture_name(picture, checkpoint="best"):
+    """The file name of a run's picture of a checkpoint: the run's own (best.pt) draws picture.png, any other a file
+    of its own beside it (heads-latest.png, heads-iter150.png), so that one never replaces another."""
+    return f"{picture}.png" if checkpoint == "best" else f"{picture}-{checkpoint.replace(':', '')}.png"
+
+
+def checkpoint_words(checkpoint, iteration=None):
+    """Which weights a picture is of, for its title: 'the snapshot of step 150', 'best.pt of step 1,200' (the step
+    where the checkpoint says), 'latest.pt'."""
+    if checkpoint.startswith("iter:"):
+        return f"the snapshot of step {int(checkpoint[5:]):,}"
+    return f"{checkpoint}.pt" + (f" of step {iteration:,}" if iteration is not None else "")
+
+
 def check_picture_path(path):
     """Raise ValueError (one line) for a picture path savefig would refuse or write elsewhere: an extension
     it has no writer for (none at all: it would add '.png' to the name), a folder, or a path under a file."""
@@ -124,6 +138,45 @@ def draw_loss(records, title, path, dpi=100):
     fig.suptitle(title)
     fig.set_layout_engine("tight")  # laid out as it is saved, where its warnings are gathered
     save(fig, path, dpi)
+
+
+def draw_comparison(runs, title, path, dpi=100):
+    """Several runs' val loss (solid) and evaluated train loss (dashed), one colour per run, against iterations
+    and against the tokens each trained on: runs is [(name, metrics records, tokens a step)]. Many runs get
+    their legend beside the plots, off the curves."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import EngFormatter
+
+    many = len(runs) > 4
+    colours = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20")
+    fig, axes = plt.subplots(1, 2, figsize=(13 if many else 11, 4.5), sharey=True)
+    handles = []
+    for i, (name, records, tokens_per_step) in enumerate(runs):
+        series, colour = loss_series(records), colours(i % colours.N)
+        train = "train (eval)" if "train (eval)" in series else "train (batch)"
+        for label, style in (("val", dict(marker="o", markersize=3, linewidth=1.5)),
+                             (train, dict(linestyle="--", linewidth=1, alpha=0.7))):
+            if label in series:
+                iters, _, losses = series[label]
+                axes[0].plot(iters, losses, color=colour, **style)
+                axes[1].plot([n * tokens_per_step for n in iters], losses, color=colour, **style)
+        handles.append(Line2D([], [], color=colour, linewidth=2, label=name))
+    handles += [Line2D([], [], color="grey", marker="o", markersize=3, label="val"),
+                Line2D([], [], color="grey", linestyle="--", label="train")]
+    for ax, xlabel in zip(axes, ("iteration", "tokens seen")):
+        ax.set_xlabel(xlabel)
+        ax.set_title(f"loss against {'iterations' if xlabel == 'iteration' else xlabel}")
+        ax.grid(True, alpha=0.3)
+    axes[1].xaxis.set_major_formatter(EngFormatter())  # 1.2M tokens, not an offset printed in the corner
+    axes[0].set_ylabel("loss (nats per token)")
+    legend = (axes[1] if many else axes[0]).legend(
+        handles=handles, **(dict(loc="upper left", bbox_to_anchor=(1.01, 1.0)) if many else {}))
+    for text in legend.get_texts():  # a folder named 'a$b$' is a name, not a formula
+        text.set_parse_math(False)
+    fig.suptitle(title, parse_math=False)
+    fig.set_layout_engine("tight")  # laid out as it is saved, where its warnings are gathered
+    save(fig, path, dpi)
+    return fig
 
 
 def draw_val_loss_vs_time(runs, title, path, dpi=110, aside=None, tokens_per_iter=None):
@@ -264,11 +317,12 @@ CELL_IN = 0.42  # a heatmap cell of a head or a layer, wide enough for a two-dec
 MOST_ANNOTATED = 100  # heatmaps with more cells than this show their numbers by colour alone
 
 
-def heatmap(ax, values, cmap, limits, xlabels, ylabels, title, form="{:.2f}"):
+def heatmap(ax, values, cmap, limits, xlabels, ylabels, title, form="{:.2f}", norm=None):
     """values (rows, columns) as coloured cells, each labelled with its value (in form) where they are few; the
-    image."""
+    image. The colours span limits, or norm where given (a scale other than a linear one)."""
     values = np.asarray(values, dtype=float)
-    image = ax.imshow(values, cmap=cmap, vmin=limits[0], vmax=limits[1], aspect="auto", interpolation="nearest")
+    norm = norm or matplotlib.colors.Normalize(*limits)
+    image = ax.imshow(values, cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
     stride = max(1, math.ceil(len(xlabels) * PITCH_IN / 12))  # every k-th label where a long prompt would crowd them
     ax.set_xticks(range(0, len(xlabels), stride), xlabels[::stride], fontsize=LABEL_PT, parse_math=False,
                   rotation=90 if max(map(len, xlabels)) > 2 else 0)
@@ -276,30 +330,41 @@ def heatmap(ax, values, cmap, limits, xlabels, ylabels, title, form="{:.2f}"):
     ax.tick_params(length=0, pad=2)
     ax.set_title(title, fontsize=HEAD_PT)
     if values.size <= MOST_ANNOTATED:
-        middle = (limits[0] + limits[1]) / 2
         for (i, j), v in np.ndenumerate(values):
-            dark = v < middle if cmap == "viridis" else abs(v - middle) > (limits[1] - limits[0]) / 4
+            shade = float(np.clip(norm(v), 0, 1))  # where the cell's colour sits on the bar, 0 to 1
+            dark = shade < 0.5 if cmap == "viridis" else abs(shade - 0.5) > 0.25
             ax.text(j, i, form.format(v), ha="center", va="center", fontsize=7, color="white" if dark else "black")
     return image
 
 
+# the ablation deltas' colours: one scale for every picture, whatever its values (nats of val loss), symmetric
+# about 0 and logarithmic past LINEAR_TO, so that +0.03 and +1 look as far apart as they are, in any run or snapshot
+DELTA_LIMIT, LINEAR_TO = 3.0, 0.01
+DELTA_TICKS = [-1, -0.1, -0.01, 0, 0.01, 0.1, 1]
+
+
 def draw_heads(deltas, scores, title, path, dpi=100):
     """Every head's ablation delta (n_layer, n_head) and each score ({kind: (n_layer, n_head)}, in [0, 1]), one
-    heatmap each: layers down, heads across. The deltas' colours are centred on 0, red where the loss rose."""
+    heatmap each: layers down, heads across. The deltas' colours are centred on 0, red where the loss rose, on a
+    fixed scale (DELTA_LIMIT, LINEAR_TO) that the colour bar states."""
     deltas = np.asarray(deltas, dtype=float)
     L, H = deltas.shape
-    spread = max(float(np.abs(deltas).max()), 1e-6)
-    panels = [("ablation: change in val loss", deltas, "RdBu_r", (-spread, spread), "{:+.3f}"),
-              *((kind.replace("_", "-"), s, "viridis", (0.0, 1.0), "{:.2f}") for kind, s in scores.items())]
+    delta_norm = matplotlib.colors.SymLogNorm(LINEAR_TO, vmin=-DELTA_LIMIT, vmax=DELTA_LIMIT, base=10)
+    panels = [("ablation: change in val loss", deltas, "RdBu_r", delta_norm, "{:+.3f}"),
+              *((kind.replace("_", "-"), s, "viridis", None, "{:.2f}") for kind, s in scores.items())]
     columns = 3
     rows = math.ceil(len(panels) / columns)
     panel_w, panel_h = max(2.0, CELL_IN * H) + 1.3, max(1.4, CELL_IN * L) + 0.9
     fig, axes = plt.subplots(rows, columns, figsize=(columns * panel_w, rows * panel_h + 0.6), squeeze=False)
-    for ax, (name, values, cmap, limits, form) in zip(axes.flat, panels):
-        image = heatmap(ax, values, cmap, limits, [str(h) for h in range(H)], [f"L{layer}" for layer in range(L)],
-                        name, form)
+    for ax, (name, values, cmap, norm, form) in zip(axes.flat, panels):
+        image = heatmap(ax, values, cmap, (0.0, 1.0), [str(h) for h in range(H)], [f"L{layer}" for layer in range(L)],
+                        name, form, norm)
         ax.set_xlabel("head", fontsize=HEAD_PT)
-        fig.colorbar(image, ax=ax, fraction=0.08, pad=0.03).ax.tick_params(labelsize=LABEL_PT - 1)
+        bar = fig.colorbar(image, ax=ax, fraction=0.08, pad=0.03, **(dict(extend="both") if norm else {}))
+        if norm:  # a log scale says so, and where its ticks are
+            bar.set_ticks(DELTA_TICKS, labels=[f"{t:+g}" if t else "0" for t in DELTA_TICKS])
+            bar.set_label(f"nats; log scale past ±{LINEAR_TO:g}, fixed", fontsize=LABEL_PT - 1)
+        bar.ax.tick_params(labelsize=LABEL_PT - 1)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
     fig.suptitle(title, fontsize=TITLE_PT)

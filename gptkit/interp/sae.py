@@ -15,6 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gptkit.base.errors import UserError
+
 AUX_K_SHARE = 0.5  # the auxiliary loss reconstructs the error from the d_in/2 largest dead features (Gao et al.)
 AUX_SCALE = 1 / 32  # its weight in the loss (Gao et al.'s alpha)
 
@@ -40,7 +42,7 @@ class SparseAutoencoder(nn.Module):
         return self.W_dec.size(0)
 
     def pre_activations(self, x):
-        return (x - self.b_dec) @ self.W_enc + self.b_enc
+        return (of_width(x, self.d_in, "activations it encodes") - self.b_dec) @ self.W_enc + self.b_enc
 
     def encode_sparse(self, x):
         """(values, indices), (..., k) each: the k features kept for each activation, their values ≥ 0."""
@@ -60,7 +62,7 @@ class SparseAutoencoder(nn.Module):
         return self.decode(f.scatter(-1, indices, values))
 
     def decode(self, f):
-        return f @ self.W_dec + self.b_dec
+        return of_width(f, self.d_sae, "feature values it decodes") @ self.W_dec + self.b_dec
 
     def forward(self, x):
         return self.decode_sparse(*self.encode_sparse(x))
@@ -72,6 +74,15 @@ class SparseAutoencoder(nn.Module):
         self.W_enc.mul_(scale)
         self.W_dec.div_(scale)
         self.b_dec.div_(scale)
+
+
+def of_width(x, width, what):
+    """x, when its last dimension is width; one line naming the shape expected otherwise (a 0-dimensional tensor
+    would broadcast into a result of no meaning)."""
+    if x.dim() == 0 or x.size(-1) != width:
+        raise UserError(f"the SAE reads {what} as a tensor of shape (..., {width}), {width} numbers a token; "
+                        f"got one of shape {tuple(x.shape)}")
+    return x
 
 
 class Trainer:

@@ -1,6 +1,7 @@
 """A run's timeline: what its heads do, and how well it learns in context, as it trains. At each evaluation, and at
 log-spaced steps before the first (1, 2, 4, ...: dense at the start, as Pythia's checkpoints), one record goes to
-metrics.jsonl (kind 'timeline'):
+metrics.jsonl (kind 'timeline') where the run can afford it: gptkit/training/reporting.py's Pacing keeps
+the records within a share of the run's time, and always takes its first and its last:
 
     heads: {kind: [[score]] a layer, a head}: analyze.py heads' scores (gptkit/interp/experiments.py), read as it
            reads them: the first SCORE_WINDOWS val windows and the repeated random sequences
@@ -8,9 +9,11 @@ metrics.jsonl (kind 'timeline'):
          early one, their 500th and 50th tokens of 512 scaled to block_size, on fixed val windows
     loss_by_position: the mean loss in each of POSITION_BUCKETS equal spans of the window, on the same windows
 
-and where the phase change happened: the steps of the steepest rise of the strongest induction score and of the
-steepest fall of the in-context learning score."""
+and, read back (read_metrics leaves out a record that is not whole), whether a phase change happened and where: the
+steps of the steepest rise of the strongest induction score, where that head formed, and of the steepest fall of the
+in-context learning score (phase_change)."""
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -97,6 +100,38 @@ def timeline_of(records):
     return [dict(by_iter[i], val_loss=val.get(i)) for i in sorted(by_iter)]
 
 
+def point(record):
+    """A record as one point: every head's scores, its in-context learning score and its mean loss by
+    position; None where one is not finite (a run diverging)."""
+    heads, losses = record.get("heads") or {}, record["loss_by_position"]
+    numbers = [*(v for kind in KINDS for row in heads.get(kind, []) for v in row), record["icl"],
+               sum(losses) / len(losses)]
+    return numbers if all(math.isfinite(v) for v in numbers) else None
+
+
+def travelled(timeline):
+    """{step: how far the timeline has moved by its record of that step}: the distances between consecutive
+    records' points, summed, so that equal spans of it hold equal change however few steps it took."""
+    out, total, last = {}, 0.0, None
+    for record in timeline:
+        here = point(record)
+        if here is not None and last is not None and len(here) == len(last):
+            total += math.dist(here, last)
+        out[record["iter"]], last = total, here if here is not None else last
+    return out
+
+
+def why_no_timeline(records):
+    """Why a run's metrics hold no timeline record, as its run records (kind 'run') tell: trained with
+    --timeline=False, stopped before its first record, or trained before runs recorded one."""
+    said = [r["timeline"] for r in records if r.get("kind") == "run" and isinstance(r.get("timeline"), bool)]
+    if True in said:
+        return "it stopped before its first record"
+    if said:
+        return "it was trained with --timeline=False"
+    return "it was trained before runs recorded one (or with --timeline=False)"
+
+
 def steepest(steps, values, rise=True):
     """The step where values change fastest (a rise, or a fall) between consecutive records, per step of training:
     the midpoint of the two records' steps, or None with fewer than two."""
@@ -116,11 +151,29 @@ def strongest_head(timeline, kind="induction"):
 
 
 def phase_change(timeline):
-    """{induction_iter, icl_iter, layer, head}: the steepest rise of the strongest induction head's score and the
-    steepest fall of the in-context learning score."""
+    """Whether a phase change happened, and where: the one rule of every reader of a timeline (analyze.py timeline,
+    the explorer's Over training panel, the induction lesson). {formed, layer, head, score, induction_iter,
+    icl_iter, note}: the strongest induction head (at the last record that scored heads) and its score there;
+    where that reaches FORMED_AT, the steepest rise of its score and the steepest fall of the in-context learning
+    score. Otherwise (the steepest moves of scores that stayed near chance are noise, not a phase change), and
+    with a single record, both steps are None and note says why. None for a timeline without records."""
+    if not timeline:
+        return None
     scored = [t for t in timeline if t.get("heads")]
+    out = {"formed": False, "layer": None, "head": None, "score": None, "induction_iter": None, "icl_iter": None,
+           "note": "the model has no attention: no induction head to form, no phase change to locate"}
+    if not scored:
+        return out
     layer, head = strongest_head(scored)
-    steps = [t["iter"] for t in scored]
-    return {"induction_iter": steepest(steps, [t["heads"]["induction"][layer][head] for t in scored]),
-            "icl_iter": steepest([t["iter"] for t in timeline], [t["icl"] for t in timeline], rise=False),
-            "layer": layer, "head": head}
+    score = scored[-1]["heads"]["induction"][layer][head]
+    out.update(formed=score >= FORMED_AT, layer=layer, head=head, score=score, note=None)
+    if not out["formed"]:
+        out["note"] = (f"no induction head formed (the strongest, L{layer}H{head}, ends at {score:.2f}, below "
+                       f"{FORMED_AT}): no phase change to locate")
+    elif len(scored) < 2:
+        out["note"] = f"L{layer}H{head} ends at {score:.2f}, but a single record cannot tell when it rose"
+    else:
+        steps = [t["iter"] for t in scored]
+        out.update(induction_iter=steepest(steps, [t["heads"]["induction"][layer][head] for t in scored]),
+                   icl_iter=steepest(steps, [t["icl"] for t in scored], rise=False))
+    return out

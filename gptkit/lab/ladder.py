@@ -47,8 +47,6 @@ RECIPE = ("--block_size=32", "--batch_size=16", "--n_layer=2", "--n_head=1", "--
           "--bias=False", "--pos_emb=learned", "--optimizer=adamw", "--learning_rate=3e-3", "--min_lr=3e-4",
           "--warmup_iters=20", "--weight_decay=0.1", "--beta2=0.99", "--tie_weights=False", "--dtype=float32",
           "--compile=False", "--eval_interval=50", "--eval_iters=4", "--log_interval=50")
-# with a time budget, so many steps that the budget is what ends every rung, on any machine
-MAX_ITERS = 1_000_000
 SAMPLE_TEMPERATURE = 0.8  # as sample.py: a little safer than the model's own distribution
 ENTROPY_WINDOWS = 8  # val windows whose attention the entropy is averaged over
 RESULT = "lab.json"  # a rung's row, in its folder
@@ -130,7 +128,7 @@ def train_args(rung, cfg):
     device."""
     start = [str(PRESET)] if rung.preset else list(RECIPE)
     if cfg.budget > 0:
-        length = [f"--max_time={cfg.budget}", f"--max_iters={MAX_ITERS}"]
+        length = [f"--max_time={cfg.budget}"]  # planned as the steps that fit in it here idle, whatever the load
     else:
         own = parse_config(TrainConfig, [*start, *rung.options], prog="train.py")
         per_step = own.batch_size * own.model.block_size * own.gradient_accumulation_steps
@@ -206,7 +204,9 @@ def train_rung(rung, cfg, stops):
         for stale in (run.metrics, run.latest, run.previous, run.best, run.legacy, folder / "attention.png",
                       folder / RESULT):
             stale.unlink(missing_ok=True)
-    # released: the rung's train.py takes it, as every run does
+    # released: the rung's train.py takes it, as every run does (the folder, where the lock made it and nothing
+    # was in it, went with the lock: made again for the log)
+    folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with open(folder / "train.log", "w", encoding="utf-8", opener=no_links) as log:
         status = run_train(train_args(rung, cfg), log, stops)

@@ -9,8 +9,11 @@ A run's start-up choices, made before its model is built, from this machine's wi
    min_tokens_per_param tokens per parameter in max_time here. A shape the learner sets is what trains, with a
    note where it will see too few tokens.
 
-Each is a fact of the machine, not of the moment: measured once per CPU, torch version and model shape, kept, and
-read by every later run, so that the same command on the same machine gives the same model, idle or busy. The
+Each is a fact of the machine, not of the moment: measured once per CPU, torch version and model shape (model.py's
+code included: an edited model is a shape of its own), kept, and read by every later run, so that the same command on
+the same machine gives the same model, idle or busy. A measurement taken while another program held a core
+(gptkit.machine.idle) is used by that run alone and taken again at the next start. The whole step's idle time, the
+optimizer's included, is what a time budget is planned from (gptkit.training.budget). The
 speed kernels come by rule (gptkit.machine.stand_ins.by_rule), never by timing. Threads start on the count that
 stepped faster when measured, and follow the load as the run goes (gptkit.machine.threads.ThreadTuner). A resumed
 run takes what its checkpoint recorded, so that it continues exactly; what the command line names wins over both.
@@ -27,8 +30,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from gptkit.machine.idle import IdleCheck
 from gptkit.machine.precision import autocast_for, cpu_has_bf16, pick_dtype
-from gptkit.machine.stand_ins import ATTENTION_PATHS, TableDropout, attention_function, by_rule, install, path_for_edits
+from gptkit.machine.stand_ins import (ATTENTION_PATH_WORDS, ATTENTION_PATHS, TableDropout, attention_function,
+                                      by_rule, install, path_for_edits)
 from gptkit.machine.timing import fastest_in_turns
 from gptkit.machine.wisdom import Wisdom, shape_key, today
 from model import GPT
@@ -37,8 +42,6 @@ BF16_MARGIN = 1.15  # bfloat16 must step this much faster
 TURNS = 5  # a first measurement's rounds: a spike in one or two is passed over
 MEASURE_SHARE = 0.04  # of max_time, the most a first measurement may take (start-up is to stay under 5%)
 MEASURE_SECONDS = 20.0  # the most it may take without a max_time
-FEWEST_STEPS = 100  # a budget that fits fewer steps than this trains nothing worth sampling: said at start-up
-STEP_OVERHEAD = 1.3  # a whole step (optimizer, averaged weights, data) over the forward and backward timed
 
 
 @dataclass
@@ -51,24 +54,29 @@ class Choices:
     most_threads: int = 0  # the most it could take: torch's own count
     fitted_from: dict = None  # the configured settings a smaller shape replaced
     step_seconds: float = None  # the model's forward and backward on this machine, where it was measured
+    whole_seconds: float = None  # a whole step, the optimizer's update included, idle on this machine
+    forward_seconds: float = None  # a forward alone (an evaluation's batch), idle on this machine
+    planned: dict = None  # a budget planned in steps (gptkit.training.budget.plan_steps): kept for a resume
     lines: list = field(default_factory=list)  # what to tell the learner
     details: list = field(default_factory=list)  # what to tell with --verbose too: the machinery
 
     def saved(self):
         kept = {"dtype": self.dtype, "attention_path": self.attention_path, "kernels": self.kernels}
         return kept | ({"threads": self.threads} if self.threads else {}) | (
-            {"fitted_from": self.fitted_from} if self.fitted_from else {})
+            {"fitted_from": self.fitted_from} if self.fitted_from else {}) | (
+            {"planned": self.planned} if self.planned else {})
 
 
-def choose(cfg, rt, planned, saved=None, asked=frozenset(), started=None):
+def choose(cfg, rt, planned, saved=None, asked=frozenset(), started=None, update_for=None):
     """(cfg, planned, Choices) before the model is built: `planned` is the GPTConfig the config and data make
     (None where unknown before its weights load), and comes back as the shape to build (a preset's fitted one);
     `saved` a resumed run's recorded choices, `asked` the keys the command line gave, `started` when the run's
-    clock started. Rank 0 reads or measures; every process takes its choices."""
+    clock started, `update_for(model)` a function taking one optimizer step of that model after its backward (a
+    whole step is timed with it). Rank 0 reads or measures; every process takes its choices."""
     if rt.master:
         rule = pick_dtype(cfg.dtype, rt.device)  # as asked, or the device's own: the precision before any measuring
-        decided = (cfg, planned, resumed_choices(cfg, rt, saved, rule)) if saved else \
-            fresh_choices(cfg, rt, planned, asked, started, rule)
+        decided = (cfg, planned, resumed_choices(cfg, rt, saved, rule, asked)) if saved else \
+            fresh_choices(cfg, rt, planned, asked, started, rule, update_for)
     cfg, planned, choices = rt.broadcast(decided if rt.master else None)
     if choices.threads:
         torch.set_num_threads(choices.threads)
@@ -91,19 +99,23 @@ def start_threads(rt, cfg, choices):
         choices.threads = choices.most_threads = torch.get_num_threads()
 
 
-def resumed_choices(cfg, rt, saved, rule):
+def resumed_choices(cfg, rt, saved, rule, asked=frozenset()):
     """A resumed run's choices as it saved them (what the command line names instead, as it says); nothing timed."""
     dtype = rule if cfg.dtype != "auto" else saved.get("dtype", rule)
     path = cfg.attention_path if cfg.attention_path != "auto" else saved.get("attention_path", "fused")
-    choices = Choices(dtype, path, saved.get("kernels", by_rule(rt.device)), fitted_from=saved.get("fitted_from"))
+    choices = Choices(dtype, path, saved.get("kernels", by_rule(rt.device)), fitted_from=saved.get("fitted_from"),
+                      planned=saved.get("planned"))
     start_threads(rt, cfg, choices)
     if choices.threads and saved.get("threads"):
         choices.threads = min(saved["threads"], choices.most_threads)
     choices.details.append(f"precision: {dtype}, attention: the {path} path, as the run chose them")
+    if "retime" in asked:
+        choices.lines.append("note: --retime measures a new run's choices; a resumed run continues with those it "
+                             "saved (its precision, attention path and steps), so that it continues exactly")
     return choices
 
 
-def fresh_choices(cfg, rt, planned, asked, started, rule):
+def fresh_choices(cfg, rt, planned, asked, started, rule, update_for=None):
     """Rank 0's choices for a run from scratch or from pretrained weights: read from this machine's wisdom, or
     measured once and kept (see the module's docstring)."""
     choices = Choices(rule, cfg.attention_path, by_rule(rt.device))
@@ -118,13 +130,17 @@ def fresh_choices(cfg, rt, planned, asked, started, rule):
     short = []
     if fits(cfg, asked):
         cfg, planned, entry, short = fit_shape(cfg, planned, entry, speed, choices)
+    if update_for is not None and cfg.max_time > 0:  # what a budget in steps is planned from
+        entry = speed.whole(planned, choices.dtype, update_for)
+        choices.whole_seconds = entry[choices.dtype]["whole"]
+        choices.forward_seconds = entry[choices.dtype]["forward"]
     choices.attention_path = entry[choices.dtype]["path"]
     choices.step_seconds = entry[choices.dtype]["step"]
     if choices.threads:  # the count that stepped faster here, idle: the ThreadTuner follows the load from it
         choices.threads = entry[choices.dtype].get("threads", choices.threads)
     say_path(cfg, rt, planned, entry, choices)
     say_model(cfg, rt, planned, entry, choices, short)
-    choices.lines = speed.wisdom.notes + choices.lines
+    choices.lines = speed.wisdom.notes + speed.notes() + choices.lines
     return cfg, planned, choices
 
 
@@ -156,9 +172,11 @@ def say_path(cfg, rt, planned, entry, choices):
                            f"({measured_when(entry)})")
     if rt.device != "cpu" or planned.attention not in ("scaled", "dot") or planned.n_layer == 0:
         return
-    why = "as asked" if cfg.attention_path != "auto" else f"{measured_when(entry)}: the fastest of " \
-        f"{', '.join(ATTENTION_PATHS)} in {choices.dtype}"
-    choices.lines.append(f"attention: the {choices.attention_path} path ({why})")
+    # an edited attention is timed on the paths that run the edit alone: 'of those that run model.py as it is'
+    why = "as asked" if cfg.attention_path != "auto" else f"{measured_when(entry)}: the fastest in " \
+        f"{choices.dtype} of the paths that run model.py as it is"
+    path = choices.attention_path
+    choices.lines.append(f"attention: the {path} path ({ATTENTION_PATH_WORDS[path]}; {why})")
 
 
 def measured_when(entry):
@@ -167,34 +185,93 @@ def measured_when(entry):
 
 class Speed:
     """Each precision's attention path and step time for a model shape on this machine: from its wisdom, or
-    measured (within what the run's budget allows for start-up) and kept."""
+    measured (within what the run's budget allows for start-up) and kept where it was measured idle."""
 
     def __init__(self, cfg, rt, choices, started):
         self.cfg, self.rt, self.choices = cfg, rt, choices
         self.wisdom = Wisdom(rt.device, torch.get_num_threads())
-        allowed = MEASURE_SHARE * cfg.max_time if cfg.max_time > 0 else MEASURE_SECONDS
-        self.deadline = time.perf_counter() - (time.time() - (started or time.time())) + allowed
-        self.said = False
+        self.allowed = MEASURE_SHARE * cfg.max_time if cfg.max_time > 0 else MEASURE_SECONDS
+        self.began = time.perf_counter() - (time.time() - (started or time.time()))
+        self.deadline = self.began + self.allowed
+        self.said, self.measured, self.busy = False, 0.0, 0.0
+        self.entries = {}  # this run's, by key: what it measured busy is used by it alone
+
+    def key(self, planned):
+        asked = [f"attention_path={self.cfg.attention_path}"] * (self.cfg.attention_path != "auto") + \
+            [f"threads={self.cfg.threads}"] * bool(self.cfg.threads)
+        return shape_key(planned, self.cfg.batch_size, self.choices.kernels, self.cfg.compile, asked)
+
+    def read(self, key):
+        if key in self.entries:
+            return dict(self.entries[key])
+        return {} if self.cfg.retime else self.wisdom.entry(key)
 
     def of(self, planned, precisions):
         """{dtype: {"path", "step", "threads"}, "params", "measured": date} for the planned model, with at least
         each of `precisions` (those this machine's wisdom lacks measured now, and kept with the rest)."""
-        asked = [f"attention_path={self.cfg.attention_path}"] * (self.cfg.attention_path != "auto") + \
-            [f"threads={self.cfg.threads}"] * bool(self.cfg.threads)
-        key = shape_key(planned, self.cfg.batch_size, self.choices.kernels, self.cfg.compile, asked)
-        entry = {} if self.cfg.retime else self.wisdom.entry(key)
+        key = self.key(planned)
+        entry = self.read(key)
         missing = [d for d in precisions if not isinstance(entry.get(d), dict) or "step" not in entry[d]]
         missing = missing or ([] if "params" in entry else list(precisions))
         if missing:
-            if not self.said:  # at once: the measuring takes seconds
-                self.said = True
-                print(f"measuring this machine once for this model ({', '.join(missing)}): later runs read it from "
-                      f"{self.wisdom.path} (--retime measures again)", flush=True)
-            entry.update(measure(planned, self.cfg, self.rt, self.choices.kernels, missing, self.deadline))
-            entry["measured"] = today()
-            self.wisdom.keep(key, entry)
-            entry["now"] = True
+            self.announce(missing)
+            with self.timed() as check:
+                entry.update(measure(planned, self.cfg, self.rt, self.choices.kernels, missing, self.deadline))
+            self.keep(key, entry, check)
         return entry
+
+    def whole(self, planned, dtype, update_for):
+        """The entry of `planned` with a whole training step's and a forward's idle seconds in `dtype` (what a
+        budget in steps is planned from), measured where the wisdom lacks them."""
+        key = self.key(planned)
+        entry = self.read(key)
+        if "whole" not in entry[dtype] or "forward" not in entry[dtype]:
+            self.announce([dtype])
+            with self.timed() as check:
+                entry[dtype] = entry[dtype] | measure_whole(planned, self.cfg, self.rt, self.choices.kernels,
+                                                            dtype, entry[dtype], update_for, self.deadline)
+            self.keep(key, entry, check)
+        return entry
+
+    def announce(self, missing):
+        if not self.said:  # at once: the measuring takes seconds
+            self.said = True
+            print(f"measuring this machine once for this model ({', '.join(missing)}): later runs read it from "
+                  f"{self.wisdom.path} (--retime measures again)", flush=True)
+
+    def timed(self):
+        speed = self
+
+        class Timed(IdleCheck):
+            def __exit__(self, *exc):
+                speed.measured += time.perf_counter() - self.start[0]
+                return super().__exit__(*exc)
+
+        return Timed()
+
+    def keep(self, key, entry, check):
+        """Keep a measurement taken idle in the wisdom; one taken beside another program is this run's alone."""
+        entry["measured"] = today()
+        self.entries[key] = dict(entry)
+        if check.idle:
+            self.wisdom.keep(key, entry)
+        else:
+            self.busy = max(self.busy, check.others)
+        entry["now"] = True
+
+    def notes(self):
+        """What the measuring leaves to say: that it was taken beside another program, or ran past its share of
+        the budget."""
+        lines = []
+        if self.busy:
+            lines.append(f"note: other programs held about {self.busy:.1f} of this machine's cores while it measured: "
+                         "the measurement is used for this run only, and taken again at the next start (close them "
+                         "for a measurement every later run can keep)")
+        if self.measured > self.allowed + 0.5:
+            share = f"{MEASURE_SHARE:.0%} of max_time" if self.cfg.max_time > 0 else "what it may take"
+            lines.append(f"note: measuring took {self.measured:.1f} s, {self.measured - self.allowed:.1f} s more than "
+                         f"the {self.allowed:.1f} s ({share}) start-up may spend on it: this run ends that much later")
+        return lines
 
 
 def measure(planned, cfg, rt, kernels, precisions, deadline):
@@ -219,6 +296,23 @@ def measure(planned, cfg, rt, kernels, precisions, deadline):
         step, threads = min((seconds[dtype, n], n) for n in counts)
         speeds[dtype] = {"path": paths[dtype], "step": step, "threads": threads}
     return speeds
+
+
+def measure_whole(planned, cfg, rt, kernels, dtype, speeds, update_for, deadline=None):
+    """{"whole": a training step's seconds, its optimizer's update included, "forward": a forward's alone, in eval
+    mode and without gradients, as an evaluation runs it}, on the thread count and attention path `speeds` chose."""
+    most = torch.get_num_threads()
+    with torch.random.fork_rng(devices=[]):
+        model = GPT(planned).to(rt.device)
+        install(model, kernels)
+        step = training_step(model, cfg.batch_size, dtype, speeds["path"], update_for(model, dtype))
+        forward = forward_pass(model, cfg.batch_size, dtype, speeds["path"])
+        runs = {"whole": on_threads(speeds.get("threads", most), step),
+                "forward": on_threads(speeds.get("threads", most), forward)}
+        try:
+            return fastest_in_turns(runs, TURNS, rt.device, deadline=deadline)
+        finally:
+            torch.set_num_threads(most)
 
 
 def on_threads(threads, step):
@@ -253,9 +347,9 @@ def attention_path_for(model, batch_size, dtype, device, deadline=None):
     return min(seconds, key=seconds.get)
 
 
-def training_step(model, batch_size, dtype, path):
+def training_step(model, batch_size, dtype, path, update=None):
     """The model's forward and backward at the training shape in dtype, on attention path `path`, as a function,
-    on fixed tokens."""
+    on fixed tokens; then update() (an optimizer's step) where given."""
     c = model.config
     device = next(model.parameters()).device
     x = torch.randint(c.vocab_size, (batch_size, c.block_size), generator=torch.Generator().manual_seed(0)).to(device)
@@ -265,9 +359,28 @@ def training_step(model, batch_size, dtype, path):
         with autocast_for(dtype, device.type):
             loss = model(x, x)[1]
         loss.backward()
+        if update is not None:
+            update()
         model.zero_grad(set_to_none=True)
 
     return step
+
+
+def forward_pass(model, batch_size, dtype, path):
+    """An evaluation's forward of one batch, as a function, on fixed tokens."""
+    c = model.config
+    device = next(model.parameters()).device
+    x = torch.randint(c.vocab_size, (batch_size, c.block_size), generator=torch.Generator().manual_seed(1)).to(device)
+
+    @torch.no_grad()
+    def forward():
+        install(model, [], path)
+        model.eval()
+        with autocast_for(dtype, device.type):
+            model(x, x)
+        model.train()
+
+    return forward
 
 
 def fits(cfg, asked):
@@ -309,16 +422,18 @@ def tokens_per_parameter(cfg, rt, planned, entry, dtype):
 
 
 def say_model(cfg, rt, planned, entry, choices, short=()):
-    """The model's line; where the learner's own shape will see too few tokens per parameter, or the budget too
-    few steps, a note saying so and what to do."""
-    n, step = entry["params"], choices.step_seconds
+    """The model's line; where the learner's own shape will see too few tokens per parameter, a note saying so and
+    what to do."""
+    n = entry["params"]
     line = f"model: {shape_words(planned)}, {n / 1e6:.2f}M parameters"
     if choices.fitted_from:
         first = choices.fitted_from
         decay = f", muon_weight_decay={cfg.muon_weight_decay:g}" if "muon_weight_decay" in first else ""
-        line += (f"{decay}: the largest of this preset's fit_shapes ({cfg.fit_shapes}) that sees "
-                 f"min_tokens_per_param={cfg.min_tokens_per_param:g} tokens per parameter in the {cfg.max_time:g} s "
-                 f"here: about {tenths(tokens_per_parameter(cfg, rt, planned, entry, choices.dtype))} "
+        seen = tokens_per_parameter(cfg, rt, planned, entry, choices.dtype)
+        which = "the largest of this preset's fit_shapes" if seen >= cfg.min_tokens_per_param else \
+            "none of this preset's fit_shapes sees enough here, so the smallest of them"
+        line += (f"{decay}: {which} ({cfg.fit_shapes}); min_tokens_per_param={cfg.min_tokens_per_param:g} tokens "
+                 f"per parameter in the {cfg.max_time:g} s here, and this one sees about {tenths(seen)} "
                  f"({'; '.join(short)}; --n_layer={first['n_layer']} --n_embd={first['n_embd']} trains that)")
     choices.lines.append(line)
     if cfg.init_from == "scratch" and cfg.min_tokens_per_param > 0 and cfg.max_time > 0 and not choices.fitted_from:
@@ -328,14 +443,6 @@ def say_model(cfg, rt, planned, entry, choices, short=()):
                                  f"per parameter, fewer than min_tokens_per_param={cfg.min_tokens_per_param:g}: it "
                                  "trains as asked, but will end undertrained (give it more --max_time, or a "
                                  "smaller --n_layer or --n_embd)")
-    if cfg.max_time > 0:
-        steps = int(cfg.max_time / (step * STEP_OVERHEAD))
-        if steps < FEWEST_STEPS:
-            enough = math.ceil(FEWEST_STEPS * step * STEP_OVERHEAD * 1.2)
-            choices.lines.append(f"note: about {steps} step{'s' * (steps != 1)} fit in the {cfg.max_time:g} s "
-                                 f"budget here (a step takes about {step * STEP_OVERHEAD * 1e3:.0f} ms), too few to "
-                                 f"train (fewer than {FEWEST_STEPS}): give --max_time={enough} or more, or a "
-                                 "smaller model")
     c = planned
     embeddings = c.vocab_size * c.n_embd * (1 if c.tie_weights else 2)
     if rt.device == "cpu" and c.vocab_size > 1024 and embeddings > n / 2:

@@ -17,8 +17,11 @@ matmuls; each kernel here does a piece's work in fewer passes. docs/speed.md has
 What the learner writes is what runs: each kernel stands in for a piece of model.py only while that piece is the
 code it was written for (WRITTEN_FOR, a fingerprint of each piece's code). Where the learner has edited the piece,
 the kernel steps aside, their version runs, and install() says so in one line. The attention paths follow the same
-rule: an edit to the written-out attention (the score functions, `pattern`, `written`, `visible`) makes every path
-the written one, and an edit to `sdpa` leaves the fused path (theirs) but never the folded one.
+rule. The fused and folded paths stand in for the written-out attention (the score function, with the `dot_scores`
+that `scaled_scores` calls, `pattern`, `written`, `visible`): an edit to any of them makes every path the written
+one. The written and folded paths stand in for `sdpa`, and 'fused' does too while the table's masks drop weights:
+an edit to it makes every path the fused one, the learner's SDPA, which draws its own dropout masks (the table
+then leaves the attention weights' dropout alone).
 """
 
 import ast
@@ -35,10 +38,17 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+import model as model_py
 from model import MLP, Block, SelfAttention, token_shift
 
 KERNELS = ("table_dropout", "relu2", "shift_cast")
 ATTENTION_PATHS = ("fused", "written", "folded")
+# each path in a few words, for the line that names the one a run takes
+ATTENTION_PATH_WORDS = {
+    "fused": "torch's fused SDPA kernel, the attention weights never written out",
+    "written": "softmax(q.k) . v as model.py writes it",
+    "folded": "model.py's softmax(q.k) . v, its scale and mask folded into one matmul",
+}
 
 # the fingerprint (code_fingerprint) of each model.py piece a kernel or path was written for; a change to model.py
 # that a kernel still matches updates its fingerprint here (tests/test_stand_ins.py names the new one)
@@ -116,7 +126,8 @@ def install(model, kernels, attention_path="fused"):
     aside = set()
     for module in list(model.modules()):
         for name, child in module.named_children():
-            if "table_dropout" in kernels and type(child) is nn.Dropout and child.p > 0:
+            if "table_dropout" in kernels and type(child) is nn.Dropout and child.p > 0 and \
+                    not (name == "attn_dropout" and runs_own_sdpa(module)):  # their SDPA draws its own masks
                 setattr(module, name, TableDropout(child.p))
         if "relu2" in kernels and isinstance(module, MLP) and getattr(module.act, "__name__", "") == "relu_squared":
             if edited("relu_squared", module.act):
@@ -137,7 +148,7 @@ def install(model, kernels, attention_path="fused"):
 
 def set_attention_path(model, path):
     """Every layer's scaled or dot attention computed on `path` (see the module's docstring), or on the one its
-    edits leave: (the path taken, lines saying why where it is not `path`)."""
+    edits leave: (the path taken, a line naming the edited pieces that decided it, where any did)."""
     if path not in ATTENTION_PATHS:
         raise ValueError(f"attention path must be one of {', '.join(ATTENTION_PATHS)} (got {path!r})")
     taken, why = path, []
@@ -145,29 +156,42 @@ def set_attention_path(model, path):
         if isinstance(module, SelfAttention):
             layer_path, pieces = path_for_edits(module, path)
             module.attend = attention_function(module, layer_path)
-            if layer_path != path:
-                taken = layer_path
-                why = [f"attention: the {layer_path} path instead of {path}: model.py's {', '.join(pieces)} "
-                       f"{'is' if len(pieces) == 1 else 'are'} not the code the {path} path was written for, "
-                       "so yours runs"]
+            if pieces:
+                taken, why = layer_path, [path_line(path, layer_path, pieces)]
     return taken, why
 
 
+def path_line(asked, taken, pieces):
+    """The line that says the learner's edit to `pieces` runs on path `taken`, `asked` having been asked."""
+    edits = f"model.py's {', '.join(pieces)} {'is' if len(pieces) == 1 else 'are'} not the code"
+    if taken != asked:
+        return f"attention: the {taken} path instead of {asked}: {edits} the {asked} path stands in for, so " \
+            "yours runs"
+    others = " and ".join(p for p in ATTENTION_PATHS if p != taken)
+    return f"attention: the {taken} path: {edits} the {others} paths stand in for, so yours runs"
+
+
 def path_for_edits(attn, path):
-    """(the path attn takes where `path` is asked, the edited pieces that moved it): the written path where the
-    written-out attention was edited; where only sdpa was, the fused path (the learner's sdpa), never the folded."""
-    if attn.kind not in ("scaled", "dot") or path == "written":
+    """(the path attn takes where `path` is asked, the edited pieces that decide it): the written path where the
+    written-out attention was edited; else, where sdpa was, the fused path (the learner's sdpa)."""
+    if attn.kind not in ("scaled", "dot"):
         return path, []
     cls = type(attn)
-    written = [name for name, function in (("scaled_scores" if attn.kind == "scaled" else "dot_scores", attn.score),
-                                           ("SelfAttention.pattern", cls.pattern),
+    scores = [("scaled_scores", attn.score), ("dot_scores", model_py.dot_scores)] if attn.kind == "scaled" else \
+        [("dot_scores", attn.score)]  # scaled_scores calls model.py's dot_scores
+    written = [name for name, function in (*scores, ("SelfAttention.pattern", cls.pattern),
                                            ("SelfAttention.written", cls.written),
                                            ("SelfAttention.visible", cls.visible)) if edited(name, function)]
     if written:
         return "written", written
-    if path == "folded" and edited("SelfAttention.sdpa", cls.sdpa):
+    if edited("SelfAttention.sdpa", cls.sdpa):
         return "fused", ["SelfAttention.sdpa"]
     return path, []
+
+
+def runs_own_sdpa(module):
+    """Whether module is attention that runs the learner's edited sdpa on every path."""
+    return isinstance(module, SelfAttention) and path_for_edits(module, "fused")[1] == ["SelfAttention.sdpa"]
 
 
 def attention_path_of(attn):

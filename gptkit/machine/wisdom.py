@@ -6,12 +6,14 @@ run of a shape on a machine measures it, and --retime measures it again.
 
 The cache is one JSON file, $GPTKIT_WISDOM_DIR/wisdom.json where that is set (tests, the lab and the benchmarks
 point it at a folder of their own), else under $XDG_CACHE_HOME/gptkit, else ~/.cache/gptkit. It is keyed by the
-machine (the CPU or GPU, and the threads a run starts on), torch's version and the shape; a damaged file, or one
-written by another torch version, is measured afresh, with one note.
+machine (the CPU or GPU, and the threads a run starts on), torch's version and the shape (model.py's code with it: an
+edited model steps at a speed of its own); a damaged file, a damaged entry (a hand edit: a wrong type, a missing key, a
+step time that is no positive number), or one written by another torch version, is measured afresh, with one note.
 """
 
 import hashlib
 import json
+import math
 import os
 import platform
 import time
@@ -19,6 +21,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+
+from gptkit.machine.stand_ins import ATTENTION_PATHS, model_code
 
 FORMAT = 1
 FILE_NAME = "wisdom.json"
@@ -55,7 +59,7 @@ def shape_key(model_config, batch_size, kernels, compiled, asked=()):
     what the run was told rather than left to measure (`asked`: an attention path or a thread count), since an
     entry measured under it holds no choice among the others."""
     text = json.dumps({"model": asdict(model_config), "batch_size": batch_size, "kernels": sorted(kernels),
-                       "compile": compiled, "asked": list(asked)}, sort_keys=True)
+                       "compile": compiled, "asked": list(asked), "code": model_code()}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -86,7 +90,7 @@ class Wisdom:
                 raise ValueError(f"format {data.get('format')!r}, not {FORMAT}")
             if not isinstance(mine, dict) or not isinstance(mine.get("shapes", {}), dict):
                 raise ValueError("its entry for this machine is not a table")
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             self.notes.append(f"note: the wisdom cache {self.path} is damaged ({e}): measuring afresh")
             return {}
         if mine and mine.get("torch") != self.torch:
@@ -96,8 +100,17 @@ class Wisdom:
         return mine.get("shapes", {})
 
     def entry(self, key):
+        """The entry of one shape, or {} (to be measured afresh) where there is none, or where it is damaged:
+        then with a note naming what is wrong."""
         found = self.shapes.get(key)
-        return dict(found) if isinstance(found, dict) else {}
+        if found is None:
+            return {}
+        wrong = entry_problem(found)
+        if wrong:
+            self.notes.append(f"note: this model's entry in the wisdom cache {self.path} is damaged ({wrong}): "
+                              "measuring afresh")
+            return {}
+        return {k: dict(v) if isinstance(v, dict) else v for k, v in found.items()}
 
     def keep(self, key, entry):
         """Add an entry to the file, written whole to a temporary file and renamed over it (another run's entries,
@@ -107,7 +120,7 @@ class Wisdom:
             data = json.loads(self.path.read_text(encoding="utf-8"))
             if data.get("format") != FORMAT or not isinstance(data.get("machines"), dict):
                 raise ValueError
-        except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        except (OSError, ValueError, UnicodeDecodeError, AttributeError, RecursionError):
             data = {"format": FORMAT, "machines": {}}
         mine = data["machines"].get(self.machine)
         if not isinstance(mine, dict) or mine.get("torch") != self.torch or not isinstance(mine.get("shapes"), dict):
@@ -121,6 +134,34 @@ class Wisdom:
         except OSError as e:  # a read-only home: the run goes on with what it measured, and says so
             self.notes.append(f"note: could not keep this machine's wisdom in {self.path} ({e.strerror or e}): the "
                               "next run measures again")
+
+
+def positive(value):
+    return type(value) in (int, float) and math.isfinite(value) and value > 0
+
+
+def entry_problem(entry):
+    """What makes a shape's entry unusable, in words, or None: every figure of the kind a measurement writes."""
+    if not isinstance(entry, dict):
+        return f"a {type(entry).__name__}, not a table"
+    if type(entry.get("params")) is not int or entry["params"] <= 0:
+        return f"params is {entry.get('params')!r}, not a count"
+    if not isinstance(entry.get("measured"), str):
+        return "no date it was measured on"
+    speeds = {k: v for k, v in entry.items() if k not in ("params", "measured")}
+    if not speeds:
+        return "no precision measured"
+    for dtype, speed in speeds.items():
+        if dtype not in ("float32", "bfloat16", "float16") or not isinstance(speed, dict):
+            return f"{dtype!r} is no precision's measurement"
+        if speed.get("path") not in ATTENTION_PATHS:
+            return f"{dtype}'s path is {speed.get('path')!r}, not one of {', '.join(ATTENTION_PATHS)}"
+        for name in ("step", "whole", "forward"):
+            if (name == "step" or name in speed) and not positive(speed.get(name)):
+                return f"{dtype}'s {name} is {speed.get(name)!r}, not a positive number of seconds"
+        if "threads" in speed and (type(speed["threads"]) is not int or not 1 <= speed["threads"] <= 4096):
+            return f"{dtype}'s threads is {speed['threads']!r}, not a count"
+    return None
 
 
 def today():

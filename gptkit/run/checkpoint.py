@@ -15,6 +15,7 @@ import os
 import pickle
 import random
 import re
+import stat
 import typing
 import warnings
 from dataclasses import fields
@@ -324,6 +325,7 @@ TRAINING_KEYS = Fields({
     "wandb_id": Kind("a string or None", lambda v: v is None or isinstance(v, str)),
     # what the run chose for its speed: a resume takes the same, and so continues exactly
     "measured": maybe(dtype=TEXT, attention_path=TEXT, threads=COUNT, fitted_from=DICT,
+                      planned=maybe(steps=COUNT, step=NUMBER, eval=NUMBER, final=NUMBER, idle_seconds=NUMBER),
                       kernels=Each(Kind(f"one of {', '.join(KERNELS)}", lambda v: v in KERNELS))),
     "best_iter": COUNT,
     "global_batch": COUNT,  # sequences per optimizer step, over every process
@@ -337,6 +339,8 @@ def load_checkpoint(path, map_location="cpu", required=None):
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{path} is a folder, not a checkpoint file")
+    if path.exists() and not path.is_file():  # never opened: a FIFO would wait for a writer, a device never ends
+        raise UserError(f"{path} is {special_kind(path)}, not a checkpoint file; remove it")
     if not path.is_file():
         tmp = path.with_name(path.name + ".tmp")
         unfinished = f" ({tmp.name} is an unfinished write and is never loaded)" if tmp.exists() else ""
@@ -360,6 +364,14 @@ def load_checkpoint(path, map_location="cpu", required=None):
         if problem:  # the checksum proves the file is as written, not that what wrote it wrote this tool's fields
             raise UserError(f"{path} is damaged: {problem}")
     return state
+
+
+def special_kind(path):
+    """What a path that is neither a file nor a folder is, in words."""
+    mode = path.stat().st_mode
+    kinds = [(stat.S_ISFIFO, "a FIFO (a named pipe)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")]
+    return next((words for test, words in kinds if test(mode)), "not a regular file")
 
 
 def torch_load(f, path, map_location):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gptkit.base.errors import UserError, first_line
 from gptkit.base.files import no_links, refuse_link
+from gptkit.base.settings import shown
 
 
 def process_start_time():
@@ -128,11 +129,35 @@ def replace_file(path, data):
 # the fields each kind of record must have, all numbers; other kinds are passed over
 RECORD_FIELDS = {"train": ("iter", "loss"), "eval": ("iter", "val_loss")}
 NUMBER_FIELDS = ("loss", "adamw_lr", "muon_lr", "lr", "tokens", "train_loss", "val_loss", "elapsed_s")
+# every number train.py logs comes from a float32 tensor or a step count: a larger one is a hand edit, which would
+# overflow the pictures' axes
+LARGEST = 3.4028234663852886e38
+LAST_STEP = 2 ** 63 - 1
+
+
+class Records(list):
+    """A run's records, in the order written; left_out: (line, kind, why) of each final or timeline record that is
+    not what train.py writes (a hand edit, or NaN from a run that diverged), which the list leaves out."""
+
+    def __init__(self, records, path, left_out):
+        super().__init__(records)
+        self.path, self.left_out = path, left_out
+
+    def note(self, kind):
+        """One line saying which records of a kind were left out and why, or None where none was."""
+        left = [(line, why) for line, k, why in self.left_out if k == kind]
+        if not left:
+            return None
+        listed = "; ".join(f"line {line}: {why}" for line, why in left[:3]) + ("; ..." if len(left) > 3 else "")
+        return (f"note: left out {len(left)} {kind} record{'s' * (len(left) > 1)} of {self.path} that train.py "
+                f"would not write ({listed})")
 
 
 def read_metrics(out_dir):
-    """Every record of out_dir/metrics.jsonl, in the order written, each checked to have the shape train.py
-    writes: an object whose train and eval records carry an integer iter and numbers where numbers go."""
+    """Every record of out_dir/metrics.jsonl (Records), in the order written, each checked to have the shape
+    train.py writes: an object whose train and eval records carry an integer iter and numbers where numbers go
+    (one error line naming the line otherwise); a final or timeline record that is not whole is left out, and said
+    so in Records.left_out."""
     path = Path(out_dir) / "metrics.jsonl"
     try:
         with open(path, encoding="utf-8") as f:
@@ -145,11 +170,12 @@ def read_metrics(out_dir):
     except UnicodeDecodeError as e:
         raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); was it written by train.py?") \
             from None
-    records = []
+    records, numbers = [], []
     for lineno, line in lines:
         if line.strip():
             try:
                 records.append(check_record(json.loads(line)))
+                numbers.append(lineno)
             except (json.JSONDecodeError, ValueError) as e:
                 reason = f"{e.msg} at line {lineno}" if isinstance(e, json.JSONDecodeError) else f"line {lineno}: {e}"
                 kind = "is not JSON" if isinstance(e, json.JSONDecodeError) else "has a record of the wrong shape"
@@ -157,22 +183,64 @@ def read_metrics(out_dir):
             except RecursionError:  # JSON nested thousands deep
                 raise UserError(f"{path} has a line nested too deeply to read (line {lineno}); was it written by "
                                 "train.py?") from None
-    return records
+    left = not_whole(records)
+    return Records([r for i, r in enumerate(records) if i not in left], path,
+                   [(numbers[i], records[i]["kind"], why) for i, why in sorted(left.items())])
 
 
 def check_record(record):
     if not isinstance(record, dict):
         raise ValueError(f"a {type(record).__name__}, not an object")
     kind = record.get("kind")
+    if kind is not None and not isinstance(kind, str):
+        raise ValueError(f"kind is {shown(kind, 40)}, not a name")
     missing = [k for k in RECORD_FIELDS.get(kind, ()) if k not in record]
     if missing:
         raise ValueError(f"a record of kind {kind!r} without {', '.join(missing)}")
-    if kind in RECORD_FIELDS and (type(record["iter"]) is not int or record["iter"] < 0):
-        raise ValueError(f"iter is {record['iter']!r}, not an iteration number")
-    for key in NUMBER_FIELDS:
-        if kind in RECORD_FIELDS and key in record and type(record[key]) not in (int, float):
-            raise ValueError(f"{key} is {record[key]!r}, not a number")
+    if kind in RECORD_FIELDS:
+        if not is_step(record["iter"]):
+            raise ValueError(f"iter is {shown(record['iter'], 40)}, not an iteration number")
+        for key in NUMBER_FIELDS:
+            if key in record and type(record[key]) not in (int, float):
+                raise ValueError(f"{key} is {shown(record[key], 40)}, not a number")
+            value = record.get(key, 0)  # NaN and Infinity are kept: a run that diverged logs them
+            if (type(value) is int or math.isfinite(value)) and abs(value) > LARGEST:
+                raise ValueError(f"{key} is {as_number(value)}, beyond any number train.py logs")
     return record
+
+
+def is_step(value):
+    return type(value) is int and 0 <= value <= LAST_STEP
+
+
+def finite_problem(key, value, low=-LARGEST, high=LARGEST):
+    """Why value (a record's field key) is not a finite number from low to high, or None where it is one."""
+    if type(value) not in (int, float):
+        return f"{key} is {'null' if value is None else shown(value, 40)}, not a number"
+    if type(value) is float and not math.isfinite(value):  # an int is finite however large
+        return f"{key} is {value}, not a finite number"
+    if not low <= value <= high:
+        beyond = "beyond any number train.py logs" if (low, high) == (-LARGEST, LARGEST) else \
+            f"outside {low:g} to {high:g}"
+        return f"{key} is {as_number(value)}, {beyond}"
+    return None
+
+
+def as_number(value):
+    return f"{value:.4g}" if type(value) is float else shown(value, 40)  # an int of thousands of digits, cut
+
+
+def not_whole(records):
+    """{index: why} of the final and timeline records among records that are not whole: a final record's step
+    and val loss, and a timeline record's fields (timeline_problems)."""
+    left = {}
+    for i, r in enumerate(records):
+        if r.get("kind") == "final":
+            why = "iter is not an iteration number" if not is_step(r.get("iter")) else \
+                "it has no val_loss" if "val_loss" not in r else finite_problem("val_loss", r["val_loss"])
+            if why:
+                left[i] = why
+    return {**left, **timeline_problems(records)}
 
 
 def wall_clock(records):
@@ -182,7 +250,7 @@ def wall_clock(records):
     out, offset, last = [], 0.0, 0.0
     for r in records:
         t = r.get("elapsed_s")
-        if type(t) not in (int, float) or not math.isfinite(t):
+        if type(t) not in (int, float) or not -LARGEST <= t <= LARGEST:  # NaN, Infinity, an int of 400 digits
             out.append(last)
             continue
         if t + offset < last:  # the clock went back: a new process appended to the file
@@ -214,3 +282,71 @@ def loss_series(records):
                 series[label][1].append(t)
                 series[label][2].append(value)
     return {k: v for k, v in series.items() if v[0]}
+
+
+# the kinds of head scores a timeline record holds, each a grid of shares (gptkit/interp/experiments.py scores them)
+KINDS = ("previous_token", "first_token", "duplicate_token", "induction", "local")
+
+
+def timeline_problems(records):
+    """{index: why} of the timeline records among a run's records (gptkit/run/metrics.py's read_metrics leaves them
+    out) that are not what train.py writes: a step, a finite in-context learning score, finite losses by position
+    and, where the model has attention, each kind's scores (shares, 0 to 1) in grids of one shape, that of the run's
+    last whole record."""
+    why, shapes = {}, {}
+    for i, r in enumerate(records):
+        if r.get("kind") == "timeline":
+            try:
+                shapes[i] = record_shape(r)
+            except ValueError as e:
+                why[i] = str(e)
+    last = shapes[max(shapes)] if shapes else None
+    for i, shape in shapes.items():
+        if shape != last:
+            why[i] = f"it holds {grid_words(shape)}, where the run's last record holds {grid_words(last)}"
+    return why
+
+
+def record_shape(r):
+    """(layers, heads) of a timeline record's head scores (None without attention), or ValueError saying what in
+    it is not what train.py writes."""
+    positions = r.get("loss_by_position")
+    if not is_step(r.get("iter")):
+        raise ValueError("iter is not an iteration number")
+    if "icl" not in r:
+        raise ValueError("it has no icl")
+    if not isinstance(positions, list) or not positions:
+        raise ValueError("loss_by_position is not a list of numbers")
+    first_problem([finite_problem("icl", r["icl"]), *(finite_problem("loss_by_position", v) for v in positions)])
+    heads = r.get("heads")
+    if heads is None:
+        return None
+    if not isinstance(heads, dict):
+        raise ValueError(f"heads is {shown(heads, 40)}, not each kind's scores")
+    for kind in KINDS:
+        if kind not in heads:
+            raise ValueError(f"heads has no {kind} scores")
+        if grid_shape(heads[kind]) is None:
+            raise ValueError(f"heads' {kind} is {shown(heads[kind], 40)}, not a grid of scores")
+    if len({grid_shape(heads[kind]) for kind in KINDS}) > 1:
+        raise ValueError("heads holds grids of scores of different shapes")
+    first_problem(finite_problem(kind, v, 0, 1) for kind in KINDS for row in heads[kind] for v in row)
+    return grid_shape(heads["induction"])
+
+
+def first_problem(problems):
+    why = next(filter(None, problems), None)
+    if why:
+        raise ValueError(why)
+
+
+def grid_shape(rows):
+    """(rows, columns) of a list of equally long, non-empty lists (a row of heads for each layer), else None."""
+    if not isinstance(rows, list) or not rows or \
+            any(not isinstance(row, list) or not row or len(row) != len(rows[0]) for row in rows):
+        return None
+    return len(rows), len(rows[0])
+
+
+def grid_words(shape):
+    return "no head scores" if shape is None else f"the scores of {shape[0]} x {shape[1]} heads"

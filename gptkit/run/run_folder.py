@@ -7,7 +7,10 @@ checkpoint each command reads.
     ckpt.pt         the single checkpoint of earlier versions, still read
     metrics.jsonl   every logged and evaluated loss
     run.lock        held (flock) by the run writing here
-    snapshots/      with --snapshots=N, the weights at N log-spaced steps: iter_<N>.pt, opened with iter:<N>
+    snapshots/      with --snapshots=N, the weights at N of its recorded steps: iter_<N>.pt, opened with iter:<N>
+
+and what the tools draw of a run there: plot.py's loss.png and attention.png, analyze.py's heads.png, patch.png
+and timeline.png.
 """
 
 import os
@@ -25,6 +28,17 @@ from gptkit.machine.stand_ins import changed_since
 from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, model_from_checkpoint
 
 
+def remove_unused(made, lock):
+    """Remove a run's lock and the folders it made for it, innermost first, while it holds the lock: a run that
+    opens the lock file meanwhile finds it held, and one that comes after makes the folder anew."""
+    lock.unlink()
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:  # another process put something there meanwhile: it stays, with what holds it
+            return
+
+
 class RunDir:
     """The paths of one run folder, and what can be asked of them."""
 
@@ -38,6 +52,13 @@ class RunDir:
     def snapshot(self, iteration):
         return self.snapshots / f"iter_{iteration}.pt"
 
+    def pictures(self):
+        """What the tools drew of this run here: heads.png, and heads-iter150.png of another checkpoint's weights."""
+        if not self.path.is_dir():
+            return []
+        return sorted(p for p in self.path.iterdir() if p.suffix == ".png" and
+                      (p.stem in PICTURES or p.stem.split("-", 1)[0] in PICTURES))
+
     def kept_snapshots(self):
         """The iterations whose snapshot the folder holds, in order."""
         found = (SNAPSHOT.fullmatch(p.name) for p in self.snapshots.glob("iter_*.pt")) if self.snapshots.is_dir() \
@@ -48,15 +69,24 @@ class RunDir:
     def locked(self, writer=True):
         """Hold out_dir for this process (the writer: rank 0) from before anything is written there until
         the run ends: a second run on it stops at once with one line, and a folder that cannot be written
-        fails before any work. The OS releases the lock when the process ends, however it ends."""
+        fails before any work. The OS releases the lock when the process ends, however it ends. Folders it made
+        for out_dir go again where the run wrote nothing there (a run that failed at its start)."""
         if not writer:
             yield self
             return
         self.check_folder()
-        with exclusive(self.path / "run.lock", f"cannot write to out_dir {self.path}",
+        made, folder = [], self.path.absolute()
+        while not folder.exists() and not folder.is_symlink():
+            made, folder = [*made, folder], folder.parent
+        lock = self.path / "run.lock"
+        with exclusive(lock, f"cannot write to out_dir {self.path}",
                        lambda holder: f"{self.path} is in use by another run{holder}; wait for it to end or pick "
                                       "another --out_dir", opener=no_links):
-            yield self
+            try:
+                yield self
+            finally:
+                if made and [p.name for p in self.path.iterdir()] == [lock.name]:
+                    remove_unused(made, lock)
 
     def check_folder(self):
         """out_dir is a folder (or can become one), and each file a run writes there can be a file and be
@@ -123,8 +153,15 @@ class RunDir:
         raise UserError(f"no checkpoint in {self.path} (no best.pt or ckpt.pt); {self.train_first()}")
 
     def snapshot_file(self, iteration):
+        """The snapshot of iteration N, or one line: not kept (naming those kept), or a link (it would open
+        another run's weights as this run's). One that is no file at all (a FIFO) is refused where it is loaded."""
         kept = self.kept_snapshots()
         if iteration in kept:
+            for path in (self.snapshots, self.snapshot(iteration)):
+                if path.is_symlink():
+                    raise UserError(f"{path} is a link; a run's snapshots are opened only as its own files, "
+                                    "never through a link (another run's weights would pass for this one's): "
+                                    "remove it")
             return self.snapshot(iteration)
         if not kept:
             raise UserError(f"{self.path} keeps no snapshots (train it with --snapshots=N to keep the weights at N "
@@ -139,6 +176,8 @@ class RunDir:
                 "file of the run you meant to train there (e.g. config/shakespeare_char.py)")
 
 
+# plot.py's and analyze.py's, drawn into out_dir
+PICTURES = ("loss", "attention", "heads", "patch", "timeline", "compare")
 SNAPSHOT = re.compile(r"iter_(\d+)\.pt")
 CHECKPOINT_CHOICE = re.compile(r"best|latest|iter:\d{1,12}")
 

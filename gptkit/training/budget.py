@@ -1,9 +1,24 @@
 """The time budget (max_time) as a user plans by it, start-up and the final score included, and the threads a
-run follows as it goes."""
+run follows as it goes.
 
+A budget is planned in steps: max_time becomes the number of steps that fit in it on this machine idle, from the
+idle speed its wisdom keeps for the model (gptkit.machine.choices), so that the same command trains the same steps,
+and the same model, however busy the machine is; a busy machine takes longer, and the run says how much longer.
+wall_clock=True stops at the clock instead (a race, a deadline), and max_iters, given, is what trains."""
+
+import dataclasses
+import math
 import time
 
+from gptkit.base.errors import UserError
 from gptkit.machine.threads import ThreadTuner
+
+START_SECONDS = 3.0  # an idle run's start-up to its first evaluation: the interpreter, torch, the data, the model
+END_SECONDS = 1.0  # the summary, and the process's exit
+RECORDS_SHARE = 0.02  # the timeline's records and the snapshots, of the time a run spends stepping
+SAVE_BYTES_PER_SECOND = 300e6  # a checkpoint written and flushed to disk
+FEWEST_STEPS = 100  # a budget that fits fewer steps than this trains nothing worth sampling: said at start-up
+SLOWER = 1.2  # steps this much slower than planned: the machine is busy, and the run says when it will end
 
 
 class TimeBudget:
@@ -40,11 +55,120 @@ class TimeBudget:
         return self.max_time > 0 and self.spent() + self.reserve() >= self.max_time
 
 
+@dataclasses.dataclass
+class StepCosts:
+    """What a run's parts cost on this machine idle, in seconds: a step (all its micro-batches and the optimizer's
+    update), an evaluation with the save after it, and the final score over the whole val split."""
+    step: float
+    eval: float
+    final: float
+
+    @classmethod
+    def of(cls, cfg, choices, final_tokens, block_size, params, micro_batches):
+        step = choices.whole_seconds + (micro_batches - 1) * choices.step_seconds
+        # latest.pt holds the weights, their average and the optimizer's moments: about four copies in float32
+        save = 4 * 4 * params / SAVE_BYTES_PER_SECOND
+        final = math.ceil(final_tokens / (cfg.batch_size * block_size)) * choices.forward_seconds
+        return cls(step * (1 + RECORDS_SHARE), 2 * cfg.eval_iters * choices.forward_seconds + save, final)
+
+    def seconds(self, steps, eval_interval):
+        """An idle run's wall time for `steps` steps: start-up, the evaluation before the first step and one every
+        eval_interval and at the end, the final score."""
+        evals = 1 + steps // eval_interval + (steps % eval_interval > 0)
+        return START_SECONDS + steps * self.step + evals * self.eval + self.final + END_SECONDS
+
+    def steps_in(self, max_time, eval_interval):
+        """The most steps whose idle run takes at most max_time (0 where not even one does)."""
+        n = max(0, math.floor((max_time - self.seconds(0, eval_interval)) / (self.step + self.eval / eval_interval)))
+        while self.seconds(n + 1, eval_interval) <= max_time:  # the evaluations come in whole ones: settle it
+            n += 1
+        while n > 0 and self.seconds(n, eval_interval) > max_time:
+            n -= 1
+        return n
+
+
+def plan_steps(cfg, choices, costs, given):
+    """(cfg, lines): with a time budget, the steps the run trains, planned from max_time at this machine's idle speed
+    (see the module's docstring) and kept in choices.planned for a resume; max_iters as given, or the clock, where
+    the learner asked for them."""
+    if cfg.max_time <= 0 or costs is None:
+        return cfg, []
+    fit = costs.steps_in(cfg.max_time, cfg.eval_interval)
+    step_ms = f"{costs.step * 1e3:.0f} ms a step"
+    if fit < 1 and not cfg.wall_clock:  # by the clock, the first step is taken all the same
+        raise UserError(f"max_time={cfg.max_time:g} fits no step of this model here ({step_ms} idle, and "
+                         f"{costs.seconds(0, cfg.eval_interval):.1f} s for start-up and the scores): the least "
+                         f"max_time that fits {FEWEST_STEPS} steps is {least_time(costs, cfg.eval_interval)}")
+    lines = [] if fit >= FEWEST_STEPS else [
+        f"note: about {fit} step{'s' * (fit != 1)} fit in max_time={cfg.max_time:g} here ({step_ms} idle), too few "
+        f"to train (fewer than {FEWEST_STEPS}): give --max_time={least_time(costs, cfg.eval_interval)} or more, or "
+        "a smaller model"]
+    if cfg.wall_clock:
+        return cfg, lines + [f"time: max_time={cfg.max_time:g} s by the clock (wall_clock=True): the run stops when "
+                             f"they are spent, after about {fit:,} steps here idle, fewer when the machine is busy"]
+    if "max_iters" in given:
+        about = costs.seconds(cfg.max_iters, cfg.eval_interval)
+        return cfg, [f"steps: {cfg.max_iters:,}, as max_iters gives them (max_time={cfg.max_time:g} plans none "
+                     f"then): about {about:.0f} s on this machine idle"]
+    idle = costs.seconds(fit, cfg.eval_interval)
+    choices.planned = {"steps": fit, "step": costs.step, "eval": costs.eval, "final": costs.final,
+                       "idle_seconds": idle}
+    return dataclasses.replace(cfg, max_iters=fit), lines + [
+        f"steps: {fit:,}, planned from max_time={cfg.max_time:g} at this machine's idle speed ({step_ms}; with "
+        f"the evaluations and the final score, about {idle:.0f} s idle): the same command trains the same steps, "
+        "idle or busy (--wall_clock=True stops at the clock instead)"]
+
+
+def least_time(costs, eval_interval):
+    return math.ceil(costs.seconds(FEWEST_STEPS, eval_interval))
+
+
+class Pace:
+    """A planned run's steps against the plan's idle speed: once a few steps are timed, one line where the machine
+    is busy (its steps SLOWER or more than planned), with the time the run will now take; and at the end, what a
+    comparison with another run of the same command is fair in."""
+
+    def __init__(self, planned, iter_num, cfg):
+        self.planned, self.first, self.cfg = planned, iter_num, cfg
+        self.steps = self.seconds = 0
+        self.check_at = iter_num + max(10, planned["steps"] // 30) if planned else None
+
+    def stepped(self, iter_num, seconds, spent):
+        """A line to say, or None: after check_at steps, where they ran slower than planned."""
+        if iter_num - self.first > 2:  # the first steps warm up
+            self.steps, self.seconds = self.steps + 1, self.seconds + seconds
+        if iter_num != self.check_at or not self.steps:
+            return None
+        p = self.planned
+        slower = self.seconds / self.steps / (p["step"] / (1 + RECORDS_SHARE))
+        if slower < SLOWER:
+            return None
+        left = p["steps"] - iter_num
+        evals = left // self.cfg.eval_interval + 1
+        expected = spent + slower * (left * p["step"] + evals * p["eval"] + p["final"]) + END_SECONDS
+        return (f"note: this machine is busy (a step takes {slower:.1f}x its idle time): the run trains its "
+                f"{p['steps']:,} steps all the same, in about {minutes(expected)} rather than {p['idle_seconds']:.0f} s")
+
+    def summary(self, iter_num, tokens_per_iter, spent):
+        """What this run may be compared with another in: its steps and tokens, and with a planned budget the idle
+        seconds they take here."""
+        idle = f", {self.planned['idle_seconds']:.0f} s of this machine idle" if self.planned else ""
+        return (f"fair: {iter_num:,} steps and {iter_num * tokens_per_iter / 1e6:.2f}M tokens{idle} (this run took "
+                f"{spent:.0f} s)")
+
+
+def minutes(seconds):
+    """'2m05s', or '45 s'."""
+    seconds = round(seconds)
+    return f"{seconds} s" if seconds < 100 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
 def time_budget(cfg, data, state, started):
     """The run's TimeBudget: this process started at `started`, after what earlier ones spent."""
     val = data.splits["val"].length - 1
     final_tokens = min(val, cfg.final_eval_tokens) if cfg.final_eval_tokens > 0 else val
-    return TimeBudget(cfg.max_time, started - state.seconds_spent, final_tokens)
+    # only a wall-clock budget stops the run; a planned one counts the time, for the summary
+    return TimeBudget(cfg.max_time if cfg.wall_clock else 0.0, started - state.seconds_spent, final_tokens)
 
 
 def thread_tuner(choices):

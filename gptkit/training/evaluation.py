@@ -5,7 +5,8 @@ import time
 from contextlib import nullcontext
 
 import torch
-from tqdm import tqdm
+
+from gptkit.base.progress import progress as progress_bar
 
 
 def eagerly():
@@ -15,10 +16,10 @@ def eagerly():
 
 
 def progress(total, what):
-    """A progress bar with elapsed and remaining time for `total` batches of an evaluation, on a terminal only, and
-    only where the work lasts over a second: an evaluation of a few batches shows none."""
-    return tqdm(total=total, desc=what, unit="batch", leave=False, delay=1.0, dynamic_ncols=True, file=sys.stdout,
-                disable=not sys.stdout.isatty(), bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
+    """A progress bar with elapsed and remaining time for `total` batches of an evaluation, shown where the work
+    lasts over a second (an evaluation of a few batches shows none); in a log file, plain lines."""
+    return progress_bar(total=total, desc=what, unit="batch", leave=False, delay=1.0, file=sys.stdout,
+                        bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
 
 
 def evaluate(model, data, autocast, seconds_per_token=None):

@@ -163,18 +163,36 @@ def build_optimizers(model, cfg, dtype="float32"):
     return optimizers
 
 
+def update_for(cfg):
+    """For timing a whole step before a run starts: a function of (model, dtype) returning one that takes an
+    optimizer step of that model, and of its weights' average, after a backward."""
+    def update_of(model, dtype):
+        optimizers = build_optimizers(model, cfg, dtype)
+        ema = EMA(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
+        scaler = torch.amp.GradScaler(next(model.parameters()).device.type, enabled=False)
+
+        def update():
+            step_optimizers(model, optimizers, scaler, cfg.grad_clip)
+            if ema is not None:
+                ema.update(1.0)
+
+        return update
+
+    return update_of
+
+
 def lr_factor_at(cfg, iter_num, time_progress=0.0):
     """Fraction of the peak learning rate for this step; never divides by zero.
 
-    Warmup counts optimizer steps. With a time budget (max_time) the decay follows whichever is further
+    Warmup counts optimizer steps. With a budget by the clock (wall_clock) the decay follows whichever is further
     along, iterations or time (time_progress, the fraction of the training time spent), so a timed run still
-    ends cooled down."""
+    ends cooled down; a budget planned in steps has its max_iters, and follows them."""
     if not cfg.decay_lr:  # as nanoGPT: a constant learning rate, no warmup either
         return 1.0
     if iter_num < cfg.warmup_iters:
         return (iter_num + 1) / cfg.warmup_iters
     step = iter_num
-    if cfg.max_time > 0:
+    if cfg.wall_clock and cfg.max_time > 0:
         step = max(step, cfg.max_iters * time_progress)
     floor = cfg.min_lr / cfg.learning_rate if cfg.learning_rate > 0 else 0.0
     if cfg.lr_schedule == "wsd":

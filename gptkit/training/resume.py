@@ -8,6 +8,7 @@ import torch
 
 from gptkit.base.errors import UserError
 from gptkit.base.settings import coerce, flatten, make, settings
+from gptkit.machine.stand_ins import changed_since
 from gptkit.run.checkpoint import TRAINING_KEYS, load_checkpoint
 from gptkit.training.train_config import BATCH_KEYS, TrainConfig
 from model import GPTConfig
@@ -23,6 +24,11 @@ def continued_config(cfg, given, asked, run, note):
     ckpt, path = resume_state(run, cfg.init_from, note)
     if ckpt is None:
         return (replace(cfg, init_from="scratch") if cfg.init_from == "auto" else cfg), (None, None)
+    changed = changed_since(ckpt.get("model_code"))
+    if changed:  # as a tool that loads the checkpoint says it
+        note(f"note: model.py has changed since {path} was saved ({', '.join(changed[:4])}"
+             f"{', ...' if len(changed) > 4 else ''}): the run continues with the code as it is now, not the code "
+             "it trained with so far")
     return resumed_config(ckpt, given, asked, path, note), (ckpt, path)
 
 
@@ -44,6 +50,8 @@ def claim_for_a_new_run(cfg, run, note):
                         "start over with --start_over=True (its files are moved aside, not deleted)")
     aside = run.path / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
     aside.mkdir()
+    found += run.pictures()  # what the tools drew of the old run
+    names = ", ".join(p.name for p in found)
     for p in found:
         p.rename(aside / p.name)
     note(f"note: starting over in {run.path}: the previous run's {names} moved to {aside}")

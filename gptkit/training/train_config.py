@@ -34,7 +34,7 @@ class TrainConfig:
     start_over: bool = False  # a new run into an out_dir holding another: move the old run's files aside first
     seed: int = 1337  # seeds weights, data order and dropout
     timeline: bool = True  # record what each head does as the run trains (analyze.py timeline)
-    snapshots: int = 0  # keep the weights at this many log-spaced steps in out_dir/snapshots (open one with iter:N)
+    snapshots: int = 0  # keep the weights at this many of the steps recorded, in out_dir/snapshots (open: iter:N)
     # wandb
     wandb_log: bool = False  # log to Weights & Biases
     wandb_project: str = "nanogpt"  # wandb project name
@@ -67,7 +67,8 @@ class TrainConfig:
     lr_decay_iters: int = 0  # cosine reaches min_lr here (0 = max_iters)
     min_lr: float = 6e-5  # floor of the cosine schedule
     warmdown_frac: float = 0.5  # 'wsd': fraction of the run spent decaying to min_lr
-    max_time: float = 0.0  # >0: seconds for the whole run, start-up and final score included; the schedule follows it
+    max_time: float = 0.0  # >0: seconds for the whole run on this machine idle, planned as steps (see wall_clock)
+    wall_clock: bool = False  # max_time by the clock: stop when it is spent, however busy the machine (a race)
     min_tokens_per_param: float = 0.0  # >0: the tokens per parameter in max_time a model needs; fewer is said
     fit_shapes: str = ""  # a preset's own shape, then smaller ones it may train instead: '4x128, 3x128' (LAYERSxWIDTH)
     smaller_muon_weight_decay: float = -1.0  # Muon weight decay of a shape fitted smaller (below 0 = muon_weight_decay)

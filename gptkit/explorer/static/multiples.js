@@ -49,7 +49,7 @@ function multiple(l, h) {
   const fig = el('figure', 'head-multiple');
   Object.assign(fig.dataset, { layer: String(l), head: String(h) });
   const p = view.phase;
-  if (p && p.layer === l && p.head === h) fig.classList.add('phase');
+  if (p && p.formed && p.layer === l && p.head === h) fig.classList.add('phase');
   const cap = el('figcaption');
   cap.append(el('b', 'head-name', headName(l, h)), el('span', 'multiple-top'));
   fig.append(cap, el('canvas'));

@@ -160,6 +160,8 @@ function stepInWords(r) {
 
 function phaseInWords(p) {
   if (!p) return '';
+  // phase_change decides whether one happened (analyze.py timeline's rule): where none did, it says why
+  if (p.note) return `No phase change marked: ${p.note}.`;
   const parts = [];
   if (p.induction_iter !== null) {
     parts.push(`${headName(p.layer, p.head)}, the strongest induction head at the end, rose fastest around step ` +

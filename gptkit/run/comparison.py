@@ -1,0 +1,167 @@
+"""Runs side by side, as a learner compares them after changing one thing (a setting, or model.py) and
+training again: each run's curves and what it trained with, read from its folder, and what differs between
+two runs, in three parts: the settings, the model.py code, and the run's circumstances (steps, precision,
+threads, attention path, data order, batch), which move a curve as much as an edit can."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gptkit.base.errors import UserError
+from gptkit.run.checkpoint import TRAINING_KEYS, Fields, load_checkpoint
+from gptkit.run.formats import started_with
+from gptkit.run.metrics import read_metrics
+from gptkit.run.run_folder import RunDir
+
+# the checkpoint fields a comparison reads: latest.pt holds them all, best.pt all but the choices and batch
+COMPARED = Fields({key: TRAINING_KEYS.kinds[key]
+                   for key in ("model_args", "config", "iter_num", "model_code", "measured", "global_batch")},
+                  optional=("model_code", "measured", "global_batch"))
+# settings that say where a run writes, how it starts or what it prints: runs differing there learned alike
+NOT_COMPARED = {"out_dir", "init_from", "start_over", "eval_only", "wandb_log", "wandb_project",
+                "wandb_run_name", "verbose", "retime"}
+
+
+@dataclass
+class ComparedRun:
+    """What a comparison reads of one run folder."""
+
+    name: str  # as the picture and the lines call it
+    records: list  # metrics.jsonl
+    settings: dict  # every setting it trained with, flat: its config's, and its model's as built
+    code: dict  # model_code: a fingerprint of each piece of model.py it trained with; None: not recorded
+    measured: dict  # the choices the run made (gptkit/machine/choices.py), {} where the checkpoint has none
+    steps: int
+    global_batch: int  # sequences a step, over every process
+
+    @property
+    def tokens_per_step(self):
+        return self.global_batch * self.settings["block_size"]
+
+
+def load_run(folder, name):
+    """The run in folder: its latest state (best.pt where that is all it keeps) and its metrics."""
+    run = RunDir(folder)
+    path = next((p for p in (run.latest, run.legacy, run.best) if p.is_file()), None)
+    if path is None:
+        raise UserError(f"no run in {folder} (no latest.pt or best.pt); {run.train_first()}")
+    ckpt = load_checkpoint(path, required=COMPARED)
+    records = read_metrics(folder)
+    iterations = [r["iter"] for r in records if r.get("kind") in ("train", "eval")]
+    if not iterations:
+        raise UserError(f"{run.metrics} holds no train or eval records yet")
+    # best.pt's iteration is its best, not how far the run went
+    steps = max(iterations) if path == run.best else ckpt["iter_num"]
+    settings = {k: v for k, v in ckpt["config"].items() if k != "model"} | ckpt["model_args"]
+    return ComparedRun(name, records, settings, ckpt.get("model_code"), ckpt.get("measured", {}), steps,
+                       ckpt.get("global_batch") or started_with(ckpt))
+
+
+def run_names(folders):
+    """Each folder's name, or the path as given where two folders share a name."""
+    names = [Path(f).resolve().name for f in folders]
+    return [n if names.count(n) == 1 else str(f) for n, f in zip(names, folders)]
+
+
+def load_runs(folders):
+    return [load_run(folder, name) for folder, name in zip(folders, run_names(folders))]
+
+
+# ----------------------------------------------------------------------------- what differs
+
+def known(value):
+    """A setting that names a choice, or None where it left it to the run ('auto')."""
+    return None if value in (None, "auto") else value
+
+
+def data_order(run):
+    order = run.settings.get("batch_order", "random")
+    return f"seed {run.settings.get('seed')}" + ("" if order == "random" else f", {order}")
+
+
+# (name, the settings that decide it, its value for a run, in words: None where the run does not record it)
+CIRCUMSTANCES = (
+    ("steps", ("max_iters", "max_time"), lambda r: f"{r.steps:,}"),
+    ("precision", ("dtype",), lambda r: r.measured.get("dtype") or known(r.settings.get("dtype"))),
+    ("threads", ("threads",), lambda r: r.measured.get("threads") or r.settings.get("threads") or None),
+    ("attention path", ("attention_path",),
+     lambda r: r.measured.get("attention_path") or known(r.settings.get("attention_path"))),
+    ("data order", ("seed", "batch_order"), data_order),
+    ("batch", ("batch_size", "gradient_accumulation_steps", "processes"),
+     lambda r: f"{r.global_batch:,} sequences a step"),
+)
+DECIDED = {key for _, keys, _ in CIRCUMSTANCES for key in keys}
+
+
+@dataclass
+class Differences:
+    """How a run differs from the one it is compared with (the base): items (what, the base's, the run's)."""
+
+    settings: list
+    code: dict  # {"changed", "added", "removed": [piece names]}; None where a run did not record its code
+    circumstances: list
+
+    def code_changed(self):
+        return bool(self.code) and any(self.code.values())
+
+    def things(self):
+        """Each separate thing that differs: model.py, a setting no circumstance decides, a circumstance."""
+        edits = ["model.py"] * self.code_changed() + [k for k, _, _ in self.settings if k not in DECIDED]
+        return edits, [name for name, _, _ in self.circumstances]
+
+
+def differences(base, run):
+    # a key only one run has is another version's setting, whose value in the other run is not known
+    keys = sorted((base.settings.keys() & run.settings.keys()) - NOT_COMPARED)
+    settings = [(k, base.settings[k], run.settings[k]) for k in keys if base.settings[k] != run.settings[k]]
+    code = None
+    if base.code is not None and run.code is not None:
+        ours, theirs = run.code, base.code
+        code = {"changed": sorted(k for k in ours.keys() & theirs.keys() if ours[k] != theirs[k]),
+                "added": sorted(ours.keys() - theirs.keys()), "removed": sorted(theirs.keys() - ours.keys())}
+    circumstances = []
+    for name, _, value in CIRCUMSTANCES:
+        theirs, ours = value(base), value(run)
+        if None not in (theirs, ours) and theirs != ours:
+            circumstances.append((name, theirs, ours))
+    return Differences(settings, code, circumstances)
+
+
+def shown(value):
+    """A setting's value in a line: a string bare, unless empty or with blanks at its ends."""
+    return value if isinstance(value, str) and value and value.strip() == value else repr(value)
+
+
+def listed(words):
+    words = list(words)
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
+def code_line(base, run, diff):
+    if diff.code is None:
+        lacking = listed(r.name for r in (base, run) if r.code is None)
+        return f"model.py: not compared ({lacking}'s checkpoint, from an earlier version, does not record it)"
+    parts = [f"{listed(names)} {what}" for what, names in diff.code.items() if names]
+    return f"model.py: {'; '.join(parts)}" if parts else "model.py: the same code"
+
+
+def describe(base, run, diff):
+    """The lines saying how run differs from base: its settings, its model.py and its circumstances."""
+    settings = ", ".join(f"{k} {shown(a)} → {shown(b)}" for k, a, b in diff.settings)
+    lines = [f"{run.name} against {base.name}:", f"  settings: {settings or 'the same'}",
+             f"  {code_line(base, run, diff)}"]
+    if diff.circumstances:
+        lines.append("  the runs: " + ", ".join(f"{name} {a} → {b}" for name, a, b in diff.circumstances))
+    return lines
+
+
+def besides_note(base, run, diff):
+    """One line where more than one thing differs and a circumstance is among them, so that the curves do not
+    show the learner's edit alone; None where the comparison is of one change."""
+    edits, circumstances = diff.things()
+    if not circumstances or len(edits) + len(circumstances) < 2:
+        return None
+    what = listed(f"{name} ({theirs} → {ours})" for name, theirs, ours in diff.circumstances)
+    if edits:
+        return (f"note: besides {listed(edits)}, {run.name} differs from {base.name} in {what}: the "
+                "comparison is not only your edit")
+    return f"note: {run.name} differs from {base.name} in {what}: the comparison is not of one change"

@@ -1,0 +1,100 @@
+"""gptkit/training/budget.py: a time budget planned in steps at this machine's idle speed, so that the same command
+trains the same steps, idle or busy; max_iters or the clock where the learner asks for them; the line a busy machine
+gets, and what a run is fair in."""
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+import train
+from conftest import logged, train_args, train_config
+from gptkit.base.errors import UserError
+from gptkit.run.checkpoint import load_checkpoint
+from gptkit.training.budget import FEWEST_STEPS, RECORDS_SHARE, Pace, StepCosts, plan_steps
+
+COSTS = StepCosts(step=0.1, eval=0.5, final=2.0)
+
+
+def choices():
+    return SimpleNamespace(planned=None)
+
+
+def test_the_planned_steps_are_the_most_whose_idle_run_fits_in_max_time():
+    for max_time in (10, 37.5, 150, 600):
+        n = COSTS.steps_in(max_time, 50)
+        assert COSTS.seconds(n, 50) <= max_time < COSTS.seconds(n + 1, 50)
+    # start-up, the evaluations (one before the first step, every 50 and at the end) and the final score
+    assert COSTS.seconds(120, 50) == pytest.approx(3.0 + 120 * 0.1 + 4 * 0.5 + 2.0 + 1.0)
+
+
+def test_costs_follow_the_measured_step_with_its_micro_batches_and_the_evaluations_forwards():
+    measured = SimpleNamespace(whole_seconds=0.2, step_seconds=0.15, forward_seconds=0.05)
+    cfg = train_config(batch_size=4, eval_iters=3)
+    costs = StepCosts.of(cfg, measured, final_tokens=1000, block_size=10, params=1000, micro_batches=2)
+    assert costs.step == pytest.approx((0.2 + 0.15) * (1 + RECORDS_SHARE))
+    assert costs.final == pytest.approx(25 * 0.05)  # 1,000 tokens in windows of 4 x 10
+    assert costs.eval == pytest.approx(2 * 3 * 0.05, rel=1e-3)  # both splits, and a save of a tiny model
+
+
+def test_max_time_becomes_the_steps_that_fit_and_the_run_keeps_them():
+    picked = choices()
+    cfg, lines = plan_steps(train_config(max_time=60, eval_interval=50), picked, COSTS, given=set())
+    assert cfg.max_iters == COSTS.steps_in(60, 50) and picked.planned["steps"] == cfg.max_iters
+    assert picked.planned["idle_seconds"] <= 60
+    assert lines == [f"steps: {cfg.max_iters:,}, planned from max_time=60 at this machine's idle speed (100 ms a "
+                     f"step; with the evaluations and the final score, about {picked.planned['idle_seconds']:.0f} s "
+                     "idle): the same command trains the same steps, idle or busy (--wall_clock=True stops at the "
+                     "clock instead)"]
+
+
+def test_max_iters_given_or_the_clock_asked_for_plan_nothing():
+    picked = choices()
+    cfg, lines = plan_steps(train_config(max_time=60, max_iters=77), picked, COSTS, given={"max_iters"})
+    assert cfg.max_iters == 77 and picked.planned is None
+    assert lines[0].startswith("steps: 77, as max_iters gives them (max_time=60 plans none then): about ")
+    cfg, lines = plan_steps(train_config(max_time=60, wall_clock=True), picked, COSTS, given=set())
+    assert cfg.max_iters == 5000 and picked.planned is None
+    assert lines[0].startswith("time: max_time=60 s by the clock (wall_clock=True): the run stops when they are spent")
+    assert plan_steps(train_config(max_time=0), picked, COSTS, given=set())[1] == []
+
+
+def test_a_budget_too_short_for_one_step_is_one_line_and_too_few_steps_a_note():
+    least = int(-(-COSTS.seconds(FEWEST_STEPS, 50) // 1))
+    with pytest.raises(UserError, match=rf"^max_time=5 fits no step of this model here \(100 ms a step idle, and "
+                                        rf"6\.5 s for start-up and the scores\): the least max_time that fits "
+                                        rf"{FEWEST_STEPS} steps is {least}$"):
+        plan_steps(train_config(max_time=5, eval_interval=50), choices(), COSTS, given=set())
+    cfg, lines = plan_steps(train_config(max_time=12, eval_interval=50), choices(), COSTS, given=set())
+    assert lines[0] == (f"note: about {cfg.max_iters} steps fit in max_time=12 here (100 ms a step idle), too few to "
+                        f"train (fewer than {FEWEST_STEPS}): give --max_time={least} or more, or a smaller model")
+
+
+def test_a_busy_machine_is_said_once_with_the_time_the_planned_steps_will_take():
+    planned = {"steps": 300, "step": 0.1 * (1 + RECORDS_SHARE), "eval": 0.5, "final": 2.0, "idle_seconds": 40.0}
+    cfg = train_config(eval_interval=50)
+    busy, idle = Pace(planned, 0, cfg), Pace(planned, 0, cfg)
+    said = [busy.stepped(i, 0.2, spent=3.0 + 0.2 * i) for i in range(1, 301)]
+    assert [line for line in said if line] == [
+        "note: this machine is busy (a step takes 2.0x its idle time): the run trains its 300 steps all the same, "
+        "in about 75 s rather than 40 s"]  # 5 s at step 10, then 290 steps, 6 evaluations and the score at 2x
+    assert not any(idle.stepped(i, 0.1, spent=3.0 + 0.1 * i) for i in range(1, 301))
+    assert busy.summary(300, 4096, 83.4) == "fair: 300 steps and 1.23M tokens, 40 s of this machine idle (this run " \
+                                            "took 83 s)"
+
+
+def test_the_same_command_trains_the_same_steps_beside_a_busy_process(tmp_path, data_dir):
+    """A real busy process beside the second run: the steps, and so the weights, are the first run's."""
+    args = ["--max_time=8", "--eval_interval=20", "--eval_iters=1", "--log_interval=1", "--threads=1"]
+    train.main(train_args(data_dir, tmp_path / "idle", *args))
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        train.main(train_args(data_dir, tmp_path / "busy", *args))
+    finally:
+        busy.kill()
+    idle, loaded = (load_checkpoint(tmp_path / name / "latest.pt") for name in ("idle", "busy"))
+    assert idle["iter_num"] == loaded["iter_num"] == idle["measured"]["planned"]["steps"] > 1
+    assert logged(tmp_path / "idle") == logged(tmp_path / "busy")
+    train.main(train_args(data_dir, tmp_path / "given", *args, "--max_iters=3"))
+    assert load_checkpoint(tmp_path / "given" / "latest.pt")["iter_num"] == 3

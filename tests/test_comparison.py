@@ -1,0 +1,80 @@
+"""gptkit/run/comparison.py: what differs between two runs (settings, model.py, circumstances) and the one note
+that says when more than the learner's edit differs. The runs here are made by hand; tests/test_plot.py trains
+real ones and compares them through plot.py."""
+
+import pytest
+
+from gptkit.run.comparison import ComparedRun, besides_note, describe, differences
+
+CODE = {"GPT.forward": "1111", "relu_squared": "2222", "SelfAttention.pattern": "3333"}
+
+
+def made_run(name, steps=100, code=CODE, measured=None, global_batch=12, **settings):
+    """A run as load_run reads one: on a CPU, in float32, on the fused path and 1 thread unless told."""
+    chosen = {"learning_rate": 1e-3, "seed": 1337, "dtype": "auto", "threads": 0, "attention_path": "auto",
+              "batch_size": 12, "block_size": 64, "max_iters": 100, "out_dir": name, **settings}
+    return ComparedRun(name, [], chosen, code, {"dtype": "float32", "attention_path": "fused", "kernels": [],
+                                                "threads": 1, **(measured or {})}, steps, global_batch)
+
+
+BASE = made_run("out")
+EDIT = "the comparison is not only your edit"
+MIXED = "the comparison is not of one change"
+
+
+@pytest.mark.parametrize("other, note", [
+    (made_run("out-seed", seed=1), None),  # one circumstance alone is the edit
+    (made_run("out-long", max_iters=200, steps=200), None),
+    (made_run("out-wide", n_embd=256, learning_rate=3e-4), None),  # several settings, no circumstance
+    (made_run("out-edit", code=dict(CODE, relu_squared="9999"), steps=80, measured={"dtype": "bfloat16"}),
+     "note: besides model.py, out-edit differs from out in steps (100 → 80) and precision "
+     f"(float32 → bfloat16): {EDIT}"),
+    (made_run("out-lr", learning_rate=3e-3, measured={"threads": 2}),
+     f"note: besides learning_rate, out-lr differs from out in threads (1 → 2): {EDIT}"),
+    (made_run("out-gpu", learning_rate=3e-3, measured={"threads": None}), None),  # not the run's: unknown
+    (made_run("out-two", seed=1, global_batch=24, batch_size=24),
+     "note: out-two differs from out in data order (seed 1337 → seed 1) and batch "
+     f"(12 sequences a step → 24 sequences a step): {MIXED}"),
+    (made_run("out-path", measured={"attention_path": "written"}, dtype="float32", steps=90),
+     f"note: out-path differs from out in steps (100 → 90) and attention path (fused → written): {MIXED}"),
+])
+def test_the_note_names_what_differs_besides_the_edit_and_only_then(other, note):
+    assert besides_note(BASE, other, differences(BASE, other)) == note
+
+
+def test_the_settings_that_differ_are_listed_from_the_base_to_the_run():
+    other = made_run("out-gelu", activation="gelu", learning_rate=3e-3, dtype="float32")
+    base = made_run("out", activation="relu2")
+    assert describe(base, other, differences(base, other)) == [
+        "out-gelu against out:",
+        "  settings: activation relu2 → gelu, dtype auto → float32, learning_rate 0.001 → 0.003",
+        "  model.py: the same code"]
+
+
+def test_where_runs_write_and_settings_another_version_lacks_are_not_differences():
+    """out_dir always differs; a key only one run records has no known value in the other."""
+    other = made_run("elsewhere", wandb_run_name="mine", wall_clock=True)
+    diff = differences(BASE, other)
+    assert (diff.settings, diff.circumstances, diff.code_changed()) == ([], [], False)
+    assert describe(BASE, other, diff)[1] == "  settings: the same"
+
+
+def test_the_model_py_line_names_each_piece_changed_added_and_removed():
+    edited = {"GPT.forward": "5555", "SelfAttention.pattern": "3333", "swiglu": "6666"}
+    other = made_run("out-swiglu", code=edited)
+    assert describe(BASE, other, differences(BASE, other))[2] == \
+        "  model.py: GPT.forward changed; swiglu added; relu_squared removed"
+    old = made_run("out-old", code=None)
+    assert describe(BASE, old, differences(BASE, old))[2] == \
+        "  model.py: not compared (out-old's checkpoint, from an earlier version, does not record it)"
+    assert besides_note(BASE, old, differences(BASE, old)) is None
+
+
+def test_the_circumstances_line_shows_each_one_that_differs():
+    other = made_run("out-bf16", steps=1204, measured={"dtype": "bfloat16"})
+    assert describe(BASE, other, differences(BASE, other))[3] == \
+        "  the runs: steps 100 → 1,204, precision float32 → bfloat16"
+
+
+def test_tokens_a_step_are_the_global_batch_of_sequences_times_their_length():
+    assert made_run("out", global_batch=24, block_size=32).tokens_per_step == 768
