@@ -12,7 +12,7 @@ import train
 from conftest import logged, train_args, train_config
 from gptkit.base.errors import UserError
 from gptkit.run.checkpoint import load_checkpoint
-from gptkit.training.budget import FEWEST_STEPS, RECORDS_SHARE, Pace, StepCosts, plan_steps
+from gptkit.training.budget import FEWEST_STEPS, RECORDS_SHARE, STEP_SPREAD, Pace, StepCosts, plan_steps
 
 COSTS = StepCosts(step=0.1, eval=0.5, final=2.0)
 
@@ -33,7 +33,7 @@ def test_costs_follow_the_measured_step_with_its_micro_batches_and_the_evaluatio
     measured = SimpleNamespace(whole_seconds=0.2, step_seconds=0.15, forward_seconds=0.05)
     cfg = train_config(batch_size=4, eval_iters=3)
     costs = StepCosts.of(cfg, measured, final_tokens=1000, block_size=10, params=1000, micro_batches=2)
-    assert costs.step == pytest.approx((0.2 + 0.15) * (1 + RECORDS_SHARE))
+    assert costs.step == pytest.approx((0.2 + 0.15) * STEP_SPREAD * (1 + RECORDS_SHARE))
     assert costs.final == pytest.approx(25 * 0.05)  # 1,000 tokens in windows of 4 x 10
     assert costs.eval == pytest.approx(2 * 3 * 0.05, rel=1e-3)  # both splits, and a save of a tiny model
 
@@ -78,7 +78,7 @@ def test_a_busy_machine_is_said_once_with_the_time_the_planned_steps_will_take()
     said = [busy.stepped(i, 0.2, spent=3.0 + 0.2 * i) for i in range(1, 301)]
     assert [line for line in said if line] == [
         "note: this machine is busy (a step takes 2.0x its idle time): the run trains its 300 steps all the same, "
-        "in about 75 s rather than 40 s"]  # 5 s at step 10, then 290 steps, 6 evaluations and the score at 2x
+        "in about 76 s rather than 40 s"]  # 5 s at step 10, then 290 steps, 6 evaluations and the score at 2x
     assert not any(idle.stepped(i, 0.1, spent=3.0 + 0.1 * i) for i in range(1, 301))
     assert busy.summary(300, 4096, 83.4) == "fair: 300 steps and 1.23M tokens, 40 s of this machine idle (this run " \
                                             "took 83 s)"

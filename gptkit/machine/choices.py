@@ -229,7 +229,7 @@ class Speed:
             self.announce([dtype])
             with self.timed() as check:
                 entry[dtype] = entry[dtype] | measure_whole(planned, self.cfg, self.rt, self.choices.kernels,
-                                                            dtype, entry[dtype], update_for, self.deadline)
+                                                            dtype, entry[dtype], update_for)
             self.keep(key, entry, check)
         return entry
 
@@ -298,9 +298,10 @@ def measure(planned, cfg, rt, kernels, precisions, deadline):
     return speeds
 
 
-def measure_whole(planned, cfg, rt, kernels, dtype, speeds, update_for, deadline=None):
+def measure_whole(planned, cfg, rt, kernels, dtype, speeds, update_for):
     """{"whole": a training step's seconds, its optimizer's update included, "forward": a forward's alone, in eval
-    mode and without gradients, as an evaluation runs it}, on the thread count and attention path `speeds` chose."""
+    mode and without gradients, as an evaluation runs it}, on the thread count and attention path `speeds` chose.
+    Every turn is taken, whatever start-up's deadline says: a run's steps are planned from these (a second)."""
     most = torch.get_num_threads()
     with torch.random.fork_rng(devices=[]):
         model = GPT(planned).to(rt.device)
@@ -310,7 +311,7 @@ def measure_whole(planned, cfg, rt, kernels, dtype, speeds, update_for, deadline
         runs = {"whole": on_threads(speeds.get("threads", most), step),
                 "forward": on_threads(speeds.get("threads", most), forward)}
         try:
-            return fastest_in_turns(runs, TURNS, rt.device, deadline=deadline)
+            return fastest_in_turns(runs, TURNS, rt.device)
         finally:
             torch.set_num_threads(most)
 

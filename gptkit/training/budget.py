@@ -15,8 +15,11 @@ from gptkit.machine.threads import ThreadTuner
 
 START_SECONDS = 3.0  # an idle run's start-up to its first evaluation: the interpreter, torch, the data, the model
 END_SECONDS = 1.0  # the summary, and the process's exit
-RECORDS_SHARE = 0.02  # the timeline's records and the snapshots, of the time a run spends stepping
-SAVE_BYTES_PER_SECOND = 300e6  # a checkpoint written and flushed to disk
+RECORDS_SHARE = 0.03  # the timeline's records and the snapshots, of the time a run spends stepping (at most)
+# a run's steps take about this much over the fastest of the measured ones (docs/speed.md#benchpy-fair): the data,
+# the thread pool's waits, a step's spread around its median
+STEP_SPREAD = 1.08
+SAVE_BYTES_PER_SECOND = 100e6  # a checkpoint written and flushed to disk (latest.pt, and best.pt where it improved)
 FEWEST_STEPS = 100  # a budget that fits fewer steps than this trains nothing worth sampling: said at start-up
 SLOWER = 1.2  # steps this much slower than planned: the machine is busy, and the run says when it will end
 
@@ -66,10 +69,12 @@ class StepCosts:
     @classmethod
     def of(cls, cfg, choices, final_tokens, block_size, params, micro_batches):
         step = choices.whole_seconds + (micro_batches - 1) * choices.step_seconds
-        # latest.pt holds the weights, their average and the optimizer's moments: about four copies in float32
-        save = 4 * 4 * params / SAVE_BYTES_PER_SECOND
+        # latest.pt holds the weights, their average and the optimizer's moments (about four copies in float32), and
+        # best.pt, written at most evaluations of a short run, the average again
+        save = (4 + 1) * 4 * params / SAVE_BYTES_PER_SECOND
         final = math.ceil(final_tokens / (cfg.batch_size * block_size)) * choices.forward_seconds
-        return cls(step * (1 + RECORDS_SHARE), 2 * cfg.eval_iters * choices.forward_seconds + save, final)
+        return cls(step * STEP_SPREAD * (1 + RECORDS_SHARE), 2 * cfg.eval_iters * choices.forward_seconds + save,
+                   final)
 
     def seconds(self, steps, eval_interval):
         """An idle run's wall time for `steps` steps: start-up, the evaluation before the first step and one every
