@@ -134,9 +134,12 @@ def records(cfg, work, wisdom):
 def edited_checkout(name, folder):
     """A copy of this checkout whose model.py carries the edit `name` (or none)."""
     copy = folder / re.sub(r"\W+", "_", name)
-    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "out*", "data", "__pycache__"))
-    (copy / "data").mkdir()
-    shutil.copy(REPO / "data" / "prepare.py", copy / "data" / "prepare.py")
+    def left_out(folder, names):  # git's files, runs, caches, and the root's prepared datasets (data/prepare.py kept)
+        root = Path(folder) == REPO
+        return [n for n in names if n in (".git", "__pycache__") or root and n.startswith("out") or
+                Path(folder) == REPO / "data" and n != "prepare.py"]
+
+    shutil.copytree(REPO, copy, ignore=left_out)
     if name in EDITS:
         old, new = EDITS[name]
         text = (copy / "model.py").read_text()
