@@ -84,7 +84,7 @@ def test_the_induction_preset_trains_its_own_shape_on_repeats(tmp_path, few_repe
     cfg = parse_config(TrainConfig, [str(REPO / "config" / "induction.py")])
     assert (cfg.dataset, cfg.out_dir) == ("repeats", "out-induction")
     assert (cfg.model.n_layer, cfg.model.n_head, cfg.model.mlp, cfg.model.token_shift) == (2, 1, False, False)
-    assert cfg.max_time == 0 and not cfg.fit_shapes and cfg.snapshots == 8
+    assert cfg.max_time == 0 and not cfg.fit_shapes and cfg.snapshots == 10
     prepare(PrepareConfig(synthetic="repeats", data_dir=str(tmp_path), workers=1))
     out_dir = tmp_path / "out"
     proc = check_ok(run_script("train.py", "config/induction.py", f"--data_dir={tmp_path}", f"--out_dir={out_dir}",

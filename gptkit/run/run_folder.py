@@ -85,7 +85,8 @@ class RunDir:
             try:
                 yield self
             finally:
-                if made and [p.name for p in self.path.iterdir()] == [lock.name]:
+                # (a folder the block itself removed, as a benchmark clearing its run folder does, is gone already)
+                if made and self.path.is_dir() and [p.name for p in self.path.iterdir()] == [lock.name]:
                     remove_unused(made, lock)
 
     def check_folder(self):
