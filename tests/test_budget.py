@@ -58,6 +58,11 @@ def test_max_iters_given_or_the_clock_asked_for_plan_nothing():
     assert cfg.max_iters == 5000 and picked.planned is None
     assert lines[0].startswith("time: max_time=60 s by the clock (wall_clock=True): the run stops when they are spent")
     assert plan_steps(train_config(max_time=0), picked, COSTS, given=set())[1] == []
+    # pretrained weights, whose step is not timed before they load: the clock, said
+    cfg, lines = plan_steps(train_config(max_time=60), picked, None, given=set())
+    assert cfg.wall_clock and lines[0].startswith("time: max_time=60 s by the clock: the step of weights loaded ")
+    assert plan_steps(train_config(max_time=60, max_iters=9), picked, None, given={"max_iters"}) == \
+        (train_config(max_time=60, max_iters=9), [])
 
 
 def test_a_budget_too_short_for_one_step_is_one_line_and_too_few_steps_a_note():

@@ -96,8 +96,12 @@ def plan_steps(cfg, choices, costs, given):
     """(cfg, lines): with a time budget, the steps the run trains, planned from max_time at this machine's idle speed
     (see the module's docstring) and kept in choices.planned for a resume; max_iters as given, or the clock, where
     the learner asked for them."""
-    if cfg.max_time <= 0 or costs is None:
+    if cfg.max_time <= 0 or costs is None and (cfg.wall_clock or "max_iters" in given):
         return cfg, []
+    if costs is None:  # pretrained weights: their step is not timed before they load
+        return dataclasses.replace(cfg, wall_clock=True), [
+            f"time: max_time={cfg.max_time:g} s by the clock: the step of weights loaded from elsewhere is not "
+            "measured before they load, so the budget is not planned in steps (--max_iters=N trains N)"]
     fit = costs.steps_in(cfg.max_time, cfg.eval_interval)
     step_ms = f"{costs.step * 1e3:.0f} ms a step"
     if fit < 1 and not cfg.wall_clock:  # by the clock, the first step is taken all the same
