@@ -162,3 +162,20 @@ def run_parts(parts, cfg, work):
         wisdom = Path(folder) / "wisdom"
         for part in comma_items(cfg.parts):
             parts[part](cfg, work, wisdom)
+
+
+def train_as_a_user(repo, config, work, name, extra, wisdom):
+    """train.py of checkout `repo` with its config file and `extra` on work's prepared tinyshakespeare, into
+    work/name (emptied first), its wisdom in `wisdom`: (wall seconds from the command's start to its exit, its
+    stdout, its out folder); one line where it failed."""
+    out = work / name
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, str(repo / "train.py"), str(repo / config), f"--data_dir={work / 'data'}",
+           "--dataset=shakespeare_char", f"--out_dir={out}", "--device=cpu", *extra]
+    start = time.time()
+    proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True,
+                          env={**os.environ, "GPTKIT_WISDOM_DIR": str(wisdom)})
+    wall = time.time() - start
+    if proc.returncode:
+        raise UserError(f"the {name} run failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return wall, proc.stdout, out

@@ -13,20 +13,16 @@
 
 Busy processes are `python -c "while True: pass"`, as a browser or a call keeps a laptop's core."""
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from benchmarks.busy import busy
-from benchmarks.common import REPO, comma_items, device_name, prepared_work_dir, run_parts
+from benchmarks.common import REPO, comma_items, device_name, prepared_work_dir, run_parts, train_as_a_user
 from gptkit.base.errors import UserError
 from gptkit.base.settings import parse_config
 from gptkit.run.checkpoint import load_checkpoint
@@ -61,24 +57,15 @@ class FairBenchConfig:
 def run(cfg, repo, work, name, extra, wisdom, processes=0):
     """train.py of `repo` with cfg.config and `extra` beside `processes` busy ones: a dict of what it took and
     said."""
-    out = work / name
-    shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, str(repo / "train.py"), str(repo / cfg.config), f"--data_dir={work / 'data'}",
-           "--dataset=shakespeare_char", f"--out_dir={out}", "--device=cpu", *extra]
     with busy(processes):
-        start = time.time()
-        proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True,
-                              env={**os.environ, "GPTKIT_WISDOM_DIR": str(wisdom)})
-        wall = time.time() - start
-    if proc.returncode:
-        raise UserError(f"the {name} run failed: {proc.stderr.strip().splitlines()[-1:]}")
+        wall, stdout, out = train_as_a_user(repo, cfg.config, work, name, extra, wisdom)
     ckpt = load_checkpoint(out / "latest.pt")
     measured, args = ckpt.get("measured", {}), ckpt["model_args"]
     records = read_metrics(out)
     final = next(r for r in reversed(records) if r["kind"] == "final")
-    return {"wall": wall, "said": said_seconds(proc.stdout), "steps": ckpt["iter_num"], "val": final["val_loss"],
+    return {"wall": wall, "said": said_seconds(stdout), "steps": ckpt["iter_num"], "val": final["val_loss"],
             "took": (f"{args['n_layer']}x{args['n_embd']}", measured.get("dtype"), measured.get("attention_path")),
-            "records": records, "stdout": proc.stdout}
+            "records": records, "stdout": stdout}
 
 
 def said_seconds(stdout):

@@ -9,19 +9,14 @@ Whole runs idle and busy, their steps and the time they said against the time th
 
 --repo=PATH runs another checkout's train.py (e.g. one from before a change) the same way, in the same sitting."""
 
-import os
 import shutil
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from benchmarks.busy import busy
-from benchmarks.common import REPO, comma_items, device_name, prepared_work_dir, run_parts
-from gptkit.base.errors import UserError
+from benchmarks.common import REPO, comma_items, device_name, prepared_work_dir, run_parts, train_as_a_user
 from gptkit.base.settings import parse_config, require
 from gptkit.run.checkpoint import load_checkpoint
 from gptkit.run.metrics import read_metrics
@@ -48,17 +43,8 @@ class StartupBenchConfig:
 def run_train(cfg, work, name, extra, wisdom):
     """train.py of cfg.repo with cfg.config and `extra`, into work/name, its wisdom in `wisdom`: (wall seconds
     from the command's start to its exit, its records, its out folder)."""
-    out = work / name
-    shutil.rmtree(out, ignore_errors=True)
     repo = Path(cfg.repo).resolve() if cfg.repo else REPO
-    cmd = [sys.executable, str(repo / "train.py"), str(repo / cfg.config), f"--data_dir={work / 'data'}",
-           "--dataset=shakespeare_char", f"--out_dir={out}", "--device=cpu", *extra]
-    start = time.time()
-    proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True,
-                          env={**os.environ, "GPTKIT_WISDOM_DIR": str(wisdom)})
-    wall = time.time() - start
-    if proc.returncode:
-        raise UserError(f"the {name} run failed: {proc.stderr.strip().splitlines()[-1:]}")
+    wall, _, out = train_as_a_user(repo, cfg.config, work, name, extra, wisdom)
     return wall, read_metrics(out), out
 
 
