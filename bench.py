@@ -21,33 +21,34 @@ Benchmarks, one subcommand each; every subcommand takes its own --key=value opti
     python bench.py tokenizers                     # characters vs trained BPEs; training and encoding a BPE
     python bench.py tokenizers --parts=compare     # only the comparison: bits per character after equal training time
 
-Each benchmark lives in benchmarks/, one module per subcommand.
+Each benchmark lives in benchmarks/, one module per subcommand, named for what it measures (COMMANDS below).
 """
 
 import sys
 
-from benchmarks import (analyze, busy, dropout, explore, fair, features, hooks, prepare, presets, sample,
-                        startup, throughput, timeline, tokenizers, train)
+from benchmarks import (analyze_speed, busy, dropout, explore_speed, fair, features_cost, hooks_cost, prepare_cost,
+                        presets, sample_speed, startup, throughput, timeline_cost, tokenizers, train_speed)
 from gptkit.base.errors import run_main
 from gptkit.base.settings import pick_subcommand
 
 # subcommand -> (its module's entry function, taking the remaining arguments; what it measures)
 COMMANDS = {
-    "sample": (sample.main, "sample.py's decoding with its KV cache against recomputing the whole context"),
-    "train": (train.main, "nanoGPT's CPU recipe and the default config trained side by side: times to targets"),
+    "sample": (sample_speed.main, "sample.py's decoding with its KV cache against recomputing the whole context"),
+    "train": (train_speed.main, "nanoGPT's CPU recipe and the default config trained side by side: times to targets"),
     "throughput": (throughput.main, "training tokens/s: fp32 AdamW GPT-2 against a config's settings"),
     "dropout": (dropout.main, "the share of a config's training steps that dropout costs"),
-    "hooks": (hooks.main, "what model.py's idle hook points cost a training step and a decoded token"),
-    "explore": (explore.main, "the explorer: page load, first token, streaming, the analysis panels, under load"),
-    "analyze": (analyze.main, "analyze.py: every head's ablation delta on 65,536 val tokens, a patching heatmap"),
-    "features": (features.main, "analyze.py features on the default's model: time, peak memory, the SAE's metrics"),
-    "timeline": (timeline.main, "the timeline's cost in training time and disk; the induction lesson's targets"),
+    "hooks": (hooks_cost.main, "what model.py's idle hook points cost a training step and a decoded token"),
+    "explore": (explore_speed.main, "the explorer: page load, first token, streaming, the analysis panels, under load"),
+    "analyze": (analyze_speed.main, "analyze.py: every head's ablation delta on 65,536 val tokens, a patching heatmap"),
+    "features": (features_cost.main, "analyze.py features on the default's model: time, peak memory, the SAE's "
+                                      "metrics"),
+    "timeline": (timeline_cost.main, "the timeline's cost in training time and disk; the induction lesson's targets"),
     "busy": (busy.main, "training tokens/s idle and beside a busy process"),
     "startup": (startup.main, "start-up to the first step, the same command's choices idle and busy, max_time held"),
     "fair": (fair.main, "the same command idle and busy, a busy first measurement, the records' cost, edits "
                             "compared idle and busy"),
     "presets": (presets.main, "each preset trained once per seed: mean val loss, spread, target"),
-    "prepare": (prepare.main, "a JSON Lines corpus prepared (and read by train.py) beside nanoGPT's script"),
+    "prepare": (prepare_cost.main, "a JSON Lines corpus prepared (and read by train.py) beside nanoGPT's script"),
     "tokenizers": (tokenizers.main, "characters against trained BPEs in bits per character at equal training time; "
                                     "a BPE's training and encoding speed"),
 }

@@ -1,14 +1,17 @@
 """
-A decoder-only transformer (GPT): embeddings, blocks of masked multi-head self-attention and an MLP, and the loss.
+A decoder-only transformer (GPT): embeddings, blocks of masked multi-head self-attention and an MLP,
+and the loss.
 
-The defaults are GPT-2's shape and parameter names; `bias=True, mlp_act='gelu_tanh'` is GPT-2 exactly, so its
-weights load. Options switch on modern pieces (rotary positions, RMSNorm, QK-norm, ReLU^2, an untied head, logit
-soft-capping, zero-initialised projections, RWKV's token shift) or take the model apart: how attention scores
-(scaled or plain dot products, Bahdanau's additive scoring, a plain average of the past), a decoder or an encoder
-(causal), no positions, no MLP, no blocks at all (n_layer=0: a bigram model).
+The defaults are GPT-2's shape and parameter names; `bias=True, mlp_act='gelu_tanh'` is GPT-2
+exactly, so its weights load. Options switch on modern pieces (rotary positions, RMSNorm, QK-norm,
+ReLU^2, an untied head, logit soft-capping, zero-initialised projections, RWKV's token shift) or
+take the model apart: how attention scores (scaled or plain dot products, Bahdanau's additive
+scoring, a plain average of the past), a decoder or an encoder (causal), no positions, no MLP, no
+blocks at all (n_layer=0: a bigram model).
 
-Hook points sit where a learner looks (gptkit/interp/hooks.py names them as TransformerLens does). Decoding lives in
-gptkit/sampling/decoding.py; speed kernels stand in for some pieces here while unedited: gptkit/machine/stand_ins.py.
+Hook points sit where a learner looks (gptkit/interp/hooks.py names them as TransformerLens does).
+Decoding lives in gptkit/sampling/decoding.py; speed kernels stand in for some pieces here while
+unedited: gptkit/machine/stand_ins.py.
 """
 
 import math
@@ -25,29 +28,30 @@ from torch.nn import functional as F
 class GPTConfig:
     block_size: int = 1024  # context length: the longest sequence the model sees, in tokens
     vocab_size: int = 50304  # token ids the model knows (GPT-2's 50257 padded to a multiple of 64)
-    n_layer: int = 12  # transformer blocks (0: none, a bigram model that sees only the current token)
+    n_layer: int = 12  # transformer blocks (0: a bigram model that sees only the current token)
     n_head: int = 12  # attention heads per block
     n_embd: int = 768  # residual stream width
-    dropout: float = 0.0  # dropout on attention weights and residual branches: 0 for pretraining, 0.1+ for small data
+    dropout: float = 0.0  # attention and residual dropout: 0 to pretrain, 0.1+ on small data
     bias: bool = False  # biases in Linear and LayerNorm layers (GPT-2 has them)
     pos_emb: Literal["learned", "rope", "none"] = "learned"  # GPT-2's position table, rotary, or no positions
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"  # 'layernorm' (GPT-2) or 'rmsnorm'
-    qk_norm: bool = False  # normalise queries and keys per head, with the kind of norm set by `norm`
+    qk_norm: bool = False  # normalise queries and keys per head (the kind of norm `norm` sets)
     mlp_act: Literal["gelu", "gelu_tanh", "relu2"] = "gelu"  # exact GELU, GPT-2's tanh approximation, or squared ReLU
     tie_weights: bool = True  # share the token embedding with the output head
     logit_softcap: float = 0.0  # >0: logits = c*tanh(logits/c), smoothly capped at +-c
     zero_init_proj: bool = False  # start every residual output projection at zero
     rope_base: float = 10000.0  # rotary frequency base
     attention: Literal["scaled", "dot", "uniform", "additive"] = "scaled"  # q.k/sqrt(d), q.k, all equal, or v.tanh(q+k)
-    causal: bool = True  # mask the future (a decoder); False lets every position see every other (an encoder)
-    mlp: bool = True  # a feed-forward MLP after attention in each block; False leaves attention alone
+    causal: bool = True  # mask the future (a decoder); False: each position sees all (an encoder)
+    mlp: bool = True  # a feed-forward MLP after attention in each block; False: attention alone
     token_shift: bool = False  # mix each block's normed inputs with the previous position's, a learned share each
 
     def __post_init__(self):
         for f in fields(self):
             choices = get_args(f.type) if get_origin(f.type) is Literal else ()
             if choices and getattr(self, f.name) not in choices:
-                raise ValueError(f"{f.name} must be one of {', '.join(choices)} (got {getattr(self, f.name)!r})")
+                raise ValueError(
+                    f"{f.name} must be one of {', '.join(choices)} (got {getattr(self, f.name)!r})")
         for name in ("block_size", "vocab_size", "n_head", "n_embd"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
@@ -62,19 +66,47 @@ class GPTConfig:
         if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError("pos_emb='rope' needs an even head size (n_embd / n_head)")
         if self.attention == "uniform" and (self.qk_norm or self.pos_emb == "rope"):
-            raise ValueError("attention='uniform' has no queries or keys: it cannot take qk_norm=True or "
-                             "pos_emb='rope' (use pos_emb='learned' or 'none')")
+            raise ValueError(
+                "attention='uniform' has no queries or keys: it cannot take qk_norm=True or "
+                "pos_emb='rope' (use pos_emb='learned' or 'none')")
         if self.attention == "additive" and self.pos_emb == "rope":
-            raise ValueError("pos_emb='rope' rotates queries and keys for a dot product; attention='additive' "
-                             "adds them (use pos_emb='learned' or 'none')")
+            raise ValueError(
+                "pos_emb='rope' rotates queries and keys for a dot product; attention='additive' "
+                "adds them (use pos_emb='learned' or 'none')")
+
+    def describe(self):
+        """The model in words, as the explorer lists a run: '4 layers, 4 heads, width 128, scaled
+        dot-product attention, causal (a decoder), rotary positions, context 256'. A value these
+        words lack is named as it is set (pos_emb='sinusoidal')."""
+        if self.n_layer == 0:
+            return f"a bigram table: no attention, width {self.n_embd}"
+        words = [f"{self.n_layer} layer{'s' * (self.n_layer > 1)}",
+                 f"{self.n_head} head{'s' * (self.n_head > 1)}", f"width {self.n_embd}",
+                 *(WORDS[name].get(getattr(self, name), f"{name}={getattr(self, name)!r}")
+                   for name in WORDS),
+                 f"context {self.block_size}"]
+        return ", ".join(words + ([] if self.mlp else ["no MLP"]))
+
+
+WORDS = {  # GPTConfig.describe's words for the choices a learner compares
+    "attention": {"scaled": "scaled dot-product attention",
+                  "dot": "dot-product attention without the 1/√d scale",
+                  "uniform": "uniform attention (an average of the past)",
+                  "additive": "additive (Bahdanau) attention"},
+    "causal": {True: "causal (a decoder)", False: "not causal (an encoder)"},
+    "pos_emb": {"learned": "learned positions", "rope": "rotary positions", "none": "no positions"},
+}
 
 
 class HookPoint(nn.Module):
-    """An identity: it hands back what it is given, so that a forward hook on it (register_forward_hook) sees the
-    activation there, and may return a replacement (TransformerLens's HookPoint)."""
+    """An identity: it hands back what it is given, so that a forward hook on it
+    (register_forward_hook) sees the activation there, and may return a replacement
+    (TransformerLens's HookPoint)."""
 
-    def __call__(self, x):  # nn.Module's call costs microseconds, and decoding passes about 40 of these a token
-        return super().__call__(x) if self._forward_hooks or self._forward_pre_hooks else x  # `hooked`, inlined
+    def __call__(self, x):
+        # nn.Module's call costs microseconds, and decoding passes about 40 of these a token;
+        # the test is `hooked`, inlined
+        return super().__call__(x) if self._forward_hooks or self._forward_pre_hooks else x
 
     def forward(self, x):
         return x
@@ -85,22 +117,26 @@ class HookPoint(nn.Module):
 
 
 def layer_norm(x, norm):
-    return F.layer_norm(x, norm.weight.shape, norm.weight, norm.bias, eps=1e-5)  # nn.LayerNorm's default eps
+    # nn.LayerNorm's default eps
+    return F.layer_norm(x, norm.weight.shape, norm.weight, norm.bias, eps=1e-5)
 
 
 def rms_norm(x, norm):
-    return F.rms_norm(x, norm.weight.shape, norm.weight)  # nn.RMSNorm's default eps: the dtype's own
+    # nn.RMSNorm's default eps: the dtype's own
+    return F.rms_norm(x, norm.weight.shape, norm.weight)
 
 
 class Norm(nn.Module):
-    """LayerNorm (centre each position's vector, divide by its spread, then a learned gain) or RMSNorm (no centring,
-    no bias). hook_scale sees the divisor, [batch, pos, 1]; hooked, the norm is written out to compute it."""
+    """LayerNorm (centre each position's vector, divide by its spread, then a learned gain) or
+    RMSNorm (no centring, no bias). hook_scale sees the divisor, [batch, pos, 1]; hooked, the norm
+    is written out to compute it."""
 
     def __init__(self, config):
         super().__init__()
         self.centred = config.norm == "layernorm"
         self.weight = nn.Parameter(torch.ones(config.n_embd))
-        self.bias = nn.Parameter(torch.zeros(config.n_embd)) if self.centred and config.bias else None
+        self.bias = nn.Parameter(torch.zeros(config.n_embd)) if self.centred and config.bias \
+            else None
         self.normalize = layer_norm if self.centred else rms_norm
         self.hook_scale = HookPoint()
 
@@ -115,15 +151,16 @@ class Norm(nn.Module):
 
 
 def dropout(p):
-    """nn.Dropout, or an identity where p is 0: nn.Dropout's call costs microseconds even when it drops nothing, and
-    decoding passes about a dozen a token."""
+    """nn.Dropout, or an identity where p is 0: nn.Dropout's call costs microseconds even when it
+    drops nothing, and decoding passes about a dozen a token."""
     return nn.Dropout(p) if p > 0 else nn.Identity()
 
 
 def rotary_tables(head_dim, positions, base):
-    """(T, head_dim) cos and sin of each position's angles, repeated for both halves of the pairs they rotate,
-    sin negated on the first half: apply_rotary is then two multiplies and an add."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    """(T, head_dim) cos and sin of each position's angles, repeated for both halves of the pairs
+    they rotate, sin negated on the first half: apply_rotary is then two multiplies and an add."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
+                                            device=positions.device) / head_dim))
     angles = positions.float()[:, None] * inv_freq[None, :]
     cos, sin = angles.cos(), angles.sin()
     return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
@@ -136,54 +173,66 @@ def apply_rotary(x, cos, sin):
 
 
 def dot_scores(attn, q, k):
-    """q.k for every query and key: (B, H, T, S). Uniform attention's queries and keys have no width: all 0."""
+    """q.k for every query and key: (B, H, T, S). Uniform attention's queries and keys have no
+    width: all 0."""
     return q @ k.transpose(-2, -1)
 
 
 def scaled_scores(attn, q, k):
-    """q.k / sqrt(d): the scale keeps the scores' spread near 1 however wide a head is, a softer softmax."""
+    """q.k / sqrt(d): the scale keeps the scores' spread near 1 however wide a head is, a softer
+    softmax."""
     return dot_scores(attn, q, k) * (1.0 / math.sqrt(k.size(-1)))
 
 
 def additive_scores(attn, q, k):
     """Bahdanau's v . tanh(q + k), for every pair of a query and a key, a v per head."""
-    return (torch.tanh(q.unsqueeze(3) + k.unsqueeze(2)) @ attn.score_v[:, None, :, None].to(q.dtype)).squeeze(-1)
+    return (torch.tanh(q.unsqueeze(3) + k.unsqueeze(2))
+            @ attn.score_v[:, None, :, None].to(q.dtype)).squeeze(-1)
 
 
-SCORES = {"scaled": scaled_scores, "dot": dot_scores, "uniform": dot_scores, "additive": additive_scores}
+SCORES = {"scaled": scaled_scores, "dot": dot_scores, "uniform": dot_scores,
+          "additive": additive_scores}
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention: each position takes a weighted average of the values of the positions it sees
-    (the earlier ones and itself when causal, all of them when not), weighted by a softmax over scores.
+    """Multi-head self-attention: each position takes a weighted average of the values of the
+    positions it sees (the earlier ones and itself when causal, all of them when not), weighted by a
+    softmax over scores.
 
-    Scaled and dot scores run through SDPA's fused kernel, which computes the same function without writing the
-    weights out; a hook on the scores or the pattern makes this pass write them out (`written`)."""
+    Scaled and dot scores run through SDPA's fused kernel, which computes the same function without
+    writing the weights out; a hook on the scores or the pattern makes this pass write them out
+    (`written`)."""
 
     def __init__(self, config):
         super().__init__()
         self.kind, self.causal, self.n_head = config.attention, config.causal, config.n_head
-        uniform = config.attention == "uniform"  # values only: no queries or keys, so every score is 0
-        self.c_attn = nn.Linear(config.n_embd, (1 if uniform else 3) * config.n_embd, bias=config.bias)
+        # values only: no queries or keys, so every score is 0
+        uniform = config.attention == "uniform"
+        self.c_attn = nn.Linear(config.n_embd, (1 if uniform else 3) * config.n_embd,
+                                bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         if config.attention == "additive":  # Bahdanau's v, one per head
-            self.score_v = nn.Parameter(torch.randn(config.n_head, config.n_embd // config.n_head) * 0.02)
+            self.score_v = nn.Parameter(
+                torch.randn(config.n_head, config.n_embd // config.n_head) * 0.02)
         self.score = SCORES[config.attention]
         self.attend = self.sdpa if config.attention in ("scaled", "dot") else self.written
         self.scale = None if config.attention == "scaled" else 1.0
         head_norm = F.rms_norm if config.norm == "rmsnorm" else F.layer_norm
         self.qk_norm = (lambda x: head_norm(x, (x.size(-1),))) if config.qk_norm else (lambda x: x)
-        # which key each query may see: row t is True up to and including position t (not saved: it is derived)
-        self.register_buffer("tril", torch.ones(config.block_size, config.block_size, dtype=torch.bool).tril(),
-                             persistent=False)
+        # which key each query may see: row t is True up to and including position t
+        # (not saved: it is derived)
+        self.register_buffer(
+            "tril", torch.ones(config.block_size, config.block_size, dtype=torch.bool).tril(),
+            persistent=False)
         self.dropout_p = config.dropout
         self.attn_dropout, self.resid_dropout = dropout(config.dropout), dropout(config.dropout)
         for name in ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z"):
             setattr(self, name, HookPoint())
 
     def forward(self, x, rotary=None, cache=None, layer=0):
-        """cache: anything with update(layer, k, v) that appends this step's keys and values and returns all
-        of them so far (gptkit.sampling.decoding.KVCache); the queries are the last T positions of those keys."""
+        """cache: anything with update(layer, k, v) that appends this step's keys and values and
+        returns all of them so far (gptkit.sampling.decoding.KVCache); the queries are the last T
+        positions of those keys."""
         B, T, C = x.size()
         q, k, v = self.project(x, rotary)
         if cache is not None:
@@ -194,21 +243,25 @@ class SelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(z.reshape(B, T, C)))
 
     def project(self, x, rotary):
-        """Queries, keys and values, each (B, H, T, D); the hooks see them as [batch, pos, head, d_head]."""
+        """Queries, keys and values, each (B, H, T, D); the hooks see them as
+        [batch, pos, head, d_head]."""
         B, T, C = x.size()
         qkv = self.c_attn(x).view(B, T, -1, self.n_head, C // self.n_head)
         qk, v = qkv[:, :, :-1], qkv[:, :, -1]
-        qk = self.qk_norm(qk)  # queries and keys normed and rotated together: one op each on a CPU, not two
+        # queries and keys normed and rotated together: one op each on a CPU, not two
+        qk = self.qk_norm(qk)
         if rotary is not None:
             cos, sin = rotary
-            qk = apply_rotary(qk, cos[:, None, None, :], sin[:, None, None, :])  # (T, 1, 1, D) against (B, T, 2, H, D)
+            # (T, 1, 1, D) against (B, T, 2, H, D)
+            qk = apply_rotary(qk, cos[:, None, None, :], sin[:, None, None, :])
         if qk.size(2) == 0:  # uniform attention: queries and keys of no width
             qk = v[:, :, None, :, :0].expand(B, T, 2, -1, -1)
         q, k, v = self.hook_q(qk[:, :, 0]), self.hook_k(qk[:, :, 1]), self.hook_v(v)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def sdpa(self, q, k, v):
-        """The written-out attention below in one fused kernel (the weights are never materialised)."""
+        """The written-out attention below in one fused kernel (the weights are never
+        materialised)."""
         n_queries, n_keys = q.size(2), k.size(2)
         mask = self.visible(n_queries, n_keys) if self.causal and 1 < n_queries < n_keys else None
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
@@ -227,8 +280,9 @@ class SelfAttention(nn.Module):
         return self.hook_pattern(F.softmax(self.hook_attn_scores(scores), dim=-1))
 
     def visible(self, n_queries, n_keys):
-        """(n_queries, n_keys) booleans, True where a query may look: the queries are the last n_queries
-        positions of n_keys, each seeing every key up to and including its own position."""
+        """(n_queries, n_keys) booleans, True where a query may look: the queries are the last
+        n_queries positions of n_keys, each seeing every key up to and including its own
+        position."""
         return self.tril[n_keys - n_queries:n_keys, :n_keys]
 
 
@@ -236,15 +290,18 @@ def relu_squared(x):
     return F.relu(x).square()
 
 
-# functions, not modules: a module's call costs microseconds, which decoding pays every layer of every token
-ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"), "relu2": relu_squared}
+# functions, not modules: a module's call costs microseconds, which decoding pays every layer of
+# every token
+ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"),
+               "relu2": relu_squared}
 
 
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.act = ACTIVATIONS[config.mlp_act]  # GPT-2's weights were trained with the tanh approximation
+        # GPT-2's weights were trained with the tanh approximation
+        self.act = ACTIVATIONS[config.mlp_act]
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = dropout(config.dropout)
 
@@ -253,10 +310,12 @@ class MLP(nn.Module):
 
 
 def token_shift(h, share, before=None):
-    """RWKV's token shift: each position of h (B, T, C) mixed with the one before, h[t] + share * (h[t-1] - h[t]),
-    a learned share per channel; the first position's predecessor is `before` (the KV cache's) or zeros. A
-    character-level model learns most from the character just before, which attention must learn to find."""
-    previous = F.pad(h[:, :-1], (0, 0, 1, 0)) if before is None else torch.cat((before.to(h.dtype), h[:, :-1]), 1)
+    """RWKV's token shift: each position of h (B, T, C) mixed with the one before,
+    h[t] + share * (h[t-1] - h[t]), a learned share per channel; the first position's predecessor
+    is `before` (the KV cache's) or zeros. A character-level model learns most from the character
+    just before, which attention must learn to find."""
+    previous = F.pad(h[:, :-1], (0, 0, 1, 0)) if before is None \
+        else torch.cat((before.to(h.dtype), h[:, :-1]), 1)
     return torch.lerp(h, previous, share.to(h.dtype))
 
 
@@ -264,38 +323,46 @@ class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.hook_resid_pre, self.ln_1, self.attn = HookPoint(), Norm(config), SelfAttention(config)
-        self.hook_attn_out, self.mlp = HookPoint(), None  # an attention-only block has no MLP, nor what goes with it
+        # an attention-only block has no MLP, nor what goes with it
+        self.hook_attn_out, self.mlp = HookPoint(), None
         if config.mlp:
             self.hook_resid_mid, self.ln_2, self.mlp = HookPoint(), Norm(config), MLP(config)
             self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
         self.shift = token_shift if config.token_shift else None
-        # token_shift's shares start at half and half, not at 0 (no shift): docs/speed.md#what-was-tried
-        self.shares = nn.ParameterList(nn.Parameter(torch.full((config.n_embd,), 0.5))
-                                       for _ in range((1 + config.mlp) if config.token_shift else 0))
+        # token_shift's shares start at half and half, not at 0 (no shift); why:
+        # docs/speed.md#what-was-tried
+        self.shares = nn.ParameterList(
+            nn.Parameter(torch.full((config.n_embd,), 0.5))
+            for _ in range((1 + config.mlp) if config.token_shift else 0))
 
     def forward(self, x, rotary=None, cache=None, layer=0):
         x = self.hook_resid_pre(x)
-        x = x + self.hook_attn_out(self.attn(self.branch_input(x, 0, cache, layer), rotary, cache, layer))
+        x = x + self.hook_attn_out(self.attn(self.branch_input(x, 0, cache, layer),
+                                             rotary, cache, layer))
         if self.mlp is not None:
             x = self.hook_resid_mid(x)
             x = x + self.hook_mlp_out(self.mlp(self.branch_input(x, 1, cache, layer)))
         return self.hook_resid_post(x)
 
     def branch_input(self, x, branch, cache=None, layer=0):
-        """What a branch (0: attention, 1: the MLP) reads: the normed stream, token-shifted when the model is."""
+        """What a branch (0: attention, 1: the MLP) reads: the normed stream, token-shifted when the
+        model is."""
         h = (self.ln_2 if branch else self.ln_1)(x)
         if self.shift is None:
             return h
-        return self.shift(h, self.shares[branch], cache.previous(layer, branch, h) if cache is not None else None)
+        return self.shift(h, self.shares[branch],
+                          cache.previous(layer, branch, h) if cache is not None else None)
 
 
 class TokenLoss(nn.Module):
-    """The mean cross-entropy of logits against targets (-1: not scored), in float32; a module so that it can be
-    compiled alone (on a GPU the float32 copy of a large vocabulary's logits then never reaches memory)."""
+    """The mean cross-entropy of logits against targets (-1: not scored), in float32; a module so
+    that it can be compiled alone (on a GPU the float32 copy of a large vocabulary's logits then
+    never reaches memory)."""
 
     def forward(self, logits, targets):
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
+                               ignore_index=-1)
 
 
 class GPT(nn.Module):
@@ -303,8 +370,10 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.hook_embed = HookPoint()
-        modules = dict(wte=nn.Embedding(config.vocab_size, config.n_embd), drop=dropout(config.dropout),
-                       h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]), ln_f=Norm(config))
+        modules = dict(wte=nn.Embedding(config.vocab_size, config.n_embd),
+                       drop=dropout(config.dropout),
+                       h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                       ln_f=Norm(config))
         if config.pos_emb == "learned":
             modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)
             self.hook_pos_embed = HookPoint()
@@ -327,11 +396,54 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
+    def configure_optimizers(self, cfg, dtype="float32"):
+        """The optimizers that train this model (one, or a list), from the training config: AdamW
+        over everything, or with optimizer='muon' Muon over the blocks' weight matrices and AdamW
+        over the rest. Parameters are grouped by what they are: embedding tables get their own rate
+        (embedding_lr: a step moves only the rows of the tokens it saw); matrices decay, biases and
+        gains do not. train.py's schedule, clipping and EMA work with whatever this returns:
+        `return torch.optim.SGD(self.parameters(), lr=0.1)` trains with SGD (torch.optim's
+        optimizers are slower to start than these, docs/speed.md)."""
+        from gptkit.optim.optimizers import AdamW, Muon  # torch.optim's, faster (see there)
+
+        params = [p for p in self.parameters() if p.requires_grad]
+        embeddings = {id(m.weight) for m in self.modules() if isinstance(m, nn.Embedding)}
+        block_matrices = {id(m.weight) for m in self.transformer.h.modules()
+                          if isinstance(m, nn.Linear)}
+        muon = [p for p in params if cfg.optimizer == "muon" and id(p) in block_matrices]
+        rest = [p for p in params if not (cfg.optimizer == "muon" and id(p) in block_matrices)]
+        groups = [{"params": [p for p in rest if id(p) in embeddings],
+                   "weight_decay": cfg.weight_decay, "lr": cfg.embedding_lr or cfg.learning_rate},
+                  {"params": [p for p in rest if p.ndim >= 2 and id(p) not in embeddings],
+                   "weight_decay": cfg.weight_decay},
+                  {"params": [p for p in rest if p.ndim < 2], "weight_decay": 0.0}]
+        groups = [g for g in groups if g["params"]]
+        optimizers = [AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))]
+        if muon:  # Newton-Schulz in bfloat16 where the run trains in it, else in float32
+            optimizers.append(Muon(
+                muon, lr=cfg.muon_lr, momentum=cfg.muon_momentum,
+                weight_decay=cfg.muon_weight_decay,
+                ns_dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32))
+        return optimizers
+
     def num_params(self, non_embedding=True):
         n = sum(p.numel() for p in self.parameters())
         if non_embedding and "wpe" in self.transformer:
             n -= self.transformer.wpe.weight.numel()
         return n
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token, for MFU (PaLM appendix B, as nanoGPT's estimate_mfu): 6 for
+        each weight a token is multiplied by (2 forward, 4 backward), the head's included and the
+        embedding tables' not (they are looked up), plus attention's products over seq_len keys in
+        each of n_embd channels: two (scores and values), one for uniform attention (values only),
+        about three for additive (the sum and tanh of q+k, the product with v, the values)."""
+        c = self.config
+        tables = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Embedding))
+        head = self.lm_head.weight.numel() if c.tie_weights else 0  # a tied head is a table too
+        products = {"uniform": 1, "additive": 3}.get(c.attention, 2)
+        return 6 * (sum(p.numel() for p in self.parameters()) - tables + head) + \
+            6 * products * c.n_layer * c.n_embd * seq_len
 
     def embed(self, idx, first_position=0):
         """Token (and learned position) embeddings of idx, whose first token sits at first_position;
@@ -346,12 +458,13 @@ class GPT(nn.Module):
         if self.config.pos_emb == "learned":
             x = x + self.hook_pos_embed(self.transformer.wpe(positions).expand(B, T, -1))
         elif self.config.pos_emb == "rope":
-            rotary = rotary_tables(self.config.n_embd // self.config.n_head, positions, self.config.rope_base)
+            rotary = rotary_tables(self.config.n_embd // self.config.n_head, positions,
+                                   self.config.rope_base)
         return self.transformer.drop(x), rotary
 
     def forward(self, idx, targets=None, cache=None):
-        """Logits for every position (or the last one, without targets); loss when targets are given.
-        With a cache (see SelfAttention.forward), idx continues the tokens already cached."""
+        """Logits for every position (or the last one, without targets); loss when targets are
+        given. With a cache (see SelfAttention.forward), idx continues the tokens already cached."""
         first_position = cache.pos if cache is not None else 0
         x, rotary = self.embed(idx, first_position)
         for i, block in enumerate(self.transformer.h):

@@ -5,7 +5,7 @@ Sample text from a trained model.
     python sample.py --out_dir=out --checkpoint=latest  # where the run is now (latest.pt)
     python sample.py --out_dir=out --start="ROMEO:" --num_samples=3 --max_new_tokens=300
     python sample.py --out_dir=out --start=FILE:prompt.txt --temperature=0   # greedy
-    python sample.py --out_dir=out --stop="\\n\\n" --num_samples=1          # end at the first blank line
+    python sample.py --out_dir=out --stop="\\n\\n" --num_samples=1  # end at the first blank line
     python sample.py --out_dir=out --interactive
 """
 
@@ -28,8 +28,10 @@ from gptkit.sampling.prompts import read_prompt, unescape
 @dataclass
 class SampleConfig:
     out_dir: str = "out"  # the run's folder
-    checkpoint: str = "best"  # 'best' (best.pt: lowest val loss), 'latest' (latest.pt) or 'iter:N' (a snapshot)
-    start: str = "\n"  # prompt text (\n, \t typed in a shell are read as newline, tab), or FILE:path to read it from
+    # 'best' (best.pt: lowest val loss), 'latest' (latest.pt) or 'iter:N' (a snapshot)
+    checkpoint: str = "best"
+    # prompt text (\n, \t typed in a shell are read as newline, tab), or FILE:path to read it from
+    start: str = "\n"
     num_samples: int = 10  # samples, generated together as one batch
     max_new_tokens: int = 500  # tokens generated per sample
     temperature: float = 0.8  # 1 = the model's distribution, lower = safer, 0 = greedy
@@ -38,14 +40,16 @@ class SampleConfig:
     stop: str = ""  # end a sample where this text appears (e.g. "\n\n"); '' = never
     seed: int = 1337  # the same seed gives the same text
     device: str = "auto"  # 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # the weights' precision; auto: the faster here
+    # the weights' precision; auto: the faster here
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     kv_cache: bool = True  # False recomputes the whole context every token (for checks)
     interactive: bool = False  # read prompts from the terminal until Ctrl-D
     threads: int = 0  # torch CPU threads (0 = measured: more than 1 only where clearly faster now)
 
     def __post_init__(self):
         require(self, ["num_samples"], lambda v: v >= 1, "at least 1")
-        require(self, ["max_new_tokens", "threads", "temperature", "top_k"], lambda v: v >= 0, "at least 0")
+        require(self, ["max_new_tokens", "threads", "temperature", "top_k"],
+                lambda v: v >= 0, "at least 0")
         require(self, ["top_p"], lambda v: 0 < v <= 1, "in (0, 1]")
         check_seed(self.seed)
         check_device_name(self.device)
@@ -55,20 +59,23 @@ class SampleConfig:
 def generate_texts(model, tok, prompt, cfg, stop="", stream=None):
     """Generate num_samples continuations as one batch, each ending where the stop text appears,
     streaming the first as it is sampled."""
-    stream = sys.stdout if stream is None else stream  # looked up now: a redirected stdout is honoured
+    # looked up now: a redirected stdout is honoured
+    stream = sys.stdout if stream is None else stream
     ids = tok.encode(prompt)
     if not ids:
         raise UserError("the prompt is empty: pass some text with --start")
     device = next(model.parameters()).device
-    # repeated by torch, not as a Python list: a num_samples no memory holds fails at once, naming its size
+    # repeated by torch, not as a Python list: a num_samples no memory holds fails at once, naming
+    # its size
     idx = torch.tensor([ids], dtype=torch.long, device=device).repeat(cfg.num_samples, 1)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     decoders = [tok.stream_decoder() for _ in range(cfg.num_samples)]
     filters = [StopFilter(stop) for _ in range(cfg.num_samples)]
     texts = [""] * cfg.num_samples
     stream.write(prompt)
-    tokens = generate_stream(model, idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
-                             top_p=cfg.top_p, kv_cache=cfg.kv_cache, generator=generator, vocab_size=tok.vocab_size)
+    tokens = generate_stream(model, idx, cfg.max_new_tokens, temperature=cfg.temperature,
+                             top_k=cfg.top_k, top_p=cfg.top_p, kv_cache=cfg.kv_cache,
+                             generator=generator, vocab_size=tok.vocab_size)
     for column in tokens:
         for row, token in enumerate(column[:, 0].tolist()):
             piece = filters[row].feed(decoders[row](token))
@@ -103,10 +110,11 @@ def main(argv=None):
     if cfg.dtype == "auto":
         print(why, file=sys.stderr, flush=True)
     model = model.to(DTYPES[dtype])
-    if not model.config.causal:  # the encoder rung of the attention lab: let the learner see what it writes
-        print("warning: this model was trained without the causal mask (causal=False), so it learned to read the "
-              "next token from its input; generating, it has no next token to read, and its text is "
-              "garbage", file=sys.stderr, flush=True)
+    # the encoder rung of the attention lab: let the learner see what it writes
+    if not model.config.causal:
+        print("warning: this model was trained without the causal mask (causal=False), so it "
+              "learned to read the next token from its input; generating, it has no next token to "
+              "read, and its text is garbage", file=sys.stderr, flush=True)
     stop = unescape(cfg.stop)
     for prompt in prompts:
         try:

@@ -4,8 +4,8 @@ Train a GPT on a prepared dataset.
     python train.py config/shakespeare_char.py
     python train.py config/shakespeare_char.py --device=cpu --max_iters=500
     python train.py config/shakespeare_char.py --init_from=resume      # continue the run in out_dir
-    python train.py config/shakespeare_char.py --init_from=auto        # continue it if there is one, else start
-    python train.py config/shakespeare_char.py --processes=2           # two processes (DDP), as torchrun starts them
+    python train.py config/shakespeare_char.py --init_from=auto   # continue it if there is one
+    python train.py config/shakespeare_char.py --processes=2      # two processes (DDP)
     torchrun --standalone --nproc_per_node=2 train.py config/shakespeare_char.py
 """
 
@@ -22,12 +22,15 @@ from gptkit.base.errors import RunStopped, UserError, run_main
 from gptkit.base.settings import command_line_keys, given_values, make
 from gptkit.base.signals import StopSignals
 from gptkit.machine.choices import choose, on_speed_path
-from gptkit.machine.runtime import Runtime, compile_blocks, launch_processes, launched_rank, trains_here
+from gptkit.machine.runtime import (Runtime, compile_blocks, launch_processes, launched_rank,
+                                    trains_here)
 from gptkit.run.metrics import PROCESS_START, RunLog, records_through
 from gptkit.run.run_folder import RunDir
 from gptkit.training.budget import Pace, StepCosts, plan_steps, thread_tuner, time_budget
 from gptkit.training.evaluation import evaluate, evaluate_split
-from gptkit.training.optimizers import lr_factor_at, set_lr, step_optimizers, update_for
+from gptkit.training.updates import (lr_factor_at, schedulable, set_lr, step_optimizers,
+                                        update_for)
+from gptkit.training.records import Records
 from gptkit.training.reporting import Reporter
 from gptkit.training.resume import claim_for_a_new_run, continued_config
 from gptkit.training.snapshots import drop_after
@@ -37,21 +40,24 @@ from gptkit.training.train_config import TrainConfig
 
 
 def start(cfg, rt, ckpt, ckpt_path, given, asked, started):
-    """From the config to what the loop trains: the data, the machine's choices (the shape among them, decided
-    before the model is built), the model, the steps a time budget plans, then the state a checkpoint saves:
-    (the config that trains, TrainingData, TrainState)."""
+    """From the config to what the loop trains: the data, the machine's choices (the shape among
+    them, decided before the model is built), the model, the steps a time budget plans, the
+    optimizers, then the state a checkpoint saves, which holds the config that trains:
+    (TrainingData, TrainState)."""
     data, sequences = open_data(cfg, rt, ckpt, ckpt_path)
-    planned = planned_model(cfg, data.meta, ckpt, ckpt_path)  # the model's shape, as the config and data say
+    planned = planned_model(cfg, data.meta, ckpt, ckpt_path)  # the shape the config and data say
     saved = ckpt["measured"] if ckpt is not None else None  # what a resumed run chose
-    # precision, attention path, a preset's shape and the step's speed: this machine's, measured once and kept
-    # (gptkit/machine/)
+    # precision, attention path, a preset's shape and the step's speed: this machine's, measured
+    # once and kept (gptkit/machine/)
     cfg, planned, choices = choose(cfg, rt, planned, saved, asked, started, update_for(cfg))
     model = build_model(cfg, planned, data.meta, ckpt, ckpt_path, rt.rank).to(rt.device)
-    on_speed_path(model, choices)  # the speed kernels, where model.py is the code they were written for
-    if ckpt is None:  # max_time as steps, at this machine's idle speed (a resumed run keeps its own)
-        cfg, plan = plan_steps(cfg, choices, step_costs(cfg, rt, data, model, choices, sequences), given)
+    on_speed_path(model, choices)  # speed kernels, where model.py is what they were written for
+    if ckpt is None:  # max_time as steps at this machine's idle speed (a resumed run keeps its own)
+        costs = step_costs(cfg, rt, data, model, choices, sequences)
+        cfg, plan = plan_steps(cfg, choices, costs, given)
         choices.lines.extend(plan)
-    state = TrainState(cfg, model, data.tokenizer, data.sampler, rt, choices, sequences)
+    optimizers = schedulable(model.configure_optimizers(cfg, rt.dtype))  # model.py's, as nanoGPT's
+    state = TrainState(cfg, model, optimizers, data.tokenizer, data.sampler, rt, choices, sequences)
     if ckpt is not None:
         state.restore(ckpt, ckpt_path, rt)
     if cfg.compile:
@@ -59,11 +65,12 @@ def start(cfg, rt, ckpt, ckpt_path, given, asked, started):
     if rt.master:
         for line in choices.lines + (choices.details if cfg.verbose else []):
             print(line, flush=True)
-    return cfg, data, state
+    return data, state
 
 
 def step_costs(cfg, rt, data, model, choices, sequences):
-    """What a step, an evaluation and the final score cost here idle (StepCosts), where the step was timed."""
+    """What a step, an evaluation and the final score cost here idle (StepCosts), where the step
+    was timed."""
     if choices.whole_seconds is None:
         return None
     val = data.splits["val"].length - 1
@@ -72,16 +79,18 @@ def step_costs(cfg, rt, data, model, choices, sequences):
     return StepCosts.of(cfg, choices, final_tokens, data.block_size, model.num_params(), micro)
 
 
-def train(cfg, rt, data, state, log, run, budget, stop):
-    """Optimizer steps until max_iters or the time budget, evaluating every eval_interval steps and at the end.
-    best.pt is written only when val loss improves; latest.pt at evaluations, at the end and on a stop signal."""
-    model = rt.wrap(state.model)  # DDP when there are several processes
-    accum = state.micro_batches
-    report = Reporter(cfg, rt, data, state, log, budget, run)
+def train(rt, data, state, log, run, budget, stop):
+    """Optimizer steps until max_iters or the time budget, evaluating every eval_interval steps and
+    at the end. best.pt is written only when val loss improves; latest.pt at evaluations, at the
+    end and on a stop signal."""
+    cfg, model = state.cfg, rt.wrap(state.model)  # DDP when there are several processes
+    report = Reporter(cfg, rt, data, state, log, budget)
+    records = Records(cfg, rt, data, state, log, budget, run, report.say)
     if state.iter_num == 0:
         stop.doing = "evaluating before the first step (nothing was saved)"
-        losses = report.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state, budget))
-        stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
+        evaluated(rt, data, state, budget, report)
+        if records.due(state.iter_num, always=True):  # the run's start
+            records.take(state.iter_num, paced=False)
     x, y = data.sampler.next()
     done, tuner = finished(cfg, rt, state, budget), thread_tuner(state.choices)
     pace = Pace(state.choices.planned, state.iter_num, cfg) if rt.master else None
@@ -91,16 +100,16 @@ def train(cfg, rt, data, state, log, run, budget, stop):
             lr_factor = lr_factor_at(cfg, state.iter_num, budget.progress())
             set_lr(state.optimizers, lr_factor)
             loss = torch.zeros((), device=rt.device)
-            for micro in range(accum):
-                with rt.no_sync(model, sync=micro == accum - 1):
+            for micro in range(state.micro_batches):
+                with rt.no_sync(model, sync=micro == state.micro_batches - 1):
                     with rt.autocast:
-                        _, micro_loss = model(x, y)
-                        micro_loss = micro_loss / accum
+                        _, micro_loss = model(x, y)  # forward
+                        micro_loss = micro_loss / state.micro_batches
                     x, y = data.sampler.next()  # fetch the next batch while the device computes
-                    state.scaler.scale(micro_loss).backward()
+                    state.scaler.scale(micro_loss).backward()  # backward
                 loss += micro_loss.detach()
             step_optimizers(state.model, state.optimizers, state.scaler, cfg.grad_clip)
-            if state.ema is not None:
+            if state.ema is not None:  # the average of the weights, which evaluations score
                 state.ema.update(lr_factor)
             state.iter_num += 1
             state.seconds_spent = budget.spent()
@@ -111,140 +120,174 @@ def train(cfg, rt, data, state, log, run, budget, stop):
             if busy:  # the planned steps all the same, later than planned: said once
                 report.say(busy)
             if state.iter_num % cfg.log_interval == 0:
-                mean_loss = rt.mean(loss.item())  # the step's loss reaches the host here, and only here
+                mean_loss = rt.mean(loss.item())  # the loss reaches the host here, and only here
                 stop_if_diverged("loss", mean_loss, state.iter_num, rt.dtype)
-                report.trained(state.iter_num, mean_loss, lr_factor)
+                report.trained(state.iter_num, mean_loss)
             done = finished(cfg, rt, state, budget)
-            saved = False
-            if state.iter_num % cfg.eval_interval == 0 or done:
-                losses = report.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state, budget))
-                stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
+            evaluating, saved = state.iter_num % cfg.eval_interval == 0 or done, False
+            if evaluating:
+                losses = evaluated(rt, data, state, budget, report)
                 improved = losses["val"] < state.best_val_loss
-                if improved:  # the only place the best weights change: stopping a run never touches them
+                if improved:  # the only place the best weights change (a stop never touches them)
                     state.best_val_loss, state.best_iter = losses["val"], state.iter_num
-                    state.save_best(run, rt)  # before latest.pt, which must never claim a best that best.pt lacks
+                    state.save_best(run, rt)  # first: latest.pt never claims a best best.pt lacks
                     report.saved_best(state.iter_num, losses["val"], run.best)
-                # an evaluation that spent what the budget had left ends the run here: one more step would only
-                # bring a second evaluation of almost the same weights
+                # an evaluation that spent what the budget had left ends the run here: one more step
+                # would only bring a second evaluation of almost the same weights
                 done = done or finished(cfg, rt, state, budget)
                 if improved or cfg.always_save_checkpoint or done:
-                    save_latest(state, run, rt, budget, ended_by_time=done and state.iter_num < cfg.max_iters)
+                    ended_by_time = done and state.iter_num < cfg.max_iters
+                    save_latest(state, run, rt, budget, ended_by_time)
                     saved = True
-            signum = int(rt.max(stop.signum))  # every process stops at the step where any one was signalled
-            if signum:
-                if not saved:
-                    stop_if_diverged("loss", rt.mean(loss.item()), state.iter_num, rt.dtype)  # never save it diverged
-                    save_latest(state, run, rt, budget)
-                raise RunStopped(f"stopped by {signal.Signals(signum).name} at iteration {state.iter_num}; latest "
-                                 f"state saved to {run.latest}, continue with --init_from=auto", signum)
-    stop.doing = f"scoring the whole val split at the end (the trained state is saved in {run.latest})"
+            # the timeline's numbers and a snapshot of the weights: at steps 1, 2, 4, ... and at
+            # each evaluation where the run can afford them, and at its end whatever they cost
+            if records.due(state.iter_num, evaluating, always=done):
+                records.take(state.iter_num, paced=not done)
+            stop_if_signalled(rt, stop, state, run, budget, loss, saved)
+    stop.doing = ("scoring the whole val split at the end (the trained state is saved in "
+                  f"{run.latest})")
     report.close()  # the training bar, done
-    report.final(state.iter_num, rt.broadcast(final_evaluation(cfg, data, state, rt) if rt.master else None), run)
+    scored = rt.broadcast(final_evaluation(cfg, data, state, rt) if rt.master else None)
+    report.final(state.iter_num, scored, run, records.seconds())
     if pace is not None:  # what a comparison with another run is fair in
         print(pace.summary(state.iter_num, report.tokens_per_iter, budget.spent()), flush=True)
 
 
+def evaluated(rt, data, state, budget, report):
+    """Evaluate, say and log the losses, and stop where val loss is no longer a number."""
+    losses = report.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state, budget))
+    stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
+    return losses
+
+
+def stop_if_signalled(rt, stop, state, run, budget, loss, saved):
+    """Every process stops at the step where any one was signalled, with latest.pt saved."""
+    signum = int(rt.max(stop.signum))
+    if not signum:
+        return
+    if not saved:
+        # never save a diverged state
+        stop_if_diverged("loss", rt.mean(loss.item()), state.iter_num, rt.dtype)
+        save_latest(state, run, rt, budget)
+    raise RunStopped(f"stopped by {signal.Signals(signum).name} at iteration {state.iter_num}; "
+                     f"latest state saved to {run.latest}, continue with --init_from=auto", signum)
+
+
 def finished(cfg, rt, state, budget):
-    """All max_iters steps taken, or the time budget spent but for what the end will cost (on any process: all
-    stop at the same step). The first step is always taken, so that every run leaves a state to use."""
-    return state.iter_num >= cfg.max_iters or (cfg.wall_clock and cfg.max_time > 0 and state.iter_num > 0 and
-                                               rt.any(budget.over()))
+    """All max_iters steps taken, or the time budget spent but for what the end will cost (on any
+    process: all stop at the same step). The first step is always taken, so that every run leaves a
+    state to use."""
+    by_the_clock = cfg.wall_clock and cfg.max_time > 0 and state.iter_num > 0
+    return state.iter_num >= cfg.max_iters or (by_the_clock and rt.any(budget.over()))
 
 
 def save_latest(state, run, rt, budget, ended_by_time=False):
-    """latest.pt, with the time spent so far in it; how long the save took is kept for the end's reserve. A run
-    its time budget ends has spent all of it (what is left pays for its end), so a resume with the same
-    max_time finds nothing to do."""
-    state.seconds_spent = max(budget.spent(), budget.max_time) if ended_by_time else budget.spent()
+    """latest.pt, with the time spent so far in it; how long the save took is kept for the end's
+    reserve. A run its time budget ends has spent all of it (what is left pays for its end), so a
+    resume with the same max_time finds nothing to do."""
+    spent = budget.spent()
+    state.seconds_spent = max(spent, budget.max_time) if ended_by_time else spent
     start = time.time()
     state.save_latest(run, rt)
     budget.saved(time.time() - start)
 
 
 def evaluate_on_rank0(rt, data, state, budget=None):
-    """Rank 0 evaluates the plain model; every process gets its losses. The budget learns what it cost, and what a
-    token of the final score will: its fastest batch's, since the first is slowed by warming up."""
-    start, per_token = time.time(), []
+    """Rank 0 evaluates the plain model; every process gets its losses. The budget learns what it
+    cost, and what a token of the final score will (the fastest batch's)."""
+    start = time.time()
     with state.scored():
-        losses, fastest = rt.broadcast((evaluate(state.model, data, rt.autocast, per_token), min(per_token))
-                                       if rt.master else None)
+        answer = evaluate(state.model, data, rt.autocast) if rt.master else None
+    losses, fastest = rt.broadcast(answer)
     if budget is not None:
         budget.evaluated(time.time() - start, fastest)
     return losses
 
 
 def final_evaluation(cfg, data, state, rt):
-    """The trained model's loss on the whole val split (or its first final_eval_tokens), every token once."""
+    """The trained model's loss on the whole val split (or its first final_eval_tokens), every token
+    once."""
     with state.scored():
-        return evaluate_split(state.model, data.splits["val"], rt.autocast, cfg.batch_size, cfg.final_eval_tokens)
+        return evaluate_split(state.model, data.splits["val"], rt.autocast, cfg.batch_size,
+                              cfg.final_eval_tokens)
 
 
 def stop_if_diverged(what, value, iteration, dtype):
     """End the run, with the last good checkpoint kept, when a loss is no longer a number."""
     if not math.isfinite(value):
         remedy = "--dtype=float32" if dtype != "float32" else "a longer warmup_iters"
-        raise UserError(f"{what} is {value} at iteration {iteration}; stopping with the last good checkpoint "
-                        f"kept (try a lower learning_rate or {remedy})")
+        raise UserError(f"{what} is {value} at iteration {iteration}; stopping with the last good "
+                        f"checkpoint kept (try a lower learning_rate or {remedy})")
 
 
 def main(argv=None):
-    # run as a command, the budget counts from the process's start (the interpreter's and torch's start-up
-    # too); called with arguments, as tests do, from this call
+    # run as a command, the budget counts from the process's start (the interpreter's and torch's
+    # start-up too); called with arguments, as tests do, from this call
     started = PROCESS_START if argv is None else time.time()
     argv = sys.argv[1:] if argv is None else argv
-    given, asked = given_values(TrainConfig, argv, prog="train.py"), command_line_keys(TrainConfig, argv)
+    given = given_values(TrainConfig, argv, prog="train.py")
+    asked = command_line_keys(TrainConfig, argv)
     cfg = make(TrainConfig, given)
-    if not trains_here(cfg.processes):
-        return launch_processes(cfg.processes, __file__, argv)  # each process runs this main with the same argv
+    if not trains_here(cfg.processes):  # each process runs this main with the same argv
+        return launch_processes(cfg.processes, __file__, argv)
     master = launched_rank() == 0
     with RunDir(cfg.out_dir).locked(writer=master) as run:
         note = print if master else lambda line: None
         if master:
             claim_for_a_new_run(cfg, run, note)
         cfg, resumed = continued_config(cfg, given, asked, run, note)
-        if resumed[0] is not None and announce_resume(cfg, resumed, run, note, master) and not cfg.eval_only:
-            return  # a finished run: nothing to train, nothing written
+        finished_run = resumed[0] is not None and announce_resume(cfg, resumed, run, note, master)
+        if finished_run and not cfg.eval_only:
+            return  # nothing to train, nothing written
         with StopSignals() as stop, Runtime(cfg.device, cfg.dtype, cfg.backend, cfg.threads) as rt:
             stop.doing = "starting (nothing was saved)"
-            cfg, data, state = start(cfg, rt, *resumed, given=set(given), asked=asked, started=started)
-            del resumed  # the state holds what it needs of the checkpoint
+            # the state holds the config that trains: its shape fitted, its steps planned
+            data, state = start(cfg, rt, *resumed, given=set(given), asked=asked, started=started)
+            del resumed, cfg  # the state holds what it needs of the checkpoint, and the config
             log = RunLog(run.metrics, wandb_args(state)) if rt.master else None
             try:
-                if cfg.eval_only:
-                    stop.doing = "evaluating (eval_only: nothing is written but this evaluation's record)"
-                    losses = evaluate_on_rank0(rt, data, state)
-                    Reporter(cfg, rt, data, state, log).evaluated(state.iter_num, losses)
-                    stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
+                if state.cfg.eval_only:
+                    stop.doing = ("evaluating (eval_only: nothing is written but this evaluation's "
+                                  "record)")
+                    evaluated(rt, data, state, None, Reporter(state.cfg, rt, data, state, log))
                 else:
-                    train(cfg, rt, data, state, log, run, time_budget(cfg, data, state, started), stop)
+                    budget = time_budget(state.cfg, data, state, started)
+                    train(rt, data, state, log, run, budget, stop)
             finally:
                 if log is not None:
                     log.close()
 
 
 def announce_resume(cfg, resumed, run, note, master):
-    """Say where a resumed run continues from, and drop from its metrics the records it will log again (and the
-    snapshots of the steps it will train again); True
-    (after saying so) when it has nothing left to do: its steps done and its final score recorded."""
+    """Say where a resumed run continues from, and drop from its metrics the records it will log
+    again (and the snapshots of the steps it will train again); True (after saying so) when it has
+    nothing left to do: its steps done and its final score recorded."""
     ckpt, path = resumed
-    done, budget = ckpt["iter_num"], f" and {cfg.max_time:g} s" if cfg.max_time > 0 and cfg.wall_clock else ""
+    done, timed = ckpt["iter_num"], cfg.max_time > 0 and cfg.wall_clock
+    budget = f" and {cfg.max_time:g} s" if timed else ""
     note(f"resuming from iteration {done} of {cfg.max_iters}{budget} ({path})")
-    dropped, scored = records_through(run.metrics, done, rewrite=master) if not cfg.eval_only else (0, True)
+    if cfg.eval_only:
+        dropped, scored = 0, True
+    else:
+        dropped, scored = records_through(run.metrics, done, rewrite=master)
     if master and not cfg.eval_only:
         drop_after(run, done)
     if dropped:  # said by rank 0, which alone writes
-        note(f"note: {run.metrics} held {dropped} record{'s' * (dropped > 1)} logged after iteration {done}, "
-             "the state this run continues from; they are dropped, and logged again as it trains")
-    spent = cfg.wall_clock and cfg.max_time > 0 and ckpt["seconds_spent"] >= cfg.max_time
+        note(f"note: {run.metrics} held {dropped} record{'s' * (dropped > 1)} logged after "
+             f"iteration {done}, the state this run continues from; they are dropped, and logged "
+             "again as it trains")
+    spent = timed and ckpt["seconds_spent"] >= cfg.max_time
     if done < cfg.max_iters and not spent:
         return False
     if not scored:  # stopped while scoring the whole val split: the end is still to do
-        note("its steps are done, but its final score on the whole val split was never recorded: scoring it now")
+        note("its steps are done, but its final score on the whole val split was never recorded: "
+             "scoring it now")
         return False
     if not cfg.eval_only:
-        why = f"its {cfg.max_time:g} s are spent" if spent else f"all {cfg.max_iters} iterations are done"
-        note(f"the run in {run.path} is finished ({why}); nothing to do: raise --max_iters or --max_time to "
-             "train it further, or start another run in a new --out_dir")
+        why = (f"its {cfg.max_time:g} s are spent" if spent else
+               f"all {cfg.max_iters} iterations are done")
+        note(f"the run in {run.path} is finished ({why}); nothing to do: raise --max_iters or "
+             "--max_time to train it further, or start another run in a new --out_dir")
     return True
 
 
@@ -253,10 +296,13 @@ def wandb_args(state):
     cfg = state.cfg
     if not cfg.wandb_log:
         return None
-    # our own id (wandb.util.generate_id is gone from recent wandb), kept in the checkpoint for resume
+    # our own id (wandb.util.generate_id is gone from recent wandb), kept in the checkpoint for
+    # a resume
     state.wandb_id = state.wandb_id or uuid.uuid4().hex[:12]
-    return dict(project=cfg.wandb_project, name=cfg.wandb_run_name, id=state.wandb_id, config=asdict(cfg))
+    return dict(project=cfg.wandb_project, name=cfg.wandb_run_name, id=state.wandb_id,
+                config=asdict(cfg))
 
 
 if __name__ == "__main__":
-    run_main(main, memory_settings=("batch_size", "block_size", "n_embd", "n_layer", "n_head", "eval_iters"))
+    run_main(main, memory_settings=("batch_size", "block_size", "n_embd", "n_layer", "n_head",
+                                    "eval_iters"))

@@ -18,7 +18,7 @@ from gptkit.machine.choices import choose, on_speed_path
 from gptkit.machine.runtime import Runtime, compile_blocks
 from gptkit.machine.timing import matmul_peak, synchronize
 from gptkit.run.metrics import read_metrics
-from gptkit.training.optimizers import build_optimizers, step_optimizers
+from gptkit.training.updates import schedulable, step_optimizers
 from model import GPT
 
 REPO = Path(__file__).resolve().parents[1]  # where the commands the benchmarks run (train.py, explore.py) live
@@ -130,7 +130,7 @@ def training_step(tcfg, device, vocab_size=65):
     torch.manual_seed(0)  # every candidate starts from the same weights
     model = on_speed_path(GPT(planned).to(rt.device), choices)
     path = choices.attention_path
-    optimizers = build_optimizers(model, tcfg, rt.dtype)
+    optimizers = schedulable(model.configure_optimizers(tcfg, rt.dtype))
     scaler = torch.amp.GradScaler(rt.device.split(":")[0], enabled=rt.dtype == "float16")
     if tcfg.compile:
         compile_blocks(model)

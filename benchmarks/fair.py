@@ -33,8 +33,8 @@ PARTS = ("steps", "first", "records", "edits")
 EDITS = {
     "no sqrt(d)": ("return dot_scores(attn, q, k) * (1.0 / math.sqrt(k.size(-1)))", "return dot_scores(attn, q, k)"),
     "GELU": ("return F.relu(x).square()", "return F.gelu(x)"),
-    "sinusoidal": ("rotary = rotary_tables(self.config.n_embd // self.config.n_head, positions, "
-                   "self.config.rope_base)",
+    "sinusoidal": ("rotary = rotary_tables(self.config.n_embd // self.config.n_head, positions,\n"
+                   "                                   self.config.rope_base)",
                    "half = torch.arange(0, self.config.n_embd, 2, device=idx.device) / self.config.n_embd\n"
                    "            angles = positions.float()[:, None] / 10000.0 ** half\n"
                    "            x = x + torch.cat((angles.sin(), angles.cos()), dim=-1)"),
@@ -108,6 +108,8 @@ def first(cfg, work, wisdom):
 def records(cfg, work, wisdom):
     print("\n== what the records cost beside three busy processes", flush=True)
     for seconds in comma_items(cfg.budgets):
+        # the idle measurement a learner's first run with this budget leaves (the shape follows the budget)
+        run(cfg, REPO, work, f"records_measuring_{seconds}", [f"--max_time={seconds}", "--max_iters=1"], wisdom)
         plain = run(cfg, REPO, work, f"records_off_{seconds}", [f"--max_time={seconds}", "--timeline=False",
                                                                 "--snapshots=0"], wisdom, 3)
         kept = run(cfg, REPO, work, f"records_on_{seconds}", [f"--max_time={seconds}"], wisdom, 3)

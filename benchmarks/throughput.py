@@ -9,7 +9,7 @@ import torch
 
 from benchmarks.common import device_name, seconds_per_step, training_step
 from gptkit.base.settings import parse_config, require
-from gptkit.machine.flops import flops_per_token, peak_flops
+from gptkit.machine.flops import peak_flops
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.machine.timing import matmul_peak
 from gptkit.training.train_config import TrainConfig
@@ -53,7 +53,7 @@ def main(argv):
         step, model, dtype, path = training_step(tcfg, device, cfg.vocab_size)
         for _ in range(cfg.warmup):
             step()
-        taken[name] = step, flops_per_token(model, tcfg.model.block_size), dtype, path
+        taken[name] = step, model.flops_per_token(tcfg.model.block_size), dtype, path
     rounds = timed_rounds(taken, cfg, device)
     print_throughput_table(candidates, taken, rounds, cfg.batch_size * cfg.block_size, device)
 

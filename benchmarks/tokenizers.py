@@ -30,7 +30,7 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.common import REPO, bench_input, comma_items, device_name, train_run
-from benchmarks.prepare import PrepareBenchConfig, corpus_file, measured
+from benchmarks.prepare_cost import PrepareBenchConfig, corpus_file, measured
 from gptkit.base.errors import UserError
 from gptkit.base.settings import parse_config, require
 from gptkit.data.bpe import SMALLEST, byte_chars, check_vocab_size

@@ -5,10 +5,10 @@
 
 out_dir = 'out-induction'
 # the timeline (analyze.py timeline) may record at steps 1, 2, 4, ... up to the first evaluation and then at each,
-# where the run can afford it (its records take at most 3% of its time): every 50 steps gives the records steps to
-# land on in the phase change (steps 150 to 300 or so)
-eval_interval = 50
-eval_iters = 4
+# where the run can afford it (its records take at most 3% of its time): every 25 steps gives the records steps to
+# land on in the phase change (steps 150 to 300 or so); two batches an evaluation keep their cost as it was
+eval_interval = 25
+eval_iters = 2
 log_interval = 50
 wandb_run_name = 'induction'
 

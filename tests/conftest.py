@@ -316,10 +316,10 @@ def outside(tmp_path):
 @pytest.fixture(scope="session", autouse=True)
 def every_record():
     """Runs trained in this process record at every step that calls for a record: how many a run affords
-    (gptkit/training/reporting.py's RECORD_SHARE of its time) hangs on the machine's load, which no test may.
+    (gptkit/training/records.py's RECORD_SHARE of its time) hangs on the machine's load, which no test may.
     tests/test_timeline.py puts the share back where it tests the pacing."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("gptkit.training.reporting.RECORD_SHARE", math.inf)
+        patch.setattr("gptkit.training.records.RECORD_SHARE", math.inf)
         yield
 
 
@@ -482,11 +482,11 @@ from pathlib import Path
 sys.path.insert(0, {repo!r})
 sys.argv[0] = os.path.join({repo!r}, "train.py")
 import train
-from gptkit.run import checkpoint
+from gptkit.base import files
 from gptkit.base.errors import run_main
-from gptkit.training import reporting
+from gptkit.training import records
 
-reporting.RECORD_SHARE = float("inf")  # every record, as in the tests' own process (conftest's every_record)
+records.RECORD_SHARE = float("inf")  # every record, as in the tests' own process (conftest's every_record)
 FAULTS = {faults!r}
 saves = 0
 
@@ -520,7 +520,7 @@ def faulty_open(path, mode="r", *args, **kwargs):
 
 
 if "kill" in FAULTS or "enospc" in FAULTS or "ctrl_c" in FAULTS:
-    checkpoint.open = faulty_open
+    files.open = faulty_open  # every whole write opens its file there (checkpoints among them)
 if "nan" in FAULTS:  # the training loss of forward pass NTH becomes NaN
     import model
     real_forward, real_train = model.GPT.forward, train.train

@@ -59,7 +59,7 @@ def test_the_heads_table_lists_every_head_and_draws_its_picture(trained_run, tmp
 
 def test_each_head_has_the_explorers_label(trained_run, tmp_path):
     """The label column is the explorer's: head_labels over the same scores."""
-    from gptkit.explorer.experiments import heads_report
+    from gptkit.explorer.experiment_answers import heads_report
     from gptkit.interp.experiments import open_run
 
     answer = json.loads(check_ok(run_here("analyze.py", "heads", trained_run[0], "--json", "--tokens=512",

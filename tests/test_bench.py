@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import bench
-from benchmarks import busy, common, fair, presets, startup, throughput, train
+from benchmarks import busy, common, fair, presets, startup, throughput, train_speed
 from gptkit.base.errors import UserError
+from model import GPT
 
 
 def test_throughput_times_the_baseline_and_the_config_in_alternating_rounds(capsys, monkeypatch):
@@ -32,7 +33,7 @@ def test_throughput_times_the_baseline_and_the_config_in_alternating_rounds(caps
 def test_throughput_times_the_vocabulary_asked_for(monkeypatch):
     """GPT-2's shape is timed with its 50,304-token head: its largest matmul and the loss it feeds."""
     heads = []
-    monkeypatch.setattr(throughput, "flops_per_token", lambda model, seq_len: heads.append(model.lm_head.out_features)
+    monkeypatch.setattr(GPT, "flops_per_token", lambda model, seq_len: heads.append(model.lm_head.out_features)
                         or 1.0)
     bench.main(["throughput", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=2",
                 "--vocab_size=97", "--steps=1", "--rounds=1", "--warmup=0", "--compiled=False"])
@@ -88,7 +89,7 @@ def summary(wall_s, hits):
 def test_train_table_compares_times_to_each_target(capsys):
     classic = summary(80.0, {1.886: 60.0, 1.6: None})
     default = summary(150.0, {1.886: 20.0, 1.6: 120.0})
-    train.print_train_table({"classic": classic, "default": default}, [1.886, 1.6])
+    train_speed.print_train_table({"classic": classic, "default": default}, [1.886, 1.6])
     out = capsys.readouterr().out
     assert ("time to 1.886: the default gets there 4.0x sooner than the classic run's wall time, "
             "3.0x sooner than the classic run does") in out
@@ -127,7 +128,7 @@ def test_a_run_with_one_train_record_has_no_rate_and_its_real_iterations(tmp_pat
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     s = common.run_summary(tmp_path, [1.886], wall_s=6.0)
     assert s["iters"] == 25 and s["tok_s"] is None and s["gflops"] is None
-    train.print_train_table({"classic": s, "default": s}, [1.886])
+    train_speed.print_train_table({"classic": s, "default": s}, [1.886])
     out = capsys.readouterr().out
     assert re.search(r"iterations +25 +25", out) and re.search(r"tokens/s +n/a +n/a", out)
     assert "tokens/s: n/a (a run logged fewer than two train records" in out
@@ -206,11 +207,11 @@ def test_presets_table_states_budget_and_target_misses(capsys):
 
 def test_train_bench_fits_a_run_to_the_classic_wall_time(capsys):
     classic, fitted = summary(80.0, {1.886: 60.0}), summary(79.5, {1.886: 20.0})
-    train.print_train_table({"classic": classic, "fitted": fitted}, [1.886])
+    train_speed.print_train_table({"classic": classic, "fitted": fitted}, [1.886])
     assert ("fitted to the classic run's wall time, the default's whole run took 79.5 s against 80.0 s (within) "
             "and ended at 1.5000, the classic run at 1.5000") in capsys.readouterr().out
     with pytest.raises(ValueError, match="'fitted' with 'classic'"):
-        train.TrainBenchConfig(runs="default,fitted")
+        train_speed.TrainBenchConfig(runs="default,fitted")
 
 
 def test_busy_table_sets_each_run_beside_the_idle_run_of_its_seed(capsys):
@@ -244,9 +245,9 @@ def test_bench_sample_reports_both_rates_and_the_speedup(capsys):
 
 def test_analyze_times_every_head_s_ablation_and_a_patching_heatmap(capsys, monkeypatch):
     """The default's configured shape with random weights; a CPU without fast bf16 times float32 alone."""
-    from benchmarks import analyze
+    from benchmarks import analyze_speed
 
-    monkeypatch.setattr(analyze, "fast_dtype", lambda device: "bfloat16")
+    monkeypatch.setattr(analyze_speed, "fast_dtype", lambda device: "bfloat16")
     bench.main(["analyze", "--tokens=256", "--prompt_tokens=8", "--rounds=1"])
     out = capsys.readouterr().out
     assert "model 4 layers x 4 heads x 128 wide, block_size 128, vocabulary 65, random weights" in out
@@ -379,7 +380,7 @@ def test_tokenizers_bench_compares_characters_and_bpes_in_bits_per_character(tmp
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="the speed part reads memory from /proc")
 def test_tokenizers_bench_times_training_a_bpe_and_three_encoders(tmp_path, capsys, tiktoken_cache):
-    from benchmarks.prepare import make_corpus
+    from benchmarks.prepare_cost import make_corpus
     from conftest import make_text
 
     corpus = tmp_path / "corpus.jsonl"

@@ -23,6 +23,7 @@ import torch
 import sample
 import train
 from conftest import REPO, assert_one_error_line, run_here, run_script, train_args
+from gptkit.base import files as base_files  # files() below lists a folder
 from gptkit.base.errors import RunStopped, UserError
 from gptkit.explorer.runs import summarize
 from gptkit.run import checkpoint
@@ -302,7 +303,7 @@ def test_failed_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch, faul
     real_open = open
     if fault == "write":
         full = full_disk_file(10_000)
-        monkeypatch.setattr(checkpoint, "open", lambda p, mode="r", *a, **k:
+        monkeypatch.setattr(base_files, "open", lambda p, mode="r", *a, **k:
                             full(p, "wb") if "w" in mode else real_open(p, mode, *a, **k), raising=False)
     elif fault == "fsync":
         def fsync(fd):
@@ -359,6 +360,7 @@ def test_sigkill_while_saving_a_large_checkpoint(tmp_path):
 import io, os, signal, sys
 sys.path.insert(0, {str(REPO)!r})
 import torch
+from gptkit.base import files
 from gptkit.run import checkpoint
 
 class DiesMidWrite(io.FileIO):
@@ -367,7 +369,7 @@ class DiesMidWrite(io.FileIO):
             os.kill(os.getpid(), signal.SIGKILL)
         return super().write(data)
 
-checkpoint.open = lambda p, mode="r", *a, **k: DiesMidWrite(p, "wb")
+files.open = lambda p, mode="r", *a, **k: DiesMidWrite(p, "wb")
 torch.manual_seed(0)
 checkpoint.save_checkpoint({{"iter_num": 2, "w": [torch.randn(4_000_000) for _ in range(4)]}}, {str(path)!r})
 """, encoding="utf-8")
@@ -397,7 +399,7 @@ def test_disk_full_while_saving_is_one_line_and_keeps_what_was_saved(tmp_path, d
                 return full(path, "wb")
         return real_open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(checkpoint, "open", open_filling_the_disk, raising=False)
+    monkeypatch.setattr(base_files, "open", open_filling_the_disk, raising=False)
     with pytest.raises(UserError) as info:
         train.main(train_args(data_dir, out, "--max_iters=20", "--log_interval=1", "--eval_interval=5",
                               "--eval_iters=2", "--always_save_checkpoint=True", "--dropout=0.1",
@@ -435,7 +437,7 @@ def test_an_interrupt_inside_a_checkpoint_write_is_raised_as_itself(saved, monke
     path, state = saved
     before = path.read_bytes()
     monkeypatch.setattr(InterruptedFile, "stop", stop)
-    monkeypatch.setattr(checkpoint, "open", lambda p, mode, **kw: InterruptedFile(p, mode), raising=False)
+    monkeypatch.setattr(base_files, "open", lambda p, mode, **kw: InterruptedFile(p, mode), raising=False)
     with pytest.raises(type(stop)):
         save_checkpoint(state, path, previous=path.with_name("latest.prev.pt"))
     assert path.read_bytes() == before and sorted(p.name for p in path.parent.iterdir()) == ["latest.pt"]

@@ -16,7 +16,7 @@ import pytest
 import torch
 import zstandard
 
-from benchmarks.prepare import tree_rss
+from benchmarks.prepare_cost import tree_rss
 from conftest import REPO, assert_one_error_line, check_ok, make_text, run_script
 from gptkit.base.errors import UserError
 from gptkit.data import preparing, sources

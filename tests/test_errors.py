@@ -23,11 +23,11 @@ import export
 import plot
 import sample
 import train
-from benchmarks.prepare import PrepareBenchConfig
-from benchmarks.sample import SampleBenchConfig
+from benchmarks.prepare_cost import PrepareBenchConfig
+from benchmarks.sample_speed import SampleBenchConfig
 from benchmarks.throughput import ThroughputBenchConfig
 from benchmarks.tokenizers import TokenizersBenchConfig
-from benchmarks.train import TrainBenchConfig
+from benchmarks.train_speed import TrainBenchConfig
 from conftest import (BPE_VOCAB, MODEL, REPO, assert_one_error_line, check_ok, make_text, mixed_script_text,
                       run_here, train_args)
 from gptkit.base.errors import run_main
@@ -686,7 +686,7 @@ def test_a_model_py_function_whose_signature_no_longer_fits_its_callers_is_one_l
     model = tiny_model(token_shift=True)
     line = model_py_error(raised(lambda: model(random_tokens((1, 4)))))
     assert re.fullmatch(r"model\.py, line 1: token_shift\(h, share\) cannot take what model\.py, line \d+ "
-                        r"\(`return self\.shift\(h, self\.shares\[branch\], .*…`\) gives it: "
+                        r"\(`return self\.shift\(h, self\.shares\[branch\],.*`\) gives it: "
                         r"token_shift\(\) takes 2 positional arguments but 3 were given; keep its parameters, or "
                         r"give a new one a default", line), line
     forward = "def forward(self, idx, targets=None):\n    return self.head(self.embed(idx)[0]), None\n"

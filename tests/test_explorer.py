@@ -1053,8 +1053,8 @@ def test_every_field_of_every_request_fuzzed_is_answered_never_a_500(client, lab
     refusal one line with the guard's headers, no path of this machine. A part named with thousands of digits was
     a 500 from Python's int(), without those headers."""
     from gptkit.explorer.answers import GenerateRequest, MapRequest, PositionRequest, ReadRequest
-    from gptkit.explorer.experiments import ScoresRequest
-    from gptkit.explorer.features import FeatureRequest, TokenFeaturesRequest
+    from gptkit.explorer.experiment_answers import ScoresRequest
+    from gptkit.explorer.feature_answers import FeatureRequest, TokenFeaturesRequest
 
     fields = set(dict(zip(BODIES, (GenerateRequest, ReadRequest, PositionRequest, MapRequest, ScoresRequest,
                                    TokenFeaturesRequest, FeatureRequest)))[path].model_fields)
@@ -1169,7 +1169,7 @@ def test_the_timeline_is_the_runs_records_and_their_phase_change(timed):
 def test_every_answer_at_a_snapshot_is_the_python_apis_on_that_snapshot(timed):
     """Why this token, every head's attention, the lens, one head's map, read a text, writing and the heads' labels
     at "checkpoint": "iter:N" are open_run(out, checkpoint="iter:N")'s numbers, not the run's own."""
-    from gptkit.explorer.experiments import heads_report
+    from gptkit.explorer.experiment_answers import heads_report
     from gptkit.interp.experiments import open_run
     from gptkit.interp.hooks import surprise_bits
     from gptkit.run.checkpoint import load_checkpoint

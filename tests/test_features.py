@@ -88,6 +88,23 @@ def test_a_scale_folded_in_reads_raw_activations_as_the_scaled_ones_were_read():
 # ----------------------------------------------------------------------------- on a model
 
 
+def test_an_activation_read_within_a_context_is_the_one_arriving_at_its_hook():
+    """The explorer reads an SAE's input with parts switched off (meanwhile): those before the hook change what
+    arrives; one at the hook itself acts after the read; none of them stays on the model."""
+    model = tiny_model()
+    hook, idx = site_hook(model, 1, "resid_post"), torch.randint(0, 37, (2, 9))
+    plain = site_activations(model, idx, hook)
+
+    def zero(y, name):
+        return torch.zeros_like(y)
+
+    at_hook = site_activations(model, idx, hook, hooked(model, {hook: zero}))
+    before = site_activations(model, idx, hook, hooked(model, {"blocks.0.hook_resid_post": zero}))
+    torch.testing.assert_close(at_hook, plain)
+    assert not torch.allclose(before, plain)
+    torch.testing.assert_close(site_activations(model, idx, hook), plain)
+
+
 def test_switching_features_off_subtracts_exactly_their_decoded_contribution():
     model = tiny_model()
     hook = site_hook(model, 1, "resid_post")

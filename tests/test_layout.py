@@ -1,6 +1,6 @@
 """The shape of the house: at the root only what a user runs (and model.py), the machinery in gptkit/ in
 layers that import only downwards, no import cycles, no script imported by anything, and the model importing
-nothing of the project."""
+nothing of the project but the optimizers its configure_optimizers builds."""
 
 import ast
 
@@ -11,7 +11,7 @@ SCRIPTS = {"train", "sample", "plot", "export", "bench", "lab", "explore", "anal
 # the package's folders, one concern each, in layers, lowest first: a module may import its own layer or those
 # below, never one above; the benchmarks, outside the package, sit on top
 LAYERS = {
-    "foundations": {"base"},
+    "foundations, and the optimizers model.py builds": {"base", "optim"},
     "the model": {"model"},
     "parts: data, sampling, other tools' models, the machine": {"data", "sampling", "interop", "machine"},
     "a run's files": {"run"},
@@ -22,14 +22,14 @@ LAYERS = {
 
 
 def folder_of(module):
-    """'gptkit.machine.choices' -> 'machine', 'benchmarks.train' -> 'benchmarks', 'model' -> 'model'."""
+    """'gptkit.machine.choices' -> 'machine', 'benchmarks.train_speed' -> 'benchmarks', 'model' -> 'model'."""
     parts = module.split(".")
     return parts[1] if parts[0] == "gptkit" and len(parts) > 2 else parts[0] if parts[0] != "gptkit" else None
 
 
 def package_modules():
     """{dotted name: path} of every module of the package and of the benchmarks: 'gptkit.machine.choices',
-    'benchmarks.train'."""
+    'benchmarks.train_speed'."""
     return {".".join(p.relative_to(REPO).with_suffix("").parts): p
             for p in [*(REPO / "gptkit").rglob("*.py"), *(REPO / "benchmarks").rglob("*.py")] if p.stem != "__init__"}
 
@@ -53,12 +53,13 @@ def test_the_root_holds_only_commands_and_the_model():
     assert not (REPO / "gptkit" / "config").exists() and not (REPO / "config" / "__init__.py").exists()
 
 
-def test_nothing_imports_a_script_and_the_model_imports_nothing_of_the_project():
+def test_nothing_imports_a_script_and_the_model_imports_only_the_optimizers_it_builds():
     files = [*REPO.glob("*.py"), *(REPO / "gptkit").rglob("*.py"), *(REPO / "benchmarks").rglob("*.py"),
              REPO / "data" / "prepare.py"]
     for path in files:
         assert not project_imports(path) & SCRIPTS, (path, project_imports(path))
-    assert project_imports(REPO / "model.py") == set()
+    assert project_imports(REPO / "model.py") == {"gptkit.optim.optimizers"}
+    assert project_imports(REPO / "gptkit" / "optim" / "optimizers.py") == set()
 
 
 def test_the_package_has_no_import_cycles():
@@ -82,6 +83,22 @@ def test_every_module_sits_in_a_folder_of_one_concern_and_imports_only_its_layer
 
 
 def test_benchmarks_live_outside_the_package_one_module_per_subcommand():
+    """bench.py's COMMANDS maps each subcommand to its module's entry function: a module of its own in benchmarks/,
+    which says which subcommand it is."""
     import bench
     assert not (REPO / "gptkit" / "benchmarks").exists()
-    assert set(bench.COMMANDS) <= {p.stem for p in (REPO / "benchmarks").glob("*.py")}
+    modules = {name: run.__module__ for name, (run, _) in bench.COMMANDS.items()}
+    assert len(set(modules.values())) == len(modules), modules
+    for name, module in modules.items():
+        assert module.startswith("benchmarks."), (name, module)
+        path = REPO / "benchmarks" / f"{module.removeprefix('benchmarks.')}.py"
+        assert ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))).startswith(f"`bench.py {name}`"), path
+
+
+def test_no_two_modules_share_a_name_and_no_benchmark_is_named_like_a_script():
+    """A module's file name says what it holds: one name, one module (gptkit/ and benchmarks/ together), and a
+    benchmark is never taken for the script it measures."""
+    names = [path.name for path in package_modules().values()]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
+    scripts = SCRIPTS | {p.stem for p in REPO.glob("*.py")} | {"prepare"}
+    assert sorted(p.stem for p in (REPO / "benchmarks").glob("*.py") if p.stem in scripts) == []

@@ -1,17 +1,22 @@
 """model.py: every attention kind against the naive loop, causality, rotary positions, the KV cache, the variants a
 learner trains side by side, the hook points, and what the config refuses."""
 
+import json
 import math
+import re
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import MODERN, TINY, naive_attention, random_tokens, sum_tolerance, tiny_model
+from conftest import (MODERN, REPO, TINY, check_ok, naive_attention, random_tokens, sum_tolerance, tiny_model,
+                      train_args, train_config)
 from gptkit.interp.hooks import hook_points, hooked
-from gptkit.machine.flops import flops_per_token
 from gptkit.sampling.decoding import KVCache, generate
-from gptkit.training.optimizers import build_optimizers
+from gptkit.training.updates import schedulable, set_lr
 from gptkit.training.train_config import TrainConfig
 from model import GPTConfig, SelfAttention, apply_rotary, rotary_tables
 
@@ -276,7 +281,7 @@ def test_token_shift_mixes_each_position_with_the_one_before():
             h, share = norm(x), block.shares[i]
             want = torch.stack([h[:, t] + share * ((h[:, t - 1] if t else 0) - h[:, t]) for t in range(7)], dim=1)
             torch.testing.assert_close(block.branch_input(x, i), want)
-    adamw, muon = build_optimizers(model, TrainConfig(optimizer="muon", weight_decay=0.1))
+    adamw, muon = schedulable(model.configure_optimizers(TrainConfig(optimizer="muon", weight_decay=0.1)))
     shares = {id(p) for b in model.transformer.h for p in b.shares}
     assert len(shares) == 2 * TINY["n_layer"] and not shares & {id(p) for g in muon.param_groups for p in g["params"]}
     assert all(g["weight_decay"] == 0 for g in adamw.param_groups if shares & {id(p) for p in g["params"]})
@@ -321,8 +326,8 @@ def test_flops_per_token_by_hand():
     per_layer = C + 3 * C * C + C * C + C + 4 * C * C + 4 * C * C  # ln_1, c_attn, c_proj, ln_2, c_fc, c_proj
     n = L * per_layer + C + V * C  # the blocks, ln_f and the head
     model = tiny_model(bias=False)
-    assert flops_per_token(model, T) == 6 * n + L * 2 * 2 * T * C * 3
-    assert flops_per_token(tiny_model(bias=False, tie_weights=False), T) == flops_per_token(model, T)
+    assert model.flops_per_token(T) == 6 * n + L * 2 * 2 * T * C * 3
+    assert tiny_model(bias=False, tie_weights=False).flops_per_token(T) == model.flops_per_token(T)
 
 
 # ---------------------------------------------------------------------------------------------- hook points
@@ -367,3 +372,132 @@ def test_a_hook_that_returns_a_tensor_replaces_the_activation():
     with torch.no_grad():
         model.transformer.h[0].attn.c_proj.weight[:, 8:16] = 0  # head 1's columns
         torch.testing.assert_close(ablated, model(idx, idx)[0])
+
+
+# ----------------------------------------------------------------------------------------------- the optimizers
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_muon_gets_only_hidden_matrices(tie):
+    cfg = train_config(optimizer="muon", tie_weights=tie)
+    model = tiny_model(config=cfg.model, vocab_size=20)
+    adamw, muon = schedulable(model.configure_optimizers(cfg))
+    muon_ids = {id(p) for g in muon.param_groups for p in g["params"]}
+    names = {id(p): n for n, p in model.named_parameters()}
+    in_muon = sorted(names[i] for i in muon_ids)
+    assert in_muon and all(p.ndim == 2 for g in muon.param_groups for p in g["params"])
+    assert all(".h." in f".{n}" and n.endswith(".weight") for n in in_muon)
+    assert not any(n.startswith(("transformer.wte", "transformer.wpe", "lm_head")) for n in in_muon)
+    adam_ids = {id(p) for g in adamw.param_groups for p in g["params"]}
+    assert not muon_ids & adam_ids
+    assert muon_ids | adam_ids == {id(p) for p in model.parameters()}  # every parameter trained once
+    # additive attention's (heads, head size) score vectors: 2-D, but no map from one space to another
+    additive = tiny_model(config=train_config(attention="additive", optimizer="muon").model, vocab_size=20)
+    _, muon = schedulable(additive.configure_optimizers(train_config(attention="additive", optimizer="muon")))
+    assert all(p is not additive.transformer.h[0].attn.score_v for p in muon.param_groups[0]["params"])
+
+
+def test_adamw_decays_matrices_not_gains():
+    cfg = train_config(bias=True)
+    model = tiny_model(config=cfg.model, vocab_size=20)
+    (adamw,) = schedulable(model.configure_optimizers(cfg))
+    for group in adamw.param_groups:
+        assert all((p.ndim >= 2) == (group["weight_decay"] > 0) for p in group["params"])
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+@pytest.mark.parametrize("embedding_lr", [0.0, 0.05])
+def test_embeddings_get_their_own_learning_rate(optimizer, embedding_lr):
+    cfg = train_config(optimizer=optimizer, learning_rate=1e-3, embedding_lr=embedding_lr)
+    model = tiny_model(config=cfg.model, vocab_size=20)
+    adamw = schedulable(model.configure_optimizers(cfg))[0]
+    lr_of = {id(p): g["lr"] for g in adamw.param_groups for p in g["params"]}
+    assert lr_of[id(model.transformer.wte.weight)] == lr_of[id(model.transformer.wpe.weight)] == (embedding_lr or 1e-3)
+    others = [lr for pid, lr in lr_of.items() if pid not in (id(model.transformer.wte.weight),
+                                                               id(model.transformer.wpe.weight))]
+    assert others and all(lr == 1e-3 for lr in others)  # the head, gains (and, with AdamW, every matrix)
+    set_lr([adamw], 0.5)  # the schedule scales each group's own peak
+    assert {g["lr"] for g in adamw.param_groups} == {0.5 * lr for lr in set(lr_of.values())}
+
+
+# ----------------------------------------------------------------------------------------------- one place
+
+SINUSOIDAL = ("        elif self.config.pos_emb == \"rope\":",
+              "        elif self.config.pos_emb == \"sinusoidal\":  # Vaswani et al.'s fixed table\n"
+              "            half = torch.arange(0, self.config.n_embd, 2, device=idx.device) / self.config.n_embd\n"
+              "            angles = positions.float()[:, None] / 10000.0 ** half\n"
+              "            x = x + torch.cat((angles.sin(), angles.cos()), dim=-1).to(x.dtype)\n"
+              "        elif self.config.pos_emb == \"rope\":")
+EXPLORER_ASKS = """
+import json, sys
+from fastapi.testclient import TestClient
+from gptkit.explorer.app import make_app
+from gptkit.explorer.shelf import Shelf
+app = TestClient(make_app(Shelf(sys.argv[1], "cpu", "float32")), base_url="http://127.0.0.1:8000")
+print(json.dumps({"runs": app.get("/api/runs").json(), "run": app.get("/api/runs/out").json()}))
+"""
+
+
+def project_copy(folder, edits):
+    """The project's files copied into folder, with model.py's text edited: [(old, new)], each found."""
+    folder.mkdir()
+    for part in ("model.py", "train.py", "sample.py", "analyze.py", "gptkit", "config"):
+        (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, folder / part)
+    text = (REPO / "model.py").read_text()
+    for old, new in edits:
+        assert len(re.findall(re.escape(old), text)) == 1, old
+        text = text.replace(old, new)
+    (folder / "model.py").write_text(text)
+    return folder
+
+
+@pytest.mark.slow
+def test_a_new_positional_encoding_in_model_py_alone_reaches_every_tool(tmp_path, data_dir):
+    """Issue 64: 'sinusoidal' added to pos_emb's Literal and to GPT.embed, nothing else changed: --help offers it,
+    it trains 20 steps (its FLOPs per token, what MFU divides, counted), sample.py writes, analyze.py heads reads
+    its heads, the explorer lists and describes it, and its checkpoint loads."""
+    literal = re.search(r"pos_emb: Literal\[[^\]]*\"none\"", (REPO / "model.py").read_text()).group(0)
+    project = project_copy(tmp_path / "project", [(literal, literal + ", \"sinusoidal\""), SINUSOIDAL])
+    (project / "runs").mkdir()
+    out = project / "runs" / "out"
+
+    def command(*args):
+        return check_ok(subprocess.run([sys.executable, *map(str, args)], cwd=project, capture_output=True,
+                                       text=True, timeout=300))
+    assert "sinusoidal" in command("train.py", "--help").stdout
+    trained = command("train.py", *train_args(data_dir, out, "--pos_emb=sinusoidal", "--max_iters=20",
+                                              "--eval_interval=10", "--log_interval=10"))
+    assert "optimizers: AdamW" in trained.stdout and "final: val loss" in trained.stdout
+    run = next(json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"run"' in line)
+    assert run["flops_per_token"] > 6 * run["params"]
+    assert command("sample.py", f"--out_dir={out}", "--max_new_tokens=8", "--num_samples=1").stdout.strip()
+    heads = json.loads(command("analyze.py", "heads", out, "--json", f"--output={out / 'heads.png'}").stdout)
+    assert len(heads["heads"]) == 2  # one layer of two heads
+    answers = json.loads(command("-c", EXPLORER_ASKS, project / "runs").stdout)
+    listed = next(r for r in answers["runs"]["runs"] if r["name"] == "out")
+    assert "pos_emb='sinusoidal'" in listed["settings"] and listed["params"] == run["params"]
+    assert answers["run"]["settings"] == listed["settings"]
+    loaded = command("-c", "import sys; from gptkit.run.run_folder import model_at; "
+                     "print(model_at(sys.argv[1])[0].config.pos_emb)", out / "best.pt")
+    assert loaded.stdout.split()[-1] == "sinusoidal"
+
+
+def test_an_optimizer_edited_in_configure_optimizers_is_the_one_that_trains(tmp_path, data_dir, monkeypatch):
+    """Issue 64: configure_optimizers returning SGD at lr=1e-9 leaves the loss where it started after 20 steps,
+    where the unedited method lowers it by more than a nat; the console names SGD, and metrics its rate."""
+    import train
+    from model import GPT
+
+    def losses(out):
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return {r["iter"]: r for r in records if r["kind"] == "train"}
+
+    args = ["--max_iters=20", "--log_interval=1", "--eval_interval=20", "--learning_rate=2e-2", "--decay_lr=False",
+            "--batch_size=16"]
+    train.main(train_args(data_dir, tmp_path / "adamw", *args))
+    plain = losses(tmp_path / "adamw")
+    assert plain[1]["loss"] - plain[20]["loss"] > 1.0
+    monkeypatch.setattr(GPT, "configure_optimizers", lambda self, cfg, dtype: torch.optim.SGD(self.parameters(),
+                                                                                              lr=1e-9))
+    train.main(train_args(data_dir, tmp_path / "sgd", *args))
+    edited = losses(tmp_path / "sgd")
+    assert abs(edited[20]["loss"] - edited[1]["loss"]) < 0.01 and "sgd_lr" in edited[20]

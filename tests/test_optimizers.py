@@ -1,17 +1,14 @@
-"""The optimizers, the learning-rate schedule and the weight average (gptkit/training/optimizers.py): AdamW and Muon
-against torch's, each parameter in the optimizer meant for it, the schedule's edges, the average step by step; and
-every training option (model and optimizer) takes steps under them without NaN."""
+"""The optimizers (gptkit/optim/optimizers.py): AdamW and Muon against torch's; and every training option (model
+and optimizer) takes steps under them without NaN."""
 
 import math
-from dataclasses import replace
 
 import pytest
 import torch
 
 from conftest import tiny_model, train_config
-from gptkit.training import optimizers
-from gptkit.training.optimizers import build_optimizers, is_hidden_matrix, lr_factor_at, set_lr
-from gptkit.training.train_config import TrainConfig
+from gptkit.optim import optimizers
+from gptkit.training.updates import lr_factor_at, schedulable
 
 OPTIONS = {
     "gpt2": {},
@@ -41,7 +38,7 @@ OPTIONS = {
 def train_steps(cfg, steps=8, dtype=None):
     torch.manual_seed(0)
     model = tiny_model(config=cfg.model, vocab_size=20).train()
-    optimizers = build_optimizers(model, cfg)
+    optimizers = schedulable(model.configure_optimizers(cfg))
     data = torch.randint(20, (cfg.batch_size, cfg.model.block_size + 1))
     losses = []
     for it in range(steps):
@@ -133,121 +130,3 @@ def test_adamw_matches_torch_adamw_and_loads_its_checkpoint_state():
     assert loaded["param_groups"][1]["lr"] == 0.03
     for key in ("step", "exp_avg", "exp_avg_sq"):
         assert loaded["state"][2][key].equal(saved["state"][2][key])
-
-
-@pytest.mark.parametrize("tie", [True, False])
-def test_muon_gets_only_hidden_matrices(tie):
-    cfg = train_config(optimizer="muon", tie_weights=tie)
-    model = tiny_model(config=cfg.model, vocab_size=20)
-    adamw, muon = build_optimizers(model, cfg)
-    muon_ids = {id(p) for g in muon.param_groups for p in g["params"]}
-    names = {id(p): n for n, p in model.named_parameters()}
-    in_muon = sorted(names[i] for i in muon_ids)
-    assert in_muon and all(p.ndim == 2 for g in muon.param_groups for p in g["params"])
-    assert all(".h." in f".{n}" and n.endswith(".weight") for n in in_muon)
-    assert not any(n.startswith(("transformer.wte", "transformer.wpe", "lm_head")) for n in in_muon)
-    adam_ids = {id(p) for g in adamw.param_groups for p in g["params"]}
-    assert not muon_ids & adam_ids
-    assert muon_ids | adam_ids == {id(p) for p in model.parameters()}  # every parameter trained once
-    assert is_hidden_matrix("transformer.h.0.mlp.c_fc.weight", model.transformer.h[0].mlp.c_fc.weight)
-    assert not is_hidden_matrix("transformer.wte.weight", model.transformer.wte.weight)
-    # its (heads, head size) score vectors
-    additive = tiny_model(config=train_config(attention="additive").model, vocab_size=20)
-    assert not is_hidden_matrix("transformer.h.0.attn.score_v", additive.transformer.h[0].attn.score_v)
-
-
-def test_adamw_decays_matrices_not_gains():
-    cfg = train_config(bias=True)
-    model = tiny_model(config=cfg.model, vocab_size=20)
-    (adamw,) = build_optimizers(model, cfg)
-    for group in adamw.param_groups:
-        assert all((p.ndim >= 2) == (group["weight_decay"] > 0) for p in group["params"])
-
-
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-@pytest.mark.parametrize("embedding_lr", [0.0, 0.05])
-def test_embeddings_get_their_own_learning_rate(optimizer, embedding_lr):
-    cfg = train_config(optimizer=optimizer, learning_rate=1e-3, embedding_lr=embedding_lr)
-    model = tiny_model(config=cfg.model, vocab_size=20)
-    adamw = build_optimizers(model, cfg)[0]
-    lr_of = {id(p): g["lr"] for g in adamw.param_groups for p in g["params"]}
-    assert lr_of[id(model.transformer.wte.weight)] == lr_of[id(model.transformer.wpe.weight)] == (embedding_lr or 1e-3)
-    others = [lr for pid, lr in lr_of.items() if pid not in (id(model.transformer.wte.weight),
-                                                               id(model.transformer.wpe.weight))]
-    assert others and all(lr == 1e-3 for lr in others)  # the head, gains (and, with AdamW, every matrix)
-    set_lr([adamw], 0.5)  # the schedule scales each group's own peak
-    assert {g["lr"] for g in adamw.param_groups} == {0.5 * lr for lr in set(lr_of.values())}
-
-
-# ---------------------------------------------------------------------------------------------- the schedule
-
-def schedule(**overrides):
-    return replace(TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=100), **overrides)
-
-
-def test_warmup_reaches_the_peak_and_cosine_ends_at_min_lr():
-    cfg = schedule()
-    assert lr_factor_at(cfg, 0) == pytest.approx(0.1)
-    assert lr_factor_at(cfg, 9) == pytest.approx(1.0)
-    assert lr_factor_at(cfg, 10) == pytest.approx(1.0)
-    assert lr_factor_at(cfg, 100) == pytest.approx(0.1)
-    assert lr_factor_at(cfg, 500) == pytest.approx(0.1)  # flat at min_lr after lr_decay_iters
-
-
-def test_warmup_equal_to_decay_never_divides_by_zero():
-    cfg = schedule(warmup_iters=50, lr_decay_iters=50)
-    assert [lr_factor_at(cfg, it) for it in (49, 50, 51)] == pytest.approx([1.0, 0.1, 0.1])
-
-
-def test_constant_lr_without_decay_has_no_warmup():
-    assert lr_factor_at(schedule(decay_lr=False), 0) == 1.0
-
-
-def test_wsd_is_flat_then_linear_to_min_lr():
-    cfg = schedule(lr_schedule="wsd", warmdown_frac=0.4)
-    assert lr_factor_at(cfg, 59) == 1.0
-    assert lr_factor_at(cfg, 80) == pytest.approx(1.0 - 0.5 * 0.9)
-    assert lr_factor_at(cfg, 100) == pytest.approx(0.1)
-
-
-def test_a_budget_by_the_clock_drives_the_decay_and_a_planned_one_does_not():
-    planned = schedule(lr_schedule="wsd", warmdown_frac=0.4, max_time=100.0)
-    assert lr_factor_at(planned, 20, time_progress=0.8) == 1.0  # its steps are planned: they alone say
-    cfg = schedule(lr_schedule="wsd", warmdown_frac=0.4, max_time=100.0, wall_clock=True)
-    assert lr_factor_at(cfg, 20, time_progress=0.1) == 1.0  # iterations ahead of time
-    assert lr_factor_at(cfg, 20, time_progress=0.8) == pytest.approx(1.0 - 0.5 * 0.9)  # time ahead
-    assert lr_factor_at(cfg, 20, time_progress=1.0) == pytest.approx(0.1)
-    assert lr_factor_at(cfg, 5, time_progress=0.9) == pytest.approx(0.6)  # warmup still counts steps
-
-
-# ---------------------------------------------------------------------------------------------- the weight average
-
-def test_the_weight_average_follows_the_weights_at_the_peak_and_averages_more_as_the_rate_decays():
-    """Against the average written out step by step; the state dict gives it under both names of a tied table,
-    and swapping it in for an evaluation leaves the weights as they were."""
-    model = tiny_model(config=train_config(tie_weights=True).model, vocab_size=20)
-    params = list(model.parameters())
-    average = optimizers.EMA(model, decay=0.9)
-    expected = [p.detach().clone() for p in params]
-    generator = torch.Generator().manual_seed(0)
-    for lr in (0.5, 1.0, 0.25, 0.0, 0.0):
-        with torch.no_grad():
-            for p in params:
-                p.add_(torch.randn(p.shape, generator=generator))
-        average.update(lr)
-        step = 1 - 0.9 * (1 - lr)  # at the peak (lr 1) a step all the way to the weights
-        expected = [e + step * (p.detach() - e) for e, p in zip(expected, params)]
-        for a, e in zip(average.values, expected):
-            torch.testing.assert_close(a, e)
-    state = average.state_dict()
-    assert state["lm_head.weight"].data_ptr() == state["transformer.wte.weight"].data_ptr()
-    torch.testing.assert_close(state["transformer.wte.weight"], expected[0])
-    weights = [p.detach().clone() for p in params]
-    x = torch.randint(0, 20, (2, 16))
-    with average.swapped_in():
-        inside = model(x)[0]
-    reference = tiny_model(config=train_config(tie_weights=True).model, vocab_size=20)
-    reference.load_state_dict(state)
-    torch.testing.assert_close(inside, reference(x)[0])
-    for p, w in zip(params, weights):
-        assert torch.equal(p, w)

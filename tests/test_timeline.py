@@ -70,9 +70,9 @@ def test_a_resumed_runs_timeline_is_the_uninterrupted_ones(tmp_path, data_dir):
 
 
 def test_a_run_records_its_start_and_its_end_whatever_its_records_cost(tmp_path, data_dir, monkeypatch):
-    """Records that no share of the run's time affords (reporting.RECORD_SHARE 0) leave the start and the end: the
+    """Records that no share of the run's time affords (records.RECORD_SHARE 0) leave the start and the end: the
     timeline's records and the snapshots of steps 0 and 30 alone."""
-    monkeypatch.setattr("gptkit.training.reporting.RECORD_SHARE", 0.0)
+    monkeypatch.setattr("gptkit.training.records.RECORD_SHARE", 0.0)
     out = tmp_path / "out"
     train.main(train_args(data_dir, out, *SHORT, "--snapshots=4"))
     assert [t["iter"] for t in timeline(out)] == [0, 30]
@@ -113,6 +113,10 @@ def test_the_phase_change_is_the_steepest_rise_and_fall():
     steps = [0, 100, 200, 300, 400]
     assert steepest(steps, [0.0, 0.05, 0.6, 0.7, 0.72]) == 150
     assert steepest(steps, [0.0, -0.1, -0.2, -1.5, -1.6], rise=False) == 250
+    # config/induction.py's records: the in-context score's noise between steps 0 and 1 is no fall
+    early = [0, 1, 2, 25, 75, 100, 150, 200, 250, 300, 350]
+    icl = [0.013, -0.023, -0.023, -0.008, -0.048, 0.013, -0.034, -0.135, -1.014, -0.935, -0.923]
+    assert steepest(early, icl, rise=False) == 225
     heads = [{"induction": [[0.0, a]], **{k: [[0.0, 0.0]] for k in ("previous_token", "first_token",
                                                                        "duplicate_token", "local")}}
              for a in (0.0, 0.05, 0.6, 0.7, 0.72)]
@@ -314,7 +318,7 @@ def test_analyze_timeline_and_the_explorer_agree_on_the_phase_change(tmp_path, c
     same steps."""
     import analyze
     from gptkit.explorer.runs import summarize
-    from gptkit.explorer.timeline import timeline_report
+    from gptkit.explorer.timeline_answers import timeline_report
 
     for name, end in (("flat", 0.03), ("formed", 0.8)):
         out = synthetic_run(tmp_path / name, end)

@@ -24,7 +24,6 @@ from gptkit.base.errors import UserError
 from gptkit.base.settings import make
 from gptkit.data.dataset import Split, load_meta
 from gptkit.data.preparing import PrepareConfig, prepare
-from gptkit.machine.flops import flops_per_token
 from gptkit.run.checkpoint import TRAINING_KEYS, load_checkpoint, model_from_checkpoint
 from gptkit.run.metrics import read_metrics
 from gptkit.run.run_folder import load_model
@@ -58,7 +57,7 @@ def test_train_writes_checkpoint_and_metrics(trained_run, data_dir):
     run = records[0]  # what the run was: what its figures mean
     assert run["kind"] == "run" and run["dtype"] == "float32" and run["tokens_per_iter"] == 8 * 32
     model = load_model(out, "cpu")[0]
-    assert run["params"] == model.num_params() and run["flops_per_token"] == flops_per_token(model, 32)
+    assert run["params"] == model.num_params() and run["flops_per_token"] == model.flops_per_token(32)
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval"]
     assert [r["iter"] for r in train] == [5, 10, 15, 20, 25, 30]

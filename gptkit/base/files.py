@@ -1,5 +1,7 @@
-"""Writing the files a tool keeps in a folder the user owns (a run's, a dataset's): whole or not at all, and
-never through a link, which would send the write to the file it points at, wherever that is."""
+"""Writing the files a tool keeps in a folder the user owns (a run's, a dataset's, an export's, the wisdom cache):
+whole or not at all, and never through a link, which would send the write to the file it points at, wherever that
+is. written_whole is the one way the tools write such a file; what they write as they go (records appended, token
+shards streamed, a log) opens its file with no_links."""
 
 import errno
 import os
@@ -41,29 +43,43 @@ def writable(path):
 
 
 @contextmanager
-def written_whole(path, mode="w", encoding="utf-8"):
+def written_whole(path, mode="w", encoding="utf-8", previous=None, shared=False, failed=None):
     """Open a temporary file beside `path` for writing; when the block ends, it is synced and renamed over
-    `path`, so a crash leaves the old file or the new, never half of one. An error removes it and says so."""
+    `path`, so a crash leaves the old file or the new, never half of one. Every file the tools write whole goes
+    through here, so that none of them loses those guarantees.
+
+    previous: where the file being replaced is kept (the state to fall back on) instead of deleted; a failure
+    after it moved there leaves no file at `path`, which failed then says.
+    shared: other processes may write the same file at the same time (no lock keeps them out), so the temporary
+    file is this process's own. failed(path, error): the exception to raise for an OSError, in the caller's
+    words; by default one line saying the file is as it was. Any error removes the temporary file."""
     path = Path(path)
     refuse_link(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp" if shared else f"{path.name}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, mode, encoding=None if "b" in mode else encoding, opener=no_links) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
+        if previous is not None and path.exists():
+            os.replace(path, previous)
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        reason = "disk full" if e.errno == errno.ENOSPC else e.strerror or str(e)
-        raise UserError(f"could not write {path} ({reason}); it is as it was") from None
+        raise (failed or not_written)(path, e) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
-def write_whole(path, data):
-    """`data` (text or bytes) as the whole of `path`, written aside and renamed over it."""
-    with written_whole(path, "wb" if isinstance(data, bytes) else "w") as f:
+def not_written(path, e):
+    reason = "disk full" if e.errno == errno.ENOSPC else e.strerror or str(e)
+    return UserError(f"could not write {path} ({reason}); it is as it was")
+
+
+def write_whole(path, data, **how):
+    """`data` (text or bytes) as the whole of `path`, written aside and renamed over it (how: written_whole's
+    options)."""
+    with written_whole(path, "wb" if isinstance(data, bytes) else "w", **how) as f:
         f.write(data)

@@ -9,10 +9,10 @@ import torch
 from pydantic import BaseModel, Field, field_validator
 
 from gptkit.base.errors import UserError
-from gptkit.explorer.experiments import MAX_OFF, MAX_TOKENS, Off, OffRequest, Real, Whole
-from gptkit.explorer.runs import (ApiError, attention_note, describe, final_bits_per_char, number, run_records,
+from gptkit.explorer.experiment_answers import MAX_OFF, MAX_TOKENS, Off, OffRequest, Real, Whole
+from gptkit.explorer.runs import (ApiError, attention_note, final_bits_per_char, number, run_records,
                                   without_paths)
-from gptkit.explorer.timeline import AtRequest
+from gptkit.explorer.timeline_answers import AtRequest
 from gptkit.interp.experiments import checked_tokens
 from gptkit.interp.hooks import attention_maps, logit_lens, look_inside, read_out, surprise_bits, token_label
 from gptkit.run.metrics import loss_points
@@ -240,7 +240,7 @@ def run_metrics(summary):
 
 def picked(name, loaded):
     c = loaded.model.config
-    return {"name": name, "settings": describe(c), "n_layer": c.n_layer, "n_head": c.n_head,
+    return {"name": name, "settings": c.describe(), "n_layer": c.n_layer, "n_head": c.n_head,
             "block_size": c.block_size, "attention": c.attention, "causal": c.causal,
             "vocab_size": loaded.tok.vocab_size, "tokenizer": loaded.summary.tokenizer,
             "tokenizer_kind": loaded.tok.kind,

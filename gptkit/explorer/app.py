@@ -21,12 +21,13 @@ from gptkit.base.errors import UserError, first_line
 from gptkit.explorer.answers import (GenerateRequest, MapRequest, PositionRequest, ReadRequest, attention_map,
                                      checked_ids, encode, generation_events, picked, position_report, read_text,
                                      run_metrics, sse)
-from gptkit.explorer.experiments import FEATURE_NAME, ScoresRequest, head_scores_at, heads_report, lab_curves, off_of
-from gptkit.explorer.features import (FeatureRequest, TokenFeaturesRequest, feature_report, sae_hooks, sae_report,
-                                      token_features)
+from gptkit.explorer.experiment_answers import (FEATURE_NAME, ScoresRequest, head_scores_at, heads_report, lab_curves,
+                                                off_of)
+from gptkit.explorer.feature_answers import (FeatureRequest, TokenFeaturesRequest, feature_report, sae_hooks,
+                                             sae_report, token_features)
 from gptkit.explorer.guard import Guard, own_names
 from gptkit.explorer.runs import ApiError, lab_rung, shown
-from gptkit.explorer.timeline import checked_checkpoint, timeline_report
+from gptkit.explorer.timeline_answers import checked_checkpoint, timeline_report
 from gptkit.run.checkpoint import load_checkpoint
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -116,8 +117,9 @@ def off_for(shelf, loaded, names):
 
 
 def add_experiment_routes(app, shelf):
-    """The experiments' own routes (gptkit/explorer/experiments.py): heads' labels (at a checkpoint the query names,
-    ?checkpoint=iter:1200), one head's scores, the lab, and a run's timeline (gptkit/explorer/timeline.py)."""
+    """The experiments' own routes (gptkit/explorer/experiment_answers.py): heads' labels (at a checkpoint the query
+    names, ?checkpoint=iter:1200), one head's scores, the lab, and a run's timeline
+    (gptkit/explorer/timeline_answers.py)."""
 
     @app.get("/api/runs/{name}/heads")
     def labels(name: str, checkpoint: str | None = None):
@@ -148,8 +150,8 @@ def add_experiment_routes(app, shelf):
 
 
 def add_feature_routes(app, shelf):
-    """The features' routes (gptkit/explorer/features.py): an SAE of a run, a token's features, one feature. What
-    is off is read before the SAE a request asks for, so that a part the model lacks is refused first, as on the
+    """The features' routes (gptkit/explorer/feature_answers.py): an SAE of a run, a token's features, one feature.
+    What is off is read before the SAE a request asks for, so that a part the model lacks is refused first, as on the
     other routes."""
 
     @app.get("/api/runs/{name}/sae/{hook}")

@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from gptkit.base.errors import UserError, first_line
 from gptkit.data.dataset import file_identity
 from gptkit.data.tokenizer import describe_vocabulary
@@ -15,7 +17,7 @@ from gptkit.lab.ladder import RUNGS
 from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, model_config
 from gptkit.run.metrics import read_metrics
 from gptkit.run.run_folder import RunDir
-from model import GPTConfig
+from model import GPT, GPTConfig
 
 
 class ApiError(Exception):
@@ -110,21 +112,6 @@ def number(value):
     return value if type(value) in (int, float) and math.isfinite(value) else None
 
 
-def describe(c):
-    """A model's settings in words, e.g. '4 layers, 4 heads, width 128, scaled dot-product attention, ...'."""
-    if c.n_layer == 0:
-        return f"a bigram table: no attention, width {c.n_embd}"
-    kinds = {"scaled": "scaled dot-product attention", "dot": "dot-product attention without the 1/√d scale",
-             "uniform": "uniform attention (an average of the past)", "additive": "additive (Bahdanau) attention"}
-    positions = {"learned": "learned positions", "rope": "rotary positions", "none": "no positions"}
-    words = [f"{c.n_layer} layer{'s' * (c.n_layer > 1)}", f"{c.n_head} head{'s' * (c.n_head > 1)}",
-             f"width {c.n_embd}", kinds[c.attention], "causal (a decoder)" if c.causal else "not causal (an encoder)",
-             positions[c.pos_emb], f"context {c.block_size}"]
-    if not c.mlp:
-        words.append("no MLP")
-    return ", ".join(words)
-
-
 def attention_note(c):
     if c.n_layer == 0:
         return "a bigram model has no attention: each prediction comes from the current token alone"
@@ -158,7 +145,7 @@ class Summary:
                "tokenizer_kind": self.tokenizer_kind, "rung": lab_rung(self.folder), "health": None,
                "checkpoint": None, "metrics_error": None}
         if self.error is None:
-            out.update(settings=describe(self.config), params=self.params, checkpoint=self.checkpoint.name,
+            out.update(settings=self.config.describe(), params=self.params, checkpoint=self.checkpoint.name,
                        **finished(self.folder, self.tokenizer_kind))
         return out
 
@@ -242,9 +229,8 @@ def summarize(name, folder):
         identity = identity_of(folder)
         ckpt = load_checkpoint(path, required=MODEL_KEYS)
         config = model_config(ckpt, path)
-        params = sum(t.numel() for k, t in ckpt["model"].items() if k != "transformer.wpe.weight")
-        if config.tie_weights:
-            params -= ckpt["model"]["lm_head.weight"].numel()
+        with torch.device("meta"):  # model.py's own count, of a model that holds no numbers
+            params = GPT(config).num_params()
         step = ckpt.get("iter_num")
         return Summary(name, folder, path, config, params, describe_vocabulary(ckpt["tokenizer"]),
                        ckpt["tokenizer"]["tokenizer"], identity=identity, iter_num=step if type(step) is int else None)

@@ -12,11 +12,11 @@ from pathlib import Path
 import torch
 
 from gptkit.base.errors import UserError
-from gptkit.explorer.features import checked_hook, files_identity, read_sae
+from gptkit.explorer.feature_answers import checked_hook, files_identity, read_sae
 from gptkit.explorer.memory import bound_freed_memory, give_back_memory
 from gptkit.explorer.runs import (ApiError, Summary, find_run, find_runs, identity_of, shown, summarize,
                                   without_paths)
-from gptkit.explorer.timeline import checkpoint_file
+from gptkit.explorer.timeline_answers import checkpoint_file
 from gptkit.interp.experiments import shown_value
 from gptkit.machine.precision import DTYPES, pick_decode_dtype
 from gptkit.machine.threads import pick_decode_threads
@@ -36,7 +36,8 @@ class Loaded:
     decoder: torch.nn.Module
     tok: object
     decoding: str  # which precision decodes, and why
-    saes: dict = field(default_factory=dict)  # hook -> its SAE (gptkit/explorer/features.py's Kept), once asked for
+    # hook -> its SAE (gptkit/explorer/feature_answers.py's Kept), once asked for
+    saes: dict = field(default_factory=dict)
     at: str = None  # the checkpoint a request named ('iter:1200'), for one of the run's snapshots; else None
     snapshots: OrderedDict = field(default_factory=OrderedDict)  # checkpoint -> its Loaded, once asked for
 

@@ -9,6 +9,7 @@ weights are stored transposed (in, out), and its config calls things by other na
 """
 
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -16,8 +17,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from gptkit.base import files
 from gptkit.base.errors import UserError, first_line
-from gptkit.base.files import refuse_link
 from model import GPT, GPTConfig
 
 HUB_MODELS = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}
@@ -213,14 +214,16 @@ def save_hf(model, hf_dir, eos_token_id=None):
     hf_dir = Path(hf_dir)
     try:
         hf_dir.mkdir(parents=True, exist_ok=True)
-        # written aside, then each file renamed in: never through a link, never half a folder
+        # saved aside (transformers writes a folder), then each file written whole into hf_dir; every link in the
+        # way is refused before any file is written, so that a refusal leaves none of the new files
         with tempfile.TemporaryDirectory(dir=hf_dir, prefix=".export-") as aside:
             hf.save_pretrained(aside)
             written = sorted(Path(aside).iterdir())
             for f in written:
-                refuse_link(hf_dir / f.name)
+                files.refuse_link(hf_dir / f.name)
             for f in written:
-                os.replace(f, hf_dir / f.name)
-    except OSError as e:
+                with open(f, "rb") as saved, files.written_whole(hf_dir / f.name, "wb", failed=lambda _, e: e) as out:
+                    shutil.copyfileobj(saved, out)
+    except OSError as e:  # the folder is named: a user reads it as the export's, whichever file failed
         raise UserError(f"could not write {hf_dir} ({e.strerror or e})") from None
     return hf

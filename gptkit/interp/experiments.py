@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from gptkit.base.errors import UserError
 from gptkit.base.progress import progress
 from gptkit.interp.hooks import forward_from, hook_points, hooked, names_in, run_with_cache
-from gptkit.machine.runtime import pick_device
+from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.run.metrics import KINDS
 from gptkit.run.run_folder import RunDir, check_checkpoint, model_at
 
@@ -131,8 +131,10 @@ def device_here(device):
     """device ('cpu', 'cuda', 'cuda:N', 'mps' or 'auto'; a torch.device too) when this machine has it, 'auto' as
     the first of cuda, mps and cpu it has; one line otherwise."""
     name = str(device) if isinstance(device, torch.device) else device
-    if not isinstance(name, str) or not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", name):
-        raise UserError(f"device must be 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto', got {shown_value(device)}")
+    try:
+        check_device_name(name)
+    except ValueError:  # in a Python call's words, not a command line's
+        raise UserError(f"device must be 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto', got {shown_value(device)}") from None
     if name == "auto":
         return pick_device(name)
     gpus = torch.cuda.device_count() if name.startswith("cuda") else 0
@@ -571,11 +573,12 @@ def induction_tokens(model, vocab, rows=REPEAT_ROWS, seed=0):
     return repeated_tokens(vocab, length, rows, seed).to(next(model.parameters()).device)
 
 
-def patterns(model, idx):
-    """Every layer's attention weights for idx: (n_layer, B, n_head, T, T)."""
+def patterns(model, idx, rows=None):
+    """Every layer's attention weights for idx, of its first `rows` rows (None: all): (n_layer, B, n_head, T, T);
+    with the pass's logits (B, T, V) for every row."""
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.config.n_layer)]
-    _, cache = run_with_cache(model, idx, names)
-    return torch.stack([cache[name].float().cpu() for name in names])
+    logits, cache = run_with_cache(model, idx, names)
+    return torch.stack([cache[name][:rows].float().cpu() for name in names]), logits
 
 
 def share_on(P, keys, queries):
@@ -615,7 +618,7 @@ def head_scores(model, text, repeated):
     (repeated_tokens)."""
     no_attention(model)
     text, repeated = checked_tokens(model, text), checked_tokens(model, repeated)
-    return scores_of(patterns(model, text), patterns(model, repeated), repeated)
+    return scores_of(patterns(model, text)[0], patterns(model, repeated)[0], repeated)
 
 
 def chance_scores(text, repeated):

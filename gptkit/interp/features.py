@@ -20,6 +20,7 @@ import signal
 import stat
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,15 +70,17 @@ class StopAfter(Exception):
 
 
 @torch.no_grad()
-def site_activations(model, idx, hook):
-    """The activation at hook for idx (B, T): (B, T, d), the forward pass stopped right after it."""
+def site_activations(model, idx, hook, meanwhile=None):
+    """The activation at hook for idx (B, T) as it arrives there: (B, T, d) in float32, the forward pass stopped
+    right after it. meanwhile: a context (not yet entered) the pass runs in, entered once this read's hook is set,
+    as the explorer's parts switched off: one at hook itself then acts after the read."""
     kept = {}
 
     def keep(x, name):
         kept["x"] = x
         raise StopAfter
 
-    with hooked(model, {hook: keep}):
+    with hooked(model, {hook: keep}), meanwhile or nullcontext():
         try:
             model(idx)
         except StopAfter:

@@ -18,8 +18,8 @@ from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 from matplotlib.font_manager import FontProperties, fontManager  # noqa: E402
 from matplotlib.textpath import TextToPath  # noqa: E402
 
+from gptkit.base import files  # noqa: E402
 from gptkit.base.errors import UserError  # noqa: E402
-from gptkit.base.files import writable, written_whole  # noqa: E402
 from gptkit.base.settings import shown  # noqa: E402
 from gptkit.interp.hooks import attention_of  # noqa: E402
 from gptkit.run.metrics import loss_series, wall_clock  # noqa: E402
@@ -78,7 +78,7 @@ def check_picture_path(path):
     if blocker is not None and not blocker.is_dir():
         raise ValueError(f"output {path} cannot be written: {blocker} is a file, not a folder")
     try:
-        writable(path)
+        files.writable(path)
     except UserError as e:
         raise ValueError(str(e)) from None
     formats = writable_formats()
@@ -90,7 +90,7 @@ def save(fig, path, dpi):
     """Write the picture whole (aside, then renamed over path), never through a link at its name."""
     path = Path(path)
     try:
-        with warnings.catch_warnings(record=True) as caught, written_whole(path, "wb") as f:
+        with warnings.catch_warnings(record=True) as caught, files.written_whole(path, "wb") as f:
             warnings.simplefilter("always")
             fig.savefig(f, dpi=dpi, format=path.suffix[1:].lower())
     finally:

@@ -18,10 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from gptkit.interp.experiments import KINDS, head_scores, induction_tokens, token_losses
+from gptkit.interp.experiments import KINDS, induction_tokens, patterns, scores_of, token_losses
 
 SCORE_WINDOWS = 16  # val windows the previous-token, first-token and local scores read (as analyze.py heads)
-ICL_WINDOWS = 64  # val windows the in-context learning score and the loss by position read
+# val windows the in-context learning score and the loss by position read, the first SCORE_WINDOWS of them in the
+# same pass: 32 rather than 64 halves a record's cost, which a short run on a busy machine pays at its start and end
+ICL_WINDOWS = 32
 ICL_EARLY, ICL_LATE = 50 / 512, 500 / 512  # Olsson et al.'s 50th and 500th tokens, as shares of the context
 POSITION_BUCKETS = 8
 FORMED_AT = 0.3  # a head has formed once its score of a kind reaches this (the lab's "step N", the phase change's)
@@ -40,10 +42,10 @@ def due(iter_num, eval_interval):
 
 @dataclass
 class Probe:
-    """The fixed tokens every record of a run reads: val windows for the text scores, the in-context learning score
-    and the loss by position; the repeated random sequences for the induction and duplicate-token scores."""
+    """The fixed tokens every record of a run reads: val windows for the in-context learning score and the loss by
+    position, the first SCORE_WINDOWS of them for the text scores; the repeated random sequences for the induction
+    and duplicate-token scores."""
 
-    text: torch.Tensor
     windows: torch.Tensor
     targets: torch.Tensor
     repeated: torch.Tensor
@@ -57,7 +59,7 @@ class Probe:
         device = str(next(model.parameters()).device)
         idx, targets = val_split.batch(torch.arange(windows) * T, device)
         repeated = induction_tokens(model, vocab) if has_attention(model) else None
-        return cls(idx[:SCORE_WINDOWS], idx, targets, repeated)
+        return cls(idx, targets, repeated)
 
 
 def has_attention(model):
@@ -71,14 +73,16 @@ def record(model, probe):
     was_training = model.training
     model.eval()
     try:
-        logits, _ = model(probe.windows, probe.targets)
+        heads = None
+        if probe.repeated is None:
+            logits, _ = model(probe.windows, probe.targets)
+        else:  # the text's attention read in the same pass as the losses
+            text, logits = patterns(model, probe.windows, rows=SCORE_WINDOWS)
+            scores = scores_of(text, patterns(model, probe.repeated)[0], probe.repeated)
+            heads = {kind: [[round(v, 4) for v in row] for row in scores[kind].tolist()] for kind in KINDS}
         losses = token_losses(logits, probe.targets).view(probe.targets.shape).float().mean(0)  # (T,)
         early, late = icl_positions(losses.numel())
         buckets = losses.tensor_split(POSITION_BUCKETS) if losses.numel() >= POSITION_BUCKETS else [losses]
-        heads = None
-        if probe.repeated is not None:
-            scores = head_scores(model, probe.text, probe.repeated)
-            heads = {kind: [[round(v, 4) for v in row] for row in scores[kind].tolist()] for kind in KINDS}
     finally:
         model.train(was_training)
     return {"icl": round((losses[late] - losses[early]).item(), 5),
@@ -133,11 +137,15 @@ def why_no_timeline(records):
 
 
 def steepest(steps, values, rise=True):
-    """The step where values change fastest (a rise, or a fall) between consecutive records, per step of training:
-    the midpoint of the two records' steps, or None with fewer than two."""
+    """The step where values change fastest (a rise, or a fall) between consecutive records, per step of training
+    over at least the records' median gap: the early records, a step or two apart, differ by their noise, which
+    per single step would outrun a change spread over many; the midpoint of the two records' steps, or None with
+    fewer than two."""
     if len(steps) < 2:
         return None
-    slopes = [(b - a) / max(1, t1 - t0) * (1 if rise else -1)
+    gaps = sorted(t1 - t0 for t0, t1 in zip(steps, steps[1:]))
+    least = max(1, gaps[len(gaps) // 2])
+    slopes = [(b - a) / max(least, t1 - t0) * (1 if rise else -1)
               for (t0, a), (t1, b) in zip(zip(steps, values), zip(steps[1:], values[1:]))]
     i = max(range(len(slopes)), key=slopes.__getitem__)
     return (steps[i] + steps[i + 1]) // 2

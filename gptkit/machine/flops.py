@@ -1,19 +1,7 @@
-"""FLOP accounting for model FLOPs utilisation (MFU): the training FLOPs a model's token costs, and the
-peak a GPU's datasheet promises."""
+"""The peak FLOP/s a GPU's datasheet promises, against which model FLOPs utilisation (MFU) is reckoned; the
+FLOPs a model's token costs are model.py's (GPT.flops_per_token)."""
 
 import torch
-
-
-def flops_per_token(model, seq_len):
-    """Training FLOPs per token: 6N for the matmuls plus attention (PaLM appendix B): 2 FLOPs forward and 4
-    backward per multiply-add, over seq_len keys for each of n_embd channels. Dot-product attention has two
-    such products (scores and values), uniform only the values, and additive about three (the sum and tanh
-    of q+k, the product with v, the values)."""
-    cfg = model.config
-    n = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("transformer.w"))
-    n += model.lm_head.weight.numel() if cfg.tie_weights else 0
-    products = {"scaled": 2, "dot": 2, "uniform": 1, "additive": 3}[cfg.attention]
-    return 6 * n + 6 * products * cfg.n_layer * cfg.n_embd * seq_len
 
 
 # dense bf16/fp16 tensor-core peaks from the vendors' datasheets; the first key found in the name wins

@@ -40,7 +40,9 @@ def keep_freed_memory():
 
 
 def check_device_name(name):
-    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", name):
+    """The one check of a device's name, for every command and the notebook's calls alike (any value: a name is a
+    string)."""
+    if not isinstance(name, str) or not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", name):
         raise ValueError(f"device must be auto, cpu, mps, cuda or cuda:N (got {name!r})")
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from gptkit.base import files
+from gptkit.base.errors import UserError
 from gptkit.machine.stand_ins import ATTENTION_PATHS, model_code
 
 FORMAT = 1
@@ -126,14 +128,12 @@ class Wisdom:
         if not isinstance(mine, dict) or mine.get("torch") != self.torch or not isinstance(mine.get("shapes"), dict):
             mine = data["machines"][self.machine] = {"torch": self.torch, "shapes": {}}
         mine["shapes"][key] = entry
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = self.path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
-            temporary.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
-            os.replace(temporary, self.path)
-        except OSError as e:  # a read-only home: the run goes on with what it measured, and says so
-            self.notes.append(f"note: could not keep this machine's wisdom in {self.path} ({e.strerror or e}): the "
-                              "next run measures again")
+        try:  # shared: every run on this machine keeps its entries here, and none holds a lock for it
+            files.write_whole(self.path, json.dumps(data, indent=1, sort_keys=True), shared=True,
+                              failed=lambda path, e: UserError(e.strerror or str(e)))
+        except UserError as e:  # a read-only home, a link: the run goes on with what it measured, and says so
+            self.notes.append(f"note: could not keep this machine's wisdom in {self.path} ({e}): the next run "
+                              "measures again")
 
 
 def positive(value):

@@ -25,8 +25,8 @@ from typing import Literal, get_args, get_origin
 import numpy as np
 import torch
 
+from gptkit.base import files
 from gptkit.base.errors import RunStopped, UserError, first_line
-from gptkit.base.files import no_links, refuse_link
 from gptkit.machine.stand_ins import KERNELS, install
 from gptkit.run.formats import CHECKPOINT_FORMAT, upgraded_checkpoint
 from model import GPT, GPTConfig
@@ -39,27 +39,20 @@ BLOCK = 1 << 20
 
 
 def save_checkpoint(state, path, previous=None):
-    """Write to a temporary file, fsync, then rename: a crash leaves the old file or the new, never half of one.
+    """Written whole (gptkit/base/files.py): a crash leaves the old file or the new, never half of one.
     With previous (a path), the file being replaced is kept there instead of deleted."""
     path = Path(path)
-    refuse_link(path)
-    tmp = path.with_name(path.name + ".tmp")
     writer = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb", opener=no_links) as f:
+        # failed reads writer when the write fails: by then it holds the error torch's zip writer hid
+        with files.written_whole(path, "wb", previous=previous,
+                                 failed=lambda path, e: write_error(e, writer, path, previous)) as f:
             f.write(bytes(HEADER_SIZE))  # its place; the real line goes in once the checksum is known
             writer = HashingWriter(f)
             torch.save(dict(state, format_version=CHECKPOINT_FORMAT), writer)
             f.seek(0)
             f.write(HEADER % (writer.sha256.hexdigest().encode(), writer.size))
-            f.flush()
-            os.fsync(f.fileno())
-        if previous is not None and path.exists():
-            os.replace(path, previous)
-        os.replace(tmp, path)
-    except (OSError, RuntimeError, KeyboardInterrupt) as e:
-        tmp.unlink(missing_ok=True)  # interrupted too: the half-written file must not stay behind
+    except (RuntimeError, KeyboardInterrupt) as e:  # the temporary file is gone already
         stop = interruption(e, writer)
         if stop is not None:
             raise stop from None
@@ -74,8 +67,6 @@ def interruption(e, writer):
     torch's own code ran) is the RuntimeError's context."""
     if isinstance(e, KeyboardInterrupt):
         return e
-    if not isinstance(e, RuntimeError):
-        return None
     if writer is not None and writer.error is not None:
         return None if isinstance(writer.error, OSError) else writer.error
     return e.__context__ if isinstance(e.__context__, (KeyboardInterrupt, RunStopped)) else None

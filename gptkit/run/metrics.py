@@ -7,8 +7,9 @@ import os
 import time
 from pathlib import Path
 
+from gptkit.base import files
 from gptkit.base.errors import UserError, first_line
-from gptkit.base.files import no_links, refuse_link
+from gptkit.base.files import no_links
 from gptkit.base.settings import shown
 
 
@@ -98,7 +99,7 @@ def records_through(path, iteration, rewrite=True):
         kept.append(line)
         final = final or record.get("kind") == "final" and record.get("iter") == iteration
     if rewrite and len(kept) < len(lines):
-        replace_file(Path(path), b"".join(kept))
+        files.write_whole(path, b"".join(kept), failed=not_rewritten)
     return len(lines) - len(kept), final
 
 
@@ -111,24 +112,15 @@ def parsed(line):
     return record if isinstance(record, dict) else {}
 
 
-def replace_file(path, data):
-    refuse_link(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb", opener=no_links) as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        what = "disk full" if e.errno == errno.ENOSPC else f"could not write ({e.strerror or e})"
-        raise UserError(f"{what} while rewriting {path}; it is as it was") from None
+def not_rewritten(path, e):
+    what = "disk full" if e.errno == errno.ENOSPC else f"could not write ({e.strerror or e})"
+    return UserError(f"{what} while rewriting {path}; it is as it was")
 
 
 # the fields each kind of record must have, all numbers; other kinds are passed over
 RECORD_FIELDS = {"train": ("iter", "loss"), "eval": ("iter", "val_loss")}
-NUMBER_FIELDS = ("loss", "adamw_lr", "muon_lr", "lr", "tokens", "train_loss", "val_loss", "elapsed_s")
+# and each optimizer's rate, named for it ('adamw_lr', 'muon_lr', 'sgd_lr': gptkit/training/updates.py rates)
+NUMBER_FIELDS = ("loss", "lr", "tokens", "train_loss", "val_loss", "elapsed_s")
 # every number train.py logs comes from a float32 tensor or a step count: a larger one is a hand edit, which would
 # overflow the pictures' axes
 LARGEST = 3.4028234663852886e38
@@ -200,7 +192,7 @@ def check_record(record):
     if kind in RECORD_FIELDS:
         if not is_step(record["iter"]):
             raise ValueError(f"iter is {shown(record['iter'], 40)}, not an iteration number")
-        for key in NUMBER_FIELDS:
+        for key in [k for k in record if k in NUMBER_FIELDS or k.endswith("_lr")]:
             if key in record and type(record[key]) not in (int, float):
                 raise ValueError(f"{key} is {shown(record[key], 40)}, not a number")
             value = record.get(key, 0)  # NaN and Infinity are kept: a run that diverged logs them

@@ -22,12 +22,12 @@ def progress(total, what):
                         bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
 
 
-def evaluate(model, data, autocast, seconds_per_token=None):
-    """Mean loss per split over the fixed evaluation windows; each batch's seconds per token appended to
-    `seconds_per_token` where it is given (what the final score will cost a token, as the budget plans it)."""
+def evaluate(model, data, autocast):
+    """Mean loss per split over the fixed evaluation windows, and the fastest batch's seconds per token (what
+    the final score will cost a token, as the budget plans it: the first batch is slowed by warming up)."""
     model.eval()
     device = str(next(model.parameters()).device)
-    out = {}
+    out, seconds_per_token = {}, []
     batches = sum(len(offsets) for offsets in data.eval_offsets.values())
     with torch.no_grad(), eagerly(), progress(batches, "evaluating") as bar:
         for name, split in data.splits.items():
@@ -37,12 +37,11 @@ def evaluate(model, data, autocast, seconds_per_token=None):
                 start = time.perf_counter()
                 with autocast:
                     losses.append(model(x, y)[1].item())
-                if seconds_per_token is not None:
-                    seconds_per_token.append((time.perf_counter() - start) / x.numel())
+                seconds_per_token.append((time.perf_counter() - start) / x.numel())
                 bar.update(1)
             out[name] = sum(losses) / len(losses)
     model.train()
-    return out
+    return out, min(seconds_per_token)
 
 
 def evaluate_split(model, split, autocast, batch_size, max_tokens=0):

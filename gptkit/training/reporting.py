@@ -5,23 +5,15 @@ warning when it overfits, and a summary at the end; the same numbers go to metri
 import math
 import sys
 import time
-from contextlib import contextmanager
 
-from gptkit.base.errors import UserError
 from gptkit.base.progress import progress
 from gptkit.data.dataset import bits_per_char
-from gptkit.interp.timeline import Probe, due, has_attention, record, timeline_of, travelled
-from gptkit.machine.flops import flops_per_token, peak_flops
-from gptkit.run.metrics import read_metrics
-from gptkit.training.evaluation import eagerly
-from gptkit.training.snapshots import take
+from gptkit.machine.flops import peak_flops
+from gptkit.training.updates import described, rates
 
 # overfitting: val loss this far above train loss (in nats, and as a share of train loss, whichever is larger) ...
 OVERFIT_GAP, OVERFIT_SHARE = 0.3, 0.25
 OVERFIT_RISES = 3  # ... or val loss rising at this many evaluations in a row while train loss falls
-# the most of a run's time so far that its records (the timeline's, and the snapshots) may have taken: a
-# record costs about as much however long the run, so a short run or a loaded machine affords fewer of them
-RECORD_SHARE = 0.03
 
 
 def overfitting(evals):
@@ -37,51 +29,14 @@ def overfitting(evals):
     return None
 
 
-class Pacing:
-    """Whether a record a step calls for is affordable now: the seconds the records paced so far took, and
-    what this one is expected to take (what the last record took; nothing is known before the first), stay
-    within `share` of the run's seconds so far (elapsed()). One not affordable waits for a later step that
-    calls for one, so these records cost at most that share at any time budget and machine load, however long
-    the run turns out to be. The start's and the end's records, which every run takes, are not paced: the
-    start's cost (a first record's warming up too) would otherwise hold back the early records, where a model
-    changes fastest. A resumed run's earlier processes (`before` seconds) are taken to have spent their share."""
-
-    def __init__(self, elapsed, share, before=0.0, clock=time.perf_counter):
-        self.elapsed, self.share, self.clock = elapsed, share, clock
-        self.spent, self.cost = share * before if before else 0.0, 0.0
-        self.total = 0.0  # every record's seconds in this process, the start's and the end's too: the final record's
-
-    def affords(self):
-        return self.spent + self.cost <= self.share * self.elapsed()
-
-    @contextmanager
-    def paid(self, paced=True):
-        """Time what the block does as one record's cost: the next one's expected cost, and, paced, spent."""
-        start = self.clock()
-        try:
-            yield
-        finally:
-            self.cost = self.clock() - start
-            self.spent += self.cost if paced else 0.0
-            self.total += self.cost
-
-
 class Reporter:
     """A run's console and metrics.jsonl: a progress bar on a terminal, else a line per log_interval (loss,
     learning rates, ms/iter, tokens/s, MFU); a line per evaluation; printed and written by rank 0 only."""
 
-    def __init__(self, cfg, rt, data, state, log, budget=None, run=None):
+    def __init__(self, cfg, rt, data, state, log, budget=None):
         self.cfg, self.rt, self.log, self.state, self.budget, self.meta = cfg, rt, log, state, budget, data.meta
-        self.run, self.probe, self.last_record, self.timeline = run, None, None, []
-        # what a step records: the timeline's numbers, the weights (--snapshots), or both; eval_only (which has
-        # no budget) evaluates a saved state whose records its run made already
-        self.records = rt.master and not cfg.eval_only and budget is not None and \
-            (cfg.timeline or cfg.snapshots > 0)
-        self.pacing = Pacing(budget.spent, RECORD_SHARE, state.seconds_spent) if self.records else None
-        # each optimizer's peak rate, named for it: Muon's is on another scale entirely than AdamW's
-        self.peak_lrs = {"adamw_lr": cfg.learning_rate, **({"muon_lr": cfg.muon_lr} if cfg.optimizer == "muon" else {})}
         self.tokens_per_iter = state.global_batch * data.block_size
-        token_flops = flops_per_token(state.model, data.block_size)
+        token_flops = state.model.flops_per_token(data.block_size)
         self.flops_per_iter, self.peak = token_flops * self.tokens_per_iter, peak_flops(rt.device, rt.dtype)
         self.window_start, self.window_iter = time.time(), state.iter_num
         self.evals, self.warned, self.bar = [], False, None
@@ -89,41 +44,14 @@ class Reporter:
         if rt.master:
             params = state.model.num_params()
             self.say(f"training on {rt.device} in {rt.dtype}, {self.tokens_per_iter:,} tokens per iteration")
+            if not cfg.eval_only:
+                self.say(described(state.optimizers))
             log.write({"kind": "run", "iter": state.iter_num, "device": rt.device, "dtype": rt.dtype,
                        "processes": rt.world, "params": params, "tokens_per_iter": self.tokens_per_iter,
                        "flops_per_token": token_flops, "timeline": cfg.timeline})
-            self.probe = self.timeline_probe(data) if cfg.timeline else None
-            if self.records and cfg.timeline and cfg.snapshots and state.iter_num:
-                self.timeline = earlier_timeline(run)  # the snapshots are spread along it
             if budget is not None:  # a bar on a terminal; in a log, a plain line every 20 s besides those below
                 self.bar = progress(total=100, desc="training", unit="%", file=sys.stdout,
                                     bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}")
-
-    def timeline_probe(self, data):
-        """The fixed tokens the timeline reads (gptkit/interp/timeline.py)."""
-        if not has_attention(self.state.model):
-            self.say("timeline: this model has no attention (a bigram table), so its timeline records the in-context "
-                     "learning score and the loss by position, and no head scores")
-        return Probe.of(self.state.model, data.splits["val"], self.meta["vocab_size"])
-
-    def recorded(self, iter_num, always=False):
-        """This step's records (once a step): the timeline's, and with --snapshots the weights kept; where
-        the records so far leave time for them (Pacing), or always (the run's first step and its last). Neither
-        changes what trains: the model is read in eval mode, and no random generator is drawn from."""
-        if not self.records or iter_num == self.last_record or not (always or self.pacing.affords()):
-            return
-        self.last_record = iter_num
-        with self.pacing.paid(paced=not always):
-            if self.cfg.timeline:
-                with self.state.scored(), eagerly():
-                    numbers = record(self.state.model, self.probe)
-                heads = numbers.pop("heads")
-                numbers = {"iter": iter_num, **numbers, **({"heads": heads} if heads else {})}
-                self.log.write({"kind": "timeline", **numbers})
-                self.timeline.append(numbers)
-            if self.cfg.snapshots:
-                along = travelled(self.timeline) if self.timeline else None
-                take(self.state, self.run, self.cfg.snapshots, along)
 
     def say(self, line):
         """A line above the progress bar, or a plain line."""
@@ -136,21 +64,19 @@ class Reporter:
         line on the machinery (the thread count changed) is said with --verbose only."""
         if machinery and self.cfg.verbose:
             self.say(machinery)
-        if due(iter_num, self.cfg.eval_interval):
-            self.recorded(iter_num)
         if self.bar is not None:
             done = iter_num / self.cfg.max_iters
             if self.cfg.max_time > 0:
                 done = max(done, self.budget.progress())
             self.bar.update(min(100.0, 100 * done) - self.bar.n)
 
-    def trained(self, iter_num, loss, lr_factor):
-        """Report a step's loss (its mean over all processes) and each optimizer's learning rate."""
+    def trained(self, iter_num, loss):
+        """Report a step's loss (its mean over all processes) and each optimizer's learning rate now."""
         dt = (time.time() - self.window_start) / max(1, iter_num - self.window_iter)
         self.window_start, self.window_iter = time.time(), iter_num
         if not self.rt.master:
             return
-        lrs = {name: peak * lr_factor for name, peak in self.peak_lrs.items()}
+        lrs = rates(self.state.optimizers)
         self.log.write({"kind": "train", "iter": iter_num, "loss": loss, **lrs,
                         "tokens": iter_num * self.tokens_per_iter})
         if self.bar is not None:
@@ -169,7 +95,6 @@ class Reporter:
         self.say(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         self.log.write({"kind": "eval", "iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"]})
         self.evals.append((iter_num, losses["train"], losses["val"]))
-        self.recorded(iter_num, always=iter_num == 0)  # the run's start
         why = overfitting(self.evals)
         if why and not self.warned:
             self.warned = True
@@ -186,19 +111,18 @@ class Reporter:
     def saved_best(self, iter_num, val_loss, path):
         self.say(f"saved {path}: iteration {iter_num:,}, val loss {val_loss:.4f}")
 
-    def final(self, iter_num, result, run):
+    def final(self, iter_num, result, run, records_s=None):
         """The final score, then a summary: where the files are, the best val loss and its iteration, and why the
-        final score differs from the evaluations' estimates."""
+        final score differs from the evaluations' estimates. records_s: what the run's records took."""
         loss, tokens = result
         if not self.rt.master:
             return
-        self.recorded(iter_num, always=True)  # the run's end, where its last evaluation could not afford it
         per_char = bits_per_char(loss, self.meta)
         tokens_are_chars = self.meta["tokenizer"] == "char"  # then the two figures are one
         also = f", {per_char:.4f} bits per character" if per_char is not None and not tokens_are_chars else ""
         print(f"final: val loss {loss:.4f} ({loss / math.log(2):.4f} bits per token{also}) on {tokens:,} val tokens, "
               "each scored once")
-        records = {"records_s": round(self.pacing.total, 3)} if self.pacing else {}  # what the records took
+        records = {"records_s": records_s} if records_s is not None else {}
         self.log.write({"kind": "final", "iter": iter_num, "val_loss": loss, "val_tokens": tokens, **records,
                         **({"bits_per_char": per_char} if per_char is not None else {})})
         seconds = self.budget.spent() if self.budget is not None else time.time() - self.window_start
@@ -215,15 +139,6 @@ class Reporter:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-
-
-def earlier_timeline(run):
-    """The timeline records of a resumed run's metrics.jsonl (those past its state are dropped already); none
-    where the file cannot be read as records: only the snapshots' spacing reads them."""
-    try:
-        return timeline_of(read_metrics(run.path))
-    except UserError:
-        return []
 
 
 UNTRAINED = 0.9  # a run whose final val loss is above this share of its loss before the first step learned little

@@ -12,7 +12,7 @@ import torch
 from gptkit.base.errors import UserError
 from gptkit.machine.stand_ins import model_code
 from gptkit.run.checkpoint import load_weights, save_checkpoint
-from gptkit.training.optimizers import EMA, build_optimizers
+from gptkit.training.updates import EMA
 from gptkit.training.train_config import BATCH_KEYS
 
 
@@ -46,12 +46,11 @@ class TrainState:
     the EMA of the weights is what evaluations score and what checkpoints keep as the model; latest.pt
     also keeps the weights themselves, which training goes on from."""
 
-    def __init__(self, cfg, model, tokenizer, sampler, rt, choices, global_batch):
-        self.cfg, self.model, self.tokenizer, self.sampler = cfg, model, tokenizer, sampler
+    def __init__(self, cfg, model, optimizers, tokenizer, sampler, rt, choices, global_batch):
+        self.cfg, self.model, self.optimizers, self.tokenizer, self.sampler = cfg, model, optimizers, tokenizer, sampler
         self.global_batch = global_batch  # sequences per optimizer step, over every process
         self.micro_batches = global_batch // (sampler.batch_size * rt.world)  # a step's, in each process
         self.choices = choices  # what start-up chose (gptkit.machine.choices), kept for a resume
-        self.optimizers = build_optimizers(model, cfg, rt.dtype)
         # only rank 0 evaluates and saves, so only it keeps the EMA
         self.ema = EMA(model, cfg.ema_decay) if cfg.ema_decay > 0 and rt.master else None
         self.scaler = torch.amp.GradScaler(rt.device.split(":")[0], enabled=rt.dtype == "float16")

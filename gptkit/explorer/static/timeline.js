@@ -1,9 +1,9 @@
-/* Over training: the picked run's timeline (GET /api/runs/{name}/timeline, gptkit/explorer/timeline.py): its val
-   loss and in-context learning score at every recorded step (uPlot), every head's scores (multiples.js), where the
-   phase change happened, and a slider over the steps. Where the run keeps snapshots (train.py --snapshots=N) the
-   slider snaps to their steps and moves the panels that read the model to that step's weights: state.checkpoint
-   ('iter:N') goes with their requests (state.js's atStep) until "the run's own weights" takes it back. Without
-   snapshots the slider moves over every record, and only the curves follow it. */
+/* Over training: the picked run's timeline (GET /api/runs/{name}/timeline, gptkit/explorer/timeline_answers.py): its
+   val loss and in-context learning score at every recorded step (uPlot), every head's scores (multiples.js), where the
+   phase change happened, and a slider over the steps. Where the run keeps snapshots (train.py --snapshots=N) the slider
+   snaps to their steps and moves the panels that read the model to that step's weights: state.checkpoint ('iter:N')
+   goes with their requests (state.js's atStep) until "the run's own weights" takes it back. Without snapshots the
+   slider moves over every record, and only the curves follow it. */
 
 import { api, runUrl } from './api.js';
 import { $, setLine } from './dom.js';

@@ -1,22 +1,11 @@
-"""Optimizers (AdamW, or Muon for hidden matrices plus AdamW), the learning-rate schedule, and the EMA of
-the weights that evaluations score."""
+"""AdamW and Muon as torch.optim has them (their settings, state and checkpoints), each in fewer, larger kernels:
+what model.py's configure_optimizers builds. torch.optim's own work as well (a learner's SGD trains): these start
+faster and step faster on a CPU (docs/speed.md#what-was-tried)."""
 
 import collections
 import math
-from contextlib import contextmanager
 
 import torch
-
-
-def is_hidden_matrix(name, p):
-    """Muon's domain: the weight matrices of the transformer blocks' linear layers, not embeddings, the head,
-    or additive attention's score vectors (one per head, stacked: 2-D, but not a map from one space to another)."""
-    return p.ndim == 2 and ".h." in f".{name}" and name.endswith(".weight")
-
-
-def is_embedding(name):
-    """Token and learned-position tables (a tied head shares the token table)."""
-    return name.startswith(("transformer.wte.", "transformer.wpe."))
 
 
 class Optimizer:
@@ -28,6 +17,7 @@ class Optimizer:
         groups = list(params)
         if groups and not isinstance(groups[0], dict):
             groups = [{"params": groups}]
+        self.defaults = defaults
         self.param_groups = [{**defaults, **group, "params": list(group["params"])} for group in groups]
         self.state = collections.defaultdict(dict)
 
@@ -135,133 +125,3 @@ class Muon(Optimizer):
                 for (p, _), update in zip(pairs, updates):
                     p.mul_(1 - group["lr"] * group["weight_decay"])
                     p.add_(update, alpha=-lr)
-
-
-def build_optimizers(model, cfg, dtype="float32"):
-    """AdamW over everything, or Muon over hidden matrices and AdamW over the rest; Muon orthogonalizes in
-    bfloat16 when the run trains in it, else in float32.
-
-    Embeddings get their own AdamW learning rate (embedding_lr): each step updates only the rows
-    of the tokens it saw, so they can move faster than the dense matrices. Weight decay applies
-    to matrices and embeddings, never to biases and norm gains."""
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    muon = [p for n, p in params if cfg.optimizer == "muon" and is_hidden_matrix(n, p)]
-    muon_ids = {id(p) for p in muon}
-    rest = [(n, p) for n, p in params if id(p) not in muon_ids]
-    embeddings = [p for n, p in rest if is_embedding(n)]
-    groups = [{"params": embeddings, "weight_decay": cfg.weight_decay, "lr": cfg.embedding_lr or cfg.learning_rate},
-              {"params": [p for n, p in rest if p.ndim >= 2 and not is_embedding(n)],
-               "weight_decay": cfg.weight_decay},
-              {"params": [p for n, p in rest if p.ndim < 2], "weight_decay": 0.0}]
-    optimizers = [AdamW([g for g in groups if g["params"]], lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))]
-    if muon:
-        optimizers.append(Muon(muon, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay,
-                               ns_dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32))
-    for opt in optimizers:
-        for group in opt.param_groups:
-            group["base_lr"] = group["lr"]
-    return optimizers
-
-
-def update_for(cfg):
-    """For timing a whole step before a run starts: a function of (model, dtype) returning one that takes an
-    optimizer step of that model, and of its weights' average, after a backward."""
-    def update_of(model, dtype):
-        optimizers = build_optimizers(model, cfg, dtype)
-        ema = EMA(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
-        scaler = torch.amp.GradScaler(next(model.parameters()).device.type, enabled=False)
-
-        def update():
-            step_optimizers(model, optimizers, scaler, cfg.grad_clip)
-            if ema is not None:
-                ema.update(1.0)
-
-        return update
-
-    return update_of
-
-
-def lr_factor_at(cfg, iter_num, time_progress=0.0):
-    """Fraction of the peak learning rate for this step; never divides by zero.
-
-    Warmup counts optimizer steps. With a budget by the clock (wall_clock) the decay follows whichever is further
-    along, iterations or time (time_progress, the fraction of the training time spent), so a timed run still
-    ends cooled down; a budget planned in steps has its max_iters, and follows them."""
-    if not cfg.decay_lr:  # as nanoGPT: a constant learning rate, no warmup either
-        return 1.0
-    if iter_num < cfg.warmup_iters:
-        return (iter_num + 1) / cfg.warmup_iters
-    step = iter_num
-    if cfg.wall_clock and cfg.max_time > 0:
-        step = max(step, cfg.max_iters * time_progress)
-    floor = cfg.min_lr / cfg.learning_rate if cfg.learning_rate > 0 else 0.0
-    if cfg.lr_schedule == "wsd":
-        decay_start = cfg.max_iters * (1 - cfg.warmdown_frac)
-        if step < decay_start:
-            return 1.0
-        ratio = min(1.0, (step - decay_start) / max(1e-9, cfg.max_iters - decay_start))
-        return 1.0 - ratio * (1.0 - floor)
-    decay_iters = cfg.lr_decay_iters or cfg.max_iters
-    if decay_iters <= cfg.warmup_iters:
-        return floor if step >= decay_iters else 1.0
-    ratio = min(1.0, (step - cfg.warmup_iters) / (decay_iters - cfg.warmup_iters))
-    return floor + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (1.0 - floor)
-
-
-def set_lr(optimizers, lr_factor):
-    for opt in optimizers:
-        for group in opt.param_groups:
-            group["lr"] = group["base_lr"] * lr_factor
-
-
-class EMA:
-    """The exponential moving average (EMA) of a model's parameters: what evaluations score and checkpoints keep
-    as the model.
-
-    Each step moves it 1 - decay * (1 - lr) of the way to the weights, lr being the step's fraction of the peak
-    learning rate. At the peak it is the weights themselves (an average of a model still learning fast lags
-    behind it); as the rate decays it averages over more steps, about 1 / (1 - decay) at the end, smoothing
-    out the noise of the last updates."""
-
-    def __init__(self, model, decay):
-        self.model, self.decay = model, decay
-        self.params = list(model.parameters())
-        self.values = [p.detach().clone() for p in self.params]
-
-    @torch.no_grad()
-    def update(self, lr_factor):
-        torch._foreach_lerp_(self.values, self.params, 1 - self.decay * (1 - min(1.0, lr_factor)))
-
-    def state_dict(self):
-        """The model's state dict with the EMA in place of its parameters (under every name a tied one has)."""
-        averages = {id(p): a for p, a in zip(self.params, self.values)}
-        return {name: averages.get(id(t), t).detach() for name, t in self.model.state_dict(keep_vars=True).items()}
-
-    @contextmanager
-    def swapped_in(self):
-        """The model holds the EMA inside the block and its own weights again after it."""
-        trained = [p.detach().clone() for p in self.params]
-        with torch.no_grad():
-            for p, a in zip(self.params, self.values):
-                p.copy_(a)
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for p, t in zip(self.params, trained):
-                    p.copy_(t)
-
-
-def step_optimizers(model, optimizers, scaler, grad_clip):
-    """Clip the accumulated gradients, step every optimizer and clear the gradients."""
-    if grad_clip > 0:
-        for opt in optimizers:
-            scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    for opt in optimizers:
-        scaler.step(opt)
-    scaler.update()
-    for opt in optimizers:
-        opt.zero_grad()
-
-

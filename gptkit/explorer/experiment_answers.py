@@ -22,7 +22,7 @@ from gptkit.base.errors import UserError, first_line
 from gptkit.data.dataset import Split, load_meta
 from gptkit.data.tokenizer import same_token_ids
 from gptkit.explorer.runs import without_paths
-from gptkit.explorer.timeline import AtRequest
+from gptkit.explorer.timeline_answers import AtRequest
 from gptkit.interp.experiments import (HEAD_NAME, MLP_NAME, ablation_hooks, chance_scores, everything_note, head_labels,
                                        head_scores, induction_tokens, number_in, parse_heads, parse_mlps, part_names,
                                        shown_value)
@@ -87,7 +87,7 @@ def switched_off(models, hooks_of):
 
 def off_of(model, names, sae_at):
     """The Off that names ('L0H3', 'MLP1', any case, and 'blocks.1.hook_resid_post F12') ask of model, sae_at(hook)
-    giving the run's SAE there (gptkit/explorer/features.py's Kept, or a 4xx line where it has none); one line (a
+    giving the run's SAE there (gptkit/explorer/feature_answers.py's Kept, or a 4xx line where it has none); one line (a
     UserError) for a part it lacks."""
     features = [n for n in names if FEATURE_NAME.fullmatch(n)]
     parts = [n for n in names if not FEATURE_NAME.fullmatch(n)]

@@ -2,24 +2,23 @@
 (gptkit/interp/features.py), each read once through the API (run.features) and kept with its model; the features
 active at one token, each with its row of the SAE's table; and one feature's activation at every token of a text.
 A feature switched off travels in each request's "off" as 'blocks.1.hook_resid_post F12'
-(gptkit/explorer/experiments.py).
+(gptkit/explorer/experiment_answers.py).
 
 The activation an SAE encodes is the one arriving at its hook, with the parts switched off before it: read before
 a feature switched off at that hook is taken out, so such a feature shows the value it is switched off at."""
 
 from dataclasses import dataclass
 
-import torch
 from pydantic import Field
 
 from gptkit.base.errors import UserError, first_line
 from gptkit.data.dataset import file_identity
 from gptkit.explorer.answers import MAX_PROMPT_CHARS, checked_ids, encode, token_json
-from gptkit.explorer.experiments import MAX_NAME, MAX_TOKENS, OffRequest, Whole
+from gptkit.explorer.experiment_answers import MAX_NAME, MAX_TOKENS, OffRequest, Whole
 from gptkit.explorer.runs import ApiError, inside, number, without_paths
 from gptkit.interp.experiments import Run, shown_value
-from gptkit.interp.features import CFG_FILE, OURS_FILE, TABLE_FILE, WEIGHTS_FILE, StopAfter
-from gptkit.interp.hooks import hook_points, hooked
+from gptkit.interp.features import CFG_FILE, OURS_FILE, TABLE_FILE, WEIGHTS_FILE, site_activations
+from gptkit.interp.hooks import hook_points
 
 FREQUENT = 16  # the most frequent features an SAE's answer lists, to click before any token is
 METRICS = ("l0", "explained_variance", "ce_loss_recovered", "delta_loss", "dead_fraction", "tokens")
@@ -106,24 +105,6 @@ def sae_report(kept):
             "frequent": list(kept.rows.values())[:FREQUENT]}
 
 
-@torch.no_grad()
-def arriving(model, idx, hook, off):
-    """The activation at hook for idx (1, T) as it arrives there, the parts off switched off (those at hook itself
-    come after this read): (1, T, d) in float32, the forward pass stopped right after it."""
-    kept = {}
-
-    def keep(x, name):
-        kept["x"] = x
-        raise StopAfter
-
-    with hooked(model, {hook: keep}), off.on(model):
-        try:
-            model(idx)
-        except StopAfter:
-            pass
-    return kept["x"].float()
-
-
 def token_features(shelf, loaded, kept, req, off):
     """The features active at token req.position of req.ids: every one the SAE gives a value above 0, largest
     first, each with its row of the table, and whether it is switched off."""
@@ -131,7 +112,7 @@ def token_features(shelf, loaded, kept, req, off):
         raise ApiError(400, f"position {req.position} is past the last of {len(req.ids)} tokens")
     idx, f = checked_ids(loaded, req.ids), kept.features
     with shelf.lock:
-        x = arriving(loaded.model, idx, f.hook, off)
+        x = site_activations(loaded.model, idx, f.hook, off.on(loaded.model))
     values, order = f.encode(x[0, req.position]).cpu().sort(descending=True)
     switched = {i for hook, _, indices in off.features if hook == f.hook for i in indices}
     active = [{"index": i, "value": number(round(v, 6)), "off": i in switched, "row": kept.rows.get(i)}
@@ -151,7 +132,7 @@ def feature_report(shelf, loaded, kept, req, off):
         for start in range(0, len(ids), block):
             idx = checked_ids(loaded, ids[start:start + block])
             with shelf.lock:
-                x = arriving(loaded.model, idx, f.hook, off)
+                x = site_activations(loaded.model, idx, f.hook, off.on(loaded.model))
             values += f.encode(x[0])[:, index].tolist()
         tokens = [dict(token_json(loaded.tok, t), value=number(round(v, 6))) for t, v in zip(ids, values)]
     return {"hook": f.hook, "feature": index, "row": kept.rows.get(index), "tokens": tokens,

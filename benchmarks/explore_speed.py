@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from benchmarks import sample
+from benchmarks import sample_speed
 from benchmarks.common import REPO, comma_items
 from gptkit.base.errors import UserError, first_line
 from gptkit.base.settings import parse_config, require
@@ -112,12 +112,12 @@ def speed_main(cfg, folder):
 
 def in_process_decoding(folder, max_tokens):
     """A function timing sample.py's cached decoding of the run's model, in this process: tokens/s."""
-    bench_cfg = parse_config(sample.SampleBenchConfig, [f"--out_dir={folder}", f"--max_new_tokens={max_tokens}"],
+    bench_cfg = parse_config(sample_speed.SampleBenchConfig, [f"--out_dir={folder}", f"--max_new_tokens={max_tokens}"],
                              prog="bench.py sample")
-    model, _ = sample.bench_model(bench_cfg, "cpu")
-    cached, *_ = sample.cached_decoder(bench_cfg, model, "cpu")
+    model, _ = sample_speed.bench_model(bench_cfg, "cpu")
+    cached, *_ = sample_speed.cached_decoder(bench_cfg, model, "cpu")
     prompt = torch.zeros((1, 1), dtype=torch.long)
-    return lambda: max_tokens / sample.time_generation(cached, prompt, bench_cfg, True, "cpu")[0]
+    return lambda: max_tokens / sample_speed.time_generation(cached, prompt, bench_cfg, True, "cpu")[0]
 
 
 def small_random_run(folder):

@@ -1,0 +1,146 @@
+"""What a step does to the weights, whatever optimizers model.configure_optimizers returns: their peak rates
+kept and named, the learning-rate schedule, clipping and stepping, and the EMA of the weights that evaluations
+score."""
+
+import math
+from contextlib import contextmanager
+
+import torch
+
+
+def schedulable(optimizers):
+    """What model.configure_optimizers returned (one optimizer, or several) as a list, each group keeping its
+    peak learning rate (base_lr), which the schedule scales."""
+    optimizers = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group.setdefault("base_lr", group["lr"])
+    return optimizers
+
+
+def rates(optimizers):
+    """{'adamw_lr': rate, ...}: each optimizer's learning rate now, named for its class (a second of one class
+    numbered): its default rate (a group may set its own, as AdamW's embeddings do; an optimizer without
+    defaults, its first group's) times the schedule's factor."""
+    out = {}
+    for opt in optimizers:
+        kind = type(opt).__name__.lower()
+        name, n = f"{kind}_lr", 2
+        while name in out:
+            name, n = f"{kind}{n}_lr", n + 1
+        group = opt.param_groups[0]
+        peak = getattr(opt, "defaults", {}).get("lr", group["base_lr"])
+        out[name] = peak * (group["lr"] / group["base_lr"] if group["base_lr"] else 1.0)
+    return out
+
+
+def described(optimizers):
+    """The optimizers in words: 'optimizers: Muon (lr 0.02) over 589,824 parameters, AdamW (lr 0.003) over ...'."""
+    parts = [f"{type(opt).__name__} (lr {rate:.3g}) over "
+             f"{sum(p.numel() for g in opt.param_groups for p in g['params']):,} parameters"
+             for opt, rate in zip(optimizers, rates(optimizers).values())]
+    return "optimizers: " + ", ".join(parts)
+
+
+def update_for(cfg):
+    """For timing a whole step before a run starts: a function of (model, dtype) returning one that takes an
+    optimizer step of that model, and of its weights' average, after a backward."""
+    def update_of(model, dtype):
+        optimizers = schedulable(model.configure_optimizers(cfg, dtype))
+        ema = EMA(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
+        scaler = torch.amp.GradScaler(next(model.parameters()).device.type, enabled=False)
+
+        def update():
+            step_optimizers(model, optimizers, scaler, cfg.grad_clip)
+            if ema is not None:
+                ema.update(1.0)
+
+        return update
+
+    return update_of
+
+
+def lr_factor_at(cfg, iter_num, time_progress=0.0):
+    """Fraction of the peak learning rate for this step; never divides by zero.
+
+    Warmup counts optimizer steps. With a budget by the clock (wall_clock) the decay follows whichever is further
+    along, iterations or time (time_progress, the fraction of the training time spent), so a timed run still
+    ends cooled down; a budget planned in steps has its max_iters, and follows them."""
+    if not cfg.decay_lr:  # as nanoGPT: a constant learning rate, no warmup either
+        return 1.0
+    if iter_num < cfg.warmup_iters:
+        return (iter_num + 1) / cfg.warmup_iters
+    step = iter_num
+    if cfg.wall_clock and cfg.max_time > 0:
+        step = max(step, cfg.max_iters * time_progress)
+    floor = cfg.min_lr / cfg.learning_rate if cfg.learning_rate > 0 else 0.0
+    if cfg.lr_schedule == "wsd":
+        decay_start = cfg.max_iters * (1 - cfg.warmdown_frac)
+        if step < decay_start:
+            return 1.0
+        ratio = min(1.0, (step - decay_start) / max(1e-9, cfg.max_iters - decay_start))
+        return 1.0 - ratio * (1.0 - floor)
+    decay_iters = cfg.lr_decay_iters or cfg.max_iters
+    if decay_iters <= cfg.warmup_iters:
+        return floor if step >= decay_iters else 1.0
+    ratio = min(1.0, (step - cfg.warmup_iters) / (decay_iters - cfg.warmup_iters))
+    return floor + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (1.0 - floor)
+
+
+def set_lr(optimizers, lr_factor):
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = group["base_lr"] * lr_factor
+
+
+class EMA:
+    """The exponential moving average (EMA) of a model's parameters: what evaluations score and checkpoints keep
+    as the model.
+
+    Each step moves it 1 - decay * (1 - lr) of the way to the weights, lr being the step's fraction of the peak
+    learning rate. At the peak it is the weights themselves (an average of a model still learning fast lags
+    behind it); as the rate decays it averages over more steps, about 1 / (1 - decay) at the end, smoothing
+    out the noise of the last updates."""
+
+    def __init__(self, model, decay):
+        self.model, self.decay = model, decay
+        self.params = list(model.parameters())
+        self.values = [p.detach().clone() for p in self.params]
+
+    @torch.no_grad()
+    def update(self, lr_factor):
+        torch._foreach_lerp_(self.values, self.params, 1 - self.decay * (1 - min(1.0, lr_factor)))
+
+    def state_dict(self):
+        """The model's state dict with the EMA in place of its parameters (under every name a tied one has)."""
+        averages = {id(p): a for p, a in zip(self.params, self.values)}
+        return {name: averages.get(id(t), t).detach() for name, t in self.model.state_dict(keep_vars=True).items()}
+
+    @contextmanager
+    def swapped_in(self):
+        """The model holds the EMA inside the block and its own weights again after it."""
+        trained = [p.detach().clone() for p in self.params]
+        with torch.no_grad():
+            for p, a in zip(self.params, self.values):
+                p.copy_(a)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, t in zip(self.params, trained):
+                    p.copy_(t)
+
+
+def step_optimizers(model, optimizers, scaler, grad_clip):
+    """Clip the accumulated gradients, step every optimizer and clear the gradients."""
+    if grad_clip > 0:
+        for opt in optimizers:
+            scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    for opt in optimizers:
+        scaler.step(opt)
+    scaler.update()
+    for opt in optimizers:
+        opt.zero_grad()
+
+

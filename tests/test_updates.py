@@ -1,0 +1,99 @@
+"""What a step does to the weights (gptkit/training/updates.py): the learning-rate schedule's edges, the rates
+named for each optimizer, and the weight average step by step."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from conftest import tiny_model, train_config
+from gptkit.training.train_config import TrainConfig
+from gptkit.training.updates import EMA, lr_factor_at, rates, schedulable, set_lr
+
+
+# ---------------------------------------------------------------------------------------------- the rates
+
+def test_each_optimizers_rate_is_named_for_it_and_follows_the_schedule():
+    """Its default rate (AdamW's embeddings have their own) times the schedule's factor; a learner's SGD too."""
+    cfg = train_config(optimizer="muon", learning_rate=1e-3, muon_lr=0.02, embedding_lr=0.05)
+    model = tiny_model(config=cfg.model, vocab_size=20)
+    optimizers = schedulable(model.configure_optimizers(cfg))
+    set_lr(optimizers, 0.5)
+    assert rates(optimizers) == pytest.approx({"adamw_lr": 5e-4, "muon_lr": 0.01})
+    sgd = schedulable(torch.optim.SGD(model.parameters(), lr=0.1))
+    assert rates(sgd + sgd) == {"sgd_lr": 0.1, "sgd2_lr": 0.1}
+
+
+# ---------------------------------------------------------------------------------------------- the schedule
+
+def schedule(**overrides):
+    return replace(TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, max_iters=100), **overrides)
+
+
+
+def test_warmup_reaches_the_peak_and_cosine_ends_at_min_lr():
+    cfg = schedule()
+    assert lr_factor_at(cfg, 0) == pytest.approx(0.1)
+    assert lr_factor_at(cfg, 9) == pytest.approx(1.0)
+    assert lr_factor_at(cfg, 10) == pytest.approx(1.0)
+    assert lr_factor_at(cfg, 100) == pytest.approx(0.1)
+    assert lr_factor_at(cfg, 500) == pytest.approx(0.1)  # flat at min_lr after lr_decay_iters
+
+
+def test_warmup_equal_to_decay_never_divides_by_zero():
+    cfg = schedule(warmup_iters=50, lr_decay_iters=50)
+    assert [lr_factor_at(cfg, it) for it in (49, 50, 51)] == pytest.approx([1.0, 0.1, 0.1])
+
+
+def test_constant_lr_without_decay_has_no_warmup():
+    assert lr_factor_at(schedule(decay_lr=False), 0) == 1.0
+
+
+def test_wsd_is_flat_then_linear_to_min_lr():
+    cfg = schedule(lr_schedule="wsd", warmdown_frac=0.4)
+    assert lr_factor_at(cfg, 59) == 1.0
+    assert lr_factor_at(cfg, 80) == pytest.approx(1.0 - 0.5 * 0.9)
+    assert lr_factor_at(cfg, 100) == pytest.approx(0.1)
+
+
+def test_a_budget_by_the_clock_drives_the_decay_and_a_planned_one_does_not():
+    planned = schedule(lr_schedule="wsd", warmdown_frac=0.4, max_time=100.0)
+    assert lr_factor_at(planned, 20, time_progress=0.8) == 1.0  # its steps are planned: they alone say
+    cfg = schedule(lr_schedule="wsd", warmdown_frac=0.4, max_time=100.0, wall_clock=True)
+    assert lr_factor_at(cfg, 20, time_progress=0.1) == 1.0  # iterations ahead of time
+    assert lr_factor_at(cfg, 20, time_progress=0.8) == pytest.approx(1.0 - 0.5 * 0.9)  # time ahead
+    assert lr_factor_at(cfg, 20, time_progress=1.0) == pytest.approx(0.1)
+    assert lr_factor_at(cfg, 5, time_progress=0.9) == pytest.approx(0.6)  # warmup still counts steps
+
+
+# ---------------------------------------------------------------------------------------------- the weight average
+
+def test_the_weight_average_follows_the_weights_at_the_peak_and_averages_more_as_the_rate_decays():
+    """Against the average written out step by step; the state dict gives it under both names of a tied table,
+    and swapping it in for an evaluation leaves the weights as they were."""
+    model = tiny_model(config=train_config(tie_weights=True).model, vocab_size=20)
+    params = list(model.parameters())
+    average = EMA(model, decay=0.9)
+    expected = [p.detach().clone() for p in params]
+    generator = torch.Generator().manual_seed(0)
+    for lr in (0.5, 1.0, 0.25, 0.0, 0.0):
+        with torch.no_grad():
+            for p in params:
+                p.add_(torch.randn(p.shape, generator=generator))
+        average.update(lr)
+        step = 1 - 0.9 * (1 - lr)  # at the peak (lr 1) a step all the way to the weights
+        expected = [e + step * (p.detach() - e) for e, p in zip(expected, params)]
+        for a, e in zip(average.values, expected):
+            torch.testing.assert_close(a, e)
+    state = average.state_dict()
+    assert state["lm_head.weight"].data_ptr() == state["transformer.wte.weight"].data_ptr()
+    torch.testing.assert_close(state["transformer.wte.weight"], expected[0])
+    weights = [p.detach().clone() for p in params]
+    x = torch.randint(0, 20, (2, 16))
+    with average.swapped_in():
+        inside = model(x)[0]
+    reference = tiny_model(config=train_config(tie_weights=True).model, vocab_size=20)
+    reference.load_state_dict(state)
+    torch.testing.assert_close(inside, reference(x)[0])
+    for p, w in zip(params, weights):
+        assert torch.equal(p, w)
