@@ -425,7 +425,7 @@ SINUSOIDAL = ("        elif self.config.pos_emb == \"rope\":",
               "        elif self.config.pos_emb == \"sinusoidal\":  # Vaswani et al.'s fixed table\n"
               "            half = torch.arange(0, self.config.n_embd, 2, device=idx.device) / self.config.n_embd\n"
               "            angles = positions.float()[:, None] / 10000.0 ** half\n"
-              "            x = x + torch.cat((angles.sin(), angles.cos()), dim=-1).to(x.dtype)\n"
+              "            x = x + torch.cat((angles.sin(), angles.cos()), dim=-1)\n"
               "        elif self.config.pos_emb == \"rope\":")
 EXPLORER_ASKS = """
 import json, sys

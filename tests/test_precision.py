@@ -26,3 +26,16 @@ def test_decode_precision_is_measured_and_must_win_clearly(monkeypatch, bf16_spe
     assert dtype == want and why == (f"decoding in {want} (bfloat16 was {bf16_speedup:.2f}x as fast as float32 on this "
                                      "model)")
     assert precision.pick_decode_dtype("float32", tiny_model(), "cpu")[0] == "float32"
+
+
+def test_a_model_py_that_does_not_run_in_bfloat16_decodes_in_float32_and_says_why(monkeypatch):
+    """A learner's edit that adds a float32 table to the bfloat16 stream trains under autocast; decoding's
+    bfloat16 weights then meet it in a layer norm. Timing bfloat16 fails, and decoding takes float32."""
+    import model as model_py
+
+    embed = model_py.GPT.embed
+    monkeypatch.setattr(model_py.GPT, "embed", lambda self, idx, first_position=0: (
+        (lambda x, rotary: (x + torch.zeros(x.shape[-1]), rotary))(*embed(self, idx, first_position))))
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
+    dtype, why = precision.pick_decode_dtype("auto", tiny_model(), "cpu")
+    assert dtype == "float32" and why.startswith("decoding in float32 (this model.py does not run in bfloat16: ")

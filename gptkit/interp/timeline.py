@@ -1,6 +1,6 @@
 """A run's timeline: what its heads do, and how well it learns in context, as it trains. At each evaluation, and at
 log-spaced steps before the first (1, 2, 4, ...: dense at the start, as Pythia's checkpoints), one record goes to
-metrics.jsonl (kind 'timeline') where the run can afford it: gptkit/training/reporting.py's Pacing keeps
+metrics.jsonl (kind 'timeline') where the run can afford it: gptkit/training/records.py's Pacing keeps
 the records within a share of the run's time, and always takes its first and its last:
 
     heads: {kind: [[score]] a layer, a head}: analyze.py heads' scores (gptkit/interp/experiments.py), read as it

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from gptkit.base.errors import UserError
+from gptkit.base.errors import UserError, first_line
 from gptkit.machine.timing import decode_seconds
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -54,8 +54,11 @@ def pick_decode_dtype(name, model, device, batch_size=1, tokens=16):
         return ("bfloat16" if torch.cuda.is_bf16_supported() else "float16"), "decoding in half precision on CUDA"
     if device != "cpu" or not cpu_has_bf16():
         return "float32", "decoding in float32"
-    seconds = {dtype: decode_seconds(copy.deepcopy(model).to(getattr(torch, dtype)), batch_size, tokens)
-               for dtype in ("float32", "bfloat16")}
+    seconds = {"float32": decode_seconds(copy.deepcopy(model), batch_size, tokens)}
+    try:
+        seconds["bfloat16"] = decode_seconds(copy.deepcopy(model).to(torch.bfloat16), batch_size, tokens)
+    except RuntimeError as e:  # an edited model.py that makes float32 tensors of its own, e.g. a position table
+        return "float32", f"decoding in float32 (this model.py does not run in bfloat16: {first_line(e)})"
     best = "bfloat16" if seconds["bfloat16"] * 1.25 < seconds["float32"] else "float32"
     return best, (f"decoding in {best} (bfloat16 was {seconds['float32'] / seconds['bfloat16']:.2f}x as fast as "
                   "float32 on this model)")

@@ -193,9 +193,9 @@ def check_record(record):
         if not is_step(record["iter"]):
             raise ValueError(f"iter is {shown(record['iter'], 40)}, not an iteration number")
         for key in [k for k in record if k in NUMBER_FIELDS or k.endswith("_lr")]:
-            if key in record and type(record[key]) not in (int, float):
+            if type(record[key]) not in (int, float):
                 raise ValueError(f"{key} is {shown(record[key], 40)}, not a number")
-            value = record.get(key, 0)  # NaN and Infinity are kept: a run that diverged logs them
+            value = record[key]  # NaN and Infinity are kept: a run that diverged logs them
             if (type(value) is int or math.isfinite(value)) and abs(value) > LARGEST:
                 raise ValueError(f"{key} is {as_number(value)}, beyond any number train.py logs")
     return record
