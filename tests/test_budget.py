@@ -89,6 +89,16 @@ def test_a_busy_machine_is_said_once_with_the_time_the_planned_steps_will_take()
                                             "took 83 s)"
 
 
+def test_the_busy_line_foretells_the_run_from_its_steps_once_the_thread_count_has_followed_the_load():
+    """Beside a busy process the first steps, still on two threads, ran 2.4x the idle time and the rest 1.6x
+    (bench.py fair said 444 s for a run that took 312 s). The steps just before the check, not the first, say how
+    long the rest takes."""
+    planned = {"steps": 300, "step": 0.1 * (1 + RECORDS_SHARE), "eval": 0.5, "final": 2.0, "idle_seconds": 40.0}
+    pace = Pace(planned, 0, train_config(eval_interval=50))
+    said = [pace.stepped(i, 0.24 if i < 6 else 0.16, spent=3.0 + 0.2 * i) for i in range(1, 11)]
+    assert said[-1].startswith("note: this machine is busy (a step takes 1.6x its idle time)")
+
+
 def test_the_same_command_trains_the_same_steps_beside_a_busy_process(tmp_path, data_dir):
     """A real busy process beside the second run: the steps, and so the weights, are the first run's."""
     args = ["--max_time=8", "--eval_interval=20", "--eval_iters=1", "--log_interval=1", "--threads=1"]

@@ -6,8 +6,10 @@ idle speed its wisdom keeps for the model (gptkit.machine.choices), so that the 
 and the same model, however busy the machine is; a busy machine takes longer, and the run says how much longer.
 wall_clock=True stops at the clock instead (a race, a deadline), and max_iters, given, is what trains."""
 
+import collections
 import dataclasses
 import math
+import statistics
 import time
 
 from gptkit.base.errors import UserError
@@ -22,6 +24,7 @@ STEP_SPREAD = 1.08
 SAVE_BYTES_PER_SECOND = 100e6  # a checkpoint written and flushed to disk (latest.pt, and best.pt where it improved)
 FEWEST_STEPS = 100  # a budget that fits fewer steps than this trains nothing worth sampling: said at start-up
 SLOWER = 1.2  # steps this much slower than planned: the machine is busy, and the run says when it will end
+RECENT_STEPS = 10  # the steps whose pace foretells the rest of a busy run
 
 
 class TimeBudget:
@@ -139,17 +142,19 @@ class Pace:
 
     def __init__(self, planned, iter_num, cfg):
         self.planned, self.first, self.cfg = planned, iter_num, cfg
-        self.steps = self.seconds = 0
+        self.recent = collections.deque(maxlen=RECENT_STEPS)
         self.check_at = iter_num + max(10, planned["steps"] // 30) if planned else None
 
     def stepped(self, iter_num, seconds, spent):
-        """A line to say, or None: after check_at steps, where they ran slower than planned."""
+        """A line to say, or None: at check_at, where the steps run slower than planned. Their pace is the
+        median of the last RECENT_STEPS: the first ones on a busy machine run slower until the thread count
+        has followed the load (ThreadTuner), and would foretell too long a run."""
         if iter_num - self.first > 2:  # the first steps warm up
-            self.steps, self.seconds = self.steps + 1, self.seconds + seconds
-        if iter_num != self.check_at or not self.steps:
+            self.recent.append(seconds)
+        if iter_num != self.check_at or not self.recent:
             return None
         p = self.planned
-        slower = self.seconds / self.steps / (p["step"] / (1 + RECORDS_SHARE))
+        slower = statistics.median(self.recent) / (p["step"] / (1 + RECORDS_SHARE))
         if slower < SLOWER:
             return None
         left = p["steps"] - iter_num
