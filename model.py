@@ -98,6 +98,17 @@ WORDS = {  # GPTConfig.describe's words for the choices a learner compares
 }
 
 
+def count_params(weights, config, non_embedding=True):
+    """The parameters among weights ({name: tensor}: a model's, or a checkpoint's state dict), each
+    once: a tied head is the token table; without the learned position table where non_embedding."""
+    n = sum(t.numel() for t in weights.values())
+    if config.tie_weights and "lm_head.weight" in weights:
+        n -= weights["lm_head.weight"].numel()
+    if non_embedding and "transformer.wpe.weight" in weights:
+        n -= weights["transformer.wpe.weight"].numel()
+    return n
+
+
 class HookPoint(nn.Module):
     """An identity: it hands back what it is given, so that a forward hook on it
     (register_forward_hook) sees the activation there, and may return a replacement
@@ -427,10 +438,8 @@ class GPT(nn.Module):
         return optimizers
 
     def num_params(self, non_embedding=True):
-        n = sum(p.numel() for p in self.parameters())
-        if non_embedding and "wpe" in self.transformer:
-            n -= self.transformer.wpe.weight.numel()
-        return n
+        return count_params(dict(self.named_parameters(remove_duplicate=False)), self.config,
+                            non_embedding)
 
     def flops_per_token(self, seq_len):
         """Training FLOPs per token, for MFU (PaLM appendix B, as nanoGPT's estimate_mfu): 6 for

@@ -8,8 +8,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from gptkit.base.errors import UserError, first_line
 from gptkit.data.dataset import file_identity
 from gptkit.data.tokenizer import describe_vocabulary
@@ -17,7 +15,7 @@ from gptkit.lab.ladder import RUNGS
 from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, model_config
 from gptkit.run.metrics import read_metrics
 from gptkit.run.run_folder import RunDir
-from model import GPT, GPTConfig
+from model import GPTConfig, count_params
 
 
 class ApiError(Exception):
@@ -229,8 +227,7 @@ def summarize(name, folder):
         identity = identity_of(folder)
         ckpt = load_checkpoint(path, required=MODEL_KEYS)
         config = model_config(ckpt, path)
-        with torch.device("meta"):  # model.py's own count, of a model that holds no numbers
-            params = GPT(config).num_params()
+        params = count_params(ckpt["model"], config)  # model.py's count
         step = ckpt.get("iter_num")
         return Summary(name, folder, path, config, params, describe_vocabulary(ckpt["tokenizer"]),
                        ckpt["tokenizer"]["tokenizer"], identity=identity, iter_num=step if type(step) is int else None)
