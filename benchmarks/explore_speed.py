@@ -32,7 +32,7 @@ from gptkit.run.checkpoint import save_checkpoint
 from model import GPT, GPTConfig
 
 # the page and every file it loads: its modules, one per panel, and the vendored plotting library
-MODULES = sorted((REPO / "gptkit" / "explorer_static").glob("*.js"))
+MODULES = sorted((REPO / "gptkit" / "explorer" / "static").glob("*.js"))
 PAGE_FILES = ["/", *(f"/static/{p.name}" for p in MODULES), "/static/explorer.css",
               "/static/vendor/uPlot.iife.min.js", "/static/vendor/uPlot.min.css", "/api/runs"]
 
