@@ -20,14 +20,16 @@ Benchmarks, one subcommand each; every subcommand takes its own --key=value opti
     python bench.py prepare --size_gb=10           # peak memory preparing, then training on, 10 GB
     python bench.py tokenizers                     # characters vs trained BPEs; training and encoding a BPE
     python bench.py tokenizers --parts=compare     # only the comparison: bits per character after equal training time
+    python bench.py chat                           # base, SFT, LoRA and RL on held-out problems, against the targets
 
 Each benchmark lives in benchmarks/, one module per subcommand, named for what it measures (COMMANDS below).
 """
 
 import sys
 
-from benchmarks import (analyze_speed, busy, dropout, explore_speed, fair, features_cost, hooks_cost, prepare_cost,
-                        presets, sample_speed, startup, throughput, timeline_cost, tokenizers, train_speed)
+from benchmarks import (analyze_speed, busy, chat_pipeline, dropout, explore_speed, fair, features_cost, hooks_cost,
+                        prepare_cost, presets, sample_speed, startup, throughput, timeline_cost, tokenizers,
+                        train_speed)
 from gptkit.base.errors import run_main
 from gptkit.base.settings import pick_subcommand
 
@@ -51,6 +53,8 @@ COMMANDS = {
     "prepare": (prepare_cost.main, "a JSON Lines corpus prepared (and read by train.py) beside nanoGPT's script"),
     "tokenizers": (tokenizers.main, "characters against trained BPEs in bits per character at equal training time; "
                                     "a BPE's training and encoding speed"),
+    "chat": (chat_pipeline.main, "the chat lesson's stages (base, SFT, LoRA, RL) timed and scored on held-out "
+                                 "problems; plain against reversed sums"),
 }
 
 

@@ -7,7 +7,8 @@ exactly, so its weights load. Options switch on modern pieces (rotary positions,
 ReLU^2, an untied head, logit soft-capping, zero-initialised projections, RWKV's token shift) or
 take the model apart: how attention scores (scaled or plain dot products, Bahdanau's additive
 scoring, a plain average of the past), a decoder or an encoder (causal), no positions, no MLP, no
-blocks at all (n_layer=0: a bigram model).
+blocks at all (n_layer=0: a bigram model). lora_rank > 0 fine-tunes low-rank adapters (LoRA) on
+the blocks' frozen matrices; merge_lora folds them back into plain weights.
 
 Hook points sit where a learner looks (gptkit/interp/hooks.py names them as TransformerLens does).
 Decoding lives in gptkit/sampling/decoding.py; speed kernels stand in for some pieces here while
@@ -15,7 +16,7 @@ unedited: gptkit/machine/stand_ins.py.
 """
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import partial
 from typing import Literal, get_args, get_origin
 
@@ -45,6 +46,8 @@ class GPTConfig:
     causal: bool = True  # mask the future (a decoder); False: each position sees all (an encoder)
     mlp: bool = True  # a feed-forward MLP after attention in each block; False: attention alone
     token_shift: bool = False  # mix each block's normed inputs with the previous position's, a learned share each
+    lora_rank: int = 0  # >0: LoRA, low-rank adapters of this rank on the blocks' frozen matrices
+    lora_alpha: float = 16.0  # LoRA's adapters are scaled by lora_alpha / lora_rank
 
     def __post_init__(self):
         for f in fields(self):
@@ -57,6 +60,13 @@ class GPTConfig:
                 raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
         if self.n_layer < 0:
             raise ValueError(f"n_layer must be at least 0 (got {self.n_layer})")
+        if self.lora_rank < 0:
+            raise ValueError(f"lora_rank must be at least 0 (got {self.lora_rank})")
+        if self.lora_rank > self.n_embd:
+            raise ValueError(f"lora_rank {self.lora_rank} is larger than the width "
+                             f"n_embd={self.n_embd}: an adapter of full rank is the matrix itself")
+        if self.lora_rank and self.lora_alpha <= 0:
+            raise ValueError(f"lora_alpha must be above 0 (got {self.lora_alpha})")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1) (got {self.dropout})")
         if self.logit_softcap < 0 or self.rope_base <= 0:
@@ -205,6 +215,54 @@ SCORES = {"scaled": scaled_scores, "dot": dot_scores, "uniform": dot_scores,
           "additive": additive_scores}
 
 
+class LoRALinear(nn.Linear):
+    """nn.Linear plus a low-rank update it learns while its own weight stays frozen (LoRA, Hu et
+    al. 2021): a fine-tune trains r * (in + out) numbers per matrix instead of in * out."""
+
+    def __init__(self, in_features, out_features, bias, rank, alpha):
+        super().__init__(in_features, out_features, bias=bias)
+        # α/r: the update's size does not change with the rank chosen, so neither does a good rate
+        self.scale = alpha / rank
+        # A as nn.Linear draws its weights (Hu et al.'s code does too): x Aᵀ keeps about the
+        # spread of x whatever the width. B at zero: the update is 0, so step 0 is the base model
+        self.lora_A = nn.Parameter(torch.empty(rank, in_features))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        self.lora_B = nn.Parameter(torch.zeros(out_features, rank))
+
+    def forward(self, x):
+        # y = x Wᵀ + b + (α/r)·x Aᵀ Bᵀ, the narrow x Aᵀ (r wide) first, in x's dtype as
+        # autocast runs the base product. With B zero the update adds exact zeros: F.linear's output
+        update = F.linear(F.linear(x, self.lora_A.to(x.dtype)), self.lora_B.to(x.dtype))
+        return F.linear(x, self.weight, self.bias) + self.scale * update
+
+    def extra_repr(self):
+        return f"{super().extra_repr()}, rank={self.lora_A.size(0)}, scale={self.scale:g}"
+
+
+def linear(config, in_features, out_features):
+    """One of a block's weight matrices: nn.Linear, or with lora_rank > 0 a LoRALinear."""
+    if config.lora_rank > 0:
+        return LoRALinear(in_features, out_features, config.bias, config.lora_rank,
+                          config.lora_alpha)
+    return nn.Linear(in_features, out_features, bias=config.bias)
+
+
+def merge_lora(weights, config):
+    """(weights, config) with LoRA's adapters folded into the matrices they adapt: each W becomes
+    W + (α/r)·B A (in float32, then W's dtype), the adapters' keys go and lora_rank becomes 0. A
+    plain model then computes what the adapted one did. Without adapters: the inputs, unchanged."""
+    if config.lora_rank == 0:
+        return weights, config
+    scale = config.lora_alpha / config.lora_rank
+    merged = {name: t for name, t in weights.items() if not name.endswith((".lora_A", ".lora_B"))}
+    for name, w in merged.items():
+        adapter = name.removesuffix("weight")
+        if name.endswith(".weight") and adapter + "lora_A" in weights:
+            update = weights[adapter + "lora_B"].float() @ weights[adapter + "lora_A"].float()
+            merged[name] = (w.float() + scale * update).to(w.dtype)
+    return merged, replace(config, lora_rank=0)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention: each position takes a weighted average of the values of the
     positions it sees (the earlier ones and itself when causal, all of them when not), weighted by a
@@ -219,9 +277,8 @@ class SelfAttention(nn.Module):
         self.kind, self.causal, self.n_head = config.attention, config.causal, config.n_head
         # values only: no queries or keys, so every score is 0
         uniform = config.attention == "uniform"
-        self.c_attn = nn.Linear(config.n_embd, (1 if uniform else 3) * config.n_embd,
-                                bias=config.bias)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_attn = linear(config, config.n_embd, (1 if uniform else 3) * config.n_embd)
+        self.c_proj = linear(config, config.n_embd, config.n_embd)
         if config.attention == "additive":  # Bahdanau's v, one per head
             self.score_v = nn.Parameter(
                 torch.randn(config.n_head, config.n_embd // config.n_head) * 0.02)
@@ -310,10 +367,10 @@ ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh"),
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_fc = linear(config, config.n_embd, 4 * config.n_embd)
         # GPT-2's weights were trained with the tanh approximation
         self.act = ACTIVATIONS[config.mlp_act]
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj = linear(config, 4 * config.n_embd, config.n_embd)
         self.dropout = dropout(config.dropout)
 
     def forward(self, x):
@@ -400,8 +457,12 @@ class GPT(nn.Module):
                     nn.init.zeros_(p)
                 else:  # GPT-2's scaled init of residual projections
                     nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * max(1, config.n_layer)))
+        if config.lora_rank > 0:
+            self.freeze_all_but_adapters()
 
     def _init_weights(self, module):
+        # a LoRALinear's weight and bias are drawn here as a plain one's; its adapters keep their
+        # own init (B must stay zero)
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
@@ -419,6 +480,9 @@ class GPT(nn.Module):
 
         params = [p for p in self.parameters() if p.requires_grad]
         embeddings = {id(m.weight) for m in self.modules() if isinstance(m, nn.Embedding)}
+        # with LoRA these weights are frozen, so none reaches Muon: the adapters are no full
+        # matrices of the model and go to AdamW's decayed matrices (decay pulls the update towards
+        # the base model)
         block_matrices = {id(m.weight) for m in self.transformer.h.modules()
                           if isinstance(m, nn.Linear)}
         muon = [p for p in params if cfg.optimizer == "muon" and id(p) in block_matrices]
@@ -436,6 +500,18 @@ class GPT(nn.Module):
                 weight_decay=cfg.muon_weight_decay,
                 ns_dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32))
         return optimizers
+
+    def freeze_all_but_adapters(self):
+        """LoRA's freeze: only the adapters train, and the token table and the head, since a chat
+        fine-tune adds tokens (its markers, digits) whose rows start untrained and must learn."""
+        trained = ("transformer.wte.weight", "lm_head.weight", ".lora_A", ".lora_B")
+        for name, p in self.named_parameters(remove_duplicate=False):
+            p.requires_grad_(name.endswith(trained))
+
+    def trainable_params(self):
+        """How many parameters a step trains (those with requires_grad, a tied head once): all of
+        them, or with LoRA the adapters, the token table and the head."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
     def num_params(self, non_embedding=True):
         return count_params(dict(self.named_parameters(remove_duplicate=False)), self.config,

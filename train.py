@@ -34,7 +34,7 @@ from gptkit.training.records import Records
 from gptkit.training.reporting import Reporter
 from gptkit.training.resume import claim_for_a_new_run, continued_config
 from gptkit.training.snapshots import drop_after
-from gptkit.training.starting import build_model, open_data, planned_model
+from gptkit.training.starting import base_run, build_model, open_data, planned_model
 from gptkit.training.state import TrainState
 from gptkit.training.train_config import TrainConfig
 
@@ -45,12 +45,13 @@ def start(cfg, rt, ckpt, ckpt_path, given, asked, started):
     optimizers, then the state a checkpoint saves, which holds the config that trains:
     (TrainingData, TrainState)."""
     data, sequences = open_data(cfg, rt, ckpt, ckpt_path)
-    planned = planned_model(cfg, data.meta, ckpt, ckpt_path)  # the shape the config and data say
+    base = base_run(cfg) if ckpt is None else None  # init_from a run folder: fine-tuning its model
+    planned = planned_model(cfg, data.meta, ckpt, ckpt_path, base)  # the shape the config and data say
     saved = ckpt["measured"] if ckpt is not None else None  # what a resumed run chose
     # precision, attention path, a preset's shape and the step's speed: this machine's, measured
     # once and kept (gptkit/machine/)
     cfg, planned, choices = choose(cfg, rt, planned, saved, asked, started, update_for(cfg))
-    model = build_model(cfg, planned, data.meta, ckpt, ckpt_path, rt.rank).to(rt.device)
+    model = build_model(cfg, planned, data.meta, ckpt, ckpt_path, rt.rank, base).to(rt.device)
     on_speed_path(model, choices)  # speed kernels, where model.py is what they were written for
     if ckpt is None:  # max_time as steps at this machine's idle speed (a resumed run keeps its own)
         costs = step_costs(cfg, rt, data, model, choices, sequences)

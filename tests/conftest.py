@@ -45,7 +45,7 @@ if "GPTKIT_WISDOM_DIR" not in os.environ:
 os.environ["GPTKIT_ASSUME_IDLE"] = "1"
 
 # the fixtures that build the session's corpus and trained run through data/prepare.py and train.py
-SLOW_FIXTURES = {"data_dir", "trained_run", "run", "bpe_trained_run"}
+SLOW_FIXTURES = {"data_dir", "trained_run", "run", "bpe_trained_run", "chat_data", "chat_run"}
 
 
 def pytest_configure(config):
@@ -602,3 +602,32 @@ def immutable(tmp_path):
     yield make
     for path in made:
         subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+CHAT_SFT = ["--dataset=tasks", "--max_iters=6", "--eval_interval=3", "--eval_iters=1", "--log_interval=3",
+            "--batch_size=8", "--block_size=32", "--learning_rate=3e-3", "--device=cpu", "--dtype=float32",
+            "--timeline=False"]
+
+
+@pytest.fixture(scope="session")
+def chat_data(tmp_path_factory, data_dir):
+    """A small tasks dataset (addition and reverse, 20 held-out problems each) with the session corpus's text
+    mixed in, prepared once per session: its data_dir."""
+    from gptkit.data.preparing import PrepareConfig, prepare
+
+    folder = tmp_path_factory.mktemp("chat_data")
+    text = folder / "text.txt"
+    text.write_text(make_text() + EXTRA_TEXT, encoding="utf-8")
+    prepare(PrepareConfig(synthetic="tasks", tasks="addition,reverse", problems=400, heldout=20, mix=str(text),
+                          data_dir=str(folder / "data"), workers=1))
+    return folder / "data"
+
+
+@pytest.fixture(scope="session")
+def chat_run(tmp_path_factory, trained_run, chat_data):
+    """The session's trained run fine-tuned for 6 steps on chat_data (train.py in this process): its out_dir."""
+    import train
+
+    out = tmp_path_factory.mktemp("chat") / "out-chat"
+    train.main([f"--init_from={trained_run[0]}", f"--out_dir={out}", f"--data_dir={chat_data}", *CHAT_SFT])
+    return out

@@ -238,6 +238,30 @@ def test_a_model_setting_no_model_takes_is_one_line_naming_the_file_to_every_rea
     assert summarize("run", run).error == line.replace(str(path), "run/best.pt")
 
 
+def test_a_lora_checkpoint_loads_as_a_plain_model_with_its_adapters_merged():
+    """Every reader of a trained model (sample.py, analyze.py, export.py, the explorer) builds it with
+    model_from_checkpoint: a LoRA run's comes back a plain model, its adapters folded into its matrices, computing
+    the same logits."""
+    from dataclasses import asdict
+
+    from model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    adapted = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=50, block_size=16, lora_rank=4)).eval()
+    with torch.no_grad():  # B starts at zero: drawn, the adapters change the output
+        for name, p in adapted.named_parameters():
+            if name.endswith("lora_B"):
+                p.normal_(0, 0.05)
+    ckpt = {"model": adapted.state_dict(), "model_args": asdict(adapted.config)}
+    model = checkpoint.model_from_checkpoint(ckpt, "lora.pt").eval()
+    assert model.config.lora_rank == 0 and not any("lora" in name for name in model.state_dict())
+    assert all(p.requires_grad for p in model.parameters())
+    idx = torch.randint(50, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = adapted(idx, idx)[0]
+        torch.testing.assert_close(model(idx, idx)[0], want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
 class RunsCode:
     """Unpickling this runs a shell command: what a hostile 'checkpoint' would do."""
 

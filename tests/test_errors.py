@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import chat
 import export
 import plot
 import sample
@@ -32,6 +33,7 @@ from conftest import (BPE_VOCAB, MODEL, REPO, assert_one_error_line, check_ok, m
                       run_here, train_args)
 from gptkit.base.errors import run_main
 from gptkit.base.settings import settings
+from gptkit.chat.reinforce import RLConfig
 from gptkit.data.preparing import PrepareConfig, prepare
 from gptkit.run.checkpoint import load_checkpoint
 from gptkit.training.train_config import TrainConfig
@@ -87,8 +89,8 @@ CASES = {
     "choice typo": ("train", ["--pos_emb=rop"],
                     "error: command line: pos_emb must be one of learned, rope, none (got 'rop'; did you mean 'rope'?)"),
     "init_from typo": ("train", ["--init_from=resum"],
-                       "error: init_from must be one of scratch, resume, auto, gpt2, gpt2-medium, gpt2-large, gpt2-xl "
-                       "or a folder saved by save_pretrained (got 'resum'; did you mean 'resume'?)"),
+                       "error: init_from must be one of scratch, resume, auto, gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
+                       "a run's folder or one saved by save_pretrained (got 'resum'; did you mean 'resume'?)"),
     "beta1 of 2": ("train", ["--beta1=2"], "error: beta1 must be in [0, 1) (got 2.0)"),
     "retime with nothing to measure": ("train", ["--retime=True", "--attention_path=written"],
                                        "error: retime=True measures the choices left to auto again, but dtype and "
@@ -193,7 +195,7 @@ SCRIPT_OPTIONS = [("train", [], TrainConfig), ("sample", [], sample.SampleConfig
                   ("prepare", [], PrepareConfig), ("export", [], export.ExportConfig),
                   ("bench", ["sample"], SampleBenchConfig), ("bench", ["train"], TrainBenchConfig),
                   ("bench", ["throughput"], ThroughputBenchConfig), ("bench", ["prepare"], PrepareBenchConfig),
-                  ("bench", ["tokenizers"], TokenizersBenchConfig)]
+                  ("bench", ["tokenizers"], TokenizersBenchConfig), ("chat", [], chat.ChatConfig), ("rl", [], RLConfig)]
 OUT_OF_RANGE = {
     "TrainConfig": {
         **dict.fromkeys(["eval_interval", "log_interval", "gradient_accumulation_steps", "batch_size", "max_iters",
@@ -206,12 +208,14 @@ OUT_OF_RANGE = {
         **dict.fromkeys(["beta1", "beta2", "muon_momentum", "ema_decay", "dropout"], [-0.1, 1.0, 2]),
         "warmdown_frac": [-0.1, 1.5], "seed": [-1, 2 ** 31], "rope_base": [0, -1],
         "smaller_muon_weight_decay": [],  # below 0 means the configured decay
+        "lora_rank": [-1, 100_000], "lora_alpha": [],  # lora_alpha is checked where lora_rank > 0 uses it
     },
     "SampleConfig": {"num_samples": [0], "max_new_tokens": [-1], "temperature": [-0.1], "top_k": [-1],
                      "top_p": [0, 1.5], "seed": [-1, 2 ** 31], "threads": [-1]},
     "PlotConfig": {"dpi": [19, 601, 0]},
     "PrepareConfig": {"val_fraction": [0, 1, -0.5], "shard_tokens": [0, -1], "workers": [-1, 513],
-                      "vocab_size": [-1, 256], "show_merges": [-1]},
+                      "vocab_size": [-1, 256], "show_merges": [-1], "problems": [0], "heldout": [0],
+                      "mix_share": [0, 1]},
     "ExportConfig": {},
     "SampleBenchConfig": {**dict.fromkeys(["n_head", "n_embd", "block_size", "vocab_size", "max_new_tokens",
                                            "batch_size", "repeats"], [0]), "n_layer": [-1],
@@ -225,6 +229,13 @@ OUT_OF_RANGE = {
     "TokenizersBenchConfig": {"max_time": [0, -1], "char_block": [7, 65_537], "val_fraction": [0, 1],
                               "size_gb": [0, 10_001], "speed_vocab": [256, 2 ** 32], "encode_mb": [0, -1],
                               "rounds": [0, 101]},
+    "ChatConfig": {"samples": [0], "max_new_tokens": [0], "limit": [-1], "temperature": [-0.1], "top_k": [-1],
+                   "top_p": [0, 1.5], "seed": [-1, 2 ** 31]},
+    "RLConfig": {**dict.fromkeys(["problems_per_step", "max_new_tokens", "max_iters", "eval_interval", "eval_problems",
+                                  "eval_samples"], [0]), "samples": [0, 1],
+                 **dict.fromkeys(["temperature", "learning_rate", "embedding_lr", "weight_decay", "grad_clip"],
+                                 [-1e-3]),
+                 **dict.fromkeys(["beta1", "beta2"], [-0.1, 1.0]), "seed": [-1, 2 ** 31]},
 }
 
 
@@ -388,7 +399,7 @@ PATH_CASES = {
 # ---------------------------------------------------------------------------------------------- running them all
 
 SCRIPTS = {"prepare": "data/prepare.py", "train": "train.py", "sample": "sample.py", "plot": "plot.py",
-           "export": "export.py", "bench": "bench.py"}
+           "export": "export.py", "bench": "bench.py", "chat": "chat.py", "rl": "rl.py"}
 BASE_ARGS = {
     "prepare": ["--name=x", "--data_dir={w}/prepared"],
     "train": ["--data_dir={w}/data", "--dataset=tiny", "--out_dir={w}/out", *MODEL, "--max_iters=2"],

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from conftest import MODEL, REPO, check_ok, partial_tokens, run_script, sum_tolerance, tiny_model
+from gptkit.data.conversations import MARKERS, prompt_text
 from gptkit.data.tokenizer import CharTokenizer
 from gptkit.explorer.app import make_app
 from gptkit.explorer.shelf import Shelf
@@ -1003,6 +1004,7 @@ def test_a_bpe_runs_generation_shows_each_token_itself_and_the_text_whole(bpe_ru
     assert client.get("/api/runs/bpe").json()["tokenizer_kind"] == "bpe"
     listed = client.get("/api/runs").json()["runs"][0]
     assert listed["tokenizer_kind"] == "bpe" and listed["bits_per_char"] == 1.25  # what train.py logged
+    assert listed["chat"] is False and client.get("/api/runs/bpe").json()["chat"] is False  # no stoi: no markers
     got = events(client.post("/api/generate", json=dict(run="bpe", prompt="🎶 Лиса", max_tokens=12,
                                                         seed=5)).iter_lines())
     prompt = got[0]["tokens"]
@@ -1012,6 +1014,89 @@ def test_a_bpe_runs_generation_shows_each_token_itself_and_the_text_whole(bpe_ru
     assert all(e["text"] == tok.decode([e["id"]]) for e in got if e["type"] == "token")
     whole = tok.decode(new)  # the text as sample.py prints it: a character cut at the very end is held back
     assert got[-1]["text"] == whole.removesuffix("\ufffd") or got[-1]["text"] == whole
+
+
+# ----------------------------------------------------------------------------- a chat run
+
+
+CHAT_TOK = CharTokenizer(CHARS + list(MARKERS.values()))  # a chat run's vocabulary: the text's, and the markers
+
+
+@pytest.fixture(scope="module")
+def chat_client(tmp_path_factory):
+    """The explorer over a chat run (random weights, a vocabulary with the chat markers) and a plain one."""
+    root = tmp_path_factory.mktemp("chat_runs")
+    fake_run(root / "chat", 5, tok=CHAT_TOK)
+    fake_run(root / "plain", 6)
+    return app_over(root)
+
+
+def ending_after(monkeypatch, n):
+    """The explorer's sampler, writing the model's own tokens n times and then <|end|>: an answer of n tokens,
+    whatever the random weights would write."""
+    from gptkit.explorer import answers
+
+    real, end = answers.decode_steps, CHAT_TOK.stoi[MARKERS["end"]]
+
+    def steps(*args, **kwargs):
+        for i, (column, logits, shaped) in enumerate(real(*args, **kwargs)):
+            yield (torch.full_like(column, end) if i == n else column), logits, shaped
+    monkeypatch.setattr(answers, "decode_steps", steps)
+
+
+def no_marker_characters(answer):
+    return not set(json.dumps(answer, ensure_ascii=False)) & set(MARKERS.values())
+
+
+def test_a_chat_run_says_so_in_its_summary(chat_client):
+    runs = {r["name"]: r for r in chat_client.get("/api/runs").json()["runs"]}
+    assert runs["chat"]["chat"] is True and runs["plain"]["chat"] is False
+    assert chat_client.get("/api/runs/chat").json()["chat"] is True
+    assert chat_client.get("/api/runs/plain").json()["chat"] is False
+
+
+def test_a_question_streams_its_answer_in_the_template_up_to_the_end_marker_and_why_each_token(chat_client,
+                                                                                              monkeypatch):
+    ending_after(monkeypatch, 4)
+    body = dict(run="chat", prompt="abc def", chat=True, max_tokens=50, temperature=0)
+    got = events(chat_client.post("/api/generate", json=body).iter_lines())
+    prompt = [t["id"] for t in got[0]["tokens"]]
+    assert prompt == CHAT_TOK.encode(prompt_text("abc def"))  # <|user|>, the question, <|assistant|>: chat.py's
+    assert [t["label"] for t in got[0]["tokens"]] == ["<|user|>", *"abc␣def", "<|assistant|>"]
+    assert got[0]["tokens"][0]["text"] == "<|user|>"
+    tokens = [e for e in got if e["type"] == "token"]
+    assert len(tokens) == 4 and got[-1]["type"] == "done" and got[-1]["reason"] == "end"  # <|end|> itself unsent
+    assert got[-1]["text"] == "".join(t["text"] for t in tokens) and no_marker_characters(got)
+    # why this token, on the answer as on any written text: the model's candidates from the tokens before it
+    ids = prompt + [t["id"] for t in tokens]
+    for i, t in enumerate(tokens):
+        why = chat_client.post("/api/position", json=dict(run="chat", ids=ids, position=len(prompt) + i,
+                                                          temperature=0)).json()
+        assert why["token"]["id"] == t["id"] and why["why"]["raw"][0]["id"] == t["id"]  # greedy: the likeliest
+        assert why["why"]["raw"][0]["p"] == pytest.approx(t["p"], abs=1e-4) and no_marker_characters(why)
+    labels = chat_client.post("/api/attention_map", json=dict(run="chat", ids=ids, layer=0, head=0)).json()["labels"]
+    assert labels[0] == "<|user|>" and labels[len(prompt) - 1] == "<|assistant|>"
+
+
+def test_an_answer_not_ended_stops_at_max_tokens_and_names_any_marker_it_writes(chat_client):
+    body = dict(run="chat", prompt="ROMEO", chat=True, max_tokens=60, temperature=2.0, top_k=0, seed=4)
+    got = events(chat_client.post("/api/generate", json=body).iter_lines())
+    tokens = [e for e in got if e["type"] == "token"]
+    assert got[-1]["reason"] in ("end", "max_tokens") and no_marker_characters(got)
+    assert len(tokens) == 60 if got[-1]["reason"] == "max_tokens" else len(tokens) < 60
+    assert got[-1]["text"] == "".join(t["text"] for t in tokens)
+    assert "<|assistant|>" in got[-1]["text"]  # these random weights write a marker mid-answer: by its name
+
+
+@pytest.mark.parametrize("body,status,message", [
+    (dict(run="plain", prompt="abc", chat=True), 400, "not a chat run"),
+    (dict(run="chat", prompt="xyz", chat=True), 400, "outside the training vocabulary: 'x'"),
+    (dict(run="chat", prompt="a\ue002b", chat=True), 400, "the chat markers use"),
+    (dict(run="chat", prompt="abc", chat="yes"), 422, "chat"),
+])
+def test_a_question_a_chat_run_cannot_take_is_one_line(chat_client, body, status, message):
+    r = chat_client.post("/api/generate", json=body)
+    assert r.status_code == status and message in r.json()["error"] and "\n" not in r.json()["error"], r.text
 
 
 # ----------------------------------------------------------------------------- bad values, failures, paths

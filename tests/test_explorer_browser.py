@@ -486,3 +486,38 @@ def check_chips(chips):
         assert f"(token id {c.get_attribute('data-id')})" in c.get_attribute("title")
         shown.append(c.find_element(By.CSS_SELECTOR, ".tok-text").get_attribute("textContent"))
     return shown
+
+
+def test_a_chat_run_is_asked_a_question_and_its_answers_tokens_say_why(browser, tmp_path):
+    """On a chat run the Write panel takes a question: the prompt's chips are the chat template, its markers by
+    their names (never their private-use characters), the answer streams as text does, and a token of it opens
+    why this token with the API's candidates; a question the vocabulary cannot spell is the status line's error."""
+    from test_explorer import CHAT_TOK, fake_run
+
+    run = tmp_path / "runs" / "chat"
+    fake_run(run, tok=CHAT_TOK)
+    url, proc = serve(run)
+    try:
+        wait = WebDriverWait(browser, 60)
+        browser.get(url + "/")
+        wait.until(lambda d: "a chat run" in d.find_element(By.ID, "status").text)
+        assert browser.find_element(By.ID, "prompt-name").text == "Question"
+        assert browser.find_element(By.ID, "generate").text == "Ask"
+        chips = write(browser, wait, "abc", 8)
+        assert [c.text for c in chips[:5]] == ["<|user|>", "a", "b", "c", "<|assistant|>"]
+        assert not set(browser.find_element(By.ID, "output").get_attribute("textContent")) & set("\ue000\ue001\ue002")
+        chips[6].click()
+        wait.until(lambda d: d.find_element(By.ID, "why").get_attribute("data-ready") == "1")
+        ids = [int(c.get_attribute("data-id")) for c in chips]
+        want = httpx.post(f"{url}/api/position", json=dict(run="chat", ids=ids, position=6, temperature=0.8,
+                                                            top_k=200, top_p=1.0, k=10)).json()
+        bars = browser.find_elements(By.CSS_SELECTOR, "#why .bar.raw")
+        assert [int(b.get_attribute("data-id")) for b in bars] == [c["id"] for c in want["why"]["raw"]]
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        browser.find_element(By.ID, "prompt").clear()
+        browser.find_element(By.ID, "prompt").send_keys("xyz")
+        browser.find_element(By.ID, "generate").click()
+        wait.until(lambda d: "outside the training vocabulary" in d.find_element(By.ID, "status").text)
+    finally:
+        proc.terminate()
+        proc.wait(30)

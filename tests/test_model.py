@@ -18,7 +18,7 @@ from gptkit.interp.hooks import hook_points, hooked
 from gptkit.sampling.decoding import KVCache, generate
 from gptkit.training.updates import schedulable, set_lr
 from gptkit.training.train_config import TrainConfig
-from model import GPTConfig, SelfAttention, apply_rotary, rotary_tables
+from model import GPT, GPTConfig, SelfAttention, apply_rotary, merge_lora, rotary_tables
 
 # the variants a learner trains side by side, every one causal
 VARIANTS = {
@@ -311,6 +311,9 @@ def test_optional_parts_exist_only_where_configured():
     (dict(attention="uniform", pos_emb="rope"), "no queries or keys"),
     (dict(attention="additive", pos_emb="rope"), "adds them"),
     (dict(dropout=1.0), "dropout"),
+    (dict(lora_rank=-1), r"lora_rank must be at least 0 \(got -1\)"),
+    (dict(n_embd=32, n_head=4, lora_rank=33), "lora_rank 33 is larger than the width n_embd=32: an adapter of full"),
+    (dict(lora_rank=4, lora_alpha=0.0), "lora_alpha must be above 0"),
 ])
 def test_config_refuses_what_cannot_be_built(bad, message):
     with pytest.raises(ValueError, match=message):
@@ -417,6 +420,88 @@ def test_embeddings_get_their_own_learning_rate(optimizer, embedding_lr):
     assert others and all(lr == 1e-3 for lr in others)  # the head, gains (and, with AdamW, every matrix)
     set_lr([adamw], 0.5)  # the schedule scales each group's own peak
     assert {g["lr"] for g in adamw.param_groups} == {0.5 * lr for lr in set(lr_of.values())}
+
+
+# ----------------------------------------------------------------------------------------------- LoRA
+
+LORA_BASE = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=50, block_size=16, bias=True)
+ADAPTED = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # the four matrices of each block
+
+
+def adapter_names(n_layer=LORA_BASE["n_layer"]):
+    return {f"transformer.h.{i}.{m}.lora_{ab}" for i in range(n_layer) for m in ADAPTED for ab in "AB"}
+
+
+def lora_model(seed=0, **overrides):
+    """A LoRA GPT of LORA_BASE at rank 4, its adapters' B drawn at random (0 at init) so that they change
+    the output."""
+    model = tiny_model(seed, config=GPTConfig(**LORA_BASE, lora_rank=4), **overrides)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("lora_B"):
+                p.normal_(0, 0.05)
+    return model
+
+
+def test_lora_starts_as_the_base_model():
+    """B starts at zero: a LoRA model holding a base model's weights (only its adapters missing from them)
+    computes the base model's logits exactly."""
+    base = tiny_model(config=GPTConfig(**LORA_BASE))
+    adapted = tiny_model(seed=1, config=GPTConfig(**LORA_BASE, lora_rank=4))
+    result = adapted.load_state_dict(base.state_dict(), strict=False)
+    assert set(result.missing_keys) == adapter_names() and not result.unexpected_keys
+    assert all(torch.count_nonzero(p) == 0 for n, p in adapted.named_parameters() if n.endswith("lora_B"))
+    assert all(torch.count_nonzero(p) > 0 for n, p in adapted.named_parameters() if n.endswith("lora_A"))
+    idx = random_tokens((2, 16), vocab=50)
+    with torch.no_grad():
+        assert torch.equal(adapted(idx, idx)[0], base(idx, idx)[0])
+
+
+def test_merged_weights_compute_what_the_adapters_do():
+    """merge_lora folds each W + (α/r)·B A into a plain model's weights: the same logits, in float32 and under
+    bfloat16 autocast; a model's own weights in bfloat16 stay in bfloat16; without adapters nothing changes."""
+    adapted = lora_model(lora_alpha=8.0)
+    weights, config = merge_lora(adapted.state_dict(), adapted.config)
+    assert config.lora_rank == 0 and not any("lora" in name for name in weights)
+    assert set(weights) == set(tiny_model(config=config).state_dict())
+    plain = GPT(config).eval()
+    plain.load_state_dict(weights)
+    base = tiny_model(config=config)  # the same seed's base weights, without the update
+    base.load_state_dict({n: t for n, t in adapted.state_dict().items() if "lora" not in n})
+    idx = random_tokens((2, 16), vocab=50)
+    with torch.no_grad():
+        want = adapted(idx, idx)[0]
+        assert (want - base(idx, idx)[0]).abs().max() > 0.05 * want.abs().max()  # the update matters
+        torch.testing.assert_close(plain(idx, idx)[0], want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got, want = plain(idx, idx)[0].float(), adapted(idx, idx)[0].float()
+        assert (got - want).abs().max() <= 0.03 * want.abs().max()
+    halves, _ = merge_lora({n: t.bfloat16() for n, t in adapted.state_dict().items()}, adapted.config)
+    assert all(t.dtype == torch.bfloat16 for t in halves.values())
+    assert merge_lora(weights, config) == (weights, config)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_lora_trains_only_the_adapters_the_token_table_and_the_head(tie):
+    """With lora_rank > 0 everything is frozen but the adapters and, for the tokens a fine-tune adds, the token
+    table and the head; the adapters go to AdamW (none to Muon), and a step moves no frozen weight."""
+    cfg = train_config(lora_rank=4, optimizer="muon", tie_weights=tie, learning_rate=1e-2)
+    model = tiny_model(config=cfg.model, vocab_size=20).train()
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained == adapter_names() | {"transformer.wte.weight"} | (set() if tie else {"lm_head.weight"})
+    assert model.trainable_params() == sum(p.numel() for n, p in model.named_parameters() if n in trained)
+    assert model.trainable_params() < model.num_params(non_embedding=False)
+    (adamw,) = schedulable(model.configure_optimizers(cfg))
+    decayed = {id(p) for g in adamw.param_groups if g["weight_decay"] == cfg.weight_decay for p in g["params"]}
+    assert {id(p) for n, p in model.named_parameters() if "lora" in n} <= decayed
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    idx = random_tokens((4, 17), vocab=20)
+    for _ in range(2):  # the second step moves A too: B is no longer zero
+        model(idx[:, :-1], idx[:, 1:])[1].backward()
+        adamw.step()
+        model.zero_grad(set_to_none=True)
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert moved == trained
 
 
 # ----------------------------------------------------------------------------------------------- one place

@@ -23,7 +23,7 @@ FEW = 300  # strings in the small corpus the prepare tests write in place of the
 @pytest.fixture
 def few_repeats(monkeypatch):
     """--synthetic=repeats writes FEW strings' pairs, not 150,000; returns that text."""
-    monkeypatch.setitem(synthetic.SYNTHETIC, "repeats", lambda: repeats_text(FEW))
+    monkeypatch.setitem(synthetic.SYNTHETIC, "repeats", lambda cfg: ("repeats.txt", repeats_text(FEW)))
     return repeats_text(FEW)
 
 
@@ -68,8 +68,8 @@ def test_a_file_of_other_text_where_the_corpus_goes_is_refused_and_kept(tmp_path
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--synthetic=repeat"], "error: unknown --synthetic=repeat; did you mean 'repeats'? (known: repeats)"),
-    (["--synthetic=shapes"], "error: unknown --synthetic=shapes (known: repeats)"),
+    (["--synthetic=repeat"], "error: unknown --synthetic=repeat; did you mean 'repeats'? (known: repeats, tasks)"),
+    (["--synthetic=shapes"], "error: unknown --synthetic=shapes (known: repeats, tasks)"),
     (["--synthetic=repeats", "--input=my.txt"], "error: --input and --synthetic each name the text to prepare: *"),
 ])
 def test_cli_a_synthetic_corpus_it_cannot_make_is_one_line(tmp_path, args, expected):

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from gptkit.base.errors import UserError, first_line
+from gptkit.data.conversations import PROMPT, ROLE_NAMES
 from gptkit.data.preparing import TOKEN_DTYPES, data_root, meta_checksum
 from gptkit.data.synthetic import SYNTHETIC
 from gptkit.data.tokenizer import tokenizer_from_meta, trained_bpe
@@ -123,11 +124,18 @@ class Split:
     opened (size, token ids within the vocabulary, the checksum and count the metadata gives) and mapped afresh
     per read so the memmaps never pin memory however many tokens a run reads."""
 
-    def __init__(self, folder, name, meta, block_size):
+    def __init__(self, folder, name, meta, block_size, train_on="answers"):
         self.path = Path(folder) / f"{name}.bin"
         self.dtype = np.dtype(meta["dtype"])
         self.shards = [Shard(Path(folder) / s["file"], self.dtype, s, meta["vocab_size"])
                        for s in shards_of(meta, name)]
+        # a chat dataset's roles (gptkit/data/conversations.py): the targets the loss skips are -1
+        self.roles = None
+        if "roles" in meta and train_on == "answers":
+            self.roles = Shard(Path(folder) / meta["roles"][name]["file"], np.dtype(np.uint8), meta["roles"][name],
+                               len(ROLE_NAMES))
+            if self.roles.length != self.shards[0].length or len(self.shards) != 1:
+                raise UserError(f"{self.roles.path} does not match {self.path}; run data/prepare.py again")
         self.starts = np.cumsum([0] + [shard.length for shard in self.shards])
         self.length = int(self.starts[-1])
         if self.length < block_size + 1:
@@ -136,7 +144,8 @@ class Split:
                             "more text")
         self.block_size = block_size
 
-    def batch(self, offsets, device):
+    def batch(self, offsets, device, masked=True):
+        """(inputs, targets) of the windows at offsets; masked, a chat dataset's prompt targets are -1."""
         span = np.arange(self.block_size + 1)
         if len(self.shards) == 1:
             rows = self.shards[0].tokens()[offsets.numpy()[:, None] + span]
@@ -147,7 +156,11 @@ class Split:
             xy = xy.pin_memory().to(device, non_blocking=True)
         else:
             xy = xy.to(device)
-        return xy[:, :-1], xy[:, 1:]
+        x, y = xy[:, :-1], xy[:, 1:]
+        if self.roles is not None and masked:  # a prompt's tokens are given, never predicted: their targets are -1
+            given = self.roles.tokens()[offsets.numpy()[:, None] + span[1:]] == PROMPT
+            y = y.masked_fill(torch.from_numpy(given).to(y.device), -1)
+        return x, y
 
     def window(self, start):
         """block_size + 1 tokens from `start` in the split's stream, across the end of a shard if need be."""
@@ -335,13 +348,13 @@ class TrainingData:
     (eval_iters batches of batch_size) at every evaluation."""
 
     def __init__(self, folder, meta, block_size, batch_size, eval_iters, seed, device, batch_order="random",
-                 micro_batch=None, rank=0, world=1):
+                 micro_batch=None, rank=0, world=1, train_on="answers"):
         self.meta, self.block_size = meta, block_size
         self.tokenizer = tokenizer_from_meta(meta)
         if self.tokenizer.vocab_size != meta["vocab_size"]:
             raise UserError(f"{Path(folder) / 'meta.json'}: vocab_size is {meta['vocab_size']} but its tokenizer has "
                             f"{self.tokenizer.vocab_size} tokens; run data/prepare.py for this dataset again")
-        self.splits = {name: Split(folder, name, meta, block_size) for name in ("train", "val")}
+        self.splits = {name: Split(folder, name, meta, block_size, train_on) for name in ("train", "val")}
         self.sampler = BatchSampler(self.splits["train"], micro_batch or batch_size, seed, device, batch_order, rank,
                                     world)
         self.eval_offsets = {name: fixed_offsets(split, batch_size, eval_iters) for name, split in self.splits.items()}

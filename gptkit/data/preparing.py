@@ -30,10 +30,13 @@ from gptkit.base.files import refuse_link, write_whole
 from gptkit.base.progress import progress as bar_or_lines
 from gptkit.base.settings import closest
 from gptkit.base.signals import StopSignals
+from gptkit.data.chat_preparing import write_chat_dataset
+from gptkit.data.conversations import is_conversation_file
 from gptkit.data.bpe import WordCounts, check_vocab_size, merges_table, save_tokenizer, saved_checksum, train_bpe
 from gptkit.data.shards import CHUNK_TOKENS, ShardWriter, sha256_of, tokenized
 from gptkit.data.sources import Reader, Tally, kind_of, read_record, shown, source_files
 from gptkit.data.synthetic import SYNTHETIC, write_source
+from gptkit.data.tasks import TASKS
 from gptkit.data.tokenizer import TiktokenTokenizer, TrainedBPE, make_tokenizer, prepare_options, same_token_ids
 from gptkit.data.versions import (LINKED, bare, check_room, commit, dataset_lock, remove_bare, remove_leftovers,
                                   stopped_work, sync, work_folder)
@@ -52,7 +55,7 @@ TOKENIZER_FILE = "tokenizer.json"  # a trained BPE's merges, in the dataset fold
 @dataclass
 class PrepareConfig:
     input: str = ""  # a text, .jsonl(.gz/.zst) or .parquet file, or a folder of them ('' = download tinyshakespeare)
-    synthetic: str = ""  # instead of --input, text made by a seeded generator: 'repeats' (gptkit/data/synthetic.py)
+    synthetic: str = ""  # instead of --input, text a seeded generator makes: 'repeats' or 'tasks' (gptkit/data/synthetic.py)
     name: str = ""  # output folder name under data_dir ('' = shakespeare_char, or the --synthetic corpus's name)
     tokenizer: str = "char"  # 'char', 'bpe' (trained on this corpus) or a tiktoken encoding (gpt2, cl100k_base, ...)
     vocab_size: int = 0  # with --tokenizer=bpe: the tokens to train, the 256 bytes and <|endoftext|> included
@@ -65,6 +68,13 @@ class PrepareConfig:
     shard_tokens: int = 100_000_000  # tokens per shard file; a split that fits in one is a single train.bin/val.bin
     workers: int = 0  # processes that tokenize (0 = one per core)
     start_over: bool = False  # replace a dataset under --name made from other text or with another tokenizer (deleted)
+    # chat: conversations (a .jsonl of {"messages": [...]}, or --synthetic=tasks), gptkit/data/conversations.py
+    # sums take a small model the most examples to learn: six times the others' (docs/chat.md)
+    tasks: str = "addition:150000,reverse,sort"  # --synthetic=tasks: of addition(_reversed), reverse, sort; NAME:COUNT
+    problems: int = 25_000  # with --synthetic=tasks: training conversations of each task not given a count
+    heldout: int = 1000  # with --synthetic=tasks: held-out problems of each task, never trained on (heldout.jsonl)
+    mix: str = ""  # a chat dataset: plain text to mix in (e.g. the base model's), so that it keeps what it knew
+    mix_share: float = 0.3  # with --mix: the share of training tokens that are that text (its pieces repeat)
 
     def __post_init__(self):
         if self.synthetic and self.synthetic not in SYNTHETIC:
@@ -94,6 +104,25 @@ class PrepareConfig:
                              f"{self.tokenizer!r} has a vocabulary of its own")
         if self.show_merges < 0:
             raise ValueError(f"show_merges must be 0 or more (got {self.show_merges})")
+        self.task_list()
+        if self.problems < 1 or self.heldout < 1:
+            raise ValueError(f"problems and heldout must be at least 1 (got {self.problems}, {self.heldout})")
+        if not 0 < self.mix_share < 1:
+            raise ValueError(f"mix_share must be between 0 and 1 (got {self.mix_share})")
+
+    def task_list(self):
+        """--tasks as [(task, training problems)], each task known: NAME takes --problems, NAME:COUNT its own."""
+        found = []
+        for item in filter(None, (t.strip() for t in self.tasks.split(","))):
+            name, _, count = item.partition(":")
+            if name not in TASKS:
+                raise ValueError(f"unknown task {name!r}{closest(name, TASKS)} in --tasks (known: {', '.join(TASKS)})")
+            if count and not (count.isdigit() and int(count) > 0):
+                raise ValueError(f"--tasks: {item!r} must be NAME or NAME:COUNT, COUNT at least 1")
+            found.append((name, int(count) if count else self.problems))
+        if not found:
+            raise ValueError("--tasks names no task")
+        return found
 
 
 def data_root(data_dir):
@@ -155,8 +184,12 @@ def prepare(cfg):
 
 def prepare_locked(cfg, out_dir, files):
     """prepare's work, holding the dataset's lock: the metadata."""
-    files = files or [write_source(cfg.synthetic, out_dir) if cfg.synthetic
+    files = files or [write_source(cfg.synthetic, out_dir, cfg) if cfg.synthetic
                       else download_shakespeare(out_dir / "input.txt")]
+    chat = len(files) == 1 and is_conversation_file(files[0])
+    if cfg.mix and not chat:
+        raise UserError("--mix mixes plain text into a chat dataset: give conversations (a .jsonl of "
+                        "{\"messages\": [...]}) or --synthetic=tasks")
     if sum(f.stat().st_size for f in files) == 0:
         raise UserError(f"input {shown(cfg.input or files[0])} is empty")
     check_replacing(cfg, files, out_dir)
@@ -167,7 +200,8 @@ def prepare_locked(cfg, out_dir, files):
     remove_leftovers(out_dir, keep=work)
     with StopSignals() as stop:
         stop.doing = "preparing"
-        meta = kept_or_cleared(lambda: write_dataset(cfg, files, work), work, out_dir)
+        write = (lambda: chat_dataset(cfg, files[0], work)) if chat else lambda: write_dataset(cfg, files, work)
+        meta = kept_or_cleared(write, work, out_dir)
     commit(out_dir, work)
     remove_leftovers(out_dir)
     return meta
@@ -328,6 +362,17 @@ def write_dataset(cfg, files, work):
         writers["train"].split_off(position_split(writers["train"].tokens(), cfg.val_fraction), writers["val"])
     shards = {split: w.finish() for split, w in writers.items()}
     return write_meta(cfg, files, work, tok, dtype, shards, docs, tally, by_document)
+
+
+def chat_dataset(cfg, path, work):
+    """A chat dataset in the work folder (gptkit/data/chat_preparing.py), with its meta.json; the metadata."""
+    open_work(work)
+    meta = write_chat_dataset(cfg, path, work)
+    meta["sha256"] = meta_checksum(meta)
+    write_whole(work / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
+    (work / "state.json").unlink(missing_ok=True)
+    sync([*work.iterdir(), work, work.parent])
+    return meta
 
 
 def cores():

@@ -1,14 +1,19 @@
 """
 Synthetic corpora: text a seeded generator writes, whose structure is known exactly, so that the mechanism a model
 needs for it can be watched as it forms (docs/corpora.md#synthetic-text). `data/prepare.py --synthetic=NAME`
-writes one as NAME.txt in its dataset folder and prepares that, char-level unless told otherwise.
+writes one in its dataset folder and prepares that, char-level unless told otherwise.
 
 repeats: random lowercase strings, each written twice, one pair after another (`xqbwkexqbwkegtlgtl...`). The first
 copy cannot be predicted, each letter is one of 26 (ln 26 = 3.26 nats); the second can, letter for letter, by a
 model that finds the current letter earlier and reads the letter after it: an induction head. The lengths vary
 from pair to pair, so that a head looking a fixed distance back cannot pass for one.
+
+tasks: conversations that ask problems a program checks (gptkit/data/tasks.py), one JSON line each, for chat
+fine-tuning; their held-out problems are written beside the dataset, never among these.
 """
 
+import hashlib
+import json
 import os
 import random
 import string
@@ -16,6 +21,7 @@ import string
 from gptkit.base.errors import UserError
 from gptkit.base.files import write_whole
 from gptkit.data.sources import shown
+from gptkit.data.tasks import conversation, problems
 
 REPEATS_SEED = 0
 REPEATS_STRINGS = 150_000  # about 4.5 MB of text: a model this data is for cannot learn the strings themselves
@@ -45,13 +51,32 @@ def repeats_text(count=REPEATS_STRINGS, seed=REPEATS_SEED):
     return "".join(s + s for s in repeats_strings(count, seed))
 
 
-SYNTHETIC = {"repeats": repeats_text}  # --synthetic's names, and each corpus's text
+def tasks_text(tasks, seed=0):
+    """Conversations of each (task, count) in tasks, none of them held out, as JSON Lines in a seeded random
+    order, so that a window of them mixes the tasks (prepare splits val off them)."""
+    lines = [json.dumps(conversation(task, question, answer))
+             for task, count in tasks for question, answer in problems(task, "train", count, seed)]
+    random.Random(seed).shuffle(lines)
+    return "".join(line + "\n" for line in lines)
 
 
-def write_source(name, folder):
-    """The synthetic corpus `name` as the file folder/NAME.txt, written there unless it is there already; a file of
+# --synthetic's names: each corpus's (file name, text) for prepare's settings
+SYNTHETIC = {"repeats": lambda cfg: ("repeats.txt", repeats_text()),
+             "tasks": lambda cfg: tasks_source(cfg.task_list())}
+
+
+def tasks_source(tasks):
+    text = tasks_text(tasks)
+    # named for what it holds: other tasks or counts are another text, which prepare will not mix up with this
+    key = hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
+    return f"tasks-{key}.jsonl", text
+
+
+def write_source(name, folder, cfg):
+    """The synthetic corpus `name` as a file in folder, written there unless it is there already; a file of
     that name holding other text is the user's error, never replaced (another version of the corpus, or theirs)."""
-    path, data = folder / f"{name}.txt", SYNTHETIC[name]().encode("utf-8")
+    file_name, text = SYNTHETIC[name](cfg)
+    path, data = folder / file_name, text.encode("utf-8")
     if not path.exists():
         write_whole(path, data)
         os.utime(path, (SOURCE_MTIME, SOURCE_MTIME))

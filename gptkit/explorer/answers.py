@@ -1,17 +1,19 @@
 """What the explorer answers: the requests it takes, checked, and the model's own numbers for each: generation as
-it streams, a text read token by token, one position's report, an attention map, a run's curves."""
+it streams (for a chat run, an answer to a question), a text read token by token, one position's report, an
+attention map, a run's curves."""
 
 import json
 import math
 import time
 
 import torch
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, StrictBool, field_validator
 
 from gptkit.base.errors import UserError
+from gptkit.data.conversations import MARKERS, NAMES, prompt_text, shown
 from gptkit.explorer.experiment_answers import MAX_OFF, MAX_TOKENS, Off, OffRequest, Real, Whole
-from gptkit.explorer.runs import (ApiError, attention_note, final_bits_per_char, number, run_records,
-                                  without_paths)
+from gptkit.explorer.runs import (ApiError, attention_note, final_bits_per_char, holds_chat_markers, number,
+                                  run_records, without_paths)
 from gptkit.explorer.timeline_answers import AtRequest
 from gptkit.interp.experiments import checked_tokens
 from gptkit.interp.hooks import attention_maps, logit_lens, look_inside, read_out, surprise_bits, token_label
@@ -47,6 +49,7 @@ class GenerateRequest(Knobs, OffRequest, AtRequest):
     seed: Whole = Field(1337, ge=0, lt=2 ** 31)
     max_tokens: Whole = Field(200, ge=1, le=MAX_NEW_TOKENS)
     stop: str = Field("", max_length=200)
+    chat: StrictBool = False  # a chat run's question: the model is given prompt_text(prompt), and stops at <|end|>
 
 
 class ReadRequest(OffRequest, AtRequest):
@@ -90,10 +93,39 @@ def checked_ids(loaded, ids):
         raise ApiError(400, str(e)) from None
 
 
+def is_chat(tok):
+    """Whether tok is a chat run's: a char-level vocabulary holding the chat markers (others have no stoi)."""
+    return holds_chat_markers(getattr(tok, "stoi", {}))
+
+
+def marker_name(tok, text):
+    """A chat run's marker token by its name (<|user|>, <|assistant|>, <|end|>), never its private-use character;
+    None for any other token."""
+    return NAMES[text] if text in NAMES and is_chat(tok) else None
+
+
+def label_of(tok, token):
+    """A token's label (gptkit.interp.hooks.token_label), a chat marker's its name."""
+    return marker_name(tok, tok.decode([token])) or token_label(tok, token)
+
+
 def token_json(tok, token):
     """A token as the page shows it: its id, its own text (a byte-level BPE token holding part of a character's
-    bytes decodes to U+FFFD there) and its label, which writes those bytes as ⟨e4⟩."""
-    return {"id": token, "text": tok.decode([token]), "label": token_label(tok, token)}
+    bytes decodes to U+FFFD there; a chat marker is its name) and its label, which writes those bytes as ⟨e4⟩."""
+    text = tok.decode([token])
+    name = marker_name(tok, text)
+    return {"id": token, "text": name or text, "label": name or token_label(tok, token)}
+
+
+def chat_ids(loaded, question):
+    """The tokens that ask a chat run's model a question: prompt_text(question), as chat.py gives it; one line for
+    a run that is no chat run, or a question that holds a marker's character."""
+    if not is_chat(loaded.tok):
+        raise ApiError(400, "this run is not a chat run (its vocabulary has no chat markers <|user|>, "
+                            "<|assistant|>, <|end|>): send \"chat\": false")
+    if set(question) & set(NAMES):
+        raise ApiError(400, "the question holds a character the chat markers use (U+E000-U+E002); write it without")
+    return encode(loaded, prompt_text(question))
 
 
 def top(tok, probs, k):
@@ -109,8 +141,10 @@ def top(tok, probs, k):
 def generation_events(shelf, loaded, ids, req, off=Off()):
     """The events of one generation: the prompt's tokens, each new token with the probability the model gave it,
     then the end. Decoding runs step by step under the shelf's lock, with the parts `off` names switched off for
-    that step, and only while the client reads: a client that goes away stops the generation at its next step."""
+    that step, and only while the client reads: a client that goes away stops the generation at its next step.
+    A chat request's answer ends where the model writes <|end|>, which is not sent: it is no text."""
     tok = loaded.tok
+    end = tok.stoi[MARKERS["end"]] if req.chat else None
     device = next(loaded.decoder.parameters()).device
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     yield {"type": "prompt", "tokens": [token_json(tok, t) for t in ids]}
@@ -124,6 +158,9 @@ def generation_events(shelf, loaded, ids, req, off=Off()):
         if step is None:
             break
         token, logits, shaped = step[0].item(), step[1][0].float(), step[2]
+        if token == end:
+            reason = "end"
+            break
         p = torch.softmax(logits, -1)[token].item()
         p_shaped = 1.0 if shaped is None else shaped[0, token].item()  # greedy: all of it on this token
         piece = text_of(token)
@@ -133,7 +170,8 @@ def generation_events(shelf, loaded, ids, req, off=Off()):
             break
         # the chip is the token itself; the text, whose characters may span tokens, comes whole at the end
         yield dict(token_json(tok, token), type="token", p=round(p, 6), p_shaped=round(p_shaped, 6))
-    yield {"type": "done", "reason": reason, "text": text + stop.flush()}
+    text += stop.flush()
+    yield {"type": "done", "reason": reason, "text": shown(text) if is_chat(tok) else text}
 
 
 def sse(events):
@@ -212,7 +250,7 @@ def attention_map(shelf, loaded, req, off=Off()):
     with shelf.lock, off.on(loaded.model):
         weights = attention_maps(loaded.model, idx)[req.layer][0, req.head]
     return {"weights": [[round(w, 6) for w in row] for row in weights.tolist()],
-            "labels": [token_label(loaded.tok, t) for t in req.ids], "off": off.to_json()}
+            "labels": [label_of(loaded.tok, t) for t in req.ids], "off": off.to_json()}
 
 
 # ----------------------------------------------------------------------------- the app
@@ -243,7 +281,7 @@ def picked(name, loaded):
     return {"name": name, "settings": c.describe(), "n_layer": c.n_layer, "n_head": c.n_head,
             "block_size": c.block_size, "attention": c.attention, "causal": c.causal,
             "vocab_size": loaded.tok.vocab_size, "tokenizer": loaded.summary.tokenizer,
-            "tokenizer_kind": loaded.tok.kind,
+            "tokenizer_kind": loaded.tok.kind, "chat": is_chat(loaded.tok),
             "decode": loaded.decoding, "note": attention_note(c), "mlp": bool(c.mlp)}
 
 

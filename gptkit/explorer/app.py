@@ -19,8 +19,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gptkit.base.errors import UserError, first_line
 from gptkit.explorer.answers import (GenerateRequest, MapRequest, PositionRequest, ReadRequest, attention_map,
-                                     checked_ids, encode, generation_events, picked, position_report, read_text,
-                                     run_metrics, sse)
+                                     chat_ids, checked_ids, encode, generation_events, picked, position_report,
+                                     read_text, run_metrics, sse)
 from gptkit.explorer.experiment_answers import (FEATURE_NAME, ScoresRequest, head_scores_at, heads_report, lab_curves,
                                                 off_of)
 from gptkit.explorer.feature_answers import (FeatureRequest, TokenFeaturesRequest, feature_report, sae_hooks,
@@ -79,7 +79,8 @@ def make_app(shelf, host="127.0.0.1", port=8000, bound=None):
     @app.post("/api/generate")
     def generate(req: GenerateRequest):
         loaded = shelf.get(req.run, req.checkpoint)
-        ids, off = encode(loaded, req.prompt), off_for(shelf, loaded, req.off)
+        ids = chat_ids(loaded, req.prompt) if req.chat else encode(loaded, req.prompt)
+        off = off_for(shelf, loaded, req.off)
         return StreamingResponse(sse(generation_events(shelf, loaded, ids, req, off)), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptkit.base.errors import UserError, first_line
+from gptkit.data.conversations import MARKERS
 from gptkit.data.dataset import file_identity
 from gptkit.data.tokenizer import describe_vocabulary
 from gptkit.lab.ladder import RUNGS
@@ -122,6 +123,12 @@ def attention_note(c):
     return None
 
 
+def holds_chat_markers(chars):
+    """Whether a char-level vocabulary (a string, or a tokenizer's stoi) holds the three chat markers of
+    gptkit/data/conversations.py: a chat run's, which the Write panel talks to (a question in, an answer out)."""
+    return all(c in chars for c in MARKERS.values())
+
+
 @dataclass
 class Summary:
     """What the runs list shows of a run, read from its checkpoint and metrics.jsonl."""
@@ -136,12 +143,13 @@ class Summary:
     error: str = None
     identity: tuple = None  # the checkpoint file's identity when read: another one is read again
     iter_num: int = None  # the step its weights are of, where the checkpoint says
+    chat: bool = False  # a chat run: its char-level vocabulary holds the chat markers
 
     def to_json(self):
         out = {"name": shown(self.name), "error": self.error, "settings": None, "params": None, "iterations": None,
                "final_val_loss": None, "bits_per_char": None, "tokenizer": self.tokenizer,
                "tokenizer_kind": self.tokenizer_kind, "rung": lab_rung(self.folder), "health": None,
-               "checkpoint": None, "metrics_error": None}
+               "checkpoint": None, "metrics_error": None, "chat": self.chat}
         if self.error is None:
             out.update(settings=self.config.describe(), params=self.params, checkpoint=self.checkpoint.name,
                        **finished(self.folder, self.tokenizer_kind))
@@ -228,9 +236,10 @@ def summarize(name, folder):
         ckpt = load_checkpoint(path, required=MODEL_KEYS)
         config = model_config(ckpt, path)
         params = count_params(ckpt["model"], config)  # model.py's count
-        step = ckpt.get("iter_num")
-        return Summary(name, folder, path, config, params, describe_vocabulary(ckpt["tokenizer"]),
-                       ckpt["tokenizer"]["tokenizer"], identity=identity, iter_num=step if type(step) is int else None)
+        step, meta = ckpt.get("iter_num"), ckpt["tokenizer"]
+        chat = meta["tokenizer"] == "char" and isinstance(meta.get("vocab"), str) and holds_chat_markers(meta["vocab"])
+        return Summary(name, folder, path, config, params, describe_vocabulary(meta), meta["tokenizer"],
+                       identity=identity, iter_num=step if type(step) is int else None, chat=chat)
     except OSError as e:
         return Summary(name, folder, error=without_paths(f"cannot read {e.filename or folder} ({e.strerror or e})",
                                                          folder))

@@ -57,7 +57,8 @@ class Probe:
         T = val_split.block_size
         windows = max(1, min(ICL_WINDOWS, (val_split.length - 1) // T))
         device = str(next(model.parameters()).device)
-        idx, targets = val_split.batch(torch.arange(windows) * T, device)
+        # every next token, a chat dataset's prompts too: what the model predicts along a window
+        idx, targets = val_split.batch(torch.arange(windows) * T, device, masked=False)
         repeated = induction_tokens(model, vocab) if has_attention(model) else None
         return cls(idx, targets, repeated)
 

@@ -29,7 +29,7 @@ from gptkit.base import files
 from gptkit.base.errors import RunStopped, UserError, first_line
 from gptkit.machine.stand_ins import KERNELS, install
 from gptkit.run.formats import CHECKPOINT_FORMAT, upgraded_checkpoint
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, merge_lora
 
 HEADER = b"gptkit-checkpoint sha256=%s size=%020d\n"
 HEADER_SIZE = len(HEADER % (b"0" * 64, 0))
@@ -395,9 +395,15 @@ def model_config(ckpt, path, **overrides):
 
 
 def model_from_checkpoint(ckpt, path, **overrides):
-    """The GPT a checkpoint's model_args (with overrides, e.g. dropout) and weights describe."""
-    model = GPT(model_config(ckpt, path, **overrides))
-    load_weights(model, ckpt["model"], path)
+    """The GPT a checkpoint's model_args (with overrides, e.g. dropout) and weights describe; LoRA's adapters
+    merged into the matrices they adapt, so that every reader (sampling, analysis, export) gets a plain model."""
+    config = model_config(ckpt, path, **overrides)
+    try:
+        weights, config = merge_lora(ckpt["model"], config)
+    except (RuntimeError, KeyError) as e:  # an adapter missing, or of another shape than its matrix
+        raise UserError(f"{path}'s weights do not fit its model settings ({first_line(e)})") from None
+    model = GPT(config)
+    load_weights(model, weights, path)
     install(model, [])  # the written-out attention where the learner edited it: what they write is what runs
     return model
 

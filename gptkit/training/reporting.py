@@ -95,7 +95,9 @@ class Reporter:
         self.say(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         self.log.write({"kind": "eval", "iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"]})
         self.evals.append((iter_num, losses["train"], losses["val"]))
-        why = overfitting(self.evals)
+        # a model that starts from trained weights has learned its training text already: step 0 tells nothing
+        evals = [e for e in self.evals if e[0] > 0 or self.cfg.init_from == "scratch"]
+        why = overfitting(evals) if evals else None
         if why and not self.warned:
             self.warned = True
             # the model best.pt will hold once this evaluation is taken into account

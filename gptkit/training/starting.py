@@ -4,22 +4,25 @@ model (fresh, resumed or pretrained), with the seeds that make them the same for
 import math
 import random
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from gptkit.base.errors import UserError
+from gptkit.data.conversations import shown
 from gptkit.data.dataset import TrainingData, load_meta
 from gptkit.data.tokenizer import describe_vocabulary, prepare_options, same_token_ids
-from gptkit.interop.hf import crop_block_size, load_pretrained
-from gptkit.run.checkpoint import load_weights, model_config
+from gptkit.interop.hf import HUB_MODELS, crop_block_size, load_pretrained
+from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, load_weights, model_config
+from gptkit.run.run_folder import RunDir
 from model import GPT
 
 
-def build_model(cfg, planned, meta, ckpt=None, path=None, rank=0):
+def build_model(cfg, planned, meta, ckpt=None, path=None, rank=0, base=None):
     """The model to train: of the planned shape, fresh or holding the checkpoint's weights (at path) it resumes,
-    or for planned None pretrained GPT-2 weights; the generators seeded first, so that the same config gives the
-    same weights (and then dropout's draws)."""
+    or the weights of the run it starts from (base), or for planned None pretrained GPT-2 weights; the
+    generators seeded first, so that the same config gives the same weights (and then dropout's draws)."""
     seed_everything(cfg.seed + rank)
     if planned is None:
         model = pretrained(cfg, meta)
@@ -27,6 +30,13 @@ def build_model(cfg, planned, meta, ckpt=None, path=None, rank=0):
         model = GPT(planned)
         if ckpt is not None:
             load_weights(model, ckpt["model"], path)
+        elif base is not None:
+            load_base(model, base, meta, rank)
+    if model.config.lora_rank and rank == 0:
+        trained, total = model.trainable_params(), model.num_params(non_embedding=False)
+        print(f"LoRA rank {model.config.lora_rank}: {trained:,} of the model's {total:,} parameters train "
+              f"({100 * trained / total:.1f}%): the adapters, the token table and the head; the rest is frozen",
+              flush=True)
     if model.config.vocab_size < meta["vocab_size"]:
         raise UserError(f"dataset vocabulary ({meta['vocab_size']}) is larger than the model's "
                         f"({model.config.vocab_size})")
@@ -69,7 +79,7 @@ def open_data(cfg, rt, ckpt=None, ckpt_path=None):
     if ckpt is not None and not same_token_ids(ckpt["tokenizer"], meta):
         raise UserError(other_vocabulary(cfg, folder, meta, ckpt, ckpt_path))
     data = TrainingData(folder, meta, cfg.model.block_size, cfg.batch_size, cfg.eval_iters, cfg.seed, rt.device,
-                        cfg.batch_order, micro_batch, rt.rank, rt.world)
+                        cfg.batch_order, micro_batch, rt.rank, rt.world, cfg.train_on)
     return data, sequences
 
 
@@ -102,12 +112,15 @@ def holds_token_ids(data_dir, dataset, tokenizer):
         return False
 
 
-def planned_model(cfg, meta, ckpt=None, path=None):
-    """The GPTConfig build_model will build: the checkpoint's, or the config's with the dataset's vocabulary
-    (padded to a multiple of 64 for faster matmuls, but for characters); None for pretrained weights, whose shape
-    is known once they load."""
+def planned_model(cfg, meta, ckpt=None, path=None, base=None):
+    """The GPTConfig build_model will build: the checkpoint's; the shape of the run it starts from (base) with
+    the dataset's vocabulary and the config's dropout, context and LoRA; or the config's with the dataset's
+    vocabulary (padded to a multiple of 64 for faster matmuls, but for characters); None for pretrained weights,
+    whose shape is known once they load."""
     if ckpt is not None:
         return model_config(ckpt, path, dropout=cfg.model.dropout)
+    if base is not None:
+        return from_base(cfg, meta, base)
     if cfg.init_from != "scratch":
         return None
     vocab = meta["vocab_size"]
@@ -147,3 +160,66 @@ def batch_shares(sequences, batch_size, world):
                     "gradient_accumulation_steps again for another number a step")
 
 
+
+
+def base_run(cfg):
+    """(checkpoint, path) of the run init_from names (a folder train.py wrote: its best weights), as nanoGPT
+    fine-tunes; None where init_from is no such folder (scratch, a resume, GPT-2's weights)."""
+    folder = Path(cfg.init_from)
+    if cfg.init_from in ("scratch", "resume", "auto", *HUB_MODELS) or (folder / "config.json").exists():
+        return None  # a save_pretrained folder holds config.json: GPT-2's weights
+    if not folder.is_dir():
+        raise UserError(f"init_from={cfg.init_from!r}: no such folder; train the model to start from there first, "
+                        f"e.g. `python train.py config/shakespeare_char.py --out_dir={cfg.init_from}`")
+    run = RunDir(folder)
+    if not any(p.exists() for p in (run.best, run.legacy, run.latest)):
+        raise UserError(f"init_from={cfg.init_from!r} holds no run (no best.pt): train one there first, e.g. "
+                        f"`python train.py config/shakespeare_char.py --out_dir={cfg.init_from}`")
+    path = run.model_file("best")
+    ckpt = load_checkpoint(path, required=MODEL_KEYS)
+    if ckpt["tokenizer"].get("tokenizer") != "char":
+        raise UserError(f"{path} was trained on {describe_vocabulary(ckpt['tokenizer'])}; starting from a run "
+                        "works for char-level runs for now")
+    return ckpt, path
+
+
+def from_base(cfg, meta, base):
+    """The model a run started from `base` trains: base's shape, the dataset's vocabulary, and the config's
+    dropout, context length and LoRA settings."""
+    ckpt, path = base
+    was = model_config(ckpt, path)
+    if cfg.model.block_size > was.block_size:
+        raise UserError(f"block_size {cfg.model.block_size} is longer than the {was.block_size} positions "
+                        f"{path} was trained on; pass --block_size={was.block_size} or less")
+    if meta["tokenizer"] != "char":
+        raise UserError(f"{path} is char-level, but dataset {cfg.dataset!r} is not: prepare it char-level")
+    return replace(was, vocab_size=meta["vocab_size"], dropout=cfg.model.dropout, block_size=cfg.model.block_size,
+                   lora_rank=cfg.model.lora_rank, lora_alpha=cfg.model.lora_alpha)
+
+
+def load_base(model, base, meta, rank):
+    """The base run's weights in model, each token's embedding and head rows moved to the id its character
+    has in this dataset's vocabulary; a character the base never saw starts fresh, as a new model's would.
+    One line says how the vocabulary changed."""
+    ckpt, path = base
+    old, new = ckpt["tokenizer"]["vocab"], meta["vocab"]
+    weights = dict(ckpt["model"])
+    tables = [k for k in ("transformer.wte.weight", "lm_head.weight") if k in weights]
+    own = model.state_dict()
+    kept = [(new.index(c), i) for i, c in enumerate(old) if c in new]
+    for key in tables:
+        table = own[key].clone()
+        table[[n for n, _ in kept]] = weights[key][[i for _, i in kept]].to(table.dtype)
+        weights[key] = table
+    if "transformer.wpe.weight" in weights:
+        weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][:model.config.block_size]
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or any("lora_" not in k for k in missing):
+        raise UserError(f"{path}'s weights do not fit the model it names ({', '.join((unexpected or missing)[:3])})")
+    added = [c for c in new if c not in old]
+    if rank == 0 and (added or len(kept) < len(old)):
+        names = ", ".join(shown(c) for c in added[:12]) + (", ..." if len(added) > 12 else "")
+        print(f"the vocabulary grows from {len(old)} to {len(new)} tokens: {len(added)} new rows in the embedding "
+              f"and the head ({names}), each new; the {len(kept)} the base model knew keep their rows"
+              + (f"; {len(old) - len(kept)} it knew are not in this dataset and are dropped"
+                 if len(kept) < len(old) else ""), flush=True)

@@ -30,7 +30,7 @@ class TrainConfig:
     final_eval_tokens: int = 0  # at the end, score this many val tokens in consecutive windows (0 = the whole split)
     eval_only: bool = False  # evaluate once, record it and exit; no checkpoint is ever written
     always_save_checkpoint: bool = True  # save latest.pt at every evaluation, not only when val loss improves
-    init_from: str = "scratch"  # 'scratch', 'resume', 'auto' (resume if out_dir has a state), a GPT-2 name or HF folder
+    init_from: str = "scratch"  # 'scratch', 'resume', 'auto' (resume if out_dir has a state), a run folder, GPT-2 or HF
     start_over: bool = False  # a new run into an out_dir holding another: move the old run's files aside first
     seed: int = 1337  # seeds weights, data order and dropout
     timeline: bool = True  # record what each head does as the run trains (analyze.py timeline)
@@ -45,6 +45,7 @@ class TrainConfig:
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step (over all DDP ranks)
     batch_size: int = 12  # sequences per micro-batch
     batch_order: Literal["random", "epochs"] = "random"  # windows at random offsets (nanoGPT's), or each once an epoch
+    train_on: Literal["answers", "all"] = "answers"  # chat data: the loss counts answers (and text mixed in), or all
     # the model: every setting of model.py's GPTConfig, except the vocabulary, which the dataset sets
     model: GPTConfig = field(default_factory=GPTConfig, metadata={"not_settable": ("vocab_size",)})
     # optimizer
@@ -107,9 +108,10 @@ class TrainConfig:
                              "both set: drop --retime, or leave one of them to auto")
         check_device_name(self.device)
         starts = ["scratch", "resume", "auto", *HUB_MODELS]
-        if self.init_from not in starts and os.sep not in self.init_from and not os.path.isdir(self.init_from):
-            raise ValueError(f"init_from must be one of {', '.join(starts)} or a folder saved by save_pretrained "
-                             f"(got {self.init_from!r}{closest(self.init_from, starts)})")
+        # any other name is a run's folder, whose run is looked for at the start; a near miss of a keyword is a typo
+        if self.init_from not in starts and not os.path.isdir(self.init_from) and closest(self.init_from, starts):
+            raise ValueError(f"init_from must be one of {', '.join(starts)}, a run's folder or one saved by "
+                             f"save_pretrained (got {self.init_from!r}{closest(self.init_from, starts)})")
 
     def fit_shape_list(self):
         """fit_shapes as [(n_layer, n_embd), ...]: the preset's own shape first, then the smaller ones, each

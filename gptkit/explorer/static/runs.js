@@ -12,7 +12,7 @@ import { state } from './state.js';
 import { buildSwitches } from './switches.js';
 import { clearTimeline, loadTimeline } from './timeline.js';
 import { fillPairPickers } from './twoheads.js';
-import { clearOutput, stopGeneration } from './write.js';
+import { clearOutput, setChat, stopGeneration } from './write.js';
 
 const listed = (data) => (data && Array.isArray(data.runs) ? data.runs.filter((r) => r && typeof r.name === 'string') : []);
 
@@ -48,7 +48,7 @@ export async function refreshRuns() {
     fillSecondRunPicker();
     setLine('#runs-status', '');
     const now = state.runs.find((r) => r.name === state.run);
-    const model = (r) => JSON.stringify([r.settings, r.params, r.tokenizer, r.checkpoint, r.error]);
+    const model = (r) => JSON.stringify([r.settings, r.params, r.tokenizer, r.checkpoint, r.error, r.chat]);
     if (before && now && model(before) !== model(now)) pickRun(now.name, true);
     const first = state.runs.find((r) => !r.error);
     if (!state.run && first) pickRun(first.name);
@@ -116,6 +116,7 @@ function appendRunStats(b, r) {
   }
   b.append(stats);
   if (r.tokenizer) b.append(el('span', 'run-stats', 'tokens: ' + r.tokenizer));
+  if (r.chat) b.append(el('span', 'run-stats', 'a chat run: Write asks it questions'));
   if (r.checkpoint === 'latest.pt') b.append(el('span', 'run-health', 'shows latest.pt, its latest state: the run has no best.pt'));
   if (r.health) b.append(el('span', 'run-health', r.health));
   if (r.metrics_error) b.append(el('span', 'run-error', 'no curves: ' + r.metrics_error));
@@ -142,7 +143,9 @@ export function pickRun(name, again = false) {
   $('#run-note').hidden = true;
   renderFacts([['loading', 'the model…']]);
   setLine('#run-status', '');
-  clearOutput('Picked ' + name + '. Type a prompt and press Generate.');
+  const entry = state.runs.find((r) => r.name === name);
+  setChat(entry && entry.chat);
+  clearOutput('Picked ' + name + (state.chat ? ', a chat run. Type a question and press Ask.' : '. Type a prompt and press Generate.'));
   clearReadOutput();
   loadMetrics(name, seq);
   loadTimeline(name, seq);
@@ -155,6 +158,7 @@ async function loadInfo(name, seq) {
     const info = await api('GET', runUrl(name));
     if (seq !== state.pickSeq) return null;
     state.info = info;
+    setChat(info.chat);
     renderInfo(info);
     buildSwitches(info, seq);
     buildFeatures(info);
@@ -196,5 +200,6 @@ function renderInfo(info) {
   note.textContent = info.note || '';
   note.classList.toggle('cheat', info.causal === false);
   setLine('#run-status', '');
-  setLine('#status', `Loaded ${info.name}. Type a prompt and press Generate (or Enter).`);
+  setLine('#status', info.chat ? `Loaded ${info.name}, a chat run. Type a question and press Ask (or Enter).`
+    : `Loaded ${info.name}. Type a prompt and press Generate (or Enter).`);
 }

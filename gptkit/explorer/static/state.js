@@ -9,6 +9,7 @@ export const state = {
   info: null, // GET /api/runs/{name}: the picked run's model
   infoPromise: null, // that request while it runs
   pickSeq: 0, // counts run picks, so that an answer for an earlier pick is dropped
+  chat: false, // the picked run is a chat run: the Write panel takes a question and streams the answer
   chips: [], // the tokens written: {id, text, label, p, p_shaped, gen}
   pinned: null, // index of the clicked token
   shown: null, // what the inspector panels show: {index, idsKey, key, window, data}

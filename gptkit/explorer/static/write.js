@@ -1,6 +1,7 @@
 /* Write: the prompt goes to POST /api/generate and the model's tokens stream back (server-sent events),
    each shown as a chip shaded by the probability the model gave it; written by the weights the Over training
-   slider picked, if it picked a snapshot. */
+   slider picked, if it picked a snapshot. For a chat run the prompt is a question: the server wraps it in the
+   chat template (<|user|>question<|assistant|>) and the answer ends where the model writes <|end|>. */
 
 import { ApiError, refusal } from './api.js';
 import { $, el, placeholder, setLine } from './dom.js';
@@ -32,7 +33,18 @@ export function stopGeneration(why) {
 
 function setGenerating(on) {
   $('#stop').disabled = !on;
-  $('#generate').textContent = on ? 'Generate again' : 'Generate';
+  const verb = state.chat ? 'Ask' : 'Generate';
+  $('#generate').textContent = on ? verb + ' again' : verb;
+}
+
+/** The Write panel for the picked run: a chat run's takes a question, any other's the start of a text. */
+export function setChat(on) {
+  state.chat = Boolean(on);
+  $('#prompt-name').textContent = state.chat ? 'Question' : 'Prompt';
+  $('#prompt').placeholder = state.chat
+    ? 'A chat run: ask it something; it answers after <|user|>your question<|assistant|> and stops at <|end|>.'
+    : 'Type the start of a text; the model continues it. Empty starts from a newline, as sample.py does.';
+  if (!gen) setGenerating(false);
 }
 
 /** The body of POST /api/generate from the page's fields, or {error} saying which field is wrong. */
@@ -43,8 +55,10 @@ function generationRequest() {
   const bad = [knobs, seed, maxTokens].find((f) => f.error);
   if (bad) return { error: bad.error };
   const typed = $('#prompt').value;
+  if (state.chat && typed.trim() === '') return { error: 'type a question first' };
   return atStep({
     run: state.run,
+    ...(state.chat ? { chat: true } : {}),
     prompt: typed === '' ? '\n' : typed, // sample.py's default start
     temperature: knobs.temperature,
     top_k: knobs.top_k,
@@ -58,7 +72,7 @@ function generationRequest() {
 
 export async function generate() {
   if (!state.run) return setLine('#status', 'pick a run first (in the list on the left)', true);
-  const fromNewline = $('#prompt').value === '';
+  const fromNewline = !state.chat && $('#prompt').value === '';
   const body = generationRequest();
   if (body.error) return setLine('#status', body.error, true);
   stopGeneration('restart');
@@ -72,7 +86,8 @@ export async function generate() {
   clearOutput(null);
   setGenerating(true);
   const without = stepWords() + (body.off.length ? ` with ${body.off.join(', ')} off` : '');
-  setLine('#status', (fromNewline ? 'generating from a newline (the prompt is empty)' : 'generating') + without + '…');
+  const doing = state.chat ? 'answering' : fromNewline ? 'generating from a newline (the prompt is empty)' : 'generating';
+  setLine('#status', doing + without + '…');
   const counter = { tokens: 0, ended: false };
   try {
     await stream(body, ctrl.signal, counter);
@@ -143,7 +158,8 @@ function handleEvent(block, counter) {
     setLine('#status', `generating… ${plural(counter.tokens, 'token')}`);
   } else if (ev.type === 'done') {
     counter.ended = true;
-    const why = ev.reason === 'stop' ? 'it reached the stop text' : ev.reason === 'max_tokens' ? 'it reached max tokens' : ev.reason;
+    const reasons = { stop: 'it reached the stop text', max_tokens: 'it reached max tokens', end: 'the model wrote <|end|>, the end of its answer' };
+    const why = reasons[ev.reason] || ev.reason;
     setLine('#status', `done: ${plural(counter.tokens, 'token')}, ended because ${why}. Hover or click a token.`);
   } else if (ev.type === 'error') {
     counter.ended = true;
@@ -173,7 +189,7 @@ function makeChip(t, i) {
     shade(c, PROB_RGB, probAlpha(t.p));
     c.title = `${named(t)}: the model gave it ${fmtP(t.p)}; after temperature/top-k/top-p ${fmtP(t.p_shaped)}`;
   } else {
-    c.title = `${named(t)}: a token of your prompt`;
+    c.title = `${named(t)}: a token of your ${state.chat ? 'question, in the chat template' : 'prompt'}`;
   }
   return c;
 }

@@ -1,0 +1,158 @@
+"""
+Talk to a model fine-tuned for chat, and score it on problems it never trained on.
+
+    python chat.py --out_dir=out-chat                          # an interactive chat (Ctrl-D ends it)
+    python chat.py --out_dir=out-chat --prompt="123+456"       # answer once
+    python chat.py --out_dir=out-chat --eval                   # accuracy on each task's held-out problems
+    python chat.py --out_dir=out-chat --eval --samples=64 --json   # and pass@1, pass@8, pass@64, as JSON
+    python chat.py --out_dir=out-chat --eval --problems=mine.jsonl # your conversations, each last answer the reference
+    python chat.py --report=out,out-chat,out-lora,out-rl       # the report card: one column a stage
+"""
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from gptkit.base.errors import UserError, run_main
+from gptkit.base.settings import check_seed, parse_config, require
+from gptkit.chat.answering import check_chat_model, end_id
+from gptkit.chat.report import card_json, card_table, chat_sets, report_card
+from gptkit.chat.scoring import file_problems, ks_for, score, text_loss
+from gptkit.data.conversations import MARKERS, render, shown
+from gptkit.machine.runtime import check_device_name, pick_device
+from gptkit.run.run_folder import RunDir, check_checkpoint, model_at
+from gptkit.sampling.decoding import decode_steps, lay_out_for_decoding
+
+
+@dataclass
+class ChatConfig:
+    out_dir: str = "out-chat"  # the run to talk to or score
+    checkpoint: str = "best"  # 'best' (best.pt), 'latest' (latest.pt) or 'iter:N' (a snapshot)
+    prompt: str = ""  # answer this once and exit ('' = an interactive chat)
+    eval: bool = False  # score the run on its dataset's held-out problems (or --problems)
+    tasks: str = ""  # with --eval or --report: the tasks to score, comma-separated ('' = all the dataset holds)
+    problems: str = ""  # with --eval: a .jsonl of conversations to score; each one's last answer is the reference
+    samples: int = 1  # with --eval or --report: answers sampled per problem for pass@k (1: the greedy answer only)
+    limit: int = 0  # with --eval or --report: score at most this many problems of each task (0 = all)
+    json: bool = False  # with --eval or --report: print JSON instead of a table
+    report: str = ""  # run folders, comma-separated: the report card, a column each (e.g. out,out-chat,out-rl)
+    max_new_tokens: int = 64  # the longest answer
+    temperature: float = 0.8  # 1 = the model's distribution, lower = safer, 0 = greedy (pass@k samples at this)
+    top_k: int = 0  # sample only from the k likeliest tokens (0 = off)
+    top_p: float = 1.0  # sample only from the smallest set with this total probability (1 = off)
+    seed: int = 1337  # the same seed gives the same answers
+    device: str = "auto"  # 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'
+
+    def __post_init__(self):
+        require(self, ["samples", "max_new_tokens"], lambda v: v >= 1, "at least 1")
+        require(self, ["limit", "temperature", "top_k"], lambda v: v >= 0, "at least 0")
+        require(self, ["top_p"], lambda v: 0 < v <= 1, "in (0, 1]")
+        check_seed(self.seed)
+        check_device_name(self.device)
+        check_checkpoint(self.checkpoint)
+        if self.problems and not self.eval:
+            raise ValueError("--problems names conversations to score: add --eval")
+
+
+def evaluate(cfg, model, tok, ckpt):
+    """Score the run: each task's held-out problems (or the --problems file), and its loss on the plain val text
+    its dataset mixed in; a table, or JSON."""
+    problems, text = chat_sets(ckpt, cfg.tasks, file_problems(cfg.problems) if cfg.problems else None)
+    if not problems:
+        raise UserError(f"{cfg.out_dir}'s dataset holds no held-out problems: score conversations of your own "
+                        "with --problems=FILE.jsonl")
+    if cfg.limit:
+        problems = {name: items[:cfg.limit] for name, items in problems.items()}
+    say = None if cfg.json else lambda name, r: print(line_of(name, r), flush=True)
+    if say:
+        print(f"| task | problems | accuracy{''.join(f' | pass@{k}' for k in pass_ks(cfg))} |\n"
+              f"|---|---|---{'|---' * len(pass_ks(cfg))}|")
+    results = score(model, tok, problems, cfg.samples, cfg.temperature, cfg.max_new_tokens, cfg.seed, say)
+    loss = text_loss(model, tok, text) if text else None
+    if cfg.json:
+        print(json.dumps({"tasks": {name: {**r, "pass_at": r.get("pass_at", {})} for name, r in results.items()},
+                          "text_val_loss": loss}))
+    elif loss is not None:
+        print(f"plain text val loss: {loss:.4f}")
+
+
+def pass_ks(cfg):
+    return ks_for(cfg.samples) if cfg.samples > 1 else []
+
+
+def line_of(name, result):
+    passes = "".join(f" | {100 * v:.1f}%" for v in result.get("pass_at", {}).values())
+    return f"| {name} | {result['n']:,} | {100 * result['accuracy']:.1f}%{passes} |"
+
+
+def talk(cfg, model, tok, text, history):
+    """Answer `text`, the user's next turn after `history` (the conversation so far), streaming the answer as
+    it is sampled; the conversation with both turns."""
+    messages = history + [{"role": "user", "content": text}]
+    ids, _ = render(messages, tok)
+    ids += tok.encode(MARKERS["assistant"])
+    ids = ids[-model.config.block_size:]  # the oldest turns fall out of the context first
+    idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
+    generator = torch.Generator(device=idx.device).manual_seed(cfg.seed)
+    decode, answer = tok.stream_decoder(), []
+    for column, _, _ in decode_steps(model, idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
+                                     generator=generator, vocab_size=model.config.vocab_size):
+        token = int(column[0, 0])
+        if token == end_id(tok):
+            break
+        answer.append(token)
+        sys.stdout.write(shown(decode(token)))
+        sys.stdout.flush()
+    print()
+    return messages + [{"role": "assistant", "content": tok.decode(answer) or " "}]
+
+
+def converse(cfg, model, tok):
+    """The interactive chat: one question a line until Ctrl-D; a question the vocabulary cannot spell is said
+    and another asked."""
+    history = []
+    while True:
+        try:
+            text = input("you> ")
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return
+        if not text.strip():
+            continue
+        try:
+            sys.stdout.write("model> ")
+            history = talk(cfg, model, tok, text, history)
+        except UserError as e:
+            print(f"\nerror: {e}", file=sys.stderr, flush=True)
+        except KeyboardInterrupt:
+            print("\n(interrupted)", flush=True)
+
+
+def main(argv=None):
+    started = time.time()
+    cfg = parse_config(ChatConfig, sys.argv[1:] if argv is None else argv, prog="chat.py")
+    device = pick_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    if cfg.report:
+        columns = report_card(cfg, device)
+        print(card_json(columns) if cfg.json else card_table(columns))
+        return
+    model, tok, ckpt = model_at(RunDir(cfg.out_dir).model_file(cfg.checkpoint), device)
+    check_chat_model(tok, cfg.out_dir)
+    if device == "cpu":
+        lay_out_for_decoding(model)
+    if cfg.eval:
+        evaluate(cfg, model, tok, ckpt)
+    elif cfg.prompt:
+        talk(cfg, model, tok, cfg.prompt, [])
+    else:
+        print(f"{cfg.out_dir}: a chat model ({time.time() - started:.1f} s to load); ask it something, Ctrl-D "
+              "ends", flush=True)
+        converse(cfg, model, tok)
+
+
+if __name__ == "__main__":
+    run_main(main, memory_settings=("samples", "max_new_tokens"))

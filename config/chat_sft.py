@@ -1,0 +1,36 @@
+# teach the main job's model to answer: supervised fine-tuning (SFT) on conversations of problems a program checks,
+# starting from the run in out/ (its best weights), nanoGPT's way of fine-tuning; three minutes on a 2-core CPU.
+# Figures and what each setting does: docs/chat.md
+# prepare the data first (data/shakespeare_char/input.txt is the text `python data/prepare.py` downloads):
+#   python data/prepare.py --synthetic=tasks --mix=data/shakespeare_char/input.txt
+# then talk to it with python chat.py --out_dir=out-chat, and score it with --eval
+
+init_from = 'out'  # a run's folder: its model's shape and best weights; the vocabulary grows to the new characters
+out_dir = 'out-chat'
+dataset = 'tasks'
+train_on = 'answers'  # the loss counts the assistant's answers and the text mixed in, not the questions
+eval_interval = 50
+eval_iters = 2
+log_interval = 25
+snapshots = 5  # earlier states of the fine-tune, for rl.py to start from one (--init_checkpoint=iter:N)
+wandb_log = False
+wandb_project = 'chat'
+wandb_run_name = 'sft'
+
+batch_size = 32
+block_size = 128
+batch_order = 'epochs'
+
+# the base run's optimizers and rates: tasks are new skills, and the text mixed in holds what it knew
+optimizer = 'muon'
+muon_lr = 0.02
+learning_rate = 3e-3
+embedding_lr = 0.03
+beta2 = 0.95
+lr_schedule = 'wsd'
+warmup_iters = 0
+warmdown_frac = 0.5
+min_lr = 0.0
+ema_decay = 0.98
+max_time = 180  # seconds on this machine idle, planned as steps (config/shakespeare_char.py says how)
+compile = False

@@ -1,0 +1,77 @@
+"""A chat model's answers: the prompt `<|user|>question<|assistant|>`, then tokens sampled with the KV cache
+until the model writes <|end|>. Many questions are answered together, in batches of prompts of one length (the
+model has no padding mask, so a batch's rows must line up)."""
+
+from collections import defaultdict
+
+import torch
+
+from gptkit.base.errors import UserError
+from gptkit.data.conversations import MARKERS, prompt_text, render
+from gptkit.sampling.decoding import decode_steps
+
+MAX_ROWS = 1024  # sequences decoded together: enough to fill two cores, little memory for a small model
+
+
+def check_chat_model(tok, where):
+    """A model that knows the chat markers; else one line naming the command that teaches it them."""
+    if not set(MARKERS.values()) <= set(getattr(tok, "stoi", {})):
+        raise UserError(f"{where} was never fine-tuned for chat (its vocabulary has no <|user|> marker): "
+                        "fine-tune it with `python data/prepare.py --synthetic=tasks` then "
+                        f"`python train.py config/chat_sft.py --init_from={where}`")
+
+
+def end_id(tok):
+    return tok.stoi[MARKERS["end"]]
+
+
+@torch.no_grad()
+def sample_answers(model, prompts, samples=1, max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0,
+                   generator=None, end=None):
+    """For each prompt (a list of token ids), `samples` answers as lists of token ids, each up to and
+    including `end` where the model wrote it within max_new_tokens: [[ids, ...] per prompt]."""
+    out = [[None] * samples for _ in prompts]
+    rows = defaultdict(list)  # prompts of one length decode together
+    for i, ids in enumerate(prompts):
+        rows[len(ids)].extend((i, s) for s in range(samples))
+    device = next(model.parameters()).device
+    for length, places in sorted(rows.items()):
+        for at in range(0, len(places), MAX_ROWS):
+            chunk = places[at:at + MAX_ROWS]
+            idx = torch.tensor([prompts[i] for i, _ in chunk], dtype=torch.long, device=device)
+            for (i, s), answer in zip(chunk, decode_rows(model, idx, max_new_tokens, temperature, top_k, top_p,
+                                                         generator, end)):
+                out[i][s] = answer
+    return out
+
+
+def decode_rows(model, idx, max_new_tokens, temperature, top_k, top_p, generator, end):
+    """Each row's new tokens, up to and including `end`; decoding stops once every row has written it."""
+    answers, done = [[] for _ in range(idx.size(0))], [False] * idx.size(0)
+    steps = decode_steps(model, idx, min(max_new_tokens, model.config.block_size), temperature, top_k, top_p,
+                         generator=generator, vocab_size=model.config.vocab_size)
+    for column, _, _ in steps:
+        for row, token in enumerate(column[:, 0].tolist()):
+            if not done[row]:
+                answers[row].append(token)
+                done[row] = token == end
+        if all(done):
+            break
+    return answers
+
+
+def answer_text(tok, ids):
+    """An answer's text: its tokens before <|end|>."""
+    end = end_id(tok)
+    return tok.decode(ids[:ids.index(end)] if end in ids else ids)
+
+
+def question_prompt(tok, question):
+    return tok.encode(prompt_text(question))
+
+
+def conversation_prompt(tok, messages):
+    """The tokens that ask for a conversation's last assistant message: every turn before it, then
+    <|assistant|>; and that message's text, the reference."""
+    ids, _ = render(messages[:-1], tok)
+    return ids + tok.encode(MARKERS["assistant"]), messages[-1]["content"]

@@ -1,0 +1,138 @@
+"""REINFORCE with the group's mean reward as the baseline (as nanochat's chat_rl.py, GRPO without its ratio,
+clipping or KL term): the pieces rl.py's loop is made of, and the state its checkpoints keep."""
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from gptkit.base.errors import UserError
+from gptkit.base.settings import check_seed, require
+from gptkit.data.tasks import TASKS, problems
+from gptkit.machine.runtime import check_device_name
+from gptkit.run.run_folder import check_checkpoint
+
+POOL = 20_000  # training problems drawn per task, none of them held out; steps draw from these at random
+
+
+@dataclass
+class RLConfig:
+    init_from: str = "out-chat"  # the chat run to start from (an SFT run's folder)
+    init_checkpoint: str = "best"  # which of its states: 'best', 'latest' or 'iter:N' (an earlier snapshot)
+    out_dir: str = "out-rl"  # where latest.pt, best.pt and metrics.jsonl go
+    tasks: str = "addition"  # the tasks to practise, comma-separated (each one its dataset holds)
+    problems_per_step: int = 16  # problems a step
+    samples: int = 16  # answers sampled per problem: the group whose mean reward is each answer's baseline
+    temperature: float = 1.0  # sampling temperature of the answers it learns from
+    max_new_tokens: int = 16  # the longest answer; one that has not ended by then gets no reward
+    # the optimizer model.py's configure_optimizers builds: AdamW, at a constant rate
+    optimizer: Literal["adamw"] = "adamw"  # AdamW over every weight (Muon's orthogonal steps suit pretraining)
+    learning_rate: float = 1e-4  # AdamW's, constant
+    embedding_lr: float = 0.0  # AdamW's rate for the embedding tables (0 = learning_rate)
+    weight_decay: float = 0.0  # AdamW's: none, the answers' reward is the only pull
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.95  # AdamW beta2
+    grad_clip: float = 1.0  # clip gradients at this norm; 0 disables
+    max_iters: int = 200  # policy-gradient steps
+    eval_interval: int = 25  # score held-out pass@1 every this many steps (and save)
+    eval_problems: int = 200  # held-out problems of each task scored at each evaluation
+    eval_samples: int = 8  # answers per held-out problem: pass@1 is their mean correctness
+    seed: int = 1337  # seeds the problems drawn and the answers sampled
+    device: str = "auto"  # 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'
+    dtype: Literal["float32", "bfloat16"] = "float32"  # precision of the forward and backward passes
+    wandb_log: bool = False  # log to Weights & Biases
+    wandb_project: str = "nanogpt-chat"  # wandb project name
+    wandb_run_name: str = "rl"  # wandb run name
+
+    def __post_init__(self):
+        require(self, ["problems_per_step", "samples", "max_new_tokens", "max_iters", "eval_interval",
+                       "eval_problems", "eval_samples"], lambda v: v >= 1, "at least 1")
+        require(self, ["temperature", "learning_rate", "embedding_lr", "weight_decay", "grad_clip"], lambda v: v >= 0,
+                "at least 0")
+        require(self, ["beta1", "beta2"], lambda v: 0 <= v < 1, "in [0, 1)")
+        if self.samples < 2:
+            raise ValueError("samples must be at least 2: the group's mean reward is each answer's baseline")
+        check_seed(self.seed)
+        check_device_name(self.device)
+        check_checkpoint(self.init_checkpoint)
+        for task in self.task_list():
+            if task not in TASKS:
+                raise ValueError(f"unknown task {task!r} in tasks (known: {', '.join(TASKS)})")
+
+    def task_list(self):
+        return [t.strip() for t in self.tasks.split(",") if t.strip()]
+
+
+class ProblemDraw:
+    """Training problems of the tasks, drawn at random with a generator of its own (kept in checkpoints, so a
+    continued run draws what it would have)."""
+
+    def __init__(self, tasks, seed):
+        self.pool = [(task, q) for task in tasks for q, _ in problems(task, "train", POOL, seed)]
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def next(self, count):
+        return [self.pool[i] for i in torch.randint(len(self.pool), (count,), generator=self.generator).tolist()]
+
+
+def advantages(rewards):
+    """Each answer's reward minus its group's mean: (problems, samples) -> the same shape. A group all right
+    or all wrong teaches nothing (all zero)."""
+    return rewards - rewards.mean(dim=1, keepdim=True)
+
+
+def answer_batch(prompts, answers, weights):
+    """(inputs, targets, weights) of every answer with a weight other than 0: prompt and answer in a row,
+    right-padded (a causal model's real positions never see the padding); the targets -1 but on the answer's
+    tokens; each row's weight (its advantage)."""
+    rows = [(p, a, w) for p, group, ws in zip(prompts, answers, weights) for a, w in zip(group, ws) if w != 0]
+    if not rows:
+        return None
+    width = max(len(p) + len(a) for p, a, _ in rows) - 1
+    x = torch.zeros(len(rows), width, dtype=torch.long)
+    y = torch.full((len(rows), width), -1, dtype=torch.long)
+    for i, (p, a, _) in enumerate(rows):
+        tokens = torch.tensor(p + a)
+        x[i, :len(tokens) - 1] = tokens[:-1]
+        y[i, len(p) - 1:len(tokens) - 1] = tokens[len(p):]
+    return x, y, torch.tensor([w for _, _, w in rows], dtype=torch.float32)
+
+
+def reinforce_loss(model, x, y, weights):
+    """-(1/N) Σ_answers A · Σ_t log p(token_t | before): its gradient is REINFORCE's, each answer's tokens pushed
+    up in proportion to its advantage A, normalised by the N answer tokens of the batch."""
+    logits, _ = model(x, y)
+    logp = -F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-1,
+                            reduction="none").view(y.shape)
+    return -(weights[:, None] * logp).sum() / (y != -1).sum()
+
+
+@dataclass
+class RLState:
+    """What a checkpoint of an RL run keeps besides the model: where the run is, and its generators."""
+    iter_num: int = 0
+    best_pass_at_1: float = -1.0
+    best_iter: int = 0
+    seconds_spent: float = 0.0
+    wandb_id: str = ""
+
+    def to_dict(self):
+        return asdict(self)
+
+
+def no_reward_line(cfg, scores):
+    """The line for a start none of whose sampled answers to the held-out problems is right: its answers
+    would earn no reward, and REINFORCE would have nothing to learn from."""
+    if scores["pass_at_1"] > 0 or scores["accuracy"] > 0:
+        return None
+    return (f"none of {cfg.init_from}'s answers to {cfg.eval_problems} held-out problems of each task was right: "
+            "with no reward REINFORCE has nothing to learn from; fine-tune it for these tasks first (python "
+            "train.py config/chat_sft.py), or start from a later checkpoint")
+
+
+def check_tasks(cfg, known):
+    never = [t for t in cfg.task_list() if t not in known]
+    if never:
+        raise UserError(f"{cfg.init_from} never saw task {never[0]!r} (its dataset holds {', '.join(known)}): "
+                        "RL practises what fine-tuning taught")

@@ -1,0 +1,111 @@
+"""The report card: the stages of a model (base, SFT, LoRA, RL), one column each, scored alike on the same
+held-out problems and the same plain text; with what each stage cost in time and in parameters trained."""
+
+import json
+from pathlib import Path
+
+import torch
+
+from gptkit.base.errors import UserError
+from gptkit.chat.answering import check_chat_model
+from gptkit.chat.scoring import heldout_problems, score, text_loss
+from gptkit.data.dataset import load_meta
+from gptkit.run.checkpoint import load_checkpoint, model_config
+from gptkit.run.run_folder import RunDir, model_at
+from model import GPT
+
+
+def run_dataset(ckpt):
+    """The folder and metadata of the dataset a run trained on, from its checkpoint's config."""
+    config = ckpt["config"]
+    return load_meta(config.get("data_dir", ""), config.get("dataset", ""))
+
+
+def chat_sets(ckpt, tasks="", problems=None):
+    """(held-out problems by task, the plain val text or None) of a chat run's dataset; `tasks` picks some."""
+    folder, meta = run_dataset(ckpt)
+    found = heldout_problems(folder, meta) if problems is None else problems
+    if tasks:
+        asked = [t.strip() for t in tasks.split(",") if t.strip()]
+        never = [t for t in asked if t not in found]
+        if never:
+            raise UserError(f"the run never saw task {never[0]!r}: its dataset {meta['source']} holds "
+                            f"{', '.join(found) or 'no tasks'}")
+        found = {t: found[t] for t in asked}
+    val_file = meta.get("mix", {}).get("val_file")
+    text = (Path(folder) / val_file).read_text(encoding="utf-8") if val_file else None
+    return found, text
+
+
+def trained_share(ckpt):
+    """(parameters that trained, all parameters) of a run's model, counted on the meta device."""
+    with torch.device("meta"):
+        model = GPT(model_config(ckpt, "checkpoint"))
+    everything = model.num_params(non_embedding=False)
+    return (model.trainable_params() if model.config.lora_rank else everything), everything
+
+
+def seconds_spent(out_dir):
+    """A run's time spent training, from its latest state; None where it keeps none."""
+    latest = RunDir(out_dir).latest
+    if not latest.exists():
+        return None
+    return load_checkpoint(latest).get("seconds_spent")
+
+
+def stage(out_dir, problems, text, cfg, device):
+    """One column: the run's scores on the problems (none for a model never fine-tuned for chat), its loss on
+    the text, its time and the parameters it trained."""
+    model, tok, ckpt = model_at(RunDir(out_dir).model_file("best"), device)
+    trained, total = trained_share(ckpt)
+    column = {"run": out_dir, "seconds": seconds_spent(out_dir), "trained": trained, "params": total}
+    try:
+        check_chat_model(tok, out_dir)
+        column["tasks"] = score(model, tok, problems, cfg.samples, cfg.temperature, cfg.max_new_tokens, cfg.seed)
+    except UserError:
+        column["tasks"] = None  # a base model: it cannot be asked
+    column["text_val_loss"] = text_loss(model, tok, text) if text else None
+    return column
+
+
+def report_card(cfg, device):
+    """Every stage's column, the problems and text taken from the first chat run's dataset."""
+    runs = [r.strip() for r in cfg.report.split(",") if r.strip()]
+    problems = text = None
+    for out_dir in runs:
+        ckpt = load_checkpoint(RunDir(out_dir).model_file("best"))
+        if "chat" in run_dataset(ckpt)[1]:
+            problems, text = chat_sets(ckpt, cfg.tasks)
+            break
+    if problems is None:
+        raise UserError(f"none of {', '.join(runs)} was fine-tuned for chat: a report card compares the stages "
+                        "of a chat model (python train.py config/chat_sft.py makes one)")
+    if cfg.limit:
+        problems = {task: items[:cfg.limit] for task, items in problems.items()}
+    return [stage(out_dir, problems, text, cfg, device) for out_dir in runs]
+
+
+def card_table(columns):
+    """The report card as a Markdown table."""
+    def cell(column, task, key):
+        result = (column["tasks"] or {}).get(task)
+        if result is None:
+            return "–"
+        value = result["accuracy"] if key == "accuracy" else result.get("pass_at", {}).get(key)
+        return "–" if value is None else f"{100 * value:.1f}%"
+
+    tasks = next(c["tasks"] for c in columns if c["tasks"])
+    rows = [["", *[Path(c["run"]).name for c in columns]], ["---"] * (len(columns) + 1)]
+    for task in tasks:
+        for key, label in (("accuracy", "accuracy"), ("1", "pass@1"), ("8", "pass@8")):
+            rows.append([f"{task} {label}", *[cell(c, task, key) for c in columns]])
+    rows.append(["plain text val loss", *[f"{c['text_val_loss']:.4f}" if c["text_val_loss"] else "–"
+                                          for c in columns]])
+    rows.append(["time training", *[f"{c['seconds']:.0f} s" if c["seconds"] else "–" for c in columns]])
+    rows.append(["parameters trained", *[f"{c['trained']:,} ({100 * c['trained'] / c['params']:.1f}%)"
+                                         for c in columns]])
+    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+
+
+def card_json(columns):
+    return json.dumps(columns, indent=1)

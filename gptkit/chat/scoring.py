@@ -1,0 +1,98 @@
+"""Scoring a chat model on problems it never trained on: exact-match accuracy of its greedy answer, pass@k over
+sampled ones (Chen et al. 2021's unbiased estimator), and the loss on plain text (what fine-tuning made it
+forget)."""
+
+import json
+import math
+from math import comb
+from pathlib import Path
+
+import torch
+
+from gptkit.base.errors import UserError
+from gptkit.chat.answering import answer_text, conversation_prompt, end_id, question_prompt, sample_answers
+from gptkit.data.conversations import read_conversations
+from gptkit.data.tasks import TASKS
+
+
+def pass_at_k(n, c, k):
+    """The chance that at least one of k answers drawn from n samples, c of them right, is right:
+    1 - C(n-c, k) / C(n, k)."""
+    return 1.0 if n - c < k else 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def ks_for(samples):
+    """The k of pass@k a count of samples gives: 1, 8, 64, ... up to samples."""
+    return [k for k in (1, 8, 64, 512) if k <= samples] or [1]
+
+
+def heldout_problems(folder, meta):
+    """{task: [(question, answer), ...]} of a tasks dataset's held-out file; {} for a dataset without one."""
+    if "heldout_file" not in meta:
+        return {}
+    path = Path(folder) / meta["heldout_file"]
+    problems = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        messages = record["messages"]
+        problems.setdefault(record["task"], []).append((messages[0]["content"], messages[1]["content"]))
+    return problems
+
+
+def file_problems(path):
+    """{file name: [(messages, reference), ...]} from a conversations file: the last assistant message of each is
+    the reference, what comes before it the prompt."""
+    return {Path(path).stem: [(m, m[-1]["content"]) for m in read_conversations(Path(path))]}
+
+
+def score(model, tok, problems, samples=1, temperature=1.0, max_new_tokens=32, seed=0, progress=None):
+    """{name: {"n", "accuracy", "pass_at": {k: ...}}} for each set of problems: {task: [(question, answer)]} (a
+    task's checker judges) or {name: [(messages, reference)]} (exact match). Accuracy is the greedy answer's;
+    pass@k is estimated from `samples` answers sampled at `temperature`, where samples > 1."""
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    results = {}
+    for name, items in problems.items():
+        prompts, right = prompts_and_judge(tok, name, items)
+        greedy = sample_answers(model, prompts, 1, max_new_tokens, 0.0, end=end_id(tok))
+        correct = [right(i, answer_text(tok, a[0])) for i, a in enumerate(greedy)]
+        result = {"n": len(items), "accuracy": sum(correct) / len(items)}
+        if samples > 1:
+            drawn = sample_answers(model, prompts, samples, max_new_tokens, temperature, generator=generator,
+                                   end=end_id(tok))
+            counts = [sum(right(i, answer_text(tok, a)) for a in answers) for i, answers in enumerate(drawn)]
+            result["pass_at"] = {str(k): sum(pass_at_k(samples, c, k) for c in counts) / len(items)
+                                 for k in ks_for(samples)}
+        results[name] = result
+        if progress:
+            progress(name, result)
+    return results
+
+
+def prompts_and_judge(tok, name, items):
+    """The prompts of a set of problems, and judge(i, answer) -> whether answer i is right."""
+    if name in TASKS and items and isinstance(items[0][0], str):
+        task = TASKS[name]
+        return [question_prompt(tok, q) for q, _ in items], lambda i, answer: task.check(items[i][0], answer)
+    prompts = [conversation_prompt(tok, messages)[0] for messages, _ in items]
+    return prompts, lambda i, answer: answer == items[i][1]
+
+
+@torch.no_grad()
+def text_loss(model, tok, text, batch_size=32):
+    """The model's mean loss per token on `text`, read in consecutive windows of its context so that each token
+    is scored once, as train.py's final score reads a val split."""
+    ids = torch.tensor(tok.encode(text), dtype=torch.long)
+    T = model.config.block_size
+    starts = list(range(0, len(ids) - 1 - T + 1, T)) or [0]
+    total, count = 0.0, 0
+    device = next(model.parameters()).device
+    for at in range(0, len(starts), batch_size):
+        rows = [ids[s:s + T + 1] for s in starts[at:at + batch_size] if len(ids[s:s + T + 1]) == T + 1]
+        if not rows:
+            break
+        xy = torch.stack(rows).to(device)
+        _, loss = model(xy[:, :-1], xy[:, 1:])
+        total, count = total + loss.item() * xy[:, 1:].numel(), count + xy[:, 1:].numel()
+    if not count:
+        raise UserError(f"the text to score has {len(ids)} tokens, fewer than a window of {T + 1}")
+    return total / count if math.isfinite(total) else float("nan")

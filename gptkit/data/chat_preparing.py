@@ -1,0 +1,153 @@
+"""
+A chat dataset: conversations (gptkit/data/conversations.py) as tokens, each token's role beside it (which
+tells the loss what to count), plain text mixed in where asked, and for synthetic tasks their held-out problems.
+
+Files, beside meta.json: train.bin and val.bin (the tokens, as any dataset's), train_roles.bin and val_roles.bin
+(one byte a token: PROMPT, ANSWER or TEXT), and heldout.jsonl (the held-out problems, one conversation a line
+with its task's name). Conversations are split by a hash of their line, as records are; plain text by position
+(its tail is val), so that mixing tinyshakespeare in keeps its val text the one the base model was scored on.
+"""
+
+import json
+import random
+
+import numpy as np
+
+from gptkit.base.errors import UserError
+from gptkit.base.files import write_whole
+from gptkit.data.conversations import MARKERS, PROMPT, TEXT, read_conversations, render
+from gptkit.data.shards import sha256_of
+from gptkit.data.sources import in_val, shown
+from gptkit.data.tasks import conversation, problems
+from gptkit.data.tokenizer import make_tokenizer
+
+PIECE_CHARS = 1000  # plain text is mixed in as pieces of about this many characters, cut after a newline
+HELDOUT_FILE = "heldout.jsonl"
+MIXED_VAL_FILE = "mixed_val.txt"  # the val part of the text mixed in: chat.py --eval scores every stage on it
+
+
+def text_pieces(text):
+    """The text in pieces of about PIECE_CHARS characters, each ending after a newline where it has one."""
+    pieces, at = [], 0
+    while at < len(text):
+        end = text.find("\n", at + PIECE_CHARS)
+        end = len(text) if end < 0 else end + 1
+        pieces.append(text[at:end])
+        at = end
+    return pieces
+
+
+def mixed_text(cfg):
+    """(train text, val text) of the plain text to mix in: its first 1 - val_fraction and its tail."""
+    if not cfg.mix:
+        return "", ""
+    try:
+        text = open(cfg.mix, encoding="utf-8").read()
+    except FileNotFoundError:
+        raise UserError(f"--mix={cfg.mix}: no such file") from None
+    except UnicodeDecodeError:
+        raise UserError(f"--mix={cfg.mix} is not UTF-8 text") from None
+    except OSError as e:
+        raise UserError(f"could not read --mix={cfg.mix} ({e.strerror or e})") from None
+    cut = int(len(text) * (1 - cfg.val_fraction))  # as a char-level prepare of that text splits it
+    return text[:cut], text[cut:]
+
+
+class Stream:
+    """One split's tokens and their roles, as they are appended."""
+
+    def __init__(self):
+        self.ids, self.roles = [], []
+        self.conversations = self.chat_tokens = self.text_tokens = 0
+
+    def add(self, ids, roles):
+        self.ids.extend(ids)
+        self.roles.extend(roles)
+        self.conversations += 1
+        self.chat_tokens += len(ids)
+
+    def add_text(self, ids):
+        self.ids.extend(ids)
+        self.roles.extend([TEXT] * len(ids))
+        self.text_tokens += len(ids)
+
+
+def split_streams(cfg, conversations, tok, mix):
+    """The train and val Streams: each conversation on its side, decided by a hash of it, and after it pieces
+    of that side's plain text while they make less than mix_share of its tokens (the pieces again from the
+    first, where the text is too short). Both sides mix alike, so val loss weighs answers and text as training
+    does."""
+    streams = {"train": Stream(), "val": Stream()}
+    pieces = {side: text_pieces(text) for side, text in zip(streams, mix)}
+    ratio = cfg.mix_share / (1 - cfg.mix_share) if cfg.mix else 0.0
+    taken = {side: 0 for side in streams}
+    for messages in conversations:
+        side = "val" if in_val(json.dumps(messages).encode("utf-8"), cfg.val_fraction) else "train"
+        stream = streams[side]
+        stream.add(*render(messages, tok))
+        while pieces[side] and stream.text_tokens < ratio * stream.chat_tokens:
+            stream.add_text(tok.encode(pieces[side][taken[side] % len(pieces[side])]))
+            taken[side] += 1
+    return streams
+
+
+def heldout_lines(cfg):
+    """heldout.jsonl's text: cfg.heldout held-out problems of each synthetic task (none for a file)."""
+    if cfg.synthetic != "tasks":
+        return ""
+    return "".join(json.dumps(conversation(task, q, a)) + "\n"
+                   for task, _ in cfg.task_list() for q, a in problems(task, "heldout", cfg.heldout, seed=0))
+
+
+def write_chat_dataset(cfg, path, work):
+    """Tokenize the conversations of `path` (and the text to mix in) into the work folder: the token and role
+    files of both splits, heldout.jsonl and meta.json; the metadata."""
+    if cfg.tokenizer != "char":
+        raise UserError("a chat dataset is char-level for now: drop --tokenizer (BPE chat datasets are not "
+                        "built yet)")
+    conversations, mix = read_conversations(path), mixed_text(cfg)
+    heldout = heldout_lines(cfg)
+    chars = set("".join(MARKERS.values())) | set(mix[0]) | set(mix[1]) | set(heldout_text_chars(heldout))
+    for messages in conversations:
+        for message in messages:
+            chars.update(message["content"])
+    tok = make_tokenizer("char", "".join(sorted(chars)))
+    streams = split_streams(cfg, conversations, tok, mix)
+    if not streams["val"].ids or not streams["train"].conversations:
+        raise UserError(f"{shown(path)}: too few conversations to split into train and val "
+                        f"({len(conversations)}, val_fraction {cfg.val_fraction})")
+    files = {}
+    for split, stream in streams.items():
+        for name, values, dtype in ((f"{split}.bin", stream.ids, np.uint16),
+                                    (f"{split}_roles.bin", stream.roles, np.uint8)):
+            write_whole(work / name, np.asarray(values, dtype=dtype).tobytes())
+            files[name] = {"file": name, "tokens": len(values), "sha256": sha256_of(work / name)}
+    if heldout:
+        write_whole(work / HELDOUT_FILE, heldout.encode("utf-8"))
+    if mix[1]:
+        write_whole(work / MIXED_VAL_FILE, mix[1].encode("utf-8"))
+    return chat_meta(cfg, path, tok, streams, files, heldout)
+
+
+def heldout_text_chars(heldout):
+    return "".join(m["content"] for line in heldout.splitlines() for m in json.loads(line)["messages"])
+
+
+def chat_meta(cfg, path, tok, streams, files, heldout):
+    """meta.json's fields for a chat dataset (its checksum and write are prepare's)."""
+    tasks = sorted({json.loads(line)["task"] for line in heldout.splitlines()})
+    return dict(tok.to_meta(), vocab_size=tok.vocab_size, dtype="uint16",
+                **{f"{split}_tokens": len(stream.ids) for split, stream in streams.items()},
+                **{f"{split}_chars": len(stream.ids) for split, stream in streams.items()},
+                train_shards=[files["train.bin"]], val_shards=[files["val.bin"]],
+                roles={split: files[f"{split}_roles.bin"] for split in streams},
+                chat={name: tok.stoi[char] for name, char in MARKERS.items()},
+                conversations={split: stream.conversations for split, stream in streams.items()},
+                text_tokens={split: stream.text_tokens for split, stream in streams.items()},
+                **({"tasks": tasks, "heldout_file": HELDOUT_FILE, "heldout_per_task": cfg.heldout} if tasks else {}),
+                split="by document", val_fraction=cfg.val_fraction,
+                documents=sum(s.conversations for s in streams.values()),
+                skipped={"empty": 0, "bad": 0}, source=shown(path),
+                sources=[{"path": shown(path), "bytes": path.stat().st_size, "mtime": path.stat().st_mtime}],
+                **({"mix": {"path": shown(cfg.mix), "share": cfg.mix_share, "val_file": MIXED_VAL_FILE}}
+                   if cfg.mix else {}))

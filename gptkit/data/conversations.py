@@ -1,0 +1,127 @@
+"""
+Conversations as tokens: the chat template, which tokens the loss counts, and conversation files.
+
+A conversation is written `<|user|>question<|assistant|>answer<|end|>`, each turn after the first repeating the
+pattern. The three markers are single tokens: char-level, each is a character of Unicode's private use area
+that no text holds (U+E000-U+E002), so the vocabulary is still a string of characters; shown to a person, they
+are written as their names. Beside each token goes its role, which says whether the loss counts it:
+PROMPT for the user's turns and the markers that open turns (given, never predicted), ANSWER for the
+assistant's tokens and the end marker after them (what the model learns to write, and to stop), TEXT for
+plain text mixed in to keep what the model knew (trained as in pretraining).
+
+A conversation file is JSON Lines in the format Hugging Face chat datasets and the OpenAI API use, one
+conversation a line: {"messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}]}.
+"""
+
+import json
+
+from gptkit.base.errors import UserError
+
+MARKERS = {"user": "\ue000", "assistant": "\ue001", "end": "\ue002"}  # char-level: one character each
+NAMES = {char: f"<|{name}|>" for name, char in MARKERS.items()}
+PROMPT, ANSWER, TEXT = 0, 1, 2  # a token's role (see above), stored as one byte a token beside the tokens
+ROLE_NAMES = ("prompt", "answer", "text")
+ROLES = ("user", "assistant")
+
+
+def marker_ids(tok):
+    """{"user": id, "assistant": id, "end": id}: the markers' token ids in this tokenizer."""
+    return {name: tok.encode(char)[0] for name, char in MARKERS.items()}
+
+
+def render(messages, tok):
+    """(token ids, roles) of a conversation: each user turn opened by <|user|>, each assistant turn by
+    <|assistant|> and closed by <|end|>; the roles say which tokens the loss counts (ANSWER) and which it
+    does not (PROMPT)."""
+    ids, roles = [], []
+
+    def add(text, role):
+        piece = tok.encode(text)
+        ids.extend(piece)
+        roles.extend([role] * len(piece))
+
+    for message in messages:
+        if message["role"] == "user":
+            add(MARKERS["user"] + message["content"], PROMPT)
+        else:
+            add(MARKERS["assistant"], PROMPT)
+            add(message["content"] + MARKERS["end"], ANSWER)
+    return ids, roles
+
+
+def prompt_text(question):
+    """What the model is given to answer one question: the user's turn and the marker that opens the
+    answer."""
+    return MARKERS["user"] + question + MARKERS["assistant"]
+
+
+def shown(text):
+    """Text with its markers written as their names, for a person to read."""
+    for char, name in NAMES.items():
+        text = text.replace(char, name)
+    return text
+
+
+def check_messages(record, number, where):
+    """The messages of one decoded JSON line, checked: a list of user and assistant turns that alternate,
+    starting with the user's, none empty, at least one of them the assistant's; else one line naming the
+    line's number."""
+    at = f"{where} line {number}"
+    messages = record.get("messages") if isinstance(record, dict) else None
+    if not isinstance(messages, list) or not messages:
+        raise UserError(f"{at}: expected {{\"messages\": [{{\"role\": \"user\", \"content\": ...}}, ...]}}")
+    for turn, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            role = message.get("role") if isinstance(message, dict) else message
+            raise UserError(f"{at}: message {turn + 1} has role {role!r}; the roles are 'user' and 'assistant'")
+        content = message.get("content")
+        if not isinstance(content, str) or not content:
+            raise UserError(f"{at}: message {turn + 1} ({message['role']}) is empty")
+        if set(content) & set(NAMES):
+            raise UserError(f"{at}: message {turn + 1} holds a character the chat markers use (U+E000-U+E002)")
+        if message["role"] != ROLES[turn % 2]:
+            raise UserError(f"{at}: message {turn + 1} is the {message['role']}'s, but turns alternate, the "
+                            "user's first")
+    if len(messages) < 2:
+        raise UserError(f"{at}: the conversation has no assistant turn")
+    return messages
+
+
+def read_conversations(path):
+    """Every conversation of a JSON Lines file, as lists of messages (blank lines skipped); the first line that
+    is not UTF-8, not JSON or not a conversation is one error naming its number."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"could not read {path} ({e.strerror or e})") from None
+    conversations = []
+    for number, line in enumerate(raw.split(b"\n"), 1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UserError(f"{path} line {number} is not UTF-8 text") from None
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except ValueError as e:
+            raise UserError(f"{path} line {number} is not JSON ({e.msg})") from None
+        conversations.append(check_messages(record, number, path))
+    if not conversations:
+        raise UserError(f"{path} holds no conversations")
+    return conversations
+
+
+def is_conversation_file(path):
+    """Whether a .jsonl file holds conversations (its first record has "messages"), not records of text."""
+    if path.suffix != ".jsonl":
+        return False
+    with open(path, "rb") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    return False
+                return isinstance(record, dict) and "messages" in record
+    return False

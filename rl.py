@@ -1,0 +1,171 @@
+"""
+Reinforcement learning with a verifiable reward: a chat model practises problems whose answers a program
+checks, and learns from its own answers (REINFORCE, the group's mean reward as the baseline, as nanochat).
+
+    python rl.py config/chat_rl.py                         # from the SFT run config/chat_rl.py names
+    python rl.py config/chat_rl.py --init_checkpoint=iter:200   # from an earlier snapshot of it
+    python chat.py --out_dir=out-rl --eval --samples=64    # then pass@1, pass@8, pass@64 on held-out problems
+
+Stopped (Ctrl-C, SIGTERM), it saves where it is; the same command continues exactly from there.
+"""
+
+import signal
+import sys
+import time
+from dataclasses import asdict, replace
+
+import torch
+
+from gptkit.base.errors import RunStopped, UserError, run_main
+from gptkit.base.progress import progress
+from gptkit.base.settings import parse_config
+from gptkit.base.signals import StopSignals
+from gptkit.chat.answering import answer_text, check_chat_model, end_id, question_prompt, sample_answers
+from gptkit.chat.reinforce import (ProblemDraw, RLConfig, RLState, advantages, answer_batch, check_tasks,
+                                   no_reward_line, reinforce_loss)
+from gptkit.chat.report import chat_sets
+from gptkit.chat.scoring import score
+from gptkit.data.tasks import TASKS
+from gptkit.machine.runtime import pick_device
+from gptkit.machine.stand_ins import model_code
+from gptkit.run.checkpoint import save_checkpoint
+from gptkit.run.metrics import RunLog
+from gptkit.run.run_folder import RunDir, model_at
+
+
+def start(cfg, run, device):
+    """The model to practise (the SFT run's, or this run's saved state), its optimizer, the problems it draws,
+    the held-out problems it is scored on, and where the run is: a dict the loop reads."""
+    resumed = run.latest.exists()
+    path = run.latest if resumed else RunDir(cfg.init_from).model_file(cfg.init_checkpoint)
+    model, tok, ckpt = model_at(path, device)  # LoRA adapters, if any, merged: RL trains every weight
+    check_chat_model(tok, cfg.init_from)
+    heldout, _ = chat_sets(ckpt, "")
+    check_tasks(cfg, heldout)
+    heldout = {t: heldout[t][:cfg.eval_problems] for t in cfg.task_list()}
+    model.train()
+    optimizer = model.configure_optimizers(cfg)[0]  # model.py's groups, AdamW
+    s = dict(model=model, tok=tok, optimizer=optimizer, heldout=heldout, draw=ProblemDraw(cfg.task_list(), cfg.seed),
+             sampling=torch.Generator(device=device).manual_seed(cfg.seed), state=RLState(),
+             dataset={k: ckpt["config"].get(k) for k in ("data_dir", "dataset")})
+    if resumed:
+        optimizer.load_state_dict(ckpt["optimizer"][0])
+        s["draw"].generator.set_state(ckpt["rl"]["draw"])
+        s["sampling"].set_state(ckpt["rl"]["sampling"])
+        s["state"] = RLState(**ckpt["rl"]["state"])
+        print(f"continuing the RL run in {run.path} from step {s['state'].iter_num} of {cfg.max_iters}")
+    return s
+
+
+def step(cfg, s):
+    """One policy-gradient step: sample answers to a batch of problems, reward the right ones, and push up each
+    answer's tokens by its advantage. Returns what to log."""
+    model, tok = s["model"], s["tok"]
+    problems = s["draw"].next(cfg.problems_per_step)
+    prompts = [question_prompt(tok, question) for _, question in problems]
+    model.eval()  # sampling: no dropout
+    answers = sample_answers(model, prompts, cfg.samples, cfg.max_new_tokens, cfg.temperature,
+                             generator=s["sampling"], end=end_id(tok))
+    model.train()
+    rewards = torch.tensor([[reward(tok, task, q, a) for a in group] for (task, q), group in zip(problems, answers)])
+    batch = answer_batch(prompts, answers, advantages(rewards).tolist())
+    if batch is not None:  # else every group was all right or all wrong: nothing to learn this step
+        loss = reinforce_loss(model, *batch)
+        loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        s["optimizer"].step()
+        s["optimizer"].zero_grad()
+    lengths = [len(a) for group in answers for a in group]
+    return {"reward": rewards.mean().item(), "answer_tokens": sum(lengths) / len(lengths)}
+
+
+def reward(tok, task, question, answer):
+    """1 for a right answer that ends (with <|end|>), else 0: the task's checker is the reward."""
+    return float(answer[-1:] == [end_id(tok)] and TASKS[task].check(question, answer_text(tok, answer)))
+
+
+def evaluate(cfg, s):
+    """Held-out pass@1 (the mean correctness of eval_samples answers sampled as training samples them) and the
+    greedy answer's accuracy, over every task practised."""
+    results = score(s["model"], s["tok"], s["heldout"], cfg.eval_samples, cfg.temperature, cfg.max_new_tokens,
+                    cfg.seed)
+    s["model"].train()
+    n = sum(r["n"] for r in results.values())
+    return {"pass_at_1": sum(r["pass_at"]["1"] * r["n"] for r in results.values()) / n,
+            "accuracy": sum(r["accuracy"] * r["n"] for r in results.values()) / n}
+
+
+def save(cfg, s, run, best=False):
+    """latest.pt (and with best, best.pt): the model and what a continued run needs to go on exactly."""
+    model, state = s["model"], s["state"]
+    common = {"model": model.state_dict(), "model_args": asdict(model.config), "model_code": model_code(),
+              "tokenizer": s["tok"].to_meta(), "config": {**asdict(cfg), **s["dataset"]},
+              "iter_num": state.iter_num}
+    save_checkpoint({**common, "optimizer": [s["optimizer"].state_dict()], "seconds_spent": state.seconds_spent,
+                     "rl": {"state": state.to_dict(), "draw": s["draw"].generator.get_state(),
+                            "sampling": s["sampling"].get_state()}}, run.latest)
+    if best:
+        save_checkpoint({**common, "pass_at_1": state.best_pass_at_1}, run.best)
+
+
+def practise(cfg, s, run, log, stop):
+    """The loop: steps until max_iters, evaluating and saving every eval_interval steps and at the end."""
+    state, begun = s["state"], time.time() - s["state"].seconds_spent
+    if state.iter_num == 0:
+        scores = evaluate(cfg, s)
+        if no_reward_line(cfg, scores):  # before anything is written: the run can start again once fixed
+            raise UserError(no_reward_line(cfg, scores))
+        log.write({"kind": "eval", "iter": 0, **scores})
+        print(f"step 0: held-out pass@1 {100 * scores['pass_at_1']:.1f}%, greedy {100 * scores['accuracy']:.1f}%")
+    with stop.deferred(), progress(total=cfg.max_iters, desc="practising", unit="step",
+                                   initial=state.iter_num) as bar:
+        while state.iter_num < cfg.max_iters:
+            logged = step(cfg, s)
+            state.iter_num += 1
+            state.seconds_spent = time.time() - begun
+            log.write({"kind": "rl", "iter": state.iter_num, **logged})
+            bar.update(1)
+            bar.set_postfix_str(f"reward {logged['reward']:.2f}")
+            if state.iter_num % cfg.eval_interval == 0 or state.iter_num == cfg.max_iters:
+                scores = evaluate(cfg, s)
+                log.write({"kind": "eval", "iter": state.iter_num, **scores})
+                improved = scores["pass_at_1"] > state.best_pass_at_1
+                if improved:
+                    state.best_pass_at_1, state.best_iter = scores["pass_at_1"], state.iter_num
+                bar.write(f"step {state.iter_num}: held-out pass@1 {100 * scores['pass_at_1']:.1f}%, greedy "
+                          f"{100 * scores['accuracy']:.1f}%, mean reward {logged['reward']:.2f}")
+                save(cfg, s, run, best=improved)
+            elif stop.signum:
+                save(cfg, s, run)
+            if stop.signum:
+                raise RunStopped(f"stopped by {signal.Signals(stop.signum).name} at step {state.iter_num}; saved "
+                                 f"to {run.latest}: run the same command to continue", stop.signum)
+    print(f"done: {state.iter_num} steps in {state.seconds_spent:.0f} s; best.pt holds step {state.best_iter} "
+          f"(held-out pass@1 {100 * state.best_pass_at_1:.1f}%)")
+
+
+def main(argv=None):
+    cfg = parse_config(RLConfig, sys.argv[1:] if argv is None else argv, prog="rl.py")
+    device = pick_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    with RunDir(cfg.out_dir).locked() as run, StopSignals() as stop:
+        if not run.latest.exists() and (run.best.exists() or run.metrics.exists()):
+            raise UserError(f"{run.path} holds another run; pick another --out_dir")
+        s = start(cfg, run, device)
+        if s["state"].iter_num >= cfg.max_iters:
+            print(f"the RL run in {run.path} is finished ({cfg.max_iters} steps); raise --max_iters to go on")
+            return
+        wandb = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=asdict(cfg),
+                     id=s["state"].wandb_id or f"rl-{int(time.time())}") if cfg.wandb_log else None
+        s["state"] = replace(s["state"], wandb_id=wandb["id"] if wandb else "")
+        log = RunLog(run.metrics, wandb)
+        try:
+            with torch.autocast(device.split(":")[0], torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
+                practise(cfg, s, run, log, stop)
+        finally:
+            log.close()
+
+
+if __name__ == "__main__":
+    run_main(main, memory_settings=("problems_per_step", "samples", "eval_problems", "eval_samples"))

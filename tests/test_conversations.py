@@ -1,0 +1,58 @@
+"""Conversations as tokens: the chat template, the roles that tell the loss what to count, and conversation
+files' bad lines, each one line naming its number."""
+
+import json
+
+import pytest
+
+from gptkit.base.errors import UserError
+from gptkit.data.conversations import (ANSWER, MARKERS, PROMPT, is_conversation_file, read_conversations, render,
+                                       shown)
+from gptkit.data.tokenizer import CharTokenizer
+
+TOK = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz0123456789+: ?") | set(MARKERS.values())))
+
+
+def test_the_mask_covers_exactly_the_assistants_tokens_and_the_end_marker():
+    messages = [{"role": "user", "content": "1+2"}, {"role": "assistant", "content": "3"},
+                {"role": "user", "content": "why?"}, {"role": "assistant", "content": "sums"}]
+    ids, roles = render(messages, TOK)
+    u, a, e = MARKERS["user"], MARKERS["assistant"], MARKERS["end"]
+    # by hand: each character of the conversation, and whether the loss counts it
+    expected = [(u, 0), ("1", 0), ("+", 0), ("2", 0), (a, 0), ("3", 1), (e, 1),
+                (u, 0), ("w", 0), ("h", 0), ("y", 0), ("?", 0), (a, 0), ("s", 1), ("u", 1), ("m", 1), ("s", 1), (e, 1)]
+    assert ids == [TOK.stoi[c] for c, _ in expected]
+    assert roles == [ANSWER if counted else PROMPT for _, counted in expected]
+    assert shown(TOK.decode(ids)) == "<|user|>1+2<|assistant|>3<|end|><|user|>why?<|assistant|>sums<|end|>"
+
+
+def write_lines(path, lines):
+    path.write_bytes(b"\n".join(line if isinstance(line, bytes) else line.encode("utf-8") for line in lines))
+    return path
+
+
+GOOD = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+
+
+@pytest.mark.parametrize("bad, expected", [
+    ("{not json", "line 3 is not JSON"),
+    (b"\xff\xfe", "line 3 is not UTF-8 text"),
+    (json.dumps({"messages": [{"role": "system", "content": "x"}]}), "line 3: message 1 has role 'system'"),
+    (json.dumps({"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "a"}]}),
+     "line 3: message 1 (user) is empty"),
+    (json.dumps({"messages": [{"role": "user", "content": "q"}]}), "line 3: the conversation has no assistant turn"),
+    (json.dumps({"messages": [{"role": "assistant", "content": "a"}]}), "line 3: message 1 is the assistant's"),
+    (json.dumps({"text": "plain"}), "line 3: expected {\"messages\""),
+])
+def test_a_bad_line_is_one_error_naming_its_number(tmp_path, bad, expected):
+    path = write_lines(tmp_path / "chats.jsonl", [GOOD, "", bad, GOOD])
+    with pytest.raises(UserError) as e:
+        read_conversations(path)
+    assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_conversation_file_is_told_from_records_of_text(tmp_path):
+    assert is_conversation_file(write_lines(tmp_path / "a.jsonl", ["", GOOD]))
+    assert not is_conversation_file(write_lines(tmp_path / "b.jsonl", [json.dumps({"text": "hi"})]))
+    assert not is_conversation_file(write_lines(tmp_path / "c.txt", [GOOD]))
+    assert len(read_conversations(tmp_path / "a.jsonl")) == 1

@@ -1,0 +1,52 @@
+"""REINFORCE with the group's mean as the baseline: the advantages, the batch of answers, and a gradient equal to
+one computed by hand on a tiny model."""
+
+import torch
+
+from conftest import tiny_model
+from gptkit.chat.reinforce import advantages, answer_batch, reinforce_loss
+
+
+def test_advantages_are_rewards_less_their_groups_mean():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0]])
+    assert torch.equal(advantages(rewards), torch.tensor([[0.5, -0.5, -0.5, 0.5], [0.0] * 4,
+                                                          [-0.25, -0.25, -0.25, 0.75]]))
+
+
+def test_the_batch_scores_only_the_answers_and_leaves_out_groups_with_nothing_to_teach():
+    prompts = [[1, 2, 3], [4, 5]]
+    answers = [[[6, 7], [8]], [[9], [10, 11, 12]]]
+    x, y, w = answer_batch(prompts, answers, [[0.5, -0.5], [0.0, 0.0]])
+    assert torch.equal(x, torch.tensor([[1, 2, 3, 6], [1, 2, 3, 0]]))
+    assert torch.equal(y, torch.tensor([[-1, -1, 6, 7], [-1, -1, 8, -1]]))
+    assert torch.equal(w, torch.tensor([0.5, -0.5]))
+    assert answer_batch(prompts, answers, [[0.0, 0.0], [0.0, 0.0]]) is None
+
+
+def hand_gradient(model, prompts, answers, weights):
+    """REINFORCE's gradient by its definition, one answer and one token at a time on full contexts:
+    -(1/N) Σ_answers A Σ_t ∇ log p(a_t | prompt, a_<t)."""
+    model.zero_grad()
+    n_tokens = sum(len(a) for group in answers for a in group)
+    for prompt, group, ws in zip(prompts, answers, weights):
+        for answer, w in zip(group, ws):
+            for t in range(len(answer)):
+                context = torch.tensor([prompt + answer[:t]])
+                logits, _ = model(context)
+                logp = torch.log_softmax(logits[0, -1].float(), -1)[answer[t]]
+                (-w * logp / n_tokens).backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def test_the_gradient_is_reinforces_computed_by_hand():
+    model = tiny_model(seed=3)
+    prompts = [[1, 2, 3], [4, 5]]
+    answers = [[[6, 7, 30], [8, 30]], [[9, 30], [10, 11, 12, 30]]]
+    rewards = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    weights = advantages(rewards).tolist()
+    expected = hand_gradient(model, prompts, answers, weights)
+    model.zero_grad()
+    reinforce_loss(model, *answer_batch(prompts, answers, weights)).backward()
+    for name, p in model.named_parameters():
+        assert torch.allclose(p.grad, expected[name], rtol=1e-4, atol=1e-7), name
+    assert any(g.abs().sum() > 0 for g in expected.values())

@@ -1,0 +1,57 @@
+"""rl.py: a run stopped by a signal continues to the weights of one never stopped; a model never right is one
+line before anything is written; a task the run never saw is one line."""
+
+import os
+import signal
+
+import pytest
+import torch
+
+from conftest import assert_one_error_line, run_here
+from gptkit.base.errors import RunStopped
+from gptkit.data.tasks import TASKS
+from gptkit.run.checkpoint import load_checkpoint
+
+SMALL = ["--problems_per_step=2", "--samples=4", "--max_iters=4", "--eval_interval=2", "--eval_problems=3",
+         "--eval_samples=2", "--max_new_tokens=4", "--device=cpu", "--learning_rate=1e-2"]
+
+
+def rl_args(chat_run, out):
+    return [f"--init_from={chat_run}", f"--out_dir={out}", *SMALL]
+
+
+def test_a_stopped_run_continues_to_the_weights_of_one_never_stopped(tmp_path, chat_run, monkeypatch):
+    import rl
+
+    # a reward the tiny model earns about half the time, so that every step learns something
+    monkeypatch.setattr(rl, "reward", lambda tok, task, question, answer: float(sum(answer) % 2))
+    monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: len(answer) % 2 == 0)
+    rl.main(rl_args(chat_run, tmp_path / "whole"))
+    step = rl.step
+
+    def stopped_at_3(cfg, s):  # a scheduler's SIGTERM during step 3
+        if s["state"].iter_num == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(cfg, s)
+
+    monkeypatch.setattr(rl, "step", stopped_at_3)
+    with pytest.raises(RunStopped, match="at step 3"):
+        rl.main(rl_args(chat_run, tmp_path / "half"))
+    monkeypatch.setattr(rl, "step", step)
+    rl.main(rl_args(chat_run, tmp_path / "half"))
+    whole, resumed = load_checkpoint(tmp_path / "whole" / "latest.pt"), load_checkpoint(tmp_path / "half" / "latest.pt")
+    assert whole["iter_num"] == resumed["iter_num"] == 4
+    assert any(not torch.equal(v, load_checkpoint(chat_run / "best.pt")["model"][k]) for k, v in whole["model"].items())
+    for key, value in whole["model"].items():
+        assert torch.equal(value, resumed["model"][key]), key
+
+
+@pytest.mark.parametrize("case", ["never right", "unknown task"])
+def test_bad_starts_are_one_line_and_write_nothing(case, tmp_path, chat_run, monkeypatch):
+    monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: False)
+    extra = ["--tasks=sort"] if case == "unknown task" else []
+    proc = run_here("rl.py", *rl_args(chat_run, tmp_path / "out"), *extra)
+    assert proc.returncode == 1
+    line = assert_one_error_line(proc.stderr)
+    assert ("REINFORCE has nothing to learn from" if case == "never right" else "never saw task 'sort'") in line
+    assert not (tmp_path / "out").exists()
