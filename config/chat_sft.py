@@ -1,5 +1,5 @@
 # teach the main job's model to answer: supervised fine-tuning (SFT) on conversations of problems a program checks,
-# starting from the run in out/ (its best weights), nanoGPT's way of fine-tuning; three minutes on a 2-core CPU.
+# starting from the run in out/ (its best weights), nanoGPT's way of fine-tuning; two minutes on a 2-core CPU.
 # Figures and what each setting does: docs/chat.md
 # prepare the data first (data/shakespeare_char/input.txt is the text `python data/prepare.py` downloads):
 #   python data/prepare.py --synthetic=tasks --mix=data/shakespeare_char/input.txt
@@ -32,5 +32,5 @@ warmup_iters = 0
 warmdown_frac = 0.5
 min_lr = 0.0
 ema_decay = 0.98
-max_time = 180  # seconds on this machine idle, planned as steps (config/shakespeare_char.py says how)
+max_time = 120  # seconds on this machine idle, planned as steps (config/shakespeare_char.py says how)
 compile = False

@@ -149,3 +149,25 @@ def test_a_trained_tokenizer_missing_or_damaged_in_a_dataset_is_one_line(bpe_dat
     with pytest.raises(UserError) as info:
         load_meta(tmp_path, "tiny_bpe")
     assert str(info.value).startswith(f"{path}") and says in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_chat_datasets_targets_skip_the_prompts_unless_told_to_train_on_all(tmp_path):
+    """A chat dataset's batches: every target of a prompt token (the user's turn, the markers that open turns) is
+    -1 and every other is the next token; the inputs are untouched; train_on='all' scores every token."""
+    from gptkit.data.conversations import PROMPT
+    from gptkit.data.preparing import PrepareConfig, prepare
+
+    prepare(PrepareConfig(synthetic="tasks", tasks="addition,reverse", problems=300, heldout=5,
+                          data_dir=str(tmp_path)))
+    folder, meta = load_meta(str(tmp_path), "tasks")
+    tokens = np.fromfile(folder / "train.bin", dtype=np.uint16).astype(np.int64)
+    roles = np.fromfile(folder / "train_roles.bin", dtype=np.uint8)
+    offsets = torch.tensor([0, 37, 400])
+    x, y = Split(folder, "train", meta, 32).batch(offsets, "cpu")
+    for row, start in enumerate(offsets.tolist()):
+        assert x[row].tolist() == tokens[start:start + 32].tolist()
+        expected = np.where(roles[start + 1:start + 33] == PROMPT, -1, tokens[start + 1:start + 33])
+        assert y[row].tolist() == expected.tolist()
+    assert (y == -1).any() and (y != -1).any()
+    _, every = Split(folder, "train", meta, 32, train_on="all").batch(offsets, "cpu")
+    assert every.tolist() == [tokens[s + 1:s + 33].tolist() for s in offsets.tolist()]

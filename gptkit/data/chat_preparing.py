@@ -9,13 +9,12 @@ with its task's name). Conversations are split by a hash of their line, as recor
 """
 
 import json
-import random
 
 import numpy as np
 
 from gptkit.base.errors import UserError
 from gptkit.base.files import write_whole
-from gptkit.data.conversations import MARKERS, PROMPT, TEXT, read_conversations, render
+from gptkit.data.conversations import MARKERS, TEXT, read_conversations, render
 from gptkit.data.shards import sha256_of
 from gptkit.data.sources import in_val, shown
 from gptkit.data.tasks import conversation, problems
