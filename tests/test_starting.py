@@ -1,6 +1,7 @@
 """What a fine-tune starts from: a run's folder, its model's rows moved to the new vocabulary by character, new
 characters fresh; a folder without a run is one line; an interrupted fine-tune continues to the same weights."""
 
+import dataclasses
 import os
 import signal
 
@@ -19,7 +20,8 @@ SHAPE = dict(n_layer=1, n_head=2, n_embd=16, block_size=8, tie_weights=False)
 def test_the_vocabulary_grows_keeping_each_characters_rows(capsys):
     torch.manual_seed(0)
     base = GPT(GPTConfig(vocab_size=3, **SHAPE))
-    ckpt = {"model": base.state_dict(), "tokenizer": {"tokenizer": "char", "vocab": "abc"}}
+    ckpt = {"model": base.state_dict(), "model_args": dataclasses.asdict(base.config),
+            "tokenizer": {"tokenizer": "char", "vocab": "abc"}}
     model = GPT(GPTConfig(vocab_size=5, lora_rank=2, **SHAPE))
     fresh = model.transformer.wte.weight[0].clone()
     load_base(model, (ckpt, "base/best.pt"), {"vocab": "+abcd"}, rank=0)

@@ -16,7 +16,7 @@ from gptkit.data.tokenizer import describe_vocabulary, prepare_options, same_tok
 from gptkit.interop.hf import HUB_MODELS, crop_block_size, load_pretrained
 from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, load_weights, model_config
 from gptkit.run.run_folder import RunDir
-from model import GPT
+from model import GPT, merge_lora
 
 
 def build_model(cfg, planned, meta, ckpt=None, path=None, rank=0, base=None):
@@ -203,7 +203,7 @@ def load_base(model, base, meta, rank):
     One line says how the vocabulary changed."""
     ckpt, path = base
     old, new = ckpt["tokenizer"]["vocab"], meta["vocab"]
-    weights = dict(ckpt["model"])
+    weights, _ = merge_lora(dict(ckpt["model"]), model_config(ckpt, path))  # a LoRA run: its adapters folded in
     tables = [k for k in ("transformer.wte.weight", "lm_head.weight") if k in weights]
     own = model.state_dict()
     kept = [(new.index(c), i) for i, c in enumerate(old) if c in new]
