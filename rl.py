@@ -21,8 +21,8 @@ from gptkit.base.progress import progress
 from gptkit.base.settings import parse_config
 from gptkit.base.signals import StopSignals
 from gptkit.chat.answering import answer_text, check_chat_model, end_id, question_prompt, sample_answers
-from gptkit.chat.reinforce import (ProblemDraw, RLConfig, RLState, advantages, answer_batch, check_tasks,
-                                   no_reward_line, reinforce_loss)
+from gptkit.chat.reinforce import (ProblemDraw, RLConfig, RLState, advantages, answer_batch, no_reward_line,
+                                   reinforce_loss)
 from gptkit.chat.report import chat_sets
 from gptkit.chat.scoring import score
 from gptkit.data.tasks import TASKS
@@ -40,8 +40,7 @@ def start(cfg, run, device):
     path = run.latest if resumed else RunDir(cfg.init_from).model_file(cfg.init_checkpoint)
     model, tok, ckpt = model_at(path, device)  # LoRA adapters, if any, merged: RL trains every weight
     check_chat_model(tok, cfg.init_from)
-    heldout, _ = chat_sets(ckpt, "")
-    check_tasks(cfg, heldout)
+    heldout, _ = chat_sets(ckpt, cfg.tasks)  # one line for a task its dataset never held
     heldout = {t: heldout[t][:cfg.eval_problems] for t in cfg.task_list()}
     model.train()
     optimizer = model.configure_optimizers(cfg)[0]  # model.py's groups, AdamW

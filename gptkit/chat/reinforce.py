@@ -7,7 +7,6 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from gptkit.base.errors import UserError
 from gptkit.base.settings import check_seed, require
 from gptkit.data.tasks import TASKS, problems
 from gptkit.machine.runtime import check_device_name
@@ -130,9 +129,3 @@ def no_reward_line(cfg, scores):
             "with no reward REINFORCE has nothing to learn from; fine-tune it for these tasks first (python "
             "train.py config/chat_sft.py), or start from a later checkpoint")
 
-
-def check_tasks(cfg, known):
-    never = [t for t in cfg.task_list() if t not in known]
-    if never:
-        raise UserError(f"{cfg.init_from} never saw task {never[0]!r} (its dataset holds {', '.join(known)}): "
-                        "RL practises what fine-tuning taught")

@@ -9,6 +9,7 @@ with its task's name). Conversations are split by a hash of their line, as recor
 """
 
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -41,7 +42,7 @@ def mixed_text(cfg):
     if not cfg.mix:
         return "", ""
     try:
-        text = open(cfg.mix, encoding="utf-8").read()
+        text = Path(cfg.mix).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"--mix={cfg.mix}: no such file") from None
     except UnicodeDecodeError:
