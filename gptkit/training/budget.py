@@ -24,7 +24,8 @@ STEP_SPREAD = 1.08
 SAVE_BYTES_PER_SECOND = 100e6  # a checkpoint written and flushed to disk (latest.pt, and best.pt where it improved)
 FEWEST_STEPS = 100  # a budget that fits fewer steps than this trains nothing worth sampling: said at start-up
 SLOWER = 1.2  # steps this much slower than planned: the machine is busy, and the run says when it will end
-RECENT_STEPS = 10  # the steps whose pace foretells the rest of a busy run
+CHECK_SHARE = 0.1  # the share of a planned run's steps after which its pace says whether the machine is busy
+FEWEST_CHECKED = 30  # the steps a busy machine is checked after, at least
 
 
 class TimeBudget:
@@ -136,25 +137,27 @@ def least_time(costs, eval_interval):
 
 
 class Pace:
-    """A planned run's steps against the plan's idle speed: once a few steps are timed, one line where the machine
+    """A planned run's steps against the plan's idle speed: once a tenth of them are timed, one line where the machine
     is busy (its steps SLOWER or more than planned), with the time the run will now take; and at the end, what a
     comparison with another run of the same command is fair in."""
 
     def __init__(self, planned, iter_num, cfg):
         self.planned, self.first, self.cfg = planned, iter_num, cfg
-        self.recent = collections.deque(maxlen=RECENT_STEPS)
-        self.check_at = iter_num + max(10, planned["steps"] // 30) if planned else None
+        checked = max(FEWEST_CHECKED, round(planned["steps"] * CHECK_SHARE)) if planned else 0
+        self.check_at = iter_num + checked if planned else None
+        self.recent = collections.deque(maxlen=max(1, checked // 2))
 
     def stepped(self, iter_num, seconds, spent):
         """A line to say, or None: at check_at, where the steps run slower than planned. Their pace is the
-        median of the last RECENT_STEPS: the first ones on a busy machine run slower until the thread count
-        has followed the load (ThreadTuner), and would foretell too long a run."""
-        if iter_num - self.first > 2:  # the first steps warm up
-            self.recent.append(seconds)
-        if iter_num != self.check_at or not self.recent:
+        mean of the second half of the steps before the check: the first ones on a busy machine run slower until
+        the thread count has followed the load (ThreadTuner), and would foretell too long a run; and a busy
+        machine's steps mostly run near their idle time with a few stalled for long, so their median foretells
+        too short a one (beside one busy process, the median of ten said 150 s for a run that took 208 s)."""
+        self.recent.append(seconds)
+        if iter_num != self.check_at:
             return None
         p = self.planned
-        slower = statistics.median(self.recent) / (p["step"] / (1 + RECORDS_SHARE))
+        slower = statistics.fmean(self.recent) / (p["step"] / (1 + RECORDS_SHARE))
         if slower < SLOWER:
             return None
         left = p["steps"] - iter_num
