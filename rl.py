@@ -64,7 +64,7 @@ def step(cfg, s):
     prompts = [question_prompt(tok, question) for _, question in problems]
     model.eval()  # sampling: no dropout
     answers = sample_answers(model, prompts, cfg.samples, cfg.max_new_tokens, cfg.temperature,
-                             generator=s["sampling"], end=end_id(tok))
+                             generator=s["sampling"], end=end_id(tok), vocab_size=tok.vocab_size)
     model.train()
     rewards = torch.tensor([[reward(tok, task, q, a) for a in group] for (task, q), group in zip(problems, answers)])
     batch = answer_batch(prompts, answers, advantages(rewards).tolist())

@@ -1,12 +1,15 @@
 """chat.py: answering once and in a conversation, scoring held-out problems (a table, or JSON in the issue's
-shape), scoring conversations from a file, the report card, and each bad input as one line."""
+shape), scoring conversations from a file, the report card, and each bad input as one line; a BPE chat model's
+prompts and answers (gptkit/chat/)."""
 
 import json
 
 import pytest
+import torch
 
-from conftest import assert_one_error_line, check_ok, run_here, run_script
-from gptkit.chat.scoring import pass_at_k
+from conftest import BPE_VOCAB, assert_one_error_line, check_ok, mixed_script_text, run_here, run_script, tiny_model
+from gptkit.chat.answering import answer_text, check_chat_model, end_id, question_prompt, sample_answers
+from gptkit.chat.scoring import pass_at_k, score
 
 
 def test_pass_at_k_is_the_unbiased_estimate():
@@ -65,3 +68,56 @@ def test_bad_input_is_one_line(case, chat_run, trained_run):
                 "outside the vocabulary": "outside the training vocabulary",
                 "problems without eval": "add --eval"}[case]
     assert expected in line
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    """A trained BPE of a chat dataset: BPE_VOCAB tokens, then the chat markers."""
+    from gptkit.data.bpe import train_bpe
+    from gptkit.data.tokenizer import TrainedBPE
+
+    return TrainedBPE(train_bpe([mixed_script_text()], BPE_VOCAB), chat=True)
+
+
+def rigged(vocab_size, favourites):
+    """A tiny model whose every next token's logits are `favourites` ({id: logit}, the rest 0), whatever it read:
+    its last norm writes one constant vector, which the head reads through a single column."""
+    model = tiny_model(vocab_size=vocab_size)
+    with torch.no_grad():
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.zero_()
+        model.transformer.ln_f.bias[0] = 1.0
+        model.lm_head.weight.zero_()
+        for token, logit in favourites.items():
+            model.lm_head.weight[token, 0] = logit
+    return model
+
+
+def test_a_bpe_chat_models_prompt_holds_each_marker_as_one_token_and_its_answer_stops_at_end(bpe):
+    check_chat_model(bpe, "out-chat")
+    user, assistant, end = bpe.chat["user"], bpe.chat["assistant"], bpe.chat["end"]
+    assert end_id(bpe) == end == BPE_VOCAB + 2
+    prompt = question_prompt(bpe, "12+34")
+    assert prompt == [user, *bpe.encode("12+34"), assistant]
+    four, six = bpe.encode("4")[0], bpe.encode("6")[0]
+    model = rigged(320, {four: 9.0, end: 10.0})  # the BPE's 303 tokens, padded to 320 rows as train.py pads them
+    answer = sample_answers(model, [prompt], end=end, vocab_size=bpe.vocab_size)[0][0]
+    assert answer == [end] and answer_text(bpe, answer) == ""
+    model = rigged(320, {four: 10.0, six: 9.0, end: 9.5})  # 4, then 4 again: it never stops before max_new_tokens
+    answer = sample_answers(model, [prompt], max_new_tokens=3, end=end, vocab_size=bpe.vocab_size)[0][0]
+    assert answer == [four] * 3 and answer_text(bpe, answer) == "444"
+
+
+def test_a_bpe_chat_model_never_draws_its_tables_padding_rows(bpe):
+    """Rows past the tokenizer's vocabulary (padding) decode to nothing: answers and scores never meet them, even
+    from a model that favours them."""
+    padding = {token: 20.0 for token in range(bpe.vocab_size, 320)}
+    model = rigged(320, padding)
+    prompt = question_prompt(bpe, "12+34")
+    drawn = sample_answers(model, [prompt], samples=16, max_new_tokens=4, temperature=1.0,
+                           generator=torch.Generator().manual_seed(0), end=end_id(bpe), vocab_size=bpe.vocab_size)
+    assert all(t < bpe.vocab_size for answer in drawn[0] for t in answer)
+    unrestricted = sample_answers(model, [prompt], max_new_tokens=4, end=end_id(bpe))
+    assert all(t >= bpe.vocab_size for t in unrestricted[0][0])  # what vocab_size keeps out
+    result = score(model, bpe, {"addition": [("12+34", "46")]}, samples=4, max_new_tokens=4)
+    assert result["addition"]["n"] == 1 and result["addition"]["accuracy"] == 0.0

@@ -1,29 +1,55 @@
-"""Conversations as tokens: the chat template, the roles that tell the loss what to count, and conversation
-files' bad lines, each one line naming its number."""
+"""Conversations as tokens: the chat template, the roles that tell the loss what to count (char-level and with a
+BPE, whose markers are tokens of their own), and conversation files' bad lines, each one line naming its number."""
 
 import json
 
 import pytest
 
+from conftest import BPE_VOCAB, mixed_script_text
 from gptkit.base.errors import UserError
 from gptkit.data.conversations import (ANSWER, MARKERS, PROMPT, is_conversation_file, read_conversations, render,
                                        shown)
-from gptkit.data.tokenizer import CharTokenizer
+from gptkit.data.tokenizer import CharTokenizer, TiktokenTokenizer, TrainedBPE
 
 TOK = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz0123456789+: ?") | set(MARKERS.values())))
+MESSAGES = [{"role": "user", "content": "1+2"}, {"role": "assistant", "content": "3"},
+            {"role": "user", "content": "why?"}, {"role": "assistant", "content": "sums"}]
+SHOWN = "<|user|>1+2<|assistant|>3<|end|><|user|>why?<|assistant|>sums<|end|>"
 
 
 def test_the_mask_covers_exactly_the_assistants_tokens_and_the_end_marker():
-    messages = [{"role": "user", "content": "1+2"}, {"role": "assistant", "content": "3"},
-                {"role": "user", "content": "why?"}, {"role": "assistant", "content": "sums"}]
-    ids, roles = render(messages, TOK)
+    ids, roles = render(MESSAGES, TOK)
     u, a, e = MARKERS["user"], MARKERS["assistant"], MARKERS["end"]
     # by hand: each character of the conversation, and whether the loss counts it
     expected = [(u, 0), ("1", 0), ("+", 0), ("2", 0), (a, 0), ("3", 1), (e, 1),
                 (u, 0), ("w", 0), ("h", 0), ("y", 0), ("?", 0), (a, 0), ("s", 1), ("u", 1), ("m", 1), ("s", 1), (e, 1)]
     assert ids == [TOK.stoi[c] for c, _ in expected]
     assert roles == [ANSWER if counted else PROMPT for _, counted in expected]
-    assert shown(TOK.decode(ids)) == "<|user|>1+2<|assistant|>3<|end|><|user|>why?<|assistant|>sums<|end|>"
+    assert shown(TOK.decode(ids)) == SHOWN
+
+
+@pytest.fixture(params=["gpt2", "trained"])
+def bpe(request):
+    """A BPE with the chat markers: GPT-2's, and one trained here."""
+    if request.param == "gpt2":
+        request.getfixturevalue("tiktoken_cache")
+        return TiktokenTokenizer("gpt2", chat=True)
+    from gptkit.data.bpe import train_bpe
+
+    return TrainedBPE(train_bpe([mixed_script_text()], BPE_VOCAB), chat=True)
+
+
+def test_with_a_bpe_the_mask_covers_exactly_the_assistants_tokens_and_the_end_marker(bpe):
+    ids, roles = render(MESSAGES, bpe)
+    u, a, e = (bpe.chat[name] for name in MARKERS)
+    # by hand: each piece of the conversation (a marker's one token, the text's tokens), and whether the loss
+    # counts it
+    expected = [([u], 0), (bpe.encode("1+2"), 0), ([a], 0), (bpe.encode("3"), 1), ([e], 1),
+                ([u], 0), (bpe.encode("why?"), 0), ([a], 0), (bpe.encode("sums"), 1), ([e], 1)]
+    assert ids == [t for piece, _ in expected for t in piece]
+    assert roles == [ANSWER if counted else PROMPT for piece, counted in expected for _ in piece]
+    assert shown(bpe.decode([t for t, role in zip(ids, roles) if role == ANSWER])) == "3<|end|>sums<|end|>"
+    assert shown(bpe.decode(ids)) == SHOWN
 
 
 def write_lines(path, lines):

@@ -276,6 +276,39 @@ def test_a_trained_bpe_round_trips_and_is_trained_on_the_train_split_only(tmp_pa
     assert content == train_bpe([data[:int(0.9 * len(data))].decode("utf-8", "ignore")], 400)
 
 
+SPLIT_FIELDS = ["dtype", "train_tokens", "val_tokens", "train_chars", "val_chars", "train_shards", "val_shards",
+                "split", "val_fraction", "documents", "skipped", "source", "sources", "sha256"]
+PLAIN_FIELDS = {"gpt2": ["tokenizer", "encoding", "vocab_size", *SPLIT_FIELDS],
+                "bpe": ["tokenizer", "tokenizer_sha256", "vocab_size", "tokenizer_file", *SPLIT_FIELDS]}
+
+
+@pytest.mark.parametrize("tokenizer", ["gpt2", "bpe"])
+def test_a_plain_bpe_dataset_is_as_it_was_before_chat_datasets_took_a_bpe(tmp_path, corpus_file, corpus_text,
+                                                                         tokenizer, request):
+    """Only a chat dataset's BPE has the chat markers: a plain dataset's meta.json has the fields it always had, in
+    their order (no "chat"), its vocabulary is the encoding's own, and its tokens are the plain encoding's, a
+    marker's character in the text spelled in bytes like any other."""
+    import tiktoken
+
+    from gptkit.data.conversations import MARKERS
+    from gptkit.data.tokenizer import TrainedBPE, get_encoding
+
+    text = corpus_text + MARKERS["user"] + "not a marker" + MARKERS["end"] + "\n"
+    corpus_file.write_text(text, encoding="utf-8")
+    if tokenizer == "gpt2":
+        request.getfixturevalue("tiktoken_cache")
+    out_dir, meta = prepare(PrepareConfig(input=str(corpus_file), name="plain", tokenizer=tokenizer,
+                                          vocab_size=300 if tokenizer == "bpe" else 0, data_dir=str(tmp_path / "d")))
+    on_disk = json.loads((out_dir / "meta.json").read_text(encoding="utf-8"))
+    assert list(on_disk) == PLAIN_FIELDS[tokenizer]
+    plain = get_encoding(tiktoken, "gpt2") if tokenizer == "gpt2" else \
+        TrainedBPE(json.loads((out_dir / "tokenizer.json").read_text(encoding="utf-8"))).enc
+    assert on_disk["vocab_size"] == plain.n_vocab == (50257 if tokenizer == "gpt2" else 300)
+    ids = read_tokens(out_dir, meta, "train").tolist() + read_tokens(out_dir, meta, "val").tolist()
+    assert ids == plain.encode_ordinary(text) and max(ids) < plain.n_vocab
+    assert tokenizer_from_meta(meta).chat is None
+
+
 def test_show_merges_prints_the_first_merges_with_their_counts(tmp_path, corpus_file, capsys):
     prepare(PrepareConfig(input=str(corpus_file), name="bpe", tokenizer="bpe", vocab_size=300, show_merges=4,
                           data_dir=str(tmp_path / "d")))

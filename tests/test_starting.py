@@ -1,41 +1,138 @@
 """What a fine-tune starts from: a run's folder, its model's rows moved to the new vocabulary by character, new
-characters fresh; a folder without a run is one line; an interrupted fine-tune continues to the same weights."""
+characters fresh; a BPE run's rows kept at their ids and the chat markers' fresh, from GPT-2's BPE to a chat model
+that answers; a base of another tokenizer, or a folder without a run, is one line; an interrupted fine-tune
+continues to the same weights."""
 
 import dataclasses
+import json
 import os
 import signal
 
 import pytest
 import torch
 
-from conftest import CHAT_SFT, assert_one_error_line, run_here
+from conftest import CHAT_SFT, MODEL, assert_one_error_line, check_ok, make_text, run_here, train_config
 from gptkit.base.errors import RunStopped, UserError
+from gptkit.data.conversations import MARKERS
 from gptkit.run.checkpoint import load_checkpoint
-from gptkit.training.starting import base_run, load_base
+from gptkit.training.starting import base_run, from_base, load_base
 from model import GPT, GPTConfig
 
 SHAPE = dict(n_layer=1, n_head=2, n_embd=16, block_size=8, tie_weights=False)
 
 
+def base_checkpoint(vocab_size, tokenizer):
+    """A checkpoint of a fresh tiny model of vocab_size rows, as a base run's: (its dict, its path)."""
+    base = GPT(GPTConfig(vocab_size=vocab_size, **SHAPE))
+    return {"model": base.state_dict(), "model_args": dataclasses.asdict(base.config), "tokenizer": tokenizer}, \
+        "base/best.pt"
+
+
 def test_the_vocabulary_grows_keeping_each_characters_rows(capsys):
     torch.manual_seed(0)
-    base = GPT(GPTConfig(vocab_size=3, **SHAPE))
-    ckpt = {"model": base.state_dict(), "model_args": dataclasses.asdict(base.config),
-            "tokenizer": {"tokenizer": "char", "vocab": "abc"}}
+    ckpt, path = base_checkpoint(3, {"tokenizer": "char", "vocab": "abc"})
+    base = ckpt["model"]
     model = GPT(GPTConfig(vocab_size=5, lora_rank=2, **SHAPE))
     fresh = model.transformer.wte.weight[0].clone()
-    load_base(model, (ckpt, "base/best.pt"), {"vocab": "+abcd"}, rank=0)
+    load_base(model, (ckpt, path), {"tokenizer": "char", "vocab": "+abcd"}, rank=0)
     for key in ("transformer.wte.weight", "lm_head.weight"):
-        new, old = model.state_dict()[key], base.state_dict()[key]
-        assert torch.equal(new[1:4], old)  # 'a', 'b', 'c' moved from ids 0-2 to 1-3
+        assert torch.equal(model.state_dict()[key][1:4], base[key])  # 'a', 'b', 'c' moved from ids 0-2 to 1-3
     assert torch.equal(model.transformer.wte.weight[0], fresh)  # '+': as a new model's row
-    assert torch.equal(model.transformer.h[0].attn.c_attn.weight, base.transformer.h[0].attn.c_attn.weight)
+    assert torch.equal(model.transformer.h[0].attn.c_attn.weight, base["transformer.h.0.attn.c_attn.weight"])
     assert capsys.readouterr().out.startswith("the vocabulary grows from 3 to 5 tokens: 2 new rows")
 
 
-def test_init_from_a_folder_without_a_run_is_one_line(tmp_path):
-    from conftest import train_config
+BPE = {"tokenizer": "bpe", "tokenizer_sha256": "a" * 64, "vocab_size": 61, "bpe": {}}  # a trained BPE's metadata
+CHAT = {"user": 61, "assistant": 62, "end": 63}  # its chat markers: the ids after its 61 tokens
 
+
+def test_a_bpe_runs_rows_keep_their_ids_and_the_markers_start_fresh_where_its_padding_was(capsys):
+    """A run of a trained BPE of 61 tokens (its table padded to 64 rows) fine-tuned on a chat dataset of the same
+    BPE: rows 0-60 are the base's; 61-63, the markers, are a new model's, though the base had (untrained) rows
+    there."""
+    torch.manual_seed(0)
+    ckpt, path = base_checkpoint(64, BPE)
+    meta = dict(BPE, vocab_size=64, chat=CHAT)
+    planned = from_base(train_config(n_layer=1, n_head=2, n_embd=16, block_size=8, tie_weights=False), meta,
+                        (ckpt, path))
+    assert planned.vocab_size == 64
+    model = GPT(planned)
+    fresh = {key: model.state_dict()[key].clone() for key in ("transformer.wte.weight", "lm_head.weight")}
+    load_base(model, (ckpt, path), meta, rank=0)
+    for key, rows in fresh.items():
+        assert torch.equal(model.state_dict()[key][:61], ckpt["model"][key][:61])
+        assert torch.equal(model.state_dict()[key][61:], rows[61:])
+    assert capsys.readouterr().out == (
+        "the vocabulary grows from 61 to 64 tokens: 3 new rows in the embedding and the head (<|user|>, "
+        "<|assistant|>, <|end|>), each new (the base model's rows 61-63, padding it never trained, start afresh); "
+        "the 61 the base model knew keep their rows\n")
+
+
+@pytest.mark.parametrize("base, dataset, says", [
+    ({"tokenizer": "tiktoken", "encoding": "gpt2"}, dict(BPE, vocab_size=64, chat=CHAT),
+     "base/best.pt was trained on tiktoken's 'gpt2' tokens, but dataset 'tasks' has a trained BPE of 61 tokens "
+     "(aaaaaaaaaaaa) and the chat markers: a fine-tune needs the token ids its base model learned; prepare the "
+     "dataset with --tokenizer=gpt2"),
+    (BPE, dict(BPE, tokenizer_sha256="b" * 64, vocab_size=64, chat=CHAT),
+     "base/best.pt was trained on a trained BPE of 61 tokens (aaaaaaaaaaaa), but dataset 'tasks' has a trained BPE "
+     "of 61 tokens (bbbbbbbbbbbb) and the chat markers: a fine-tune needs the token ids its base model learned; a "
+     "trained BPE's are its own dataset's (a chat dataset trains its own): start from a run trained char-level or "
+     "with --tokenizer=gpt2"),
+    ({"tokenizer": "char", "vocab": "abc"}, {"tokenizer": "tiktoken", "encoding": "gpt2", "vocab_size": 50260,
+                                             "chat": {"user": 50257, "assistant": 50258, "end": 50259}},
+     "base/best.pt was trained on a vocabulary of 3 characters, but dataset 'tasks' has tiktoken's 'gpt2' tokens "
+     "and the chat markers: a fine-tune needs the token ids its base model learned; prepare the dataset with "
+     "--tokenizer=char"),
+])
+def test_a_base_tokenized_otherwise_than_the_dataset_is_one_line_naming_both(base, dataset, says):
+    ckpt = base_checkpoint(64, base)
+    with pytest.raises(UserError) as e:
+        from_base(train_config(dataset="tasks", block_size=8), dataset, ckpt)
+    assert str(e.value) == says
+
+
+@pytest.mark.slow
+def test_a_gpt2_run_fine_tuned_on_a_gpt2_chat_dataset_answers(tmp_path, tiktoken_cache, capsys):
+    """A tiny run on text prepared with --tokenizer=gpt2, fine-tuned on tasks prepared with --tokenizer=gpt2: its
+    rows keep their ids, the markers' (50257-50259, padding in its 50,304-row table) start fresh, and chat.py
+    answers and scores it. A base of another tokenizer is one line."""
+    import train
+    from gptkit.data.preparing import PrepareConfig, prepare
+
+    data, text = tmp_path / "data", tmp_path / "text.txt"
+    text.write_text(make_text(), encoding="utf-8")
+    prepare(PrepareConfig(input=str(text), name="text", tokenizer="gpt2", data_dir=str(data), workers=1))
+    prepare(PrepareConfig(synthetic="tasks", tasks="addition", problems=200, heldout=5, mix=str(text),
+                          tokenizer="gpt2", data_dir=str(data), workers=1))
+    base, chat = tmp_path / "base", tmp_path / "chat"
+    train.main([f"--data_dir={data}", "--dataset=text", f"--out_dir={base}", *MODEL, "--block_size=32",
+                "--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--timeline=False"])
+    capsys.readouterr()
+    train.main([f"--init_from={base}", f"--out_dir={chat}", f"--data_dir={data}", *CHAT_SFT])
+    assert ("the vocabulary grows from 50257 to 50260 tokens: 3 new rows in the embedding and the head (<|user|>, "
+            "<|assistant|>, <|end|>), each new (the base model's rows 50257-50259, padding it never trained, start "
+            "afresh); the 50257 the base model knew keep their rows\n") in capsys.readouterr().out
+    ckpt = load_checkpoint(chat / "best.pt")
+    assert ckpt["tokenizer"] == {"tokenizer": "tiktoken", "encoding": "gpt2",
+                                 "chat": {"user": 50257, "assistant": 50258, "end": 50259}}
+    assert ckpt["model_args"]["vocab_size"] == 50304
+    answer = check_ok(run_here("chat.py", f"--out_dir={chat}", "--prompt=123+456", "--temperature=0",
+                               "--max_new_tokens=6")).stdout
+    # a marker the model writes before <|end|> is shown by its name, never as its private-use character
+    assert "<|end|>" not in answer and not set(answer) & set(MARKERS.values())
+    scores = json.loads(check_ok(run_here("chat.py", f"--out_dir={chat}", "--eval", "--limit=2", "--samples=2",
+                                          "--json")).stdout)
+    assert scores["tasks"]["addition"]["n"] == 2 and scores["text_val_loss"] > 0
+    prepare(PrepareConfig(synthetic="tasks", tasks="addition", problems=200, heldout=5, name="char_tasks",
+                          data_dir=str(data), workers=1))
+    proc = run_here("train.py", f"--init_from={base}", f"--out_dir={tmp_path / 'other'}", f"--data_dir={data}",
+                    *CHAT_SFT, "--dataset=char_tasks")
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, f"error: {base / 'best.pt'} was trained on tiktoken's 'gpt2' tokens, but "
+                          "dataset 'char_tasks' has a vocabulary of *")
+
+
+def test_init_from_a_folder_without_a_run_is_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="holds no run"):
         base_run(train_config(init_from=str(tmp_path / "empty")))

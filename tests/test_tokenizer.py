@@ -1,13 +1,18 @@
 """Tokenizers (gptkit/data/tokenizer.py): streaming decoding holds back a character split across tokens until it is
-whole, with a byte-level encoding and with GPT-2's BPE."""
+whole, with a byte-level encoding and with GPT-2's BPE; a BPE with the chat markers has each as one token past its
+own, and its metadata rebuilds it."""
 
 import codecs
+import random
 import re
 
+import numpy as np
 import pytest
 
 from conftest import R50K_BASE, SHARED_TIKTOKEN
-from gptkit.data.tokenizer import TiktokenTokenizer, tokenizer_from_meta
+from gptkit.base.errors import UserError
+from gptkit.data.conversations import MARKERS, shown
+from gptkit.data.tokenizer import TiktokenTokenizer, TrainedBPE, same_bpe, same_token_ids, tokenizer_from_meta
 
 EMOJI_TEXT = "é—😀"
 
@@ -124,8 +129,6 @@ def random_text(rng, n):
 
 def test_any_text_encodes_and_decodes_back_with_a_trained_bpe(trained):
     """It cannot fail on a character it never saw: every byte is a token."""
-    import random
-
     rng = random.Random(0)
     for n in (1, 5, 50, 2000):
         text = random_text(rng, n)
@@ -136,8 +139,6 @@ def test_any_text_encodes_and_decodes_back_with_a_trained_bpe(trained):
 
 
 def test_the_trained_tokenizer_is_checked_against_its_checksum(trained):
-    from gptkit.base.errors import UserError
-
     meta = trained.to_meta()
     assert tokenizer_from_meta(meta).encode("Язык 🙂") == trained.encode("Язык 🙂")
     edited = dict(meta, bpe=dict(meta["bpe"], merges=meta["bpe"]["merges"][:-1]))
@@ -182,3 +183,59 @@ def test_prepare_options_name_the_tokenizer_a_dataset_or_checkpoint_was_made_wit
     assert prepare_options({"tokenizer": "tiktoken", "encoding": "gpt2"}) == "--tokenizer=gpt2"
     assert prepare_options({"tokenizer": "bpe", "vocab_size": 512, "tokenizer_sha256": "0" * 64}) == \
         "--tokenizer=bpe --vocab_size=512"
+    # a chat dataset's: the markers come with its conversations; --vocab_size is the BPE's own, without them
+    chat = {"user": 512, "assistant": 513, "end": 514}
+    assert prepare_options({"tokenizer": "bpe", "vocab_size": 515, "tokenizer_sha256": "0" * 64, "chat": chat}) == \
+        "--tokenizer=bpe --vocab_size=512"
+    assert prepare_options({"tokenizer": "tiktoken", "encoding": "gpt2", "chat": chat}) == "--tokenizer=gpt2"
+
+
+# ------------------------------------------------------------------------------------------ the chat markers in a BPE
+
+@pytest.fixture(params=["gpt2", "trained"])
+def bpe_and_chat(request, trained):
+    """(a BPE, the same with the chat markers): GPT-2's, and one trained here."""
+    if request.param == "gpt2":
+        request.getfixturevalue("tiktoken_cache")
+        return TiktokenTokenizer("gpt2"), TiktokenTokenizer("gpt2", chat=True)
+    return trained, TrainedBPE(trained.content, chat=True)
+
+
+U, A, E = MARKERS.values()
+CONVERSATION = f"{U}naïve 12+34? <|endoftext|> 漢字🙂{A} 46\n{E}{U}x{A}y{E}"
+
+
+def test_each_chat_marker_is_one_token_past_the_bpes_own(bpe_and_chat):
+    plain, chat = bpe_and_chat
+    first = plain.vocab_size  # gpt2: 50257; trained: after its <|endoftext|>
+    assert chat.chat == {"user": first, "assistant": first + 1, "end": first + 2} and chat.vocab_size == first + 3
+    assert plain.chat is None and len(plain.encode(MARKERS["user"])) > 1  # without them: the character's bytes
+    for name, char in MARKERS.items():
+        assert chat.encode(char) == [chat.chat[name]]
+        assert chat.decode([chat.chat[name]]) == char == chat.token_label(chat.chat[name])
+    ids = chat.encode(CONVERSATION)
+    assert chat.decode(ids) == CONVERSATION and "".join(stream_pieces(chat, ids)) == CONVERSATION
+    assert shown(chat.decode(ids)) == "<|user|>naïve 12+34? <|endoftext|> 漢字🙂<|assistant|> 46\n<|end|>" \
+                                      "<|user|>x<|assistant|>y<|end|>"
+    assert [i for i in ids if i >= first] == [first, first + 1, first + 2] * 2  # <|endoftext|>'s text is text
+    # between the markers, the text is cut and merged as the plain BPE does it on its own
+    pieces = re.split("[\ue000-\ue002]", CONVERSATION)
+    assert [i for i in ids if i < first] == [t for piece in pieces for t in plain.encode(piece)]
+    assert chat.encode_array(CONVERSATION, np.uint32).tolist() == ids
+    text = re.sub("[\ue000-\ue002]", "", random_text(random.Random(1), 500))  # no marker: the ids without them
+    assert chat.encode(text) == plain.encode(text) and chat.encode_array(text, np.uint32).tolist() == plain.encode(text)
+
+
+def test_the_metadata_names_the_markers_and_rebuilds_the_same_tokenizer(bpe_and_chat):
+    plain, chat = bpe_and_chat
+    meta = chat.to_meta()
+    assert meta["chat"] == chat.chat and "chat" not in plain.to_meta()
+    again = tokenizer_from_meta(meta)
+    assert again.chat == chat.chat and again.encode(CONVERSATION) == chat.encode(CONVERSATION)
+    assert tokenizer_from_meta(plain.to_meta()).chat is None
+    # the markers give text other ids (the resume check refuses the one for the other), but the rest is one BPE
+    assert same_token_ids(meta, again.to_meta()) and not same_token_ids(meta, plain.to_meta())
+    assert same_bpe(meta, plain.to_meta()) and same_bpe(plain.to_meta(), meta)
+    moved = dict(meta, chat={"user": 1, "assistant": 2, "end": 3})
+    with pytest.raises(UserError, match="is damaged or was edited: it puts the chat markers at"):
+        tokenizer_from_meta(moved)

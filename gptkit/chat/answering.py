@@ -14,22 +14,25 @@ MAX_ROWS = 1024  # sequences decoded together: enough to fill two cores, little 
 
 
 def check_chat_model(tok, where):
-    """A model that knows the chat markers; else one line naming the command that teaches it them."""
-    if not set(MARKERS.values()) <= set(getattr(tok, "stoi", {})):
+    """A model that knows the chat markers (its tokenizer has each as a single token, char-level or BPE); else one
+    line naming the command that teaches it them."""
+    if tok.chat is None:
         raise UserError(f"{where} was never fine-tuned for chat (its vocabulary has no <|user|> marker): "
                         "fine-tune it with `python data/prepare.py --synthetic=tasks` then "
                         f"`python train.py config/chat_sft.py --init_from={where}`")
 
 
 def end_id(tok):
-    return tok.stoi[MARKERS["end"]]
+    return tok.chat["end"]
 
 
 @torch.no_grad()
 def sample_answers(model, prompts, samples=1, max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0,
-                   generator=None, end=None):
+                   generator=None, end=None, vocab_size=None):
     """For each prompt (a list of token ids), `samples` answers as lists of token ids, each up to and
-    including `end` where the model wrote it within max_new_tokens: [[ids, ...] per prompt]."""
+    including `end` where the model wrote it within max_new_tokens: [[ids, ...] per prompt]. vocab_size: the
+    tokenizer's, so that a model's padding rows (a BPE's table is padded to a multiple of 64) are never drawn,
+    since no tokenizer can decode them."""
     out = [[None] * samples for _ in prompts]
     rows = defaultdict(list)  # prompts of one length decode together
     for i, ids in enumerate(prompts):
@@ -40,16 +43,16 @@ def sample_answers(model, prompts, samples=1, max_new_tokens=32, temperature=0.0
             chunk = places[at:at + MAX_ROWS]
             idx = torch.tensor([prompts[i] for i, _ in chunk], dtype=torch.long, device=device)
             for (i, s), answer in zip(chunk, decode_rows(model, idx, max_new_tokens, temperature, top_k, top_p,
-                                                         generator, end)):
+                                                         generator, end, vocab_size)):
                 out[i][s] = answer
     return out
 
 
-def decode_rows(model, idx, max_new_tokens, temperature, top_k, top_p, generator, end):
+def decode_rows(model, idx, max_new_tokens, temperature, top_k, top_p, generator, end, vocab_size=None):
     """Each row's new tokens, up to and including `end`; decoding stops once every row has written it."""
     answers, done = [[] for _ in range(idx.size(0))], [False] * idx.size(0)
     steps = decode_steps(model, idx, min(max_new_tokens, model.config.block_size), temperature, top_k, top_p,
-                         generator=generator, vocab_size=model.config.vocab_size)
+                         generator=generator, vocab_size=vocab_size or model.config.vocab_size)
     for column, _, _ in steps:
         for row, token in enumerate(column[:, 0].tolist()):
             if not done[row]:

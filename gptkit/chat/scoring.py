@@ -53,12 +53,12 @@ def score(model, tok, problems, samples=1, temperature=1.0, max_new_tokens=32, s
     results = {}
     for name, items in problems.items():
         prompts, right = prompts_and_judge(tok, name, items)
-        greedy = sample_answers(model, prompts, 1, max_new_tokens, 0.0, end=end_id(tok))
+        greedy = sample_answers(model, prompts, 1, max_new_tokens, 0.0, end=end_id(tok), vocab_size=tok.vocab_size)
         correct = [right(i, answer_text(tok, a[0])) for i, a in enumerate(greedy)]
         result = {"n": len(items), "accuracy": sum(correct) / len(items)}
         if samples > 1:
             drawn = sample_answers(model, prompts, samples, max_new_tokens, temperature, generator=generator,
-                                   end=end_id(tok))
+                                   end=end_id(tok), vocab_size=tok.vocab_size)
             counts = [sum(right(i, answer_text(tok, a)) for a in answers) for i, answers in enumerate(drawn)]
             result["pass_at"] = {str(k): sum(pass_at_k(samples, c, k) for c in counts) / len(items)
                                  for k in ks_for(samples)}

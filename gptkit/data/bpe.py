@@ -16,6 +16,7 @@ from gptkit.base.files import write_whole
 from gptkit.data.tokenizer import BPE_FORMAT, END_OF_TEXT, GPT2_PATTERN, bpe_checksum, ranks_of, visible
 
 SMALLEST = 257  # the 256 bytes and <|endoftext|>
+TOKENIZER_FILE = "tokenizer.json"  # a trained BPE's merges, in the dataset folder beside meta.json
 
 
 def check_vocab_size(vocab_size):
@@ -37,12 +38,15 @@ def byte_chars():
     return chars
 
 
-def train_bpe(texts, vocab_size):
+def train_bpe(texts, vocab_size, words=None):
     """The tokenizer content (gptkit/data/tokenizer.py's format) of a byte-level BPE of vocab_size tokens, the
-    end-of-text token included, trained on texts (an iterable of strings, read once)."""
+    end-of-text token included, trained on texts (an iterable of strings, read once); with `words` (a WordCounts),
+    their words counted on the way."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     check_vocab_size(vocab_size)
+    if words is not None:
+        texts = (words.add(t) or t for t in texts)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     # every byte is a token from the start, seen in the corpus or not, so any text can be encoded
@@ -129,6 +133,15 @@ def save_tokenizer(path, content):
     lines = [f" {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in head.items()]
     merges = ",\n  ".join(json.dumps(m) for m in content["merges"])
     write_whole(path, "{\n" + "\n".join(lines) + f'\n "merges": [\n  {merges}\n ]\n}}\n')
+
+
+def tokenizer_fields(tok):
+    """meta.json's fields that name a dataset's tokenizer: its metadata, but a trained BPE's merges, which are in
+    TOKENIZER_FILE, named instead."""
+    about = {k: v for k, v in tok.to_meta().items() if k != "bpe"}
+    if tok.kind == "bpe":
+        about["tokenizer_file"] = TOKENIZER_FILE
+    return about
 
 
 def saved_checksum(path):

@@ -3,9 +3,14 @@ A chat dataset: conversations (gptkit/data/conversations.py) as tokens, each tok
 tells the loss what to count), plain text mixed in where asked, and for synthetic tasks their held-out problems.
 
 Files, beside meta.json: train.bin and val.bin (the tokens, as any dataset's), train_roles.bin and val_roles.bin
-(one byte a token: PROMPT, ANSWER or TEXT), and heldout.jsonl (the held-out problems, one conversation a line
-with its task's name). Conversations are split by a hash of their line, as records are; plain text by position
-(its tail is val), so that mixing tinyshakespeare in keeps its val text the one the base model was scored on.
+(one byte a token: PROMPT, ANSWER or TEXT), heldout.jsonl (the held-out problems, one conversation a line with
+its task's name), and a trained BPE's tokenizer.json. Conversations are split by a hash of their line, as records
+are; plain text by position (its tail is val), so that mixing tinyshakespeare in keeps its val text the one the
+base model was scored on.
+
+Any tokenizer serves, with the chat markers as single tokens (gptkit/data/tokenizer.py): characters, a tiktoken
+encoding (gpt2: the markers are 50257-50259, past GPT-2's tokens, so a model trained on GPT-2's tokens keeps its
+ids), or a BPE trained here on the train split's conversations and text (the markers after its <|endoftext|>).
 """
 
 import json
@@ -15,11 +20,12 @@ import numpy as np
 
 from gptkit.base.errors import UserError
 from gptkit.base.files import write_whole
+from gptkit.data.bpe import TOKENIZER_FILE, WordCounts, merges_table, save_tokenizer, tokenizer_fields, train_bpe
 from gptkit.data.conversations import MARKERS, TEXT, read_conversations, render
-from gptkit.data.shards import sha256_of
+from gptkit.data.shards import sha256_of, token_dtype
 from gptkit.data.sources import in_val, shown
 from gptkit.data.tasks import conversation, problems
-from gptkit.data.tokenizer import make_tokenizer
+from gptkit.data.tokenizer import TiktokenTokenizer, TrainedBPE, make_tokenizer
 
 PIECE_CHARS = 1000  # plain text is mixed in as pieces of about this many characters, cut after a newline
 HELDOUT_FILE = "heldout.jsonl"
@@ -72,6 +78,11 @@ class Stream:
         self.text_tokens += len(ids)
 
 
+def side_of(messages, cfg):
+    """'train' or 'val': a conversation's split, decided by a hash of it."""
+    return "val" if in_val(json.dumps(messages).encode("utf-8"), cfg.val_fraction) else "train"
+
+
 def split_streams(cfg, conversations, tok, mix):
     """The train and val Streams: each conversation on its side, decided by a hash of it, and after it pieces
     of that side's plain text while they make less than mix_share of its tokens (the pieces again from the
@@ -82,7 +93,7 @@ def split_streams(cfg, conversations, tok, mix):
     ratio = cfg.mix_share / (1 - cfg.mix_share) if cfg.mix else 0.0
     taken = {side: 0 for side in streams}
     for messages in conversations:
-        side = "val" if in_val(json.dumps(messages).encode("utf-8"), cfg.val_fraction) else "train"
+        side = side_of(messages, cfg)
         stream = streams[side]
         stream.add(*render(messages, tok))
         while pieces[side] and stream.text_tokens < ratio * stream.chat_tokens:
@@ -101,47 +112,63 @@ def heldout_lines(cfg):
 
 def write_chat_dataset(cfg, path, work):
     """Tokenize the conversations of `path` (and the text to mix in) into the work folder: the token and role
-    files of both splits, heldout.jsonl and meta.json; the metadata."""
-    if cfg.tokenizer != "char":
-        raise UserError("a chat dataset is char-level for now: drop --tokenizer (BPE chat datasets are not "
-                        "built yet)")
+    files of both splits, heldout.jsonl and a trained BPE's tokenizer.json; the tokenizer and the metadata."""
     conversations, mix = read_conversations(path), mixed_text(cfg)
     heldout = heldout_lines(cfg)
-    chars = set("".join(MARKERS.values())) | set(mix[0]) | set(mix[1]) | set(heldout_text_chars(heldout))
-    for messages in conversations:
-        for message in messages:
-            chars.update(message["content"])
-    tok = make_tokenizer("char", "".join(sorted(chars)))
+    tok = chat_tokenizer(cfg, conversations, mix, heldout, work)
     streams = split_streams(cfg, conversations, tok, mix)
     if not streams["val"].ids or not streams["train"].conversations:
         raise UserError(f"{shown(path)}: too few conversations to split into train and val "
                         f"({len(conversations)}, val_fraction {cfg.val_fraction})")
-    files = {}
+    dtype, files = token_dtype(cfg, tok), {}
     for split, stream in streams.items():
-        for name, values, dtype in ((f"{split}.bin", stream.ids, np.uint16),
-                                    (f"{split}_roles.bin", stream.roles, np.uint8)):
-            write_whole(work / name, np.asarray(values, dtype=dtype).tobytes())
+        for name, values, kind in ((f"{split}.bin", stream.ids, dtype), (f"{split}_roles.bin", stream.roles, "uint8")):
+            write_whole(work / name, np.asarray(values, dtype=kind).tobytes())
             files[name] = {"file": name, "tokens": len(values), "sha256": sha256_of(work / name)}
     if heldout:
         write_whole(work / HELDOUT_FILE, heldout.encode("utf-8"))
     if mix[1]:
         write_whole(work / MIXED_VAL_FILE, mix[1].encode("utf-8"))
-    return chat_meta(cfg, path, tok, streams, files, heldout)
+    return tok, chat_meta(cfg, path, tok, dtype, streams, files, heldout)
+
+
+def chat_tokenizer(cfg, conversations, mix, heldout, work):
+    """The dataset's tokenizer, the chat markers single tokens in it: char-level, of every character the
+    conversations, the text mixed in and the held-out problems hold; a tiktoken encoding; or a BPE trained on
+    the train split's conversations and mixed text (as a plain dataset's learns from its train split only), its
+    merges written to the work folder's tokenizer.json."""
+    if cfg.tokenizer == "char":
+        chars = set("".join(MARKERS.values())) | set(mix[0]) | set(mix[1]) | set(heldout_text_chars(heldout))
+        for messages in conversations:
+            for message in messages:
+                chars.update(message["content"])
+        return make_tokenizer("char", "".join(sorted(chars)))
+    if cfg.tokenizer != "bpe":
+        return TiktokenTokenizer(cfg.tokenizer, chat=True)
+    texts = [m["content"] for messages in conversations if side_of(messages, cfg) == "train" for m in messages]
+    words = WordCounts() if cfg.show_merges else None
+    content = train_bpe(texts + text_pieces(mix[0]), cfg.vocab_size, words)
+    save_tokenizer(work / TOKENIZER_FILE, content)
+    tok = TrainedBPE(content, chat=True)
+    if words:
+        print("\n".join(merges_table(tok, words.merge_counts(tok.merges, cfg.show_merges))))
+    return tok
 
 
 def heldout_text_chars(heldout):
     return "".join(m["content"] for line in heldout.splitlines() for m in json.loads(line)["messages"])
 
 
-def chat_meta(cfg, path, tok, streams, files, heldout):
+def chat_meta(cfg, path, tok, dtype, streams, files, heldout):
     """meta.json's fields for a chat dataset (its checksum and write are prepare's)."""
     tasks = sorted({json.loads(line)["task"] for line in heldout.splitlines()})
-    return dict(tok.to_meta(), vocab_size=tok.vocab_size, dtype="uint16",
+    counts = tok.char_counts()  # characters each token spells: one char-level, none for a BPE's markers
+    return dict(tokenizer_fields(tok), vocab_size=tok.vocab_size, dtype=dtype,
                 **{f"{split}_tokens": len(stream.ids) for split, stream in streams.items()},
-                **{f"{split}_chars": len(stream.ids) for split, stream in streams.items()},
+                **{f"{split}_chars": int(counts[stream.ids].sum()) for split, stream in streams.items()},
                 train_shards=[files["train.bin"]], val_shards=[files["val.bin"]],
                 roles={split: files[f"{split}_roles.bin"] for split in streams},
-                chat={name: tok.stoi[char] for name, char in MARKERS.items()},
+                chat=tok.chat,
                 conversations={split: stream.conversations for split, stream in streams.items()},
                 text_tokens={split: stream.text_tokens for split, stream in streams.items()},
                 **({"tasks": tasks, "heldout_file": HELDOUT_FILE, "heldout_per_task": cfg.heldout} if tasks else {}),

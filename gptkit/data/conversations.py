@@ -2,12 +2,13 @@
 Conversations as tokens: the chat template, which tokens the loss counts, and conversation files.
 
 A conversation is written `<|user|>question<|assistant|>answer<|end|>`, each turn after the first repeating the
-pattern. The three markers are single tokens: char-level, each is a character of Unicode's private use area
-that no text holds (U+E000-U+E002), so the vocabulary is still a string of characters; shown to a person, they
-are written as their names. Beside each token goes its role, which says whether the loss counts it:
-PROMPT for the user's turns and the markers that open turns (given, never predicted), ANSWER for the
-assistant's tokens and the end marker after them (what the model learns to write, and to stop), TEXT for
-plain text mixed in to keep what the model knew (trained as in pretraining).
+pattern. The three markers are single tokens: each is a character of Unicode's private use area that no text
+holds (U+E000-U+E002), so a char-level vocabulary is still a string of characters, and a BPE tokenizer of a chat
+dataset has each as a token of its own past its vocabulary (gptkit/data/tokenizer.py; its "chat" names their
+ids, as meta.json's does); shown to a person, they are written as their names. Beside each token goes its role,
+which says whether the loss counts it: PROMPT for the user's turns and the markers that open turns (given, never
+predicted), ANSWER for the assistant's tokens and the end marker after them (what the model learns to write, and
+to stop), TEXT for plain text mixed in to keep what the model knew (trained as in pretraining).
 
 A conversation file is JSON Lines in the format Hugging Face chat datasets and the OpenAI API use, one
 conversation a line: {"messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}]}.
@@ -17,16 +18,11 @@ import json
 
 from gptkit.base.errors import UserError
 
-MARKERS = {"user": "\ue000", "assistant": "\ue001", "end": "\ue002"}  # char-level: one character each
+MARKERS = {"user": "\ue000", "assistant": "\ue001", "end": "\ue002"}  # one character each, a token of its own
 NAMES = {char: f"<|{name}|>" for name, char in MARKERS.items()}
 PROMPT, ANSWER, TEXT = 0, 1, 2  # a token's role (see above), stored as one byte a token beside the tokens
 ROLE_NAMES = ("prompt", "answer", "text")
 ROLES = ("user", "assistant")
-
-
-def marker_ids(tok):
-    """{"user": id, "assistant": id, "end": id}: the markers' token ids in this tokenizer."""
-    return {name: tok.encode(char)[0] for name, char in MARKERS.items()}
 
 
 def render(messages, tok):

@@ -32,24 +32,24 @@ from gptkit.base.settings import closest
 from gptkit.base.signals import StopSignals
 from gptkit.data.chat_preparing import write_chat_dataset
 from gptkit.data.conversations import is_conversation_file
-from gptkit.data.bpe import WordCounts, check_vocab_size, merges_table, save_tokenizer, saved_checksum, train_bpe
-from gptkit.data.shards import CHUNK_TOKENS, ShardWriter, sha256_of, tokenized
+from gptkit.data.bpe import (TOKENIZER_FILE, WordCounts, check_vocab_size, merges_table, save_tokenizer, saved_checksum,
+                             tokenizer_fields, train_bpe)
+from gptkit.data.shards import CHUNK_TOKENS, TOKEN_DTYPES, ShardWriter, sha256_of, token_dtype, tokenized
 from gptkit.data.sources import Reader, Tally, kind_of, read_record, shown, source_files
 from gptkit.data.synthetic import SYNTHETIC, write_source
 from gptkit.data.tasks import TASKS
-from gptkit.data.tokenizer import TiktokenTokenizer, TrainedBPE, make_tokenizer, prepare_options, same_token_ids
+from gptkit.data.tokenizer import (TiktokenTokenizer, TrainedBPE, make_tokenizer, prepare_options, same_bpe,
+                                   trained_size)
 from gptkit.data.versions import (LINKED, bare, check_room, commit, dataset_lock, remove_bare, remove_leftovers,
                                   stopped_work, sync, work_folder)
 
 PROJECT_DATA = Path(__file__).resolve().parents[2] / "data"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-TOKEN_DTYPES = {"uint16": 2 ** 16, "uint32": 2 ** 32}  # token file types, and the largest vocabulary each holds
 CHAR_SEPARATOR = "\n\n"  # after each record's text, char-level: a blank line, from the characters text already has
 BATCH_CHARS = 4 << 20  # text per batch sent to a tokenizing process
 MOST_WORKERS = 512  # a process each: a typo'd count must not start thousands
 SAVE_EVERY = 10.0  # seconds between saved states, besides one at every finished shard
-TOKENIZER_FILE = "tokenizer.json"  # a trained BPE's merges, in the dataset folder beside meta.json
 
 
 @dataclass
@@ -255,8 +255,8 @@ def same_tokenizer(meta, cfg):
     text, which same_text and the val_fraction check)."""
     if cfg.tokenizer in ("char", "bpe"):
         return meta.get("tokenizer") == cfg.tokenizer and (cfg.tokenizer == "char"
-                                                            or meta.get("vocab_size") == cfg.vocab_size)
-    return same_token_ids(meta, {"tokenizer": "tiktoken", "encoding": cfg.tokenizer})
+                                                            or trained_size(meta) == cfg.vocab_size)
+    return same_bpe(meta, {"tokenizer": "tiktoken", "encoding": cfg.tokenizer})  # a chat dataset's has markers
 
 
 def kept_or_cleared(write, work, out_dir):
@@ -367,12 +367,12 @@ def write_dataset(cfg, files, work):
 def chat_dataset(cfg, path, work):
     """A chat dataset in the work folder (gptkit/data/chat_preparing.py), with its meta.json; the metadata."""
     open_work(work)
-    meta = write_chat_dataset(cfg, path, work)
+    tok, meta = write_chat_dataset(cfg, path, work)
     meta["sha256"] = meta_checksum(meta)
     write_whole(work / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
     (work / "state.json").unlink(missing_ok=True)
     sync([*work.iterdir(), work, work.parent])
-    return meta
+    return as_read(meta, tok)
 
 
 def cores():
@@ -460,17 +460,9 @@ def corpus_bpe(cfg, files, by_document, words=None):
     it; with `words` (a WordCounts), its words counted on the way. bench.py tokenizers times this alone."""
     with progress_bar(files, f"training a {cfg.vocab_size:,}-token BPE") as bar:
         texts = corpus_texts(cfg, files, bar, "by document" if by_document else "by position")
-        content = train_bpe(texts if words is None else (words.add(t) or t for t in texts), cfg.vocab_size)
+        content = train_bpe(texts, cfg.vocab_size, words)
         bar.update(bar.total - bar.n)  # the val split's bytes, which it does not read, and the merges made
     return content
-
-
-def token_dtype(cfg, tok):
-    dtype = cfg.dtype if cfg.dtype != "auto" else "uint16" if tok.vocab_size <= TOKEN_DTYPES["uint16"] else "uint32"
-    if tok.vocab_size > TOKEN_DTYPES[dtype]:
-        raise UserError(f"the vocabulary has {tok.vocab_size:,} tokens, more than {dtype} holds "
-                        f"({TOKEN_DTYPES[dtype]:,}); use --dtype=uint32 or --dtype=auto")
-    return dtype
 
 
 def separators(tok, files, by_document):
@@ -504,11 +496,8 @@ def position_split(n_tokens, val_fraction):
 
 def write_meta(cfg, files, work, tok, dtype, shards, docs, tally, by_document):
     """meta.json: the tokenizer, the token files with their counts and checksums, what was read and passed over."""
-    about = {k: v for k, v in tok.to_meta().items() if k != "bpe"}  # a trained BPE's merges: its own file
     counts = tok.char_counts()  # each token's characters, for both splits
-    if tok.kind == "bpe":
-        about["tokenizer_file"] = TOKENIZER_FILE
-    meta = dict(about, vocab_size=tok.vocab_size, dtype=dtype,
+    meta = dict(tokenizer_fields(tok), vocab_size=tok.vocab_size, dtype=dtype,
                 train_tokens=sum(s["tokens"] for s in shards["train"]),
                 val_tokens=sum(s["tokens"] for s in shards["val"]),
                 **{f"{split}_chars": characters(work, shards[split], dtype, counts) for split in ("train", "val")},
@@ -522,7 +511,12 @@ def write_meta(cfg, files, work, tok, dtype, shards, docs, tally, by_document):
     write_whole(work / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False) + "\n")  # synced, as the tokenizer
     (work / "state.json").unlink(missing_ok=True)
     sync([*(work / s["file"] for split in shards.values() for s in split), work, work.parent])
-    return dict(meta, bpe=tok.content) if tok.kind == "bpe" else meta  # as load_meta reads it
+    return as_read(meta, tok)
+
+
+def as_read(meta, tok):
+    """A dataset's metadata as load_meta reads it: a trained BPE's merges, from their own file, in it."""
+    return dict(meta, bpe=tok.content) if tok.kind == "bpe" else meta
 
 
 def characters(work, shards, dtype, counts):

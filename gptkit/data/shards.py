@@ -17,11 +17,21 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
+from gptkit.base.errors import UserError
 from gptkit.base.files import no_links, refuse_link
 from gptkit.data.sources import hashed, read_record
 from gptkit.data.tokenizer import tokenizer_from_meta
 
 CHUNK_TOKENS = 1 << 20
+TOKEN_DTYPES = {"uint16": 2 ** 16, "uint32": 2 ** 32}  # token file types, and the largest vocabulary each holds
+
+
+def token_dtype(cfg, tok):
+    dtype = cfg.dtype if cfg.dtype != "auto" else "uint16" if tok.vocab_size <= TOKEN_DTYPES["uint16"] else "uint32"
+    if tok.vocab_size > TOKEN_DTYPES[dtype]:
+        raise UserError(f"the vocabulary has {tok.vocab_size:,} tokens, more than {dtype} holds "
+                        f"({TOKEN_DTYPES[dtype]:,}); use --dtype=uint32 or --dtype=auto")
+    return dtype
 
 
 class ShardWriter:

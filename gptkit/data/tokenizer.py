@@ -2,6 +2,10 @@
 Tokenizers: characters (the vocabulary is stored with the data and the checkpoint), any tiktoken BPE encoding
 (stored by name), or a byte-level BPE trained on the corpus by data/prepare.py --tokenizer=bpe (its merges
 stored with the data and in every checkpoint). Each round-trips through a JSON-able dict.
+
+A chat dataset's tokenizer has the chat markers (gptkit/data/conversations.py) as single tokens: char-level, as
+characters of its vocabulary; a BPE's, as tokens of their own with the ids just past its vocabulary (gpt2's
+50257-50259), which its dict names under "chat", as meta.json does.
 """
 
 import codecs
@@ -12,6 +16,7 @@ import unicodedata
 import numpy as np
 
 from gptkit.base.errors import UserError
+from gptkit.data.conversations import MARKERS
 
 
 class CharTokenizer:
@@ -21,6 +26,9 @@ class CharTokenizer:
         self.chars = "".join(chars)
         self.stoi = {c: i for i, c in enumerate(self.chars)}
         self.vocab_size = len(self.chars)
+        # the chat markers' ids ({"user": id, "assistant": id, "end": id}) where the vocabulary holds them, else None
+        held = all(c in self.stoi for c in MARKERS.values())
+        self.chat = {name: self.stoi[c] for name, c in MARKERS.items()} if held else None
 
     def encode(self, text):
         if not set(text) <= self.stoi.keys():
@@ -94,8 +102,9 @@ def get_encoding(tiktoken, name):
 
 class TiktokenTokenizer:
     kind = "tiktoken"
+    chat, markers = None, frozenset()  # with_markers: the chat markers' ids, and their characters
 
-    def __init__(self, name):
+    def __init__(self, name, chat=False):
         import tiktoken
 
         try:
@@ -109,14 +118,33 @@ class TiktokenTokenizer:
         self.name = name
         self.vocab_size = self.enc.n_vocab
         self.eot_token = self.enc.eot_token
+        if chat:
+            self.with_markers()
+
+    def with_markers(self):
+        """Add the chat markers as tokens of their own, with the ids just past the encoding's: tiktoken's special
+        tokens, so that each marker character is one token wherever it stands and never its UTF-8 bytes, and the
+        text between markers is cut and merged as it would be on its own."""
+        import tiktoken
+
+        self.chat = {name: self.enc.n_vocab + i for i, name in enumerate(MARKERS)}
+        self.markers = frozenset(MARKERS.values())
+        # a new Encoding of the old one's parts and more special tokens, as tiktoken's README extends an encoding
+        specials = {**self.enc._special_tokens, **{MARKERS[name]: i for name, i in self.chat.items()}}
+        self.enc = tiktoken.Encoding(f"{self.enc.name}-chat", pat_str=self.enc._pat_str,
+                                     mergeable_ranks=self.enc._mergeable_ranks, special_tokens=specials)
+        self.vocab_size = self.enc.n_vocab
 
     def encode(self, text):
+        if self.chat:  # a marker's character is its token; any other special token's text is ordinary text
+            return self.enc.encode(text, allowed_special=self.markers, disallowed_special=())
         return self.enc.encode_ordinary(text)
 
     def encode_array(self, text, dtype):
         """encode() as a numpy array, without the Python list between, which is faster;
-        special tokens' text is ordinary text here too."""
-        return self.enc.encode_to_numpy(text, disallowed_special=()).astype(dtype, copy=False)
+        special tokens' text (but the chat markers') is ordinary text here too."""
+        return self.enc.encode_to_numpy(text, allowed_special=self.markers,
+                                        disallowed_special=()).astype(dtype, copy=False)
 
     def decode(self, ids):
         return self.enc.decode(list(ids))
@@ -127,7 +155,7 @@ class TiktokenTokenizer:
         return lambda token: utf8.decode(self.enc.decode_single_token_bytes(token))
 
     def to_meta(self):
-        return {"tokenizer": "tiktoken", "encoding": self.name}
+        return {"tokenizer": "tiktoken", "encoding": self.name, **({"chat": self.chat} if self.chat else {})}
 
     def token_label(self, token):
         """A token's text; where it holds only part of a character's UTF-8 bytes, those bytes in hex."""
@@ -199,7 +227,7 @@ class TrainedBPE(TiktokenTokenizer):
     ranks, as nanochat does: faster than the training library's own encoder (docs/tokenizers.md)."""
     kind = "bpe"
 
-    def __init__(self, content, where="the tokenizer"):
+    def __init__(self, content, where="the tokenizer", chat=False):
         import tiktoken
 
         self.merges, ranks = checked_ranks(content, where)
@@ -208,10 +236,12 @@ class TrainedBPE(TiktokenTokenizer):
         self.name = f"bpe-{self.vocab_size}"
         self.enc = tiktoken.Encoding(self.name, pat_str=content["pattern"], mergeable_ranks=ranks,
                                      special_tokens={END_OF_TEXT: self.eot_token})
+        if chat:  # after <|endoftext|>
+            self.with_markers()
 
     def to_meta(self):
         return {"tokenizer": "bpe", "tokenizer_sha256": self.sha256, "vocab_size": self.vocab_size,
-                "bpe": self.content}
+                **({"chat": self.chat} if self.chat else {}), "bpe": self.content}
 
 
 def ranks_of(merges):
@@ -260,7 +290,8 @@ def tokenizer_from_meta(meta):
     if meta.get("tokenizer") == "char":
         return CharTokenizer(meta["vocab"])
     if meta.get("tokenizer") == "tiktoken":
-        return TiktokenTokenizer(meta["encoding"])
+        return checked_markers(TiktokenTokenizer(meta["encoding"], chat=bool(meta.get("chat"))), meta,
+                               "the tokenizer's metadata")
     if meta.get("tokenizer") == "bpe":
         return trained_bpe(meta)
     raise UserError(f"unknown tokenizer in metadata: {meta.get('tokenizer')!r}")
@@ -271,10 +302,19 @@ def trained_bpe(meta, where="the checkpoint's tokenizer"):
     against the checksum stored beside it."""
     if "bpe" not in meta:
         raise UserError(f"{where} is missing: the metadata names a trained BPE but holds none of its merges")
-    tok = TrainedBPE(meta["bpe"], where)
+    tok = TrainedBPE(meta["bpe"], where, chat=bool(meta.get("chat")))
     if tok.sha256 != meta.get("tokenizer_sha256"):
         raise UserError(f"{where} is damaged or was edited: it does not match its checksum; run data/prepare.py "
                         "for its dataset again")
+    return checked_markers(tok, meta, where)
+
+
+def checked_markers(tok, meta, where):
+    """A BPE with the chat markers, refused where its metadata names other ids for them: a model learned its
+    rows at those ids."""
+    if meta.get("chat") and meta["chat"] != tok.chat:
+        raise UserError(f"{where} is damaged or was edited: it puts the chat markers at {meta['chat']}, but the "
+                        f"tokenizer has them at {tok.chat}; run data/prepare.py for its dataset again")
     return tok
 
 
@@ -284,23 +324,40 @@ def same_token_ids(a, b):
         return False
     if a.get("tokenizer") == "char":
         return a.get("vocab") == b.get("vocab")
+    if a.get("chat") != b.get("chat"):  # a BPE's chat markers: tokens of their own in one, bytes in the other
+        return False
     if a.get("tokenizer") == "bpe":
         return a.get("tokenizer_sha256") == b.get("tokenizer_sha256")
     names = {a.get("encoding"), b.get("encoding")}
     return len(names) == 1 or names == set(SAME_ENCODING)
 
 
+def same_bpe(a, b):
+    """Whether two tokenizer metadata are one BPE (the same encoding, or the same trained merges), with or without
+    the chat markers: every other token has the same id in both, as the markers' ids are past them all."""
+    return a.get("tokenizer") != "char" and same_token_ids(dict(a, chat=None), dict(b, chat=None))
+
+
+def trained_size(meta):
+    """The tokens a trained BPE learned, which --vocab_size asks for: its vocabulary less the chat markers."""
+    size = meta.get("vocab_size")
+    return size - len(MARKERS) if meta.get("chat") and type(size) is int else size
+
+
 def describe_vocabulary(meta):
     if meta.get("tokenizer") == "char":
         return f"a vocabulary of {len(meta.get('vocab', ''))} characters"
+    markers = " and the chat markers" if meta.get("chat") else ""
     if meta.get("tokenizer") == "bpe":
-        return f"a trained BPE of {meta.get('vocab_size', '?')} tokens ({str(meta.get('tokenizer_sha256'))[:12]})"
-    return f"tiktoken's {meta.get('encoding')!r} tokens"
+        return (f"a trained BPE of {trained_size(meta) or '?'} tokens ({str(meta.get('tokenizer_sha256'))[:12]})"
+                f"{markers}")
+    return f"tiktoken's {meta.get('encoding')!r} tokens{markers}"
 
 
 def prepare_options(meta):
     """The data/prepare.py options that make a dataset's (or a checkpoint's) tokenizer: for characters and a trained
-    BPE, from the same text (a trained BPE also with the same --val_fraction, as it learns from the train split)."""
+    BPE, from the same text (a trained BPE also with the same --val_fraction, as it learns from the train split).
+    The chat markers come with conversations, whatever the options."""
     if meta.get("tokenizer") == "bpe":
-        return f"--tokenizer=bpe --vocab_size={meta.get('vocab_size')}"
+        return f"--tokenizer=bpe --vocab_size={trained_size(meta)}"
     return f"--tokenizer={meta.get('encoding') if meta.get('tokenizer') == 'tiktoken' else meta.get('tokenizer')}"

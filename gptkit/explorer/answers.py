@@ -10,10 +10,9 @@ import torch
 from pydantic import BaseModel, Field, StrictBool, field_validator
 
 from gptkit.base.errors import UserError
-from gptkit.data.conversations import MARKERS, NAMES, prompt_text, shown
+from gptkit.data.conversations import NAMES, prompt_text, shown
 from gptkit.explorer.experiment_answers import MAX_OFF, MAX_TOKENS, Off, OffRequest, Real, Whole
-from gptkit.explorer.runs import (ApiError, attention_note, final_bits_per_char, holds_chat_markers, number,
-                                  run_records, without_paths)
+from gptkit.explorer.runs import ApiError, attention_note, final_bits_per_char, number, run_records, without_paths
 from gptkit.explorer.timeline_answers import AtRequest
 from gptkit.interp.experiments import checked_tokens
 from gptkit.interp.hooks import attention_maps, logit_lens, look_inside, read_out, surprise_bits, token_label
@@ -94,8 +93,8 @@ def checked_ids(loaded, ids):
 
 
 def is_chat(tok):
-    """Whether tok is a chat run's: a char-level vocabulary holding the chat markers (others have no stoi)."""
-    return holds_chat_markers(getattr(tok, "stoi", {}))
+    """Whether tok is a chat run's: it has the chat markers as tokens (char-level or BPE)."""
+    return tok.chat is not None
 
 
 def marker_name(tok, text):
@@ -144,7 +143,7 @@ def generation_events(shelf, loaded, ids, req, off=Off()):
     that step, and only while the client reads: a client that goes away stops the generation at its next step.
     A chat request's answer ends where the model writes <|end|>, which is not sent: it is no text."""
     tok = loaded.tok
-    end = tok.stoi[MARKERS["end"]] if req.chat else None
+    end = tok.chat["end"] if req.chat else None
     device = next(loaded.decoder.parameters()).device
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     yield {"type": "prompt", "tokens": [token_json(tok, t) for t in ids]}

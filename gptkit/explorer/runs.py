@@ -237,7 +237,8 @@ def summarize(name, folder):
         config = model_config(ckpt, path)
         params = count_params(ckpt["model"], config)  # model.py's count
         step, meta = ckpt.get("iter_num"), ckpt["tokenizer"]
-        chat = meta["tokenizer"] == "char" and isinstance(meta.get("vocab"), str) and holds_chat_markers(meta["vocab"])
+        chat = (holds_chat_markers(meta["vocab"]) if meta["tokenizer"] == "char" and isinstance(meta.get("vocab"), str)
+                else bool(meta.get("chat")))  # a BPE's markers: tokens of their own, named in its "chat"
         return Summary(name, folder, path, config, params, describe_vocabulary(meta), meta["tokenizer"],
                        identity=identity, iter_num=step if type(step) is int else None, chat=chat)
     except OSError as e:

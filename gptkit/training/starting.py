@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from gptkit.base.errors import UserError
-from gptkit.data.conversations import shown
+from gptkit.data.conversations import MARKERS, shown
 from gptkit.data.dataset import TrainingData, load_meta
-from gptkit.data.tokenizer import describe_vocabulary, prepare_options, same_token_ids
+from gptkit.data.tokenizer import describe_vocabulary, prepare_options, same_bpe, same_token_ids, trained_size
 from gptkit.interop.hf import HUB_MODELS, crop_block_size, load_pretrained
 from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, load_weights, model_config
 from gptkit.run.run_folder import RunDir
@@ -35,7 +35,8 @@ def build_model(cfg, planned, meta, ckpt=None, path=None, rank=0, base=None):
     if model.config.lora_rank and rank == 0:
         trained, total = model.trainable_params(), model.num_params(non_embedding=False)
         print(f"LoRA rank {model.config.lora_rank}: {trained:,} of the model's {total:,} parameters train "
-              f"({100 * trained / total:.1f}%): the adapters, the token table and the head; the rest is frozen",
+              f"({100 * trained / total:.1f}%): the adapters on attention's q, k, v, the MLP's first matrix, the token "
+              "table and the head; the base model's weights are frozen",
               flush=True)
     if model.config.vocab_size < meta["vocab_size"]:
         raise UserError(f"dataset vocabulary ({meta['vocab_size']}) is larger than the model's "
@@ -50,6 +51,10 @@ def pretrained(cfg, meta):
         raise UserError(f"init_from={cfg.init_from!r} needs GPT-2's BPE tokens, but dataset {cfg.dataset!r} is "
                         f"{what}; prepare it with `python data/prepare.py --input=FILE --name=NAME "
                         "--tokenizer=gpt2`")
+    if meta.get("chat"):  # the markers' ids are past GPT-2's table, which a pretrained model does not grow
+        raise UserError(f"init_from={cfg.init_from!r}: GPT-2's weights have no rows for the chat markers of dataset "
+                        f"{cfg.dataset!r}; fine-tune them on text prepared with --tokenizer=gpt2 first, then start "
+                        "the chat fine-tune from that run (--init_from=its out_dir)")
     model = load_pretrained(cfg.init_from, dropout=cfg.model.dropout)
     if meta["vocab_size"] > model.config.vocab_size:
         raise UserError(f"dataset {cfg.dataset!r} has {meta['vocab_size']:,} token ids, more than "
@@ -96,7 +101,7 @@ def other_vocabulary(cfg, folder, meta, ckpt, ckpt_path):
         return f"{head}: resume on the dataset it was trained on with {flags}, or start a new out_dir"
     kind = learned.get("tokenizer")
     name = f"{folder.name}_" + (learned.get("encoding") if kind == "tiktoken" else
-                                f"bpe{learned.get('vocab_size')}" if kind == "bpe" else kind)
+                                f"bpe{trained_size(learned)}" if kind == "bpe" else kind)
     elsewhere = "/" in cfg.dataset or cfg.data_dir  # else prepare's default, this project's data/
     return (f"{head}: prepare its text again with its tokenizer, `python data/prepare.py --input=TEXT --name={name} "
             f"{prepare_options(learned)}{f' --data_dir={folder.parent}' if elsewhere else ''}`, TEXT being the text "
@@ -115,18 +120,23 @@ def holds_token_ids(data_dir, dataset, tokenizer):
 def planned_model(cfg, meta, ckpt=None, path=None, base=None):
     """The GPTConfig build_model will build: the checkpoint's; the shape of the run it starts from (base) with
     the dataset's vocabulary and the config's dropout, context and LoRA; or the config's with the dataset's
-    vocabulary (padded to a multiple of 64 for faster matmuls, but for characters); None for pretrained weights,
-    whose shape is known once they load."""
+    vocabulary (model_vocab: padded to a multiple of 64 for faster matmuls, but for characters); None for
+    pretrained weights, whose shape is known once they load."""
     if ckpt is not None:
         return model_config(ckpt, path, dropout=cfg.model.dropout)
     if base is not None:
         return from_base(cfg, meta, base)
     if cfg.init_from != "scratch":
         return None
-    vocab = meta["vocab_size"]
-    if meta["tokenizer"] != "char":
-        vocab = math.ceil(vocab / 64) * 64  # the extra rows are never targets
-    return replace(cfg.model, vocab_size=vocab)
+    return replace(cfg.model, vocab_size=model_vocab(meta))
+
+
+def model_vocab(meta):
+    """A new model's vocabulary for a dataset's: char-level, the same; else padded to a multiple of 64 for faster
+    matmuls."""
+    if meta["tokenizer"] == "char":
+        return meta["vocab_size"]
+    return math.ceil(meta["vocab_size"] / 64) * 64  # the extra rows are never targets
 
 
 def global_batch(cfg, world, ckpt=None):
@@ -176,37 +186,42 @@ def base_run(cfg):
         raise UserError(f"init_from={cfg.init_from!r} holds no run (no best.pt): train one there first, e.g. "
                         f"`python train.py config/shakespeare_char.py --out_dir={cfg.init_from}`")
     path = run.model_file("best")
-    ckpt = load_checkpoint(path, required=MODEL_KEYS)
-    if ckpt["tokenizer"].get("tokenizer") != "char":
-        raise UserError(f"{path} was trained on {describe_vocabulary(ckpt['tokenizer'])}; starting from a run "
-                        "works for char-level runs for now")
-    return ckpt, path
+    return load_checkpoint(path, required=MODEL_KEYS), path
 
 
 def from_base(cfg, meta, base):
-    """The model a run started from `base` trains: base's shape, the dataset's vocabulary, and the config's
-    dropout, context length and LoRA settings."""
+    """The model a run started from `base` trains: base's shape, the dataset's vocabulary (padded as a new
+    model's), and the config's dropout, context length and LoRA settings. The dataset must be tokenized as the
+    base was: char-level, with any characters (rows move by character); a BPE, by the same one, with or without
+    the chat markers."""
     ckpt, path = base
-    was = model_config(ckpt, path)
+    was, learned = model_config(ckpt, path), ckpt["tokenizer"]
     if cfg.model.block_size > was.block_size:
         raise UserError(f"block_size {cfg.model.block_size} is longer than the {was.block_size} positions "
                         f"{path} was trained on; pass --block_size={was.block_size} or less")
-    if meta["tokenizer"] != "char":
-        raise UserError(f"{path} is char-level, but dataset {cfg.dataset!r} is not: prepare it char-level")
-    return replace(was, vocab_size=meta["vocab_size"], dropout=cfg.model.dropout, block_size=cfg.model.block_size,
+    both_char = learned.get("tokenizer") == meta["tokenizer"] == "char"
+    if not (both_char or same_bpe(learned, meta)):
+        fix = (f"prepare the dataset with {prepare_options(learned)}" if learned.get("tokenizer") != "bpe" else
+               "a trained BPE's are its own dataset's (a chat dataset trains its own): start from a run trained "
+               "char-level or with --tokenizer=gpt2")
+        raise UserError(f"{path} was trained on {describe_vocabulary(learned)}, but dataset {cfg.dataset!r} has "
+                        f"{describe_vocabulary(meta)}: a fine-tune needs the token ids its base model learned; {fix}")
+    return replace(was, vocab_size=model_vocab(meta), dropout=cfg.model.dropout, block_size=cfg.model.block_size,
                    lora_rank=cfg.model.lora_rank, lora_alpha=cfg.model.lora_alpha)
 
 
 def load_base(model, base, meta, rank):
-    """The base run's weights in model, each token's embedding and head rows moved to the id its character
-    has in this dataset's vocabulary; a character the base never saw starts fresh, as a new model's would.
-    One line says how the vocabulary changed."""
+    """The base run's weights in model, each token's embedding and head rows moved to the id it has in this
+    dataset's vocabulary (token_keys); a token the base never knew starts fresh, as a new model's would, even
+    where the base's padded table has a row at its id, which never trained. One line says how the vocabulary
+    changed."""
     ckpt, path = base
-    old, new = ckpt["tokenizer"]["vocab"], meta["vocab"]
-    weights, _ = merge_lora(dict(ckpt["model"]), model_config(ckpt, path))  # a LoRA run: its adapters folded in
+    old, new = token_keys(ckpt["tokenizer"], meta), token_keys(meta, meta)
+    was = model_config(ckpt, path)
+    weights, _ = merge_lora(dict(ckpt["model"]), was)  # a LoRA run: its adapters folded in
     tables = [k for k in ("transformer.wte.weight", "lm_head.weight") if k in weights]
-    own = model.state_dict()
-    kept = [(new.index(c), i) for i, c in enumerate(old) if c in new]
+    own, at = model.state_dict(), {key: i for i, key in enumerate(new)}
+    kept = [(at[key], i) for i, key in enumerate(old) if key in at]
     for key in tables:
         table = own[key].clone()
         table[[n for n, _ in kept]] = weights[key][[i for _, i in kept]].to(table.dtype)
@@ -216,10 +231,34 @@ def load_base(model, base, meta, rank):
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if unexpected or any("lora_" not in k for k in missing):
         raise UserError(f"{path}'s weights do not fit the model it names ({', '.join((unexpected or missing)[:3])})")
-    added = [c for c in new if c not in old]
+    known = set(old)
+    added = [(i, key) for i, key in enumerate(new) if key not in known]
     if rank == 0 and (added or len(kept) < len(old)):
-        names = ", ".join(shown(c) for c in added[:12]) + (", ..." if len(added) > 12 else "")
-        print(f"the vocabulary grows from {len(old)} to {len(new)} tokens: {len(added)} new rows in the embedding "
-              f"and the head ({names}), each new; the {len(kept)} the base model knew keep their rows"
-              + (f"; {len(old) - len(kept)} it knew are not in this dataset and are dropped"
-                 if len(kept) < len(old) else ""), flush=True)
+        print(vocabulary_line(old, new, kept, added, was.vocab_size), flush=True)
+
+
+def vocabulary_line(old, new, kept, added, base_rows):
+    """How a fine-tune's vocabulary changed from its base model's: the tokens added (named), those kept, those
+    dropped; and where the base's table, padded to base_rows, had rows at new tokens' ids, that those rows never
+    trained (they were padding) and start afresh."""
+    parts = [f"the vocabulary {'grows' if len(new) >= len(old) else 'shrinks'} from {len(old)} to {len(new)} tokens"]
+    if added:
+        names = ", ".join(shown(key) for _, key in added[:12]) + (", ..." if len(added) > 12 else "")
+        untrained = [i for i, _ in added if len(old) <= i < base_rows]
+        parts[0] += (f": {len(added)} new rows in the embedding and the head ({names}), each new"
+                     + (f" (the base model's rows {untrained[0]}-{untrained[-1]}, padding it never trained, start "
+                        "afresh)" if untrained else ""))
+    parts.append(f"the {len(kept)} the base model knew keep their rows")
+    if len(kept) < len(old):
+        parts.append(f"{len(old) - len(kept)} it knew are not in this dataset and are dropped")
+    return "; ".join(parts)
+
+
+def token_keys(tokenizer, meta):
+    """What each token id of a tokenizer's metadata (a base run's, or the dataset's) stands for, to match a base
+    model's rows with a dataset's ids: char-level, its character; a BPE's, its id (from_base checked that the
+    two BPEs are one), and the chat markers, where it has them, their characters."""
+    if tokenizer["tokenizer"] == "char":
+        return list(tokenizer["vocab"])
+    plain = meta["vocab_size"] - (len(MARKERS) if meta.get("chat") else 0)
+    return [*range(plain), *(MARKERS.values() if tokenizer.get("chat") else ())]

@@ -1,0 +1,80 @@
+"""A chat dataset (gptkit/data/chat_preparing.py) tokenized by a BPE, GPT-2's or one trained on it: each chat
+marker is the one token meta.json names, past the BPE's own; the roles beside the tokens count exactly the answers
+and their end marker; the mixed text is plain text; the same command prepares it again."""
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import make_text
+from gptkit.data.conversations import ANSWER, MARKERS, NAMES, PROMPT, TEXT
+from gptkit.data.dataset import load_meta
+from gptkit.data.preparing import PrepareConfig, prepare
+from gptkit.data.tasks import TASKS
+from gptkit.data.tokenizer import tokenizer_from_meta
+
+OWN = {"gpt2": 50257, "bpe": 300}  # the BPE's own tokens: GPT-2's, and those trained (--vocab_size)
+
+
+@pytest.fixture(params=["gpt2", "bpe"])
+def chat_bpe(request, tmp_path):
+    """A tasks dataset with text mixed in, prepared with the BPE: (its settings, folder, meta as load_meta reads it)."""
+    if request.param == "gpt2":
+        request.getfixturevalue("tiktoken_cache")
+    mix = tmp_path / "text.txt"
+    mix.write_text(make_text(8000), encoding="utf-8")
+    cfg = PrepareConfig(synthetic="tasks", tasks="addition,reverse", problems=200, heldout=5, mix=str(mix),
+                        tokenizer=request.param, vocab_size=OWN["bpe"] if request.param == "bpe" else 0,
+                        data_dir=str(tmp_path / "data"), workers=1)
+    prepare(cfg)
+    return (cfg, *load_meta(cfg.data_dir, "tasks"))
+
+
+def test_each_marker_is_the_one_token_meta_json_names_past_the_bpes_own(chat_bpe):
+    cfg, folder, meta = chat_bpe
+    own = OWN[cfg.tokenizer]
+    on_disk = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    assert on_disk["chat"] == {"user": own, "assistant": own + 1, "end": own + 2}
+    assert on_disk["vocab_size"] == own + 3 and on_disk["dtype"] == "uint16"
+    assert (folder / "tokenizer.json").is_file() == (cfg.tokenizer == "bpe") == ("tokenizer_file" in on_disk)
+    tok = tokenizer_from_meta(meta)
+    assert tok.chat == on_disk["chat"] and tok.vocab_size == on_disk["vocab_size"]
+    for name, char in MARKERS.items():
+        assert tok.encode(char) == [on_disk["chat"][name]]
+    ids = np.fromfile(folder / "train.bin", dtype=np.uint16).tolist()
+    assert ids.count(own) == ids.count(own + 2) == meta["conversations"]["train"]  # one turn each
+    text = tok.decode(ids)
+    assert tok.encode(text) == ids  # the markers and the text between them, as render made them
+    # the characters the tokens spell: every one but the markers', which are no text
+    assert meta["train_chars"] == len(text) - sum(text.count(c) for c in MARKERS.values())
+    prepare(cfg)  # the same command again: the same dataset, made again
+
+
+def test_the_roles_count_exactly_each_answer_and_its_end_marker(chat_bpe):
+    cfg, folder, meta = chat_bpe
+    tok = tokenizer_from_meta(meta)
+    ids = np.fromfile(folder / "train.bin", dtype=np.uint16)
+    roles = np.fromfile(folder / "train_roles.bin", dtype=np.uint8)
+    assert len(ids) == len(roles) == meta["train_tokens"]
+    chat = meta["chat"]
+    assert set(roles[ids == chat["user"]]) == set(roles[ids == chat["assistant"]]) == {PROMPT}
+    assert set(roles[ids == chat["end"]]) == {ANSWER}
+    # each conversation, read through its roles: the prompt's text is the question, the answer's the right answer
+    ends = np.flatnonzero(ids == chat["end"])
+    start = 0
+    for end in ends[:50]:
+        user = start + int(np.flatnonzero(ids[start:end] == chat["user"])[0])
+        piece, kinds = ids[user:end + 1].tolist(), roles[user:end + 1].tolist()
+        assert TEXT not in kinds and kinds == sorted(kinds)  # the prompt's tokens, then the answer's
+        question = tok.decode([t for t, k in zip(piece, kinds) if k == PROMPT])
+        answer = tok.decode([t for t, k in zip(piece, kinds) if k == ANSWER])
+        assert re.fullmatch(f"{MARKERS['user']}(.+){MARKERS['assistant']}", question)
+        q, a = question[1:-1], answer[:-1]
+        assert answer.endswith(MARKERS["end"]) and any(TASKS[t].check(q, a) for t in ("addition", "reverse"))
+        start = end + 1
+    mixed = tok.decode(ids[roles == TEXT].tolist())  # the text mixed in: plain text, no marker
+    assert mixed and not set(mixed) & set(NAMES)
+    assert mixed.split("\n")[0] in Path(cfg.mix).read_text(encoding="utf-8")
