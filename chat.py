@@ -19,8 +19,6 @@ import torch
 from gptkit.base.errors import UserError, run_main
 from gptkit.base.settings import check_seed, parse_config, require
 from gptkit.chat.answering import check_chat_model, end_id
-from gptkit.chat.report import card_json, card_table, chat_sets, report_card
-from gptkit.chat.scoring import file_problems, ks_for, score, text_loss
 from gptkit.data.conversations import MARKERS, render, shown
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.run.run_folder import RunDir, check_checkpoint, model_at
@@ -60,6 +58,10 @@ class ChatConfig:
 def evaluate(cfg, model, tok, ckpt):
     """Score the run: each task's held-out problems (or the --problems file), and its loss on the plain val text
     its dataset mixed in; a table, or JSON."""
+    # scoring reads datasets and tasks: imported where it runs, so that a chat's first token waits for none of it
+    from gptkit.chat.report import chat_sets
+    from gptkit.chat.scoring import file_problems, score, text_loss
+
     problems, text = chat_sets(ckpt, cfg.tasks, file_problems(cfg.problems) if cfg.problems else None)
     if not problems:
         raise UserError(f"{cfg.out_dir}'s dataset holds no held-out problems: score conversations of your own "
@@ -80,6 +82,8 @@ def evaluate(cfg, model, tok, ckpt):
 
 
 def pass_ks(cfg):
+    from gptkit.chat.scoring import ks_for
+
     return ks_for(cfg.samples) if cfg.samples > 1 else []
 
 
@@ -99,7 +103,7 @@ def talk(cfg, model, tok, text, history):
     generator = torch.Generator(device=idx.device).manual_seed(cfg.seed)
     decode, answer = tok.stream_decoder(), []
     for column, _, _ in decode_steps(model, idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
-                                     generator=generator, vocab_size=model.config.vocab_size):
+                                     generator=generator, vocab_size=tok.vocab_size):
         token = int(column[0, 0])
         if token == end_id(tok):
             break
@@ -137,6 +141,8 @@ def main(argv=None):
     device = pick_device(cfg.device)
     torch.manual_seed(cfg.seed)
     if cfg.report:
+        from gptkit.chat.report import card_json, card_table, report_card
+
         columns = report_card(cfg, device)
         print(card_json(columns) if cfg.json else card_table(columns))
         return

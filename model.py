@@ -8,7 +8,8 @@ ReLU^2, an untied head, logit soft-capping, zero-initialised projections, RWKV's
 take the model apart: how attention scores (scaled or plain dot products, Bahdanau's additive
 scoring, a plain average of the past), a decoder or an encoder (causal), no positions, no MLP, no
 blocks at all (n_layer=0: a bigram model). lora_rank > 0 fine-tunes low-rank adapters (LoRA) on
-the blocks' frozen matrices; merge_lora folds them back into plain weights.
+frozen matrices: attention's q, k, v, the MLP's first, the token table and the head; merge_lora
+folds them back into plain weights.
 
 Hook points sit where a learner looks (gptkit/interp/hooks.py names them as TransformerLens does).
 Decoding lives in gptkit/sampling/decoding.py; speed kernels stand in for some pieces here while
@@ -46,7 +47,7 @@ class GPTConfig:
     causal: bool = True  # mask the future (a decoder); False: each position sees all (an encoder)
     mlp: bool = True  # a feed-forward MLP after attention in each block; False: attention alone
     token_shift: bool = False  # mix each block's normed inputs with the previous position's, a learned share each
-    lora_rank: int = 0  # >0: LoRA, low-rank adapters of this rank on the blocks' frozen matrices
+    lora_rank: int = 0  # >0: LoRA, low-rank adapters of this rank on frozen matrices (LoRALinear)
     lora_alpha: float = 16.0  # LoRA's adapters are scaled by lora_alpha / lora_rank
 
     def __post_init__(self):
@@ -239,9 +240,32 @@ class LoRALinear(nn.Linear):
         return f"{super().extra_repr()}, rank={self.lora_A.size(0)}, scale={self.scale:g}"
 
 
-def linear(config, in_features, out_features):
-    """One of a block's weight matrices: nn.Linear, or with lora_rank > 0 a LoRALinear."""
-    if config.lora_rank > 0:
+class LoRAEmbedding(nn.Embedding):
+    """nn.Embedding plus a low-rank update of its table, W + (α/r)·B A, as LoRALinear's: token t's
+    row moves by (α/r)·B[t] A, r numbers of its own (B's row) times r directions all rows share
+    (A's rows). A chat fine-tune adds tokens (its markers, digits) whose rows start untrained:
+    this is how they learn while the table stays frozen."""
+
+    def __init__(self, num_embeddings, embedding_dim, rank, alpha):
+        super().__init__(num_embeddings, embedding_dim)
+        self.scale = alpha / rank
+        self.lora_A = nn.Parameter(torch.empty(rank, embedding_dim))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        self.lora_B = nn.Parameter(torch.zeros(num_embeddings, rank))  # zero: step 0 is the base
+
+    def forward(self, idx):
+        return F.embedding(idx, self.weight) + self.scale * (F.embedding(idx, self.lora_B) @ self.lora_A)
+
+    def extra_repr(self):
+        return f"{super().extra_repr()}, rank={self.lora_A.size(0)}, scale={self.scale:g}"
+
+
+def linear(config, in_features, out_features, adapted=True):
+    """One of the model's weight matrices: nn.Linear, or with lora_rank > 0 and adapted a
+    LoRALinear. The matrices that read what the model computes (attention's q, k, v, the MLP's
+    first, the head) are adapted, and those that write back into the residual stream are not:
+    a rank-8 fine-tune of the 128-wide default then trains under 5% of it (docs/chat.md#lora)."""
+    if config.lora_rank > 0 and adapted:
         return LoRALinear(in_features, out_features, config.bias, config.lora_rank,
                           config.lora_alpha)
     return nn.Linear(in_features, out_features, bias=config.bias)
@@ -278,7 +302,7 @@ class SelfAttention(nn.Module):
         # values only: no queries or keys, so every score is 0
         uniform = config.attention == "uniform"
         self.c_attn = linear(config, config.n_embd, (1 if uniform else 3) * config.n_embd)
-        self.c_proj = linear(config, config.n_embd, config.n_embd)
+        self.c_proj = linear(config, config.n_embd, config.n_embd, adapted=False)
         if config.attention == "additive":  # Bahdanau's v, one per head
             self.score_v = nn.Parameter(
                 torch.randn(config.n_head, config.n_embd // config.n_head) * 0.02)
@@ -370,7 +394,7 @@ class MLP(nn.Module):
         self.c_fc = linear(config, config.n_embd, 4 * config.n_embd)
         # GPT-2's weights were trained with the tanh approximation
         self.act = ACTIVATIONS[config.mlp_act]
-        self.c_proj = linear(config, 4 * config.n_embd, config.n_embd)
+        self.c_proj = linear(config, 4 * config.n_embd, config.n_embd, adapted=False)
         self.dropout = dropout(config.dropout)
 
     def forward(self, x):
@@ -438,7 +462,13 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.hook_embed = HookPoint()
-        modules = dict(wte=nn.Embedding(config.vocab_size, config.n_embd),
+        if config.lora_rank and config.tie_weights:  # checked here: a fine-tune's shape is its base's
+            raise ValueError("lora_rank needs an untied head (tie_weights=False): the token table and "
+                             "the head each learn their own adapter")
+        lora = config.lora_rank, config.lora_alpha
+        wte = (LoRAEmbedding(config.vocab_size, config.n_embd, *lora) if config.lora_rank
+               else nn.Embedding(config.vocab_size, config.n_embd))
+        modules = dict(wte=wte,
                        drop=dropout(config.dropout),
                        h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
                        ln_f=Norm(config))
@@ -446,7 +476,8 @@ class GPT(nn.Module):
             modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)
             self.hook_pos_embed = HookPoint()
         self.transformer = nn.ModuleDict(modules)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = (LoRALinear(config.n_embd, config.vocab_size, False, *lora) if config.lora_rank
+                        else nn.Linear(config.n_embd, config.vocab_size, bias=False))
         if config.tie_weights:
             self.transformer.wte.weight = self.lm_head.weight
         self.token_loss = TokenLoss()
@@ -502,15 +533,13 @@ class GPT(nn.Module):
         return optimizers
 
     def freeze_all_but_adapters(self):
-        """LoRA's freeze: only the adapters train, and the token table and the head, since a chat
-        fine-tune adds tokens (its markers, digits) whose rows start untrained and must learn."""
-        trained = ("transformer.wte.weight", "lm_head.weight", ".lora_A", ".lora_B")
-        for name, p in self.named_parameters(remove_duplicate=False):
-            p.requires_grad_(name.endswith(trained))
+        """LoRA's freeze: only the adapters train; every weight of the base model stays as it was."""
+        for name, p in self.named_parameters():
+            p.requires_grad_(name.endswith((".lora_A", ".lora_B")))
 
     def trainable_params(self):
         """How many parameters a step trains (those with requires_grad, a tied head once): all of
-        them, or with LoRA the adapters, the token table and the head."""
+        them, or with LoRA the adapters."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
     def num_params(self, non_embedding=True):

@@ -1,5 +1,6 @@
-# the fine-tune of config/chat_sft.py with LoRA: low-rank adapters on the blocks' matrices train, with the token
-# table and head (the new characters' rows must learn); every other weight stays as the base run left it.
+# the fine-tune of config/chat_sft.py with LoRA: low-rank adapters on attention's q, k, v, the MLP's first matrix,
+# the token table and the head train (the new characters' rows learn through the table's); every weight of the
+# base run stays as it left it (model.py's LoRALinear and LoRAEmbedding).
 # Figures: docs/chat.md#lora
 base = 'chat_sft.py'
 

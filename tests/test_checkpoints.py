@@ -247,7 +247,8 @@ def test_a_lora_checkpoint_loads_as_a_plain_model_with_its_adapters_merged():
     from model import GPT, GPTConfig
 
     torch.manual_seed(0)
-    adapted = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=50, block_size=16, lora_rank=4)).eval()
+    adapted = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=50, block_size=16, lora_rank=4,
+                               tie_weights=False)).eval()
     with torch.no_grad():  # B starts at zero: drawn, the adapters change the output
         for name, p in adapted.named_parameters():
             if name.endswith("lora_B"):
