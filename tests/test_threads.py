@@ -64,6 +64,24 @@ def test_thread_trials_back_off_while_they_keep_the_count_and_come_at_once_when_
         torch.set_num_threads(before)
 
 
+def test_a_hopeless_trial_ends_at_once_and_the_next_waits_for_what_it_cost():
+    """Beside two busy processes on two cores a trial of two threads stalled each step for seconds: it ends at its
+    first counted step that runs `hopeless` times the current count's, and the next trial waits at least what it
+    cost over `share`, so that trials take at most that share of the run."""
+    from gptkit.machine.threads import ThreadTuner
+
+    now, before = [0.0], torch.get_num_threads()
+    try:
+        tuner = ThreadTuner(2, start=1, every=10.0, first=0.0, trial_steps=4, share=0.1, clock=lambda: now[0])
+        assert [tuner.after_step(0.2, i) for i in range(4)] == [None] * 4 and torch.get_num_threads() == 2
+        assert tuner.after_step(4.0, 4) is None and torch.get_num_threads() == 2  # the switch's step: not counted
+        assert tuner.after_step(4.0, 5) is None and torch.get_num_threads() == 1 and tuner.trial is None
+        assert tuner.current == 1 and tuner.wait == pytest.approx(76.0)  # 2 x (4.0 - 0.2) s over one thread, / 0.1
+    finally:
+        torch.set_num_threads(before)
+
+
+
 @pytest.mark.parametrize("two_thread_speedup,want", [(1.8, 2), (1.1, 1), (0.2, 1)])
 def test_decode_threads_are_measured_and_more_must_win_clearly(monkeypatch, two_thread_speedup, want):
     """On a busy machine a second thread stalls every step, so it is taken only when a probe shows it

@@ -35,17 +35,20 @@ class ThreadTuner:
     in (start-up times no threads, so the first trial comes soon), a few steps run on the other thread count, and
     it is kept when its steps are faster by more than `margin`. Trials cost steps, so while they keep the count the
     wait for the next one doubles from `every` (up to `longest` on the most threads, to twice `every` on one, where
-    a core freed again would go unseen); and a trial comes at once when the current count's steps slow down or
-    speed up by more than `drift` from what the last trial measured: another process came or went. after_step()
-    returns a line saying so when it changes the count, else None. It starts on `start` threads, the count
-    start-up chose (gptkit.machine.choices)."""
+    a core freed again would go unseen), and is never shorter than what the last trial cost over `share`; a trial
+    whose step runs `hopeless` times the current count's ends at once (beside busy processes a step on more
+    threads than cores are free can stall for seconds). A trial comes at once when the current count's steps slow
+    down or speed up by more than `drift` from what the last trial measured: another process came or went.
+    after_step() returns a line saying so when it changes the count, else None. It starts on `start` threads, the
+    count start-up chose (gptkit.machine.choices)."""
 
     def __init__(self, most, start=None, every=15.0, first=5.0, trial_steps=4, margin=1.1, longest=120.0,
-                 drift=1.25, clock=time.perf_counter):
+                 drift=1.25, hopeless=2.0, share=0.1, clock=time.perf_counter):
         self.most, self.current = most, start or most
         self.other = 1 if self.current == most else most
         self.every, self.longest, self.wait = every, longest, every
-        self.trial_steps, self.margin, self.drift, self.clock = trial_steps, margin, drift, clock
+        self.trial_steps, self.margin, self.drift = trial_steps, margin, drift
+        self.hopeless, self.share, self.clock = hopeless, share, clock
         self.recent = []  # the latest steps' seconds on the current count
         self.trial = None  # steps' seconds on the other count, while a trial runs
         self.measured = None  # the current count's median step at the last trial
@@ -60,20 +63,29 @@ class ThreadTuner:
                 torch.set_num_threads(self.other)
             return None
         self.trial.append(seconds)
-        if len(self.trial) <= self.trial_steps:  # the first step after a switch pays for it: not counted
+        mine = statistics.median(self.recent)
+        if len(self.trial) > 1 and seconds > self.hopeless * mine:  # the first after a switch pays for it
+            return self.keep(mine)
+        if len(self.trial) <= self.trial_steps:
             return None
-        mine, theirs = statistics.median(self.recent), statistics.median(self.trial[1:])
-        self.trial, self.recent, self.last_trial = None, [], self.clock()
+        theirs = statistics.median(self.trial[1:])
         if mine <= theirs * self.margin:
-            self.measured = mine
-            self.wait = min(2 * self.wait, self.longest if self.current == self.most else 2 * self.every)
-            torch.set_num_threads(self.current)
-            return None
+            return self.keep(mine)
         old, (self.current, self.other) = self.current, (self.other, self.current)
+        self.trial, self.recent, self.last_trial = None, [], self.clock()
         self.measured, self.wait = theirs, self.every
         torch.set_num_threads(self.current)
         return (f"threads: {self.current} from iteration {iteration} (its steps took {theirs * 1e3:.0f} ms, on "
                 f"{old} thread{'s' if old > 1 else ''} {mine * 1e3:.0f} ms)")
+
+    def keep(self, mine):
+        """The trial lost: back to the current count, and the next trial waits longer (see the class)."""
+        cost = sum(self.trial) - mine * len(self.trial)  # the seconds the trial's steps took over the current's
+        longest = self.longest if self.current == self.most else 2 * self.every
+        self.measured, self.wait = mine, max(min(2 * self.wait, longest), cost / self.share)
+        self.trial, self.recent, self.last_trial = None, [], self.clock()
+        torch.set_num_threads(self.current)
+        return None
 
     def drifted(self):
         """Every one of the latest steps on the current count is slower or faster by more than `drift` than the
