@@ -261,10 +261,10 @@ class LoRAEmbedding(nn.Embedding):
 
 
 def linear(config, in_features, out_features, adapted=True):
-    """One of the model's weight matrices: nn.Linear, or with lora_rank > 0 and adapted a
-    LoRALinear. The matrices that read what the model computes (attention's q, k, v, the MLP's
-    first, the head) are adapted, and those that write back into the residual stream are not:
-    a rank-8 fine-tune of the 128-wide default then trains under 5% of it (docs/chat.md#lora)."""
+    """One of a block's weight matrices: nn.Linear, or with lora_rank > 0 and adapted a
+    LoRALinear. The matrices that read the residual stream (attention's q, k, v, the MLP's first)
+    are adapted, and those that write back into it are not: a rank-8 fine-tune of the 128-wide
+    default then trains under 5% of it (docs/chat.md#lora)."""
     if config.lora_rank > 0 and adapted:
         return LoRALinear(in_features, out_features, config.bias, config.lora_rank,
                           config.lora_alpha)

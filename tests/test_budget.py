@@ -99,6 +99,17 @@ def test_the_busy_line_foretells_the_run_from_its_steps_once_the_thread_count_ha
     assert said[-1].startswith("note: this machine is busy (a step takes 1.6x its idle time)")
 
 
+def test_a_run_faster_than_its_plan_says_how_long_it_will_take():
+    """The one idle measurement can be slower than the steps turn out (it said 150 s for a run that took 122 s):
+    a run foretold more than a tenth off its plan says so, faster as slower."""
+    planned = {"steps": 300, "step": 0.1 * (1 + RECORDS_SHARE), "eval": 0.5, "final": 2.0, "idle_seconds": 40.0}
+    pace = Pace(planned, 0, train_config(eval_interval=50))
+    said = [pace.stepped(i, 0.07, spent=3.0 + 0.07 * i) for i in range(1, 301)]
+    assert [line for line in said if line] == [
+        "note: the steps run faster than this machine's idle measurement said (0.70x its step): the run takes "
+        "about 29 s rather than 40 s"]  # 5.1 s at step 30, then 270 steps, 6 evaluations and the score at 0.7x
+
+
 def test_the_busy_line_counts_the_few_long_stalls_of_a_busy_machine():
     """Beside a busy process most steps ran near their idle time and a few stalled for long: the median of ten
     steps said 150 s for a run that took 208 s. The mean of the steps before the check says the pace."""

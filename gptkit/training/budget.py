@@ -23,7 +23,7 @@ RECORDS_SHARE = 0.03  # the timeline's records and the snapshots, of the time a 
 STEP_SPREAD = 1.08
 SAVE_BYTES_PER_SECOND = 100e6  # a checkpoint written and flushed to disk (latest.pt, and best.pt where it improved)
 FEWEST_STEPS = 100  # a budget that fits fewer steps than this trains nothing worth sampling: said at start-up
-SLOWER = 1.2  # steps this much slower than planned: the machine is busy, and the run says when it will end
+OFF_PLAN = 0.1  # a run foretold to take this share more or less than planned says how long it will take
 CHECK_SHARE = 0.1  # the share of a planned run's steps after which its pace says whether the machine is busy
 FEWEST_CHECKED = 30  # the steps a busy machine is checked after, at least
 
@@ -137,9 +137,10 @@ def least_time(costs, eval_interval):
 
 
 class Pace:
-    """A planned run's steps against the plan's idle speed: once a tenth of them are timed, one line where the machine
-    is busy (its steps SLOWER or more than planned), with the time the run will now take; and at the end, what a
-    comparison with another run of the same command is fair in."""
+    """A planned run's steps against the plan's idle speed: once a tenth of them are timed, one line where the run
+    will take OFF_PLAN more or less than planned, with the time it will take (the machine is busy, or its steps run
+    faster than the one idle measurement said); and at the end, what a comparison with another run of the same
+    command is fair in."""
 
     def __init__(self, planned, iter_num, cfg):
         self.planned, self.first, self.cfg = planned, iter_num, cfg
@@ -148,7 +149,7 @@ class Pace:
         self.recent = collections.deque(maxlen=max(1, checked // 2))
 
     def stepped(self, iter_num, seconds, spent):
-        """A line to say, or None: at check_at, where the steps run slower than planned. Their pace is the
+        """A line to say, or None: at check_at, where the run goes off its plan. Its steps' pace is the
         mean of the second half of the steps before the check: the first ones on a busy machine run slower until
         the thread count has followed the load (ThreadTuner), and would foretell too long a run; and a busy
         machine's steps mostly run near their idle time with a few stalled for long, so their median foretells
@@ -158,13 +159,17 @@ class Pace:
             return None
         p = self.planned
         slower = statistics.fmean(self.recent) / (p["step"] / (1 + RECORDS_SHARE))
-        if slower < SLOWER:
-            return None
         left = p["steps"] - iter_num
         evals = left // self.cfg.eval_interval + 1
         expected = spent + slower * (left * p["step"] + evals * p["eval"] + p["final"]) + END_SECONDS
-        return (f"note: this machine is busy (a step takes {slower:.1f}x its idle time): the run trains its "
-                f"{p['steps']:,} steps all the same, in about {minutes(expected)} rather than {p['idle_seconds']:.0f} s")
+        if abs(expected / p["idle_seconds"] - 1) <= OFF_PLAN:
+            return None
+        if slower > 1:
+            return (f"note: this machine is busy (a step takes {slower:.1f}x its idle time): the run trains its "
+                    f"{p['steps']:,} steps all the same, in about {minutes(expected)} rather than "
+                    f"{p['idle_seconds']:.0f} s")
+        return (f"note: the steps run faster than this machine's idle measurement said ({slower:.2f}x its step): "
+                f"the run takes about {minutes(expected)} rather than {p['idle_seconds']:.0f} s")
 
     def summary(self, iter_num, tokens_per_iter, spent):
         """What this run may be compared with another in: its steps and tokens, and with a planned budget the idle
