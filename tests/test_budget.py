@@ -99,6 +99,16 @@ def test_the_busy_line_foretells_the_run_from_its_steps_once_the_thread_count_ha
     assert said[-1].startswith("note: this machine is busy (a step takes 1.6x its idle time)")
 
 
+def test_the_steps_of_a_thread_trial_do_not_foretell_the_run():
+    """A thread trial's steps beside two busy processes stalled for seconds; the ThreadTuner keeps trials to a
+    tenth of the run, so the pace leaves them out (with them, 720 s was said for a run that took 534 s)."""
+    planned = {"steps": 300, "step": 0.1 * (1 + RECORDS_SHARE), "eval": 0.5, "final": 2.0, "idle_seconds": 40.0}
+    pace = Pace(planned, 0, train_config(eval_interval=50))
+    said = [pace.stepped(i, 4.0 if i in (20, 21) else 0.2, spent=3.0 + 0.2 * i, trial=i in (20, 21))
+            for i in range(1, 31)]
+    assert said[-1].startswith("note: this machine is busy (a step takes 2.0x its idle time)")
+
+
 def test_a_run_faster_than_its_plan_says_how_long_it_will_take():
     """The one idle measurement can be slower than the steps turn out (it said 150 s for a run that took 122 s):
     a run foretold more than a tenth off its plan says so, faster as slower."""

@@ -74,8 +74,9 @@ def test_a_hopeless_trial_ends_at_once_and_the_next_waits_for_what_it_cost():
     try:
         tuner = ThreadTuner(2, start=1, every=10.0, first=0.0, trial_steps=4, share=0.1, clock=lambda: now[0])
         assert [tuner.after_step(0.2, i) for i in range(4)] == [None] * 4 and torch.get_num_threads() == 2
+        assert tuner.trying  # the next steps are the trial's
         assert tuner.after_step(4.0, 4) is None and torch.get_num_threads() == 2  # the switch's step: not counted
-        assert tuner.after_step(4.0, 5) is None and torch.get_num_threads() == 1 and tuner.trial is None
+        assert tuner.after_step(4.0, 5) is None and torch.get_num_threads() == 1 and not tuner.trying
         assert tuner.current == 1 and tuner.wait == pytest.approx(76.0)  # 2 x (4.0 - 0.2) s over one thread, / 0.1
     finally:
         torch.set_num_threads(before)

@@ -78,6 +78,12 @@ class ThreadTuner:
         return (f"threads: {self.current} from iteration {iteration} (its steps took {theirs * 1e3:.0f} ms, on "
                 f"{old} thread{'s' if old > 1 else ''} {mine * 1e3:.0f} ms)")
 
+    @property
+    def trying(self):
+        """Whether the steps run on the other thread count now, for a trial (the step just taken, until
+        after_step hears of it, was one of them)."""
+        return self.trial is not None
+
     def keep(self, mine):
         """The trial lost: back to the current count, and the next trial waits longer (see the class)."""
         cost = sum(self.trial) - mine * len(self.trial)  # the seconds the trial's steps took over the current's

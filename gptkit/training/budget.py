@@ -148,13 +148,16 @@ class Pace:
         self.check_at = iter_num + checked if planned else None
         self.recent = collections.deque(maxlen=max(1, checked // 2))
 
-    def stepped(self, iter_num, seconds, spent):
+    def stepped(self, iter_num, seconds, spent, trial=False):
         """A line to say, or None: at check_at, where the run goes off its plan. Its steps' pace is the
         mean of the second half of the steps before the check: the first ones on a busy machine run slower until
         the thread count has followed the load (ThreadTuner), and would foretell too long a run; and a busy
         machine's steps mostly run near their idle time with a few stalled for long, so their median foretells
-        too short a one (beside one busy process, the median of ten said 150 s for a run that took 208 s)."""
-        self.recent.append(seconds)
+        too short a one (beside one busy process, the median of ten said 150 s for a run that took 208 s). A step
+        of a thread trial (trial=True) is left out: the ThreadTuner keeps trials to a tenth of the run, and one
+        of them in the window foretold 720 s for a run that took 534 s."""
+        if not trial:
+            self.recent.append(seconds)
         if iter_num != self.check_at:
             return None
         p = self.planned
