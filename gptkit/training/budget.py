@@ -143,7 +143,7 @@ class Pace:
     command is fair in."""
 
     def __init__(self, planned, iter_num, cfg):
-        self.planned, self.first, self.cfg = planned, iter_num, cfg
+        self.planned, self.cfg = planned, cfg
         checked = max(FEWEST_CHECKED, round(planned["steps"] * CHECK_SHARE)) if planned else 0
         self.check_at = iter_num + checked if planned else None
         self.recent = collections.deque(maxlen=max(1, checked // 2))
@@ -158,7 +158,7 @@ class Pace:
         of them in the window foretold 720 s for a run that took 534 s."""
         if not trial:
             self.recent.append(seconds)
-        if iter_num != self.check_at:
+        if iter_num != self.check_at or not self.recent:
             return None
         p = self.planned
         slower = statistics.fmean(self.recent) / (p["step"] / (1 + RECORDS_SHARE))
