@@ -60,7 +60,7 @@ def evaluate(cfg, model, tok, ckpt):
     its dataset mixed in; a table, or JSON."""
     # scoring reads datasets and tasks: imported where it runs, so that a chat's first token waits for none of it
     from gptkit.chat.report import chat_sets
-    from gptkit.chat.scoring import file_problems, score, text_loss
+    from gptkit.chat.scoring import file_problems, ks_for, score, text_loss
 
     problems, text = chat_sets(ckpt, cfg.tasks, file_problems(cfg.problems) if cfg.problems else None)
     if not problems:
@@ -70,8 +70,9 @@ def evaluate(cfg, model, tok, ckpt):
         problems = {name: items[:cfg.limit] for name, items in problems.items()}
     say = None if cfg.json else lambda name, r: print(line_of(name, r), flush=True)
     if say:
-        print(f"| task | problems | accuracy{''.join(f' | pass@{k}' for k in pass_ks(cfg))} |\n"
-              f"|---|---|---{'|---' * len(pass_ks(cfg))}|")
+        ks = ks_for(cfg.samples) if cfg.samples > 1 else []
+        print(f"| task | problems | accuracy{''.join(f' | pass@{k}' for k in ks)} |\n"
+              f"|---|---|---{'|---' * len(ks)}|")
     results = score(model, tok, problems, cfg.samples, cfg.temperature, cfg.max_new_tokens, cfg.seed, say)
     loss = text_loss(model, tok, text) if text else None
     if cfg.json:
@@ -79,12 +80,6 @@ def evaluate(cfg, model, tok, ckpt):
                           "text_val_loss": loss}))
     elif loss is not None:
         print(f"plain text val loss: {loss:.4f}")
-
-
-def pass_ks(cfg):
-    from gptkit.chat.scoring import ks_for
-
-    return ks_for(cfg.samples) if cfg.samples > 1 else []
 
 
 def line_of(name, result):
