@@ -118,7 +118,7 @@ def train(rt, data, state, log, run, budget, stop):
             tried = tuner is not None and tuner.trying  # this step ran on the thread count on trial
             threads = tuner.after_step(step_seconds, state.iter_num) if tuner else None
             report.stepped(state.iter_num, threads)
-            busy = pace.stepped(state.iter_num, step_seconds, budget.spent(), tried) if pace else None
+            busy = pace.stepped(state.iter_num, step_seconds, budget.spent(), tried, bool(threads)) if pace else None
             if busy:  # the planned steps all the same, later than planned: said once
                 report.say(busy)
             if state.iter_num % cfg.log_interval == 0:

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from benchmarks.common import REPO, bench_input, comma_items, device_name
 from gptkit.base.errors import UserError
-from gptkit.base.settings import parse_config, require
+from gptkit.base.settings import given_values, parse_config, require
+from gptkit.training.train_config import TrainConfig
 
 PARTS = ("pipeline", "reversed")
 
@@ -92,7 +93,7 @@ def stage(config, work, out, *extra):
 def early_sft(cfg, work):
     """config/chat_sft_early.py, continued 50 steps at a time (as its comments tell a learner) until the sums'
     held-out pass@1 reaches 40%: the seconds it all took, scoring included."""
-    start, steps = time.time(), 600
+    start, steps = time.time(), given_values(TrainConfig, [str(REPO / "config/chat_sft_early.py")])["max_iters"]
     stage("config/chat_sft_early.py", work, "out-chat-early")
     while True:
         found = scores(work / "out-chat-early", "--tasks=addition", "--samples=8", "--limit=200", "--temperature=1.0")

@@ -109,9 +109,21 @@ def test_the_steps_of_a_thread_trial_do_not_foretell_the_run():
     assert said[-1].startswith("note: this machine is busy (a step takes 2.0x its idle time)")
 
 
+def test_the_busy_line_waits_for_steps_on_the_thread_count_the_run_switched_to():
+    """Beside a busy process the steps on two threads stalled (0.3 s) until the ThreadTuner moved the run to one
+    (0.15 s) just before the check: the line waits until as many steps have run on one thread, and foretells
+    from them alone."""
+    planned = {"steps": 300, "step": 0.1 * (1 + RECORDS_SHARE), "eval": 0.5, "final": 2.0, "idle_seconds": 40.0}
+    pace = Pace(planned, 0, train_config(eval_interval=50))
+    said = {i: pace.stepped(i, 0.3 if i < 25 else 0.15, spent=3.0 + 0.2 * i, trial=25 <= i <= 28,
+                            switched=i == 28) for i in range(1, 301)}  # a trial of steps 25 to 28 won
+    assert [i for i, line in said.items() if line] == [43]  # 15 steps on one thread, the window's length
+    assert said[43].startswith("note: this machine is busy (a step takes 1.5x its idle time)")
+
+
 def test_a_run_faster_than_its_plan_says_how_long_it_will_take():
     """The one idle measurement can be slower than the steps turn out (it said 150 s for a run that took 122 s):
-    a run foretold more than a tenth off its plan says so, faster as slower."""
+    a run foretold more than 5% off its plan says so, faster as slower."""
     planned = {"steps": 300, "step": 0.1 * (1 + RECORDS_SHARE), "eval": 0.5, "final": 2.0, "idle_seconds": 40.0}
     pace = Pace(planned, 0, train_config(eval_interval=50))
     said = [pace.stepped(i, 0.07, spent=3.0 + 0.07 * i) for i in range(1, 301)]

@@ -74,7 +74,7 @@ class PrepareConfig:
     problems: int = 25_000  # with --synthetic=tasks: training conversations of each task not given a count
     heldout: int = 1000  # with --synthetic=tasks: held-out problems of each task, never trained on (heldout.jsonl)
     mix: str = ""  # a chat dataset: plain text to mix in (e.g. the base model's), so that it keeps what it knew
-    mix_share: float = 0.3  # with --mix: the share of training tokens that are that text (its pieces repeat)
+    mix_share: float = 0.45  # with --mix: the share of training tokens that are that text (its pieces repeat)
 
     def __post_init__(self):
         if self.synthetic and self.synthetic not in SYNTHETIC:

@@ -23,7 +23,7 @@ RECORDS_SHARE = 0.03  # the timeline's records and the snapshots, of the time a 
 STEP_SPREAD = 1.08
 SAVE_BYTES_PER_SECOND = 100e6  # a checkpoint written and flushed to disk (latest.pt, and best.pt where it improved)
 FEWEST_STEPS = 100  # a budget that fits fewer steps than this trains nothing worth sampling: said at start-up
-OFF_PLAN = 0.1  # a run foretold to take this share more or less than planned says how long it will take
+OFF_PLAN = 0.05  # a run foretold to take this share more or less than planned says how long it will take
 CHECK_SHARE = 0.1  # the share of a planned run's steps after which its pace says whether the machine is busy
 FEWEST_CHECKED = 30  # the steps a busy machine is checked after, at least
 
@@ -148,18 +148,23 @@ class Pace:
         self.check_at = iter_num + checked if planned else None
         self.recent = collections.deque(maxlen=max(1, checked // 2))
 
-    def stepped(self, iter_num, seconds, spent, trial=False):
-        """A line to say, or None: at check_at, where the run goes off its plan. Its steps' pace is the
-        mean of the second half of the steps before the check: the first ones on a busy machine run slower until
-        the thread count has followed the load (ThreadTuner), and would foretell too long a run; and a busy
-        machine's steps mostly run near their idle time with a few stalled for long, so their median foretells
-        too short a one (beside one busy process, the median of ten said 150 s for a run that took 208 s). A step
-        of a thread trial (trial=True) is left out: the ThreadTuner keeps trials to a tenth of the run, and one
-        of them in the window foretold 720 s for a run that took 534 s."""
+    def stepped(self, iter_num, seconds, spent, trial=False, switched=False):
+        """A line to say, or None: once, at check_at or after, where the run goes off its plan. Its steps' pace
+        is the mean of the latest steps, as many as half those before the check: the first ones on a busy
+        machine run slower until the thread count has followed the load (ThreadTuner), and would foretell too
+        long a run; and a busy machine's steps mostly run near their idle time with a few stalled for long, so
+        their median foretells too short a one (beside one busy process, the median of ten said 150 s for a run
+        that took 208 s). A step of a thread trial (trial=True) is left out: the ThreadTuner keeps trials to a
+        tenth of the run, and one of them in the window foretold 720 s for a run that took 534 s. Where the
+        thread count changed (switched=True), the steps before it say nothing of the rest, and the check waits
+        until as many have run on the new count."""
+        if switched:
+            self.recent.clear()
         if not trial:
             self.recent.append(seconds)
-        if iter_num != self.check_at or not self.recent:
+        if self.check_at is None or iter_num < self.check_at or len(self.recent) < self.recent.maxlen:
             return None
+        self.check_at = None
         p = self.planned
         slower = statistics.fmean(self.recent) / (p["step"] / (1 + RECORDS_SHARE))
         left = p["steps"] - iter_num
