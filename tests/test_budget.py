@@ -121,6 +121,24 @@ def test_the_busy_line_waits_for_steps_on_the_thread_count_the_run_switched_to()
     assert said[43].startswith("note: this machine is busy (a step takes 1.5x its idle time)")
 
 
+def test_the_busy_line_foretells_the_thread_trials_by_their_share_of_the_steps_so_far():
+    """Beside two busy processes the trials stalled for seconds every minute, a tenth of the run, which a pace
+    without them left out (520 s said, 619 s taken). Their cost over the counted steps' so far, as a share of
+    the stepping time, lengthens the rest; at most TRIALS_SHARE, all the ThreadTuner lets them take."""
+    planned = {"steps": 300, "step": 0.1 * (1 + RECORDS_SHARE), "eval": 0.5, "final": 2.0, "idle_seconds": 40.0}
+
+    def said(trial_seconds):
+        pace = Pace(planned, 0, train_config(eval_interval=50))
+        lines = [pace.stepped(i, trial_seconds if 10 <= i <= 13 else 0.2, spent=3.0 + 0.2 * i, trial=10 <= i <= 13)
+                 for i in range(1, 31)]
+        return lines[-1]
+    # 270 steps at 2x, 6 evaluations and the score at 2x, from 9 s at step 30: 76 s without trials; trials of
+    # 4 x 0.3 s took 0.4 s over 6.4 s of stepping (6.25%), and of 4 x 1.0 s more than the 10% allowed
+    assert said(0.2).endswith("in about 76 s rather than 40 s")
+    assert said(0.3).endswith("in about 79 s rather than 40 s")
+    assert said(1.0).endswith("in about 82 s rather than 40 s")
+
+
 def test_a_run_faster_than_its_plan_says_how_long_it_will_take():
     """The one idle measurement can be slower than the steps turn out (it said 150 s for a run that took 122 s):
     a run foretold more than 5% off its plan says so, faster as slower."""

@@ -29,6 +29,9 @@ def pick_decode_threads(threads, model, device, batch_size=1, tokens=16):
                   f"{seconds[1] / seconds[most]:.2f}x as fast as 1 on this model)")
 
 
+TRIALS_SHARE = 0.1  # the most of a run's time its thread trials cost over the current count's steps (ThreadTuner)
+
+
 class ThreadTuner:
     """CPU threads for training, measured as the run goes: each small op waits for all its threads, so when
     another process holds a core, two threads stall each other at every step while one runs on. `first` seconds
@@ -43,7 +46,7 @@ class ThreadTuner:
     count start-up chose (gptkit.machine.choices)."""
 
     def __init__(self, most, start=None, every=15.0, first=5.0, trial_steps=4, margin=1.1, longest=120.0,
-                 drift=1.25, hopeless=2.0, share=0.1, clock=time.perf_counter):
+                 drift=1.25, hopeless=2.0, share=TRIALS_SHARE, clock=time.perf_counter):
         self.most, self.current = most, start or most
         self.other = 1 if self.current == most else most
         self.every, self.longest, self.wait = every, longest, every

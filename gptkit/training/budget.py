@@ -13,7 +13,7 @@ import statistics
 import time
 
 from gptkit.base.errors import UserError
-from gptkit.machine.threads import ThreadTuner
+from gptkit.machine.threads import TRIALS_SHARE, ThreadTuner
 
 START_SECONDS = 3.0  # an idle run's start-up to its first evaluation: the interpreter, torch, the data, the model
 END_SECONDS = 1.0  # the summary, and the process's exit
@@ -147,6 +147,7 @@ class Pace:
         checked = max(FEWEST_CHECKED, round(planned["steps"] * CHECK_SHARE)) if planned else 0
         self.check_at = iter_num + checked if planned else None
         self.recent = collections.deque(maxlen=max(1, checked // 2))
+        self.steps = {False: [0, 0.0], True: [0, 0.0]}  # by trial: how many steps, and their seconds
 
     def stepped(self, iter_num, seconds, spent, trial=False, switched=False):
         """A line to say, or None: once, at check_at or after, where the run goes off its plan. Its steps' pace
@@ -157,11 +158,13 @@ class Pace:
         that took 208 s). A step of a thread trial (trial=True) is left out: the ThreadTuner keeps trials to a
         tenth of the run, and one of them in the window foretold 720 s for a run that took 534 s. Where the
         thread count changed (switched=True), the steps before it say nothing of the rest, and the check waits
-        until as many have run on the new count."""
+        until as many have run on the new count. What the trials cost is foretold apart (trials_share)."""
         if switched:
             self.recent.clear()
         if not trial:
             self.recent.append(seconds)
+        self.steps[trial][0] += 1
+        self.steps[trial][1] += seconds
         if self.check_at is None or iter_num < self.check_at or len(self.recent) < self.recent.maxlen:
             return None
         self.check_at = None
@@ -169,7 +172,8 @@ class Pace:
         slower = statistics.fmean(self.recent) / (p["step"] / (1 + RECORDS_SHARE))
         left = p["steps"] - iter_num
         evals = left // self.cfg.eval_interval + 1
-        expected = spent + slower * (left * p["step"] + evals * p["eval"] + p["final"]) + END_SECONDS
+        stepping = slower * left * p["step"] / (1 - self.trials_share())
+        expected = spent + stepping + slower * (evals * p["eval"] + p["final"]) + END_SECONDS
         if abs(expected / p["idle_seconds"] - 1) <= OFF_PLAN:
             return None
         if slower > 1:
@@ -178,6 +182,17 @@ class Pace:
                     f"{p['idle_seconds']:.0f} s")
         return (f"note: the steps run faster than this machine's idle measurement said ({slower:.2f}x its step): "
                 f"the run takes about {minutes(expected)} rather than {p['idle_seconds']:.0f} s")
+
+    def trials_share(self):
+        """The share of the stepping time so far that the thread trials' steps took over what as many counted
+        steps take, at most what the ThreadTuner allows them: beside two busy processes trials stalled for
+        seconds every minute, a tenth of the run that a pace without them left out (it said 520 s for a run that
+        took 619 s)."""
+        (counted, counted_seconds), (tried, tried_seconds) = self.steps[False], self.steps[True]
+        if not counted or not tried:
+            return 0.0
+        over = tried_seconds - tried * counted_seconds / counted
+        return min(TRIALS_SHARE, max(0.0, over / (counted_seconds + tried_seconds)))
 
     def summary(self, iter_num, tokens_per_iter, spent):
         """What this run may be compared with another in: its steps and tokens, and with a planned budget the idle
