@@ -119,7 +119,7 @@ def train(rt, data, state, log, run, budget, stop):
             threads = tuner.after_step(step_seconds, state.iter_num) if tuner else None
             report.stepped(state.iter_num, threads)
             busy = pace.stepped(state.iter_num, step_seconds, budget.spent(), tried, bool(threads)) if pace else None
-            if busy:  # the planned steps all the same, later than planned: said once
+            if busy:  # the planned steps all the same, in a time off the plan: said once
                 report.say(busy)
             if state.iter_num % cfg.log_interval == 0:
                 mean_loss = rt.mean(loss.item())  # the loss reaches the host here, and only here

@@ -82,7 +82,6 @@ def test_a_hopeless_trial_ends_at_once_and_the_next_waits_for_what_it_cost():
         torch.set_num_threads(before)
 
 
-
 @pytest.mark.parametrize("two_thread_speedup,want", [(1.8, 2), (1.1, 1), (0.2, 1)])
 def test_decode_threads_are_measured_and_more_must_win_clearly(monkeypatch, two_thread_speedup, want):
     """On a busy machine a second thread stalls every step, so it is taken only when a probe shows it
