@@ -69,7 +69,7 @@ def step(cfg, s):
     rewards = torch.tensor([[reward(tok, task, q, a) for a in group] for (task, q), group in zip(problems, answers)])
     batch = answer_batch(prompts, answers, advantages(rewards).tolist())
     if batch is not None:  # else every group was all right or all wrong: nothing to learn this step
-        loss = reinforce_loss(model, *batch)
+        loss = reinforce_loss(model, *batch, vocab_size=tok.vocab_size)
         loss.backward()
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -23,9 +23,9 @@ def test_the_batch_scores_only_the_answers_and_leaves_out_groups_with_nothing_to
     assert answer_batch(prompts, answers, [[0.0, 0.0], [0.0, 0.0]]) is None
 
 
-def hand_gradient(model, prompts, answers, weights):
+def hand_gradient(model, prompts, answers, weights, vocab_size=None):
     """REINFORCE's gradient by its definition, one answer and one token at a time on full contexts:
-    -(1/N) Σ_answers A Σ_t ∇ log p(a_t | prompt, a_<t)."""
+    -(1/N) Σ_answers A Σ_t ∇ log p(a_t | prompt, a_<t), p over the first vocab_size tokens."""
     model.zero_grad()
     n_tokens = sum(len(a) for group in answers for a in group)
     for prompt, group, ws in zip(prompts, answers, weights):
@@ -33,7 +33,7 @@ def hand_gradient(model, prompts, answers, weights):
             for t in range(len(answer)):
                 context = torch.tensor([prompt + answer[:t]])
                 logits, _ = model(context)
-                logp = torch.log_softmax(logits[0, -1].float(), -1)[answer[t]]
+                logp = torch.log_softmax(logits[0, -1, :vocab_size].float(), -1)[answer[t]]
                 (-w * logp / n_tokens).backward()
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
@@ -50,3 +50,18 @@ def test_the_gradient_is_reinforces_computed_by_hand():
     for name, p in model.named_parameters():
         assert torch.allclose(p.grad, expected[name], rtol=1e-4, atol=1e-7), name
     assert any(g.abs().sum() > 0 for g in expected.values())
+
+
+def test_a_padded_heads_extra_rows_are_not_in_the_policy():
+    # a head padded past the tokenizer's vocabulary (gpt2's 50,257 to 50,304): sampling never draws its extra
+    # rows, so the policy's log p is over the tokenizer's tokens, and those rows get no gradient
+    model = tiny_model(seed=4)
+    vocab_size = model.config.vocab_size - 8
+    prompts, answers = [[1, 2], [3]], [[[6, 7], [8]], [[9, 5], [4]]]
+    weights = advantages(torch.tensor([[1.0, 0.0], [0.0, 1.0]])).tolist()
+    expected = hand_gradient(model, prompts, answers, weights, vocab_size)
+    model.zero_grad()
+    reinforce_loss(model, *answer_batch(prompts, answers, weights), vocab_size=vocab_size).backward()
+    for name, p in model.named_parameters():
+        assert torch.allclose(p.grad, expected[name], rtol=1e-4, atol=1e-7), name
+    assert model.lm_head.weight.grad[vocab_size:].abs().sum() == 0

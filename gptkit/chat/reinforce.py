@@ -98,11 +98,14 @@ def answer_batch(prompts, answers, weights):
     return x, y, torch.tensor([w for _, _, w in rows], dtype=torch.float32)
 
 
-def reinforce_loss(model, x, y, weights):
+def reinforce_loss(model, x, y, weights, vocab_size=None):
     """-(1/N) Σ_answers A · Σ_t log p(token_t | before): its gradient is REINFORCE's, each answer's tokens pushed
-    up in proportion to its advantage A, normalised by the N answer tokens of the batch."""
+    up in proportion to its advantage A, normalised by the N answer tokens of the batch. p is the distribution
+    the answers were sampled from: over the tokenizer's vocab_size tokens, not a padded head's extra rows, which
+    sampling never draws and the gradient would push down for nothing."""
     logits, _ = model(x, y)
-    logp = -F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-1,
+    logits = logits[..., :vocab_size].float()
+    logp = -F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-1,
                             reduction="none").view(y.shape)
     return -(weights[:, None] * logp).sum() / (y != -1).sum()
 
