@@ -75,9 +75,7 @@ class ThreadTuner:
         if mine <= theirs * self.margin:
             return self.keep(mine)
         old, (self.current, self.other) = self.current, (self.other, self.current)
-        self.trial, self.recent, self.last_trial = None, [], self.clock()
-        self.measured, self.wait = theirs, self.every
-        torch.set_num_threads(self.current)
+        self.end_trial(theirs, self.every)
         return (f"threads: {self.current} from iteration {iteration} (its steps took {theirs * 1e3:.0f} ms, on "
                 f"{old} thread{'s' if old > 1 else ''} {mine * 1e3:.0f} ms)")
 
@@ -91,10 +89,15 @@ class ThreadTuner:
         """The trial lost: back to the current count, and the next trial waits longer (see the class)."""
         cost = sum(self.trial) - mine * len(self.trial)  # the seconds the trial's steps took over the current's
         longest = self.longest if self.current == self.most else 2 * self.every
-        self.measured, self.wait = mine, max(min(2 * self.wait, longest), cost / self.share)
+        self.end_trial(mine, max(min(2 * self.wait, longest), cost / self.share))
+        return None
+
+    def end_trial(self, measured, wait):
+        """The trial is over, won or lost: the steps run on the current count, whose step it measured, and the
+        next trial waits `wait` seconds."""
+        self.measured, self.wait = measured, wait
         self.trial, self.recent, self.last_trial = None, [], self.clock()
         torch.set_num_threads(self.current)
-        return None
 
     def drifted(self):
         """Every one of the latest steps on the current count is slower or faster by more than `drift` than the
