@@ -93,17 +93,18 @@ def stage(config, work, out, *extra):
 def early_sft(cfg, work):
     """config/chat_sft_early.py, continued 50 steps at a time (as its comments tell a learner) until the sums'
     held-out pass@1 reaches 40%: the seconds it all took, scoring included."""
-    start, steps = time.time(), given_values(TrainConfig, [str(REPO / "config/chat_sft_early.py")])["max_iters"]
-    stage("config/chat_sft_early.py", work, "out-chat-early")
+    config, out = "config/chat_sft_early.py", work / "out-chat-early"
+    start, steps = time.time(), given_values(TrainConfig, [str(REPO / config)])["max_iters"]
+    stage(config, work, out.name)
     while True:
-        found = scores(work / "out-chat-early", "--tasks=addition", "--samples=8", "--limit=200", "--temperature=1.0")
+        found = scores(out, "--tasks=addition", "--samples=8", "--limit=200", "--temperature=1.0")
         pass_1 = found["tasks"]["addition"]["pass_at"]["1"]
         print(f"early SFT at {steps} steps: held-out pass@1 {100 * pass_1:.1f}%", flush=True)
         if pass_1 >= 0.4 or steps >= 3000:
             return time.time() - start
         steps += 50
-        timed("train.py", "config/chat_sft_early.py", f"--out_dir={work / 'out-chat-early'}", "--init_from=auto",
-              f"--max_iters={steps}", f"--data_dir={work / 'data'}")
+        timed("train.py", config, f"--out_dir={out}", "--init_from=auto", f"--max_iters={steps}",
+              f"--data_dir={work / 'data'}")
 
 
 def pipeline(cfg):

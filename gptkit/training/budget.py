@@ -159,13 +159,15 @@ class Pace:
         tenth of the run, and one of them in the window foretold 720 s for a run that took 534 s. Where the
         thread count changed (switched=True), the steps before it say nothing of the rest, and the check waits
         until as many have run on the new count. What the trials cost is foretold apart (trials_share)."""
+        if self.check_at is None:  # said, or nothing planned to say it against
+            return None
         if switched:
             self.recent.clear()
         if not trial:
             self.recent.append(seconds)
         self.steps[trial][0] += 1
         self.steps[trial][1] += seconds
-        if self.check_at is None or iter_num < self.check_at or len(self.recent) < self.recent.maxlen:
+        if iter_num < self.check_at or len(self.recent) < self.recent.maxlen:
             return None
         self.check_at = None
         p = self.planned
