@@ -5,7 +5,7 @@ targets.
 (config/chat_sft.py), LoRA at rank 8 (config/chat_lora.py), the early SFT (config/chat_sft_early.py) and RL from it
 (config/chat_rl.py); each stage scored by chat.py --eval on the held-out problems and the plain text, RL's start
 and end with pass@1, 8 and 64; chat.py's first token; the report card.
---parts=reversed: plain against reversed-digit sums (Lee et al. 2023) at equal time: a dataset of each, fine-tuned
+--parts=reversed: plain against reversed-digit sums (Lee et al. 2023) in the same steps: a dataset of each, fine-tuned
 from the same base with config/chat_sft.py, each scored on 1,000 held-out sums."""
 
 import json
@@ -154,7 +154,7 @@ def lora_gap(found):
 
 
 def reversed_sums(cfg):
-    """Plain against reversed sums at equal time: the same SFT config on a dataset of each."""
+    """Plain against reversed sums in the same steps: the same SFT config on a dataset of each."""
     work = Path(cfg.work_dir)
     base_and_data(cfg, work)
     for task in ("addition", "addition_reversed"):

@@ -10,8 +10,6 @@ base = 'chat_sft.py'
 
 out_dir = 'out-chat-early'
 wandb_run_name = 'sft-early'
-max_time = 0  # steps, not seconds
 max_iters = 700
 decay_lr = False  # a constant rate, so that continuing it 50 steps at a time trains as one run would
 snapshots = 0
-final_eval_tokens = 65536  # each continuation's final score reads a sample of val, not all of it: a quick round
