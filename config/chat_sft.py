@@ -22,13 +22,14 @@ batch_size = 32
 block_size = 128
 batch_order = 'epochs'
 
-# the base run's optimizers and rates: lower ones learned the sums later and, given the steps to learn them, forgot
-# as much of the text; what keeps the text is how much of it the fine-tune reads (prepare's --mix_share; figures in
+# the base run's optimizers and rates but the tables': lower rates for the blocks learned the sums later and, given
+# the steps to learn them, forgot as much of the text; what keeps the text is how much of it the fine-tune reads
+# (prepare's --mix_share), and a table that moves the rows of the text's characters less (figures in
 # docs/chat.md#sft-fine-tuning-your-own-run)
 optimizer = 'muon'
 muon_lr = 0.02
 learning_rate = 3e-3
-embedding_lr = 0.03
+embedding_lr = 0.003  # a tenth of the base run's
 beta2 = 0.95
 lr_schedule = 'wsd'
 warmup_iters = 0
