@@ -38,17 +38,23 @@ def hand_gradient(model, prompts, answers, weights, vocab_size=None):
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
+def assert_the_hand_gradient(model, prompts, answers, weights, vocab_size=None):
+    """Assert that reinforce_loss's gradient on the batch is hand_gradient's, parameter by parameter; return that."""
+    expected = hand_gradient(model, prompts, answers, weights, vocab_size)
+    model.zero_grad()
+    reinforce_loss(model, *answer_batch(prompts, answers, weights), vocab_size=vocab_size).backward()
+    for name, p in model.named_parameters():
+        assert torch.allclose(p.grad, expected[name], rtol=1e-4, atol=1e-7), name
+    return expected
+
+
 def test_the_gradient_is_reinforces_computed_by_hand():
     model = tiny_model(seed=3)
     prompts = [[1, 2, 3], [4, 5]]
     answers = [[[6, 7, 30], [8, 30]], [[9, 30], [10, 11, 12, 30]]]
     rewards = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     weights = advantages(rewards).tolist()
-    expected = hand_gradient(model, prompts, answers, weights)
-    model.zero_grad()
-    reinforce_loss(model, *answer_batch(prompts, answers, weights)).backward()
-    for name, p in model.named_parameters():
-        assert torch.allclose(p.grad, expected[name], rtol=1e-4, atol=1e-7), name
+    expected = assert_the_hand_gradient(model, prompts, answers, weights)
     assert any(g.abs().sum() > 0 for g in expected.values())
 
 
@@ -59,9 +65,5 @@ def test_a_padded_heads_extra_rows_are_not_in_the_policy():
     vocab_size = model.config.vocab_size - 8
     prompts, answers = [[1, 2], [3]], [[[6, 7], [8]], [[9, 5], [4]]]
     weights = advantages(torch.tensor([[1.0, 0.0], [0.0, 1.0]])).tolist()
-    expected = hand_gradient(model, prompts, answers, weights, vocab_size)
-    model.zero_grad()
-    reinforce_loss(model, *answer_batch(prompts, answers, weights), vocab_size=vocab_size).backward()
-    for name, p in model.named_parameters():
-        assert torch.allclose(p.grad, expected[name], rtol=1e-4, atol=1e-7), name
+    assert_the_hand_gradient(model, prompts, answers, weights, vocab_size)
     assert model.lm_head.weight.grad[vocab_size:].abs().sum() == 0
