@@ -67,7 +67,7 @@ def test_thread_trials_back_off_while_they_keep_the_count_and_come_at_once_when_
 def test_a_hopeless_trial_ends_at_once_and_the_next_waits_for_what_it_cost():
     """Beside two busy processes on two cores a trial of two threads stalled each step for seconds: it ends at its
     first counted step that runs `hopeless` times the current count's, and the next trial waits at least what it
-    cost over `share`, so that trials take at most that share of the run."""
+    cost over `share`, even where the steps drift, so that trials take at most that share of the run."""
     from gptkit.machine.threads import ThreadTuner
 
     now, before = [0.0], torch.get_num_threads()
@@ -78,6 +78,10 @@ def test_a_hopeless_trial_ends_at_once_and_the_next_waits_for_what_it_cost():
         assert tuner.after_step(4.0, 4) is None and torch.get_num_threads() == 2  # the switch's step: not counted
         assert tuner.after_step(4.0, 5) is None and torch.get_num_threads() == 1 and not tuner.trying
         assert tuner.current == 1 and tuner.wait == pytest.approx(76.0)  # 2 x (4.0 - 0.2) s over one thread, / 0.1
+        now[0] = 75.0  # the steps drift (the scheduler moved the thread to a shared core): no trial before 76 s
+        assert [tuner.after_step(0.4, i) for i in range(6, 14)] == [None] * 8 and not tuner.trying
+        now[0] = 76.0
+        assert tuner.after_step(0.4, 14) is None and tuner.trying
     finally:
         torch.set_num_threads(before)
 

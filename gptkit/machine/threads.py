@@ -41,7 +41,10 @@ class ThreadTuner:
     a core freed again would go unseen), and is never shorter than what the last trial cost over `share`; a trial
     whose step runs `hopeless` times the current count's ends at once (beside busy processes a step on more
     threads than cores are free can stall for seconds). A trial comes at once when the current count's steps slow
-    down or speed up by more than `drift` from what the last trial measured: another process came or went.
+    down or speed up by more than `drift` from what the last trial measured (another process came or went), but
+    never sooner than the last one's cost over `share`: beside two busy processes the steps' time swung by more than
+    `drift` every few seconds, and the trials the swings brought cost 12.6% of the stepping time over as many of
+    the current count's steps (7.9% with this wait; docs/speed.md#benchpy-fair).
     after_step() returns a line saying so when it changes the count, else None. It starts on `start` threads, the
     count start-up chose (gptkit.machine.choices)."""
 
@@ -55,13 +58,16 @@ class ThreadTuner:
         self.recent = []  # the latest steps' seconds on the current count
         self.trial = None  # steps' seconds on the other count, while a trial runs
         self.measured = None  # the current count's median step at the last trial
+        self.least_wait = 0.0  # what the last trial cost over `share`: no trial comes sooner
         self.last_trial = clock() - every + first
         torch.set_num_threads(self.current)
 
     def after_step(self, seconds, iteration):
         if self.trial is None:
             self.recent = (self.recent + [seconds])[-self.trial_steps:]
-            if len(self.recent) == self.trial_steps and (self.drifted() or self.clock() - self.last_trial >= self.wait):
+            since = self.clock() - self.last_trial
+            if len(self.recent) == self.trial_steps and since >= self.least_wait and (self.drifted() or
+                                                                                     since >= self.wait):
                 self.trial = []
                 torch.set_num_threads(self.other)
             return None
@@ -89,13 +95,13 @@ class ThreadTuner:
         """The trial lost: back to the current count, and the next trial waits longer (see the class)."""
         cost = sum(self.trial) - mine * len(self.trial)  # the seconds the trial's steps took over the current's
         longest = self.longest if self.current == self.most else 2 * self.every
-        self.end_trial(mine, max(min(2 * self.wait, longest), cost / self.share))
+        self.end_trial(mine, max(min(2 * self.wait, longest), cost / self.share), cost / self.share)
         return None
 
-    def end_trial(self, measured, wait):
+    def end_trial(self, measured, wait, least_wait=0.0):
         """The trial is over, won or lost: the steps run on the current count, whose step it measured, and the
-        next trial waits `wait` seconds."""
-        self.measured, self.wait = measured, wait
+        next trial waits `wait` seconds, and even where the steps drift, `least_wait`."""
+        self.measured, self.wait, self.least_wait = measured, wait, least_wait
         self.trial, self.recent, self.last_trial = None, [], self.clock()
         torch.set_num_threads(self.current)
 
