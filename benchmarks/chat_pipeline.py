@@ -4,7 +4,8 @@ targets.
 --parts=pipeline: the main job's default run (the base), the tasks prepared with tinyshakespeare mixed in, SFT
 (config/chat_sft.py), LoRA at rank 8 (config/chat_lora.py), the early SFT (config/chat_sft_early.py) and RL from it
 (config/chat_rl.py); each stage scored by chat.py --eval on the held-out problems and the plain text, RL's start
-and end with pass@1, 8 and 64; chat.py's first token; the report card.
+and end with pass@1, 8 and 64; chat.py's first token; how far full SFT moved the base's matrices (what LoRA would
+have to reach); the report card.
 --parts=reversed: plain against reversed-digit sums (Lee et al. 2023) in the same steps: a dataset of each, fine-tuned
 from the same base with config/chat_sft.py, each scored on 1,000 held-out sums."""
 
@@ -17,9 +18,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from benchmarks.common import REPO, bench_input, comma_items, device_name
 from gptkit.base.errors import UserError
 from gptkit.base.settings import given_values, parse_config, require
+from gptkit.run.checkpoint import load_checkpoint
 from gptkit.training.train_config import TrainConfig
 
 PARTS = ("pipeline", "reversed")
@@ -120,6 +124,8 @@ def pipeline(cfg):
     sharp = ["--samples=64", f"--limit={cfg.rl_eval}", f"--tasks={cfg.rl_task}", "--temperature=1.0"]
     before, after = scores(work / "out-chat-early", *sharp), scores(work / "out-rl", *sharp)
     report(cfg, spent, found, before, after, first_token_seconds(work / "out-chat"))
+    print(update_sizes(load_checkpoint(work / "out" / "best.pt")["model"],
+                       load_checkpoint(work / "out-chat" / "best.pt")["model"]))
     stages = ",".join(str(work / name) for name in ("out", "out-chat", "out-lora", "out-chat-early", "out-rl"))
     card = subprocess.run([sys.executable, "chat.py", f"--report={stages}", "--samples=8", "--limit=200"],
                           cwd=REPO, capture_output=True, text=True)
@@ -151,6 +157,22 @@ def lora_gap(found):
     sft, lora = (sum(r["accuracy"] for r in found[n]["tasks"].values()) / len(found[n]["tasks"])
                  for n in ("out-chat", "out-lora"))
     return 100 * (lora - sft)
+
+
+def update_sizes(base, tuned, rank=8):
+    """One line on how far a full fine-tune moved the base's block matrices, what a LoRA of `rank` would have to
+    reach: each update's norm over its base matrix's, and the share of its energy (squared singular values) its
+    top `rank` directions hold, the most a rank-`rank` update could carry of it."""
+    sizes, shares = [], []
+    for name, weight in base.items():
+        if name.startswith("transformer.h.") and weight.ndim == 2:
+            update = tuned[name].float() - weight.float()
+            energy = torch.linalg.svdvals(update) ** 2
+            sizes.append(float(update.norm() / weight.float().norm()))
+            shares.append(100 * float(energy[:rank].sum() / energy.sum()))
+    return (f"full SFT's updates to the blocks' {len(sizes)} matrices: {min(sizes):.1f}-{max(sizes):.1f} times the "
+            f"base matrix in norm; their top {rank} directions hold {min(shares):.0f}-{max(shares):.0f}% of each "
+            "one's energy")
 
 
 def reversed_sums(cfg):

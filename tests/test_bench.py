@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import bench
-from benchmarks import busy, common, fair, presets, startup, throughput, train_speed
+from benchmarks import busy, chat_pipeline, common, fair, presets, startup, throughput, train_speed
 from gptkit.base.errors import UserError
 from model import GPT
 
@@ -460,3 +460,17 @@ def test_the_time_a_run_said_is_its_busy_line_or_else_its_plan():
     assert fair.said_seconds(plan + "\nnote: this machine is busy (a step takes 1.9x its idle time): the run "
                                  "trains its 1,204 steps all the same, in about 4m12s rather than 149 s") == 252
     assert fair.said_seconds("nothing said") is None
+
+
+def test_the_chat_bench_measures_each_block_update_against_its_base_and_the_share_a_low_rank_holds():
+    base = {"transformer.h.0.attn.c_attn.weight": torch.eye(4), "transformer.h.0.mlp.c_fc.weight": torch.eye(4),
+            "transformer.h.0.ln_1.weight": torch.ones(4), "transformer.wte.weight": torch.ones(6, 4)}
+    rank_one = torch.outer(torch.tensor([1.0, 2, 0, 0]), torch.tensor([0.0, 0, 3, 4]))  # norm sqrt(5) * 5
+    tuned = {**base, "transformer.h.0.attn.c_attn.weight": torch.eye(4) + rank_one,
+             "transformer.h.0.mlp.c_fc.weight": torch.eye(4) * 3,  # an update of 2 I: four equal directions
+             "transformer.wte.weight": torch.zeros(6, 4)}  # not a block matrix: left out
+    line = chat_pipeline.update_sizes(base, tuned, rank=2)
+    # norms over the identity's 2: the rank-one update's 5 sqrt(5) / 2 = 5.6, 2 I's 4 / 2 = 2.0; the top two
+    # directions hold all of the rank-one update and half of 2 I
+    assert line == ("full SFT's updates to the blocks' 2 matrices: 2.0-5.6 times the base matrix in norm; their top "
+                    "2 directions hold 50-100% of each one's energy")
