@@ -77,6 +77,12 @@ def test_a_bad_line_is_one_error_naming_its_number(tmp_path, bad, expected):
     assert expected in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_file_that_starts_with_utf_8s_byte_order_mark_reads_as_without_it(tmp_path):
+    path = write_lines(tmp_path / "bom.jsonl", [b"\xef\xbb\xbf" + GOOD.encode(), GOOD])
+    assert is_conversation_file(path)
+    assert read_conversations(path) == read_conversations(write_lines(tmp_path / "plain.jsonl", [GOOD, GOOD]))
+
+
 def test_a_conversation_file_is_told_from_records_of_text(tmp_path):
     assert is_conversation_file(write_lines(tmp_path / "a.jsonl", ["", GOOD]))
     assert not is_conversation_file(write_lines(tmp_path / "b.jsonl", [json.dumps({"text": "hi"})]))

@@ -310,6 +310,7 @@ BAD_LINES = {
     "not a string": (b'{"text": "fine"}\n{"text": 42}\n', "2: field 'text' holds int, not text"),
     "not an object": (b'{"text": "fine"}\n["a list"]\n', "2: the line is not a JSON object"),
     "invalid utf-8": (b'{"text": "fine"}\n{"text": "caf\xe9"}\n', "2: not UTF-8 text (byte 0xe9)"),
+    "utf-16": (b'{"text": "fine"}\n\xff\xfe{\x00}\x00\n', "2: not UTF-8 text (byte 0xff)"),  # a BOM and "{}"
     "lone surrogate": (b'{"text": "fine"}\n{"text": "\\ud800"}\n', "2: the text is not valid Unicode"),
 }
 

@@ -132,6 +132,22 @@ def test_a_gpt2_run_fine_tuned_on_a_gpt2_chat_dataset_answers(tmp_path, tiktoken
                           "dataset 'char_tasks' has a vocabulary of *")
 
 
+@pytest.mark.parametrize("tied, rank, expected", [
+    (True, 4, "base/best.pt's model ties its head to its token table, and LoRA gives each its own adapter: fine-tune "
+              "it in full (--lora_rank=0)"),
+    (False, 17, "base/best.pt's model: lora_rank 17 is larger than the width n_embd=16: an adapter of full rank is "
+                "the matrix itself")])
+def test_lora_settings_the_base_model_cannot_take_are_one_line(tied, rank, expected):
+    """The config's own checks cannot see these: the model's shape, and so its width and head, is the base's."""
+    base = GPT(GPTConfig(vocab_size=3, **dict(SHAPE, tie_weights=tied)))
+    ckpt = {"model": base.state_dict(), "model_args": dataclasses.asdict(base.config),
+            "tokenizer": {"tokenizer": "char", "vocab": "abc"}}
+    with pytest.raises(UserError) as e:
+        from_base(train_config(lora_rank=rank, block_size=8), {"tokenizer": "char", "vocab": "abc", "vocab_size": 3},
+                  (ckpt, "base/best.pt"))
+    assert str(e.value) == expected
+
+
 def test_init_from_a_folder_without_a_run_is_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="holds no run"):

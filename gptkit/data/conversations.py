@@ -93,7 +93,7 @@ def read_conversations(path):
     conversations = []
     for number, line in enumerate(raw.split(b"\n"), 1):
         try:
-            text = line.decode("utf-8")
+            text = line.decode("utf-8-sig" if number == 1 else "utf-8")  # Windows' editors may start with a BOM
         except UnicodeDecodeError:
             raise UserError(f"{path} line {number} is not UTF-8 text") from None
         if not text.strip():

@@ -206,8 +206,8 @@ def read_record(held, field, val_fraction):
     """A record's document: (text, whether its hash puts it in val, what is wrong with it or None). `held` is a
     JSON line (bytes) or a Parquet column's value; an empty text is '' with nothing wrong."""
     if isinstance(held, bytes):
-        try:
-            record = json.loads(held)
+        try:  # decoded here, as UTF-8: json.loads would take a UTF-16 line's bytes, and name the wrong byte
+            record = json.loads(held.decode("utf-8-sig"))
         except UnicodeDecodeError as e:
             return None, False, f"not UTF-8 text (byte 0x{e.object[e.start]:02x})"
         except (ValueError, RecursionError) as e:  # RecursionError: JSON nested too deeply

@@ -206,8 +206,14 @@ def from_base(cfg, meta, base):
                "char-level or with --tokenizer=gpt2")
         raise UserError(f"{path} was trained on {describe_vocabulary(learned)}, but dataset {cfg.dataset!r} has "
                         f"{describe_vocabulary(meta)}: a fine-tune needs the token ids its base model learned; {fix}")
-    return replace(was, vocab_size=model_vocab(meta), dropout=cfg.model.dropout, block_size=cfg.model.block_size,
-                   lora_rank=cfg.model.lora_rank, lora_alpha=cfg.model.lora_alpha)
+    if cfg.model.lora_rank and was.tie_weights:
+        raise UserError(f"{path}'s model ties its head to its token table, and LoRA gives each its own adapter: "
+                        "fine-tune it in full (--lora_rank=0)")
+    try:
+        return replace(was, vocab_size=model_vocab(meta), dropout=cfg.model.dropout, block_size=cfg.model.block_size,
+                       lora_rank=cfg.model.lora_rank, lora_alpha=cfg.model.lora_alpha)
+    except ValueError as e:  # the config's LoRA settings checked against the base's shape, e.g. a rank over its width
+        raise UserError(f"{path}'s model: {e}") from None
 
 
 def load_base(model, base, meta, rank):
