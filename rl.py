@@ -37,6 +37,9 @@ def start(cfg, run, device):
     """The model to practise (the SFT run's, or this run's saved state), its optimizer, the problems it draws,
     the held-out problems it is scored on, and where the run is: a dict the loop reads."""
     resumed = run.latest.exists()
+    if not resumed and RunDir(cfg.init_from).shown() is None:
+        raise UserError(f"init_from={cfg.init_from!r} holds no run: fine-tune one there first, e.g. "
+                        f"`python train.py config/chat_sft.py --out_dir={cfg.init_from}`")
     path = run.latest if resumed else RunDir(cfg.init_from).model_file(cfg.init_checkpoint)
     model, tok, ckpt = model_at(path, device)  # LoRA adapters, if any, merged: RL trains every weight
     check_chat_model(tok, cfg.init_from)

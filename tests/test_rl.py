@@ -46,12 +46,16 @@ def test_a_stopped_run_continues_to_the_weights_of_one_never_stopped(tmp_path, c
         assert torch.equal(value, resumed["model"][key]), key
 
 
-@pytest.mark.parametrize("case", ["never right", "unknown task"])
+BAD_STARTS = {"never right": "REINFORCE has nothing to learn from", "unknown task": "never saw task 'sort'",
+              "no run": "holds no run: fine-tune one there first, e.g. `python train.py config/chat_sft.py"}
+
+
+@pytest.mark.parametrize("case", BAD_STARTS)
 def test_bad_starts_are_one_line_and_write_nothing(case, tmp_path, chat_run, monkeypatch):
     monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: False)
-    extra = ["--tasks=sort"] if case == "unknown task" else []
+    (tmp_path / "empty").mkdir()
+    extra = {"unknown task": ["--tasks=sort"], "no run": [f"--init_from={tmp_path / 'empty'}"]}.get(case, [])
     proc = run_here("rl.py", *rl_args(chat_run, tmp_path / "out"), *extra)
     assert proc.returncode == 1
-    line = assert_one_error_line(proc.stderr)
-    assert ("REINFORCE has nothing to learn from" if case == "never right" else "never saw task 'sort'") in line
+    assert BAD_STARTS[case] in assert_one_error_line(proc.stderr)
     assert not (tmp_path / "out").exists()

@@ -73,7 +73,12 @@ def prompts_and_judge(tok, name, items):
     if name in TASKS and items and isinstance(items[0][0], str):
         task = TASKS[name]
         return [question_prompt(tok, q) for q, _ in items], lambda i, answer: task.check(items[i][0], answer)
-    prompts = [conversation_prompt(tok, messages)[0] for messages, _ in items]
+    prompts = []
+    for number, (messages, _) in enumerate(items, 1):
+        try:
+            prompts.append(conversation_prompt(tok, messages)[0])
+        except UserError as e:  # a file may hold thousands: say which one
+            raise UserError(f"{name}'s conversation {number}: {e}") from None
     return prompts, lambda i, answer: answer == items[i][1]
 
 
