@@ -42,6 +42,8 @@ def start(cfg, run, device):
                         f"`python train.py config/chat_sft.py --out_dir={cfg.init_from}`")
     path = run.latest if resumed else RunDir(cfg.init_from).model_file(cfg.init_checkpoint)
     model, tok, ckpt = model_at(path, device)  # LoRA adapters, if any, merged: RL trains every weight
+    if resumed and "rl" not in ckpt:
+        raise UserError(f"{run.path} holds a run of train.py, not of rl.py; pick another --out_dir")
     check_chat_model(tok, cfg.init_from)
     heldout, _ = chat_sets(ckpt, cfg.tasks)  # one line for a task its dataset never held
     heldout = {t: heldout[t][:cfg.eval_problems] for t in cfg.task_list()}

@@ -280,6 +280,16 @@ def test_resume_without_iter_num_is_one_line(run, data_dir):
     assert_one_error_line(proc.stderr, f"error: {run / 'latest.pt'} is incomplete: it lacks iter_num")
 
 
+def test_resuming_an_rl_runs_state_says_rl_py_continues_it(run, data_dir):
+    (run / "latest.prev.pt").unlink()
+    rewrite(run / "latest.pt", ("best_val_loss",), DELETE)  # as rl.py's state lacks what train.py's loop keeps
+    rewrite(run / "latest.pt", ("rl",), {"state": {}})
+    proc = train_again(run, data_dir, "resume", 40)
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, f"error: {run / 'latest.pt'} is the state of an rl.py run, which train.py "
+                          "cannot continue; continue it with rl.py, or pick another --out_dir")
+
+
 # a setting in a checkpoint's saved config that no run saves: (its key, the value written, what the line says)
 SAVED_SETTINGS = {
     "a float a string": ("learning_rate", "x", "learning_rate must be float, got 'x'"),

@@ -1,7 +1,9 @@
 """rl.py: a run stopped by a signal continues to the weights of one never stopped; a model never right is one
-line before anything is written; a task the run never saw is one line."""
+line before anything is written; a task the run never saw, a start from a folder without a run and an out_dir
+holding train.py's run are each one line."""
 
 import os
+import shutil
 import signal
 
 import pytest
@@ -59,3 +61,13 @@ def test_bad_starts_are_one_line_and_write_nothing(case, tmp_path, chat_run, mon
     assert proc.returncode == 1
     assert BAD_STARTS[case] in assert_one_error_line(proc.stderr)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_out_dir_holding_a_train_py_run_is_one_line_and_keeps_its_files(tmp_path, chat_run):
+    taken = tmp_path / "taken"
+    shutil.copytree(chat_run, taken)
+    files = {p.name: p.read_bytes() for p in taken.iterdir() if p.is_file() and p.name != "run.lock"}
+    proc = run_here("rl.py", *rl_args(chat_run, taken))
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, f"error: {taken} holds a run of train.py, not of rl.py; pick another --out_dir")
+    assert {p.name: p.read_bytes() for p in taken.iterdir() if p.is_file() and p.name != "run.lock"} == files

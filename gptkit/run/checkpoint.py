@@ -349,6 +349,9 @@ def load_checkpoint(path, map_location="cpu", required=None):
     state = upgraded_checkpoint(state)
     if required is not None:
         missing = [key for key in required if key not in state]
+        if missing and "rl" in state:  # rl.py's saved state: it lacks what train.py's loop keeps
+            raise UserError(f"{path} is the state of an rl.py run, which train.py cannot continue; continue it with "
+                            "rl.py, or pick another --out_dir")
         if missing:
             raise UserError(f"{path} is incomplete: it lacks {', '.join(missing)}")
         problem = required.problem(state, "")
