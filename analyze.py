@@ -232,8 +232,8 @@ def analyze_heads(cfg):
     no_attention(run.model)
     idx, targets, where = val_windows(run, cfg, device, cfg.tokens)
     dtype = fast_dtype(device) if cfg.dtype == "auto" else cfg.dtype
-    c = run.config
-    print(f"ablating each of {c.n_layer * c.n_head} heads in turn on {targets.numel():,} tokens of {where}, in "
+    c, scored = run.config, int((targets != -1).sum())  # a chat dataset's prompts are not scored, as in training
+    print(f"ablating each of {c.n_layer * c.n_head} heads in turn on {scored:,} tokens of {where}, in "
           f"{dtype}", file=sys.stderr, flush=True)
     with autocast(device, dtype):
         loss, deltas = ablation_deltas(run.model, idx, targets, cfg.ablation)
@@ -241,16 +241,16 @@ def analyze_heads(cfg):
     scores = head_scores(run.model, idx[:SCORE_WINDOWS], repeated)
     labels = head_labels(scores, chance_scores(idx[:SCORE_WINDOWS], repeated))
     rows = heads_rows(deltas, scores, labels)
-    title = (f"{weights_words(run)}: each head {cfg.ablation}-ablated on {targets.numel():,} val tokens "
+    title = (f"{weights_words(run)}: each head {cfg.ablation}-ablated on {scored:,} val tokens "
              f"(val loss {loss:.3f}), and what each head does")
     with drawing(cfg):  # the picture first: a table printed, then a failure, would be work half kept
         draw_heads(deltas, scores, title, cfg.output_path())
     header = ["layer", "head", "ablation Δ val loss", *(k.replace("_", "-") for k in KINDS), "label"]
     cells = [[str(r["layer"]), r["name"], f"{r['ablation_delta']:+.4f}", *(f"{r[k]:.2f}" for k in KINDS),
               r["label"].replace("_", "-")] for r in rows]
-    answer(cfg, {"val_loss": round(loss, 6), "tokens": targets.numel(), "ablation": cfg.ablation, "dtype": dtype,
+    answer(cfg, {"val_loss": round(loss, 6), "tokens": scored, "ablation": cfg.ablation, "dtype": dtype,
                  "heads": rows},
-           f"val loss {loss:.4f} on {targets.numel():,} tokens of {where}, in {dtype}{final_score_note(run)}; each "
+           f"val loss {loss:.4f} on {scored:,} tokens of {where}, in {dtype}{final_score_note(run)}; each "
            f"head {cfg.ablation}-ablated in turn (docs/analysis.md defines each score)\n\n"
            f"{markdown_table(header, cells, numeric=set(range(2, len(header) - 1)))}\n\n"
            f"label: the kind whose score goes furthest from chance toward 1, (score - chance) / (1 - chance), where "

@@ -89,6 +89,21 @@ def test_heads_json_agrees_with_the_api_on_the_same_tokens(trained_run, tmp_path
     assert [e["ablation_delta"] for e in answer["heads"]] == pytest.approx(deltas.flatten().tolist(), abs=1e-5)
 
 
+def test_a_chat_runs_heads_are_scored_on_what_its_training_scored(chat_run, tmp_path):
+    """A chat dataset's prompt targets are -1 in its val split: the loss skips them, as train.py's does."""
+    from gptkit.data.dataset import Split, load_meta
+    from gptkit.interp.experiments import open_run
+
+    answer = json.loads(check_ok(run_here("analyze.py", "heads", f"--out_dir={chat_run}", "--json",
+                                          f"--output={tmp_path / 'h.png'}")).stdout)
+    run = open_run(chat_run)
+    folder, meta = load_meta(run.trained_on["data_dir"], run.trained_on["dataset"])
+    split = Split(folder, "val", meta, run.config.block_size)
+    windows = min(65_536, split.length - 1) // run.config.block_size  # --tokens' default, or every whole window
+    _, targets = split.batch(torch.arange(windows) * run.config.block_size, "cpu")
+    assert answer["tokens"] == int((targets != -1).sum()) < targets.numel()
+
+
 def test_the_whole_val_split_when_it_holds_fewer_tokens_than_asked(trained_run, data_dir, tmp_path):
     proc = check_ok(run_here("analyze.py", "heads", trained_run[0], "--json", f"--output={tmp_path / 'h.png'}"))
     val = json.loads((data_dir / "tiny" / "meta.json").read_text(encoding="utf-8"))["val_tokens"]

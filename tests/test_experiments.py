@@ -114,19 +114,24 @@ def test_mean_ablation_uses_the_mean_over_the_stated_tokens():
 
 
 @pytest.mark.parametrize("how", ["zero", "mean"])
-def test_ablation_deltas_equal_one_ablated_pass_per_head(how, monkeypatch):
+@pytest.mark.parametrize("skipped", [False, True])
+def test_ablation_deltas_equal_one_ablated_pass_per_head(how, skipped, monkeypatch):
     """The batched deltas (heads in groups, passes from after each layer's attention, rows in chunks) against
-    the plain way: one full pass of every row per head, that head ablated."""
+    the plain way: one full pass of every row per head, that head ablated; targets of -1 (a chat dataset's
+    prompt tokens) count nowhere, as in training."""
     monkeypatch.setattr(experiments, "PASS_TOKENS", 48)  # passes of 48 tokens: a row a chunk, heads 3 and 1 a pass
     model = tiny_model(attention_weights=0.5, **MODERN, token_shift=True)
     idx, targets = random_tokens((5, 16)), random_tokens((5, 16), seed=3)
+    if skipped:
+        targets[:, :6] = -1
+    scored = targets != -1
     base, deltas = ablation_deltas(model, idx, targets, how)
     with torch.no_grad():
-        assert base == pytest.approx(token_losses(model(idx, idx)[0], targets).mean().item(), abs=1e-6)
+        assert base == pytest.approx(token_losses(model(idx, idx)[0], targets)[scored].mean().item(), abs=1e-6)
         for layer in range(2):
             for head in range(4):
                 with ablated(model, [(layer, head)], how=how, means=idx):
-                    loss = token_losses(model(idx, idx)[0], targets).mean().item()
+                    loss = token_losses(model(idx, idx)[0], targets)[scored].mean().item()
                 assert deltas[layer, head].item() == pytest.approx(loss - base, abs=2e-6)
     assert deltas.abs().max() > 1e-3  # the heads matter: the comparison is not of zeros
 
@@ -529,6 +534,8 @@ def test_a_lone_pair_none_and_numpy_numbers_name_parts_as_lists_do():
      "ablation must be 'zero' or 'mean' (got 'median')"),
     (lambda run: ablation_deltas(run.model, random_tokens((1, 8)), random_tokens((1, 7))),
      "idx is (1, 8) and targets (1, 7)"),
+    (lambda run: ablation_deltas(run.model, random_tokens((1, 8)), torch.full((1, 8), -1)),
+     "every target is -1, which the loss skips: give at least one token to score"),
     (lambda run: run.run_with_cache("ROMEO", 5), "names_filter must be None (every hook point), a hook point's name"),
     (lambda run: run.run_with_cache("ROMEO", [5]), "names_filter must be None"),
     (lambda run: run.run_with_hooks("ROMEO", [("blocks.0.attn.hook_z",)]),

@@ -480,8 +480,18 @@ def ablated(model, heads=(), mlps=(), how="zero", means=None, features=()):
 
 
 def token_losses(logits, targets):
-    """Each target's cross-entropy, in float32: (B, T)."""
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
+    """Each target's cross-entropy, in float32: (B, T); 0 at a target of -1, which the loss skips (a chat dataset's
+    prompt tokens, as train.py's loss does)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none",
+                           ignore_index=-1).view(targets.shape)
+
+
+def checked_targets(model, targets):
+    """targets checked as checked_tokens checks ids, but where a tensor, -1 is allowed: a target the loss skips."""
+    if not isinstance(targets, torch.Tensor) or not (targets == -1).any():
+        return checked_tokens(model, targets)
+    skipped = targets == -1
+    return checked_tokens(model, targets.masked_fill(skipped, 0)).masked_fill(skipped.to(next(model.parameters()).device), -1)
 
 
 def pass_shape(model, T):
@@ -517,10 +527,13 @@ def ablation_deltas(model, idx, targets, how="zero"):
     once."""
     no_attention(model)
     checked_how(how)
-    idx, targets = checked_tokens(model, idx), checked_tokens(model, targets)
+    idx, targets = checked_tokens(model, idx), checked_targets(model, targets)
     if idx.shape != targets.shape:
         raise UserError(f"idx is {tuple(idx.shape)} and targets {tuple(targets.shape)}: each target is the token "
                         "after its idx, so they must be the same shape")
+    n = int((targets != -1).sum())
+    if not n:
+        raise UserError("every target is -1, which the loss skips: give at least one token to score")
     L, H = model.config.n_layer, model.config.n_head
     z_names = [f"blocks.{layer}.attn.hook_z" for layer in range(L)]
     fill = mean_activations(model, idx, z_names) if how == "mean" else None
@@ -539,7 +552,6 @@ def ablation_deltas(model, idx, targets, how="zero"):
             for first in range(0, H, group):
                 heads = list(range(first, min(H, first + group)))
                 total[layer, heads] += each_head_off(model, layer, heads, cache, y, rotary, values).cpu()
-    n = targets.numel()
     return base / n, (total / n - base / n).float()
 
 

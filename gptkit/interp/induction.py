@@ -40,8 +40,7 @@ def copy_windows(tok, block_size, windows=256, seed=PROBE_SEED):
 def copy_losses(model, windows):
     """(mean loss on the first copies, on the second copies) over the windows of copy_windows."""
     idx, targets, first, second = windows
-    losses = token_losses(model(idx.to(next(model.parameters()).device), None)[0] if False else
-                          model(idx, targets)[0], targets)
+    losses = token_losses(model(idx, targets)[0], targets)
     return losses[first].mean().item(), losses[second].mean().item()
 
 
