@@ -2,6 +2,7 @@
 Pictures of a run.
 
     python plot.py loss --out_dir=out                                # out/loss.png from out/metrics.jsonl
+    python plot.py loss --out_dir=out-rl                             # an rl.py run's reward and held-out scores
     python plot.py attention --out_dir=out --start="First Citizen:"  # out/attention.png from out/best.pt
     python plot.py compare out out-gelu                              # out/compare.png; prints what differs
 """
@@ -96,10 +97,13 @@ class CompareConfig:
 
 
 def plot_loss(cfg):
-    from gptkit.interp.pictures import draw_loss
+    from gptkit.interp.pictures import draw_loss, draw_practice
     from gptkit.run.metrics import read_metrics
 
     records = read_metrics(cfg.out_dir)
+    if any(r.get("kind") == "rl" for r in records):  # rl.py's run: no loss to draw, its reward and scores instead
+        title = f"{Path(cfg.out_dir).resolve().name}: reinforcement learning on its own answers"
+        return draw_practice(records, title, cfg.output_path(), cfg.dpi)
     if not any(r.get("kind") in ("train", "eval") for r in records):
         raise UserError(f"{Path(cfg.out_dir) / 'metrics.jsonl'} holds no train or eval records yet")
     title = f"{Path(cfg.out_dir).resolve().name}: train and val loss"

@@ -120,7 +120,7 @@ def practise(cfg, s, run, log, stop):
         scores = evaluate(cfg, s)
         if no_reward_line(cfg, scores):  # before anything is written: the run can start again once fixed
             raise UserError(no_reward_line(cfg, scores))
-        log.write({"kind": "eval", "iter": 0, **scores})
+        log.write({"kind": "rl_eval", "iter": 0, **scores})
         print(f"step 0: held-out pass@1 {100 * scores['pass_at_1']:.1f}%, greedy {100 * scores['accuracy']:.1f}%")
     with stop.deferred(), progress(total=cfg.max_iters, desc="practising", unit="step",
                                    initial=state.iter_num) as bar:
@@ -133,7 +133,7 @@ def practise(cfg, s, run, log, stop):
             bar.set_postfix_str(f"reward {logged['reward']:.2f}")
             if state.iter_num % cfg.eval_interval == 0 or state.iter_num == cfg.max_iters:
                 scores = evaluate(cfg, s)
-                log.write({"kind": "eval", "iter": state.iter_num, **scores})
+                log.write({"kind": "rl_eval", "iter": state.iter_num, **scores})
                 improved = scores["pass_at_1"] > state.best_pass_at_1
                 if improved:
                     state.best_pass_at_1, state.best_iter = scores["pass_at_1"], state.iter_num

@@ -165,6 +165,7 @@ def test_a_final_record_without_a_finite_score_is_left_out(tmp_path):
     ({"kind": ["train"], "iter": 1}, "kind is ['train'], not a name"),
     ({"kind": "train", "iter": 1, "loss": 1e300}, "loss is 1e+300, beyond any number train.py logs"),
     ({"kind": "eval", "iter": 10 ** 30, "val_loss": 2.0}, f"iter is {10 ** 30}, not an iteration number"),
+    ({"kind": "rl", "iter": 1, "reward": "x"}, "reward is 'x', not a number"),
 ])
 def test_a_curve_record_of_the_wrong_kind_or_size_is_one_line_naming_it(tmp_path, record, why):
     """A train or eval record (what every loss curve is drawn from) of a kind that is no name, or holding a number
@@ -174,6 +175,18 @@ def test_a_curve_record_of_the_wrong_kind_or_size_is_one_line_naming_it(tmp_path
         read_metrics(tmp_path)
     assert str(info.value) == (f"{tmp_path / 'metrics.jsonl'} has a line that has a record of the wrong shape (line 2: "
                                f"{why}); was it written by train.py?")
+
+
+RL_LINES = ['{"kind": "eval", "iter": 0, "pass_at_1": 0.4, "accuracy": 0.6, "elapsed_s": 1.0}',  # an earlier rl.py's
+            '{"kind": "rl", "iter": 1, "reward": 0.5, "answer_tokens": 4.5, "elapsed_s": 2.0}',
+            '{"kind": "rl_eval", "iter": 1, "pass_at_1": 0.5, "accuracy": 0.7, "elapsed_s": 3.0}']
+
+
+def test_rl_py_s_records_are_read_and_an_earlier_rl_py_s_eval_record_is_its_held_out_scores(tmp_path):
+    """rl.py's held-out scores were once written as kind 'eval', train.py's val loss: read, they are rl_eval."""
+    write_metrics(tmp_path, RL_LINES)
+    records = read_metrics(tmp_path)
+    assert [r["kind"] for r in records] == ["rl_eval", "rl", "rl_eval"] and records[0]["pass_at_1"] == 0.4
 
 
 def test_a_diverged_runs_nan_loss_is_read_as_it_was_logged(tmp_path):

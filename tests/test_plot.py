@@ -16,7 +16,7 @@ from conftest import REPO, assert_one_error_line, check_ok, run_here, run_script
 from gptkit.base.errors import UserError
 from gptkit.base.settings import settings
 from gptkit.interp.hooks import token_label
-from test_metrics import write_metrics
+from test_metrics import RL_LINES, write_metrics
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -163,6 +163,14 @@ def test_a_bpe_runs_attention_picture_labels_each_token_by_its_bytes(bpe_data, t
 def test_loss_png(run_dir):
     check_ok(run_script("plot.py", "loss", f"--out_dir={run_dir}"))
     assert_png(run_dir / "loss.png")
+
+
+def test_loss_png_of_an_rl_run_draws_its_reward_and_held_out_scores(tmp_path):
+    import plot
+
+    run = write_metrics(tmp_path / "rl", RL_LINES)
+    plot.main(["loss", f"--out_dir={run}"])
+    assert_png(run / "loss.png")
 
 
 def test_attention_png(run_dir, tmp_path, capsys):

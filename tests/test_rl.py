@@ -13,6 +13,7 @@ from conftest import assert_one_error_line, run_here
 from gptkit.base.errors import RunStopped
 from gptkit.data.tasks import TASKS
 from gptkit.run.checkpoint import load_checkpoint
+from gptkit.run.metrics import read_metrics
 
 SMALL = ["--problems_per_step=2", "--samples=4", "--max_iters=4", "--eval_interval=2", "--eval_problems=3",
          "--eval_samples=2", "--max_new_tokens=4", "--device=cpu", "--learning_rate=1e-2"]
@@ -46,6 +47,7 @@ def test_a_stopped_run_continues_to_the_weights_of_one_never_stopped(tmp_path, c
     assert any(not torch.equal(v, load_checkpoint(chat_run / "best.pt")["model"][k]) for k, v in whole["model"].items())
     for key, value in whole["model"].items():
         assert torch.equal(value, resumed["model"][key]), key
+    assert {r["kind"] for r in read_metrics(tmp_path / "whole")} >= {"rl", "rl_eval"}  # plot.py's, the explorer's
 
 
 BAD_STARTS = {"never right": "REINFORCE has nothing to learn from", "unknown task": "never saw task 'sort'",

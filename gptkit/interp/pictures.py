@@ -140,6 +140,35 @@ def draw_loss(records, title, path, dpi=100):
     save(fig, path, dpi)
 
 
+def draw_practice(records, title, path, dpi=100):
+    """An rl.py run: each step's mean reward and the held-out pass@1 and greedy accuracy at each evaluation, and
+    the answers' mean length, against steps."""
+    steps = [r for r in records if r.get("kind") == "rl"]
+    evals = [r for r in records if r.get("kind") == "rl_eval"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    axes[0].plot([r["iter"] for r in steps], [r["reward"] for r in steps], color="tab:blue", alpha=0.35,
+                 linewidth=1, label="reward (the step's samples)")
+    for key, label, colour in (("pass_at_1", "held-out pass@1", "tab:orange"),
+                               ("accuracy", "held-out greedy accuracy", "tab:green")):
+        shown = [r for r in evals if key in r]
+        axes[0].plot([r["iter"] for r in shown], [r[key] for r in shown], color=colour, marker="o", markersize=3,
+                     linewidth=1.5, label=label)
+    axes[0].set_ylim(0, 1)
+    axes[0].set_ylabel("share right")
+    axes[0].legend()
+    axes[0].set_title("reward and held-out scores")
+    answered = [r for r in steps if "answer_tokens" in r]
+    axes[1].plot([r["iter"] for r in answered], [r["answer_tokens"] for r in answered], color="tab:purple")
+    axes[1].set_ylabel("tokens")
+    axes[1].set_title("the answers' mean length")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(title)
+    fig.set_layout_engine("tight")
+    save(fig, path, dpi)
+
+
 def draw_comparison(runs, title, path, dpi=100):
     """Several runs' val loss (solid) and evaluated train loss (dashed), one colour per run, against iterations
     and against the tokens each trained on: runs is [(name, metrics records, tokens a step)]. Many runs get

@@ -117,10 +117,13 @@ def not_rewritten(path, e):
     return UserError(f"{what} while rewriting {path}; it is as it was")
 
 
-# the fields each kind of record must have, all numbers; other kinds are passed over
-RECORD_FIELDS = {"train": ("iter", "loss"), "eval": ("iter", "val_loss")}
+# the fields each kind of record must have, all numbers (rl.py's: a step's reward, the held-out scores); other
+# kinds are passed over
+RECORD_FIELDS = {"train": ("iter", "loss"), "eval": ("iter", "val_loss"), "rl": ("iter", "reward"),
+                 "rl_eval": ("iter", "pass_at_1")}
 # and each optimizer's rate, named for it ('adamw_lr', 'muon_lr', 'sgd_lr': gptkit/training/updates.py rates)
-NUMBER_FIELDS = ("loss", "lr", "tokens", "train_loss", "val_loss", "elapsed_s")
+NUMBER_FIELDS = ("loss", "lr", "tokens", "train_loss", "val_loss", "elapsed_s", "reward", "answer_tokens",
+                 "pass_at_1", "accuracy")
 # every number train.py logs comes from a float32 tensor or a step count: a larger one is a hand edit, which would
 # overflow the pictures' axes
 LARGEST = 3.4028234663852886e38
@@ -186,6 +189,8 @@ def check_record(record):
     kind = record.get("kind")
     if kind is not None and not isinstance(kind, str):
         raise ValueError(f"kind is {shown(kind, 40)}, not a name")
+    if kind == "eval" and "pass_at_1" in record and "val_loss" not in record:  # an earlier rl.py's held-out scores
+        record, kind = {**record, "kind": "rl_eval"}, "rl_eval"
     missing = [k for k in RECORD_FIELDS.get(kind, ()) if k not in record]
     if missing:
         raise ValueError(f"a record of kind {kind!r} without {', '.join(missing)}")
