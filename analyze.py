@@ -427,8 +427,9 @@ def analyze_timeline(cfg):
     records = read_metrics(cfg.out_dir)
     timeline, left_out = timeline_of(records), records.note("timeline")
     if not timeline:
-        why = f"no whole record: {left_out.removeprefix('note: ')}" if left_out else why_no_timeline(records)
-        raise UserError(f"{cfg.out_dir} has no timeline: {why} (train it again to record one)")
+        why = f"no whole record: {left_out.removeprefix('note: ')}; train it again to record one" if left_out \
+            else why_no_timeline(records)
+        raise UserError(f"{cfg.out_dir} has no timeline: {why}")
     if not any(t.get("heads") for t in timeline):
         raise UserError(f"{cfg.out_dir}'s model has no attention (a bigram table): its timeline has no heads to "
                         "follow")

@@ -377,6 +377,7 @@ def test_compare_refuses_bad_input_in_one_line(compared, tmp_path):
     empty, missing = tmp_path / "empty", tmp_path / "missing"
     empty.mkdir()
     shutil.copytree(compared / "lr", damaged)
+    rl = write_metrics(shutil.copytree(compared / "lr", tmp_path / "rl"), RL_LINES)  # a checkpoint, and RL's records
     data = bytearray((damaged / "latest.pt").read_bytes())
     data[len(data) // 2] ^= 1
     (damaged / "latest.pt").write_bytes(bytes(data))
@@ -385,7 +386,9 @@ def test_compare_refuses_bad_input_in_one_line(compared, tmp_path):
              ([base, missing], f"error: no run in {missing}: no such folder"),
              ([base, damaged], f"error: {damaged / 'latest.pt'} is damaged: its contents do not match the "
                                "checksum written with them"),
-             ([base, f"{base}/"], f"error: {base} is named twice; name each run once")]
+             ([base, f"{base}/"], f"error: {base} is named twice; name each run once"),
+             ([base, rl], f"error: {rl} is an rl.py run, which has no loss curve to compare; plot.py loss "
+                          f"--out_dir={rl} draws its reward")]
     for i, (folders, expected) in enumerate(cases):
         run = run_script if i == 0 else run_here
         proc = run("plot.py", "compare", *folders, f"--output={tmp_path / 'c.png'}")

@@ -95,14 +95,17 @@ def test_snapshots_are_kept_without_a_timeline_which_is_said_to_be_off(tmp_path,
     assert RunDir(out).kept_snapshots()[::2] == [0, 30] and len(RunDir(out).kept_snapshots()) == 3
     assert not timeline(out)
     assert_one_error_line(run_here("analyze.py", "timeline", out).stderr,
-                          f"error: {out} has no timeline: it was trained with --timeline=False (train it again to "
-                          "record one)")
+                          f"error: {out} has no timeline: it was trained with --timeline=False; train it again to "
+                          "record one")
 
 
 def test_a_run_without_a_timeline_is_said_why():
-    assert why_no_timeline([{"kind": "run", "timeline": False}]) == "it was trained with --timeline=False"
-    assert why_no_timeline([{"kind": "run", "timeline": True}]) == "it stopped before its first record"
+    again = "; train it again to record one"
+    assert why_no_timeline([{"kind": "run", "timeline": False}]) == "it was trained with --timeline=False" + again
+    assert why_no_timeline([{"kind": "run", "timeline": True}]) == "it stopped before its first record" + again
     assert why_no_timeline([{"kind": "run"}]).startswith("it was trained before runs recorded one")
+    assert why_no_timeline([{"kind": "rl", "iter": 1, "reward": 0.5}]) == (
+        "it is an rl.py run, which records none; the run it started from (its init_from) may hold one")
 
 
 def test_icl_positions_scale_olssons_to_the_context():
@@ -372,5 +375,5 @@ def test_hand_edited_records_are_left_out_in_one_line_and_the_json_stays_strict(
                                                                          (13, "icl is nan, not a finite number")]
     (out / "metrics.jsonl").write_text("".join(line + "\n" for line in hand_edited([])[-1:]))
     with pytest.raises(UserError, match=r"has no timeline: no whole record: left out 1 timeline record of .*\(line 1: "
-                                        r"icl is nan, not a finite number\) \(train it again to record one\)"):
+                                        r"icl is nan, not a finite number\); train it again to record one$"):
         analyze.main(["timeline", str(out), f"--output={picture}"])

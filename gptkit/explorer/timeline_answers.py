@@ -14,7 +14,7 @@ from gptkit.interp.timeline import phase_change, timeline_of, why_no_timeline
 from gptkit.run.metrics import Records
 from gptkit.run.run_folder import RunDir, check_checkpoint
 
-NO_TIMELINE = "this run has no timeline: {why}; train it again to watch its heads form"
+NO_TIMELINE = "this run has no timeline: {why}"
 NO_SNAPSHOTS = ("python train.py ... --snapshots=5 keeps the weights of 5 steps, so that the other panels can "
                 "follow the slider; this run keeps none, so only the curves do")
 
@@ -103,7 +103,8 @@ def timeline_report(summary):
     timeline = timeline_of(records)
     left_out = records.note("timeline") if isinstance(records, Records) else None  # None: no metrics.jsonl
     left_out = left_out and without_paths(left_out.removeprefix("note: "), summary.folder)
-    why = ("no whole record" if left_out else why_no_timeline(records)) if not timeline else None
+    why = ("no whole record; train it again to record one" if left_out else why_no_timeline(records)) \
+        if not timeline else None
     lacks = None if timeline and snapshots else NO_SNAPSHOTS if timeline else NO_TIMELINE.format(why=why)
     return {"records": [shown_record(t, summary.config) for t in timeline], "phase": phase_change(timeline),
             "snapshots": snapshots, "kinds": list(KINDS), "own": {"file": summary.checkpoint.name,

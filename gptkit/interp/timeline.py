@@ -127,14 +127,15 @@ def travelled(timeline):
 
 
 def why_no_timeline(records):
-    """Why a run's metrics hold no timeline record, as its run records (kind 'run') tell: trained with
-    --timeline=False, stopped before its first record, or trained before runs recorded one."""
+    """Why a run's metrics hold no timeline record, and what would give it one, as its records tell: an rl.py run
+    (which records none), or as its run records (kind 'run') tell, trained with --timeline=False, stopped before
+    its first record, or trained before runs recorded one."""
+    if any(r.get("kind") == "rl" for r in records):
+        return "it is an rl.py run, which records none; the run it started from (its init_from) may hold one"
     said = [r["timeline"] for r in records if r.get("kind") == "run" and isinstance(r.get("timeline"), bool)]
-    if True in said:
-        return "it stopped before its first record"
-    if said:
-        return "it was trained with --timeline=False"
-    return "it was trained before runs recorded one (or with --timeline=False)"
+    why = "it stopped before its first record" if True in said else "it was trained with --timeline=False" if said \
+        else "it was trained before runs recorded one (or with --timeline=False)"
+    return f"{why}; train it again to record one"
 
 
 def steepest(steps, values, rise=True):

@@ -47,6 +47,9 @@ def load_run(folder, name):
     ckpt = load_checkpoint(path, required=COMPARED)
     records = read_metrics(folder)
     iterations = [r["iter"] for r in records if r.get("kind") in ("train", "eval")]
+    if not iterations and any(r.get("kind") == "rl" for r in records):
+        raise UserError(f"{folder} is an rl.py run, which has no loss curve to compare; plot.py loss "
+                        f"--out_dir={folder} draws its reward")
     if not iterations:
         raise UserError(f"{run.metrics} holds no train or eval records yet")
     # best.pt's iteration is its best, not how far the run went
