@@ -63,7 +63,11 @@ GOOD = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "ass
 @pytest.mark.parametrize("bad, expected", [
     ("{not json", "line 3 is not JSON"),
     (b"\xff\xfe", "line 3 is not UTF-8 text"),
-    (json.dumps({"messages": [{"role": "system", "content": "x"}]}), "line 3: message 1 has role 'system'"),
+    (json.dumps({"messages": [{"role": "tool", "content": "x"}]}), "line 3: message 1 has role 'tool'"),
+    (json.dumps({"messages": [{"role": "system", "content": "x"}]}),
+     "line 3: message 1 is the system's, which must be text and have a user's message after it"),
+    (json.dumps({"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "q"},
+                              {"role": "user", "content": "q"}]}), "line 3: message 3 is the user's, but turns"),
     (json.dumps({"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "a"}]}),
      "line 3: message 1 (user) is empty"),
     (json.dumps({"messages": [{"role": "user", "content": "q"}]}), "line 3: the conversation has no assistant turn"),
@@ -75,6 +79,13 @@ def test_a_bad_line_is_one_error_naming_its_number(tmp_path, bad, expected):
     with pytest.raises(UserError) as e:
         read_conversations(path)
     assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_first_system_message_is_merged_into_the_users_after_it_as_nanochat_renders_it(tmp_path):
+    system = json.dumps({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+                                      {"role": "assistant", "content": "yo"}]})
+    assert read_conversations(write_lines(tmp_path / "s.jsonl", [system])) == [
+        [{"role": "user", "content": "Be brief.\n\nhi"}, {"role": "assistant", "content": "yo"}]]
 
 
 def test_a_file_that_starts_with_utf_8s_byte_order_mark_reads_as_without_it(tmp_path):

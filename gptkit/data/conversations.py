@@ -66,21 +66,40 @@ def check_messages(record, number, where):
     messages = record.get("messages") if isinstance(record, dict) else None
     if not isinstance(messages, list) or not messages:
         raise UserError(f"{at}: expected {{\"messages\": [{{\"role\": \"user\", \"content\": ...}}, ...]}}")
+    messages, merged = without_system(messages, at)
     for turn, message in enumerate(messages):
+        shown = turn + 1 + merged  # the message's number in the line as written
         if not isinstance(message, dict) or message.get("role") not in ROLES:
             role = message.get("role") if isinstance(message, dict) else message
-            raise UserError(f"{at}: message {turn + 1} has role {role!r}; the roles are 'user' and 'assistant'")
+            raise UserError(f"{at}: message {shown} has role {role!r}; the roles are 'user' and 'assistant' (and "
+                            "'system' first)")
         content = message.get("content")
         if not isinstance(content, str) or not content:
-            raise UserError(f"{at}: message {turn + 1} ({message['role']}) is empty")
+            raise UserError(f"{at}: message {shown} ({message['role']}) is empty")
         if set(content) & set(NAMES):
-            raise UserError(f"{at}: message {turn + 1} holds a character the chat markers use (U+E000-U+E002)")
+            raise UserError(f"{at}: message {shown} holds a character the chat markers use (U+E000-U+E002)")
         if message["role"] != ROLES[turn % 2]:
-            raise UserError(f"{at}: message {turn + 1} is the {message['role']}'s, but turns alternate, the "
+            raise UserError(f"{at}: message {shown} is the {message['role']}'s, but turns alternate, the "
                             "user's first")
     if len(messages) < 2:
         raise UserError(f"{at}: the conversation has no assistant turn")
     return messages
+
+
+def without_system(messages, at):
+    """(messages, 1) with a first system message merged into the user's message after it, as nanochat renders
+    one (the template has no system marker); (messages, 0) as they are where there is none."""
+    first = messages[0]
+    if not isinstance(first, dict) or first.get("role") != "system":
+        return messages, 0
+    user = messages[1] if len(messages) > 1 and isinstance(messages[1], dict) else {}
+    if not isinstance(first.get("content"), str) or user.get("role") != "user" or \
+            not isinstance(user.get("content"), str):
+        raise UserError(f"{at}: message 1 is the system's, which must be text and have a user's message after it")
+    if not user["content"]:
+        raise UserError(f"{at}: message 2 (user) is empty")
+    content = f"{first['content']}\n\n{user['content']}" if first["content"] else user["content"]
+    return [{"role": "user", "content": content}, *messages[2:]], 1
 
 
 def read_conversations(path):
