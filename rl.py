@@ -39,7 +39,8 @@ def start(cfg, run, device):
     resumed = run.latest.exists()
     if not resumed and RunDir(cfg.init_from).shown() is None:
         raise UserError(f"init_from={cfg.init_from!r} holds no run: fine-tune one there first, e.g. "
-                        f"`python train.py config/chat_sft.py --out_dir={cfg.init_from}`")
+                        f"`python train.py config/chat_sft_early.py --out_dir={cfg.init_from}` (RL learns most from a "
+                        "model right about half the time)")
     path = run.latest if resumed else RunDir(cfg.init_from).model_file(cfg.init_checkpoint)
     model, tok, ckpt = model_at(path, device)  # LoRA adapters, if any, merged: RL trains every weight
     if resumed and "rl" not in ckpt:

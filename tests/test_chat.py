@@ -55,14 +55,15 @@ def test_the_report_card_puts_the_stages_side_by_side(chat_run, trained_run):
     assert any(line.startswith("| parameters trained |") for line in lines)
 
 
-@pytest.mark.parametrize("case", ["not chat", "unknown task", "outside the vocabulary", "a problem outside it",
-                                  "problems without eval"])
+@pytest.mark.parametrize("case", ["not chat", "no run", "unknown task", "outside the vocabulary",
+                                  "a problem outside it", "problems without eval"])
 def test_bad_input_is_one_line(case, chat_run, trained_run, tmp_path):
     mine = tmp_path / "mine.jsonl"
     mine.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant",
                                                                                      "content": "2"}]}) + "\n"
                             for q in ("1+1", "日本")), encoding="utf-8")
     args = {"not chat": [f"--out_dir={trained_run[0]}", "--prompt=hi"],
+            "no run": [f"--out_dir={tmp_path / 'nothing'}", "--prompt=hi"],
             "unknown task": [f"--out_dir={chat_run}", "--eval", "--tasks=sort"],
             "outside the vocabulary": [f"--out_dir={chat_run}", "--prompt=日本"],
             "a problem outside it": [f"--out_dir={chat_run}", "--eval", f"--problems={mine}"],
@@ -71,6 +72,7 @@ def test_bad_input_is_one_line(case, chat_run, trained_run, tmp_path):
     assert proc.returncode == 1
     line = assert_one_error_line(proc.stderr)
     expected = {"not chat": "config/chat_sft.py", "unknown task": "never saw task 'sort'",
+                "no run": "holds no run: fine-tune one for chat there first, e.g. `python data/prepare.py",
                 "outside the vocabulary": "outside the training vocabulary",
                 "a problem outside it": "mine's conversation 2: the text has characters outside the training vocab",
                 "problems without eval": "add --eval"}[case]

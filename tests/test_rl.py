@@ -51,7 +51,7 @@ def test_a_stopped_run_continues_to_the_weights_of_one_never_stopped(tmp_path, c
 
 
 BAD_STARTS = {"never right": "REINFORCE has nothing to learn from", "unknown task": "never saw task 'sort'",
-              "no run": "holds no run: fine-tune one there first, e.g. `python train.py config/chat_sft.py"}
+              "no run": "holds no run: fine-tune one there first, e.g. `python train.py config/chat_sft_early.py"}
 
 
 @pytest.mark.parametrize("case", BAD_STARTS)
