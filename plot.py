@@ -98,10 +98,10 @@ class CompareConfig:
 
 def plot_loss(cfg):
     from gptkit.interp.pictures import draw_loss, draw_practice
-    from gptkit.run.metrics import read_metrics
+    from gptkit.run.metrics import read_metrics, rl_run
 
     records = read_metrics(cfg.out_dir)
-    if any(r.get("kind") == "rl" for r in records):  # rl.py's run: no loss to draw, its reward and scores instead
+    if rl_run(records):  # rl.py's run: no loss to draw, its reward and scores instead
         title = f"{Path(cfg.out_dir).resolve().name}: reinforcement learning on its own answers"
         return draw_practice(records, title, cfg.output_path(), cfg.dpi)
     if not any(r.get("kind") in ("train", "eval") for r in records):

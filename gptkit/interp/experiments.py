@@ -491,7 +491,8 @@ def checked_targets(model, targets):
     if not isinstance(targets, torch.Tensor) or not (targets == -1).any():
         return checked_tokens(model, targets)
     skipped = targets == -1
-    return checked_tokens(model, targets.masked_fill(skipped, 0)).masked_fill(skipped.to(next(model.parameters()).device), -1)
+    checked = checked_tokens(model, targets.masked_fill(skipped, 0))
+    return checked.masked_fill(skipped.to(checked.device), -1)
 
 
 def pass_shape(model, T):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from gptkit.interp.experiments import KINDS, induction_tokens, patterns, scores_of, token_losses
+from gptkit.run.metrics import rl_run
 
 SCORE_WINDOWS = 16  # val windows the previous-token, first-token and local scores read (as analyze.py heads)
 # val windows the in-context learning score and the loss by position read, the first SCORE_WINDOWS of them in the
@@ -130,7 +131,7 @@ def why_no_timeline(records):
     """Why a run's metrics hold no timeline record, and what would give it one, as its records tell: an rl.py run
     (which records none), or as its run records (kind 'run') tell, trained with --timeline=False, stopped before
     its first record, or trained before runs recorded one."""
-    if any(r.get("kind") == "rl" for r in records):
+    if rl_run(records):
         return "it is an rl.py run, which records none; the run it started from (its init_from) may hold one"
     said = [r["timeline"] for r in records if r.get("kind") == "run" and isinstance(r.get("timeline"), bool)]
     why = "it stopped before its first record" if True in said else "it was trained with --timeline=False" if said \

@@ -9,7 +9,7 @@ from pathlib import Path
 from gptkit.base.errors import UserError
 from gptkit.run.checkpoint import TRAINING_KEYS, Fields, load_checkpoint
 from gptkit.run.formats import started_with
-from gptkit.run.metrics import read_metrics
+from gptkit.run.metrics import read_metrics, rl_run
 from gptkit.run.run_folder import RunDir
 
 # the checkpoint fields a comparison reads: latest.pt holds them all, best.pt all but the choices and batch
@@ -47,7 +47,7 @@ def load_run(folder, name):
     ckpt = load_checkpoint(path, required=COMPARED)
     records = read_metrics(folder)
     iterations = [r["iter"] for r in records if r.get("kind") in ("train", "eval")]
-    if not iterations and any(r.get("kind") == "rl" for r in records):
+    if not iterations and rl_run(records):
         raise UserError(f"{folder} is an rl.py run, which has no loss curve to compare; plot.py loss "
                         f"--out_dir={folder} draws its reward")
     if not iterations:

@@ -183,6 +183,11 @@ def read_metrics(out_dir):
                    [(numbers[i], records[i]["kind"], why) for i, why in sorted(left.items())])
 
 
+def rl_run(records):
+    """Whether a run's records are rl.py's (a reward a step), not train.py's."""
+    return any(r.get("kind") == "rl" for r in records)
+
+
 def check_record(record):
     if not isinstance(record, dict):
         raise ValueError(f"a {type(record).__name__}, not an object")
