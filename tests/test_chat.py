@@ -9,7 +9,8 @@ import torch
 
 from conftest import BPE_VOCAB, assert_one_error_line, check_ok, mixed_script_text, run_here, run_script, tiny_model
 from gptkit.chat.answering import answer_text, check_chat_model, end_id, question_prompt, sample_answers
-from gptkit.chat.scoring import pass_at_k, score
+from gptkit.base.errors import UserError
+from gptkit.chat.scoring import heldout_problems, pass_at_k, score
 
 
 def test_pass_at_k_is_the_unbiased_estimate():
@@ -18,6 +19,24 @@ def test_pass_at_k_is_the_unbiased_estimate():
     # by hand: 1 - C(7,2)/C(10,2) = 1 - 21/45
     assert pass_at_k(10, 3, 2) == pytest.approx(1 - 21 / 45)
     assert pass_at_k(4, 1, 8) == 1.0  # fewer wrong answers than k: one of any k is right
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (None, "heldout.jsonl, the dataset's held-out problems, is missing"),
+    (b'{"task": "addition", "messages": [{"role": "user", "content": "1+2"}]}', "heldout.jsonl line 2 is not a "
+     "held-out problem as data/prepare.py writes one"),
+    (b'{"task": "addition", "mess', "heldout.jsonl line 2 is not a held-out problem"),
+    (b"\xff", "heldout.jsonl is not UTF-8 text")])
+def test_a_damaged_held_out_file_is_one_line_that_says_to_prepare_again(tmp_path, damage, expected):
+    good = json.dumps({"task": "addition", "messages": [{"role": "user", "content": "1+2"},
+                                                        {"role": "assistant", "content": "3"}]}).encode()
+    if damage is not None:
+        (tmp_path / "heldout.jsonl").write_bytes(good + b"\n" + damage + b"\n")
+    with pytest.raises(UserError) as e:
+        heldout_problems(tmp_path, {"heldout_file": "heldout.jsonl"})
+    assert expected in str(e.value) and str(e.value).endswith("again, as the dataset was made, with --start_over=True")
+    (tmp_path / "heldout.jsonl").write_bytes(good + b"\n")
+    assert heldout_problems(tmp_path, {"heldout_file": "heldout.jsonl"}) == {"addition": [("1+2", "3")]}
 
 
 def test_an_answer_streams_after_start_as_a_user_runs_it(chat_run):

@@ -8,7 +8,7 @@ import torch
 
 from gptkit.base.errors import UserError
 from gptkit.chat.answering import check_chat_model
-from gptkit.chat.scoring import heldout_problems, score, text_loss
+from gptkit.chat.scoring import dataset_text, heldout_problems, score, text_loss
 from gptkit.data.dataset import load_meta
 from gptkit.run.checkpoint import load_checkpoint, model_config
 from gptkit.run.run_folder import RunDir, model_at
@@ -33,7 +33,7 @@ def chat_sets(ckpt, tasks="", problems=None):
                             f"{', '.join(found) or 'no tasks'}")
         found = {t: found[t] for t in asked}
     val_file = meta.get("mix", {}).get("val_file")
-    text = (Path(folder) / val_file).read_text(encoding="utf-8") if val_file else None
+    text = dataset_text(Path(folder) / val_file, "the plain text's val part") if val_file else None
     return found, text
 
 

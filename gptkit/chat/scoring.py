@@ -26,16 +26,37 @@ def ks_for(samples):
     return [k for k in (1, 8, 64, 512) if k <= samples] or [1]
 
 
+PREPARE_AGAIN = "run data/prepare.py --synthetic=tasks again, as the dataset was made, with --start_over=True"
+
+
+def dataset_text(path, what):
+    """The text of a file data/prepare.py wrote beside a chat dataset's tokens (`what` it holds), or one line
+    saying it is missing or damaged and how to make it again."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}, {what}, is missing; {PREPARE_AGAIN}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text; {PREPARE_AGAIN}") from None
+
+
 def heldout_problems(folder, meta):
     """{task: [(question, answer), ...]} of a tasks dataset's held-out file; {} for a dataset without one."""
     if "heldout_file" not in meta:
         return {}
     path = Path(folder) / meta["heldout_file"]
+    lines = dataset_text(path, "the dataset's held-out problems").splitlines()
     problems = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
-        messages = record["messages"]
-        problems.setdefault(record["task"], []).append((messages[0]["content"], messages[1]["content"]))
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            (question, answer), task = [m["content"] for m in record["messages"][:2]], record["task"]
+            if not all(isinstance(v, str) for v in (question, answer, task)):
+                raise TypeError
+        except (ValueError, KeyError, IndexError, TypeError):  # a hand edit: ValueError covers a line cut short
+            raise UserError(f"{path} line {number} is not a held-out problem as data/prepare.py writes one; "
+                            f"{PREPARE_AGAIN}") from None
+        problems.setdefault(task, []).append((question, answer))
     return problems
 
 
