@@ -421,13 +421,13 @@ def phase_words(phase):
 
 def analyze_timeline(cfg):
     from gptkit.interp.pictures import draw_timeline
-    from gptkit.interp.timeline import phase_change, timeline_of, why_no_timeline
+    from gptkit.interp.timeline import RECORD_AGAIN, phase_change, timeline_of, why_no_timeline
     from gptkit.run.metrics import loss_series, read_metrics
 
     records = read_metrics(cfg.out_dir)
     timeline, left_out = timeline_of(records), records.note("timeline")
     if not timeline:
-        why = f"no whole record: {left_out.removeprefix('note: ')}; train it again to record one" if left_out \
+        why = f"no whole record: {left_out.removeprefix('note: ')}; {RECORD_AGAIN}" if left_out \
             else why_no_timeline(records)
         raise UserError(f"{cfg.out_dir} has no timeline: {why}")
     if not any(t.get("heads") for t in timeline):

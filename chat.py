@@ -141,10 +141,11 @@ def main(argv=None):
         columns = report_card(cfg, device)
         print(card_json(columns) if cfg.json else card_table(columns))
         return
-    if RunDir(cfg.out_dir).shown() is None and not cfg.checkpoint.startswith("iter:"):
+    run = RunDir(cfg.out_dir)
+    if run.shown() is None and not cfg.checkpoint.startswith("iter:"):
         raise UserError(f"{cfg.out_dir} holds no run: fine-tune one for chat there first, e.g. `python data/prepare.py "
                         f"--synthetic=tasks` then `python train.py config/chat_sft.py --out_dir={cfg.out_dir}`")
-    model, tok, ckpt = model_at(RunDir(cfg.out_dir).model_file(cfg.checkpoint), device)
+    model, tok, ckpt = model_at(run.model_file(cfg.checkpoint), device)
     check_chat_model(tok, cfg.out_dir)
     if device == "cpu":
         lay_out_for_decoding(model)

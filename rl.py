@@ -36,12 +36,12 @@ from gptkit.run.run_folder import RunDir, model_at
 def start(cfg, run, device):
     """The model to practise (the SFT run's, or this run's saved state), its optimizer, the problems it draws,
     the held-out problems it is scored on, and where the run is: a dict the loop reads."""
-    resumed = run.latest.exists()
-    if not resumed and RunDir(cfg.init_from).shown() is None:
+    resumed, base = run.latest.exists(), RunDir(cfg.init_from)
+    if not resumed and base.shown() is None:
         raise UserError(f"init_from={cfg.init_from!r} holds no run: fine-tune one there first, e.g. "
                         f"`python train.py config/chat_sft_early.py --out_dir={cfg.init_from}` (RL learns most from a "
                         "model right about half the time)")
-    path = run.latest if resumed else RunDir(cfg.init_from).model_file(cfg.init_checkpoint)
+    path = run.latest if resumed else base.model_file(cfg.init_checkpoint)
     model, tok, ckpt = model_at(path, device)  # LoRA adapters, if any, merged: RL trains every weight
     if resumed and "rl" not in ckpt:
         raise UserError(f"{run.path} holds a run of train.py, not of rl.py; pick another --out_dir")

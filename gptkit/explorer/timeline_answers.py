@@ -10,7 +10,7 @@ from gptkit.base.errors import UserError, first_line
 from gptkit.data.dataset import file_identity
 from gptkit.explorer.runs import ApiError, inside, number, run_records, without_paths
 from gptkit.interp.experiments import KINDS, shown_value
-from gptkit.interp.timeline import phase_change, timeline_of, why_no_timeline
+from gptkit.interp.timeline import RECORD_AGAIN, phase_change, timeline_of, why_no_timeline
 from gptkit.run.metrics import Records
 from gptkit.run.run_folder import RunDir, check_checkpoint
 
@@ -103,8 +103,7 @@ def timeline_report(summary):
     timeline = timeline_of(records)
     left_out = records.note("timeline") if isinstance(records, Records) else None  # None: no metrics.jsonl
     left_out = left_out and without_paths(left_out.removeprefix("note: "), summary.folder)
-    why = ("no whole record; train it again to record one" if left_out else why_no_timeline(records)) \
-        if not timeline else None
+    why = (f"no whole record; {RECORD_AGAIN}" if left_out else why_no_timeline(records)) if not timeline else None
     lacks = None if timeline and snapshots else NO_SNAPSHOTS if timeline else NO_TIMELINE.format(why=why)
     return {"records": [shown_record(t, summary.config) for t in timeline], "phase": phase_change(timeline),
             "snapshots": snapshots, "kinds": list(KINDS), "own": {"file": summary.checkpoint.name,

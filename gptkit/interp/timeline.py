@@ -27,6 +27,7 @@ SCORE_WINDOWS = 16  # val windows the previous-token, first-token and local scor
 ICL_WINDOWS = 32
 ICL_EARLY, ICL_LATE = 50 / 512, 500 / 512  # Olsson et al.'s 50th and 500th tokens, as shares of the context
 POSITION_BUCKETS = 8
+RECORD_AGAIN = "train it again to record one"  # what gives a run without a timeline one
 FORMED_AT = 0.3  # a head has formed once its score of a kind reaches this (the lab's "step N", the phase change's)
 
 
@@ -136,7 +137,7 @@ def why_no_timeline(records):
     said = [r["timeline"] for r in records if r.get("kind") == "run" and isinstance(r.get("timeline"), bool)]
     why = "it stopped before its first record" if True in said else "it was trained with --timeline=False" if said \
         else "it was trained before runs recorded one (or with --timeline=False)"
-    return f"{why}; train it again to record one"
+    return f"{why}; {RECORD_AGAIN}"
 
 
 def steepest(steps, values, rise=True):
