@@ -87,12 +87,13 @@ def line_of(name, result):
     return f"| {name} | {result['n']:,} | {100 * result['accuracy']:.1f}%{passes} |"
 
 
-def talk(cfg, model, tok, text, history):
+def talk(cfg, model, tok, text, history, lead=""):
     """Answer `text`, the user's next turn after `history` (the conversation so far), streaming the answer as
-    it is sampled; the conversation with both turns."""
+    it is sampled after `lead`; the conversation with both turns."""
     messages = history + [{"role": "user", "content": text}]
-    ids, _ = render(messages, tok)
+    ids, _ = render(messages, tok)  # a question the vocabulary cannot spell stops here, before any answer begins
     ids += tok.encode(MARKERS["assistant"])
+    sys.stdout.write(lead)
     ids = ids[-model.config.block_size:]  # the oldest turns fall out of the context first
     idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
     generator = torch.Generator(device=idx.device).manual_seed(cfg.seed)
@@ -122,8 +123,7 @@ def converse(cfg, model, tok):
         if not text.strip():
             continue
         try:
-            sys.stdout.write("model> ")
-            history = talk(cfg, model, tok, text, history)
+            history = talk(cfg, model, tok, text, history, lead="model> ")
         except UserError as e:
             print(f"\nerror: {e}", file=sys.stderr, flush=True)
         except KeyboardInterrupt:

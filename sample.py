@@ -17,6 +17,7 @@ import torch
 
 from gptkit.base.errors import UserError, run_main
 from gptkit.base.settings import check_seed, parse_config, require
+from gptkit.data.conversations import shown, spelled
 from gptkit.machine.precision import DTYPES, pick_decode_dtype
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.machine.threads import pick_decode_threads
@@ -58,9 +59,10 @@ class SampleConfig:
 
 def generate_texts(model, tok, prompt, cfg, stop="", stream=None):
     """Generate num_samples continuations as one batch, each ending where the stop text appears,
-    streaming the first as it is sampled."""
+    streaming the first as it is sampled; a chat model's markers written as their names (<|end|>)."""
     # looked up now: a redirected stdout is honoured
     stream = sys.stdout if stream is None else stream
+    show = shown if tok.chat else str
     ids = tok.encode(prompt)
     if not ids:
         raise UserError("the prompt is empty: pass some text with --start")
@@ -72,7 +74,7 @@ def generate_texts(model, tok, prompt, cfg, stop="", stream=None):
     decoders = [tok.stream_decoder() for _ in range(cfg.num_samples)]
     filters = [StopFilter(stop) for _ in range(cfg.num_samples)]
     texts = [""] * cfg.num_samples
-    stream.write(prompt)
+    stream.write(show(prompt))
     tokens = generate_stream(model, idx, cfg.max_new_tokens, temperature=cfg.temperature,
                              top_k=cfg.top_k, top_p=cfg.top_p, kv_cache=cfg.kv_cache,
                              generator=generator, vocab_size=tok.vocab_size)
@@ -81,7 +83,7 @@ def generate_texts(model, tok, prompt, cfg, stop="", stream=None):
             piece = filters[row].feed(decoders[row](token))
             texts[row] += piece
             if row == 0 and piece:
-                stream.write(piece)
+                stream.write(show(piece))
                 stream.flush()
         if all(f.done for f in filters):
             break
@@ -89,8 +91,8 @@ def generate_texts(model, tok, prompt, cfg, stop="", stream=None):
         tail = f.flush()
         texts[row] += tail
         if row == 0:
-            stream.write(tail)
-    return [prompt + t for t in texts]
+            stream.write(show(tail))
+    return [show(prompt + t) for t in texts]
 
 
 def main(argv=None):
@@ -100,7 +102,9 @@ def main(argv=None):
     model, tok = load_model(cfg.out_dir, device, cfg.checkpoint)
     if device == "cpu":
         lay_out_for_decoding(model)
-    prompts = iter(read_interactive, None) if cfg.interactive else [read_prompt(cfg.start)]
+    # a chat model's markers, private characters no keyboard has, are typed as their names: <|user|>1+2<|assistant|>
+    spell = spelled if tok.chat else str
+    prompts = map(spell, iter(read_interactive, None)) if cfg.interactive else [spell(read_prompt(cfg.start))]
     if not cfg.interactive:
         tok.encode(prompts[0])  # a prompt the vocabulary cannot encode fails before any measuring
     _, why = pick_decode_threads(cfg.threads, model, device, cfg.num_samples)
@@ -115,7 +119,7 @@ def main(argv=None):
         print("warning: this model was trained without the causal mask (causal=False), so it "
               "learned to read the next token from its input; generating, it has no next token to "
               "read, and its text is garbage", file=sys.stderr, flush=True)
-    stop = unescape(cfg.stop)
+    stop = spell(unescape(cfg.stop))
     for prompt in prompts:
         try:
             texts = generate_texts(model, tok, prompt, cfg, stop)

@@ -2,6 +2,7 @@
 shape), scoring conversations from a file, the report card, and each bad input as one line; a BPE chat model's
 prompts and answers (gptkit/chat/)."""
 
+import io
 import json
 
 import pytest
@@ -42,6 +43,13 @@ def test_a_damaged_held_out_file_is_one_line_that_says_to_prepare_again(tmp_path
 def test_an_answer_streams_after_start_as_a_user_runs_it(chat_run):
     proc = check_ok(run_script("chat.py", f"--out_dir={chat_run}", "--prompt=123+456", "--max_new_tokens=8"))
     assert proc.stdout.strip() and "<|" not in proc.stdout
+
+
+def test_a_conversation_says_a_question_it_cannot_spell_before_any_answer_begins_and_goes_on(chat_run, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("日本\n1+1\n"))
+    proc = check_ok(run_here("chat.py", f"--out_dir={chat_run}", "--max_new_tokens=4"))
+    assert "outside the training vocabulary" in assert_one_error_line(proc.stderr)
+    assert "\nyou> you> model> " in proc.stdout and proc.stdout.count("model> ") == 1
 
 
 def test_eval_prints_each_task_and_json_in_the_issues_shape(chat_run):

@@ -11,6 +11,7 @@ import torch
 
 import sample
 from conftest import REPO, assert_one_error_line, check_ok, partial_tokens, run_here, run_script, tiny_model
+from gptkit.data.conversations import MARKERS
 from gptkit.data.tokenizer import CharTokenizer
 from gptkit.run.checkpoint import load_checkpoint
 from gptkit.run.run_folder import load_model
@@ -224,6 +225,25 @@ def test_a_bpe_checkpoint_alone_samples_the_text_of_the_tokens_the_model_picks(b
             ids.append(int(model(torch.tensor([ids]))[0][0, -1].argmax()))
     expected = tok.decode(ids)  # a character cut at the very end: U+FFFD here, held back by the stream
     assert text.startswith(prompt) and text in (expected, expected.removesuffix("\ufffd"))
+
+
+@pytest.mark.parametrize("stop", ["", "<|end|>"])
+def test_a_chat_models_markers_are_typed_and_printed_by_their_names(chat_run, monkeypatch, stop):
+    """A chat run's markers are private characters no keyboard has: --start and --stop take their names, and the
+    text prints them by name."""
+    _, tok = load_model(chat_run, "cpu")
+    drawn = tok.encode("2" + MARKERS["end"] + "1+")
+
+    def scripted(model, idx, n, **kwargs):
+        assert idx[0].tolist() == tok.encode(MARKERS["user"] + "1+1" + MARKERS["assistant"])
+        yield from (torch.tensor([[token]] * idx.size(0)) for token in drawn[:n])
+
+    monkeypatch.setattr("gptkit.sampling.decoding.generate_stream", scripted)  # the script imports it afresh
+    proc = check_ok(run_here("sample.py", f"--out_dir={chat_run}", "--start=<|user|>1+1<|assistant|>",
+                             f"--stop={stop}", "--num_samples=2", "--max_new_tokens=5"))
+    answer = "2" if stop else "2<|end|>1+"
+    assert proc.stdout == f"<|user|>1+1<|assistant|>{answer}\n---------------\n<|user|>1+1<|assistant|>{answer}\n" \
+                          "---------------\n"
 
 
 def run_interactive(run_dir, stdin_text, *extra):

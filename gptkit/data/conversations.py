@@ -58,6 +58,13 @@ def shown(text):
     return text
 
 
+def spelled(text):
+    """Text a person typed with the markers' names (<|user|>...) as the markers themselves: shown undone."""
+    for char, name in NAMES.items():
+        text = text.replace(name, char)
+    return text
+
+
 def check_messages(record, number, where):
     """The messages of one decoded JSON line, checked: a list of user and assistant turns that alternate,
     starting with the user's, none empty, at least one of them the assistant's; else one line naming the
