@@ -287,10 +287,11 @@ def final_score_note(run):
 
 def one_token(run, text, option):
     """The token id of a --target or --foil, which must be one token the model knows."""
+    from gptkit.data.conversations import typed
     from gptkit.sampling.prompts import read_prompt
 
     try:
-        ids = run.tok.encode(read_prompt(text))
+        ids = run.tok.encode(typed(run.tok, read_prompt(text)))
     except UserError as e:
         raise UserError(f"--{option}: {e}") from None
     if len(ids) != 1:

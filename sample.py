@@ -17,7 +17,7 @@ import torch
 
 from gptkit.base.errors import UserError, run_main
 from gptkit.base.settings import check_seed, parse_config, require
-from gptkit.data.conversations import shown, spelled
+from gptkit.data.conversations import shown, typed
 from gptkit.machine.precision import DTYPES, pick_decode_dtype
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.machine.threads import pick_decode_threads
@@ -59,11 +59,11 @@ class SampleConfig:
 
 def generate_texts(model, tok, prompt, cfg, stop="", stream=None):
     """Generate num_samples continuations as one batch, each ending where the stop text appears,
-    streaming the first as it is sampled; a chat model's markers written as their names (<|end|>)."""
+    streaming the first as it is sampled; a chat model's markers read and written by their names (<|end|>)."""
     # looked up now: a redirected stdout is honoured
     stream = sys.stdout if stream is None else stream
     show = shown if tok.chat else str
-    ids = tok.encode(prompt)
+    ids = tok.encode(typed(tok, prompt))
     if not ids:
         raise UserError("the prompt is empty: pass some text with --start")
     device = next(model.parameters()).device
@@ -102,11 +102,9 @@ def main(argv=None):
     model, tok = load_model(cfg.out_dir, device, cfg.checkpoint)
     if device == "cpu":
         lay_out_for_decoding(model)
-    # a chat model's markers, private characters no keyboard has, are typed as their names: <|user|>1+2<|assistant|>
-    spell = spelled if tok.chat else str
-    prompts = map(spell, iter(read_interactive, None)) if cfg.interactive else [spell(read_prompt(cfg.start))]
+    prompts = iter(read_interactive, None) if cfg.interactive else [read_prompt(cfg.start)]
     if not cfg.interactive:
-        tok.encode(prompts[0])  # a prompt the vocabulary cannot encode fails before any measuring
+        tok.encode(typed(tok, prompts[0]))  # a prompt the vocabulary cannot encode fails before any measuring
     _, why = pick_decode_threads(cfg.threads, model, device, cfg.num_samples)
     if why and not cfg.threads:
         print(why, file=sys.stderr, flush=True)
@@ -119,7 +117,7 @@ def main(argv=None):
         print("warning: this model was trained without the causal mask (causal=False), so it "
               "learned to read the next token from its input; generating, it has no next token to "
               "read, and its text is garbage", file=sys.stderr, flush=True)
-    stop = spell(unescape(cfg.stop))
+    stop = typed(tok, unescape(cfg.stop))
     for prompt in prompts:
         try:
             texts = generate_texts(model, tok, prompt, cfg, stop)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, assert_one_error_line, check_ok, run_here, run_script, tiny_model
+from gptkit.data.conversations import MARKERS
 from gptkit.data.tokenizer import CharTokenizer
 from gptkit.interp.hooks import token_label
 from gptkit.run.checkpoint import save_checkpoint
@@ -207,6 +208,18 @@ def test_patch_and_attribute_on_a_bpe_run_label_each_token_by_its_bytes(bpe_data
     ids = tok.encode(clean)
     assert (answer["token"], answer["target"]) == (token_label(tok, ids[-2]), token_label(tok, ids[-1]))
     assert sum(answer["parts"].values()) + answer["norm_bias"] == pytest.approx(answer["raw_logit"], abs=1e-4)
+
+
+def test_a_chat_runs_markers_are_typed_and_labelled_by_their_names(tmp_path):
+    """A chat run's markers are private characters no keyboard has: --clean, --corrupt, --target and --text take
+    their names, and the answers label them by name."""
+    run = saved_run(tmp_path / "chat", tok=CharTokenizer(CHARS + "".join(MARKERS.values())))
+    answer = json.loads(check_ok(run_here("analyze.py", "patch", run, "--clean=<|user|>AB<|assistant|>",
+                                          "--corrupt=<|user|>BA<|assistant|>", "--target=<|end|>", "--foil=A",
+                                          "--json")).stdout)
+    assert answer["tokens"] == ["<|user|>", "B", "A", "<|assistant|>"]
+    answer = json.loads(check_ok(run_here("analyze.py", "attribute", run, "--text=<|user|>A<|end|>", "--json")).stdout)
+    assert (answer["token"], answer["target"]) == ("A", "<|end|>")
 
 
 # ----------------------------------------------------------------------------- bad input

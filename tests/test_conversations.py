@@ -8,7 +8,7 @@ import pytest
 from conftest import BPE_VOCAB, mixed_script_text
 from gptkit.base.errors import UserError
 from gptkit.data.conversations import (ANSWER, MARKERS, PROMPT, is_conversation_file, read_conversations, render,
-                                       shown)
+                                       shown, typed)
 from gptkit.data.tokenizer import CharTokenizer, TiktokenTokenizer, TrainedBPE
 
 TOK = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz0123456789+: ?") | set(MARKERS.values())))
@@ -50,6 +50,15 @@ def test_with_a_bpe_the_mask_covers_exactly_the_assistants_tokens_and_the_end_ma
     assert roles == [ANSWER if counted else PROMPT for piece, counted in expected for _ in piece]
     assert shown(bpe.decode([t for t, role in zip(ids, roles) if role == ANSWER])) == "3<|end|>sums<|end|>"
     assert shown(bpe.decode(ids)) == SHOWN
+
+
+def test_a_chat_models_markers_are_typed_by_their_names_and_other_models_text_as_it_is(bpe):
+    """What a person types, <|user|>1+2<|assistant|>, is the conversation render writes, for a chat model char-level
+    or BPE; for a model without the markers those names are ordinary text."""
+    for tok in (TOK, bpe):
+        assert tok.encode(typed(tok, SHOWN)) == render(MESSAGES, tok)[0]
+    plain = TiktokenTokenizer("gpt2") if bpe.name == "gpt2" else CharTokenizer(sorted(set(SHOWN)))
+    assert plain.chat is None and typed(plain, SHOWN) == SHOWN
 
 
 def write_lines(path, lines):

@@ -1078,6 +1078,16 @@ def test_a_question_streams_its_answer_in_the_template_up_to_the_end_marker_and_
     assert labels[0] == "<|user|>" and labels[len(prompt) - 1] == "<|assistant|>"
 
 
+def test_a_chat_runs_text_is_typed_with_the_markers_names(chat_client):
+    """Read and written (not asked: a question is taken as it is), a chat run's text takes the markers by name."""
+    text = "<|user|>abc<|assistant|>d"
+    ids = CHAT_TOK.encode(MARKERS["user"] + "abc" + MARKERS["assistant"] + "d")
+    read = chat_client.post("/api/read", json=dict(run="chat", text=text)).json()
+    assert [t["label"] for t in read["tokens"]] == ["<|user|>", "a", "b", "c", "<|assistant|>", "d"]
+    got = events(chat_client.post("/api/generate", json=dict(run="chat", prompt=text, max_tokens=2)).iter_lines())
+    assert [t["id"] for t in got[0]["tokens"]] == ids
+
+
 def test_an_answer_not_ended_stops_at_max_tokens_and_names_any_marker_it_writes(chat_client):
     body = dict(run="chat", prompt="ROMEO", chat=True, max_tokens=60, temperature=2.0, top_k=0, seed=4)
     got = events(chat_client.post("/api/generate", json=body).iter_lines())

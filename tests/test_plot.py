@@ -49,6 +49,7 @@ PROSE = "First Citizen: $x$ or $$?\nBefore we proceed any further, hear me speak
 
 class Chars:
     """A character tokenizer of every code point, for token_label."""
+    chat = None  # no chat markers, as a tokenizer of a plain text's run
 
     @staticmethod
     def decode(ids):
@@ -156,6 +157,24 @@ def test_a_bpe_runs_attention_picture_labels_each_token_by_its_bytes(bpe_data, t
     fig = draw_model_attention(*load_model(run, "cpu"), prompt, tmp_path / "again.png")
     labels = [t.get_text() for t in heatmaps(fig)[0].get_yticklabels()]
     assert labels == [token_label(tok, t) for t in tok.encode(prompt)] and any("⟨" in label for label in labels)
+
+
+def test_a_chat_runs_attention_picture_takes_and_labels_the_markers_by_their_names(tmp_path):
+    import plot
+    from gptkit.data.conversations import MARKERS
+    from gptkit.data.tokenizer import CharTokenizer
+    from gptkit.interp.pictures import draw_model_attention
+    from gptkit.run.run_folder import load_model
+    from test_analyze import saved_run
+    from test_experiments import CHARS
+
+    run = saved_run(tmp_path / "chat", tok=CharTokenizer(CHARS + "".join(MARKERS.values())))
+    prompt = "<|user|>AB<|assistant|>BA<|end|>"
+    plot.main(["attention", f"--out_dir={run}", f"--start={prompt}"])
+    assert_png(run / "attention.png")
+    fig = draw_model_attention(*load_model(run, "cpu"), prompt, tmp_path / "again.png")
+    labels = [t.get_text() for t in heatmaps(fig)[0].get_yticklabels()]
+    assert labels == ["<|user|>", "A", "B", "<|assistant|>", "B", "A", "<|end|>"]
 
 
 # ----------------------------------------------------------------------------- plot.py

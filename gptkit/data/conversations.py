@@ -58,10 +58,13 @@ def shown(text):
     return text
 
 
-def spelled(text):
-    """Text a person typed with the markers' names (<|user|>...) as the markers themselves: shown undone."""
-    for char, name in NAMES.items():
-        text = text.replace(name, char)
+def typed(tok, text):
+    """Text a person typed for tok's model. A chat model's markers are private characters no keyboard has, so a
+    person writes them by name (<|user|>1+2<|assistant|>): those names become the markers, shown undone. Any other
+    model's text is as it was typed."""
+    if tok.chat:
+        for char, name in NAMES.items():
+            text = text.replace(name, char)
     return text
 
 

@@ -10,7 +10,7 @@ import torch
 from pydantic import BaseModel, Field, StrictBool, field_validator
 
 from gptkit.base.errors import UserError
-from gptkit.data.conversations import NAMES, prompt_text, shown
+from gptkit.data.conversations import NAMES, prompt_text, shown, typed
 from gptkit.explorer.experiment_answers import MAX_OFF, MAX_TOKENS, Off, OffRequest, Real, Whole
 from gptkit.explorer.runs import ApiError, attention_note, final_bits_per_char, number, run_records, without_paths
 from gptkit.explorer.timeline_answers import AtRequest
@@ -103,17 +103,12 @@ def marker_name(tok, text):
     return NAMES[text] if text in NAMES and is_chat(tok) else None
 
 
-def label_of(tok, token):
-    """A token's label (gptkit.interp.hooks.token_label), a chat marker's its name."""
-    return marker_name(tok, tok.decode([token])) or token_label(tok, token)
-
-
 def token_json(tok, token):
     """A token as the page shows it: its id, its own text (a byte-level BPE token holding part of a character's
     bytes decodes to U+FFFD there; a chat marker is its name) and its label, which writes those bytes as ⟨e4⟩."""
     text = tok.decode([token])
     name = marker_name(tok, text)
-    return {"id": token, "text": name or text, "label": name or token_label(tok, token)}
+    return {"id": token, "text": name or text, "label": token_label(tok, token)}
 
 
 def chat_ids(loaded, question):
@@ -191,10 +186,10 @@ def sse(events):
 
 
 def read_text(shelf, loaded, text, off=Off()):
-    """Every token of text with its surprise in bits under the model (teacher-forced), and the totals. A text
-    longer than the context is read in consecutive windows, as train.py scores the val split: each token is
-    scored once, from the tokens before it in its window."""
-    ids = encode(loaded, text)
+    """Every token of text (a chat model's markers by their names) with its surprise in bits under the model
+    (teacher-forced), and the totals. A text longer than the context is read in consecutive windows, as train.py
+    scores the val split: each token is scored once, from the tokens before it in its window."""
+    ids = encode(loaded, typed(loaded.tok, text))
     block, bits = loaded.model.config.block_size, []
     for start in range(0, len(ids) - 1, block):
         targets = checked_ids(loaded, ids[start + 1:start + 1 + block])
@@ -249,7 +244,7 @@ def attention_map(shelf, loaded, req, off=Off()):
     with shelf.lock, off.on(loaded.model):
         weights = attention_maps(loaded.model, idx)[req.layer][0, req.head]
     return {"weights": [[round(w, 6) for w in row] for row in weights.tolist()],
-            "labels": [label_of(loaded.tok, t) for t in req.ids], "off": off.to_json()}
+            "labels": [token_label(loaded.tok, t) for t in req.ids], "off": off.to_json()}
 
 
 # ----------------------------------------------------------------------------- the app

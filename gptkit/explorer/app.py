@@ -18,6 +18,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gptkit.base.errors import UserError, first_line
+from gptkit.data.conversations import typed
 from gptkit.explorer.answers import (GenerateRequest, MapRequest, PositionRequest, ReadRequest, attention_map,
                                      chat_ids, checked_ids, encode, generation_events, picked, position_report,
                                      read_text, run_metrics, sse)
@@ -79,7 +80,7 @@ def make_app(shelf, host="127.0.0.1", port=8000, bound=None):
     @app.post("/api/generate")
     def generate(req: GenerateRequest):
         loaded = shelf.get(req.run, req.checkpoint)
-        ids = chat_ids(loaded, req.prompt) if req.chat else encode(loaded, req.prompt)
+        ids = chat_ids(loaded, req.prompt) if req.chat else encode(loaded, typed(loaded.tok, req.prompt))
         off = off_for(shelf, loaded, req.off)
         return StreamingResponse(sse(generation_events(shelf, loaded, ids, req, off)), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})

@@ -18,6 +18,7 @@ from torch.nn import functional as F
 
 from gptkit.base.errors import UserError
 from gptkit.base.progress import progress
+from gptkit.data.conversations import typed
 from gptkit.interp.hooks import forward_from, hook_points, hooked, names_in, run_with_cache
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.run.metrics import KINDS
@@ -67,12 +68,13 @@ class Run:
         return list(hook_points(self.model))
 
     def tokens(self, text):
-        """The text's token ids as a (1, T) LongTensor on the model's device."""
+        """The text's token ids (a chat model's markers by their names) as a (1, T) LongTensor on the model's
+        device."""
         if not isinstance(text, str):
             raise UserError(f"expected a text (a str), got {shown_value(text)}")
         if not text:
             raise UserError("the text is empty: give the model at least one token")
-        return checked_tokens(self.model, torch.tensor([self.tok.encode(text)]))
+        return checked_tokens(self.model, torch.tensor([self.tok.encode(typed(self.tok, text))]))
 
     def to_tokens(self, text_or_tokens):
         """A text's tokens, or token ids (T,) or (B, T) checked and moved to the model's device: (B, T)."""

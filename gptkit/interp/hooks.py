@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import torch
 
 from gptkit.base.errors import UserError
+from gptkit.data.conversations import NAMES, typed
 from gptkit.data.tokenizer import visible
 from model import HookPoint
 
@@ -150,16 +151,20 @@ def logit_lens(model, streams, position):
 
 def token_label(tok, token):
     """A token as a short label a person can read: whitespace drawn as symbols, the bytes of part of a character
-    in hex (a byte-level BPE may cut one)."""
-    shown = visible(tok.token_label(token))
+    in hex (a byte-level BPE may cut one), a chat model's marker by its name (<|assistant|>)."""
+    text = tok.token_label(token)
+    if tok.chat and text in NAMES:
+        return NAMES[text]
+    shown = visible(text)
     return shown if len(shown) <= 12 else shown[:11] + "\u2026"
 
 
 def attention_of(model, tok, prompt):
-    """Every layer's attention weights for prompt, as numpy (H, T, T) arrays, and a label per token."""
+    """Every layer's attention weights for prompt (a chat model's markers by their names), as numpy (H, T, T)
+    arrays, and a label per token."""
     if model.config.n_layer == 0:
         raise UserError("this model has no attention layers (n_layer=0, a bigram model): there is nothing to draw")
-    ids = tok.encode(prompt)
+    ids = tok.encode(typed(tok, prompt))
     if not ids:
         raise UserError("the prompt is empty: pass some text with --start")
     if len(ids) > model.config.block_size:
