@@ -41,7 +41,7 @@ def start(cfg, run, device):
         raise UserError(f"init_from={cfg.init_from!r} holds no run: fine-tune one there first, e.g. "
                         f"`python train.py config/chat_sft_early.py --out_dir={cfg.init_from}` (RL learns most from a "
                         "model right about half the time)")
-    path = run.latest if resumed else base.model_file(cfg.init_checkpoint)
+    path = run.latest if resumed else base.model_file(cfg.init_checkpoint, "init_checkpoint")
     model, tok, ckpt = model_at(path, device)  # LoRA adapters, if any, merged: RL trains every weight
     if resumed and "rl" not in ckpt:
         raise UserError(f"{run.path} holds a run of train.py, not of rl.py; pick another --out_dir")

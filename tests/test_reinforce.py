@@ -3,8 +3,10 @@ one computed by hand on a tiny model."""
 
 import torch
 
+import pytest
+
 from conftest import tiny_model
-from gptkit.chat.reinforce import advantages, answer_batch, reinforce_loss
+from gptkit.chat.reinforce import RLConfig, advantages, answer_batch, reinforce_loss
 
 
 def test_advantages_are_rewards_less_their_groups_mean():
@@ -67,3 +69,16 @@ def test_a_padded_heads_extra_rows_are_not_in_the_policy():
     weights = advantages(torch.tensor([[1.0, 0.0], [0.0, 1.0]])).tolist()
     assert_the_hand_gradient(model, prompts, answers, weights, vocab_size)
     assert model.lm_head.weight.grad[vocab_size:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("setting, expected", [
+    (dict(samples=1), "samples must be at least 2: the group's mean reward is each answer's baseline (got 1)"),
+    (dict(samples=0), "samples must be at least 2: the group's mean reward is each answer's baseline (got 0)"),
+    (dict(temperature=0.0), "temperature must be above 0: at 0 every answer to a problem is the same greedy one, "
+                            "and none can be better than the group's mean (got 0.0)"),
+    (dict(tasks=" , "), "tasks must name at least one task to practise (e.g. addition)"),
+])
+def test_settings_that_leave_reinforce_nothing_to_learn_from_are_one_line(setting, expected):
+    with pytest.raises(ValueError) as e:
+        RLConfig(**setting)
+    assert str(e.value) == expected

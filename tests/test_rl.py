@@ -51,14 +51,22 @@ def test_a_stopped_run_continues_to_the_weights_of_one_never_stopped(tmp_path, c
 
 
 BAD_STARTS = {"never right": "REINFORCE has nothing to learn from", "unknown task": "never saw task 'sort'",
-              "no run": "holds no run: fine-tune one there first, e.g. `python train.py config/chat_sft_early.py"}
+              "no run": "holds no run: fine-tune one there first, e.g. `python train.py config/chat_sft_early.py",
+              "no snapshots": "keeps no snapshots (train it with --snapshots=N to keep the weights at N steps); use "
+                              "--init_checkpoint=best or latest",
+              "not yet evaluated": "not finished an evaluation); use its latest state with --init_checkpoint=latest"}
 
 
 @pytest.mark.parametrize("case", BAD_STARTS)
 def test_bad_starts_are_one_line_and_write_nothing(case, tmp_path, chat_run, monkeypatch):
     monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: False)
     (tmp_path / "empty").mkdir()
-    extra = {"unknown task": ["--tasks=sort"], "no run": [f"--init_from={tmp_path / 'empty'}"]}.get(case, [])
+    unevaluated = tmp_path / "unevaluated"  # a fine-tune that has not reached its first evaluation: no best.pt
+    unevaluated.mkdir()
+    shutil.copy(chat_run / "latest.pt", unevaluated)
+    extra = {"unknown task": ["--tasks=sort"], "no run": [f"--init_from={tmp_path / 'empty'}"],
+             "no snapshots": [f"--init_from={unevaluated}", "--init_checkpoint=iter:7"],
+             "not yet evaluated": [f"--init_from={unevaluated}"]}.get(case, [])
     proc = run_here("rl.py", *rl_args(chat_run, tmp_path / "out"), *extra)
     assert proc.returncode == 1
     assert BAD_STARTS[case] in assert_one_error_line(proc.stderr)

@@ -154,6 +154,17 @@ def test_init_from_a_folder_without_a_run_is_one_line(tmp_path):
         base_run(train_config(init_from=str(tmp_path / "empty")))
 
 
+def test_a_base_not_yet_evaluated_says_to_continue_it_not_to_pick_a_checkpoint_train_py_has_no_option_for(tmp_path):
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "latest.pt").write_bytes(b"")  # its first evaluation, which writes best.pt, not yet reached
+    with pytest.raises(UserError) as e:
+        base_run(train_config(init_from=str(base)))
+    assert str(e.value) == (f"init_from={str(base)!r} holds no best.pt yet (its run has not finished an evaluation): "
+                            f"continue that run to one first, with `python train.py CONFIG --out_dir={base} "
+                            "--init_from=auto`, CONFIG being its config file")
+
+
 def test_a_folder_holding_no_run_stops_train_py_in_one_line(tmp_path, chat_data):
     (tmp_path / "nothing").mkdir()
     proc = run_here("train.py", f"--init_from={tmp_path / 'nothing'}", f"--out_dir={tmp_path / 'out'}",

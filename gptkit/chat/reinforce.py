@@ -45,13 +45,16 @@ class RLConfig:
     wandb_run_name: str = "rl"  # wandb run name
 
     def __post_init__(self):
-        require(self, ["problems_per_step", "samples", "max_new_tokens", "max_iters", "eval_interval",
-                       "eval_problems", "eval_samples"], lambda v: v >= 1, "at least 1")
-        require(self, ["temperature", "learning_rate", "embedding_lr", "weight_decay", "grad_clip"], lambda v: v >= 0,
-                "at least 0")
+        require(self, ["problems_per_step", "max_new_tokens", "max_iters", "eval_interval", "eval_problems",
+                       "eval_samples"], lambda v: v >= 1, "at least 1")
+        require(self, ["learning_rate", "embedding_lr", "weight_decay", "grad_clip"], lambda v: v >= 0, "at least 0")
         require(self, ["beta1", "beta2"], lambda v: 0 <= v < 1, "in [0, 1)")
-        if self.samples < 2:
-            raise ValueError("samples must be at least 2: the group's mean reward is each answer's baseline")
+        # a group of one, or of one greedy answer drawn again and again, has no answer better than its mean
+        require(self, ["samples"], lambda v: v >= 2, "at least 2: the group's mean reward is each answer's baseline")
+        require(self, ["temperature"], lambda v: v > 0, "above 0: at 0 every answer to a problem is the same greedy "
+                                                        "one, and none can be better than the group's mean")
+        if not self.task_list():
+            raise ValueError("tasks must name at least one task to practise (e.g. addition)")
         check_seed(self.seed)
         check_device_name(self.device)
         check_checkpoint(self.init_checkpoint)

@@ -131,29 +131,30 @@ class RunDir:
         a checkpoint of an earlier version."""
         return [p for p in (self.latest, self.previous, self.legacy) if p.exists()]
 
-    def model_file(self, which):
+    def model_file(self, which, option="checkpoint"):
         """The checkpoint sample.py, plot.py and export.py read: best.pt (or an earlier version's ckpt.pt),
-        with which='latest' the latest state, with 'iter:N' the snapshot of iteration N."""
+        with which='latest' the latest state, with 'iter:N' the snapshot of iteration N; `option`, the tool's
+        setting that chooses which (rl.py's init_checkpoint), is the one its hints name."""
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"out_dir {self.path} is a file, not a run folder")
         if which.startswith("iter:"):
-            return self.snapshot_file(int(which[5:]))
+            return self.snapshot_file(int(which[5:]), option)
         found = next((p for p in (self.best, self.legacy) if p.exists()), None)
         if which == "latest":
             if self.latest.exists():
                 return self.latest
             if found:
-                raise UserError(f"no latest.pt in {self.path}, only {found.name}; leave out --checkpoint=latest "
+                raise UserError(f"no latest.pt in {self.path}, only {found.name}; leave out --{option}=latest "
                                 f"to use {found.name}")
             raise UserError(f"no latest.pt in {self.path}; {self.train_first()}")
         if found:
             return found
         if self.latest.exists():
             raise UserError(f"no best.pt in {self.path} yet (the run has not finished an evaluation); "
-                            "use its latest state with --checkpoint=latest")
+                            f"use its latest state with --{option}=latest")
         raise UserError(f"no checkpoint in {self.path} (no best.pt or ckpt.pt); {self.train_first()}")
 
-    def snapshot_file(self, iteration):
+    def snapshot_file(self, iteration, option="checkpoint"):
         """The snapshot of iteration N, or one line: not kept (naming those kept), or a link (it would open
         another run's weights as this run's). One that is no file at all (a FIFO) is refused where it is loaded."""
         kept = self.kept_snapshots()
@@ -166,7 +167,7 @@ class RunDir:
             return self.snapshot(iteration)
         if not kept:
             raise UserError(f"{self.path} keeps no snapshots (train it with --snapshots=N to keep the weights at N "
-                            "steps); use --checkpoint=best or latest")
+                            f"steps); use --{option}=best or latest")
         raise UserError(f"{self.path} keeps no snapshot of iteration {iteration}; it keeps "
                         f"{', '.join(f'iter:{i}' for i in kept)}")
 

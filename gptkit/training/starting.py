@@ -182,7 +182,11 @@ def base_run(cfg):
         raise UserError(f"init_from={cfg.init_from!r}: no such folder; train the model to start from there first, "
                         f"e.g. `python train.py config/shakespeare_char.py --out_dir={cfg.init_from}`")
     run = RunDir(folder)
-    if not any(p.exists() for p in (run.best, run.legacy, run.latest)):
+    if not any(p.exists() for p in (run.best, run.legacy)):
+        if run.latest.exists():  # a fine-tune starts from the best weights, which a first evaluation writes
+            raise UserError(f"init_from={cfg.init_from!r} holds no best.pt yet (its run has not finished an "
+                            f"evaluation): continue that run to one first, with `python train.py CONFIG "
+                            f"--out_dir={cfg.init_from} --init_from=auto`, CONFIG being its config file")
         raise UserError(f"init_from={cfg.init_from!r} holds no run (no best.pt): train one there first, e.g. "
                         f"`python train.py config/shakespeare_char.py --out_dir={cfg.init_from}`")
     path = run.model_file("best")
