@@ -53,6 +53,13 @@ class ChatConfig:
         check_checkpoint(self.checkpoint)
         if self.problems and not self.eval:
             raise ValueError("--problems names conversations to score: add --eval")
+        for name in ("tasks", "report"):
+            value = getattr(self, name)
+            if value and not any(item.strip() for item in value.split(",")):
+                raise ValueError(f"{name} names nothing between its commas (got {value!r})")
+        if self.samples > 1 and self.temperature == 0:
+            raise ValueError(f"samples={self.samples} answers at temperature 0 are the same greedy one each time: "
+                             "pass@k needs a temperature above 0 (e.g. --temperature=1.0)")
 
 
 def evaluate(cfg, model, tok, ckpt):

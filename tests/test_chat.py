@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from chat import ChatConfig
 from conftest import BPE_VOCAB, assert_one_error_line, check_ok, mixed_script_text, run_here, run_script, tiny_model
 from gptkit.chat.answering import answer_text, check_chat_model, end_id, question_prompt, sample_answers
 from gptkit.base.errors import UserError
@@ -80,6 +81,18 @@ def test_the_report_card_puts_the_stages_side_by_side(chat_run, trained_run):
     assert any(line.startswith("| addition pass@8 | – |") for line in lines)  # the base cannot be asked
     assert any(line.startswith("| plain text val loss |") for line in lines)
     assert any(line.startswith("| parameters trained |") for line in lines)
+
+
+@pytest.mark.parametrize("setting, expected", [
+    (dict(eval=True, samples=8, temperature=0.0), "samples=8 answers at temperature 0 are the same greedy one each "
+                                                  "time: pass@k needs a temperature above 0 (e.g. --temperature=1.0)"),
+    (dict(eval=True, tasks=","), "tasks names nothing between its commas (got ',')"),
+    (dict(report=" , "), "report names nothing between its commas (got ' , ')"),
+])
+def test_settings_that_would_score_nothing_or_the_greedy_answer_k_times_are_one_line(setting, expected):
+    with pytest.raises(ValueError) as e:
+        ChatConfig(**setting)
+    assert str(e.value) == expected
 
 
 @pytest.mark.parametrize("case", ["not chat", "no run", "unknown task", "outside the vocabulary",
