@@ -78,3 +78,15 @@ def test_the_roles_count_exactly_each_answer_and_its_end_marker(chat_bpe):
     mixed = tok.decode(ids[roles == TEXT].tolist())  # the text mixed in: plain text, no marker
     assert mixed and not set(mixed) & set(NAMES)
     assert mixed.split("\n")[0] in Path(cfg.mix).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("tasks, expected", [
+    ("addition,sort:5,addition:7", "--tasks names addition twice; give it once, with the count it needs "
+                                   "(addition:COUNT)"),
+    ("addition:0", "--tasks: 'addition:0' must be NAME or NAME:COUNT, COUNT at least 1"),
+    (" , ", "--tasks names no task"),
+])
+def test_a_tasks_list_that_would_draw_nothing_or_the_same_problems_twice_is_one_line(tasks, expected):
+    with pytest.raises(ValueError) as e:
+        PrepareConfig(synthetic="tasks", tasks=tasks)
+    assert str(e.value) == expected

@@ -119,6 +119,8 @@ class PrepareConfig:
                 raise ValueError(f"unknown task {name!r}{closest(name, TASKS)} in --tasks (known: {', '.join(TASKS)})")
             if count and not (count.isdigit() and int(count) > 0):
                 raise ValueError(f"--tasks: {item!r} must be NAME or NAME:COUNT, COUNT at least 1")
+            if name in dict(found):  # its problems drawn twice from one seed: the same conversations again
+                raise ValueError(f"--tasks names {name} twice; give it once, with the count it needs ({name}:COUNT)")
             found.append((name, int(count) if count else self.problems))
         if not found:
             raise ValueError("--tasks names no task")
