@@ -96,18 +96,22 @@ def test_settings_that_would_score_nothing_or_the_greedy_answer_k_times_are_one_
 
 
 @pytest.mark.parametrize("case", ["not chat", "no run", "unknown task", "outside the vocabulary",
-                                  "a problem outside it", "problems without eval"])
+                                  "a problem outside it", "problems without eval", "a problem without its answer"])
 def test_bad_input_is_one_line(case, chat_run, trained_run, tmp_path):
     mine = tmp_path / "mine.jsonl"
     mine.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant",
                                                                                      "content": "2"}]}) + "\n"
                             for q in ("1+1", "日本")), encoding="utf-8")
+    asked = tmp_path / "asked.jsonl"  # its last turn a question, after an answered one
+    asked.write_text(json.dumps({"messages": [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"},
+                                              {"role": "user", "content": "2+2"}]}) + "\n", encoding="utf-8")
     args = {"not chat": [f"--out_dir={trained_run[0]}", "--prompt=hi"],
             "no run": [f"--out_dir={tmp_path / 'nothing'}", "--prompt=hi"],
             "unknown task": [f"--out_dir={chat_run}", "--eval", "--tasks=sort"],
             "outside the vocabulary": [f"--out_dir={chat_run}", "--prompt=日本"],
             "a problem outside it": [f"--out_dir={chat_run}", "--eval", f"--problems={mine}"],
-            "problems without eval": [f"--out_dir={chat_run}", "--problems=x.jsonl"]}[case]
+            "problems without eval": [f"--out_dir={chat_run}", "--problems=x.jsonl"],
+            "a problem without its answer": [f"--out_dir={chat_run}", "--eval", f"--problems={asked}"]}[case]
     proc = run_here("chat.py", *args)
     assert proc.returncode == 1
     line = assert_one_error_line(proc.stderr)
@@ -115,7 +119,9 @@ def test_bad_input_is_one_line(case, chat_run, trained_run, tmp_path):
                 "no run": "holds no run: fine-tune one for chat there first, e.g. `python data/prepare.py",
                 "outside the vocabulary": "outside the training vocabulary",
                 "a problem outside it": "mine's conversation 2: the text has characters outside the training vocab",
-                "problems without eval": "add --eval"}[case]
+                "problems without eval": "add --eval",
+                "a problem without its answer": "asked's conversation 1 ends with the user's turn: a conversation to "
+                                                "score ends with the assistant's answer, the reference"}[case]
     assert expected in line
 
 

@@ -61,9 +61,14 @@ def heldout_problems(folder, meta):
 
 
 def file_problems(path):
-    """{file name: [(messages, reference), ...]} from a conversations file: the last assistant message of each is
-    the reference, what comes before it the prompt."""
-    return {Path(path).stem: [(m, m[-1]["content"]) for m in read_conversations(Path(path))]}
+    """{file name: [(messages, reference), ...]} from a conversations file: the last message of each, the
+    assistant's, is the reference, what comes before it the prompt."""
+    name, conversations = Path(path).stem, read_conversations(Path(path))
+    for number, messages in enumerate(conversations, 1):
+        if messages[-1]["role"] != "assistant":  # its question has no reference to be scored against
+            raise UserError(f"{name}'s conversation {number} ends with the user's turn: a conversation to score "
+                            "ends with the assistant's answer, the reference")
+    return {name: [(m, m[-1]["content"]) for m in conversations]}
 
 
 def score(model, tok, problems, samples=1, temperature=1.0, max_new_tokens=32, seed=0, progress=None):
