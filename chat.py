@@ -18,8 +18,8 @@ import torch
 
 from gptkit.base.errors import UserError, run_main
 from gptkit.base.settings import check_seed, parse_config, require
-from gptkit.chat.answering import check_chat_model, end_id
-from gptkit.data.conversations import MARKERS, render, shown
+from gptkit.chat.answering import check_chat_model, end_id, next_answer_prompt
+from gptkit.data.conversations import shown
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.run.run_folder import RunDir, check_checkpoint, model_at
 from gptkit.sampling.decoding import decode_steps, lay_out_for_decoding
@@ -98,10 +98,9 @@ def talk(cfg, model, tok, text, history, lead=""):
     """Answer `text`, the user's next turn after `history` (the conversation so far), streaming the answer as
     it is sampled after `lead`; the conversation with both turns."""
     messages = history + [{"role": "user", "content": text}]
-    ids, _ = render(messages, tok)  # a question the vocabulary cannot spell stops here, before any answer begins
-    ids += tok.encode(MARKERS["assistant"])
+    # a question the vocabulary cannot spell stops here, before any answer begins
+    ids = next_answer_prompt(tok, messages, model.config.block_size)
     sys.stdout.write(lead)
-    ids = ids[-model.config.block_size:]  # the oldest turns fall out of the context first
     idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
     generator = torch.Generator(device=idx.device).manual_seed(cfg.seed)
     decode, answer = tok.stream_decoder(), []

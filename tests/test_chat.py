@@ -10,9 +10,12 @@ import torch
 
 from chat import ChatConfig
 from conftest import BPE_VOCAB, assert_one_error_line, check_ok, mixed_script_text, run_here, run_script, tiny_model
-from gptkit.chat.answering import answer_text, check_chat_model, end_id, question_prompt, sample_answers
+from gptkit.chat.answering import (answer_text, check_chat_model, end_id, next_answer_prompt, question_prompt,
+                                   sample_answers)
 from gptkit.base.errors import UserError
 from gptkit.chat.scoring import heldout_problems, pass_at_k, score
+from gptkit.data.conversations import MARKERS, render
+from gptkit.data.tokenizer import CharTokenizer
 
 
 def test_pass_at_k_is_the_unbiased_estimate():
@@ -51,6 +54,19 @@ def test_a_conversation_says_a_question_it_cannot_spell_before_any_answer_begins
     proc = check_ok(run_here("chat.py", f"--out_dir={chat_run}", "--max_new_tokens=4"))
     assert "outside the training vocabulary" in assert_one_error_line(proc.stderr)
     assert "\nyou> you> model> " in proc.stdout and proc.stdout.count("model> ") == 1
+
+
+def test_a_long_conversation_drops_its_oldest_turns_whole_so_the_context_opens_at_a_question():
+    tok = CharTokenizer(sorted(set("0123456789+") | set(MARKERS.values())))
+    turns = [("1+1", "2"), ("22+22", "44"), ("3+3", None)]  # 7, 10 and 5 tokens in the template
+    messages = [{"role": role, "content": text} for q, a in turns for role, text in (("user", q), ("assistant", a))
+                if text]
+    asked = tok.encode(MARKERS["assistant"])
+    assert next_answer_prompt(tok, messages, 22) == render(messages, tok)[0] + asked
+    for block in (21, 15):  # the first question and its answer fall out, not a token of the next
+        assert next_answer_prompt(tok, messages, block) == render(messages[2:], tok)[0] + asked
+    assert next_answer_prompt(tok, messages, 14) == tok.encode(MARKERS["user"] + "3+3") + asked
+    assert next_answer_prompt(tok, messages, 3) == tok.encode("+3") + asked  # a question longer than the context
 
 
 def test_eval_prints_each_task_and_json_in_the_issues_shape(chat_run):

@@ -73,6 +73,19 @@ def question_prompt(tok, question):
     return tok.encode(prompt_text(question))
 
 
+def next_answer_prompt(tok, messages, block_size):
+    """The tokens that ask for the answer to a conversation's last turn, the user's, within a context of
+    block_size: the oldest turns fall out whole, a question with its answer at a time, so that the context opens
+    at <|user|> as every conversation the model learned from did; a question longer than the context alone keeps
+    its end."""
+    while True:
+        ids, _ = render(messages, tok)
+        ids += tok.encode(MARKERS["assistant"])
+        if len(ids) <= block_size or len(messages) == 1:
+            return ids[-block_size:]
+        messages = messages[2:]
+
+
 def conversation_prompt(tok, messages):
     """The tokens that ask for a conversation's last assistant message: every turn before it, then
     <|assistant|>; and that message's text, the reference."""
