@@ -6,7 +6,8 @@ checks, and learns from its own answers (REINFORCE, the group's mean reward as t
     python rl.py config/chat_rl.py --init_checkpoint=iter:200   # from an earlier snapshot of it
     python chat.py --out_dir=out-rl --eval --samples=64    # then pass@1, pass@8, pass@64 on held-out problems
 
-Stopped (Ctrl-C, SIGTERM), it saves where it is; the same command continues exactly from there.
+Stopped (Ctrl-C, SIGTERM), it saves where it is; the same command, or --out_dir alone, continues exactly from there
+(a continued run keeps the settings it saved, but those given again, as train.py's runs do).
 """
 
 import signal
@@ -18,11 +19,10 @@ import torch
 
 from gptkit.base.errors import RunStopped, UserError, run_main
 from gptkit.base.progress import progress
-from gptkit.base.settings import parse_config
 from gptkit.base.signals import StopSignals
 from gptkit.chat.answering import answer_text, check_chat_model, end_id, question_prompt, sample_answers
-from gptkit.chat.reinforce import (ProblemDraw, RLConfig, RLState, advantages, answer_batch, no_reward_line,
-                                   reinforce_loss)
+from gptkit.chat.reinforce import (ProblemDraw, RLState, advantages, answer_batch, no_reward_line, reinforce_loss,
+                                   rl_settings)
 from gptkit.chat.report import chat_sets
 from gptkit.chat.scoring import score
 from gptkit.data.tasks import TASKS
@@ -33,9 +33,10 @@ from gptkit.run.metrics import RunLog
 from gptkit.run.run_folder import RunDir, model_at
 
 
-def start(cfg, run, device):
+def start(cfg, run, device, changed):
     """The model to practise (the SFT run's, or this run's saved state), its optimizer, the problems it draws,
-    the held-out problems it is scored on, and where the run is: a dict the loop reads."""
+    the held-out problems it is scored on, and where the run is: a dict the loop reads. `changed`: the settings a
+    continued run takes anew, {key: (saved, given)}."""
     resumed, base = run.latest.exists(), RunDir(cfg.init_from)
     if not resumed and base.shown() is None:
         raise UserError(f"init_from={cfg.init_from!r} holds no run: fine-tune one there first, e.g. "
@@ -58,7 +59,8 @@ def start(cfg, run, device):
         s["draw"].generator.set_state(ckpt["rl"]["draw"])
         s["sampling"].set_state(ckpt["rl"]["sampling"])
         s["state"] = RLState(**ckpt["rl"]["state"])
-        print(f"continuing the RL run in {run.path} from step {s['state'].iter_num} of {cfg.max_iters}")
+        print(f"continuing the RL run in {run.path} from step {s['state'].iter_num} of {cfg.max_iters}" +
+              "".join(f"; {key} {was!r} → {now!r}" for key, (was, now) in changed.items()))
     return s
 
 
@@ -151,13 +153,13 @@ def practise(cfg, s, run, log, stop):
 
 
 def main(argv=None):
-    cfg = parse_config(RLConfig, sys.argv[1:] if argv is None else argv, prog="rl.py")
+    cfg, changed = rl_settings(sys.argv[1:] if argv is None else argv)
     device = pick_device(cfg.device)
     torch.manual_seed(cfg.seed)
     with RunDir(cfg.out_dir).locked() as run, StopSignals() as stop:
         if not run.latest.exists() and (run.best.exists() or run.metrics.exists()):
             raise UserError(f"{run.path} holds another run; pick another --out_dir")
-        s = start(cfg, run, device)
+        s = start(cfg, run, device, changed)
         if s["state"].iter_num >= cfg.max_iters:
             print(f"the RL run in {run.path} is finished ({cfg.max_iters} steps); raise --max_iters to go on")
             return

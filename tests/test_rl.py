@@ -23,7 +23,9 @@ def rl_args(chat_run, out):
     return [f"--init_from={chat_run}", f"--out_dir={out}", *SMALL]
 
 
-def test_a_stopped_run_continues_to_the_weights_of_one_never_stopped(tmp_path, chat_run, monkeypatch):
+@pytest.mark.parametrize("again", ["the same command", "out_dir alone"])
+def test_a_stopped_run_continues_to_the_weights_of_one_never_stopped(again, tmp_path, chat_run, monkeypatch, capsys):
+    """Continued by the same command, or by --out_dir alone: the run keeps the settings it saved, as train.py's do."""
     import rl
 
     # a reward the tiny model earns about half the time, so that every step learns something
@@ -41,7 +43,9 @@ def test_a_stopped_run_continues_to_the_weights_of_one_never_stopped(tmp_path, c
     with pytest.raises(RunStopped, match="at step 3"):
         rl.main(rl_args(chat_run, tmp_path / "half"))
     monkeypatch.setattr(rl, "step", step)
-    rl.main(rl_args(chat_run, tmp_path / "half"))
+    capsys.readouterr()
+    rl.main(rl_args(chat_run, tmp_path / "half") if again == "the same command" else [f"--out_dir={tmp_path / 'half'}"])
+    assert f"continuing the RL run in {tmp_path / 'half'} from step 3 of 4\n" in capsys.readouterr().out
     whole, resumed = load_checkpoint(tmp_path / "whole" / "latest.pt"), load_checkpoint(tmp_path / "half" / "latest.pt")
     assert whole["iter_num"] == resumed["iter_num"] == 4
     assert any(not torch.equal(v, load_checkpoint(chat_run / "best.pt")["model"][k]) for k, v in whole["model"].items())
@@ -71,6 +75,17 @@ def test_bad_starts_are_one_line_and_write_nothing(case, tmp_path, chat_run, mon
     assert proc.returncode == 1
     assert BAD_STARTS[case] in assert_one_error_line(proc.stderr)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_continued_run_says_each_setting_it_takes_anew(tmp_path, chat_run, monkeypatch, capsys):
+    import rl
+
+    monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: len(answer) % 2 == 0)
+    rl.main([*rl_args(chat_run, tmp_path / "out"), "--max_iters=2"])
+    capsys.readouterr()
+    rl.main([f"--out_dir={tmp_path / 'out'}", "--max_iters=3", "--learning_rate=1e-3"])
+    assert (f"continuing the RL run in {tmp_path / 'out'} from step 2 of 3; max_iters 2 → 3; learning_rate 0.01 → "
+            "0.001\n") in capsys.readouterr().out
 
 
 def test_an_out_dir_holding_a_train_py_run_is_one_line_and_keeps_its_files(tmp_path, chat_run):

@@ -1,16 +1,17 @@
 """REINFORCE with the group's mean reward as the baseline (as nanochat's chat_rl.py, GRPO without its ratio,
 clipping or KL term): the pieces rl.py's loop is made of, and the state its checkpoints keep."""
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-from gptkit.base.settings import check_seed, require
+from gptkit.base.settings import check_seed, given_values, make, require
 from gptkit.data.tasks import TASKS, problems
 from gptkit.machine.runtime import check_device_name
-from gptkit.run.run_folder import check_checkpoint
+from gptkit.run.checkpoint import load_checkpoint
+from gptkit.run.run_folder import RunDir, check_checkpoint
 
 POOL = 20_000  # training problems drawn per task, none of them held out; steps draw from these at random
 
@@ -64,6 +65,21 @@ class RLConfig:
 
     def task_list(self):
         return [t.strip() for t in self.tasks.split(",") if t.strip()]
+
+
+def rl_settings(argv):
+    """rl.py's settings and what a continued run changes: a new run's are the command's; a continued run keeps
+    those it saved but the ones the command gives again (in config files or as --key=value), as train.py does,
+    so that `python rl.py --out_dir=out-rl` alone goes on with the same run. Changes: {key: (saved, given)}."""
+    given = given_values(RLConfig, argv, prog="rl.py")
+    latest = RunDir(given.get("out_dir", RLConfig.out_dir)).latest
+    ckpt = load_checkpoint(latest) if latest.exists() else {}
+    if "rl" not in ckpt:  # a new run, or another tool's, which rl.py refuses to continue where it starts
+        return make(RLConfig, given), {}
+    keys = {f.name for f in fields(RLConfig)}
+    saved = {k: v for k, v in ckpt["config"].items() if k in keys}
+    changed = {k: (saved[k], v) for k, v in given.items() if k in saved and saved[k] != v and k != "out_dir"}
+    return make(RLConfig, {**saved, **given}), changed
 
 
 class ProblemDraw:
