@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import assert_one_error_line, run_here
-from gptkit.base.errors import RunStopped
+from gptkit.base.errors import RunStopped, UserError
 from gptkit.data.tasks import TASKS
 from gptkit.run.checkpoint import load_checkpoint
 from gptkit.run.metrics import read_metrics
@@ -86,6 +86,9 @@ def test_a_continued_run_says_each_setting_it_takes_anew(tmp_path, chat_run, mon
     rl.main([f"--out_dir={tmp_path / 'out'}", "--max_iters=3", "--learning_rate=1e-3"])
     assert (f"continuing the RL run in {tmp_path / 'out'} from step 2 of 3; max_iters 2 → 3; learning_rate 0.01 → "
             "0.001\n") in capsys.readouterr().out
+    with pytest.raises(UserError, match=f"holds an RL run started from init_from={str(chat_run)!r}; continue it "
+                                        "without --init_from, or start from 'elsewhere' in another --out_dir"):
+        rl.main([f"--out_dir={tmp_path / 'out'}", "--init_from=elsewhere"])  # a new start is a new run
 
 
 def test_an_out_dir_holding_a_train_py_run_is_one_line_and_keeps_its_files(tmp_path, chat_run):

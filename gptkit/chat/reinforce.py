@@ -7,6 +7,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from gptkit.base.errors import UserError
 from gptkit.base.settings import check_seed, given_values, make, require
 from gptkit.data.tasks import TASKS, problems
 from gptkit.machine.runtime import check_device_name
@@ -79,6 +80,10 @@ def rl_settings(argv):
     keys = {f.name for f in fields(RLConfig)}
     saved = {k: v for k, v in ckpt["config"].items() if k in keys}
     changed = {k: (saved[k], v) for k, v in given.items() if k in saved and saved[k] != v and k != "out_dir"}
+    for key in ("init_from", "init_checkpoint"):  # where a run started is history: a new start is a new run
+        if key in changed:
+            raise UserError(f"{latest.parent} holds an RL run started from {key}={changed[key][0]!r}; continue it "
+                            f"without --{key}, or start from {changed[key][1]!r} in another --out_dir")
     return make(RLConfig, {**saved, **given}), changed
 
 
