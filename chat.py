@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from gptkit.base.errors import UserError, run_main
-from gptkit.base.settings import check_seed, parse_config, require
+from gptkit.base.settings import check_seed, comma_items, parse_config, require
 from gptkit.chat.answering import check_chat_model, end_id, next_answer_prompt
 from gptkit.data.conversations import shown
 from gptkit.machine.runtime import check_device_name, pick_device
@@ -55,7 +55,7 @@ class ChatConfig:
             raise ValueError("--problems names conversations to score: add --eval")
         for name in ("tasks", "report"):
             value = getattr(self, name)
-            if value and not any(item.strip() for item in value.split(",")):
+            if value and not comma_items(value):
                 raise ValueError(f"{name} names nothing between its commas (got {value!r})")
         if self.samples > 1 and self.temperature == 0:
             raise ValueError(f"samples={self.samples} answers at temperature 0 are the same greedy one each time: "

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from gptkit.base.errors import UserError, run_main
-from gptkit.base.settings import parse_config, pick_subcommand
+from gptkit.base.settings import comma_items, parse_config, pick_subcommand
 from gptkit.machine.runtime import check_device_name
 
 
@@ -90,7 +90,7 @@ class CompareConfig:
         check_picture_path(self.output_path())  # here, not after every run has been read
 
     def folders(self):
-        return [f.strip() for f in self.runs.split(",") if f.strip()]
+        return comma_items(self.runs)
 
     def output_path(self):
         return Path(self.output) if self.output else Path(self.folders()[0]) / f"{self.picture}.png"

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks.common import REPO, comma_items, device_name, prepared_work_dir, train_run
+from benchmarks.common import REPO, device_name, prepared_work_dir, train_run
 from gptkit.base.errors import UserError
-from gptkit.base.settings import check_seed, parse_config, require
+from gptkit.base.settings import check_seed, comma_items, parse_config, require
 from gptkit.run.checkpoint import load_checkpoint
 from gptkit.run.metrics import read_metrics
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import REPO, bench_input, comma_items, device_name
+from benchmarks.common import REPO, bench_input, device_name
 from gptkit.base.errors import UserError
-from gptkit.base.settings import given_values, parse_config, require
+from gptkit.base.settings import comma_items, given_values, parse_config, require
 from gptkit.run.checkpoint import load_checkpoint
 from gptkit.training.train_config import TrainConfig
 

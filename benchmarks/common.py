@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from gptkit.base.errors import UserError
+from gptkit.base.settings import comma_items
 from gptkit.machine.choices import choose, on_speed_path
 from gptkit.machine.runtime import Runtime, compile_blocks
 from gptkit.machine.timing import matmul_peak, synchronize
@@ -22,11 +23,6 @@ from gptkit.training.updates import schedulable, step_optimizers
 from model import GPT
 
 REPO = Path(__file__).resolve().parents[1]  # where the commands the benchmarks run (train.py, explore.py) live
-
-
-def comma_items(text):
-    """The items of a comma-separated option, stripped, empty ones left out."""
-    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def device_name(device):

@@ -24,9 +24,9 @@ import torch
 from tqdm import tqdm
 
 from benchmarks import sample_speed
-from benchmarks.common import REPO, comma_items
+from benchmarks.common import REPO
 from gptkit.base.errors import UserError, first_line
-from gptkit.base.settings import parse_config, require
+from gptkit.base.settings import comma_items, parse_config, require
 from gptkit.data.tokenizer import CharTokenizer
 from gptkit.run.checkpoint import save_checkpoint
 from model import GPT, GPTConfig

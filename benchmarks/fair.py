@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.busy import busy
-from benchmarks.common import REPO, comma_items, device_name, prepared_work_dir, run_parts, train_as_a_user
+from benchmarks.common import REPO, device_name, prepared_work_dir, run_parts, train_as_a_user
 from gptkit.base.errors import UserError
-from gptkit.base.settings import parse_config
+from gptkit.base.settings import comma_items, parse_config
 from gptkit.run.checkpoint import load_checkpoint
 from gptkit.run.metrics import read_metrics
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import comma_items, device_name, fmt_s, prepared_work_dir, train_run
-from gptkit.base.settings import check_seed, parse_config
+from benchmarks.common import device_name, fmt_s, prepared_work_dir, train_run
+from gptkit.base.settings import check_seed, comma_items, parse_config
 from gptkit.machine.runtime import check_device_name
 from gptkit.training.train_config import TrainConfig
 

@@ -8,8 +8,8 @@ from typing import Literal
 
 import torch
 
-from benchmarks.common import comma_items, device_name
-from gptkit.base.settings import check_seed, parse_config, require
+from benchmarks.common import device_name
+from gptkit.base.settings import check_seed, comma_items, parse_config, require
 from gptkit.machine.precision import DTYPES, pick_decode_dtype
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.machine.threads import pick_decode_threads

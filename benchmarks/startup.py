@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.busy import busy
-from benchmarks.common import REPO, comma_items, device_name, prepared_work_dir, run_parts, train_as_a_user
-from gptkit.base.settings import parse_config, require
+from benchmarks.common import REPO, device_name, prepared_work_dir, run_parts, train_as_a_user
+from gptkit.base.settings import comma_items, parse_config, require
 from gptkit.run.checkpoint import load_checkpoint
 from gptkit.run.metrics import read_metrics
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import REPO, comma_items, device_name, prepared_work_dir, train_run
+from benchmarks.common import REPO, device_name, prepared_work_dir, train_run
 from gptkit.base.errors import UserError
-from gptkit.base.settings import parse_config, require
+from gptkit.base.settings import comma_items, parse_config, require
 from gptkit.interp.induction import induction_report
 from gptkit.run.metrics import read_metrics
 

@@ -29,10 +29,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from benchmarks.common import REPO, bench_input, comma_items, device_name, train_run
+from benchmarks.common import REPO, bench_input, device_name, train_run
 from benchmarks.prepare_cost import PrepareBenchConfig, corpus_file, measured
 from gptkit.base.errors import UserError
-from gptkit.base.settings import parse_config, require
+from gptkit.base.settings import comma_items, parse_config, require
 from gptkit.data.bpe import SMALLEST, byte_chars, check_vocab_size
 from gptkit.data.dataset import load_meta
 from gptkit.data.preparing import PrepareConfig, corpus_texts

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks.common import comma_items, device_name, fmt_s, prepared_work_dir, rate, train_run
-from gptkit.base.settings import parse_config
+from benchmarks.common import device_name, fmt_s, prepared_work_dir, rate, train_run
+from gptkit.base.settings import comma_items, parse_config
 from gptkit.machine.runtime import check_device_name
 
 # nanoGPT's documented CPU recipe, spelled as this project's flags on nanoGPT's shakespeare_char config, run

@@ -102,6 +102,11 @@ def make(cls, values):
         raise UserError(str(e)) from None
 
 
+def comma_items(text):
+    """The items of a comma-separated option, stripped, empty ones left out."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 def require(cfg, names, allowed, meaning):
     """A config's range check: raise ValueError (one line) for the first of names whose value is not allowed."""
     for name in names:
@@ -309,6 +314,16 @@ def given_values(cls, argv, prog=None):
 def command_line_keys(cls, argv):
     """The keys argv gives as --key=value, apart from those its config files set."""
     return {key for key, _ in split_args(argv, settings(cls)) if key is not None}
+
+
+def resumed(cls, saved, given, path):
+    """cls built as a continued run continues: the settings saved in the checkpoint at path, overridden by those
+    given again; a saved value the checks refuse is said to be the saved one."""
+    try:
+        return make(cls, {**saved, **given})
+    except UserError as e:  # the given settings passed alone: a saved one is out of range, or goes with them badly
+        raise UserError(f"{e}, with the settings saved in {path} (give one again to replace its saved value)") \
+            from None
 
 
 def parse_config(cls, argv, prog=None):

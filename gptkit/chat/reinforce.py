@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from gptkit.base.errors import UserError
-from gptkit.base.settings import check_seed, given_values, make, require
+from gptkit.base.settings import check_seed, comma_items, given_values, make, require, resumed
 from gptkit.data.tasks import TASKS, problems
 from gptkit.machine.runtime import check_device_name
 from gptkit.run.checkpoint import load_checkpoint
@@ -65,7 +65,7 @@ class RLConfig:
                 raise ValueError(f"unknown task {task!r} in tasks (known: {', '.join(TASKS)})")
 
     def task_list(self):
-        return [t.strip() for t in self.tasks.split(",") if t.strip()]
+        return comma_items(self.tasks)
 
 
 def rl_settings(argv):
@@ -84,7 +84,7 @@ def rl_settings(argv):
         if key in changed:
             raise UserError(f"{latest.parent} holds an RL run started from {key}={changed[key][0]!r}; continue it "
                             f"without --{key}, or start from {changed[key][1]!r} in another --out_dir")
-    return make(RLConfig, {**saved, **given}), changed
+    return resumed(RLConfig, saved, given, latest), changed
 
 
 class ProblemDraw:

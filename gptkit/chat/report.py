@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from gptkit.base.errors import UserError
+from gptkit.base.settings import comma_items
 from gptkit.chat.answering import check_chat_model
 from gptkit.chat.scoring import dataset_text, heldout_problems, score, text_loss
 from gptkit.data.dataset import load_meta
@@ -26,7 +27,7 @@ def chat_sets(ckpt, tasks="", problems=None):
     folder, meta = run_dataset(ckpt)
     found = heldout_problems(folder, meta) if problems is None else problems
     if tasks:
-        asked = [t.strip() for t in tasks.split(",") if t.strip()]
+        asked = comma_items(tasks)
         never = [t for t in asked if t not in found]
         if never:
             raise UserError(f"the run never saw task {never[0]!r}: its dataset {meta['source']} holds "
@@ -70,7 +71,7 @@ def stage(out_dir, problems, text, cfg, device):
 
 def report_card(cfg, device):
     """Every stage's column, the problems and text taken from the first chat run's dataset."""
-    runs = [r.strip() for r in cfg.report.split(",") if r.strip()]
+    runs = comma_items(cfg.report)
     problems = text = None
     for out_dir in runs:
         ckpt = load_checkpoint(RunDir(out_dir).model_file("best"))

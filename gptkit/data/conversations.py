@@ -58,6 +58,12 @@ def shown(text):
     return text
 
 
+def marker_name(tok, text):
+    """A chat model's marker token, its text given, by its name (<|user|>, <|assistant|>, <|end|>), never its
+    private-use character; None for any other token, or any model's without the markers."""
+    return NAMES.get(text) if tok.chat else None
+
+
 def typed(tok, text):
     """Text a person typed for tok's model. A chat model's markers are private characters no keyboard has, so a
     person writes them by name (<|user|>1+2<|assistant|>): those names become the markers, shown undone. Any other

@@ -28,7 +28,7 @@ import numpy as np
 from gptkit.base.errors import RunStopped, UserError
 from gptkit.base.files import refuse_link, write_whole
 from gptkit.base.progress import progress as bar_or_lines
-from gptkit.base.settings import closest
+from gptkit.base.settings import closest, comma_items
 from gptkit.base.signals import StopSignals
 from gptkit.data.chat_preparing import write_chat_dataset
 from gptkit.data.conversations import is_conversation_file
@@ -113,7 +113,7 @@ class PrepareConfig:
     def task_list(self):
         """--tasks as [(task, training problems)], each task known: NAME takes --problems, NAME:COUNT its own."""
         found = []
-        for item in filter(None, (t.strip() for t in self.tasks.split(","))):
+        for item in comma_items(self.tasks):
             name, _, count = item.partition(":")
             if name not in TASKS:
                 raise ValueError(f"unknown task {name!r}{closest(name, TASKS)} in --tasks (known: {', '.join(TASKS)})")

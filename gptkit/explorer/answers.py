@@ -10,7 +10,7 @@ import torch
 from pydantic import BaseModel, Field, StrictBool, field_validator
 
 from gptkit.base.errors import UserError
-from gptkit.data.conversations import NAMES, prompt_text, shown, typed
+from gptkit.data.conversations import NAMES, marker_name, prompt_text, shown, typed
 from gptkit.explorer.experiment_answers import MAX_OFF, MAX_TOKENS, Off, OffRequest, Real, Whole
 from gptkit.explorer.runs import ApiError, attention_note, final_bits_per_char, number, run_records, without_paths
 from gptkit.explorer.timeline_answers import AtRequest
@@ -95,12 +95,6 @@ def checked_ids(loaded, ids):
 def is_chat(tok):
     """Whether tok is a chat run's: it has the chat markers as tokens (char-level or BPE)."""
     return tok.chat is not None
-
-
-def marker_name(tok, text):
-    """A chat run's marker token by its name (<|user|>, <|assistant|>, <|end|>), never its private-use character;
-    None for any other token."""
-    return NAMES[text] if text in NAMES and is_chat(tok) else None
 
 
 def token_json(tok, token):

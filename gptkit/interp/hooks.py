@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import torch
 
 from gptkit.base.errors import UserError
-from gptkit.data.conversations import NAMES, typed
+from gptkit.data.conversations import marker_name, typed
 from gptkit.data.tokenizer import visible
 from model import HookPoint
 
@@ -153,8 +153,9 @@ def token_label(tok, token):
     """A token as a short label a person can read: whitespace drawn as symbols, the bytes of part of a character
     in hex (a byte-level BPE may cut one), a chat model's marker by its name (<|assistant|>)."""
     text = tok.token_label(token)
-    if tok.chat and text in NAMES:
-        return NAMES[text]
+    name = marker_name(tok, text)
+    if name:
+        return name
     shown = visible(text)
     return shown if len(shown) <= 12 else shown[:11] + "\u2026"
 

@@ -18,7 +18,7 @@ import torch
 
 from gptkit.base.errors import UserError, first_line
 from gptkit.base.files import no_links, write_whole
-from gptkit.base.settings import check_seed, parse_config
+from gptkit.base.settings import check_seed, comma_items, parse_config
 from gptkit.base.signals import StopSignals
 from gptkit.data.dataset import Split, bits_per_char, fixed_offsets, load_meta
 from gptkit.data.tokenizer import tokenizer_from_meta
@@ -108,7 +108,7 @@ class LabConfig:
         check_device_name(self.device)
 
     def rung_names(self):
-        return [n.strip() for n in self.rungs.split(",") if n.strip()]
+        return comma_items(self.rungs)
 
     def chosen(self):
         return [next(r for r in RUNGS if r.name == n) for n in self.rung_names()]

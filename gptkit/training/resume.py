@@ -7,7 +7,7 @@ from dataclasses import fields, replace
 import torch
 
 from gptkit.base.errors import UserError
-from gptkit.base.settings import coerce, flatten, make, settings
+from gptkit.base.settings import coerce, flatten, resumed, settings
 from gptkit.machine.stand_ins import changed_since
 from gptkit.run.checkpoint import TRAINING_KEYS, load_checkpoint
 from gptkit.training.train_config import BATCH_KEYS, TrainConfig
@@ -117,11 +117,7 @@ def resumed_config(ckpt, given, asked, path, note):
         if key in given and given[key] != saved.get(key):
             raise UserError(f"{key}={given[key]!r} differs from {path}'s {saved.get(key)!r}; a resumed run keeps "
                             "its model's shape and optimizer (start a new out_dir to change them)")
-    try:
-        return make(TrainConfig, {**saved, **given})
-    except UserError as e:  # the given settings passed alone: a saved one is out of range, or goes with them badly
-        raise UserError(f"{e}, with the settings saved in {path} (give one again to replace its saved value)") \
-            from None
+    return resumed(TrainConfig, saved, given, path)
 
 
 def own_batch(given, asked, saved, note):

@@ -4,7 +4,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from gptkit.base.settings import check_seed, closest, require
+from gptkit.base.settings import check_seed, closest, comma_items, require
 from gptkit.interop.hf import HUB_MODELS
 from gptkit.machine.runtime import check_device_name
 from model import GPTConfig
@@ -117,7 +117,7 @@ class TrainConfig:
         """fit_shapes as [(n_layer, n_embd), ...]: the preset's own shape first, then the smaller ones, each
         smaller than the one before (fewer layers x width squared: the blocks' weights)."""
         shapes = []
-        for word in filter(None, (w.strip() for w in self.fit_shapes.split(","))):
+        for word in comma_items(self.fit_shapes):
             layers, x, width = word.lower().partition("x")
             if not (x and layers.isdigit() and width.isdigit()):
                 raise ValueError(f"fit_shapes must list shapes as LAYERSxWIDTH, e.g. '4x128, 3x128' (got {word!r})")
