@@ -22,9 +22,16 @@ CHROMIUM, DRIVER = shutil.which("chromium") or shutil.which("chromium-browser"),
 pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="no chromium and chromedriver on this machine: "
                                 "apt-get install chromium chromium-driver (.ci/run does)")
 webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+
+def waiting(browser):
+    """A minute's wait for the page, each condition tried again where the page redrew an element between finding
+    it and reading it (the attention grid redraws as a head is switched off)."""
+    return WebDriverWait(browser, 60, ignored_exceptions=(StaleElementReferenceException,))
 
 
 @pytest.fixture
@@ -86,7 +93,7 @@ def percent(p):
 
 def test_a_learner_writes_clicks_a_token_and_sees_the_models_numbers(served, browser, tmp_path):
     url, run = served
-    wait = WebDriverWait(browser, 60)
+    wait = waiting(browser)
     browser.get(url + "/")
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f'#runs .run.selected[data-name="{run}"]'))
     prompt = browser.find_element(By.ID, "prompt")
@@ -181,7 +188,7 @@ def test_bad_runs_are_one_line_each_and_the_list_follows_the_folder(trained_run,
     (root / "link" / "best.pt").symlink_to(trained_run[0] / "best.pt")
     url, proc = serve(root)
     try:
-        wait = WebDriverWait(browser, 60)
+        wait = waiting(browser)
         browser.get(url + "/")
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#runs .run.selected"))
         buttons = {b.get_attribute("data-name"): b for b in browser.find_elements(By.CSS_SELECTOR, "#runs .run")}
@@ -204,7 +211,7 @@ def test_a_head_switched_off_is_named_in_a_banner_and_the_panels_follow(served, 
     """Clicking a head's switch names it in the banner; the attention grid marks it off and the pointed token's
     candidates are the API's with that head off; switching all back on hides the banner."""
     url, run = served
-    wait = WebDriverWait(browser, 60)
+    wait = waiting(browser)
     browser.get(url + "/")
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#switches .switch"))
     browser.find_element(By.ID, "prompt").send_keys("ROMEO:")
@@ -252,7 +259,7 @@ def test_the_features_panel_matches_the_api(trained_run, browser, tmp_path):
     f = run.features(hook)
     url, proc = serve(out)
     try:
-        wait = WebDriverWait(browser, 60)
+        wait = waiting(browser)
         browser.get(url + "/")
         wait.until(lambda d: d.find_element(By.ID, "sae-metrics").get_attribute("data-ready"))
         assert [o.get_attribute("value") for o in browser.find_elements(By.CSS_SELECTOR, "#sae-hook option")] == [hook]
@@ -375,7 +382,7 @@ def test_the_over_training_slider_moves_the_attention_grid_to_a_snapshots_weight
     "iter:N", and the banner names the step; back to the run's own weights, the grid is the API's own again."""
     url, proc = serve(timed_run)
     try:
-        wait = WebDriverWait(browser, 60)
+        wait = waiting(browser)
         browser.get(url + "/")
         wait.until(lambda d: d.find_element(By.ID, "timeline-card").get_attribute("data-ready"))
         timeline, info = httpx.get(f"{url}/api/runs/timed/timeline").json(), httpx.get(f"{url}/api/runs/timed").json()
@@ -446,7 +453,7 @@ def test_a_bpe_runs_tokens_are_boxes_with_their_ids_and_read_a_text_says_bits_pe
         fake_run(run, tok=bpe_data[2])
     url, proc = serve(run)
     try:
-        wait = WebDriverWait(browser, 60)
+        wait = waiting(browser)
         browser.get(url + "/")
         wait.until(lambda d: "Loaded" in d.find_element(By.ID, "status").text)
         browser.find_element(By.ID, "prompt").send_keys("Лиса 🎶")
@@ -498,7 +505,7 @@ def test_a_chat_run_is_asked_a_question_and_its_answers_tokens_say_why(browser, 
     fake_run(run, tok=CHAT_TOK)
     url, proc = serve(run)
     try:
-        wait = WebDriverWait(browser, 60)
+        wait = waiting(browser)
         browser.get(url + "/")
         wait.until(lambda d: "a chat run" in d.find_element(By.ID, "status").text)
         assert browser.find_element(By.ID, "prompt-name").text == "Question"
