@@ -126,7 +126,10 @@ def reinforce_loss(model, x, y, weights, vocab_size=None):
     """-(1/N) Σ_answers A · Σ_t log p(token_t | before): its gradient is REINFORCE's, each answer's tokens pushed
     up in proportion to its advantage A, normalised by the N answer tokens of the batch. p is the distribution
     the answers were sampled from: over the tokenizer's vocab_size tokens, not a padded head's extra rows, which
-    sampling never draws and the gradient would push down for nothing."""
+    sampling never draws and the gradient would push down for nothing. The batch, built on the CPU, goes where the
+    model is."""
+    device = next(model.parameters()).device
+    x, y, weights = x.to(device), y.to(device), weights.to(device)
     logits, _ = model(x, y)
     logits = logits[..., :vocab_size].float()
     logp = -F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-1,
