@@ -73,7 +73,8 @@ class StopAfter(Exception):
 def site_activations(model, idx, hook, meanwhile=None):
     """The activation at hook for idx (B, T) as it arrives there: (B, T, d) in float32, the forward pass stopped
     right after it. meanwhile: a context (not yet entered) the pass runs in, entered once this read's hook is set,
-    as the explorer's parts switched off: one at hook itself then acts after the read."""
+    as the explorer's parts switched off: one at hook itself then acts after the read. idx goes where the model is,
+    and the activation stays there."""
     kept = {}
 
     def keep(x, name):
@@ -82,7 +83,7 @@ def site_activations(model, idx, hook, meanwhile=None):
 
     with hooked(model, {hook: keep}), meanwhile or nullcontext():
         try:
-            model(idx)
+            model(idx.to(next(model.parameters()).device))
         except StopAfter:
             pass
     return kept["x"].float()
@@ -103,7 +104,7 @@ class ActivationStream:
         T = self.split.block_size
         offsets = torch.randint(0, self.split.length - T - 1, (self.windows,), generator=self.generator)
         idx, _ = self.split.batch(offsets, "cpu")
-        fresh = site_activations(self.model, idx, self.hook).flatten(0, 1)
+        fresh = site_activations(self.model, idx, self.hook).flatten(0, 1).cpu()  # the SAE trains on the CPU
         pool = torch.cat([self.buffer, fresh]) if self.buffer.numel() else fresh
         self.buffer = pool[torch.randperm(pool.size(0), generator=self.generator)]
 
@@ -161,10 +162,10 @@ def spliced(sae, off=()):
     """A hook function that puts the SAE's reconstruction in place of the activation (with the features in off
     switched off first)."""
     def splice(x, name):
-        values, indices = sae.encode_sparse(x.float())
+        values, indices = sae.encode_sparse(x.float().to(sae.W_dec.device))  # analyze.py's SAE is on the CPU
         if len(off):
             values = values.masked_fill(torch.isin(indices, torch.as_tensor(off, dtype=indices.dtype)), 0.0)
-        return sae.decode_sparse(values, indices).to(x.dtype)
+        return sae.decode_sparse(values, indices).to(x.device, x.dtype)
     return splice
 
 
@@ -175,8 +176,8 @@ def features_off(sae, off):
     off = torch.as_tensor(sorted(set(off)), dtype=torch.long)
 
     def subtract(x, name):
-        f = sae.encode(x.float())[..., off]  # (..., n) the switched-off features' values
-        return (x.float() - f @ sae.W_dec[off]).to(x.dtype)
+        f = sae.encode(x.float().to(sae.W_dec.device))[..., off]  # (..., n) the switched-off features' values
+        return (x.float() - (f @ sae.W_dec[off]).to(x.device)).to(x.dtype)
     return subtract
 
 
@@ -189,8 +190,9 @@ def measure(model, sae, hook, idx, targets, dead_fraction):
     sums = torch.zeros(6, dtype=torch.float64)  # active, squared error, Σx² , clean, spliced, zeroed (token sums)
     total_x = torch.zeros(sae.d_in, dtype=torch.float64)
     for start in range(0, idx.size(0), MEASURE_WINDOWS):
-        x_idx, y = idx[start:start + MEASURE_WINDOWS], targets[start:start + MEASURE_WINDOWS]
-        x = site_activations(model, x_idx, hook).flatten(0, 1)
+        device = next(model.parameters()).device
+        x_idx, y = idx[start:start + MEASURE_WINDOWS].to(device), targets[start:start + MEASURE_WINDOWS].to(device)
+        x = site_activations(model, x_idx, hook).flatten(0, 1).to(sae.W_dec.device)
         values, indices = sae.encode_sparse(x)
         n = y.numel()
         losses = [model(x_idx, y)[1].item()]
@@ -698,11 +700,11 @@ class Features:
 
     def encode(self, x):
         """Every feature's activation for activations x (..., d_in) at the hook: (..., d_sae), all but k zero."""
-        return self.sae.encode(numbers(x, "activations"))
+        return self.sae.encode(numbers(x, "activations").to(self.sae.W_dec.device))
 
     def decode(self, f):
         """The activation (..., d_in) features f (..., d_sae) write."""
-        return self.sae.decode(numbers(f, "feature values"))
+        return self.sae.decode(numbers(f, "feature values").to(self.sae.W_dec.device))
 
     def indices(self, off):
         """Feature indices, checked: whole numbers below d_sae, one or a list."""
@@ -756,7 +758,8 @@ def top_contexts(model, sae, hook, idx, n_top):
     best_p = torch.zeros(sae.d_sae, n_top, dtype=torch.long)
     fires = torch.zeros(sae.d_sae)
     for start in range(0, B, MEASURE_WINDOWS):
-        f = sae.encode(site_activations(model, idx[start:start + MEASURE_WINDOWS], hook)).flatten(0, 1)  # (n, d_sae)
+        x = site_activations(model, idx[start:start + MEASURE_WINDOWS], hook).to(sae.W_dec.device)
+        f = sae.encode(x).flatten(0, 1)  # (n, d_sae)
         fires += (f > 0).sum(0)
         positions = torch.arange(start * T, start * T + f.size(0)).expand(sae.d_sae, -1)
         v = torch.cat([best_v, f.T], 1)
@@ -771,7 +774,7 @@ def logit_effects(model, sae, n, vocab):
     ids], [n demoted]) a feature, among the tokenizer's `vocab` (a padded vocabulary's rest is no token): the logit
     lens of one direction."""
     ln = model.transformer.ln_f
-    direction = sae.W_dec * (ln.weight if ln.weight is not None else 1.0)
+    direction = sae.W_dec.to(model.lm_head.weight.device) * (ln.weight if ln.weight is not None else 1.0)
     logits = direction @ model.lm_head.weight[:vocab].T  # (d_sae, vocab)
     return logits.topk(n, dim=1).indices.tolist(), (-logits).topk(n, dim=1).indices.tolist()
 
