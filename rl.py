@@ -157,8 +157,8 @@ def main(argv=None):
     device = pick_device(cfg.device)
     torch.manual_seed(cfg.seed)
     with RunDir(cfg.out_dir).locked() as run, StopSignals() as stop:
-        if not run.latest.exists() and (run.best.exists() or run.metrics.exists()):
-            raise UserError(f"{run.path} holds another run; pick another --out_dir")
+        if not run.latest.exists():  # a new run: another's files, or a start stopped before its first save
+            run.clear_for_a_new_run(cfg.start_over, " but no saved RL state to continue it from (latest.pt);", print)
         s = start(cfg, run, device, changed)
         if s["state"].iter_num >= cfg.max_iters:
             print(f"the RL run in {run.path} is finished ({cfg.max_iters} steps); raise --max_iters to go on")

@@ -99,3 +99,35 @@ def test_an_out_dir_holding_a_train_py_run_is_one_line_and_keeps_its_files(tmp_p
     assert proc.returncode == 1
     assert_one_error_line(proc.stderr, f"error: {taken} holds a run of train.py, not of rl.py; pick another --out_dir")
     assert {p.name: p.read_bytes() for p in taken.iterdir() if p.is_file() and p.name != "run.lock"} == files
+
+
+def test_a_start_that_failed_before_its_first_save_is_one_line_then_moved_aside_with_start_over(tmp_path, chat_run,
+                                                                                                 monkeypatch, capsys):
+    """A first step that fails (out of memory, say) leaves the step-0 evaluation in metrics.jsonl and no latest.pt:
+    the command run again names it and the way on; --start_over=True moves it aside and starts."""
+    import rl
+
+    monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: len(answer) % 2 == 0)
+    step = rl.step
+
+    def out_of_memory(cfg, s):
+        raise RuntimeError("simulated: out of memory")
+
+    monkeypatch.setattr(rl, "step", out_of_memory)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="simulated"):
+        rl.main(rl_args(chat_run, out))
+    monkeypatch.setattr(rl, "step", step)
+    kept = (out / "metrics.jsonl").read_bytes()
+    with pytest.raises(UserError) as refused:
+        rl.main(rl_args(chat_run, out))
+    assert str(refused.value) == (f"{out} holds another run (metrics.jsonl) but no saved RL state to continue it from "
+                                  "(latest.pt); train elsewhere with another --out_dir, or start over with "
+                                  "--start_over=True (its files are moved aside, not deleted)")
+    capsys.readouterr()
+    rl.main([*rl_args(chat_run, out), "--start_over=True"])
+    (aside,) = out.glob("replaced-*")
+    assert f"note: starting over in {out}: the previous run's metrics.jsonl moved to {aside}\n" in \
+        capsys.readouterr().out
+    assert (aside / "metrics.jsonl").read_bytes() == kept
+    assert load_checkpoint(out / "latest.pt")["iter_num"] == 4

@@ -22,6 +22,7 @@ class RLConfig:
     init_from: str = "out-chat"  # the chat run to start from (an SFT run's folder)
     init_checkpoint: str = "best"  # which of its states: 'best', 'latest' or 'iter:N' (an earlier snapshot)
     out_dir: str = "out-rl"  # where latest.pt, best.pt and metrics.jsonl go
+    start_over: bool = False  # a new run into an out_dir holding another: move the old run's files aside first
     tasks: str = "addition"  # the tasks to practise, comma-separated (each one its dataset holds)
     problems_per_step: int = 16  # problems a step
     samples: int = 16  # answers sampled per problem: the group whose mean reward is each answer's baseline

@@ -17,6 +17,7 @@ import os
 import re
 import stat
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -125,6 +126,27 @@ class RunDir:
             except (FileNotFoundError, NotADirectoryError):
                 continue
         return None
+
+    def clear_for_a_new_run(self, start_over, how, note):
+        """A new run here would replace another run's best.pt and append to its metrics.jsonl: refuse in one line
+        that names that run's files and the ways on (how: what comes before the others); with start_over, move them
+        into a folder beside them first, deleting nothing."""
+        # snapshots and SAEs too: another run's weights, which a new run's would be mixed with or taken for
+        found = [p for p in (self.latest, self.previous, self.best, self.legacy, self.metrics, self.snapshots,
+                             self.path / "sae") if p.exists()]
+        if not found:
+            return
+        if not start_over:
+            raise UserError(f"{self.path} holds another run ({', '.join(p.name for p in found)}){how} train "
+                            "elsewhere with another --out_dir, or start over with --start_over=True (its files are "
+                            "moved aside, not deleted)")
+        aside = self.path / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.mkdir()
+        found += self.pictures()  # what the tools drew of the old run
+        for p in found:
+            p.rename(aside / p.name)
+        note(f"note: starting over in {self.path}: the previous run's {', '.join(p.name for p in found)} moved to "
+             f"{aside}")
 
     def resume_candidates(self):
         """The saved states a resume may start from, newest first: latest.pt, the one before it, and

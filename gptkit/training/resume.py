@@ -1,7 +1,6 @@
 """Continuing a run: the saved state it continues from (checked, falling back to the state before it when the
 latest is damaged) and the settings it continues with (the checkpoint's, except those given again)."""
 
-import time
 from dataclasses import fields, replace
 
 import torch
@@ -34,27 +33,14 @@ def continued_config(cfg, given, asked, run, note):
 
 def claim_for_a_new_run(cfg, run, note):
     """A run that starts afresh (from scratch, pretrained weights, or 'auto' finding no state to continue) into a
-    folder holding another run's files would replace its best.pt and append to its metrics.jsonl: refuse, naming
-    the ways on; with start_over, move the old run's files into a folder beside them first, deleting nothing."""
-    # snapshots and SAEs too: another run's weights, which a new run's would be mixed with or taken for
-    found = [p for p in (run.latest, run.previous, run.best, run.legacy, run.metrics, run.snapshots,
-                         run.path / "sae") if p.exists()]
-    resumable = cfg.init_from == "resume" or cfg.init_from == "auto" and run.resume_candidates()
-    if not found or resumable:
+    folder holding another run's files: refused, or with start_over those files moved aside (RunDir's
+    clear_for_a_new_run)."""
+    if cfg.init_from == "resume" or cfg.init_from == "auto" and run.resume_candidates():
         return
-    names = ", ".join(p.name for p in found)
-    if not cfg.start_over:  # 'auto' too, where nothing is left to continue from: it would start afresh over them
-        how = "; continue it with --init_from=auto," if cfg.init_from != "auto" else \
-            " but no saved state to continue it from (latest.pt);"
-        raise UserError(f"{run.path} holds another run ({names}){how} train elsewhere with another --out_dir, or "
-                        "start over with --start_over=True (its files are moved aside, not deleted)")
-    aside = run.path / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
-    aside.mkdir()
-    found += run.pictures()  # what the tools drew of the old run
-    names = ", ".join(p.name for p in found)
-    for p in found:
-        p.rename(aside / p.name)
-    note(f"note: starting over in {run.path}: the previous run's {names} moved to {aside}")
+    # 'auto' too, where nothing is left to continue from: it would start afresh over them
+    how = "; continue it with --init_from=auto," if cfg.init_from != "auto" else \
+        " but no saved state to continue it from (latest.pt);"
+    run.clear_for_a_new_run(cfg.start_over, how, note)
 
 
 def resume_state(run, init_from, note):
