@@ -112,7 +112,8 @@ def test_settings_that_would_score_nothing_or_the_greedy_answer_k_times_are_one_
 
 
 @pytest.mark.parametrize("case", ["not chat", "no run", "unknown task", "outside the vocabulary",
-                                  "a problem outside it", "problems without eval", "a problem without its answer"])
+                                  "a problem outside it", "problems without eval", "a problem without its answer",
+                                  "a report column without a run"])
 def test_bad_input_is_one_line(case, chat_run, trained_run, tmp_path):
     mine = tmp_path / "mine.jsonl"
     mine.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant",
@@ -127,7 +128,8 @@ def test_bad_input_is_one_line(case, chat_run, trained_run, tmp_path):
             "outside the vocabulary": [f"--out_dir={chat_run}", "--prompt=日本"],
             "a problem outside it": [f"--out_dir={chat_run}", "--eval", f"--problems={mine}"],
             "problems without eval": [f"--out_dir={chat_run}", "--problems=x.jsonl"],
-            "a problem without its answer": [f"--out_dir={chat_run}", "--eval", f"--problems={asked}"]}[case]
+            "a problem without its answer": [f"--out_dir={chat_run}", "--eval", f"--problems={asked}"],
+            "a report column without a run": [f"--report={chat_run},{tmp_path / 'out-rl'}"]}[case]
     proc = run_here("chat.py", *args)
     assert proc.returncode == 1
     line = assert_one_error_line(proc.stderr)
@@ -137,7 +139,10 @@ def test_bad_input_is_one_line(case, chat_run, trained_run, tmp_path):
                 "a problem outside it": "mine's conversation 2: the text has characters outside the training vocab",
                 "problems without eval": "add --eval",
                 "a problem without its answer": "asked's conversation 1 ends with the user's turn: a conversation to "
-                                                "score ends with the assistant's answer, the reference"}[case]
+                                                "score ends with the assistant's answer, the reference",
+                "a report column without a run": f"{tmp_path / 'out-rl'} holds no run: train that stage first "
+                                                 "(docs/chat.md names each stage's command), or leave it out of "
+                                                 "--report"}[case]
     assert expected in line
 
 

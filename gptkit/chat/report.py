@@ -72,6 +72,10 @@ def stage(out_dir, problems, text, cfg, device):
 def report_card(cfg, device):
     """Every stage's column, the problems and text taken from the first chat run's dataset."""
     runs = comma_items(cfg.report)
+    for out_dir in runs:  # before any column is scored
+        if RunDir(out_dir).shown() is None:
+            raise UserError(f"{out_dir} holds no run: train that stage first (docs/chat.md names each stage's "
+                            "command), or leave it out of --report")
     problems = text = None
     for out_dir in runs:
         ckpt = load_checkpoint(RunDir(out_dir).model_file("best"))
