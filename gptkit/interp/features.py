@@ -164,7 +164,7 @@ def spliced(sae, off=()):
     def splice(x, name):
         values, indices = sae.encode_sparse(x.float().to(sae.W_dec.device))  # analyze.py's SAE is on the CPU
         if len(off):
-            values = values.masked_fill(torch.isin(indices, torch.as_tensor(off, dtype=indices.dtype)), 0.0)
+            values = values.masked_fill(torch.isin(indices, torch.as_tensor(off, dtype=indices.dtype, device=indices.device)), 0.0)
         return sae.decode_sparse(values, indices).to(x.device, x.dtype)
     return splice
 
@@ -189,8 +189,8 @@ def measure(model, sae, hook, idx, targets, dead_fraction):
     MEASURE_WINDOWS windows, so that memory stays that of a chunk, summed in float64."""
     sums = torch.zeros(6, dtype=torch.float64)  # active, squared error, Σx² , clean, spliced, zeroed (token sums)
     total_x = torch.zeros(sae.d_in, dtype=torch.float64)
+    device = next(model.parameters()).device
     for start in range(0, idx.size(0), MEASURE_WINDOWS):
-        device = next(model.parameters()).device
         x_idx, y = idx[start:start + MEASURE_WINDOWS].to(device), targets[start:start + MEASURE_WINDOWS].to(device)
         x = site_activations(model, x_idx, hook).flatten(0, 1).to(sae.W_dec.device)
         values, indices = sae.encode_sparse(x)
