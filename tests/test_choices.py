@@ -5,6 +5,7 @@ kept; and what the run says."""
 import json
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -206,6 +207,18 @@ def test_a_resumed_run_takes_its_saved_choices_without_timing(monkeypatch):
     _, retimed = chosen(preset(init_from="resume", retime=True), asked={"retime"}, saved=saved)
     assert machine.measured == [] and retimed.lines[-1].startswith("note: --retime measures a new run's choices; a "
                                                                    "resumed run continues with those it saved")
+
+
+def test_a_run_saved_on_a_cpu_continues_on_a_gpu_without_the_cpus_dropout_table():
+    """TableDropout's mask table lives on the CPU: a GPU run that took it from the checkpoint failed at its first
+    step (a CPU mask times a CUDA activation)."""
+    saved = {"dtype": "float32", "attention_path": "fused", "kernels": stand_ins.by_rule("cpu")}
+    gpu = SimpleNamespace(device="cuda", distributed=False)
+    picked = choices.resumed_choices(preset(init_from="resume"), gpu, saved, "float32")
+    assert "table_dropout" in saved["kernels"] and picked.kernels == stand_ins.by_rule("cuda")
+    cpu = SimpleNamespace(device="cpu", distributed=False)
+    assert choices.resumed_choices(preset(init_from="resume"), cpu, saved, "float32").kernels == saved["kernels"]
+
 
 
 # ---------------------------------------------------------------------------------------------- shape
