@@ -191,7 +191,7 @@ def head_scores_at(model, idx, layer, head, position):
     _, cache = run_with_cache(model, idx, [at + n for n in ("hook_q", "hook_k", "hook_attn_scores", "hook_pattern")])
     q, k = cache[at + "hook_q"][0, position, head].float(), cache[at + "hook_k"][0, :, head].float()
     d = k.size(-1)
-    raw = k @ q if d else torch.zeros(k.size(0))
+    raw = k @ q if d else torch.zeros(k.size(0), device=k.device)
     seen = torch.isfinite(cache[at + "hook_attn_scores"][0, head, position].float())
     used = cache[at + "hook_attn_scores"][0, head, position].float()
     unscaled = torch.softmax(raw.masked_fill(~seen, float("-inf")), -1)

@@ -39,7 +39,8 @@ def copy_windows(tok, block_size, windows=256, seed=PROBE_SEED):
 @torch.no_grad()
 def copy_losses(model, windows):
     """(mean loss on the first copies, on the second copies) over the windows of copy_windows."""
-    idx, targets, first, second = windows
+    device = next(model.parameters()).device
+    idx, targets, first, second = (t.to(device) for t in windows)
     losses = token_losses(model(idx, targets)[0], targets)
     return losses[first].mean().item(), losses[second].mean().item()
 
