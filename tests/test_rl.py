@@ -131,3 +131,22 @@ def test_a_start_that_failed_before_its_first_save_is_one_line_then_moved_aside_
         capsys.readouterr().out
     assert (aside / "metrics.jsonl").read_bytes() == kept
     assert load_checkpoint(out / "latest.pt")["iter_num"] == 4
+
+
+def test_a_run_saved_on_another_kind_of_device_continues_with_a_note(tmp_path, chat_run, monkeypatch, capsys):
+    """A CUDA generator's state (16 bytes) does not fit a CPU's (5,056): a run moved between a laptop and a GPU
+    continues from its weights and optimizer, its sampling seeded anew, and says so."""
+    import rl
+    from gptkit.run.checkpoint import save_checkpoint
+
+    monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: len(answer) % 2 == 0)
+    out = tmp_path / "out"
+    rl.main([*rl_args(chat_run, out), "--max_iters=2"])
+    ckpt = load_checkpoint(out / "latest.pt")
+    ckpt["rl"]["sampling"] = torch.zeros(16, dtype=torch.uint8)  # as torch.Generator(device="cuda") saves it
+    save_checkpoint(ckpt, out / "latest.pt")
+    capsys.readouterr()
+    rl.main([f"--out_dir={out}", "--max_iters=3"])
+    said = capsys.readouterr().out
+    assert f"note: {out / 'latest.pt'} was sampled on another kind of device; the answers from here are drawn" in said
+    assert load_checkpoint(out / "latest.pt")["iter_num"] == 3
