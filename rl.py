@@ -62,7 +62,7 @@ def start(cfg, run, device, changed):
             s["sampling"].set_state(ckpt["rl"]["sampling"])
         except RuntimeError:  # saved by another kind of device's generator (a CPU's state is 5,056 bytes, CUDA's 16)
             print(f"note: {run.latest} was sampled on another kind of device; the answers from here are drawn from "
-                  f"this one's generator seeded anew, so the run continues, but not as it would have there")
+                  "this one's generator seeded anew, so the run continues, but not as it would have there")
             s["sampling"].manual_seed(cfg.seed + s["state"].iter_num)
         print(f"continuing the RL run in {run.path} from step {s['state'].iter_num} of {cfg.max_iters}" +
               "".join(f"; {key} {was!r} → {now!r}" for key, (was, now) in changed.items()))
