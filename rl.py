@@ -162,7 +162,7 @@ def main(argv=None):
     device = pick_device(cfg.device)
     torch.manual_seed(cfg.seed)
     with RunDir(cfg.out_dir).locked() as run, StopSignals() as stop:
-        if not run.latest.exists():  # a new run: another's files, or a start stopped before its first save
+        if cfg.start_over or not run.latest.exists():  # a new run: another's files, or a start that never saved
             run.clear_for_a_new_run(cfg.start_over, " but no saved RL state to continue it from (latest.pt);", print)
         s = start(cfg, run, device, changed)
         if s["state"].iter_num >= cfg.max_iters:

@@ -133,6 +133,25 @@ def test_a_start_that_failed_before_its_first_save_is_one_line_then_moved_aside_
     assert load_checkpoint(out / "latest.pt")["iter_num"] == 4
 
 
+def test_start_over_moves_a_run_aside_once_and_the_new_run_then_continues(tmp_path, chat_run, monkeypatch, capsys):
+    """--start_over=True starts a new run where one is (rl.py continues a run it finds otherwise); the new run
+    does not keep the setting, so that continuing it continues it."""
+    import rl
+
+    monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: len(answer) % 2 == 0)
+    out = tmp_path / "out"
+    rl.main([*rl_args(chat_run, out), "--max_iters=2"])
+    first = (out / "latest.pt").read_bytes()
+    rl.main([*rl_args(chat_run, out), "--max_iters=3", "--start_over=True"])
+    (aside,) = out.glob("replaced-*")
+    assert (aside / "latest.pt").read_bytes() == first
+    assert load_checkpoint(out / "latest.pt")["iter_num"] == 3
+    capsys.readouterr()
+    rl.main([f"--out_dir={out}", "--max_iters=4"])
+    assert f"continuing the RL run in {out} from step 3 of 4; max_iters 3 → 4\n" in capsys.readouterr().out
+    assert len(list(out.glob("replaced-*"))) == 1 and load_checkpoint(out / "latest.pt")["iter_num"] == 4
+
+
 def test_a_run_saved_on_another_kind_of_device_continues_with_a_note(tmp_path, chat_run, monkeypatch, capsys):
     """A CUDA generator's state (16 bytes) does not fit a CPU's (5,056): a run moved between a laptop and a GPU
     continues from its weights and optimizer, its sampling seeded anew, and says so."""

@@ -22,7 +22,7 @@ class RLConfig:
     init_from: str = "out-chat"  # the chat run to start from (an SFT run's folder)
     init_checkpoint: str = "best"  # which of its states: 'best', 'latest' or 'iter:N' (an earlier snapshot)
     out_dir: str = "out-rl"  # where latest.pt, best.pt and metrics.jsonl go
-    start_over: bool = False  # a new run into an out_dir holding another: move the old run's files aside first
+    start_over: bool = False  # a new run even where out_dir holds one: that run's files are moved aside first
     tasks: str = "addition"  # the tasks to practise, comma-separated (each one its dataset holds)
     problems_per_step: int = 16  # problems a step
     samples: int = 16  # answers sampled per problem: the group whose mean reward is each answer's baseline
@@ -75,10 +75,10 @@ def rl_settings(argv):
     so that `python rl.py --out_dir=out-rl` alone goes on with the same run. Changes: {key: (saved, given)}."""
     given = given_values(RLConfig, argv, prog="rl.py")
     latest = RunDir(given.get("out_dir", RLConfig.out_dir)).latest
-    ckpt = load_checkpoint(latest) if latest.exists() else {}
+    ckpt = load_checkpoint(latest) if latest.exists() and not given.get("start_over") else {}
     if "rl" not in ckpt:  # a new run, or another tool's, which rl.py refuses to continue where it starts
         return make(RLConfig, given), {}
-    keys = {f.name for f in fields(RLConfig)}
+    keys = {f.name for f in fields(RLConfig)} - {"start_over"}  # the command's alone: a continued run goes on
     saved = {k: v for k, v in ckpt["config"].items() if k in keys}
     changed = {k: (saved[k], v) for k, v in given.items() if k in saved and saved[k] != v and k != "out_dir"}
     for key in ("init_from", "init_checkpoint"):  # where a run started is history: a new start is a new run
