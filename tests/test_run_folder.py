@@ -169,3 +169,17 @@ def test_a_model_loaded_after_model_py_changed_says_what_changed(run, capsys):
     model_at(path)
     assert capsys.readouterr().err == (f"note: model.py has changed since {path} was trained (relu_squared): the model "
                                        "runs the code as it is now, which may not be what it learned with\n")
+
+
+def test_two_start_overs_within_a_second_each_keep_their_runs_files(tmp_path, monkeypatch):
+    """The folder each old run moves to is named by the second it moved; a second start over in that second
+    gets a folder of its own (mkdir failed there with FileExistsError)."""
+    monkeypatch.setattr("time.strftime", lambda fmt: "20261130-010203")
+    run, notes = RunDir(tmp_path / "out"), []
+    run.path.mkdir()
+    for content in (b"first", b"second"):
+        run.metrics.write_bytes(content)
+        run.clear_for_a_new_run(True, "", notes.append)
+    assert (run.path / "replaced-20261130-010203" / "metrics.jsonl").read_bytes() == b"first"
+    assert (run.path / "replaced-20261130-010203-2" / "metrics.jsonl").read_bytes() == b"second"
+    assert notes[1].endswith(f"metrics.jsonl moved to {run.path / 'replaced-20261130-010203-2'}")

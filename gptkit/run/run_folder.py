@@ -140,7 +140,11 @@ class RunDir:
             raise UserError(f"{self.path} holds another run ({', '.join(p.name for p in found)}){how} train "
                             "elsewhere with another --out_dir, or start over with --start_over=True (its files are "
                             "moved aside, not deleted)")
-        aside = self.path / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside, again = self.path / f"replaced-{stamp}", 1
+        while aside.exists():  # a second start over within the second
+            again += 1
+            aside = self.path / f"replaced-{stamp}-{again}"
         aside.mkdir()
         found += self.pictures()  # what the tools drew of the old run
         for p in found:
