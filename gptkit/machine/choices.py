@@ -104,7 +104,8 @@ def resumed_choices(cfg, rt, saved, rule, asked=frozenset()):
     dtype = rule if cfg.dtype != "auto" else saved.get("dtype", rule)
     path = cfg.attention_path if cfg.attention_path != "auto" else saved.get("attention_path", "fused")
     # a run saved on a CPU and continued on a GPU leaves out the kernels a GPU does not take (the CPU's dropout table)
-    kernels = [k for k in saved.get("kernels", by_rule(rt.device)) if k in by_rule(rt.device)]
+    allowed = by_rule(rt.device)
+    kernels = [k for k in saved.get("kernels", allowed) if k in allowed]
     choices = Choices(dtype, path, kernels, fitted_from=saved.get("fitted_from"), planned=saved.get("planned"))
     start_threads(rt, cfg, choices)
     if choices.threads and saved.get("threads"):
