@@ -151,6 +151,19 @@ class RLState:
         return asdict(self)
 
 
+def measured_anew(state, changed):
+    """A continued run whose held-out pass@1 now measures something else (other tasks, another temperature or
+    answer length) compares its scores anew: best.pt's was scored otherwise. Returns the note to print, or None."""
+    keys = [key for key in ("tasks", "temperature", "max_new_tokens") if key in changed]
+    if not keys or state.best_pass_at_1 < 0:
+        return None
+    note = (f"note: with {' and '.join(keys)} changed, held-out pass@1 measures something else from here: best.pt "
+            f"(step {state.best_iter}, {100 * state.best_pass_at_1:.1f}%) was scored otherwise, and the next "
+            "score replaces it")
+    state.best_pass_at_1 = RLState.best_pass_at_1
+    return note
+
+
 def no_reward_line(cfg, scores):
     """The line for a start none of whose sampled answers to the held-out problems is right: its answers
     would earn no reward, and REINFORCE would have nothing to learn from."""
