@@ -61,6 +61,10 @@ class ChatConfig:
             raise ValueError(f"samples={self.samples} answers at temperature 0 are the same greedy one each time: "
                              "pass@k needs a temperature above 0 (e.g. --temperature=1.0)")
 
+    def sampled(self):
+        """Answers sampled per problem for pass@k: none at samples=1, where the greedy answer is scored alone."""
+        return self.samples if self.samples > 1 else 0
+
 
 def evaluate(cfg, model, tok, ckpt):
     """Score the run: each task's held-out problems (or the --problems file), and its loss on the plain val text
@@ -80,7 +84,7 @@ def evaluate(cfg, model, tok, ckpt):
         ks = ks_for(cfg.samples) if cfg.samples > 1 else []
         print(f"| task | problems | accuracy{''.join(f' | pass@{k}' for k in ks)} |\n"
               f"|---|---|---{'|---' * len(ks)}|")
-    results = score(model, tok, problems, cfg.samples, cfg.temperature, cfg.max_new_tokens, cfg.seed, say)
+    results = score(model, tok, problems, cfg.sampled(), cfg.temperature, cfg.max_new_tokens, cfg.seed, say)
     loss = text_loss(model, tok, text) if text else None
     if cfg.json:
         print(json.dumps({"tasks": {name: {**r, "pass_at": r.get("pass_at", {})} for name, r in results.items()},

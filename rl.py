@@ -31,6 +31,7 @@ from gptkit.machine.stand_ins import model_code
 from gptkit.run.checkpoint import save_checkpoint
 from gptkit.run.metrics import RunLog
 from gptkit.run.run_folder import RunDir, model_at
+from gptkit.training.updates import restore_optimizers, schedulable
 
 
 def start(cfg, run, device, changed):
@@ -50,12 +51,12 @@ def start(cfg, run, device, changed):
     heldout, _ = chat_sets(ckpt, cfg.tasks)  # one line for a task its dataset never held
     heldout = {t: heldout[t][:cfg.eval_problems] for t in cfg.task_list()}
     model.train()
-    optimizer = model.configure_optimizers(cfg)[0]  # model.py's groups, AdamW
-    s = dict(model=model, tok=tok, optimizer=optimizer, heldout=heldout, draw=ProblemDraw(cfg.task_list(), cfg.seed),
+    optimizers = schedulable(model.configure_optimizers(cfg))  # model.py's groups, AdamW: one optimizer, or several
+    s = dict(model=model, tok=tok, optimizers=optimizers, heldout=heldout, draw=ProblemDraw(cfg.task_list(), cfg.seed),
              sampling=torch.Generator(device=device).manual_seed(cfg.seed), state=RLState(),
              dataset={k: ckpt["config"].get(k) for k in ("data_dir", "dataset")})
     if resumed:
-        optimizer.load_state_dict(ckpt["optimizer"][0])
+        restore_optimizers(optimizers, ckpt["optimizer"])  # at this run's rates: the saved ones but those given anew
         s["draw"].generator.set_state(ckpt["rl"]["draw"])
         s["state"] = RLState(**ckpt["rl"]["state"])
         try:
@@ -88,8 +89,9 @@ def step(cfg, s):
         loss.backward()
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        s["optimizer"].step()
-        s["optimizer"].zero_grad()
+        for optimizer in s["optimizers"]:
+            optimizer.step()
+            optimizer.zero_grad()
     lengths = [len(a) for group in answers for a in group]
     return {"reward": rewards.mean().item(), "answer_tokens": sum(lengths) / len(lengths)}
 
@@ -116,7 +118,8 @@ def save(cfg, s, run, best=False):
     common = {"model": model.state_dict(), "model_args": asdict(model.config), "model_code": model_code(),
               "tokenizer": s["tok"].to_meta(), "config": {**asdict(cfg), **s["dataset"]},
               "iter_num": state.iter_num}
-    save_checkpoint({**common, "optimizer": [s["optimizer"].state_dict()], "seconds_spent": state.seconds_spent,
+    save_checkpoint({**common, "optimizer": [opt.state_dict() for opt in s["optimizers"]],
+                     "seconds_spent": state.seconds_spent,
                      "rl": {"state": state.to_dict(), "draw": s["draw"].generator.get_state(),
                             "sampling": s["sampling"].get_state()}}, run.latest)
     if best:

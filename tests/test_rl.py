@@ -86,6 +86,7 @@ def test_a_continued_run_says_each_setting_it_takes_anew(tmp_path, chat_run, mon
     rl.main([f"--out_dir={tmp_path / 'out'}", "--max_iters=3", "--learning_rate=1e-3"])
     assert (f"continuing the RL run in {tmp_path / 'out'} from step 2 of 3; max_iters 2 → 3; learning_rate 0.01 → "
             "0.001\n") in capsys.readouterr().out
+    assert load_checkpoint(tmp_path / "out" / "latest.pt")["optimizer"][0]["param_groups"][0]["lr"] == 1e-3
     with pytest.raises(UserError, match=f"holds an RL run started from init_from={str(chat_run)!r}; continue it "
                                         "without --init_from, or start from 'elsewhere' in another --out_dir"):
         rl.main([f"--out_dir={tmp_path / 'out'}", "--init_from=elsewhere"])  # a new start is a new run
@@ -105,6 +106,21 @@ def test_a_continued_run_scored_otherwise_compares_its_best_anew(tmp_path, chat_
             "50.0%) was scored otherwise, and the next score replaces it\n") in capsys.readouterr().out
     best = load_checkpoint(tmp_path / "out" / "best.pt")
     assert (best["iter_num"], best["pass_at_1"]) == (3, 0.25)
+
+
+def test_a_learners_single_optimizer_practises_and_one_sample_scores_pass_at_1(tmp_path, chat_run, monkeypatch):
+    """model.py's configure_optimizers may return one optimizer (its docstring's SGD), as train.py takes it; and
+    pass@1 from one sampled answer a problem is a score like any other."""
+    import rl
+    from model import GPT
+
+    monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: len(answer) % 2 == 0)
+    monkeypatch.setattr(GPT, "configure_optimizers", lambda self, cfg, dtype="float32":
+                        torch.optim.SGD(self.parameters(), lr=0.1))
+    rl.main([*rl_args(chat_run, tmp_path / "out"), "--max_iters=2", "--eval_samples=1"])
+    evals = [r for r in read_metrics(tmp_path / "out") if r["kind"] == "rl_eval"]
+    assert [r["iter"] for r in evals] == [0, 2] and all(0 <= r["pass_at_1"] <= 1 for r in evals)
+    assert load_checkpoint(tmp_path / "out" / "latest.pt")["optimizer"][0]["param_groups"][0]["lr"] == 0.1
 
 
 def test_an_out_dir_holding_a_train_py_run_is_one_line_and_keeps_its_files(tmp_path, chat_run):

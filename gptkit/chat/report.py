@@ -62,7 +62,7 @@ def stage(out_dir, problems, text, cfg, device):
     column = {"run": out_dir, "seconds": seconds_spent(out_dir), "trained": trained, "params": total}
     try:
         check_chat_model(tok, out_dir)
-        column["tasks"] = score(model, tok, problems, cfg.samples, cfg.temperature, cfg.max_new_tokens, cfg.seed)
+        column["tasks"] = score(model, tok, problems, cfg.sampled(), cfg.temperature, cfg.max_new_tokens, cfg.seed)
     except UserError:
         column["tasks"] = None  # a base model: it cannot be asked
     column["text_val_loss"] = text_loss(model, tok, text) if text else None

@@ -71,10 +71,10 @@ def file_problems(path):
     return {name: [(m, m[-1]["content"]) for m in conversations]}
 
 
-def score(model, tok, problems, samples=1, temperature=1.0, max_new_tokens=32, seed=0, progress=None):
+def score(model, tok, problems, samples=0, temperature=1.0, max_new_tokens=32, seed=0, progress=None):
     """{name: {"n", "accuracy", "pass_at": {k: ...}}} for each set of problems: {task: [(question, answer)]} (a
     task's checker judges) or {name: [(messages, reference)]} (exact match). Accuracy is the greedy answer's;
-    pass@k is estimated from `samples` answers sampled at `temperature`, where samples > 1."""
+    pass@k is estimated from `samples` answers sampled at `temperature` (0: none)."""
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     results = {}
     for name, items in problems.items():
@@ -82,7 +82,7 @@ def score(model, tok, problems, samples=1, temperature=1.0, max_new_tokens=32, s
         greedy = sample_answers(model, prompts, 1, max_new_tokens, 0.0, end=end_id(tok), vocab_size=tok.vocab_size)
         correct = [right(i, answer_text(tok, a[0])) for i, a in enumerate(greedy)]
         result = {"n": len(items), "accuracy": sum(correct) / len(items)}
-        if samples > 1:
+        if samples:
             drawn = sample_answers(model, prompts, samples, max_new_tokens, temperature, generator=generator,
                                    end=end_id(tok), vocab_size=tok.vocab_size)
             counts = [sum(right(i, answer_text(tok, a)) for a in answers) for i, answers in enumerate(drawn)]

@@ -9,10 +9,9 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from gptkit.base.errors import UserError
 from gptkit.machine.stand_ins import model_code
 from gptkit.run.checkpoint import load_weights, save_checkpoint
-from gptkit.training.updates import EMA
+from gptkit.training.updates import EMA, restore_optimizers
 from gptkit.training.train_config import BATCH_KEYS
 
 
@@ -103,17 +102,7 @@ class TrainState:
     def restore(self, ckpt, path, rt):
         """Continue from ckpt, read from path (its model weights are already loaded). The optimizers keep this
         run's settings (learning rates, betas, weight decay), which are the checkpoint's unless given again."""
-        if len(ckpt["optimizer"]) != len(self.optimizers):
-            raise UserError("the checkpoint was trained with a different optimizer; resume with the same one")
-        for opt, state in zip(self.optimizers, ckpt["optimizer"]):
-            settings = [{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
-            try:
-                opt.load_state_dict(state)
-            except ValueError:  # its parameter groups differ from this version's
-                raise UserError("the checkpoint's optimizer state does not fit this run's parameter groups; "
-                                "resume with the settings it was trained with") from None
-            for group, own in zip(opt.param_groups, settings):
-                group.update(own)
+        restore_optimizers(self.optimizers, ckpt["optimizer"])
         self.scaler.load_state_dict(ckpt["scaler"])
         if "trained" in ckpt:  # the model holds the checkpoint's EMA (this run's, if it keeps one)
             load_weights(self.model, ckpt["trained"], path, "trained weights")

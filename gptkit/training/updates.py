@@ -7,6 +7,8 @@ from contextlib import contextmanager
 
 import torch
 
+from gptkit.base.errors import UserError
+
 
 def schedulable(optimizers):
     """What model.configure_optimizers returned (one optimizer, or several) as a list, each group keeping its
@@ -16,6 +18,22 @@ def schedulable(optimizers):
         for group in opt.param_groups:
             group.setdefault("base_lr", group["lr"])
     return optimizers
+
+
+def restore_optimizers(optimizers, states):
+    """Load a checkpoint's optimizer states into this run's optimizers, which keep this run's settings (learning
+    rates, betas, weight decay): the checkpoint's unless given again."""
+    if len(states) != len(optimizers):
+        raise UserError("the checkpoint was trained with a different optimizer; resume with the same one")
+    for opt, state in zip(optimizers, states):
+        settings = [{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
+        try:
+            opt.load_state_dict(state)
+        except ValueError:  # its parameter groups differ from this version's
+            raise UserError("the checkpoint's optimizer state does not fit this run's parameter groups; "
+                            "resume with the settings it was trained with") from None
+        for group, own in zip(opt.param_groups, settings):
+            group.update(own)
 
 
 def rates(optimizers):
