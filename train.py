@@ -46,7 +46,7 @@ def start(cfg, rt, ckpt, ckpt_path, given, asked, started):
     (TrainingData, TrainState)."""
     data, sequences = open_data(cfg, rt, ckpt, ckpt_path)
     base = base_run(cfg) if ckpt is None else None  # init_from a run folder: fine-tuning its model
-    planned = planned_model(cfg, data.meta, ckpt, ckpt_path, base)  # the shape the config and data say
+    planned = planned_model(cfg, data.meta, ckpt, ckpt_path, base, given, asked)  # the shape the config and data say
     saved = ckpt["measured"] if ckpt is not None else None  # what a resumed run chose
     # precision, attention path, a preset's shape and the step's speed: this machine's, measured
     # once and kept (gptkit/machine/)

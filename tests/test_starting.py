@@ -148,6 +148,25 @@ def test_lora_settings_the_base_model_cannot_take_are_one_line(tied, rank, expec
     assert str(e.value) == expected
 
 
+def test_a_model_setting_other_than_the_bases_is_refused_from_the_command_line_and_gives_way_in_a_file(capsys):
+    """A fine-tune trains its base's model: --n_layer=2 on a 1-layer base is one line (it trained 1 layer, saying
+    nothing); a config file's value, which may be the base run's own before a machine fitted its shape, gives way
+    with a note; the dropout a fine-tune may change is taken."""
+    ckpt = base_checkpoint(3, {"tokenizer": "char", "vocab": "abc"})
+    meta = {"tokenizer": "char", "vocab": "abc", "vocab_size": 3}
+    cfg = train_config(**dict(SHAPE, n_layer=2, mlp_act="relu2", dropout=0.1))
+    with pytest.raises(UserError) as e:
+        from_base(cfg, meta, ckpt, given={"n_layer", "mlp_act", "dropout"}, asked={"n_layer", "dropout"})
+    assert str(e.value) == ("--n_layer=2: base/best.pt's model was built with n_layer=1, and a fine-tune trains the "
+                            "model it starts from; drop --n_layer, or train a new model with it (--init_from=scratch)")
+    planned = from_base(cfg, meta, ckpt, given={"n_layer", "mlp_act", "dropout"}, asked={"dropout"})
+    assert (planned.n_layer, planned.mlp_act, planned.dropout) == (1, "gelu", 0.1)
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        "note: the config's n_layer=2 gives way to base/best.pt's 1: a fine-tune trains the model it starts from",
+        "note: the config's mlp_act='relu2' gives way to base/best.pt's 'gelu': a fine-tune trains the model it "
+        "starts from"]
+
+
 def test_init_from_a_folder_without_a_run_is_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="holds no run"):

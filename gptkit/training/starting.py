@@ -3,7 +3,7 @@ model (fresh, resumed or pretrained), with the seeds that make them the same for
 
 import math
 import random
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -117,15 +117,16 @@ def holds_token_ids(data_dir, dataset, tokenizer):
         return False
 
 
-def planned_model(cfg, meta, ckpt=None, path=None, base=None):
+def planned_model(cfg, meta, ckpt=None, path=None, base=None, given=(), asked=()):
     """The GPTConfig build_model will build: the checkpoint's; the shape of the run it starts from (base) with
     the dataset's vocabulary and the config's dropout, context and LoRA; or the config's with the dataset's
     vocabulary (model_vocab: padded to a multiple of 64 for faster matmuls, but for characters); None for
-    pretrained weights, whose shape is known once they load."""
+    pretrained weights, whose shape is known once they load. given, asked: the keys config files and the
+    command line give, and those the command line gives."""
     if ckpt is not None:
         return model_config(ckpt, path, dropout=cfg.model.dropout)
     if base is not None:
-        return from_base(cfg, meta, base)
+        return from_base(cfg, meta, base, given, asked)
     if cfg.init_from != "scratch":
         return None
     return replace(cfg.model, vocab_size=model_vocab(meta))
@@ -193,13 +194,14 @@ def base_run(cfg):
     return load_checkpoint(path, required=MODEL_KEYS), path
 
 
-def from_base(cfg, meta, base):
+def from_base(cfg, meta, base, given=(), asked=()):
     """The model a run started from `base` trains: base's shape, the dataset's vocabulary (padded as a new
-    model's), and the config's dropout, context length and LoRA settings. The dataset must be tokenized as the
-    base was: char-level, with any characters (rows move by character); a BPE, by the same one, with or without
-    the chat markers."""
+    model's), and the config's dropout, context length and LoRA settings (FINE_TUNE_KEYS). The dataset must be
+    tokenized as the base was: char-level, with any characters (rows move by character); a BPE, by the same one,
+    with or without the chat markers."""
     ckpt, path = base
     was, learned = model_config(ckpt, path), ckpt["tokenizer"]
+    kept_from_base(cfg, was, path, given, asked)
     if cfg.model.block_size > was.block_size:
         raise UserError(f"block_size {cfg.model.block_size} is longer than the {was.block_size} positions "
                         f"{path} was trained on; pass --block_size={was.block_size} or less")
@@ -218,6 +220,26 @@ def from_base(cfg, meta, base):
                        lora_rank=cfg.model.lora_rank, lora_alpha=cfg.model.lora_alpha)
     except ValueError as e:  # the config's LoRA settings checked against the base's shape, e.g. a rank over its width
         raise UserError(f"{path}'s model: {e}") from None
+
+
+# what a fine-tune takes from its config rather than from its base model (the vocabulary comes from its dataset)
+FINE_TUNE_KEYS = ("vocab_size", "dropout", "block_size", "lora_rank", "lora_alpha")
+
+
+def kept_from_base(cfg, was, path, given, asked):
+    """A fine-tune trains its base's model: any other model setting the command line gives is refused in one
+    line, and a config file's is said to give way to the base's (a fine-tune config may build on the base run's,
+    whose shape a machine fitted)."""
+    for key in (f.name for f in fields(was) if f.name not in FINE_TUNE_KEYS and f.name in given):
+        mine, base = getattr(cfg.model, key), getattr(was, key)
+        if mine == base:
+            continue
+        if key in asked:
+            raise UserError(f"--{key}={mine!r}: {path}'s model was built with {key}={base!r}, and a fine-tune "
+                            f"trains the model it starts from; drop --{key}, or train a new model with it "
+                            "(--init_from=scratch)")
+        print(f"note: the config's {key}={mine!r} gives way to {path}'s {base!r}: a fine-tune trains the model it "
+              "starts from", flush=True)
 
 
 def load_base(model, base, meta, rank):
