@@ -236,6 +236,23 @@ class LoRALinear(nn.Linear):
         update = F.linear(F.linear(x, self.lora_A.to(x.dtype)), self.lora_B.to(x.dtype))
         return F.linear(x, self.weight, self.bias) + self.scale * update
 
+    @torch.no_grad()
+    def merged(self):
+        """The plain matrix this layer computes, read off forward: a linear map's matrix is what
+        it does to each basis vector (the identity's rows), so an edit to forward merges as
+        written. A forward no matrix and bias compute is refused (ValueError)."""
+        n, like = self.in_features, dict(dtype=self.weight.dtype, device=self.weight.device)
+        # one pass: the basis vectors, 0 (whose output is the bias) and random inputs to check
+        x = torch.cat([torch.eye(n, **like), torch.zeros(1, n, **like), torch.randn(4, n, **like)])
+        y = self(x)
+        offset, matrix = y[n], (y[:n] - y[n]).T
+        bias = self.bias if self.bias is not None else torch.zeros_like(offset)
+        if not (torch.allclose(y[n + 1:], x[n + 1:] @ matrix.T + offset, rtol=1e-4, atol=1e-5)
+                and torch.allclose(offset, bias, atol=1e-6)):
+            raise ValueError("LoRALinear.forward is not a matrix times its input plus the bias, "
+                             "so no plain matrix computes it")
+        return matrix
+
     def extra_repr(self):
         return f"{super().extra_repr()}, rank={self.lora_A.size(0)}, scale={self.scale:g}"
 
@@ -256,6 +273,11 @@ class LoRAEmbedding(nn.Embedding):
     def forward(self, idx):
         return F.embedding(idx, self.weight) + self.scale * (F.embedding(idx, self.lora_B) @ self.lora_A)
 
+    @torch.no_grad()
+    def merged(self):
+        """The plain table this layer looks up: its forward on every token, as written."""
+        return self(torch.arange(self.num_embeddings, device=self.weight.device))
+
     def extra_repr(self):
         return f"{super().extra_repr()}, rank={self.lora_A.size(0)}, scale={self.scale:g}"
 
@@ -273,17 +295,20 @@ def linear(config, in_features, out_features, adapted=True):
 
 def merge_lora(weights, config):
     """(weights, config) with LoRA's adapters folded into the matrices they adapt: each W becomes
-    W + (α/r)·B A (in float32, then W's dtype), the adapters' keys go and lora_rank becomes 0. A
-    plain model then computes what the adapted one did. Without adapters: the inputs, unchanged."""
+    what its layer computes, W + (α/r)·B A as written above (in float32, then W's dtype), the
+    adapters' keys go and lora_rank becomes 0. A plain model then computes what the adapted one
+    did. Without adapters: the inputs, unchanged."""
     if config.lora_rank == 0:
         return weights, config
-    scale = config.lora_alpha / config.lora_rank
+    lora = (config.lora_rank, config.lora_alpha)
     merged = {name: t for name, t in weights.items() if not name.endswith((".lora_A", ".lora_B"))}
-    for name, w in merged.items():
-        adapter = name.removesuffix("weight")
-        if name.endswith(".weight") and adapter + "lora_A" in weights:
-            update = weights[adapter + "lora_B"].float() @ weights[adapter + "lora_A"].float()
-            merged[name] = (w.float() + scale * update).to(w.dtype)
+    for name in [n.removesuffix(".lora_A") for n in weights if n.endswith(".lora_A")]:
+        own = {key.removeprefix(f"{name}."): t.float() for key, t in weights.items() if key.startswith(f"{name}.")}
+        rows, cols = own["weight"].shape
+        layer = (LoRAEmbedding(rows, cols, *lora) if name == "transformer.wte" else  # as GPT builds them
+                 LoRALinear(cols, rows, "bias" in own, *lora))
+        layer.load_state_dict(own, assign=True)
+        merged[f"{name}.weight"] = layer.merged().to(weights[f"{name}.weight"].dtype)
     return merged, replace(config, lora_rank=0)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import sample
 import train
@@ -238,14 +239,24 @@ def test_a_model_setting_no_model_takes_is_one_line_naming_the_file_to_every_rea
     assert summarize("run", run).error == line.replace(str(path), "run/best.pt")
 
 
-def test_a_lora_checkpoint_loads_as_a_plain_model_with_its_adapters_merged():
+@pytest.mark.parametrize("edit", [None, "twice the update", "the update through tanh"])
+def test_a_lora_checkpoint_loads_as_a_plain_model_with_its_adapters_merged(edit, monkeypatch, capsys):
     """Every reader of a trained model (sample.py, analyze.py, export.py, the explorer) builds it with
     model_from_checkpoint: a LoRA run's comes back a plain model, its adapters folded into its matrices, computing
-    the same logits."""
+    the same logits, LoRALinear.forward as the learner wrote it; one no matrix computes keeps its adapters, with
+    a note."""
     from dataclasses import asdict
 
+    import model as model_py
     from model import GPT, GPTConfig
 
+    def edited(self, x):
+        update = F.linear(F.linear(x, self.lora_A), self.lora_B)
+        return F.linear(x, self.weight, self.bias) + self.scale * (2 * update if edit == "twice the update" else
+                                                                   torch.tanh(update))
+
+    if edit:
+        monkeypatch.setattr(model_py.LoRALinear, "forward", edited)
     torch.manual_seed(0)
     adapted = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=50, block_size=16, lora_rank=4,
                                tie_weights=False)).eval()
@@ -255,8 +266,12 @@ def test_a_lora_checkpoint_loads_as_a_plain_model_with_its_adapters_merged():
                 p.normal_(0, 0.05)
     ckpt = {"model": adapted.state_dict(), "model_args": asdict(adapted.config)}
     model = checkpoint.model_from_checkpoint(ckpt, "lora.pt").eval()
-    assert model.config.lora_rank == 0 and not any("lora" in name for name in model.state_dict())
-    assert all(p.requires_grad for p in model.parameters())
+    kept = edit == "the update through tanh"
+    assert capsys.readouterr().out == ("note: lora.pt's LoRA adapters stay beside their matrices: LoRALinear.forward "
+                                       "is not a matrix times its input plus the bias, so no plain matrix computes "
+                                       "it\n" if kept else "")
+    assert (model.config.lora_rank == 0) != kept and any("lora" in name for name in model.state_dict()) == kept
+    assert kept or all(p.requires_grad for p in model.parameters())
     idx = torch.randint(50, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = adapted(idx, idx)[0]

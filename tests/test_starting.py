@@ -167,6 +167,21 @@ def test_a_model_setting_other_than_the_bases_is_refused_from_the_command_line_a
         "starts from"]
 
 
+def test_a_lora_base_whose_edited_adapter_no_matrix_computes_is_one_line(monkeypatch):
+    import model as model_py
+
+    monkeypatch.setattr(model_py.LoRALinear, "forward", lambda self, x: torch.tanh(x @ self.weight.T))
+    base = GPT(GPTConfig(vocab_size=3, lora_rank=2, **SHAPE))
+    ckpt = {"model": base.state_dict(), "model_args": dataclasses.asdict(base.config),
+            "tokenizer": {"tokenizer": "char", "vocab": "abc"}}
+    with pytest.raises(UserError) as e:
+        load_base(GPT(GPTConfig(vocab_size=3, **SHAPE)), (ckpt, "base/best.pt"), {"tokenizer": "char", "vocab": "abc"},
+                  rank=0)
+    assert str(e.value) == ("base/best.pt's LoRA adapters cannot be folded into its matrices to fine-tune from: "
+                            "LoRALinear.forward is not a matrix times its input plus the bias, so no plain matrix "
+                            "computes it")
+
+
 def test_init_from_a_folder_without_a_run_is_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="holds no run"):

@@ -250,7 +250,10 @@ def load_base(model, base, meta, rank):
     ckpt, path = base
     old, new = token_keys(ckpt["tokenizer"], meta), token_keys(meta, meta)
     was = model_config(ckpt, path)
-    weights, _ = merge_lora(dict(ckpt["model"]), was)  # a LoRA run: its adapters folded in
+    try:
+        weights, _ = merge_lora(dict(ckpt["model"]), was)  # a LoRA run: its adapters folded in
+    except ValueError as e:  # model.py's adapter, as edited, computes what no plain matrix does
+        raise UserError(f"{path}'s LoRA adapters cannot be folded into its matrices to fine-tune from: {e}") from None
     tables = [k for k in ("transformer.wte.weight", "lm_head.weight") if k in weights]
     own, at = model.state_dict(), {key: i for i, key in enumerate(new)}
     kept = [(at[key], i) for i, key in enumerate(old) if key in at]
