@@ -15,6 +15,7 @@ from dataclasses import asdict
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import REPO, check_ok, make_text, run_script, tiny_model
 from gptkit.base.errors import UserError
@@ -185,6 +186,23 @@ def test_export_of_a_bpe_run_names_its_end_of_text_token(bpe_data, tmp_path):
     torch.testing.assert_close(hf_logits(hf, idx), all_logits(model, idx), atol=1e-4, rtol=0)
 
 
+def test_export_of_a_model_py_edited_beyond_gpt2_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    """An edit no option names (the gelu_tanh activation made SiLU) would be written as plain GPT-2: the exported
+    model's logits are checked against the run's."""
+    pytest.importorskip("transformers")
+    import export
+    import model as model_py
+
+    monkeypatch.setitem(model_py.ACTIVATIONS, "gelu_tanh", F.silu)
+    save_fake_run(tiny_model(block_size=24, **EXPORTABLE["gpt2"]), tmp_path / "out", {"tokenizer": "char",
+                                                                                      "vocab": CHARS})
+    with pytest.raises(UserError, match=r"^GPT-2 built from this model's weights computes other logits \(up to "
+                                        r"[0-9.e-]+ apart\): its model.py computes something GPT-2's layout has no "
+                                        r"place for \(an edit, or an option of its own\); nothing was written$"):
+        export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
+    assert not (tmp_path / "hf").exists()
+
+
 @pytest.mark.slow
 def test_export_refuses_incompatible_model(tmp_path):
     model = tiny_model(n_layer=1, n_head=2, n_embd=16, bias=False, pos_emb="rope")
@@ -198,9 +216,9 @@ def test_export_refuses_incompatible_model(tmp_path):
 
 @pytest.mark.parametrize("option", [dict(norm="rmsnorm"), dict(qk_norm=True), dict(logit_softcap=30.0),
                                     dict(pos_emb="none"), dict(attention="dot"), dict(causal=False), dict(mlp=False),
-                                    dict(token_shift=True)],
+                                    dict(token_shift=True), dict(lora_rank=4, tie_weights=False)],
                          ids=["rmsnorm", "qk_norm", "softcap", "no_positions", "dot", "encoder", "no_mlp",
-                              "token_shift"])
+                              "token_shift", "lora_kept"])
 def test_export_names_the_option_it_cannot_represent(option):
     from gptkit.interop.hf import check_exportable
 

@@ -178,6 +178,7 @@ def gpt2_refusal(config, activations):
         (not config.causal, "causal=False (GPT-2 is a decoder: it masks the future)"),
         (not config.mlp, "mlp=False (every GPT-2 block has an MLP)"),
         (config.token_shift, "token_shift=True (GPT-2's blocks read only their own position's stream)"),
+        (config.lora_rank > 0, f"lora_rank={config.lora_rank} (adapters its LoRALinear.forward folds into no matrix)"),
     ]
     return next((what for refused, what in refusals if refused), None)
 
@@ -203,6 +204,22 @@ def state_to_hf(state, config):
     return out
 
 
+@torch.no_grad()
+def check_same_logits(model, hf):
+    """GPT-2 built from model's weights must compute model's logits: an edit to model.py, or an option of its
+    own, that GPT-2 has no place for would otherwise be written as another model. One line, before any file."""
+    config = model.config
+    idx = torch.randint(config.vocab_size, (2, min(16, config.block_size)), generator=torch.Generator().manual_seed(0))
+    was_training = model.training
+    ours = model.eval()(idx, idx)[0].float()
+    model.train(was_training)
+    gap = (hf(idx).logits.float() - ours).abs().max().item()
+    if not gap <= 1e-4 * max(1.0, ours.abs().max().item()):  # float32's rounding, not another function
+        raise UserError(f"GPT-2 built from this model's weights computes other logits (up to {gap:.3g} apart): its "
+                        "model.py computes something GPT-2's layout has no place for (an edit, or an option of its "
+                        "own); nothing was written")
+
+
 def save_hf(model, hf_dir, eos_token_id=None):
     """Write model (a GPT) to hf_dir as config.json + model.safetensors for GPT2LMHeadModel."""
     config = model.config
@@ -211,6 +228,7 @@ def save_hf(model, hf_dir, eos_token_id=None):
     hf_config = transformers.GPT2Config(**hf_config_args(config, eos_token_id))
     hf = transformers.GPT2LMHeadModel(hf_config).eval()
     hf.load_state_dict(state_to_hf(model.state_dict(), config))
+    check_same_logits(model, hf)
     hf_dir = Path(hf_dir)
     try:
         hf_dir.mkdir(parents=True, exist_ok=True)
