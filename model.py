@@ -333,6 +333,8 @@ class SelfAttention(nn.Module):
                 torch.randn(config.n_head, config.n_embd // config.n_head) * 0.02)
         self.score = SCORES[config.attention]
         self.attend = self.sdpa if config.attention in ("scaled", "dot") else self.written
+        # SDPA's scale (None: its 1/sqrt(d)), what the score function gives; the written path reads the score
+        # function's own
         self.scale = None if config.attention == "scaled" else 1.0
         head_norm = F.rms_norm if config.norm == "rmsnorm" else F.layer_norm
         self.qk_norm = (lambda x: head_norm(x, (x.size(-1),))) if config.qk_norm else (lambda x: x)

@@ -331,6 +331,18 @@ def test_an_edited_attention_is_timed_on_the_written_path_alone(monkeypatch):
     assert choices.attention_path_for(edited, 4, "float32", "cpu") == "written" and timed == []
 
 
+def test_a_path_asked_for_that_an_edit_overrules_is_said_once(monkeypatch):
+    """--attention_path=folded on an edited score function: the written path runs, and only its line is said
+    (the line naming the folded path 'as asked' went out before it contradicted it)."""
+    import model as model_py
+    monkeypatch.setattr(model_py, "SCORES", dict(model_py.SCORES, scaled=lambda attn, q, k: q @ k.transpose(-2, -1)))
+    chosen = Choices("float32", "folded", [], lines=["precision: float32", "attention: the folded path (as asked)"])
+    choices.on_speed_path(tiny_model(config=train_config().model, vocab_size=20), chosen)
+    assert chosen.attention_path == "written" and chosen.lines[0] == "precision: float32"
+    assert [line.split(":")[0] for line in chosen.lines] == ["precision", "attention"]
+    assert chosen.lines[1].startswith("attention: the written path instead of folded")
+
+
 def test_choices_saved_name_what_a_resume_needs():
     assert Choices("float32", "fused", []).saved() == {"dtype": "float32", "attention_path": "fused", "kernels": []}
     fitted = Choices("bfloat16", "folded", ["relu2"], threads=2, fitted_from={"n_layer": 4})

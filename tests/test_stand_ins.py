@@ -13,6 +13,7 @@ from gptkit.interp.hooks import hooked
 from gptkit.machine import stand_ins
 from gptkit.machine.stand_ins import ATTENTION_PATHS, TableDropout, by_rule, install
 from gptkit.sampling.decoding import generate
+from model import SelfAttention
 
 DROPOUT_MODEL = dict(MODERN, dropout=0.1, token_shift=True)
 
@@ -248,6 +249,28 @@ def test_an_edited_sdpa_takes_the_fused_path_from_every_other_one(monkeypatch):
                    "runs"])]
 
 
+@pytest.mark.parametrize("path", ATTENTION_PATHS)
+def test_an_edited_init_that_sets_its_own_attention_keeps_it_on_every_path(monkeypatch, path):
+    """An __init__ edited to pick attention of the learner's own: no path replaces it, and one line says the
+    edited __init__ is what runs."""
+    init = SelfAttention.__init__
+
+    def edited_init(self, config):
+        init(self, config)
+        self.attend = lambda q, k, v: self.written(q / 2, k, v)  # an edit: the queries halved
+
+    model = edited_model(monkeypatch, "SelfAttention.__init__", edited_init)
+    taken, lines = install(model, [], path)
+    assert lines and "model.py's SelfAttention.__init__ is not the code" in lines[0]
+    idx = random_tokens((2, 12))
+    plain = tiny_model(**{**DROPOUT_MODEL, "dropout": 0.0})
+    plain.load_state_dict(model.state_dict())
+    for block in plain.transformer.h:
+        block.attn.attend = lambda q, k, v, attn=block.attn: attn.written(q / 2, k, v)
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx, idx)[1], plain(idx, idx)[1])
+
+
 def test_a_model_loaded_from_a_checkpoint_runs_an_edited_attention(monkeypatch, tmp_path):
     """sample.py, analyze.py and the explorer build their model through model_from_checkpoint: where the learner
     edited the written-out attention, that model runs the edit too, as training did."""
@@ -275,7 +298,7 @@ def recording_edit(piece, original, ran):
 COVERED = {"relu_squared": ["scaled"], "token_shift": ["scaled"], "scaled_scores": ["scaled"],
            "dot_scores": ["scaled", "dot"], "SelfAttention.pattern": ["scaled", "dot"],
            "SelfAttention.written": ["scaled", "dot"], "SelfAttention.visible": ["scaled", "dot"],
-           "SelfAttention.sdpa": ["scaled", "dot"]}
+           "SelfAttention.sdpa": ["scaled", "dot"], "SelfAttention.__init__": ["scaled", "dot"]}
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
@@ -315,6 +338,8 @@ EDITS = {  # a learner's edits to model.py, as text: (what they replace, with wh
     "the softmax replaced": ("F.softmax(self.hook_attn_scores(scores), dim=-1)",
                              "torch.sigmoid(self.hook_attn_scores(scores))"),
     "the dot products doubled": ("    return q @ k.transpose(-2, -1)", "    return 2 * (q @ k.transpose(-2, -1))"),
+    "a sliding window of 4": ("dtype=torch.bool).tril(),", "dtype=torch.bool).tril() & ~torch.ones(config.block_size, "
+                                                           "config.block_size, dtype=torch.bool).tril(-4),"),
 }
 
 
@@ -347,5 +372,5 @@ def test_each_edit_to_model_py_changes_what_the_default_config_trains(tmp_path, 
         loss, said = loss_after_20_steps(project, data_dir, tmp_path / name.replace(" ", "_"))
         assert abs(loss - unedited) > 1e-3, f"{name}: {loss} against {unedited} unedited"
         if name in ("ReLU² made the identity", "the score scale changed", "the softmax replaced",
-                    "the dot products doubled"):
+                    "the dot products doubled", "a sliding window of 4"):
             assert "model.py's" in said and "so yours runs" in said, name

@@ -87,7 +87,11 @@ def choose(cfg, rt, planned, saved=None, asked=frozenset(), started=None, update
 def on_speed_path(model, choices):
     """Install the chosen kernels and attention path on the built model; each that steps aside for an edited
     piece of model.py is said, and the path taken is the one recorded."""
-    choices.attention_path, aside = install(model, choices.kernels, choices.attention_path)
+    taken, aside = install(model, choices.kernels, choices.attention_path)
+    if taken != choices.attention_path:  # an edit decided it: its line replaces the one naming the path asked for
+        asked = f"attention: the {choices.attention_path} path ("
+        choices.lines = [line for line in choices.lines if not line.startswith(asked)]
+    choices.attention_path = taken
     choices.lines.extend(aside)
     return model
 

@@ -18,8 +18,9 @@ What the learner writes is what runs: each kernel stands in for a piece of model
 code it was written for (WRITTEN_FOR, a fingerprint of each piece's code). Where the learner has edited the piece,
 the kernel steps aside, their version runs, and install() says so in one line. The attention paths follow the same
 rule. The fused and folded paths stand in for the written-out attention (the score function, with the `dot_scores`
-that `scaled_scores` calls, `pattern`, `written`, `visible`): an edit to any of them makes every path the written
-one. The written and folded paths stand in for `sdpa`, and 'fused' does too while the table's masks drop weights:
+that `scaled_scores` calls, `pattern`, `written`, `visible`, and `SelfAttention.__init__`, which sets up the mask,
+scale and scores they read): an edit to any of them makes every path the written one, or, where the edited
+`__init__` sets `attend` to a function of the learner's own, that function. The written and folded paths stand in for `sdpa`, and 'fused' does too while the table's masks drop weights:
 an edit to it makes every path the fused one, the learner's SDPA, which draws its own dropout masks (the table
 then leaves the attention weights' dropout alone).
 """
@@ -61,6 +62,7 @@ WRITTEN_FOR = {
     "SelfAttention.written": "2b4dc9cb86e56322",
     "SelfAttention.visible": "a48e7f5ea11a4c6a",
     "SelfAttention.sdpa": "c79a972ed1b35032",
+    "SelfAttention.__init__": "12ce80bd6f35b921",
 }
 
 
@@ -155,7 +157,8 @@ def set_attention_path(model, path):
     for module in model.modules():
         if isinstance(module, SelfAttention):
             layer_path, pieces = path_for_edits(module, path)
-            module.attend = attention_function(module, layer_path)
+            if not own_attention(module):
+                module.attend = attention_function(module, layer_path)
             if pieces:
                 taken, why = layer_path, [path_line(path, layer_path, pieces)]
     return taken, why
@@ -181,12 +184,21 @@ def path_for_edits(attn, path):
         [("dot_scores", attn.score)]  # scaled_scores calls model.py's dot_scores
     written = [name for name, function in (*scores, ("SelfAttention.pattern", cls.pattern),
                                            ("SelfAttention.written", cls.written),
-                                           ("SelfAttention.visible", cls.visible)) if edited(name, function)]
+                                           ("SelfAttention.visible", cls.visible),
+                                           ("SelfAttention.__init__", cls.__init__)) if edited(name, function)]
     if written:
         return "written", written
     if edited("SelfAttention.sdpa", cls.sdpa):
         return "fused", ["SelfAttention.sdpa"]
     return path, []
+
+
+def own_attention(attn):
+    """Whether attn.attend is a function of the learner's own, which their edited __init__ set: no path
+    replaces it."""
+    attend = attn.attend
+    function = attend.func if isinstance(attend, partial) else getattr(attend, "__func__", attend)
+    return function not in (folded, fused_unless_dropping, SelfAttention.sdpa, SelfAttention.written)
 
 
 def runs_own_sdpa(module):
