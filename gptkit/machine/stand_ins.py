@@ -20,9 +20,10 @@ the kernel steps aside, their version runs, and install() says so in one line. T
 rule. The fused and folded paths stand in for the written-out attention (the score function, with the `dot_scores`
 that `scaled_scores` calls, `pattern`, `written`, `visible`, and `SelfAttention.__init__`, which sets up the mask,
 scale and scores they read): an edit to any of them makes every path the written one, or, where the edited
-`__init__` sets `attend` to a function of the learner's own, that function. The written and folded paths stand in for `sdpa`, and 'fused' does too while the table's masks drop weights:
-an edit to it makes every path the fused one, the learner's SDPA, which draws its own dropout masks (the table
-then leaves the attention weights' dropout alone).
+`__init__` sets `attend` to a function of the learner's own, that function. The written and folded paths stand in
+for `sdpa`, and 'fused' does too while the table's masks drop weights: an edit to it makes every path the fused
+one, the learner's SDPA, which draws its own dropout masks (the table then leaves the attention weights' dropout
+alone).
 """
 
 import ast
