@@ -113,13 +113,25 @@ def test_mean_ablation_uses_the_mean_over_the_stated_tokens():
         assert not torch.allclose(run.model(idx, idx)[0], expected, atol=1e-3)  # other tokens, other means
 
 
-@pytest.mark.parametrize("how", ["zero", "mean"])
-@pytest.mark.parametrize("skipped", [False, True])
-def test_ablation_deltas_equal_one_ablated_pass_per_head(how, skipped, monkeypatch):
+def halved_mlp_forward(self, x, rotary=None, cache=None, layer=0):  # a learner's edit to Block.forward
+    x = self.hook_resid_pre(x)
+    x = x + self.hook_attn_out(self.attn(self.branch_input(x, 0, cache, layer), rotary, cache, layer))
+    x = self.hook_resid_mid(x)
+    x = x + 0.5 * self.hook_mlp_out(self.mlp(self.branch_input(x, 1, cache, layer)))
+    return self.hook_resid_post(x)
+
+
+@pytest.mark.parametrize("how, skipped, edited", [("zero", False, False), ("mean", False, False),
+                                                   ("zero", True, False), ("mean", True, True)])
+def test_ablation_deltas_equal_one_ablated_pass_per_head(how, skipped, edited, monkeypatch):
     """The batched deltas (heads in groups, passes from after each layer's attention, rows in chunks) against
     the plain way: one full pass of every row per head, that head ablated; targets of -1 (a chat dataset's
-    prompt tokens) count nowhere, as in training."""
+    prompt tokens) count nowhere, as in training. A Block.forward the learner edited is what both run."""
+    import model as model_py
+
     monkeypatch.setattr(experiments, "PASS_TOKENS", 48)  # passes of 48 tokens: a row a chunk, heads 3 and 1 a pass
+    if edited:
+        monkeypatch.setattr(model_py.Block, "forward", halved_mlp_forward)
     model = tiny_model(attention_weights=0.5, **MODERN, token_shift=True)
     idx, targets = random_tokens((5, 16)), random_tokens((5, 16), seed=3)
     if skipped:

@@ -75,19 +75,16 @@ def run_with_cache(model, idx, names_filter=None):
 
 
 def forward_from(model, layer, x, rotary=None, after_attention=False):
-    """The rest of the forward pass from blocks.{layer}.hook_resid_pre = x (B, T, C), or with after_attention from
-    the stream after that layer's attention (hook_resid_mid), to every position's logits: what a pass that changes
-    nothing before that point need not redo. rotary: the tables model.embed gave the same positions (None without
-    rotary positions)."""
-    blocks = model.transformer.h
-    if after_attention:  # the second half of Block.forward
-        block = blocks[layer]
-        if block.mlp is not None:
-            x = block.hook_resid_mid(x)
-            x = x + block.hook_mlp_out(block.mlp(block.branch_input(x, 1)))
-        x, layer = block.hook_resid_post(x), layer + 1
-    for block in blocks[layer:]:
-        x = block(x, rotary)
+    """Every position's logits from blocks.{layer}.hook_resid_pre = x (B, T, C), or with after_attention from the
+    stream after that layer's attention (hook_resid_mid; an attention-only block's hook_resid_post): the blocks'
+    own forward from that layer on, what need not be redone before it skipped (with after_attention, that layer's
+    attention runs on x and is dropped where the stream is replaced), then GPT.forward's final norm and head.
+    rotary: the tables model.embed gave the same positions (None without rotary positions)."""
+    block = model.transformer.h[layer]
+    point = "hook_resid_mid" if block.mlp is not None else "hook_resid_post"
+    with hooked(model, {f"blocks.{layer}.{point}": lambda _, name, stream=x: stream} if after_attention else {}):
+        for block in model.transformer.h[layer:]:
+            x = block(x, rotary)
     return model.head(model.transformer.ln_f(x))
 
 
