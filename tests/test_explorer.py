@@ -24,6 +24,7 @@ from conftest import MODEL, REPO, check_ok, partial_tokens, run_script, sum_tole
 from gptkit.data.conversations import MARKERS, prompt_text
 from gptkit.data.tokenizer import CharTokenizer
 from gptkit.explorer.app import make_app
+from test_settings import DEEP
 from gptkit.explorer.shelf import Shelf
 from gptkit.interp.hooks import attention_maps, token_label
 from gptkit.run.checkpoint import save_checkpoint
@@ -393,7 +394,7 @@ def test_runs_whose_metrics_hold_what_no_run_writes_still_list_and_open(lab, tmp
                  '{"kind": "final", "iter": 30, "val_loss": -Infinity}')
     with_records(root / "text", {"kind": "run", "elapsed_s": "soon"}, {"kind": "final", "iter": 30, "val_loss": "x"})
     with_records(root / "bad_health", {"kind": "health", "iter": 20, "overfitting": "yes"})
-    with_records(root / "deep", "[" * 5000 + "]" * 5000)
+    with_records(root / "deep", "[" * DEEP + "]" * DEEP)
     app = app_over(root)
     runs = listed_runs(app)
     assert len(runs) == 8 and all(r["error"] is None for r in runs.values())
@@ -522,7 +523,7 @@ def test_a_run_without_best_pt_opens_its_latest_state_and_says_so(lab, tmp_path)
 @pytest.mark.parametrize("method,path,body,headers,status,message", [
     pytest.param("POST", "/api/read", b'{"run": "scaled", "text": ', "application/json", 400, "not JSON",
                  id="malformed"),
-    pytest.param("POST", "/api/read", b"[" * 5000 + b"]" * 5000, "application/json", 400, "nested too deeply",
+    pytest.param("POST", "/api/read", b"[" * DEEP + b"]" * DEEP, "application/json", 400, "nested too deeply",
                  id="nested"),
     pytest.param("POST", "/api/read", '{"run": "scaled", "text": "é"}'.encode("latin-1"), "application/json", 400,
                  "not UTF-8", id="latin-1"),
@@ -1206,7 +1207,7 @@ def test_no_answer_holds_a_path_of_this_machine(lab, tmp_path):
     """Where the runs are is named from the folder the explorer serves (its name; damaged/best.pt), never from
     this machine's root: the page may be reached from elsewhere, and a path names users and folders."""
     root = copies(lab, tmp_path / "runs", "good", "deep")
-    with_records(root / "deep", "[" * 5000 + "]" * 5000)
+    with_records(root / "deep", "[" * DEEP + "]" * DEEP)
     (root / "damaged").mkdir()
     (root / "damaged" / "best.pt").write_bytes(b"not a checkpoint")
     app = app_over(root)
