@@ -59,6 +59,28 @@ def test_where_runs_write_and_settings_another_version_lacks_are_not_differences
     assert describe(BASE, other, diff)[1] == "  settings: the same"
 
 
+@pytest.mark.parametrize("newer, differs", [(True, [("token_shift", False, True)]), (False, [])])
+def test_a_model_setting_an_older_run_lacks_compares_as_its_default(tmp_path, newer, differs):
+    """A run saved before a model option existed was built at its default, as model_config loads it: a newer run
+    that set it differs there, one at the default does not."""
+    import json
+    from dataclasses import asdict
+
+    from gptkit.run.checkpoint import save_checkpoint
+    from gptkit.run.comparison import load_runs
+    from model import GPTConfig
+
+    built = asdict(GPTConfig())
+    for name, model_args in (("old", {k: v for k, v in built.items() if k != "token_shift"}),
+                             ("new", dict(built, token_shift=newer))):
+        (tmp_path / name).mkdir()
+        save_checkpoint({"model_args": model_args, "config": {"learning_rate": 1e-3}, "iter_num": 10},
+                        tmp_path / name / "latest.pt")
+        (tmp_path / name / "metrics.jsonl").write_text(json.dumps({"kind": "train", "iter": 10, "loss": 2.0}) + "\n")
+    old, new = load_runs([tmp_path / "old", tmp_path / "new"])
+    assert differences(old, new).settings == differs
+
+
 def test_the_model_py_line_names_each_piece_changed_added_and_removed():
     edited = {"GPT.forward": "5555", "SelfAttention.pattern": "3333", "swiglu": "6666"}
     other = made_run("out-swiglu", code=edited)

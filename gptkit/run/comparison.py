@@ -3,7 +3,7 @@ training again: each run's curves and what it trained with, read from its folder
 two runs, in three parts: the settings, the model.py code, and the run's circumstances (steps, precision,
 threads, attention path, data order, batch), which move a curve as much as an edit can."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from gptkit.base.errors import UserError
@@ -11,6 +11,7 @@ from gptkit.run.checkpoint import TRAINING_KEYS, Fields, load_checkpoint
 from gptkit.run.formats import started_with
 from gptkit.run.metrics import read_metrics, rl_run
 from gptkit.run.run_folder import RunDir
+from model import GPTConfig
 
 # the checkpoint fields a comparison reads: latest.pt holds them all, best.pt all but the choices and batch
 COMPARED = Fields({key: TRAINING_KEYS.kinds[key]
@@ -54,7 +55,9 @@ def load_run(folder, name):
         raise UserError(f"{run.metrics} holds no train or eval records yet")
     # best.pt's iteration is its best, not how far the run went
     steps = max(iterations) if path == run.best else ckpt["iter_num"]
-    settings = {k: v for k, v in ckpt["config"].items() if k != "model"} | ckpt["model_args"]
+    # a model setting newer than the checkpoint: it was built at its default, as model_config builds it
+    defaults = {f.name: f.default for f in fields(GPTConfig)}
+    settings = {k: v for k, v in ckpt["config"].items() if k != "model"} | defaults | ckpt["model_args"]
     return ComparedRun(name, records, settings, ckpt.get("model_code"), ckpt.get("measured", {}), steps,
                        ckpt.get("global_batch") or started_with(ckpt))
 
