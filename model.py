@@ -96,7 +96,10 @@ class GPTConfig:
                  *(WORDS[name].get(getattr(self, name), f"{name}={getattr(self, name)!r}")
                    for name in WORDS),
                  f"context {self.block_size}"]
-        return ", ".join(words + ([] if self.mlp else ["no MLP"]))
+        # a setting added since (a learner's new option) is named where it is not at its default
+        added = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name not in WORDS
+                 and f.name not in UNWORDED and getattr(self, f.name) != f.default]
+        return ", ".join(words + ([] if self.mlp else ["no MLP"]) + added)
 
 
 WORDS = {  # GPTConfig.describe's words for the choices a learner compares
@@ -107,6 +110,12 @@ WORDS = {  # GPTConfig.describe's words for the choices a learner compares
     "causal": {True: "causal (a decoder)", False: "not causal (an encoder)"},
     "pos_emb": {"learned": "learned positions", "rope": "rotary positions", "none": "no positions"},
 }
+
+
+# the settings describe() leaves to a run's details: its shape above, and the modern pieces
+UNWORDED = {"block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "norm",
+            "qk_norm", "mlp_act", "tie_weights", "logit_softcap", "zero_init_proj", "rope_base", "mlp",
+            "token_shift", "lora_rank", "lora_alpha"}
 
 
 def count_params(weights, config, non_embedding=True):

@@ -422,6 +422,19 @@ def test_embeddings_get_their_own_learning_rate(optimizer, embedding_lr):
     assert {g["lr"] for g in adamw.param_groups} == {0.5 * lr for lr in set(lr_of.values())}
 
 
+def test_describe_names_a_setting_added_since_where_it_is_not_at_its_default():
+    """The explorer lists a run by GPTConfig.describe(): a learner's new option (here attn_scale, added to a
+    copy of the config) is named once set, and the words stay as they were at its default."""
+    from dataclasses import make_dataclass
+
+    Extended = make_dataclass("Extended", [("attn_scale", float, 1.0)], bases=(GPTConfig,))
+    assert Extended().describe() == GPTConfig().describe() == (
+        "12 layers, 12 heads, width 768, scaled dot-product attention, causal (a decoder), learned positions, "
+        "context 1024")
+    assert Extended(attn_scale=0.5).describe() == GPTConfig().describe() + ", attn_scale=0.5"
+    assert GPTConfig(mlp=False, qk_norm=True).describe().endswith("context 1024, no MLP")  # left to the details
+
+
 # ----------------------------------------------------------------------------------------------- LoRA
 
 LORA_BASE = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=50, block_size=16, bias=True, tie_weights=False)
