@@ -117,7 +117,7 @@ def plot_attention(cfg):
     from gptkit.sampling.prompts import read_prompt
 
     prompt = read_prompt(cfg.start)
-    model, tok = load_model(cfg.out_dir, pick_device(cfg.device), cfg.checkpoint)
+    model, tok = load_model(cfg.out_dir, pick_device(cfg.device), cfg.checkpoint, watched=True)
     run = Path(cfg.out_dir).resolve().name  # another checkpoint's picture says whose weights it shows
     name = "" if cfg.checkpoint == "best" else f"{run}, {checkpoint_words(cfg.checkpoint)}"
     draw_model_attention(model, tok, prompt, cfg.output_path(), cfg.dpi, name=name)

@@ -6,6 +6,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 
 import train
 from conftest import Run, assert_one_error_line, logged, run_here, run_script, train_args, train_cmd, wait_for_iteration
@@ -169,6 +170,21 @@ def test_a_model_loaded_after_model_py_changed_says_what_changed(run, capsys):
     model_at(path)
     assert capsys.readouterr().err == (f"note: model.py has changed since {path} was trained (relu_squared): the model "
                                        "runs the code as it is now, which may not be what it learned with\n")
+
+
+def test_a_tool_that_watches_hooks_notes_an_edit_its_passes_cannot_run(run, capsys, monkeypatch):
+    """analyze.py, the explorer and plot.py attention load with watched=True: an edited sdpa runs in the model but
+    not in a pass that watches the pattern, which they are told; sample.py's load says nothing of it."""
+    import model as model_py
+    from gptkit.machine.stand_ins import unwatched_edits
+    from gptkit.run.run_folder import model_at
+
+    monkeypatch.setattr(model_py.SelfAttention, "sdpa", lambda self, q, k, v: 2 * torch.nn.functional.
+                        scaled_dot_product_attention(q, k, v, is_causal=True))
+    model_at(run / "best.pt")
+    assert "a pass that watches" not in capsys.readouterr().err
+    model_at(run / "best.pt", watched=True)
+    assert capsys.readouterr().err.endswith(unwatched_edits() + "\n")
 
 
 def test_two_start_overs_within_a_second_each_keep_their_runs_files(tmp_path, monkeypatch):

@@ -154,10 +154,22 @@ def test_every_piece_a_kernel_stands_in_for_is_the_code_it_was_written_for():
     """model.py as committed: each fingerprint matches, so every kernel installs. A change to one of these pieces
     that its kernel still matches updates its fingerprint in WRITTEN_FOR (the message names the new one)."""
     import model as model_py
-    for piece, recorded in stand_ins.WRITTEN_FOR.items():
+    for piece, recorded in {**stand_ins.WRITTEN_FOR, **stand_ins.WATCHED_WRITE_OUT}.items():
         owner, _, name = piece.rpartition(".")
         function = getattr(getattr(model_py, owner) if owner else model_py, name)
         assert stand_ins.code_fingerprint(function) == recorded, f"{piece}: now {stand_ins.code_fingerprint(function)}"
+
+
+def test_an_edit_a_watched_pass_writes_out_in_its_own_code_is_noted(monkeypatch):
+    """A pass that watches hook_scale writes out the norm, and one that watches the pattern the attention: an
+    edited layer_norm (its eps, say) or sdpa runs in the model but not there, and the note says so."""
+    import model as model_py
+    assert stand_ins.unwatched_edits() is None
+    monkeypatch.setattr(model_py, "layer_norm", lambda x, norm: F.layer_norm(x, norm.weight.shape, norm.weight,
+                                                                              norm.bias, eps=1.0))
+    assert stand_ins.unwatched_edits() == (
+        "note: model.py's layer_norm is edited, but a pass that watches the attention pattern or a norm's scale "
+        "writes out its own attention and norm: what it shows may differ from what your model computes")
 
 
 def test_a_fingerprint_follows_the_code_not_its_comments_or_layout():

@@ -149,7 +149,7 @@ class Shelf:
     def load(self, summary, at=None):
         """The model and tokenizer of the very checkpoint the summary read (at: the checkpoint a request named)."""
         try:
-            model, tok, _ = model_at(summary.checkpoint, self.device)
+            model, tok, _ = model_at(summary.checkpoint, self.device, watched=True)
         except UserError as e:
             raise ApiError(409, f"run {shown_value(summary.name)} cannot be opened: "
                                 f"{without_paths(str(e), summary.folder)}") from None

@@ -122,7 +122,7 @@ def open_run(out_dir, checkpoint="best", device="cpu"):
         path = RunDir(out_dir).model_file(checkpoint)
     except OSError as e:  # a name too long for the file system, a folder this user may not read
         raise UserError(f"cannot read {out_dir} ({e.strerror or e})") from None
-    model, tok, ckpt = model_at(path, device)
+    model, tok, ckpt = model_at(path, device, watched=True)
     trained = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
     return Run(model, tok, out_dir,
                {key: trained[key] for key in ("dataset", "data_dir") if isinstance(trained.get(key), str)},

@@ -67,6 +67,25 @@ WRITTEN_FOR = {
 }
 
 
+# what a pass that watches a hook writes out in its own code rather than runs: Norm.forward the norm (to show
+# hook_scale, its divisor) and SelfAttention.forward the written-out attention (to show the pattern), each
+# written for these pieces as they are
+WATCHED_WRITE_OUT = {"layer_norm": "f2fae550b3056bd7", "rms_norm": "65805c6d9a3eeecc",
+                     "SelfAttention.sdpa": WRITTEN_FOR["SelfAttention.sdpa"]}
+
+
+def unwatched_edits():
+    """A note for the tools that watch hooks (analyze.py, the explorer, plot.py attention) where the learner
+    edited a piece such a pass writes out in its own code; else None."""
+    code = model_code()
+    pieces = [name for name, fingerprint in WATCHED_WRITE_OUT.items() if code.get(name) != fingerprint]
+    if not pieces:
+        return None
+    return (f"note: model.py's {' and '.join(pieces)} {'is' if len(pieces) == 1 else 'are'} edited, but a pass that "
+            "watches the attention pattern or a norm's scale writes out its own attention and norm: what it shows "
+            "may differ from what your model computes")
+
+
 def by_rule(device):
     """The kernels a fresh run installs on this device: all of them on a CPU; elsewhere the ones that keep
     nn.Dropout's masks (a GPU draws them fast)."""

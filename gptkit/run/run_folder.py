@@ -25,7 +25,7 @@ from gptkit.base.errors import UserError
 from gptkit.base.files import link_in_place, no_links
 from gptkit.base.locks import exclusive
 from gptkit.data.tokenizer import tokenizer_from_meta
-from gptkit.machine.stand_ins import changed_since
+from gptkit.machine.stand_ins import changed_since, unwatched_edits
 from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, model_from_checkpoint
 
 
@@ -217,21 +217,24 @@ def check_checkpoint(which):
                          f"iteration N), got {str(which)[:40]!r}")
 
 
-def model_at(path, device="cpu"):
+def model_at(path, device="cpu", watched=False):
     """(the model in eval mode, its tokenizer, the checkpoint) of one checkpoint file: how every tool that reads a
     trained model (sample.py, plot.py, export.py, analyze.py, the API, the explorer) loads it. Where model.py has
     changed since the checkpoint was trained, one note on stderr names what changed: the model runs the code as
-    it is now."""
+    it is now. watched: for a tool whose passes watch hooks, a note where they cannot run an edit
+    (unwatched_edits)."""
     ckpt = load_checkpoint(path, required=MODEL_KEYS)
     changed = changed_since(ckpt.get("model_code"))
     if changed:
         print(f"note: model.py has changed since {path} was trained ({', '.join(changed[:4])}"
               f"{', ...' if len(changed) > 4 else ''}): the model runs the code as it is now, which may not be what "
               "it learned with", file=sys.stderr, flush=True)
+    if watched and (note := unwatched_edits()):
+        print(note, file=sys.stderr, flush=True)
     return model_from_checkpoint(ckpt, path).to(device).eval(), tokenizer_from_meta(ckpt["tokenizer"]), ckpt
 
 
-def load_model(out_dir, device, which="best"):
+def load_model(out_dir, device, which="best", watched=False):
     """A trained model (in eval mode) and its tokenizer, from out_dir's best.pt or latest.pt alone."""
-    model, tok, _ = model_at(RunDir(out_dir).model_file(which), device)
+    model, tok, _ = model_at(RunDir(out_dir).model_file(which), device, watched)
     return model, tok
