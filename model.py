@@ -251,8 +251,11 @@ class LoRALinear(nn.Linear):
         it does to each basis vector (the identity's rows), so an edit to forward merges as
         written. A forward no matrix and bias compute is refused (ValueError)."""
         n, like = self.in_features, dict(dtype=self.weight.dtype, device=self.weight.device)
-        # one pass: the basis vectors, 0 (whose output is the bias) and random inputs to check
-        x = torch.cat([torch.eye(n, **like), torch.zeros(1, n, **like), torch.randn(4, n, **like)])
+        # one pass: the basis vectors, 0 (whose output is the bias) and random inputs to check, drawn
+        # from a generator of their own (loading a model leaves torch's seeded draws as they were)
+        draws = torch.Generator(device=self.weight.device).manual_seed(0)
+        x = torch.cat([torch.eye(n, **like), torch.zeros(1, n, **like),
+                       torch.randn(4, n, generator=draws, **like)])
         y = self(x)
         offset, matrix = y[n], (y[:n] - y[n]).T
         bias = self.bias if self.bias is not None else torch.zeros_like(offset)
