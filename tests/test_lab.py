@@ -322,6 +322,23 @@ def test_rows_of_another_dataset_or_damaged_rows_are_one_line_before_training(da
     tiny_lab(data_dir, out, "--rungs=uniform", "--budget=4.3")  # training it again replaces the row
 
 
+def test_a_damaged_dataset_is_one_line_before_an_earlier_rung_is_cleared(data_dir, tmp_path):
+    """A rung trained again replaces its earlier run: a token file the rung's train.py would refuse is found
+    first, and the earlier run stays."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(data_dir / "tiny", data / "tiny")
+    (data / "tiny" / "val.bin").write_bytes(b"")
+    earlier = tmp_path / "lab" / "scaled"
+    earlier.mkdir(parents=True)
+    for name in ("train.log", "best.pt"):
+        (earlier / name).write_text(f"the earlier lab's {name}")
+    with pytest.raises(UserError, match=r"val.bin has 0 tokens, meta.json says"):
+        lab.main(lab_args(data, tmp_path / "lab", "--rungs=scaled", "--budget=4.3"))
+    assert (earlier / "best.pt").read_text() == "the earlier lab's best.pt"
+
+
 def test_a_rung_folder_in_use_is_refused_before_anything_in_it_is_deleted(data_dir, tmp_path):
     folder = tmp_path / "lab" / "scaled"
     live = {name: f"{name} of a run in progress" for name in ("latest.pt", "best.pt", "metrics.jsonl", "lab.json")}

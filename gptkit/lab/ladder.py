@@ -148,6 +148,8 @@ def check_before_training(cfg):
     prompt (in the vocabulary, short enough for every rung's context), and the rows kept from earlier runs
     that the table will list beside the new ones. The dataset folder, its metadata and the prompt."""
     folder, meta = load_meta(cfg.data_dir, cfg.dataset)
+    for split in ("train", "val"):  # its token files checked as train.py checks them, before a rung's are cleared
+        Split(folder, split, meta, block_size=1)
     saved_rows(cfg, leave_out=cfg.rung_names())
     prompt = read_prompt(cfg.prompt)
     try:
