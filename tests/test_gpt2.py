@@ -152,7 +152,8 @@ EXPORTABLE = {
 
 
 @pytest.mark.parametrize("options", EXPORTABLE.values(), ids=EXPORTABLE.keys())
-def test_export_round_trip(tmp_path, options):
+def test_export_round_trip(tmp_path, options, capsys):
+    """The exported GPT-2 gives the run's logits, and loads back; a file of the folder it replaces is said."""
     transformers = pytest.importorskip("transformers")
     import export
 
@@ -161,7 +162,11 @@ def test_export_round_trip(tmp_path, options):
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))  # so a zero bias or a wrong transpose shows
     save_fake_run(model, tmp_path / "out", {"tokenizer": "char", "vocab": CHARS})
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("a file of the learner's")
     export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
+    assert capsys.readouterr().out.startswith(f"note: replaced {tmp_path / 'hf'}'s config.json (an earlier "
+                                              "export's, or files of your own)\nwrote ")
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     assert hf.config.n_positions == 24 and hf.config.tie_word_embeddings == model.config.tie_weights
     idx = tokens(24, vocab=37)

@@ -221,7 +221,8 @@ def check_same_logits(model, hf):
 
 
 def save_hf(model, hf_dir, eos_token_id=None):
-    """Write model (a GPT) to hf_dir as config.json + model.safetensors for GPT2LMHeadModel."""
+    """Write model (a GPT) to hf_dir as config.json + model.safetensors for GPT2LMHeadModel: the names of the
+    files there it replaced."""
     config = model.config
     check_exportable(config)
     transformers = import_transformers("exporting to Hugging Face format")
@@ -239,9 +240,10 @@ def save_hf(model, hf_dir, eos_token_id=None):
             written = sorted(Path(aside).iterdir())
             for f in written:
                 files.refuse_link(hf_dir / f.name)
+            replaced = [f.name for f in written if (hf_dir / f.name).exists()]
             for f in written:
                 with open(f, "rb") as saved, files.written_whole(hf_dir / f.name, "wb", failed=lambda _, e: e) as out:
                     shutil.copyfileobj(saved, out)
     except OSError as e:  # the folder is named: a user reads it as the export's, whichever file failed
         raise UserError(f"could not write {hf_dir} ({e.strerror or e})") from None
-    return hf
+    return replaced
