@@ -272,8 +272,8 @@ def announce_resume(cfg, resumed, run, note, master):
         dropped, scored = 0, True
     else:
         dropped, scored = records_through(run.metrics, done, rewrite=master)
-    if master and not cfg.eval_only:
-        drop_after(run, done)
+    if master and not cfg.eval_only and (later := drop_after(run, done)):
+        note(f"note: dropped the snapshots of steps past {done}, which this run trains again: {', '.join(later)}")
     if dropped:  # said by rank 0, which alone writes
         note(f"note: {run.metrics} held {dropped} record{'s' * (dropped > 1)} logged after "
              f"iteration {done}, the state this run continues from; they are dropped, and logged "

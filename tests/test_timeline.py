@@ -55,13 +55,19 @@ def test_a_records_head_scores_are_analyze_heads_on_the_weights_of_that_step(tim
                 assert row[kind] == pytest.approx(scores[row["layer"]][row["head"]], abs=1e-4), (step, kind)
 
 
-def test_a_resumed_runs_timeline_is_the_uninterrupted_ones(tmp_path, data_dir):
+def test_a_resumed_runs_timeline_is_the_uninterrupted_ones(tmp_path, data_dir, capsys):
+    """A snapshot of a step past the state resumed from (a later run's, stopped before its state was saved) is
+    trained again: it goes, and a note names it."""
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     train.main(train_args(data_dir, straight, *SHORT, "--snapshots=3"))
     script = faulty_train(tmp_path, signal=("SIGTERM", 14, [0]))
     proc = Run(train_cmd(data_dir, stopped, *SHORT, "--snapshots=3", script=script), tmp_path / "log")
     assert proc.wait() == 143
+    shutil.copy(next((stopped / "snapshots").iterdir()), stopped / "snapshots" / "iter_99.pt")
+    capsys.readouterr()
     train.main(train_args(data_dir, stopped, *SHORT, "--snapshots=3", "--init_from=auto"))
+    assert "note: dropped the snapshots of steps past 14, which this run trains again: iter_99.pt\n" in \
+        capsys.readouterr().out
     def numbers(out):  # each record but the seconds it was written at
         return [{k: v for k, v in t.items() if k != "elapsed_s"} for t in timeline(out)]
     assert numbers(stopped) == numbers(straight)

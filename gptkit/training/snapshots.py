@@ -41,7 +41,8 @@ def take(state, run, keep, along=None):
 
 def drop_after(run, iteration):
     """Snapshots of steps past the state a run resumes from came from a run stopped after it: that run's later
-    steps are trained again, and may be kept otherwise."""
-    for i in run.kept_snapshots():
-        if i > iteration:
-            run.snapshot(i).unlink()
+    steps are trained again, and may be kept otherwise. Returns the names of those dropped."""
+    dropped = [run.snapshot(i) for i in run.kept_snapshots() if i > iteration]
+    for path in dropped:
+        path.unlink()
+    return [path.name for path in dropped]
