@@ -31,6 +31,8 @@ def test_pass_at_k_is_the_unbiased_estimate():
     (b'{"task": "addition", "messages": [{"role": "user", "content": "1+2"}]}', "heldout.jsonl line 2 is not a "
      "held-out problem as data/prepare.py writes one"),
     (b'{"task": "addition", "mess', "heldout.jsonl line 2 is not a held-out problem"),
+    (b'{"task": "additio", "messages": [{"role": "user", "content": "1+2"}, {"role": "assistant", "content": "3"}]}',
+     "heldout.jsonl line 2 is not a held-out problem"),  # a task no checker judges
     (b"\xff", "heldout.jsonl is not UTF-8 text")])
 def test_a_damaged_held_out_file_is_one_line_that_says_to_prepare_again(tmp_path, damage, expected):
     good = json.dumps({"task": "addition", "messages": [{"role": "user", "content": "1+2"},

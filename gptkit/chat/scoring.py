@@ -51,7 +51,7 @@ def heldout_problems(folder, meta):
         try:
             record = json.loads(line)
             (question, answer), task = [m["content"] for m in record["messages"][:2]], record["task"]
-            if not all(isinstance(v, str) for v in (question, answer, task)):
+            if not all(isinstance(v, str) for v in (question, answer, task)) or task not in TASKS:
                 raise TypeError
         except (ValueError, KeyError, IndexError, TypeError):  # a hand edit: ValueError covers a line cut short
             raise UserError(f"{path} line {number} is not a held-out problem as data/prepare.py writes one; "
