@@ -278,6 +278,22 @@ def test_a_lora_checkpoint_loads_as_a_plain_model_with_its_adapters_merged(edit,
         torch.testing.assert_close(model(idx, idx)[0], want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
+def test_weights_holding_nan_are_one_line_for_every_reader():
+    """A checkpoint whose checksum is right but whose weights hold NaN (written by hand, or damaged before it was
+    summed): sample.py, chat.py, analyze.py, export.py and the explorer load through model_from_checkpoint."""
+    from dataclasses import asdict
+
+    from model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=20, block_size=8, tie_weights=False))
+    weights = model.state_dict()
+    weights["lm_head.weight"][3, 1] = float("inf")
+    with pytest.raises(UserError) as e:
+        checkpoint.model_from_checkpoint({"model": weights, "model_args": asdict(model.config)}, "x.pt")
+    assert str(e.value) == ("x.pt is damaged: non-finite values in lm_head.weight of its weights, which no training "
+                            "run writes")
+
+
 class RunsCode:
     """Unpickling this runs a shell command: what a hostile 'checkpoint' would do."""
 

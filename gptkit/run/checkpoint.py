@@ -397,10 +397,19 @@ def model_config(ckpt, path, **overrides):
         raise UserError(f"{path} was written with model settings this version cannot build ({e})") from None
 
 
+def check_finite(weights, path):
+    """One line where a checkpoint's weights hold NaN or infinity, which no training run saves (a state written
+    by hand, or damaged before its checksum was): every tool would otherwise fail deep in its first pass."""
+    bad = next((name for name, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+    if bad is not None:
+        raise UserError(f"{path} is damaged: non-finite values in {bad} of its weights, which no training run writes")
+
+
 def model_from_checkpoint(ckpt, path, **overrides):
     """The GPT a checkpoint's model_args (with overrides, e.g. dropout) and weights describe; LoRA's adapters
     merged into the matrices they adapt, so that every reader (sampling, analysis, export) gets a plain model."""
     config = model_config(ckpt, path, **overrides)
+    check_finite(ckpt["model"], path)
     try:
         weights, config = merge_lora(ckpt["model"], config)
     except (RuntimeError, KeyError) as e:  # an adapter missing, or of another shape than its matrix

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gptkit.base.errors import UserError
+from gptkit.base.errors import UserError, first_line
 from gptkit.data.conversations import MARKERS, shown
 from gptkit.data.dataset import TrainingData, load_meta
 from gptkit.data.tokenizer import describe_vocabulary, prepare_options, same_bpe, same_token_ids, trained_size
 from gptkit.interop.hf import HUB_MODELS, crop_block_size, load_pretrained
-from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, load_weights, model_config
+from gptkit.run.checkpoint import MODEL_KEYS, check_finite, load_checkpoint, load_weights, model_config
 from gptkit.run.run_folder import RunDir
 from model import GPT, merge_lora
 
@@ -250,6 +250,7 @@ def load_base(model, base, meta, rank):
     ckpt, path = base
     old, new = token_keys(ckpt["tokenizer"], meta), token_keys(meta, meta)
     was = model_config(ckpt, path)
+    check_finite(ckpt["model"], path)
     try:
         weights, _ = merge_lora(dict(ckpt["model"]), was)  # a LoRA run: its adapters folded in
     except ValueError as e:  # model.py's adapter, as edited, computes what no plain matrix does
@@ -257,13 +258,16 @@ def load_base(model, base, meta, rank):
     tables = [k for k in ("transformer.wte.weight", "lm_head.weight") if k in weights]
     own, at = model.state_dict(), {key: i for i, key in enumerate(new)}
     kept = [(at[key], i) for i, key in enumerate(old) if key in at]
-    for key in tables:
-        table = own[key].clone()
-        table[[n for n, _ in kept]] = weights[key][[i for _, i in kept]].to(table.dtype)
-        weights[key] = table
-    if "transformer.wpe.weight" in weights:
-        weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][:model.config.block_size]
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    try:
+        for key in tables:
+            table = own[key].clone()
+            table[[n for n, _ in kept]] = weights[key][[i for _, i in kept]].to(table.dtype)
+            weights[key] = table
+        if "transformer.wpe.weight" in weights:
+            weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][:model.config.block_size]
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except (IndexError, RuntimeError) as e:  # a tensor of another shape than the model it names
+        raise UserError(f"{path}'s weights do not fit the model it names ({first_line(e)})") from None
     if unexpected or any("lora_" not in k for k in missing):
         raise UserError(f"{path}'s weights do not fit the model it names ({', '.join((unexpected or missing)[:3])})")
     known = set(old)
