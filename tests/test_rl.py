@@ -123,6 +123,28 @@ def test_a_learners_single_optimizer_practises_and_one_sample_scores_pass_at_1(t
     assert load_checkpoint(tmp_path / "out" / "latest.pt")["optimizer"][0]["param_groups"][0]["lr"] == 0.1
 
 
+@pytest.mark.parametrize("damage, says", [
+    (lambda c: c["rl"].update(state=5), "rl.state is 5, not a dict"),
+    (lambda c: c["rl"].update(draw=5), "rl.draw is 5, not a torch random state"),
+    (lambda c: c.pop("optimizer"), "it has no optimizer")])
+def test_a_saved_state_whose_fields_are_not_what_rl_py_writes_is_one_line(tmp_path, chat_run, monkeypatch, damage,
+                                                                          says):
+    """latest.pt rewritten with a right checksum but fields rl.py never writes (by hand, or damaged before it was
+    summed): continuing it is one line naming the field, never a traceback."""
+    import rl
+    from gptkit.run.checkpoint import save_checkpoint
+
+    monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: len(answer) % 2 == 0)
+    rl.main([*rl_args(chat_run, tmp_path / "out"), "--max_iters=2"])
+    latest = tmp_path / "out" / "latest.pt"
+    ckpt = load_checkpoint(latest)
+    damage(ckpt)
+    save_checkpoint({k: v for k, v in ckpt.items() if k != "format_version"}, latest)
+    proc = run_here("rl.py", f"--out_dir={tmp_path / 'out'}", "--max_iters=3")
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, f"error: {latest} is damaged: {says}")
+
+
 def test_an_out_dir_holding_a_train_py_run_is_one_line_and_keeps_its_files(tmp_path, chat_run):
     taken = tmp_path / "taken"
     shutil.copytree(chat_run, taken)

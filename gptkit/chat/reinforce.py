@@ -11,7 +11,8 @@ from gptkit.base.errors import UserError
 from gptkit.base.settings import check_seed, comma_items, given_values, make, require, resumed
 from gptkit.data.tasks import TASKS, problems
 from gptkit.machine.runtime import check_device_name
-from gptkit.run.checkpoint import load_checkpoint
+from gptkit.run.checkpoint import (NUMBER, OPTIMIZER_STATE, TENSOR, TORCH_RANDOM, Each, Fields, load_checkpoint,
+                                    settings)
 from gptkit.run.run_folder import RunDir, check_checkpoint
 
 POOL = 20_000  # training problems drawn per task, none of them held out; steps draw from these at random
@@ -78,6 +79,8 @@ def rl_settings(argv):
     ckpt = load_checkpoint(latest) if latest.exists() and not given.get("start_over") else {}
     if "rl" not in ckpt:  # a new run, or another tool's, which rl.py refuses to continue where it starts
         return make(RLConfig, given), {}
+    if problem := RL_STATE.problem(ckpt, ""):  # its checksum is right, its fields not what rl.py writes
+        raise UserError(f"{latest} is damaged: {problem}")
     keys = {f.name for f in fields(RLConfig)} - {"start_over"}  # the command's alone: a continued run goes on
     saved = {k: v for k, v in ckpt["config"].items() if k in keys}
     changed = {k: (saved[k], v) for k, v in given.items() if k in saved and saved[k] != v and k != "out_dir"}
@@ -149,6 +152,11 @@ class RLState:
 
     def to_dict(self):
         return asdict(self)
+
+
+# what a continued run reads of latest.pt besides its model, and what each must be
+RL_STATE = Fields({"optimizer": Each(OPTIMIZER_STATE), "seconds_spent": NUMBER,
+                   "rl": Fields({"state": settings(RLState), "draw": TORCH_RANDOM, "sampling": TENSOR})})
 
 
 def measured_anew(state, changed):

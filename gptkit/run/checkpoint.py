@@ -205,7 +205,7 @@ class Fields:
         for key, kind in self.kinds.items():
             if key not in value:
                 if key not in self.optional:
-                    return f"{where} has no {key}"
+                    return f"{where or 'it'} has no {key}"
             elif problem := kind.problem(value[key], f"{where}.{key}" if where else key):
                 return problem
         return None
