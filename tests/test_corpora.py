@@ -240,6 +240,28 @@ def test_a_stopped_prepare_whose_tokenizer_file_changed_starts_again(tmp_path):
         assert (tmp_path / "stopped" / "s" / name).read_bytes() == (whole / name).read_bytes(), name
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["{", '{"vocab": 5, "position": "x"}', "[1]", "\udcff"],
+                         ids=["cut short", "fields of other kinds", "a list", "not UTF-8"])
+def test_a_stopped_prepare_whose_saved_state_is_damaged_starts_again(tmp_path, damage):
+    """The state a stopped prepare saved, damaged: one line says it starts again, and the dataset is the one a
+    prepare never stopped writes."""
+    src = mixed_corpus(tmp_path / "src")
+    script = tmp_path / "stop_at_shard.py"
+    script.write_text(STOP_AT_SHARD.format(repo=str(REPO)), encoding="utf-8")
+    for at, data_dir in ((0, tmp_path / "whole"), (3, tmp_path / "stopped")):
+        subprocess.run([sys.executable, str(script), str(at), str(src), str(data_dir), "char", "1", "kill"],
+                       capture_output=True, text=True, timeout=60)
+    saved = next((tmp_path / "stopped" / "s").glob(".versions/work-*/state.json"))
+    saved.write_bytes(damage.encode("utf-8", "surrogateescape"))
+    proc = check_ok(run_script("data/prepare.py", f"--input={src}", "--name=s", f"--data_dir={tmp_path / 'stopped'}",
+                               "--shard_tokens=3000", "--workers=1"))
+    assert "the stopped prepare's saved state is damaged; starting again" in proc.stdout
+    whole = (tmp_path / "whole" / "s").resolve()
+    for name in sorted(n for n in os.listdir(whole) if n.endswith(".bin")):
+        assert (tmp_path / "stopped" / "s" / name).read_bytes() == (whole / name).read_bytes(), name
+
+
 def interrupt_at_the_fourth_shard(monkeypatch):
     """Ctrl-C as the fourth shard is closed, once written (prepare's shards are its saved state); returns the real
     close_shard, to put back."""

@@ -293,7 +293,10 @@ class Progress:
 
     def __init__(self, work):
         self.path = work / "state.json"
-        self.saved = json.loads(self.path.read_text(encoding="utf-8")) if self.path.is_file() else {}
+        try:
+            self.saved = json.loads(self.path.read_text(encoding="utf-8")) if self.path.is_file() else {}
+        except ValueError:  # not JSON, or not UTF-8: damaged, which open_work says
+            self.saved = None
         self.last = time.monotonic()
 
     def get(self, key, default=None):
@@ -308,6 +311,24 @@ class Progress:
         return time.monotonic() - self.last >= SAVE_EVERY
 
 
+def as_saved(saved):
+    """Whether a stopped prepare's saved state is of the shape Progress.save writes it in (a hand edit or a
+    damaged file is not)."""
+    try:
+        if "position" in saved:
+            file_index, offset = saved["position"]
+            np.dtype(saved["dtype"])
+            Tally(**saved.get("tally", {}))
+            parts = [saved[split] for split in ("train", "val")]
+            if not (isinstance(file_index, int) and isinstance(offset, int) and
+                    all(isinstance(part["done"], list) and isinstance(part["part"], int) for part in parts) and
+                    all(isinstance(n, int) for n in saved["docs"].values())):
+                return False
+        return all(isinstance(saved.get(key, ""), str) for key in ("vocab", "tokenizer_sha256"))
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return False
+
+
 def open_work(work):
     """The work folder and its saved state: a stopped prepare's, to continue, or a fresh one."""
     refuse_link(work)  # a folder it points at would be written into, and deleted
@@ -315,6 +336,10 @@ def open_work(work):
         shutil.rmtree(work)  # stopped before its first saved state: nothing to continue from
     work.mkdir(parents=True, exist_ok=True)
     progress = Progress(work)
+    if not isinstance(progress.saved, dict) or not as_saved(progress.saved):
+        print("the stopped prepare's saved state is damaged; starting again")
+        shutil.rmtree(work)
+        return open_work(work)
     if progress.get("position") and not all(
             ShardWriter.matches(work, split, np.dtype(progress.get("dtype")).itemsize, progress.get(split))
             for split in ("train", "val")):
