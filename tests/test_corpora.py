@@ -220,15 +220,21 @@ def test_a_stopped_prepare_continues_to_the_same_dataset(tmp_path, tokenizer, wo
 
 
 @pytest.mark.slow
-def test_a_stopped_prepare_whose_tokenizer_file_changed_starts_again(tmp_path):
-    """The token files a stopped prepare wrote came from its tokenizer: with that file edited, none of them is
-    kept, and the dataset is the one a prepare never stopped writes."""
+def whole_and_stopped(tmp_path, tokenizer):
+    """A corpus prepared whole (into tmp_path/whole) and killed at its third shard (tmp_path/stopped): its folder."""
     src = mixed_corpus(tmp_path / "src")
     script = tmp_path / "stop_at_shard.py"
     script.write_text(STOP_AT_SHARD.format(repo=str(REPO)), encoding="utf-8")
     for at, data_dir in ((0, tmp_path / "whole"), (3, tmp_path / "stopped")):
-        subprocess.run([sys.executable, str(script), str(at), str(src), str(data_dir), "bpe", "1", "kill"],
+        subprocess.run([sys.executable, str(script), str(at), str(src), str(data_dir), tokenizer, "1", "kill"],
                        capture_output=True, text=True, timeout=60)
+    return src
+
+
+def test_a_stopped_prepare_whose_tokenizer_file_changed_starts_again(tmp_path):
+    """The token files a stopped prepare wrote came from its tokenizer: with that file edited, none of them is
+    kept, and the dataset is the one a prepare never stopped writes."""
+    src = whole_and_stopped(tmp_path, "bpe")
     saved = next((tmp_path / "stopped" / "s").glob(".versions/work-*/tokenizer.json"))
     saved.write_text(saved.read_text(encoding="utf-8").replace("[32,", "[33,", 1), encoding="utf-8")
     proc = check_ok(run_script("data/prepare.py", f"--input={src}", "--name=s", f"--data_dir={tmp_path / 'stopped'}",
@@ -246,12 +252,7 @@ def test_a_stopped_prepare_whose_tokenizer_file_changed_starts_again(tmp_path):
 def test_a_stopped_prepare_whose_saved_state_is_damaged_starts_again(tmp_path, damage):
     """The state a stopped prepare saved, damaged: one line says it starts again, and the dataset is the one a
     prepare never stopped writes."""
-    src = mixed_corpus(tmp_path / "src")
-    script = tmp_path / "stop_at_shard.py"
-    script.write_text(STOP_AT_SHARD.format(repo=str(REPO)), encoding="utf-8")
-    for at, data_dir in ((0, tmp_path / "whole"), (3, tmp_path / "stopped")):
-        subprocess.run([sys.executable, str(script), str(at), str(src), str(data_dir), "char", "1", "kill"],
-                       capture_output=True, text=True, timeout=60)
+    src = whole_and_stopped(tmp_path, "char")
     saved = next((tmp_path / "stopped" / "s").glob(".versions/work-*/state.json"))
     saved.write_bytes(damage.encode("utf-8", "surrogateescape"))
     proc = check_ok(run_script("data/prepare.py", f"--input={src}", "--name=s", f"--data_dir={tmp_path / 'stopped'}",
