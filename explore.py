@@ -39,8 +39,9 @@ class ExploreConfig:
 
 
 def folder_first(argv):
-    """`explore.py FOLDER --key=value ...`: a first argument that is not an option names the folder."""
-    if argv and not argv[0].startswith("--"):
+    """`explore.py FOLDER --key=value ...`: a first argument that is not an option names the folder (one ending
+    in .py is a config file, as for every script)."""
+    if argv and not argv[0].startswith("--") and not argv[0].endswith(".py"):
         return [f"--folder={argv[0]}", *argv[1:]]
     return argv
 

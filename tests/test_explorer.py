@@ -666,10 +666,12 @@ def test_no_request_is_a_500_or_a_traceback_on_the_console(lab, tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["no-such-folder"], "no-such-folder is not a folder"),
     (["--port=70000"], "port must be a port number"),
+    (["bad.py", "--folder=."], "bad.py: not a valid config file"),  # a config file, as every script takes one
 ])
 def test_explore_py_refuses_bad_input_in_one_line(args, message, tmp_path):
     from conftest import assert_one_error_line
 
+    (tmp_path / "bad.py").write_text("port = = 1\n")
     proc = run_script("explore.py", *args, cwd=tmp_path)
     assert proc.returncode == 1 and message in assert_one_error_line(proc.stderr)
     empty = run_script("explore.py", str(tmp_path), cwd=tmp_path)
