@@ -75,6 +75,18 @@ def test_json_nested_too_deeply_is_one_error_line(tmp_path):
         read_metrics(tmp_path)
 
 
+def test_a_last_line_cut_short_goes_with_the_records_past_the_resumed_state(tmp_path):
+    """A crash while a record was being written leaves half a line: a resume drops it, counted among the records
+    it drops (which the resume says), so that the next record it logs does not join it."""
+    from gptkit.run.metrics import records_through
+
+    path = tmp_path / "metrics.jsonl"
+    whole = "".join(json.dumps({"kind": "train", "iter": i, "loss": 1.0}) + "\n" for i in range(3))
+    path.write_text(whole + '{"kind": "train", "it')
+    assert records_through(path, 5) == (1, False)
+    assert path.read_text() == whole
+
+
 def test_wall_clock_continues_across_resumes():
 
     records = [{"kind": "train", "iter": 10, "loss": 3.0, "elapsed_s": 5.0},

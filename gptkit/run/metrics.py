@@ -83,7 +83,7 @@ def records_through(path, iteration, rewrite=True):
     """Keep in metrics.jsonl only the records of iterations up to `iteration`: a run resumed from its state there
     logs the later ones again (they were logged past its last saved state: it was killed, or its save failed).
     With rewrite, the file is rewritten whole, a new file renamed over it. Returns how many records are past
-    the iteration, and whether its final score is among those kept."""
+    the iteration (a last line cut short among them), and whether its final score is among those kept."""
     try:
         with open(path, "rb", opener=no_links) as f:
             lines = f.read().splitlines(keepends=True)
@@ -95,6 +95,8 @@ def records_through(path, iteration, rewrite=True):
     for line in lines:
         record = parsed(line)
         if isinstance(record.get("iter"), int) and record["iter"] > iteration:
+            continue
+        if not line.endswith(b"\n"):  # cut short by a crash while it was written: the next record would join it
             continue
         kept.append(line)
         final = final or record.get("kind") == "final" and record.get("iter") == iteration
