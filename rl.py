@@ -21,8 +21,8 @@ from gptkit.base.errors import RunStopped, UserError, run_main
 from gptkit.base.progress import progress
 from gptkit.base.signals import StopSignals
 from gptkit.chat.answering import answer_text, check_chat_model, end_id, question_prompt, sample_answers
-from gptkit.chat.reinforce import (ProblemDraw, RLState, advantages, answer_batch, measured_anew, no_reward_line,
-                                   reinforce_loss, rl_settings)
+from gptkit.chat.reinforce import (ProblemDraw, RLState, advantages, answer_batch, best_lost, measured_anew,
+                                   no_reward_line, reinforce_loss, rl_settings)
 from gptkit.chat.report import chat_sets
 from gptkit.chat.scoring import score
 from gptkit.data.tasks import TASKS
@@ -67,8 +67,9 @@ def start(cfg, run, device, changed):
             s["sampling"].manual_seed(cfg.seed + s["state"].iter_num)
         print(f"continuing the RL run in {run.path} from step {s['state'].iter_num} of {cfg.max_iters}" +
               "".join(f"; {key} {was!r} → {now!r}" for key, (was, now) in changed.items()))
-        if note := measured_anew(s["state"], changed):
-            print(note)
+        for note in (measured_anew(s["state"], changed), best_lost(s["state"], run.best)):
+            if note:
+                print(note)
     return s
 
 

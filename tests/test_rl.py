@@ -145,6 +145,20 @@ def test_a_saved_state_whose_fields_are_not_what_rl_py_writes_is_one_line(tmp_pa
     assert_one_error_line(proc.stderr, f"error: {latest} is damaged: {says}")
 
 
+def test_a_continued_run_whose_best_pt_is_gone_writes_it_anew(tmp_path, chat_run, monkeypatch, capsys):
+    import rl
+
+    monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: len(answer) % 2 == 0)
+    monkeypatch.setattr(rl, "evaluate", lambda cfg, s: {"pass_at_1": 0.5 - s["state"].iter_num / 10, "accuracy": 0.5})
+    rl.main([*rl_args(chat_run, tmp_path / "out"), "--max_iters=2"])
+    (tmp_path / "out" / "best.pt").unlink()
+    capsys.readouterr()
+    rl.main([f"--out_dir={tmp_path / 'out'}", "--max_iters=4"])
+    out = capsys.readouterr().out
+    assert "note: best.pt of step 2 is missing; the next score writes it anew\n" in out
+    assert load_checkpoint(tmp_path / "out" / "best.pt")["iter_num"] == 4 and "best.pt holds step 4" in out
+
+
 def test_an_out_dir_holding_a_train_py_run_is_one_line_and_keeps_its_files(tmp_path, chat_run):
     taken = tmp_path / "taken"
     shutil.copytree(chat_run, taken)

@@ -172,6 +172,22 @@ def measured_anew(state, changed):
     return note
 
 
+def best_lost(state, best):
+    """A continued run whose best.pt is gone or damaged keeps its best anew from its next score, which writes it
+    again: the note to print, or None where best.pt is there to compare with."""
+    if state.best_pass_at_1 < 0:
+        return None
+    try:
+        if best.is_file():
+            load_checkpoint(best)
+            return None
+        why = "is missing"
+    except UserError as e:
+        why = f"cannot be read ({e})"
+    state.best_pass_at_1 = RLState.best_pass_at_1
+    return f"note: best.pt of step {state.best_iter} {why}; the next score writes it anew"
+
+
 def no_reward_line(cfg, scores):
     """The line for a start none of whose sampled answers to the held-out problems is right: its answers
     would earn no reward, and REINFORCE would have nothing to learn from."""
