@@ -46,6 +46,29 @@ def test_a_damaged_held_out_file_is_one_line_that_says_to_prepare_again(tmp_path
     assert heldout_problems(tmp_path, {"heldout_file": "heldout.jsonl"}) == {"addition": [("1+2", "3")]}
 
 
+@pytest.mark.parametrize("name", ["heldout.jsonl", "mixed_val.txt"])
+def test_a_scoring_file_edited_since_it_was_prepared_is_one_line(tmp_path, name):
+    """What chat.py and rl.py score on, the held-out problems and the val part of the text mixed in, is checked
+    against the checksums meta.json keeps: a held-out file cut down to fewer problems, or a val text cut short,
+    would score on other problems or text without a word."""
+    from conftest import make_text
+    from gptkit.chat.scoring import dataset_text
+    from gptkit.data.dataset import load_meta
+    from gptkit.data.preparing import PrepareConfig, prepare
+
+    (tmp_path / "text.txt").write_text(make_text(8000), encoding="utf-8")
+    prepare(PrepareConfig(synthetic="tasks", tasks="addition,reverse", problems=200, heldout=5,
+                          mix=str(tmp_path / "text.txt"), data_dir=str(tmp_path / "data"), workers=1))
+    folder, meta = load_meta(str(tmp_path / "data"), "tasks")
+    assert len(heldout_problems(folder, meta)["addition"]) == 5
+    path = folder / name
+    path.write_text("".join(path.read_text(encoding="utf-8").splitlines(keepends=True)[1:]), encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        dataset_text(path, "what it holds", meta)
+    assert str(e.value) == (f"{path} is damaged or was edited: it does not match its checksum in meta.json; run "
+                            "data/prepare.py --synthetic=tasks again, as the dataset was made, with --start_over=True")
+
+
 def test_an_answer_streams_after_start_as_a_user_runs_it(chat_run):
     proc = check_ok(run_script("chat.py", f"--out_dir={chat_run}", "--prompt=123+456", "--max_new_tokens=8"))
     assert proc.stdout.strip() and "<|" not in proc.stdout

@@ -34,7 +34,7 @@ def chat_sets(ckpt, tasks="", problems=None):
                             f"{', '.join(found) or 'no tasks'}")
         found = {t: found[t] for t in asked}
     val_file = meta.get("mix", {}).get("val_file")
-    text = dataset_text(Path(folder) / val_file, "the plain text's val part") if val_file else None
+    text = dataset_text(Path(folder) / val_file, "the plain text's val part", meta) if val_file else None
     return found, text
 
 

@@ -2,6 +2,7 @@
 sampled ones (Chen et al. 2021's unbiased estimator), and the loss on plain text (what fine-tuning made it
 forget)."""
 
+import hashlib
 import json
 import math
 from math import comb
@@ -29,11 +30,17 @@ def ks_for(samples):
 PREPARE_AGAIN = "run data/prepare.py --synthetic=tasks again, as the dataset was made, with --start_over=True"
 
 
-def dataset_text(path, what):
-    """The text of a file data/prepare.py wrote beside a chat dataset's tokens (`what` it holds), or one line
-    saying it is missing or damaged and how to make it again."""
+def dataset_text(path, what, meta):
+    """The text of a file data/prepare.py wrote beside a chat dataset's tokens (`what` it holds), checked against
+    the checksum its meta.json keeps of it (a dataset prepared before they were kept has none), or one line saying
+    it is missing or damaged and how to make it again."""
     try:
-        return path.read_text(encoding="utf-8")
+        data = path.read_bytes()
+        expected = meta.get("text_sha256", {}).get(path.name)
+        if expected is not None and hashlib.sha256(data).hexdigest() != expected:
+            raise UserError(f"{path} is damaged or was edited: it does not match its checksum in meta.json; "
+                            f"{PREPARE_AGAIN}")
+        return data.decode("utf-8")
     except FileNotFoundError:
         raise UserError(f"{path}, {what}, is missing; {PREPARE_AGAIN}") from None
     except UnicodeDecodeError:
@@ -45,7 +52,7 @@ def heldout_problems(folder, meta):
     if "heldout_file" not in meta:
         return {}
     path = Path(folder) / meta["heldout_file"]
-    lines = dataset_text(path, "the dataset's held-out problems").splitlines()
+    lines = dataset_text(path, "the dataset's held-out problems", meta).splitlines()
     problems = {}
     for number, line in enumerate(lines, 1):
         try:

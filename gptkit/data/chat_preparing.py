@@ -13,6 +13,7 @@ encoding (gpt2: the markers are 50257-50259, past GPT-2's tokens, so a model tra
 ids), or a BPE trained here on the train split's conversations and text (the markers after its <|endoftext|>).
 """
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -125,11 +126,12 @@ def write_chat_dataset(cfg, path, work):
         for name, values, kind in ((f"{split}.bin", stream.ids, dtype), (f"{split}_roles.bin", stream.roles, "uint8")):
             write_whole(work / name, np.asarray(values, dtype=kind).tobytes())
             files[name] = {"file": name, "tokens": len(values), "sha256": sha256_of(work / name)}
-    if heldout:
-        write_whole(work / HELDOUT_FILE, heldout.encode("utf-8"))
-    if mix[1]:
-        write_whole(work / MIXED_VAL_FILE, mix[1].encode("utf-8"))
-    return tok, chat_meta(cfg, path, tok, dtype, streams, files, heldout)
+    texts = {name: text.encode("utf-8") for name, text in ((HELDOUT_FILE, heldout), (MIXED_VAL_FILE, mix[1])) if text}
+    for name, data in texts.items():
+        write_whole(work / name, data)
+    meta = chat_meta(cfg, path, tok, dtype, streams, files, heldout)
+    # their checksums: chat.py and rl.py score on these files, which no token count checks
+    return tok, dict(meta, text_sha256={name: hashlib.sha256(data).hexdigest() for name, data in texts.items()})
 
 
 def chat_tokenizer(cfg, conversations, mix, heldout, work):
