@@ -79,6 +79,8 @@ GOOD = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "ass
                               {"role": "user", "content": "q"}]}), "line 3: message 3 is the user's, but turns"),
     (json.dumps({"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "a"}]}),
      "line 3: message 1 (user) is empty"),
+    (json.dumps({"messages": [{"role": "user", "content": 12}, {"role": "assistant", "content": "a"}]}),
+     "line 3: message 1 (user)'s content is 12, not a string"),
     (json.dumps({"messages": [{"role": "user", "content": "q"}]}), "line 3: the conversation has no assistant turn"),
     (json.dumps({"messages": [{"role": "assistant", "content": "a"}]}), "line 3: message 1 is the assistant's"),
     (json.dumps({"text": "plain"}), "line 3: expected {\"messages\""),

@@ -90,7 +90,10 @@ def check_messages(record, number, where):
             raise UserError(f"{at}: message {shown} has role {role!r}; the roles are 'user' and 'assistant' (and "
                             "'system' first)")
         content = message.get("content")
-        if not isinstance(content, str) or not content:
+        if content is not None and not isinstance(content, str):
+            raise UserError(f"{at}: message {shown} ({message['role']})'s content is {json.dumps(content)[:40]}, "
+                            "not a string")
+        if not content:
             raise UserError(f"{at}: message {shown} ({message['role']}) is empty")
         if set(content) & set(NAMES):
             raise UserError(f"{at}: message {shown} holds a character the chat markers use (U+E000-U+E002)")
