@@ -349,6 +349,10 @@ PATH_CASES = {
         "train", [f"--out_dir={replaced(w, 'run-' + f, f, 'folder')}", "--init_from=auto"],
         f"error: {w}/paths/run-{f}/{f} is a folder where the run writes a file; move it out of the way",
         w / "paths" / f"run-{f}"))(f) for f in ["latest.pt", "best.pt", "metrics.jsonl", "run.lock"]},
+    "train: snapshots a file": lambda w, u: (
+        "train", [f"--out_dir={replaced(w, 'run-snapshots', 'snapshots', 'file')}", "--init_from=auto"],
+        "error: {w}/paths/run-snapshots/snapshots is a file where the run keeps its snapshots, a folder; move it out "
+        "of the way", w / "paths" / "run-snapshots"),
     **{f"train: dataset's {f} a folder": (lambda f: lambda w, u: (
         "train", [f"--dataset={replaced(w, 'data-' + f, 'tiny/' + f, 'folder')}/tiny", "--out_dir={t}",
                   "--init_from=auto", "--max_iters=1000000"], f"error: *{f}*", w / "paths" / f"data-{f}"))(f)

@@ -100,6 +100,12 @@ class RunDir:
         for p in [*saved, *in_place]:
             if p.is_dir():
                 raise UserError(f"{p} is a folder where the run writes a file; move it out of the way")
+        if self.snapshots.exists() and not self.snapshots.is_dir():
+            raise UserError(f"{self.snapshots} is a file where the run keeps its snapshots, a folder; move it out of "
+                            "the way")
+        if self.snapshots.is_dir() and not os.access(self.snapshots, os.W_OK | os.X_OK):
+            raise UserError(f"cannot write to {self.snapshots}, where the run keeps its snapshots; make it writable "
+                            "or pick another --out_dir")
         for p in [*saved, *in_place]:  # a rename would replace the user's link; the others would write through it
             if p.is_symlink():
                 raise UserError(link_in_place(p))
