@@ -74,6 +74,9 @@ CASES = {
     "meta vocab_size lies": ("train", ["--dataset=liarmeta"],
                              "error: {w}/data/liarmeta/meta.json: vocab_size is 99 but the vocabulary has 65 "
                              "characters; run data/prepare.py for this dataset again"),
+    "meta vocab_size a string": ("train", ["--dataset=textmeta"],
+                                 "error: {w}/data/textmeta/meta.json: vocab_size is \"65\", not a whole number; run "
+                                 "data/prepare.py for this dataset again"),
     "train.bin of odd length": ("train", ["--dataset=oddbin"],
                                 "error: {w}/data/oddbin/train.bin has 10,943 bytes, not a whole number of uint16 "
                                 "tokens; run data/prepare.py for this dataset again"),
@@ -492,7 +495,8 @@ def make_inputs(w, data_dir):
         prepare(PrepareConfig(input=str(w / text), name=name, data_dir=str(w / "data")))
     tiny = w / "data" / "tiny"
     meta = json.loads((tiny / "meta.json").read_text(encoding="utf-8"))
-    for name, change in [("widemeta", dict(vocab_size=70000, dtype="uint16")), ("liarmeta", dict(vocab_size=99))]:
+    for name, change in [("widemeta", dict(vocab_size=70000, dtype="uint16")), ("liarmeta", dict(vocab_size=99)),
+                         ("textmeta", dict(vocab_size="65"))]:
         shutil.copytree(tiny, w / "data" / name)
         (w / "data" / name / "meta.json").write_text(json.dumps(dict(meta, **change)))
     for name in ("oddbin", "bigid"):

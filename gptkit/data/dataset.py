@@ -80,7 +80,9 @@ def check_meta(meta, path):
     dtype, vocab = meta["dtype"], meta["vocab_size"]
     if dtype not in TOKEN_DTYPES:
         raise UserError(f"{path}: token dtype {dtype!r} is not one of {', '.join(TOKEN_DTYPES)}")
-    if type(vocab) is not int or not 0 < vocab <= TOKEN_DTYPES[dtype]:
+    if type(vocab) is not int:
+        raise UserError(f"{path}: vocab_size is {json.dumps(vocab)[:40]}, not a whole number; {again}")
+    if not 0 < vocab <= TOKEN_DTYPES[dtype]:
         raise UserError(f"{path}: a vocabulary of {vocab} tokens does not fit {dtype} token files "
                         f"(at most {TOKEN_DTYPES[dtype]:,}); run data/prepare.py again")
     if meta["tokenizer"] == "char":
