@@ -111,6 +111,17 @@ def test_a_failed_write_leaves_the_file_as_it_was_and_says_so_in_the_callers_wor
     assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
 
 
+def test_a_file_where_a_folder_goes_is_named_as_such_not_as_a_permission(tmp_path):
+    """analyze.py features writes into out/sae: with a file of that name in the way, the line says so."""
+    from gptkit.base.files import writable
+
+    (tmp_path / "sae").write_text("in the way")
+    with pytest.raises(UserError) as e:
+        writable(tmp_path / "sae" / "cfg.json")
+    assert str(e.value) == (f"cannot write {tmp_path / 'sae' / 'cfg.json'}: {tmp_path / 'sae'} is a file where a "
+                            "folder goes; move it out of the way")
+
+
 def test_a_shared_file_is_written_aside_under_this_process_own_name(tmp_path):
     """Files no lock keeps to one writer (the wisdom cache): another process's temporary file is never this one's."""
     path = tmp_path / "wisdom.json"

@@ -38,6 +38,8 @@ def writable(path):
     path = Path(path)
     refuse_link(path)
     folder = next((p for p in path.parents if p.exists()), Path("."))
+    if not folder.is_dir():
+        raise UserError(f"cannot write {path}: {folder} is a file where a folder goes; move it out of the way")
     if not os.access(folder, os.W_OK | os.X_OK) or path.exists() and not os.access(path, os.W_OK):
         raise UserError(f"cannot write {path} (permission denied); make {folder} writable or pick another path")
 
