@@ -192,6 +192,21 @@ def test_prepare_over_a_copy_that_followed_the_links(tmp_path, texts):
     opens(copy)
 
 
+@pytest.mark.parametrize("what", ["a folder", "a FIFO"])
+def test_a_lock_file_that_is_no_file_is_named(tmp_path, what):
+    """The dataset's lock (.prepare.lock) made a folder or a FIFO: the line names it, where it said 'Is a
+    directory' of the dataset folder, or 'not seekable'."""
+    from gptkit.data.versions import dataset_lock
+
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    os.mkfifo(folder / LOCK) if what == "a FIFO" else (folder / LOCK).mkdir()
+    with pytest.raises(UserError) as e, dataset_lock(folder):
+        pass
+    kind = "a folder" if what == "a folder" else "no plain file"
+    assert str(e.value) == f"{folder / LOCK} is {kind} where a lock file goes; move it out of the way"
+
+
 @pytest.mark.slow
 def test_a_second_prepare_of_a_dataset_is_refused(tmp_path, texts):
     old_text, new_text = texts

@@ -12,6 +12,9 @@ def exclusive(path, unwritable, busy, opener=None):
     """Hold the lock file at path (its folder made if need be) for this process: a second holder stops at once
     with one line, `busy` given ' (process N)' or ''; a folder that cannot take the file is `unwritable` and its
     reason. The lock file keeps the holder's pid. The OS releases the lock when the process ends, however."""
+    if os.path.lexists(path) and not path.is_symlink() and not path.is_file():  # a folder, a FIFO: named
+        raise UserError(f"{path} is {'a folder' if path.is_dir() else 'no plain file'} where a lock file goes; move "
+                        "it out of the way")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = open(path, "a+", encoding="utf-8", opener=opener)
