@@ -163,6 +163,7 @@ DAMAGE = {
     "weights not a dict": (("model",), 3, "model is 3, not a dict"),
     "a weight not a tensor": (("model", "FIRST"), [0.5], "model['FIRST'] is a list, not a tensor"),
     "optimizer not a list": (("optimizer",), {"state": {}}, "optimizer is a dict, not a list"),
+    "optimizer empty": (("optimizer",), [], "optimizer is empty"),  # read as 'a different optimizer' before
     "optimizer state not a dict": (("optimizer", 0, "state"), 5, "optimizer[0].state is 5, not a dict"),
     "scaler not a dict": (("scaler",), None, "scaler is None, not a dict"),
     "config not a dict": (("config",), "x", "config is 'x', not a dict"),

@@ -155,7 +155,7 @@ class RLState:
 
 
 # what a continued run reads of latest.pt besides its model, and what each must be
-RL_STATE = Fields({"optimizer": Each(OPTIMIZER_STATE), "seconds_spent": NUMBER,
+RL_STATE = Fields({"optimizer": Each(OPTIMIZER_STATE, least=1), "seconds_spent": NUMBER,
                    "rl": Fields({"state": settings(RLState), "draw": TORCH_RANDOM, "sampling": TENSOR})})
 
 

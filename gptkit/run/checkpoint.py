@@ -212,14 +212,16 @@ class Fields:
 
 
 class Each:
-    """A list (or with keyed=True, a dict) each of whose items is of one kind."""
+    """A list (or with keyed=True, a dict) each of whose items is of one kind; with least, of at least that many."""
 
-    def __init__(self, kind, keyed=False):
-        self.kind, self.keyed = kind, keyed
+    def __init__(self, kind, keyed=False, least=0):
+        self.kind, self.keyed, self.least = kind, keyed, least
 
     def problem(self, value, where):
         if not isinstance(value, dict if self.keyed else (list, tuple)):
             return f"{where} is {shown(value)}, not a {'dict' if self.keyed else 'list'}"
+        if len(value) < self.least:
+            return f"{where} is empty"
         for key, item in value.items() if self.keyed else enumerate(value):
             if problem := self.kind.problem(item, f"{where}[{key!r}]"):
                 return problem
@@ -305,7 +307,7 @@ MODEL_KEYS = Fields({
 TRAINING_KEYS = Fields({
     **MODEL_KEYS.kinds,
     "trained": Each(TENSOR, keyed=True),  # with an EMA, which "model" then holds: the weights trained on
-    "optimizer": Each(OPTIMIZER_STATE),
+    "optimizer": Each(OPTIMIZER_STATE, least=1),  # every model trains through one at least
     "scaler": maybe(scale=NUMBER, growth_factor=NUMBER, backoff_factor=NUMBER, growth_interval=COUNT,
                     _growth_tracker=COUNT),
     "config": maybe(model=DICT),  # its model settings are model_args's
