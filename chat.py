@@ -81,7 +81,7 @@ def evaluate(cfg, model, tok, ckpt):
         problems = {name: items[:cfg.limit] for name, items in problems.items()}
     say = None if cfg.json else lambda name, r: print(line_of(name, r), flush=True)
     if say:
-        ks = ks_for(cfg.samples) if cfg.samples > 1 else []
+        ks = ks_for(cfg.sampled()) if cfg.sampled() else []
         print(f"| task | problems | accuracy{''.join(f' | pass@{k}' for k in ks)} |\n"
               f"|---|---|---{'|---' * len(ks)}|")
     results = score(model, tok, problems, cfg.sampled(), cfg.temperature, cfg.max_new_tokens, cfg.seed, say)

@@ -313,7 +313,7 @@ class Progress:
 
 def as_saved(saved):
     """Whether a stopped prepare's saved state is of the shape Progress.save writes it in (a hand edit or a
-    damaged file is not)."""
+    damaged file, None where it was no JSON, is not)."""
     try:
         if "position" in saved:
             file_index, offset = saved["position"]
@@ -329,6 +329,20 @@ def as_saved(saved):
         return False
 
 
+def unusable_work(work, progress):
+    """What keeps a stopped prepare's work from being continued, in words, or None."""
+    if not as_saved(progress.saved):
+        return "saved state is damaged"
+    if progress.get("position") and not all(
+            ShardWriter.matches(work, split, np.dtype(progress.get("dtype")).itemsize, progress.get(split))
+            for split in ("train", "val")):
+        return "files do not match its saved state"
+    saved_tokenizer = progress.get("tokenizer_sha256")
+    if saved_tokenizer and saved_checksum(work / TOKENIZER_FILE) != saved_tokenizer:
+        return f"{TOKENIZER_FILE} is missing or does not match its checksum"
+    return None
+
+
 def open_work(work):
     """The work folder and its saved state: a stopped prepare's, to continue, or a fresh one."""
     refuse_link(work)  # a folder it points at would be written into, and deleted
@@ -336,19 +350,9 @@ def open_work(work):
         shutil.rmtree(work)  # stopped before its first saved state: nothing to continue from
     work.mkdir(parents=True, exist_ok=True)
     progress = Progress(work)
-    if not isinstance(progress.saved, dict) or not as_saved(progress.saved):
-        print("the stopped prepare's saved state is damaged; starting again")
-        shutil.rmtree(work)
-        return open_work(work)
-    if progress.get("position") and not all(
-            ShardWriter.matches(work, split, np.dtype(progress.get("dtype")).itemsize, progress.get(split))
-            for split in ("train", "val")):
-        print("the stopped prepare's files do not match its saved state; starting again")
-        shutil.rmtree(work)
-        return open_work(work)
-    saved_tokenizer = progress.get("tokenizer_sha256")
-    if saved_tokenizer and saved_checksum(work / TOKENIZER_FILE) != saved_tokenizer:
-        print(f"the stopped prepare's {TOKENIZER_FILE} is missing or does not match its checksum; starting again")
+    unusable = unusable_work(work, progress)
+    if unusable:
+        print(f"the stopped prepare's {unusable}; starting again")
         shutil.rmtree(work)
         return open_work(work)
     if progress.get("position"):
