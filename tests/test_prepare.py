@@ -2,6 +2,7 @@
 round-trip, the dtype chosen, text read in pieces that encode as the whole does, the download (from a local server:
 tests never touch the network), one-line CLI errors. (Corpora of records: see test_corpora.py.)"""
 
+import hashlib
 import http.server
 import json
 import os
@@ -470,6 +471,30 @@ def test_download_failures_are_one_line(server, tmp_path, monkeypatch):
     monkeypatch.setattr(preparing, "SHAKESPEARE_URL", "http://127.0.0.1:9/input.txt")  # nothing listens there
     with pytest.raises(UserError, match=r"could not download tinyshakespeare \(.*refused\)"):
         prepare(PrepareConfig(data_dir=str(data)))
+
+
+def test_the_default_dataset_prepared_from_a_copy_keeps_it_where_the_download_puts_it(tmp_path, monkeypatch,
+                                                                                       corpus_file, capsys):
+    """Offline (--input=PATH/input.txt): data/shakespeare_char/input.txt is there after, as online, for the chat
+    lesson's --mix; of the same time, so that a prepare from it reads as the same text. Another text, or a file
+    already there, is left alone."""
+    monkeypatch.setattr(preparing, "SHAKESPEARE_SHA256", hashlib.sha256(corpus_file.read_bytes()).hexdigest())
+    monkeypatch.setattr(preparing, "SHAKESPEARE_BYTES", corpus_file.stat().st_size)
+    os.utime(corpus_file, (1_700_000_000, 1_700_000_000))
+    data = tmp_path / "d"
+    _, meta = prepare(PrepareConfig(input=str(corpus_file), data_dir=str(data)))
+    kept = data / "shakespeare_char" / "input.txt"
+    assert kept.read_bytes() == corpus_file.read_bytes() and kept.stat().st_mtime == 1_700_000_000
+    assert f"kept a copy of {corpus_file} as {kept}" in capsys.readouterr().out
+    assert prepare(PrepareConfig(data_dir=str(data)))[1]["train_tokens"] == meta["train_tokens"]  # the same text
+    other = tmp_path / "other.txt"
+    other.write_text("not the text the download gives\n" * 50, encoding="utf-8")
+    prepare(PrepareConfig(input=str(other), name="mine", data_dir=str(data)))
+    prepare(PrepareConfig(input=str(corpus_file), name="copy", data_dir=str(data)))
+    assert not (data / "mine" / "input.txt").exists() and not (data / "copy" / "input.txt").exists()
+    kept.write_text("the user's own\n", encoding="utf-8")
+    prepare(PrepareConfig(input=str(corpus_file), data_dir=str(data), start_over=True))
+    assert kept.read_text(encoding="utf-8") == "the user's own\n"
 
 
 DOWNLOAD_FAILS = """import runpy, sys

@@ -46,6 +46,7 @@ from gptkit.data.versions import (LINKED, bare, check_room, commit, dataset_lock
 PROJECT_DATA = Path(__file__).resolve().parents[2] / "data"
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+SHAKESPEARE_BYTES = 1_115_394
 CHAR_SEPARATOR = "\n\n"  # after each record's text, char-level: a blank line, from the characters text already has
 BATCH_CHARS = 4 << 20  # text per batch sent to a tokenizing process
 MOST_WORKERS = 512  # a process each: a typo'd count must not start thousands
@@ -148,6 +149,20 @@ def download_shakespeare(dest):
     return dest
 
 
+def keep_a_copy(files, out_dir):
+    """The default dataset prepared offline from a copy of tinyshakespeare (--input=PATH/input.txt) keeps one where
+    the download puts it, so that the folder holds what it would online: the chat lesson's
+    --mix=data/shakespeare_char/input.txt reads it. A file already there is never replaced."""
+    dest = out_dir / "input.txt"
+    if (os.path.lexists(dest) or len(files) != 1 or files[0].stat().st_size != SHAKESPEARE_BYTES
+            or sha256_of(files[0]) != SHAKESPEARE_SHA256):
+        return
+    write_whole(dest, files[0].read_bytes())
+    given = files[0].stat()  # its time too: a later prepare from the copy is of the same text, as same_text reads it
+    os.utime(dest, ns=(given.st_atime_ns, given.st_mtime_ns))
+    print(f"kept a copy of {shown(files[0])} as {shown(dest)}, where the download puts it", flush=True)
+
+
 def bpe_cut(text):
     """Where a piece of text may end without changing its BPE tokens: before the last whitespace that follows a
     letter or digit. Every tiktoken encoding's pre-tokenizer starts a new piece there (a word never runs
@@ -206,6 +221,8 @@ def prepare_locked(cfg, out_dir, files):
         meta = kept_or_cleared(write, work, out_dir)
     commit(out_dir, work)
     remove_leftovers(out_dir)
+    if cfg.input and cfg.name == "shakespeare_char":
+        keep_a_copy(files, out_dir)
     return meta
 
 
