@@ -18,7 +18,7 @@ COSTS = StepCosts(step=0.1, eval=0.5, final=2.0)
 
 
 def choices():
-    return SimpleNamespace(planned=None)
+    return SimpleNamespace(planned=None, measuring_seconds=0.0)
 
 
 def test_the_planned_steps_are_the_most_whose_idle_run_fits_in_max_time():
@@ -87,6 +87,21 @@ def test_a_busy_machine_is_said_once_with_the_time_the_planned_steps_will_take()
     assert not any(idle.stepped(i, 0.1, spent=3.0 + 0.1 * i) for i in range(1, 301))
     assert busy.summary(300, 4096, 83.4) == "fair: 300 steps and 1.23M tokens, 40 s of this machine idle (this run " \
                                             "took 83 s)"
+
+
+def test_a_first_run_s_measuring_of_the_machine_is_not_called_a_busy_machine():
+    """The first run of a model on a machine measures it (6 s here) before its steps, which run at their idle
+    pace: it ends that much later, which the summary says, and no line calls the machine busy."""
+    planned = {"steps": 300, "step": 0.1 * (1 + RECORDS_SHARE), "eval": 0.5, "final": 2.0, "idle_seconds": 40.0,
+               "measuring": 6.0}
+    pace = Pace(planned, 0, train_config(eval_interval=50))
+    assert not any(pace.stepped(i, 0.1, spent=9.0 + 0.1 * i) for i in range(1, 301))
+    assert pace.summary(300, 4096, 46.2) == "fair: 300 steps and 1.23M tokens, 40 s of this machine idle (this run " \
+                                            "took 46 s, 6 s of it measuring this machine)"
+    busy = Pace(planned, 0, train_config(eval_interval=50))
+    said = [busy.stepped(i, 0.2, spent=9.0 + 0.2 * i) for i in range(1, 31)]
+    assert said[-1] == ("note: this machine is busy (a step takes 2.0x its idle time): the run trains its 300 steps "
+                        "all the same, in about 82 s rather than 46 s")
 
 
 def test_the_busy_line_foretells_the_run_from_its_steps_once_the_thread_count_has_followed_the_load():

@@ -57,6 +57,7 @@ class Choices:
     whole_seconds: float = None  # a whole step, the optimizer's update included, idle on this machine
     forward_seconds: float = None  # a forward alone (an evaluation's batch), idle on this machine
     planned: dict = None  # a budget planned in steps (gptkit.training.budget.plan_steps): kept for a resume
+    measuring_seconds: float = 0.0  # what measuring this machine took this run (once: later runs read the wisdom)
     lines: list = field(default_factory=list)  # what to tell the learner
     details: list = field(default_factory=list)  # what to tell with --verbose too: the machinery
 
@@ -147,6 +148,7 @@ def fresh_choices(cfg, rt, planned, asked, started, rule, update_for=None):
     say_path(cfg, rt, planned, entry, choices)
     say_model(cfg, rt, planned, entry, choices, short)
     choices.lines = speed.wisdom.notes + speed.notes() + choices.lines
+    choices.measuring_seconds = speed.measured
     return cfg, planned, choices
 
 

@@ -318,7 +318,8 @@ TRAINING_KEYS = Fields({
     "wandb_id": Kind("a string or None", lambda v: v is None or isinstance(v, str)),
     # what the run chose for its speed: a resume takes the same, and so continues exactly
     "measured": maybe(dtype=TEXT, attention_path=TEXT, threads=COUNT, fitted_from=DICT,
-                      planned=maybe(steps=COUNT, step=NUMBER, eval=NUMBER, final=NUMBER, idle_seconds=NUMBER),
+                      planned=maybe(steps=COUNT, step=NUMBER, eval=NUMBER, final=NUMBER, idle_seconds=NUMBER,
+                                    measuring=NUMBER),
                       kernels=Each(Kind(f"one of {', '.join(KERNELS)}", lambda v: v in KERNELS))),
     "best_iter": COUNT,
     "global_batch": COUNT,  # sequences per optimizer step, over every process

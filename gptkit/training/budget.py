@@ -125,7 +125,7 @@ def plan_steps(cfg, choices, costs, given):
                      f"then): about {about:.0f} s on this machine idle"]
     idle = costs.seconds(fit, cfg.eval_interval)
     choices.planned = {"steps": fit, "step": costs.step, "eval": costs.eval, "final": costs.final,
-                       "idle_seconds": idle}
+                       "idle_seconds": idle, "measuring": choices.measuring_seconds}
     return dataclasses.replace(cfg, max_iters=fit), lines + [
         f"steps: {fit:,}, planned from max_time={cfg.max_time:g} at this machine's idle speed ({step_ms}; with "
         f"the evaluations and the final score, about {idle:.0f} s idle): the same command trains the same steps, "
@@ -176,14 +176,15 @@ class Pace:
         evals = left // self.cfg.eval_interval + 1
         stepping = slower * left * p["step"] / (1 - self.trials_share())
         expected = spent + stepping + slower * (evals * p["eval"] + p["final"]) + END_SECONDS
-        if abs(expected / p["idle_seconds"] - 1) <= OFF_PLAN:
+        # a first run measures this machine before its steps (its line said so): those seconds are not a busy one
+        planned = p["idle_seconds"] + p.get("measuring", 0.0)
+        if abs(expected / planned - 1) <= OFF_PLAN:
             return None
         if slower > 1:
             return (f"note: this machine is busy (a step takes {slower:.1f}x its idle time): the run trains its "
-                    f"{p['steps']:,} steps all the same, in about {minutes(expected)} rather than "
-                    f"{p['idle_seconds']:.0f} s")
+                    f"{p['steps']:,} steps all the same, in about {minutes(expected)} rather than {planned:.0f} s")
         return (f"note: the steps run faster than this machine's idle measurement said ({slower:.2f}x its step): "
-                f"the run takes about {minutes(expected)} rather than {p['idle_seconds']:.0f} s")
+                f"the run takes about {minutes(expected)} rather than {planned:.0f} s")
 
     def trials_share(self):
         """The share of the stepping time so far that the thread trials' steps took over what as many counted
@@ -200,8 +201,10 @@ class Pace:
         """What this run may be compared with another in: its steps and tokens, and with a planned budget the idle
         seconds they take here."""
         idle = f", {self.planned['idle_seconds']:.0f} s of this machine idle" if self.planned else ""
+        measuring = self.planned.get("measuring", 0.0) if self.planned else 0.0
+        measuring = f", {measuring:.0f} s of it measuring this machine" if measuring >= 0.5 else ""
         return (f"fair: {iter_num:,} steps and {iter_num * tokens_per_iter / 1e6:.2f}M tokens{idle} (this run took "
-                f"{spent:.0f} s)")
+                f"{spent:.0f} s{measuring})")
 
 
 def minutes(seconds):
