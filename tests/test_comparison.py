@@ -42,6 +42,20 @@ def test_the_note_names_what_differs_besides_the_edit_and_only_then(other, note)
     assert besides_note(BASE, other, differences(BASE, other)) == note
 
 
+def test_runs_whose_steps_max_time_planned_are_told_how_to_train_equal_steps():
+    """An edit that steps faster trains more steps in the same max_time: the note says how to hold steps equal."""
+    planned = {"planned": {"steps": 100, "idle_seconds": 150.0}}
+    base = made_run("out", measured=planned)
+    edited = made_run("out-gelu", code=dict(CODE, relu_squared="9999"), steps=120,
+                      measured={"planned": {"steps": 120, "idle_seconds": 150.0}})
+    assert besides_note(base, edited, differences(base, edited)) == (
+        f"note: besides model.py, out-gelu differs from out in steps (100 → 120): {EDIT}; each trained the steps "
+        "max_time plans at its own model's speed here (equal time): --max_iters=100 gives out-gelu out's steps")
+    longer = made_run("out-gelu", code=dict(CODE, relu_squared="9999"), steps=240, max_time=300,
+                      measured={"planned": {"steps": 240, "idle_seconds": 300.0}})
+    assert besides_note(base, longer, differences(base, longer)).endswith(EDIT)  # not equal time: no such words
+
+
 def test_the_settings_that_differ_are_listed_from_the_base_to_the_run():
     other = made_run("out-gelu", activation="gelu", learning_rate=3e-3, dtype="float32")
     base = made_run("out", activation="relu2")

@@ -167,7 +167,12 @@ def besides_note(base, run, diff):
     if not circumstances or len(edits) + len(circumstances) < 2:
         return None
     what = listed(f"{name} ({theirs} → {ours})" for name, theirs, ours in diff.circumstances)
-    if edits:
-        return (f"note: besides {listed(edits)}, {run.name} differs from {base.name} in {what}: the "
-                "comparison is not only your edit")
-    return f"note: {run.name} differs from {base.name} in {what}: the comparison is not of one change"
+    note = (f"note: besides {listed(edits)}, {run.name} differs from {base.name} in {what}: the comparison is not "
+            "only your edit" if edits else
+            f"note: {run.name} differs from {base.name} in {what}: the comparison is not of one change")
+    if ("steps" in circumstances and all(r.measured.get("planned") for r in (base, run))
+            and base.settings.get("max_time") == run.settings.get("max_time")):
+        # max_time planned each run's steps at its own model's idle speed: an edit that steps faster trains more
+        note += (f"; each trained the steps max_time plans at its own model's speed here (equal time): "
+                 f"--max_iters={base.steps} gives {run.name} {base.name}'s steps")
+    return note
