@@ -22,7 +22,7 @@ from gptkit.base.progress import progress
 from gptkit.base.signals import StopSignals
 from gptkit.chat.answering import answer_text, check_chat_model, end_id, question_prompt, sample_answers
 from gptkit.chat.reinforce import (ProblemDraw, RLState, advantages, answer_batch, best_lost, measured_anew,
-                                   no_reward_line, reinforce_loss, rl_settings)
+                                   little_reward_note, no_reward_line, reinforce_loss, rl_settings)
 from gptkit.chat.report import chat_sets
 from gptkit.chat.scoring import score
 from gptkit.data.tasks import TASKS
@@ -136,6 +136,8 @@ def practise(cfg, s, run, log, stop):
             raise UserError(no_reward_line(cfg, scores))
         log.write({"kind": "rl_eval", "iter": 0, **scores})
         print(f"step 0: held-out pass@1 {100 * scores['pass_at_1']:.1f}%, greedy {100 * scores['accuracy']:.1f}%")
+        if little_reward_note(cfg, scores):
+            print(little_reward_note(cfg, scores))
     with stop.deferred(), progress(total=cfg.max_iters, desc="practising", unit="step",
                                    initial=state.iter_num) as bar:
         while state.iter_num < cfg.max_iters:
@@ -159,7 +161,7 @@ def practise(cfg, s, run, log, stop):
             if stop.signum:
                 raise RunStopped(f"stopped by {signal.Signals(stop.signum).name} at step {state.iter_num}; saved "
                                  f"to {run.latest}: run the same command to continue", stop.signum)
-    print(f"done: {state.iter_num} steps in {state.seconds_spent:.0f} s; best.pt holds step {state.best_iter} "
+    print(f"done: {state.iter_num} step{'s' * (state.iter_num != 1)} in {state.seconds_spent:.0f} s; best.pt holds step {state.best_iter} "
           f"(held-out pass@1 {100 * state.best_pass_at_1:.1f}%)")
 
 

@@ -1,12 +1,13 @@
 """REINFORCE with the group's mean as the baseline: the advantages, the batch of answers, and a gradient equal to
 one computed by hand on a tiny model."""
 
-import torch
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from conftest import tiny_model
-from gptkit.chat.reinforce import RLConfig, advantages, answer_batch, reinforce_loss
+from gptkit.chat.reinforce import RLConfig, advantages, answer_batch, little_reward_note, reinforce_loss
 
 
 def test_advantages_are_rewards_less_their_groups_mean():
@@ -82,3 +83,14 @@ def test_settings_that_leave_reinforce_nothing_to_learn_from_are_one_line(settin
     with pytest.raises(ValueError) as e:
         RLConfig(**setting)
     assert str(e.value) == expected
+
+
+def test_a_start_right_seldom_gets_a_note_that_rl_learns_little_from_it():
+    """A start at 4% pass@1 (an early SFT stopped before its sums' sudden change) is told to fine-tune further;
+    one never right is no_reward_line's, and one right half the time is what RL is for."""
+    cfg = SimpleNamespace(init_from="out-chat-early")
+    note = little_reward_note(cfg, {"pass_at_1": 0.043, "accuracy": 0.059})
+    assert note.startswith("note: out-chat-early's held-out pass@1 is 4.3% at the start: RL sharpens")
+    assert "until pass@1 reaches about 40%" in note
+    assert little_reward_note(cfg, {"pass_at_1": 0.0, "accuracy": 0.0}) is None
+    assert little_reward_note(cfg, {"pass_at_1": 0.43, "accuracy": 0.5}) is None
