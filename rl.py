@@ -161,8 +161,8 @@ def practise(cfg, s, run, log, stop):
             if stop.signum:
                 raise RunStopped(f"stopped by {signal.Signals(stop.signum).name} at step {state.iter_num}; saved "
                                  f"to {run.latest}: run the same command to continue", stop.signum)
-    print(f"done: {state.iter_num} step{'s' * (state.iter_num != 1)} in {state.seconds_spent:.0f} s; best.pt holds step {state.best_iter} "
-          f"(held-out pass@1 {100 * state.best_pass_at_1:.1f}%)")
+    print(f"done: {state.iter_num} step{'s' * (state.iter_num != 1)} in {state.seconds_spent:.0f} s; best.pt holds "
+          f"step {state.best_iter} (held-out pass@1 {100 * state.best_pass_at_1:.1f}%)")
 
 
 def main(argv=None):

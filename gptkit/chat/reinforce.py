@@ -188,12 +188,12 @@ def best_lost(state, best):
     return f"note: best.pt of step {state.best_iter} {why}; the next score writes it anew"
 
 
-LITTLE_REWARD = 0.2  # a start's held-out pass@1 under which RL learned little here (docs/chat.md#rl-as-sharpening)
+LITTLE_REWARD = 0.2  # a start's held-out pass@1 under which RL learned little (docs/chat.md#rl-as-sharpening)
 
 
 def little_reward_note(cfg, scores):
-    """A note for a start right so seldom that REINFORCE learns little from it (from 7.4% pass@1, 100 steps moved
-    it to 8.1%): RL sharpens what a model already samples. None for a start right more often, or never."""
+    """A note for a start right so seldom that REINFORCE learns little from it: RL sharpens what a model already
+    samples. None for a start right more often, or never (no_reward_line's)."""
     if not 0 < scores["pass_at_1"] < LITTLE_REWARD:
         return None
     return (f"note: {cfg.init_from}'s held-out pass@1 is {100 * scores['pass_at_1']:.1f}% at the start: RL sharpens "
