@@ -132,12 +132,12 @@ def practise(cfg, s, run, log, stop):
     state, begun = s["state"], time.time() - s["state"].seconds_spent
     if state.iter_num == 0:
         scores = evaluate(cfg, s)
-        if no_reward_line(cfg, scores):  # before anything is written: the run can start again once fixed
-            raise UserError(no_reward_line(cfg, scores))
+        if line := no_reward_line(cfg, scores):  # before anything is written: the run can start again once fixed
+            raise UserError(line)
         log.write({"kind": "rl_eval", "iter": 0, **scores})
         print(f"step 0: held-out pass@1 {100 * scores['pass_at_1']:.1f}%, greedy {100 * scores['accuracy']:.1f}%")
-        if little_reward_note(cfg, scores):
-            print(little_reward_note(cfg, scores))
+        if note := little_reward_note(cfg, scores):
+            print(note)
     with stop.deferred(), progress(total=cfg.max_iters, desc="practising", unit="step",
                                    initial=state.iter_num) as bar:
         while state.iter_num < cfg.max_iters:

@@ -154,10 +154,12 @@ def keep_a_copy(files, out_dir):
     the download puts it, so that the folder holds what it would online: the chat lesson's
     --mix=data/shakespeare_char/input.txt reads it. A file already there is never replaced."""
     dest = out_dir / "input.txt"
-    if (os.path.lexists(dest) or len(files) != 1 or files[0].stat().st_size != SHAKESPEARE_BYTES
-            or sha256_of(files[0]) != SHAKESPEARE_SHA256):
+    if os.path.lexists(dest) or len(files) != 1 or files[0].stat().st_size != SHAKESPEARE_BYTES:
         return
-    write_whole(dest, files[0].read_bytes())
+    data = files[0].read_bytes()  # once: checked, then written
+    if hashlib.sha256(data).hexdigest() != SHAKESPEARE_SHA256:
+        return
+    write_whole(dest, data)
     given = files[0].stat()  # its time too: a later prepare from the copy is of the same text, as same_text reads it
     os.utime(dest, ns=(given.st_atime_ns, given.st_mtime_ns))
     print(f"kept a copy of {shown(files[0])} as {shown(dest)}, where the download puts it", flush=True)

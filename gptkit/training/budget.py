@@ -201,8 +201,8 @@ class Pace:
         """What this run may be compared with another in: its steps and tokens, and with a planned budget the idle
         seconds they take here."""
         idle = f", {self.planned['idle_seconds']:.0f} s of this machine idle" if self.planned else ""
-        measuring = self.planned.get("measuring", 0.0) if self.planned else 0.0
-        measuring = f", {measuring:.0f} s of it measuring this machine" if measuring >= 0.5 else ""
+        seconds = (self.planned or {}).get("measuring", 0.0)
+        measuring = f", {seconds:.0f} s of it measuring this machine" if seconds >= 0.5 else ""
         return (f"fair: {iter_num:,} steps and {iter_num * tokens_per_iter / 1e6:.2f}M tokens{idle} (this run took "
                 f"{spent:.0f} s{measuring})")
 
