@@ -33,6 +33,7 @@ from gptkit.training.updates import (lr_factor_at, schedulable, set_lr, step_opt
 from gptkit.training.records import Records
 from gptkit.training.reporting import Reporter
 from gptkit.training.resume import claim_for_a_new_run, continued_config
+from gptkit.training.score_stop import ScoreStop, stopped_by_score
 from gptkit.training.snapshots import drop_after
 from gptkit.training.starting import base_run, build_model, open_data, planned_model
 from gptkit.training.state import TrainState
@@ -43,7 +44,7 @@ def start(cfg, rt, ckpt, ckpt_path, given, asked, started):
     """From the config to what the loop trains: the data, the machine's choices (the shape among
     them, decided before the model is built), the model, the steps a time budget plans, the
     optimizers, then the state a checkpoint saves, which holds the config that trains:
-    (TrainingData, TrainState)."""
+    (TrainingData, TrainState, the ScoreStop of a run that ends by its score or None)."""
     data, sequences = open_data(cfg, rt, ckpt, ckpt_path)
     base = base_run(cfg) if ckpt is None else None  # init_from a run folder: fine-tuning its model
     planned = planned_model(cfg, data.meta, ckpt, ckpt_path, base, given, asked)  # the shape the config and data say
@@ -66,7 +67,8 @@ def start(cfg, rt, ckpt, ckpt_path, given, asked, started):
     if rt.master:
         for line in choices.lines + (choices.details if cfg.verbose else []):
             print(line, flush=True)
-    return data, state
+    aim = ScoreStop(cfg, data.folder, data.meta, data.tokenizer) if cfg.stop_task and not cfg.eval_only else None
+    return data, state, aim
 
 
 def step_costs(cfg, rt, data, model, choices, sequences):
@@ -80,10 +82,10 @@ def step_costs(cfg, rt, data, model, choices, sequences):
     return StepCosts.of(cfg, choices, final_tokens, data.block_size, model.num_params(), micro)
 
 
-def train(rt, data, state, log, run, budget, stop):
-    """Optimizer steps until max_iters or the time budget, evaluating every eval_interval steps and
-    at the end. best.pt is written only when val loss improves; latest.pt at evaluations, at the
-    end and on a stop signal."""
+def train(rt, data, state, log, run, budget, stop, aim=None):
+    """Optimizer steps until max_iters, the time budget or the aim's score (a ScoreStop), evaluating every
+    eval_interval steps and at the end. best.pt is written only when val loss improves; latest.pt at
+    evaluations, at the end and on a stop signal."""
     cfg, model = state.cfg, rt.wrap(state.model)  # DDP when there are several processes
     report = Reporter(cfg, rt, data, state, log, budget)
     records = Records(cfg, rt, data, state, log, budget, run, report.say)
@@ -129,6 +131,8 @@ def train(rt, data, state, log, run, budget, stop):
             evaluating, saved = state.iter_num % cfg.eval_interval == 0 or done, False
             if evaluating:
                 losses = evaluated(rt, data, state, budget, report)
+                if aim is not None:
+                    state.stopped_by_score = aim.reached(rt, state, report)
                 improved = losses["val"] < state.best_val_loss
                 if improved:  # the only place the best weights change (a stop never touches them)
                     state.best_val_loss, state.best_iter = losses["val"], state.iter_num
@@ -138,7 +142,7 @@ def train(rt, data, state, log, run, budget, stop):
                 # would only bring a second evaluation of almost the same weights
                 done = done or finished(cfg, rt, state, budget)
                 if improved or cfg.always_save_checkpoint or done:
-                    ended_by_time = done and state.iter_num < cfg.max_iters
+                    ended_by_time = done and state.iter_num < cfg.max_iters and not state.stopped_by_score
                     save_latest(state, run, rt, budget, ended_by_time)
                     saved = True
             # the timeline's numbers and a snapshot of the weights: at steps 1, 2, 4, ... and at
@@ -176,11 +180,12 @@ def stop_if_signalled(rt, stop, state, run, budget, loss, saved):
 
 
 def finished(cfg, rt, state, budget):
-    """All max_iters steps taken, or the time budget spent but for what the end will cost (on any
-    process: all stop at the same step). The first step is always taken, so that every run leaves a
-    state to use."""
+    """All max_iters steps taken, stop_task's aim reached, or the time budget spent but for what the end
+    will cost (on any process: all stop at the same step). The first step is always taken, so that
+    every run leaves a state to use."""
     by_the_clock = cfg.wall_clock and cfg.max_time > 0 and state.iter_num > 0
-    return state.iter_num >= cfg.max_iters or (by_the_clock and rt.any(budget.over()))
+    reached = state.stopped_by_score is not None  # stop_task's aim, at an evaluation, on every process alike
+    return state.iter_num >= cfg.max_iters or reached or (by_the_clock and rt.any(budget.over()))
 
 
 def save_latest(state, run, rt, budget, ended_by_time=False):
@@ -244,7 +249,7 @@ def main(argv=None):
         with StopSignals() as stop, Runtime(cfg.device, cfg.dtype, cfg.backend, cfg.threads) as rt:
             stop.doing = "starting (nothing was saved)"
             # the state holds the config that trains: its shape fitted, its steps planned
-            data, state = start(cfg, rt, *resumed, given=set(given), asked=asked, started=started)
+            data, state, aim = start(cfg, rt, *resumed, given=set(given), asked=asked, started=started)
             del resumed, cfg  # the state holds what it needs of the checkpoint, and the config
             log = RunLog(run.metrics, wandb_args(state)) if rt.master else None
             try:
@@ -254,7 +259,7 @@ def main(argv=None):
                     evaluated(rt, data, state, None, Reporter(state.cfg, rt, data, state, log))
                 else:
                     budget = time_budget(state.cfg, data, state, started)
-                    train(rt, data, state, log, run, budget, stop)
+                    train(rt, data, state, log, run, budget, stop, aim)
             finally:
                 if log is not None:
                     log.close()
@@ -279,13 +284,18 @@ def announce_resume(cfg, resumed, run, note, master):
              f"iteration {done}, the state this run continues from; they are dropped, and logged "
              "again as it trains")
     spent = timed and ckpt["seconds_spent"] >= cfg.max_time
-    if done < cfg.max_iters and not spent:
+    reached = stopped_by_score(ckpt, cfg)
+    if done < cfg.max_iters and not spent and not reached:
         return False
     if not scored:  # stopped while scoring the whole val split: the end is still to do
         note("its steps are done, but its final score on the whole val split was never recorded: "
              "scoring it now")
         return False
-    if not cfg.eval_only:
+    if reached and not cfg.eval_only:
+        note(f"the run in {run.path} is finished (its {reached['task']} held-out pass@1 reached "
+             f"{100 * reached['pass_at_1']:.1f}% at iteration {done}, stop_pass_at_1 {cfg.stop_pass_at_1:g}); "
+             "nothing to do: raise --stop_pass_at_1, or give --stop_task='' to train it on to --max_iters")
+    elif not cfg.eval_only:
         why = (f"its {cfg.max_time:g} s are spent" if spent else
                f"all {cfg.max_iters} iterations are done")
         note(f"the run in {run.path} is finished ({why}); nothing to do: raise --max_iters or "

@@ -5,7 +5,7 @@
 # first: python train.py config/chat_sft_early.py; then python rl.py config/chat_rl.py
 
 init_from = 'out-chat-early'  # an SFT run's folder
-init_checkpoint = 'best'  # or one of its snapshots, iter:N
+init_checkpoint = 'latest'  # where it ended (its score's stop); or 'best' (its lowest val loss), or a snapshot, iter:N
 out_dir = 'out-rl'
 tasks = 'addition'
 problems_per_step = 64

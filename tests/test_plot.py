@@ -184,6 +184,22 @@ def test_loss_png(run_dir):
     assert_png(run_dir / "loss.png")
 
 
+def test_loss_png_of_a_run_ended_by_its_score_draws_the_score_beside_the_loss(run_dir, tmp_path, monkeypatch):
+    import plot
+    from gptkit.interp import pictures
+
+    drawn = []
+    monkeypatch.setattr(pictures, "save", lambda fig, path, dpi: drawn.append(fig))
+    run = tmp_path / "run"
+    run.mkdir()
+    scores = [{"kind": "task_eval", "iter": i, "task": "addition", "pass_at_1": p} for i, p in ((5, 0.1), (10, 0.45))]
+    (run / "metrics.jsonl").write_text((run_dir / "metrics.jsonl").read_text() +
+                                       "".join(json.dumps(r) + "\n" for r in scores))
+    plot.main(["loss", f"--out_dir={run}"])
+    lines = [line for ax in drawn[0].axes for line in ax.get_lines() if line.get_label() == "addition held-out pass@1"]
+    assert len(lines) == 1 and list(lines[0].get_ydata()) == [0.1, 0.45]
+
+
 def test_loss_png_of_an_rl_run_draws_its_reward_and_held_out_scores(tmp_path):
     import plot
 

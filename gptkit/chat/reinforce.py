@@ -198,8 +198,8 @@ def little_reward_note(cfg, scores):
         return None
     return (f"note: {cfg.init_from}'s held-out pass@1 is {100 * scores['pass_at_1']:.1f}% at the start: RL sharpens "
             "what a model already samples, and learns most from one right about half the time; fine-tune it further "
-            "until pass@1 reaches about 40% (config/chat_sft_early.py's comments say how), then start this run "
-            "again with --start_over=True")
+            "until pass@1 reaches about 40% (train.py's --stop_task, as config/chat_sft_early.py does), then start "
+            "this run again with --start_over=True")
 
 
 def no_reward_line(cfg, scores):

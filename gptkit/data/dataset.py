@@ -351,7 +351,7 @@ class TrainingData:
 
     def __init__(self, folder, meta, block_size, batch_size, eval_iters, seed, device, batch_order="random",
                  micro_batch=None, rank=0, world=1, train_on="answers"):
-        self.meta, self.block_size = meta, block_size
+        self.folder, self.meta, self.block_size = folder, meta, block_size
         self.tokenizer = tokenizer_from_meta(meta)
         if self.tokenizer.vocab_size != meta["vocab_size"]:
             raise UserError(f"{Path(folder) / 'meta.json'}: vocab_size is {meta['vocab_size']} but its tokenizer has "

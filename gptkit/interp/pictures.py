@@ -120,7 +120,8 @@ def missing_glyphs(caught):
 
 
 def draw_loss(records, title, path, dpi=100):
-    """Train and val loss against iterations and against wall time, side by side."""
+    """Train and val loss against iterations and against wall time, side by side; a fine-tune's task score
+    (stop_task's) against iterations, where it has one."""
     series = loss_series(records)
     styles = {"train (batch)": dict(color="tab:blue", alpha=0.35, linewidth=1),
               "train (eval)": dict(color="tab:blue", marker="o", markersize=3, linewidth=1.5),
@@ -135,6 +136,14 @@ def draw_loss(records, title, path, dpi=100):
     axes[0].legend()
     axes[0].set_title("loss against iterations")
     axes[1].set_title("loss against wall time")
+    scored = [r for r in records if r.get("kind") == "task_eval"]
+    if scored:  # a fine-tune ended by its score (stop_task): the sudden change in a task, beside the loss
+        share = axes[0].twinx()
+        share.plot([r["iter"] for r in scored], [r["pass_at_1"] for r in scored], color="tab:green", marker="s",
+                   markersize=3, linewidth=1.5, label=f"{scored[-1].get('task')} held-out pass@1")
+        share.set_ylim(0, 1)
+        share.set_ylabel("share right")
+        share.legend(loc="center right")
     fig.suptitle(title)
     fig.set_layout_engine("tight")  # laid out as it is saved, where its warnings are gathered
     save(fig, path, dpi)

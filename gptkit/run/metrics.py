@@ -119,10 +119,10 @@ def not_rewritten(path, e):
     return UserError(f"{what} while rewriting {path}; it is as it was")
 
 
-# the fields each kind of record must have, all numbers (rl.py's: a step's reward, the held-out scores); other
-# kinds are passed over
+# the fields each kind of record must have, all numbers (rl.py's: a step's reward, the held-out scores; a fine-tune's
+# stop_task score); other kinds are passed over
 RECORD_FIELDS = {"train": ("iter", "loss"), "eval": ("iter", "val_loss"), "rl": ("iter", "reward"),
-                 "rl_eval": ("iter", "pass_at_1")}
+                 "rl_eval": ("iter", "pass_at_1"), "task_eval": ("iter", "pass_at_1")}
 # and each optimizer's rate, named for it ('adamw_lr', 'muon_lr', 'sgd_lr': gptkit/training/updates.py rates)
 NUMBER_FIELDS = ("loss", "lr", "tokens", "train_loss", "val_loss", "elapsed_s", "reward", "answer_tokens",
                  "pass_at_1", "accuracy")

@@ -110,6 +110,17 @@ class Reporter:
                             "best_val_loss": best})
         return losses
 
+    def scored(self, iter_num, task, pass_1, aim):
+        """Report stop_task's held-out pass@1, and where it reaches the aim, that the run ends."""
+        if not self.rt.master:
+            return
+        self.log.write({"kind": "task_eval", "iter": iter_num, "task": task, "pass_at_1": pass_1})
+        if pass_1 < aim:
+            self.say(f"step {iter_num}: {task} held-out pass@1 {100 * pass_1:.1f}% (the run ends at {100 * aim:g}%)")
+        else:
+            self.say(f"step {iter_num}: {task} held-out pass@1 {100 * pass_1:.1f}%, at least stop_pass_at_1 "
+                     f"({100 * aim:g}%): the run ends here")
+
     def saved_best(self, iter_num, val_loss, path):
         self.say(f"saved {path}: iteration {iter_num:,}, val loss {val_loss:.4f}")
 

@@ -11,6 +11,7 @@ import torch
 
 from gptkit.machine.stand_ins import model_code
 from gptkit.run.checkpoint import load_weights, save_checkpoint
+from gptkit.training.score_stop import stopped_by_score
 from gptkit.training.updates import EMA, restore_optimizers
 from gptkit.training.train_config import BATCH_KEYS
 
@@ -58,6 +59,7 @@ class TrainState:
         self.best_iter = 0  # the iteration best.pt holds
         self.seconds_spent = 0.0  # of the time budget, by every process that worked on this run (see TimeBudget)
         self.wandb_id = None  # the wandb run this one continues
+        self.stopped_by_score = None  # where stop_task's aim was reached: {"task", "pass_at_1", "iter"}
 
     def save_latest(self, run, rt):
         """Write latest.pt from rank 0, keeping the state it replaces as latest.prev.pt; every process must
@@ -80,6 +82,7 @@ class TrainState:
                 "rng": rng,
                 "global_batch": self.global_batch,
                 "wandb_id": self.wandb_id,
+                "stopped_by_score": self.stopped_by_score,
                 "measured": self.choices.saved(),
                 "model_code": model_code(),
             }, run.latest, previous=run.previous)
@@ -109,6 +112,7 @@ class TrainState:
         self.iter_num, self.best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
         self.best_iter, self.seconds_spent = ckpt["best_iter"], ckpt["seconds_spent"]
         self.wandb_id = ckpt.get("wandb_id")
+        self.stopped_by_score = stopped_by_score(ckpt, self.cfg)  # its end is still to do, or done: nothing trains
         self.restore_random_state(ckpt["rng"], rt)
         if rt.master:
             self.say_how_it_continues(ckpt, rt.world)

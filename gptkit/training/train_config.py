@@ -5,6 +5,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gptkit.base.settings import check_seed, closest, comma_items, require
+from gptkit.data.tasks import TASKS
 from gptkit.interop.hf import HUB_MODELS
 from gptkit.machine.runtime import check_device_name
 from model import GPTConfig
@@ -28,6 +29,8 @@ class TrainConfig:
     log_interval: int = 10  # print and record the train loss every this many iterations
     eval_iters: int = 20  # batches per split in each evaluation (the same fixed batches every time)
     final_eval_tokens: int = 0  # at the end, score this many val tokens in consecutive windows (0 = the whole split)
+    stop_task: str = ""  # a chat task: end at the first evaluation where its held-out pass@1 reaches stop_pass_at_1
+    stop_pass_at_1: float = 0.4  # stop_task's aim: the share right of 8 answers to each of 200 problems (temperature 1)
     eval_only: bool = False  # evaluate once, record it and exit; no checkpoint is ever written
     always_save_checkpoint: bool = True  # save latest.pt at every evaluation, not only when val loss improves
     init_from: str = "scratch"  # 'scratch', 'resume', 'auto' (resume if out_dir has a state), a run folder, GPT-2 or HF
@@ -93,8 +96,10 @@ class TrainConfig:
                 lambda v: v >= 0, "at least 0")
         require(self, ["beta1", "beta2", "muon_momentum", "ema_decay"], lambda v: 0 <= v < 1, "in [0, 1)")
         require(self, ["warmdown_frac"], lambda v: 0 <= v <= 1, "in [0, 1]")
+        require(self, ["stop_pass_at_1"], lambda v: 0 < v <= 1, "in (0, 1]")
         check_seed(self.seed)
         self.check_evaluation_size()
+        self.check_stop_task()
         shapes = self.fit_shape_list()
         # checked where they apply: a preset built on another, with a shape of its own, leaves the other's shapes be
         for n_layer, n_embd in shapes if shapes and shapes[0] == (self.model.n_layer, self.model.n_embd) else ():
@@ -127,6 +132,14 @@ class TrainConfig:
             raise ValueError(f"fit_shapes must list the preset's own shape first, then smaller ones "
                              f"(got {self.fit_shapes!r})")
         return shapes
+
+    def check_stop_task(self):
+        if self.stop_task and self.stop_task not in TASKS:
+            raise ValueError(f"stop_task must be one of {', '.join(TASKS)} (got {self.stop_task!r}"
+                             f"{closest(self.stop_task, TASKS)})")
+        if self.stop_task and self.max_time > 0:
+            raise ValueError("stop_task ends the run by its score, max_time by a number of steps planned in advance: "
+                             "give one of them (max_time=0 with stop_task)")
 
     def check_evaluation_size(self):
         """Refuse, before any work, evaluations whose fixed windows would take gigabytes to hold."""
