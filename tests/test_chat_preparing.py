@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import make_text
+from gptkit.base.errors import UserError
 from gptkit.data.conversations import ANSWER, MARKERS, NAMES, PROMPT, TEXT
 from gptkit.data.dataset import load_meta
 from gptkit.data.preparing import PrepareConfig, prepare
@@ -90,3 +91,31 @@ def test_a_tasks_list_that_would_draw_nothing_or_the_same_problems_twice_is_one_
     with pytest.raises(ValueError) as e:
         PrepareConfig(synthetic="tasks", tasks=tasks)
     assert str(e.value) == expected
+
+
+def test_a_tasks_dataset_mixing_other_text_or_none_replaces_the_one_there_only_with_start_over(tmp_path):
+    text, other = tmp_path / "text.txt", tmp_path / "other.txt"
+    text.write_text(make_text(8000), encoding="utf-8")
+    other.write_text(make_text(8000, seed=1), encoding="utf-8")
+    base = dict(synthetic="tasks", tasks="addition", problems=200, heldout=5, data_dir=str(tmp_path / "data"),
+                workers=1)
+    prepare(PrepareConfig(**base, mix=str(text)))
+    made = (tmp_path / "data" / "tasks" / "meta.json").read_bytes()
+    for settings, said in (({}, f"made with --mix={text}"),
+                           ({"mix": str(other)}, f"made with other text mixed in ({text} as it was then)"),
+                           ({"mix": str(text), "mix_share": 0.3}, "made with --mix_share=0.45")):
+        with pytest.raises(UserError) as e:
+            prepare(PrepareConfig(**base, **settings))
+        assert said in str(e.value) and "--start_over=True" in str(e.value)
+        assert (tmp_path / "data" / "tasks" / "meta.json").read_bytes() == made
+    prepare(PrepareConfig(**base, mix=str(text)))  # the same command again: the same dataset
+    prepare(PrepareConfig(**base, start_over=True))
+    assert "mix" not in load_meta(base["data_dir"], "tasks")[1]
+
+
+def test_a_mix_holding_no_text_is_one_line(tmp_path):
+    (tmp_path / "empty.txt").write_text("\n \n", encoding="utf-8")
+    with pytest.raises(UserError, match="holds no text to mix in"):
+        prepare(PrepareConfig(synthetic="tasks", tasks="addition", problems=200, heldout=5, workers=1,
+                              mix=str(tmp_path / "empty.txt"), data_dir=str(tmp_path / "data")))
+    assert not (tmp_path / "data" / "tasks").exists()

@@ -72,6 +72,7 @@ GOOD = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "ass
 @pytest.mark.parametrize("bad, expected", [
     ("{not json", "line 3 is not JSON"),
     (b"\xff\xfe", "line 3 is not UTF-8 text"),
+    pytest.param("[" * 100_000 + "]" * 100_000, "line 3 is nested too deeply to be a conversation", id="nested"),
     (json.dumps({"messages": [{"role": "tool", "content": "x"}]}), "line 3: message 1 has role 'tool'"),
     (json.dumps({"messages": [{"role": "system", "content": "x"}]}),
      "line 3: message 1 is the system's, which must be text and have a user's message after it"),
@@ -90,6 +91,12 @@ def test_a_bad_line_is_one_error_naming_its_number(tmp_path, bad, expected):
     with pytest.raises(UserError) as e:
         read_conversations(path)
     assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_first_line_nested_too_deeply_to_read_is_one_error_naming_it(tmp_path):
+    path = write_lines(tmp_path / "chats.jsonl", ["", "[" * 100_000 + "]" * 100_000])
+    with pytest.raises(UserError, match="line 2 is nested too deeply to be a record of text or a conversation"):
+        is_conversation_file(path)
 
 
 def test_a_first_system_message_is_merged_into_the_users_after_it_as_nanochat_renders_it(tmp_path):

@@ -209,7 +209,7 @@ OUT_OF_RANGE = {
         **dict.fromkeys(["learning_rate", "embedding_lr", "min_lr", "muon_lr", "weight_decay", "muon_weight_decay",
                          "grad_clip", "max_time", "logit_softcap", "min_tokens_per_param"], [-1e-3]),
         **dict.fromkeys(["beta1", "beta2", "muon_momentum", "ema_decay", "dropout"], [-0.1, 1.0, 2]),
-        "warmdown_frac": [-0.1, 1.5], "seed": [-1, 2 ** 31], "rope_base": [0, -1],
+        "warmdown_frac": [-0.1, 1.5], "seed": [-1, 2 ** 31], "rope_base": [0, -1], "stop_pass_at_1": [0, -0.1, 1.5],
         "smaller_muon_weight_decay": [],  # below 0 means the configured decay
         "lora_rank": [-1, 100_000], "lora_alpha": [],  # lora_alpha is checked where lora_rank > 0 uses it
     },
@@ -693,6 +693,21 @@ def test_a_model_py_that_does_not_compile_or_import_is_one_line_naming_its_line(
     assert model_py_error(raised(lambda: compile("def f(:\n", "other.py", "exec"))) is None
 
 
+def test_a_model_py_without_a_name_the_tools_import_or_missing_is_one_line():
+    from gptkit.base.errors import model_py_error
+
+    def import_missing_name():
+        from model import NoSuchBlock  # as gptkit imports MLP from a model.py where it was renamed
+        return NoSuchBlock
+
+    line = model_py_error(raised(import_missing_name))
+    assert line == ("model.py has no NoSuchBlock, which tests/test_errors.py imports from it: the tools use the model "
+                    "through that name; keep it (a renamed class may keep its old name too, as `OldName = NewName`)")
+    assert model_py_error(ModuleNotFoundError("No module named 'model'", name="model")) == \
+        "model.py is missing: every tool builds its model from it; put it back"
+    assert model_py_error(raised(lambda: __import__("no_such_module_here"))) is None
+
+
 def test_a_model_py_function_whose_signature_no_longer_fits_its_callers_is_one_line(monkeypatch):
     """token_shift called by model.py's Block, and GPT.forward called through nn.Module by the sampler: each line
     names the definition, its signature now, and the call that expects the old one (the file, line and code)."""
@@ -754,6 +769,11 @@ def test_every_script_says_in_one_line_where_model_py_does_not_run(tmp_path, tra
         assert proc.returncode == 1, (command, proc.stderr)
         assert_one_error_line(proc.stderr, f"error: model.py, line {line}: SyntaxError: expected ':' "
                                            f"({BROKEN[1]})")
+    (project / "model.py").write_text(re.sub(r"\bMLP\b", "FeedForward", source))  # a class renamed
+    proc = subprocess.run([sys.executable, "train.py", "--help"], cwd=project, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, "error: model.py has no MLP, which gptkit/machine/stand_ins.py imports *")
     (project / "model.py").write_text(source.replace(BROKEN[0], "def token_shift(h, share):"))
     args = train_args(data_dir, tmp_path / "out", "--token_shift=True", "--attention_path=fused", "--max_iters=2")
     proc = subprocess.run([sys.executable, "train.py", *args], cwd=project, capture_output=True, text=True,

@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -320,6 +321,38 @@ def test_rows_of_another_dataset_or_damaged_rows_are_one_line_before_training(da
         lab.main(lab_args(data_dir, out, "--rungs=dot", "--budget=4.3"))
     assert not (out / "dot").exists()
     tiny_lab(data_dir, out, "--rungs=uniform", "--budget=4.3")  # training it again replaces the row
+
+
+def test_a_row_with_a_field_the_lab_never_writes_is_one_line_before_training(data_dir, tmp_path):
+    out = tmp_path / "lab"
+    tiny_lab(data_dir, out, "--rungs=uniform", "--budget=4.3")
+    kept = out / "uniform" / "lab.json"
+    row = json.loads(kept.read_text(encoding="utf-8"))
+    for field, value, said in (("val_loss", "x", "its val_loss is 'x'"), ("heads", 5, "its heads is '5'"),
+                               ("steps", None, "its steps is 'None'"), ("evals", "x", "its evals is 'x'"),
+                               ("evals", [{"iter": 1}], "its evals is")):
+        kept.write_text(json.dumps(dict(row, **{field: value})), encoding="utf-8")
+        with pytest.raises(UserError, match=rf"lab.json is not a row the lab wrote \({re.escape(said)}"):
+            lab.main(lab_args(data_dir, out, "--rungs=dot", "--budget=4.3"))
+    kept.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    with pytest.raises(UserError, match=r"lab.json is nested too deeply to be a row the lab wrote; .*--rungs=uniform"):
+        lab.main(lab_args(data_dir, out, "--rungs=dot", "--budget=4.3"))
+    assert not (out / "dot").exists()
+
+
+def test_a_rung_trained_on_since_the_lab_trained_it_is_refused_and_kept(data_dir, tmp_path):
+    """train.py continued a rung's run (its latest.pt newer than the row the lab wrote once the rung had trained):
+    training the rung again would delete it."""
+    folder = tmp_path / "lab" / "scaled"
+    folder.mkdir(parents=True)
+    for name in ("train.log", "lab.json", "latest.pt"):
+        (folder / name).write_text(f"the {name}")
+    os.utime(folder / "lab.json", ns=(1, 1))
+    with pytest.raises(UserError) as caught:
+        lab.main(lab_args(data_dir, tmp_path / "lab", "--rungs=scaled", "--budget=4.3"))
+    assert str(caught.value) == (f"{folder} holds a run trained on since the lab trained it (latest.pt newer than "
+                                 "its lab.json); move it, or give the lab another --out_dir")
+    assert (folder / "latest.pt").read_text() == "the latest.pt"
 
 
 def test_a_damaged_dataset_is_one_line_before_an_earlier_rung_is_cleared(data_dir, tmp_path):

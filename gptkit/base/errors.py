@@ -113,6 +113,8 @@ def in_units(n):
 MODEL_PY = Path(__file__).resolve().parents[2] / "model.py"  # the learner's, at the project's root beside gptkit/
 # how CPython says a function refused the arguments of a call
 CALL_REFUSED = re.compile(r"([\w.]+)\(\) (?:takes|got|missing) ")
+# how CPython says `from model import X` found no X
+IMPORTED_NAME = re.compile(r"cannot import name '(\w+)'")
 
 
 def model_py_error(e):
@@ -124,11 +126,24 @@ def model_py_error(e):
         text = (e.text or "").strip()
         return f"{in_model_py(e.lineno)}: {type(e).__name__}: {e.msg}" + (f" ({text})" if text else "")
     frames = list(traceback.walk_tb(e.__traceback__))
+    if isinstance(e, ImportError) and e.name == "model" and (e.path is None or is_model_py(e.path)):
+        return missing_from_model_py(e, frames)
     importing = [line for frame, line in frames if frame.f_code.co_name == "<module>" and
                  is_model_py(frame.f_code.co_filename)]
     if importing:
         return f"{in_model_py(importing[-1])}: {type(e).__name__}: {first_line(e)}"
     return refused_call(e, frames) if isinstance(e, TypeError) else None
+
+
+def missing_from_model_py(e, frames):
+    """The line for model.py gone, or without a name the tools import from it (a class renamed, say)."""
+    if isinstance(e, ModuleNotFoundError):
+        return f"{shown_file(MODEL_PY)} is missing: every tool builds its model from it; put it back"
+    name = IMPORTED_NAME.search(str(e))
+    importer = shown_file(frames[-1][0].f_code.co_filename) if frames else "a tool"
+    return (f"{shown_file(MODEL_PY)} has no {name.group(1) if name else 'name the tools need'}, which {importer} "
+            "imports from it: the tools use the model through that name; keep it (a renamed class may keep its old "
+            "name too, as `OldName = NewName`)")
 
 
 def refused_call(e, frames):

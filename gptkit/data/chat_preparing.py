@@ -56,6 +56,8 @@ def mixed_text(cfg):
         raise UserError(f"--mix={cfg.mix} is not UTF-8 text") from None
     except OSError as e:
         raise UserError(f"could not read --mix={cfg.mix} ({e.strerror or e})") from None
+    if not text.strip():
+        raise UserError(f"--mix={cfg.mix} holds no text to mix in")
     cut = int(len(text) * (1 - cfg.val_fraction))  # as a char-level prepare of that text splits it
     return text[:cut], text[cut:]
 
@@ -161,6 +163,12 @@ def heldout_text_chars(heldout):
     return "".join(m["content"] for line in heldout.splitlines() for m in json.loads(line)["messages"])
 
 
+def file_identity(path):
+    """What says a file is the one a dataset was made of: its size and modification time."""
+    stat = path.stat()
+    return {"bytes": stat.st_size, "mtime": stat.st_mtime}
+
+
 def chat_meta(cfg, path, tok, dtype, streams, files, heldout):
     """meta.json's fields for a chat dataset (its checksum and write are prepare's)."""
     tasks = sorted({json.loads(line)["task"] for line in heldout.splitlines()})
@@ -177,6 +185,6 @@ def chat_meta(cfg, path, tok, dtype, streams, files, heldout):
                 split="by document", val_fraction=cfg.val_fraction,
                 documents=sum(s.conversations for s in streams.values()),
                 skipped={"empty": 0, "bad": 0}, source=shown(path),
-                sources=[{"path": shown(path), "bytes": path.stat().st_size, "mtime": path.stat().st_mtime}],
-                **({"mix": {"path": shown(cfg.mix), "share": cfg.mix_share, "val_file": MIXED_VAL_FILE}}
-                   if cfg.mix else {}))
+                sources=[{"path": shown(path), **file_identity(path)}],
+                **({"mix": {"path": shown(cfg.mix), "share": cfg.mix_share, "val_file": MIXED_VAL_FILE,
+                            **file_identity(Path(cfg.mix))}} if cfg.mix else {}))

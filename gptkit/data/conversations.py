@@ -140,6 +140,8 @@ def read_conversations(path):
             record = json.loads(text)
         except ValueError as e:
             raise UserError(f"{path} line {number} is not JSON ({e.msg})") from None
+        except RecursionError:
+            raise UserError(f"{path} line {number} is nested too deeply to be a conversation") from None
         conversations.append(check_messages(record, number, path))
     if not conversations:
         raise UserError(f"{path} holds no conversations")
@@ -151,11 +153,14 @@ def is_conversation_file(path):
     if path.suffix != ".jsonl":
         return False
     with open(path, "rb") as f:
-        for line in f:
+        for number, line in enumerate(f, 1):
             if line.strip():
                 try:
                     record = json.loads(line)
                 except ValueError:
                     return False
+                except RecursionError:
+                    raise UserError(f"{path} line {number} is nested too deeply to be a record of text or a "
+                                    "conversation") from None
                 return isinstance(record, dict) and "messages" in record
     return False

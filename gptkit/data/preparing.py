@@ -30,7 +30,7 @@ from gptkit.base.files import refuse_link, write_whole
 from gptkit.base.progress import progress as bar_or_lines
 from gptkit.base.settings import closest, comma_items
 from gptkit.base.signals import StopSignals
-from gptkit.data.chat_preparing import write_chat_dataset
+from gptkit.data.chat_preparing import file_identity, mixed_text, write_chat_dataset
 from gptkit.data.conversations import is_conversation_file
 from gptkit.data.bpe import (TOKENIZER_FILE, WordCounts, check_vocab_size, merges_table, save_tokenizer, saved_checksum,
                              tokenizer_fields, train_bpe)
@@ -190,6 +190,8 @@ def prepare(cfg):
     if not (cfg.input or cfg.synthetic) and cfg.name != "shakespeare_char":
         raise UserError(f"pass the text to prepare with --input=PATH, or --synthetic={'|'.join(SYNTHETIC)}")
     files = source_files(cfg.input) if cfg.input else None
+    if cfg.mix:  # read once before anything is written, so that a mix it cannot use leaves nothing behind
+        mixed_text(cfg)
     check_room(out_dir)
     made = bare(out_dir)  # missing, or as a prepare that failed left it: this one's to remove (a user's stays)
     with dataset_lock(out_dir):
@@ -259,7 +261,27 @@ def made_otherwise(cfg, files, out_dir):
         ways.append(f"with {prepare_options(meta)}")
     ways += [f"with --{key}={meta[key]}" for key in ("val_fraction", "text_field")
              if key in meta and meta[key] != getattr(cfg, key)]
+    ways += mixed_otherwise(meta, cfg)
     return f"made {', '.join(ways)}" if ways else None
+
+
+def mixed_otherwise(meta, cfg):
+    """How a chat dataset's plain text mixed in differs from what cfg mixes in: [] where it does not (or the
+    dataset is not a chat dataset, whose text made_otherwise compares already)."""
+    was = meta.get("mix")
+    if "chat" not in meta or not (was or cfg.mix):
+        return []
+    if not isinstance(was, dict):
+        return ["without --mix"]
+    if not cfg.mix:
+        return [f"with --mix={was.get('path')}"]
+    try:  # a dataset prepared before its meta.json kept the file's size and time: by the path given
+        same = ({k: was.get(k) for k in ("bytes", "mtime")} == file_identity(Path(cfg.mix)) if "bytes" in was
+                else was.get("path") == shown(cfg.mix))
+    except OSError:  # a --mix that cannot be read is said as the prepare reads it
+        return []
+    ways = [] if same else [f"with other text mixed in ({was.get('path')} as it was then)"]
+    return ways + ([f"with --mix_share={was.get('share')}"] if was.get("share") != cfg.mix_share else [])
 
 
 def same_text(meta, files):

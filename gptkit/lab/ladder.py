@@ -169,13 +169,19 @@ def check_before_training(cfg):
 
 def check_rung_folder(folder):
     """A rung trains afresh in its folder, clearing the files an earlier lab left there. A folder holding a run
-    no lab trained (no train.log or lab.json of a lab's beside it) is someone's: refuse, rather than replace
-    its best.pt."""
+    no lab trained (no train.log or lab.json of a lab's beside it), or one trained on since (train.py continued
+    it), is someone's: refuse, rather than replace its best.pt."""
     run = RunDir(folder)
-    found = [p.name for p in (run.best, run.latest, run.previous, run.legacy, run.metrics) if p.exists()]
+    found = [p for p in (run.best, run.latest, run.previous, run.legacy, run.metrics) if p.exists()]
     if found and not any((folder / name).exists() for name in ("train.log", RESULT)):
-        raise UserError(f"{folder} holds a run the lab did not train ({', '.join(found)}); move it, or give the "
-                        "lab another --out_dir")
+        raise UserError(f"{folder} holds a run the lab did not train ({', '.join(p.name for p in found)}); move it, "
+                        "or give the lab another --out_dir")
+    # the lab writes a rung's row once its train.py has ended: a run file newer than it was written since
+    later = [p.name for p in found if (folder / RESULT).exists() and
+             p.stat().st_mtime_ns > (folder / RESULT).stat().st_mtime_ns]
+    if later:
+        raise UserError(f"{folder} holds a run trained on since the lab trained it ({', '.join(later)} newer than "
+                        f"its {RESULT}); move it, or give the lab another --out_dir")
 
 
 def run_train(args, log, stops):
@@ -335,13 +341,37 @@ def load_row(rung, folder, dataset):
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         trained_on = data.pop("dataset")
-        row = Row(**dict(data, rung=rung))
+        row = checked_row(Row(**dict(data, rung=rung)))
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise UserError(f"{path} is not a row the lab wrote ({first_line(e)}); train the rung again with "
+                        f"--rungs={rung.name}") from None
+    except RecursionError:
+        raise UserError(f"{path} is nested too deeply to be a row the lab wrote; train the rung again with "
                         f"--rungs={rung.name}") from None
     if trained_on != dataset:
         raise UserError(f"{folder} was trained on dataset {trained_on!r}, not {dataset!r}, and its row would join "
                         f"this table; train it again with --rungs={rung.name}, or pick another --out_dir")
+    return row
+
+
+def checked_row(row):
+    """The row, where each field holds what the lab writes there (the table and the picture read them all); else a
+    TypeError naming the first that does not."""
+    def number(v, none=False):
+        return (none and v is None) or (type(v) in (int, float) and math.isfinite(v))
+
+    checks = {**dict.fromkeys(("budget", "train_loss", "val_loss", "seconds"), number),
+              **dict.fromkeys(("seed", "params", "steps", "tokens", "tokens_per_iter"), lambda v: type(v) is int),
+              "entropy": lambda v: number(v, none=True), "sample": lambda v: isinstance(v, str),
+              "evals": lambda v: isinstance(v, list) and all(isinstance(r, dict) and type(r.get("iter")) is int and
+                                                             number(r.get("val_loss")) for r in v),
+              "heads": lambda v: isinstance(v, dict) and all(isinstance(h, list) and len(h) == 2 and
+                                                             isinstance(h[0], str) and number(h[1])
+                                                             for h in v.values()),
+              "formed": lambda v: isinstance(v, dict) and all(type(step) is int for step in v.values())}
+    for name, check in checks.items():
+        if not check(getattr(row, name)):
+            raise TypeError(f"its {name} is {str(getattr(row, name))[:40]!r}, not what the lab writes there")
     return row
 
 
