@@ -29,7 +29,7 @@ from gptkit.data.tasks import TASKS
 from gptkit.machine.runtime import pick_device
 from gptkit.machine.stand_ins import model_code
 from gptkit.run.checkpoint import save_checkpoint
-from gptkit.run.metrics import RunLog
+from gptkit.run.metrics import RunLog, damaged_note
 from gptkit.run.run_folder import RunDir, model_at
 from gptkit.training.updates import restore_optimizers, schedulable
 
@@ -67,7 +67,7 @@ def start(cfg, run, device, changed):
             s["sampling"].manual_seed(cfg.seed + s["state"].iter_num)
         print(f"continuing the RL run in {run.path} from step {s['state'].iter_num} of {cfg.max_iters}" +
               "".join(f"; {key} {was!r} → {now!r}" for key, (was, now) in changed.items()))
-        for note in (measured_anew(s["state"], changed), best_lost(s["state"], run.best)):
+        for note in (measured_anew(s["state"], changed), best_lost(s["state"], run.best), damaged_note(run.metrics)):
             if note:
                 print(note)
     return s

@@ -24,7 +24,7 @@ from gptkit.base.signals import StopSignals
 from gptkit.machine.choices import choose, on_speed_path
 from gptkit.machine.runtime import (Runtime, compile_blocks, launch_processes, launched_rank,
                                     trains_here)
-from gptkit.run.metrics import PROCESS_START, RunLog, records_through
+from gptkit.run.metrics import PROCESS_START, RunLog, damaged_note, records_through
 from gptkit.run.run_folder import RunDir
 from gptkit.training.budget import Pace, StepCosts, plan_steps, thread_tuner, time_budget
 from gptkit.training.evaluation import evaluate, evaluate_split
@@ -279,6 +279,8 @@ def announce_resume(cfg, resumed, run, note, master):
         dropped, scored = records_through(run.metrics, done, rewrite=master)
     if master and not cfg.eval_only and (later := drop_after(run, done)):
         note(f"note: dropped the snapshots of steps past {done}, which this run trains again: {', '.join(later)}")
+    if master and (damaged := damaged_note(run.metrics)):
+        note(damaged)
     if dropped:  # said by rank 0, which alone writes
         note(f"note: {run.metrics} held {dropped} record{'s' * (dropped > 1)} logged after "
              f"iteration {done}, the state this run continues from; they are dropped, and logged "

@@ -1,18 +1,20 @@
 """A run's numbers (gptkit/run/metrics.py): a full disk keeps whole records, the log is never written through a link,
-damage is one line naming the line, and the clock runs on across resumes."""
+damage is one line naming the line (and a resume over it says so), and the clock runs on across resumes."""
 
 import errno
 import io
 import json
 import math
 import os
+import shutil
 
 import pytest
 
 import train
+from conftest import TRAINED_RUN, train_args
 from gptkit.base.errors import UserError
 from gptkit.run import metrics
-from gptkit.run.metrics import RunLog, loss_series, read_metrics, wall_clock
+from gptkit.run.metrics import RunLog, damaged_note, loss_series, read_metrics, wall_clock
 from test_checkpoints import digest
 from test_resume import resume
 from test_settings import DEEP
@@ -85,6 +87,23 @@ def test_a_last_line_cut_short_goes_with_the_records_past_the_resumed_state(tmp_
     path.write_text(whole + '{"kind": "train", "it')
     assert records_through(path, 5) == (1, False)
     assert path.read_text() == whole
+
+
+def test_a_resume_over_lines_the_pictures_would_refuse_says_which(tmp_path, trained_run, data_dir, capsys):
+    """A whole line that is not a record (a hand edit, damage) stays, as the run's own records around it do, but the
+    resume says that plot.py and analyze.py will refuse the file for it; a last line cut short is not counted."""
+    out = tmp_path / "out"
+    shutil.copytree(trained_run[0], out)
+    path = out / "metrics.jsonl"
+    assert damaged_note(path) is None
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[2], lines[4] = '{"kind": "train", "iter": \n', '{"kind": "eval", "iter": "x", "val_loss": 1}\n'
+    path.write_text("".join(lines) + '{"kind": "train", "it', encoding="utf-8")
+    expected = (f"note: {path} line 3 and 1 more are not a record this project writes (damaged, or edited); the run "
+                "logs on after it, but plot.py and analyze.py refuse the file until that line is mended or removed")
+    assert damaged_note(path) == expected
+    train.main(train_args(data_dir, out, *TRAINED_RUN, "--init_from=auto", "--max_iters=31"))
+    assert expected in capsys.readouterr().out.splitlines()
 
 
 def test_wall_clock_continues_across_resumes():

@@ -105,6 +105,30 @@ def records_through(path, iteration, rewrite=True):
     return len(lines) - len(kept), final
 
 
+def damaged_note(path):
+    """A note for a run that continues over a metrics.jsonl with whole lines that are not records as train.py and
+    rl.py write them (damage, or a hand edit), which plot.py and analyze.py refuse; None where every line is one. A
+    last line cut short is not counted: a resume drops it."""
+    try:
+        with open(path, "rb", opener=no_links) as f:
+            lines = f.read().splitlines(keepends=True)
+    except OSError:  # missing, or unreadable: what writes it next says so
+        return None
+    damaged = []
+    for number, line in enumerate(lines, 1):
+        if line.strip() and line.endswith(b"\n"):
+            try:
+                check_record(json.loads(line))
+            except (ValueError, RecursionError):
+                damaged.append(number)
+    if not damaged:
+        return None
+    which = f"line {damaged[0]}" + (f" and {len(damaged) - 1} more" if len(damaged) > 1 else "")
+    return (f"note: {path} {which} {'is' if len(damaged) == 1 else 'are'} not a record this project writes (damaged, "
+            "or edited); the run logs on after it, but plot.py and analyze.py refuse the file until that line is "
+            "mended or removed")
+
+
 def parsed(line):
     """A line's record, or {} for a line that is not one (left as it is)."""
     try:
