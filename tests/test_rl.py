@@ -159,6 +159,18 @@ def test_a_continued_run_whose_best_pt_is_gone_writes_it_anew(tmp_path, chat_run
     assert load_checkpoint(tmp_path / "out" / "best.pt")["iter_num"] == 4 and "best.pt holds step 4" in out
 
 
+def test_a_continued_run_names_a_metrics_line_the_pictures_would_refuse(tmp_path, chat_run, monkeypatch, capsys):
+    import rl
+
+    monkeypatch.setattr(rl, "evaluate", lambda cfg, s: {"pass_at_1": 0.5, "accuracy": 0.5})
+    rl.main([*rl_args(chat_run, tmp_path / "out"), "--max_iters=2"])
+    metrics = tmp_path / "out" / "metrics.jsonl"
+    metrics.write_text("{damaged\n" + metrics.read_text(encoding="utf-8"), encoding="utf-8")
+    capsys.readouterr()
+    rl.main([f"--out_dir={tmp_path / 'out'}", "--max_iters=3"])
+    assert f"note: {metrics} line 1 is not a record this project writes" in capsys.readouterr().out
+
+
 def test_an_out_dir_holding_a_train_py_run_is_one_line_and_keeps_its_files(tmp_path, chat_run):
     taken = tmp_path / "taken"
     shutil.copytree(chat_run, taken)
