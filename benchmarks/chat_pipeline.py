@@ -15,11 +15,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from benchmarks.common import REPO, bench_input, device_name
+from benchmarks.common import REPO, bench_input, device_name, own_work_dir
 from gptkit.base.errors import UserError
 from gptkit.base.settings import comma_items, parse_config, require
 from gptkit.run.checkpoint import load_checkpoint
@@ -104,7 +103,7 @@ def early_sft(work):
 
 
 def pipeline(cfg):
-    work = Path(cfg.work_dir)
+    work = own_work_dir(cfg)
     spent = base_and_data(cfg, work)
     spent["sft"] = stage("config/chat_sft.py", work, "out-chat")
     spent["lora"] = stage("config/chat_lora.py", work, "out-lora")
@@ -168,7 +167,7 @@ def update_sizes(base, tuned, rank=8):
 
 def reversed_sums(cfg):
     """Plain against reversed sums in the same steps: the same SFT config on a dataset of each."""
-    work = Path(cfg.work_dir)
+    work = own_work_dir(cfg)
     base_and_data(cfg, work)
     for task in ("addition", "addition_reversed"):
         name = f"sums-{task}"

@@ -58,11 +58,30 @@ def bench_input(cfg):
     return str(path)
 
 
+WORK_MARK = ".bench-work"  # in a folder a benchmark has made its own: it replaces what it made there
+
+
+def own_work_dir(cfg):
+    """cfg.work_dir, made the benchmark's own: it replaces the runs and datasets it makes there, so a folder that
+    holds files without a benchmark's mark (yours: your runs, your data/) is refused in one line. A benchmark's
+    default folder (out-bench-...) from before the mark is taken as one."""
+    work = Path(cfg.work_dir)
+    if work.is_dir() and not (work / WORK_MARK).exists() and not work.resolve().name.startswith("out-bench"):
+        found = sorted(p.name for p in work.iterdir())
+        if found:
+            shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+            raise UserError(f"--work_dir={cfg.work_dir} holds files no benchmark made ({shown}); a benchmark replaces "
+                            "the runs and datasets it makes in its folder: give it a new or empty one")
+    work.mkdir(parents=True, exist_ok=True)
+    (work / WORK_MARK).touch()
+    return work
+
+
 def prepared_work_dir(cfg):
     """A training benchmark's work folder, its text (cfg.input, or tinyshakespeare) prepared in work/data."""
     from gptkit.data.preparing import PrepareConfig, prepare
 
-    work = Path(cfg.work_dir)
+    work = own_work_dir(cfg)
     # the benchmark's own folder: a dataset an earlier run left there of another --input is replaced
     prepare(PrepareConfig(input=bench_input(cfg), name="shakespeare_char", data_dir=str(work / "data"),
                           start_over=True))

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.common import REPO, bench_input, device_name
+from benchmarks.common import REPO, bench_input, device_name, own_work_dir
 from gptkit.base.errors import UserError
 from gptkit.base.settings import parse_config, require
 from gptkit.data.bpe import check_vocab_size
@@ -72,7 +72,7 @@ def main(argv):
     workers = cfg.workers or cores()
     if cfg.nanogpt_dir:
         nanogpt_script(cfg.nanogpt_dir)  # a wrong checkout fails now, not after our run
-    work = Path(cfg.work_dir)
+    work = own_work_dir(cfg)
     corpus = corpus_file(cfg, work, cfg.size_gb, cfg.huge_docs, cfg.huge_mb)
     print(f"machine: {device_name('cpu')}")
     results = {"ours": run_ours(corpus, work / "data", cfg.tokenizer, cfg.val_fraction, workers, cfg.vocab_size)}

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from benchmarks.common import REPO, bench_input, device_name, train_run
+from benchmarks.common import REPO, bench_input, device_name, own_work_dir, train_run
 from benchmarks.prepare_cost import PrepareBenchConfig, corpus_file, measured
 from gptkit.base.errors import UserError
 from gptkit.base.settings import comma_items, parse_config, require
@@ -116,7 +116,7 @@ class TokenizersBenchConfig:
 def main(argv):
     """The parts asked for, compare first."""
     cfg = parse_config(TokenizersBenchConfig, argv, prog="bench.py tokenizers")
-    work = Path(cfg.work_dir)
+    work = own_work_dir(cfg)
     if "compare" in cfg.part_list():
         compare(cfg, work)
     if "speed" in cfg.part_list():

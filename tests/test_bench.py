@@ -474,3 +474,27 @@ def test_the_chat_bench_measures_each_block_update_against_its_base_and_the_shar
     # directions hold all of the rank-one update and half of 2 I
     assert line == ("full SFT's updates to the blocks' 2 matrices: 2.0-5.6 times the base matrix in norm; their top "
                     "2 directions hold 50-100% of each one's energy")
+
+
+def test_a_work_dir_holding_files_no_benchmark_made_is_refused_and_kept(tmp_path):
+    """A benchmark replaces the runs and datasets it makes in its folder: pointed at one of yours (your project's
+    root, with its out/ and data/), it refuses in one line before any work; a new, empty or marked folder, or a
+    benchmark's default one, it makes its own."""
+    from types import SimpleNamespace
+
+    from conftest import assert_one_error_line, run_here
+
+    yours = tmp_path / "project"
+    (yours / "out").mkdir(parents=True)
+    (yours / "out" / "best.pt").write_text("your model")
+    with pytest.raises(UserError, match=rf"--work_dir={re.escape(str(yours))} holds files no benchmark made \(out\)"):
+        common.own_work_dir(SimpleNamespace(work_dir=str(yours)))
+    proc = run_here("bench.py", "chat", f"--work_dir={yours}")
+    assert proc.returncode == 1 and "holds files no benchmark made (out)" in assert_one_error_line(proc.stderr)
+    assert sorted(p.name for p in yours.iterdir()) == ["out"] and (yours / "out" / "best.pt").read_text() == "your model"
+    (tmp_path / "out-bench-chat" / "out").mkdir(parents=True)  # a benchmark's default folder from before the mark
+    for folder in (tmp_path / "new", tmp_path / "out-bench-chat"):
+        assert common.own_work_dir(SimpleNamespace(work_dir=str(folder))) == folder
+        assert (folder / common.WORK_MARK).exists()
+        (folder / "run").mkdir()
+        common.own_work_dir(SimpleNamespace(work_dir=str(folder)))  # its own now, whatever it holds
