@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from gptkit.base.errors import UserError, run_main  # first: a Ctrl-C while torch loads is one line too
 import torch
 
-from gptkit.base.errors import UserError, run_main
 from gptkit.base.settings import parse_config, pick_subcommand, require
 from gptkit.machine.runtime import check_device_name, pick_device
 

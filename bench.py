@@ -27,10 +27,10 @@ Each benchmark lives in benchmarks/, one module per subcommand, named for what i
 
 import sys
 
+from gptkit.base.errors import run_main  # first: a Ctrl-C while torch loads is one line too
 from benchmarks import (analyze_speed, busy, chat_pipeline, dropout, explore_speed, fair, features_cost, hooks_cost,
                         prepare_cost, presets, sample_speed, startup, throughput, timeline_cost, tokenizers,
                         train_speed)
-from gptkit.base.errors import run_main
 from gptkit.base.settings import pick_subcommand
 
 # subcommand -> (its module's entry function, taking the remaining arguments; what it measures)

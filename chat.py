@@ -14,9 +14,9 @@ import sys
 import time
 from dataclasses import dataclass
 
+from gptkit.base.errors import UserError, run_main  # first: a Ctrl-C while torch loads is one line too
 import torch
 
-from gptkit.base.errors import UserError, run_main
 from gptkit.base.settings import check_seed, comma_items, parse_config, require
 from gptkit.chat.answering import check_chat_model, end_id, next_answer_prompt
 from gptkit.data.conversations import shown

@@ -15,9 +15,9 @@ import sys
 import time
 from dataclasses import asdict, replace
 
+from gptkit.base.errors import RunStopped, UserError, run_main  # first: a Ctrl-C while torch loads is one line too
 import torch
 
-from gptkit.base.errors import RunStopped, UserError, run_main
 from gptkit.base.progress import progress
 from gptkit.base.signals import StopSignals
 from gptkit.chat.answering import answer_text, check_chat_model, end_id, question_prompt, sample_answers

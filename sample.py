@@ -13,9 +13,9 @@ import sys
 from dataclasses import dataclass
 from typing import Literal
 
+from gptkit.base.errors import UserError, run_main  # first: a Ctrl-C while torch loads is one line too
 import torch
 
-from gptkit.base.errors import UserError, run_main
 from gptkit.base.settings import check_seed, parse_config, require
 from gptkit.data.conversations import shown, typed
 from gptkit.machine.precision import DTYPES, pick_decode_dtype

@@ -16,9 +16,9 @@ import time
 import uuid
 from dataclasses import asdict
 
+from gptkit.base.errors import RunStopped, UserError, run_main  # first: a Ctrl-C while torch loads is one line too
 import torch
 
-from gptkit.base.errors import RunStopped, UserError, run_main
 from gptkit.base.settings import command_line_keys, given_values, make
 from gptkit.base.signals import StopSignals
 from gptkit.machine.choices import choose, on_speed_path

@@ -12,6 +12,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ from gptkit.chat.reinforce import RLConfig
 from gptkit.data.preparing import PrepareConfig, prepare
 from gptkit.run.checkpoint import load_checkpoint
 from gptkit.training.train_config import TrainConfig
+from test_layout import SCRIPTS as ROOT_SCRIPTS
 
 PROMPT = "Zebra ~ 😀 ROMEO"
 
@@ -743,6 +745,28 @@ def test_an_error_inside_a_model_py_function_or_elsewhere_keeps_its_traceback():
         return h
 
     assert model_py_error(raised(lambda: token_shift(1, 2, 3))) is None
+
+
+# a Ctrl-C while torch loads (the first second of every script that uses it), raised where `import torch` runs
+INTERRUPTED_IMPORT = """
+import runpy, sys
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, Interrupt())
+sys.argv = [sys.argv[1], "--help"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(f"{name}.py" for name in ROOT_SCRIPTS))
+def test_a_ctrl_c_while_torch_loads_is_one_line_and_the_interrupts_status(script):
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_IMPORT, script], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stderr == "error: interrupted\n" and proc.returncode in (130, -signal.SIGINT), (proc.returncode,
+                                                                                                proc.stderr)
 
 
 BROKEN = ("def token_shift(h, share, before=None):", "def token_shift(h, share, before=None)")

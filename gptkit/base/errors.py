@@ -1,6 +1,7 @@
 """Errors a user can cause, and the entry-point wrapper that prints them as one line; and the hook that makes a
 learner's model.py that does not run (or no longer takes the arguments it is called with) one line too, wherever it
-fails, in a script's imports as well."""
+fails, in a script's imports as well, and a Ctrl-C there. Every script imports this module before torch, whose
+loading takes a second."""
 
 import inspect
 import os
@@ -186,11 +187,15 @@ def shown_file(filename):
     return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
 
-def one_line_for_model_py(previous):
-    """An excepthook: an exception that comes of the learner's model.py (model_py_error), wherever it is raised (in
-    the scripts' imports, before run_main, too), is one line and exit status 1; anything else goes on to
-    `previous`."""
+def one_line_hook(previous):
+    """An excepthook for what is raised before run_main takes over (in the scripts' imports): an exception that
+    comes of the learner's model.py (model_py_error) is one line and exit status 1, and a Ctrl-C while torch loads
+    `error: interrupted` (the interpreter then exits by the signal, status 130, as run_main's does); anything else
+    goes on to `previous`."""
     def hook(kind, value, tb):
+        if issubclass(kind, KeyboardInterrupt):
+            say_error("interrupted")
+            return
         try:
             line = model_py_error(value) if isinstance(value, Exception) else None
         except Exception:  # the learner's error, not this hook's, is what must show
@@ -201,4 +206,4 @@ def one_line_for_model_py(previous):
     return hook
 
 
-sys.excepthook = one_line_for_model_py(sys.excepthook)
+sys.excepthook = one_line_hook(sys.excepthook)
