@@ -19,7 +19,7 @@ from dataclasses import asdict
 from gptkit.base.errors import RunStopped, UserError, run_main  # first: a Ctrl-C while torch loads is one line too
 import torch
 
-from gptkit.base.settings import command_line_keys, given_values, make
+from gptkit.base.settings import command_line_keys, config_file_values, given_values, make
 from gptkit.base.signals import StopSignals
 from gptkit.machine.choices import choose, on_speed_path
 from gptkit.machine.runtime import (Runtime, compile_blocks, launch_processes, launched_rank,
@@ -242,7 +242,8 @@ def main(argv=None):
         note = print if master else lambda line: None
         if master:
             claim_for_a_new_run(cfg, run, note)
-        cfg, resumed = continued_config(cfg, given, asked, run, note)
+        configured = config_file_values(TrainConfig, argv).get("init_from")
+        cfg, resumed = continued_config(cfg, given, asked, run, note, configured)
         finished_run = resumed[0] is not None and announce_resume(cfg, resumed, run, note, master)
         if finished_run and not cfg.eval_only:
             return  # nothing to train, nothing written

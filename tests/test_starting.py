@@ -223,6 +223,23 @@ def test_a_folder_holding_no_run_stops_train_py_in_one_line(tmp_path, chat_data)
     assert "holds no run" in assert_one_error_line(proc.stderr)
 
 
+def test_auto_with_no_state_starts_a_fine_tune_from_its_configs_base_not_from_scratch(tmp_path, trained_run, chat_data,
+                                                                                      capsys):
+    """A fine-tune stopped before its first save, run again with --init_from=auto (as every stopped run is): the
+    config file's init_from, its base run, is where it starts, said in a note; not a model of the default shape."""
+    import train
+
+    config = tmp_path / "finetune.py"
+    config.write_text(f"init_from = {str(trained_run[0])!r}\n", encoding="utf-8")
+    out = tmp_path / "out"
+    train.main([str(config), "--init_from=auto", f"--out_dir={out}", f"--data_dir={chat_data}", *CHAT_SFT])
+    assert (f"note: {out} holds no state to continue; the run starts as its config file says, "
+            f"init_from={trained_run[0]}") in capsys.readouterr().out
+    base, tuned = load_checkpoint(trained_run[0] / "best.pt"), load_checkpoint(out / "latest.pt")
+    assert tuned["model_args"]["n_layer"] == base["model_args"]["n_layer"] == 2
+    assert tuned["config"]["init_from"] == str(trained_run[0])
+
+
 def test_an_interrupted_fine_tune_continues_to_the_same_weights(tmp_path, trained_run, chat_data, chat_run,
                                                                monkeypatch):
     import train

@@ -311,6 +311,16 @@ def given_values(cls, argv, prog=None):
     return values
 
 
+def config_file_values(cls, argv):
+    """The {key: value} argv's config files set, as apart from its --key=value arguments."""
+    known = settings(cls)
+    values = {}
+    for key, text in split_args(argv, known):
+        if key is None:
+            values.update(read_config_file(text, known))
+    return values
+
+
 def command_line_keys(cls, argv):
     """The keys argv gives as --key=value, apart from those its config files set."""
     return {key for key, _ in split_args(argv, settings(cls)) if key is not None}

@@ -16,19 +16,30 @@ from model import GPTConfig
 FIXED_ON_RESUME = tuple(f.name for f in fields(GPTConfig) if f.name != "dropout") + ("optimizer",)
 
 
-def continued_config(cfg, given, asked, run, note):
+def continued_config(cfg, given, asked, run, note, configured=None):
     """(the config this run trains with, (checkpoint, its path) or (None, None)): a resumed run continues with
     its checkpoint's settings but those given again (asked: the keys the command line gives); 'auto' with nothing
-    to resume is a run from scratch."""
+    to resume starts as the config files say (`configured`: their init_from, a base run to fine-tune, say), else
+    from scratch."""
     ckpt, path = resume_state(run, cfg.init_from, note)
     if ckpt is None:
-        return (replace(cfg, init_from="scratch") if cfg.init_from == "auto" else cfg), (None, None)
+        return (replace(cfg, init_from=fresh_start(run, configured, note)) if cfg.init_from == "auto" else cfg), \
+            (None, None)
     changed = changed_since(ckpt.get("model_code"))
     if changed:  # as a tool that loads the checkpoint says it
         note(f"note: model.py has changed since {path} was saved ({', '.join(changed[:4])}"
              f"{', ...' if len(changed) > 4 else ''}): the run continues with the code as it is now, not the code "
              "it trained with so far")
     return resumed_config(ckpt, given, asked, path, note), (ckpt, path)
+
+
+def fresh_start(run, configured, note):
+    """Where --init_from=auto starts a run that has no state to continue: where its config files start it (a fine-tune
+    from its base run, said in a note, rather than a model of the default shape from scratch), else scratch."""
+    if configured in (None, "auto", "resume", "scratch"):
+        return "scratch"
+    note(f"note: {run.path} holds no state to continue; the run starts as its config file says, init_from={configured}")
+    return configured
 
 
 def claim_for_a_new_run(cfg, run, note):
