@@ -143,7 +143,7 @@ def draw_loss(records, title, path, dpi=100):
                    markersize=3, linewidth=1.5, label=f"{scored[-1].get('task')} held-out pass@1")
         share.set_ylim(0, 1)
         share.set_ylabel("share right")
-        share.legend(loc="center right")
+        share.legend(loc="center")
     fig.suptitle(title)
     fig.set_layout_engine("tight")  # laid out as it is saved, where its warnings are gathered
     save(fig, path, dpi)
