@@ -184,6 +184,16 @@ def test_loss_png(run_dir):
     assert_png(run_dir / "loss.png")
 
 
+def test_a_file_at_the_output_is_said_to_be_replaced(run_dir, tmp_path, capsys):
+    import plot
+
+    notes = tmp_path / "notes.png"
+    notes.write_text("my notes, not a picture")
+    plot.main(["loss", f"--out_dir={run_dir}", f"--output={notes}"])
+    assert capsys.readouterr().out.strip() == f"wrote {notes}, replacing the file that was there"
+    assert_png(notes)
+
+
 def test_loss_png_of_a_run_ended_by_its_score_draws_the_score_beside_the_loss(run_dir, tmp_path, monkeypatch):
     import plot
     from gptkit.interp import pictures

@@ -87,15 +87,17 @@ def check_picture_path(path):
 
 
 def save(fig, path, dpi):
-    """Write the picture whole (aside, then renamed over path), never through a link at its name."""
+    """Write the picture whole (aside, then renamed over path), never through a link at its name; a file that was
+    at path (an earlier picture, or anything else of yours) is said to be replaced."""
     path = Path(path)
+    replacing = path.is_file()
     try:
         with warnings.catch_warnings(record=True) as caught, files.written_whole(path, "wb") as f:
             warnings.simplefilter("always")
             fig.savefig(f, dpi=dpi, format=path.suffix[1:].lower())
     finally:
         plt.close(fig)
-    print(f"wrote {path}")
+    print(f"wrote {path}" + (", replacing the file that was there" if replacing else ""))
     missing_glyphs(caught)
 
 
