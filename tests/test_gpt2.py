@@ -175,6 +175,19 @@ def test_export_round_trip(tmp_path, options, capsys):
     torch.testing.assert_close(all_logits(back, idx), all_logits(model, idx), atol=1e-4, rtol=0)
 
 
+def test_export_over_a_folder_where_a_file_goes_is_one_line_and_writes_nothing(tmp_path):
+    pytest.importorskip("transformers")
+    import export
+
+    save_fake_run(tiny_model(block_size=24, mlp_act="gelu_tanh"), tmp_path / "out", {"tokenizer": "char",
+                                                                                      "vocab": CHARS})
+    (tmp_path / "hf" / "model.safetensors").mkdir(parents=True)
+    with pytest.raises(UserError, match=r"hf/model.safetensors is a folder, where the export writes its "
+                                        r"model.safetensors; move it out of the way"):
+        export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
+    assert [p.name for p in (tmp_path / "hf").iterdir()] == ["model.safetensors"]
+
+
 def test_export_of_a_bpe_run_names_its_end_of_text_token(bpe_data, tmp_path):
     """A run cut into a trained byte-level BPE exports as any other, its <|endoftext|> (the BPE's last id) the
     model's eos and bos, and gives the same logits on a text whose characters its tokens cut."""

@@ -233,13 +233,16 @@ def save_hf(model, hf_dir, eos_token_id=None):
     hf_dir = Path(hf_dir)
     try:
         hf_dir.mkdir(parents=True, exist_ok=True)
-        # saved aside (transformers writes a folder), then each file written whole into hf_dir; every link in the
-        # way is refused before any file is written, so that a refusal leaves none of the new files
+        # saved aside (transformers writes a folder), then each file written whole into hf_dir; every link or folder
+        # in the way is refused before any file is written, so that a refusal leaves none of the new files
         with tempfile.TemporaryDirectory(dir=hf_dir, prefix=".export-") as aside:
             hf.save_pretrained(aside)
             written = sorted(Path(aside).iterdir())
             for f in written:
                 files.refuse_link(hf_dir / f.name)
+                if (hf_dir / f.name).is_dir():
+                    raise UserError(f"{hf_dir / f.name} is a folder, where the export writes its {f.name}; move it "
+                                    "out of the way, or export to another --hf_dir")
             replaced = [f.name for f in written if (hf_dir / f.name).exists()]
             for f in written:
                 with open(f, "rb") as saved, files.written_whole(hf_dir / f.name, "wb", failed=lambda _, e: e) as out:
