@@ -24,7 +24,7 @@ from gptkit.base.files import write_whole
 from gptkit.data.bpe import TOKENIZER_FILE, WordCounts, merges_table, save_tokenizer, tokenizer_fields, train_bpe
 from gptkit.data.conversations import MARKERS, TEXT, read_conversations, render
 from gptkit.data.shards import sha256_of, token_dtype
-from gptkit.data.sources import in_val, shown
+from gptkit.data.sources import in_val, shown, source_identity
 from gptkit.data.tasks import conversation, problems
 from gptkit.data.tokenizer import TiktokenTokenizer, TrainedBPE, make_tokenizer
 
@@ -163,12 +163,6 @@ def heldout_text_chars(heldout):
     return "".join(m["content"] for line in heldout.splitlines() for m in json.loads(line)["messages"])
 
 
-def file_identity(path):
-    """What says a file is the one a dataset was made of: its size and modification time."""
-    stat = path.stat()
-    return {"bytes": stat.st_size, "mtime": stat.st_mtime}
-
-
 def chat_meta(cfg, path, tok, dtype, streams, files, heldout):
     """meta.json's fields for a chat dataset (its checksum and write are prepare's)."""
     tasks = sorted({json.loads(line)["task"] for line in heldout.splitlines()})
@@ -185,6 +179,6 @@ def chat_meta(cfg, path, tok, dtype, streams, files, heldout):
                 split="by document", val_fraction=cfg.val_fraction,
                 documents=sum(s.conversations for s in streams.values()),
                 skipped={"empty": 0, "bad": 0}, source=shown(path),
-                sources=[{"path": shown(path), **file_identity(path)}],
+                sources=[{"path": shown(path), **source_identity(path)}],
                 **({"mix": {"path": shown(cfg.mix), "share": cfg.mix_share, "val_file": MIXED_VAL_FILE,
-                            **file_identity(Path(cfg.mix))}} if cfg.mix else {}))
+                            **source_identity(Path(cfg.mix))}} if cfg.mix else {}))

@@ -30,12 +30,12 @@ from gptkit.base.files import refuse_link, write_whole
 from gptkit.base.progress import progress as bar_or_lines
 from gptkit.base.settings import closest, comma_items
 from gptkit.base.signals import StopSignals
-from gptkit.data.chat_preparing import file_identity, mixed_text, write_chat_dataset
+from gptkit.data.chat_preparing import mixed_text, write_chat_dataset
 from gptkit.data.conversations import is_conversation_file
 from gptkit.data.bpe import (TOKENIZER_FILE, WordCounts, check_vocab_size, merges_table, save_tokenizer, saved_checksum,
                              tokenizer_fields, train_bpe)
 from gptkit.data.shards import CHUNK_TOKENS, TOKEN_DTYPES, ShardWriter, sha256_of, token_dtype, tokenized
-from gptkit.data.sources import Reader, Tally, kind_of, read_record, shown, source_files
+from gptkit.data.sources import Reader, Tally, kind_of, read_record, shown, source_files, source_identity
 from gptkit.data.synthetic import SYNTHETIC, write_source
 from gptkit.data.tasks import TASKS
 from gptkit.data.tokenizer import (TiktokenTokenizer, TrainedBPE, make_tokenizer, prepare_options, same_bpe,
@@ -276,7 +276,7 @@ def mixed_otherwise(meta, cfg):
     if not cfg.mix:
         return [f"with --mix={was.get('path')}"]
     try:  # a dataset prepared before its meta.json kept the file's size and time: by the path given
-        same = ({k: was.get(k) for k in ("bytes", "mtime")} == file_identity(Path(cfg.mix)) if "bytes" in was
+        same = ({k: was.get(k) for k in ("bytes", "mtime")} == source_identity(Path(cfg.mix)) if "bytes" in was
                 else was.get("path") == shown(cfg.mix))
     except OSError:  # a --mix that cannot be read is said as the prepare reads it
         return []
@@ -288,7 +288,7 @@ def same_text(meta, files):
     """Whether a dataset was made of these files as they are now: each of the same size and modification time, in
     order (wherever they are found: the same file may be given by another path)."""
     was = meta.get("sources")
-    now = [{"bytes": f.stat().st_size, "mtime": f.stat().st_mtime} for f in files]
+    now = [source_identity(f) for f in files]
     return isinstance(was, list) and [{k: s.get(k) for k in ("bytes", "mtime")} if isinstance(s, dict) else s
                                       for s in was] == now
 
@@ -578,7 +578,7 @@ def write_meta(cfg, files, work, tok, dtype, shards, docs, tally, by_document):
                 documents=sum(docs.values()),
                 **({"val_documents": docs["val"], "text_field": cfg.text_field} if by_document else {}),
                 skipped={"empty": tally.empty, "bad": tally.bad}, source=shown(cfg.input or files[0]),
-                sources=[{"path": shown(f), "bytes": f.stat().st_size, "mtime": f.stat().st_mtime} for f in files])
+                sources=[{"path": shown(f), **source_identity(f)} for f in files])
     meta["sha256"] = meta_checksum(meta)
     write_whole(work / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False) + "\n")  # synced, as the tokenizer
     (work / "state.json").unlink(missing_ok=True)

@@ -32,6 +32,13 @@ def shown(path):
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
+def source_identity(path):
+    """What a dataset's meta.json keeps of a file it was made of, to tell it again: its size and modification time
+    (gptkit.data.dataset.file_identity tells a token file from its replacement under a running run)."""
+    stat = path.stat()
+    return {"bytes": stat.st_size, "mtime": stat.st_mtime}
+
+
 def kind_of(path):
     """'jsonl', 'parquet' or 'text', from the file's name."""
     name = path.name.lower()

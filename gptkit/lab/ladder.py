@@ -177,8 +177,9 @@ def check_rung_folder(folder):
         raise UserError(f"{folder} holds a run the lab did not train ({', '.join(p.name for p in found)}); move it, "
                         "or give the lab another --out_dir")
     # the lab writes a rung's row once its train.py has ended: a run file newer than it was written since
-    later = [p.name for p in found if (folder / RESULT).exists() and
-             p.stat().st_mtime_ns > (folder / RESULT).stat().st_mtime_ns]
+    row = folder / RESULT
+    written = row.stat().st_mtime_ns if row.exists() else None
+    later = [p.name for p in found if written is not None and p.stat().st_mtime_ns > written]
     if later:
         raise UserError(f"{folder} holds a run trained on since the lab trained it ({', '.join(later)} newer than "
                         f"its {RESULT}); move it, or give the lab another --out_dir")
