@@ -1,18 +1,19 @@
 """`bench.py features`: `analyze.py features` on the main job's model, timed as a user runs it, against the issue's
 targets. The default config is trained first (its 4 x 128 shape kept with --min_tokens_per_param=0), unless
---out_dir names a run already trained; then the whole command, activations included, runs in a process of its
-own, whose wall time and peak memory (its largest resident set) are measured."""
+--out_dir names a run already trained, whose best checkpoint is copied into work_dir (the command trains its SAE
+beside the checkpoint it reads, and the run's own SAEs stay as they are); then the whole command, activations
+included, runs in a process of its own, whose wall time and peak memory (its largest resident set) are measured."""
 
 import json
+import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from benchmarks.common import REPO, device_name, prepared_work_dir, train_run
+from benchmarks.common import REPO, device_name, own_work_dir, prepared_work_dir, train_run
 from gptkit.base.errors import UserError
 from gptkit.base.settings import parse_config
 
@@ -29,7 +30,7 @@ MEASURED = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:
 @dataclass
 class FeaturesBenchConfig:
     input: str = ""  # text to train on ('' = data/shakespeare_char/input.txt, which data/prepare.py downloads)
-    work_dir: str = "out-bench-features"  # prepared data and the run go here
+    work_dir: str = "out-bench-features"  # prepared data and the run (or --out_dir's checkpoint) go here
     out_dir: str = ""  # a run already trained to read ('' = train the default into work_dir/run first)
     layer: int = 2  # analyze.py features' settings: blocks.2.hook_resid_post
     features: int = 1024
@@ -39,8 +40,9 @@ class FeaturesBenchConfig:
 
 def main(argv):
     cfg = parse_config(FeaturesBenchConfig, argv, prog="bench.py features")
-    out = Path(cfg.out_dir) if cfg.out_dir else None
-    if out is None:
+    if cfg.out_dir:
+        out = given_run(cfg)
+    else:
         work = prepared_work_dir(cfg)
         out = work / "run"
         summary = train_run("default", ["config/shakespeare_char.py", "--min_tokens_per_param=0"], work, out, [])
@@ -56,6 +58,20 @@ def main(argv):
         raise UserError(f"analyze.py features failed: {proc.stderr.strip().splitlines()[-1:]}")
     peak_gb = int(proc.stderr.strip().splitlines()[-1].removeprefix("peak_kib=")) / 2**20
     report(json.loads(proc.stdout), seconds, peak_gb)
+
+
+def given_run(cfg):
+    """A copy of --out_dir's best checkpoint in work_dir/given: the SAE the command trains (--start_over, so that
+    it is timed) goes beside it, never over one the user's run holds."""
+    from gptkit.run.run_folder import RunDir
+
+    source = RunDir(cfg.out_dir).model_file("best")
+    out = own_work_dir(cfg) / "given"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    shutil.copy2(source, out / "best.pt")
+    print(f"copied {source} to {out} (the SAE timed here is trained there)", flush=True)
+    return out
 
 
 def report(answer, seconds, peak_gb):

@@ -415,13 +415,20 @@ def test_startup_bench_counts_the_runs_that_took_the_first_runs_choices(monkeypa
 
 def test_features_bench_times_the_command_and_measures_its_own_memory(trained_run, tmp_path, capsys):
     """bench.py features on a run already trained: the whole command's time, its peak memory (its own, not the
-    training run's before it), and each metric against its target; the 20 most frequent features' contexts."""
+    training run's before it), and each metric against its target; the 20 most frequent features' contexts. The
+    SAE it trains goes beside a copy of the run's checkpoint in its work folder: the run's own stays."""
     import shutil
+
+    from gptkit.interp.features import OURS_FILE, sae_folder
 
     out = tmp_path / "run"
     shutil.copytree(trained_run[0], out)
-    bench.main(["features", f"--out_dir={out}", "--layer=1", "--features=64", "--k=4",
-                "--extra=--tokens=4096 --batch=256 --eval_tokens=256"])
+    yours = sae_folder(out, "blocks.1.hook_resid_post", "best") / OURS_FILE
+    yours.parent.mkdir(parents=True)
+    yours.write_text("the SAE you trained")
+    bench.main(["features", f"--out_dir={out}", f"--work_dir={tmp_path / 'bench'}", "--layer=1", "--features=64",
+                "--k=4", "--extra=--tokens=4096 --batch=256 --eval_tokens=256"])
+    assert yours.read_text() == "the SAE you trained"
     printed = capsys.readouterr().out
     rows = {line[:22].strip(): line[22:].split() for line in printed.splitlines() if line[:1].isalpha()}
     assert float(rows["whole command"][0]) > 0 and 0.05 < float(rows["peak memory"][0]) < 8

@@ -73,6 +73,17 @@ def test_a_run_that_fails_before_writing_leaves_no_folder_it_made(tmp_path):
     assert sorted(p.name for p in run.path.iterdir()) == ["metrics.jsonl", "run.lock"]
 
 
+def test_an_empty_out_dir_is_refused_not_taken_as_the_folder_you_are_in(tmp_path, data_dir):
+    """--out_dir= (a shell variable left unset) would put a run's files among yours: one line, nothing written."""
+    line = "error: out_dir is empty: name the run's folder (--out_dir=. for the folder you are in)"
+    proc = run_script("train.py", *train_args(data_dir, "", "--max_iters=1"), cwd=tmp_path)
+    assert proc.returncode == 1 and assert_one_error_line(proc.stderr, line)
+    assert list(tmp_path.iterdir()) == []
+    for script in ("sample.py", "rl.py", "chat.py"):
+        proc = run_here(script, "--out_dir=")
+        assert proc.returncode == 1 and assert_one_error_line(proc.stderr, line)
+
+
 # ---------------------------------------------------------------------------------------------- links
 
 @pytest.mark.parametrize("name", ["run.lock", "metrics.jsonl", "latest.pt.tmp", "best.pt.tmp", "latest.pt",

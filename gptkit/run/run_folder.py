@@ -44,6 +44,8 @@ class RunDir:
     """The paths of one run folder, and what can be asked of them."""
 
     def __init__(self, out_dir):
+        if out_dir == "":  # Path('') is the folder you are in: --out_dir=$UNSET would write a run among your files
+            raise UserError("out_dir is empty: name the run's folder (--out_dir=. for the folder you are in)")
         self.path = Path(out_dir)
         self.latest, self.previous = self.path / "latest.pt", self.path / "latest.prev.pt"
         self.best, self.legacy = self.path / "best.pt", self.path / "ckpt.pt"
