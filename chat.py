@@ -18,11 +18,14 @@ from gptkit.base.errors import UserError, run_main  # first: a Ctrl-C while torc
 import torch
 
 from gptkit.base.settings import check_seed, comma_items, parse_config, require
-from gptkit.chat.answering import check_chat_model, end_id, next_answer_prompt
+from gptkit.chat.answering import MAX_ROWS, check_chat_model, end_id, next_answer_prompt
 from gptkit.data.conversations import shown
 from gptkit.machine.runtime import check_device_name, pick_device
+from gptkit.machine.threads import pick_decode_threads
 from gptkit.run.run_folder import RunDir, check_checkpoint, model_at
 from gptkit.sampling.decoding import decode_steps, lay_out_for_decoding
+
+MAX_SAMPLES = 1024  # answers per problem: pass@512 is the largest k reported, more only cost time
 
 
 @dataclass
@@ -33,7 +36,9 @@ class ChatConfig:
     eval: bool = False  # score the run on its dataset's held-out problems (or --problems)
     tasks: str = ""  # with --eval or --report: the tasks to score, comma-separated ('' = all the dataset holds)
     problems: str = ""  # with --eval: a .jsonl of conversations to score; each one's last answer is the reference
-    samples: int = 1  # with --eval or --report: answers sampled per problem for pass@k (1: the greedy answer only)
+    # with --eval or --report: answers sampled per problem for pass@k (1: the greedy answer only; 0: that with
+    # --eval, 8 with --report, whose card shows pass@8)
+    samples: int = 0
     limit: int = 0  # with --eval or --report: score at most this many problems of each task (0 = all)
     json: bool = False  # with --eval or --report: print JSON instead of a table
     report: str = ""  # run folders, comma-separated: the report card, a column each (e.g. out,out-chat,out-rl)
@@ -43,16 +48,25 @@ class ChatConfig:
     top_p: float = 1.0  # sample only from the smallest set with this total probability (1 = off)
     seed: int = 1337  # the same seed gives the same answers
     device: str = "auto"  # 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'
+    threads: int = 0  # torch CPU threads (0 = measured: more than 1 only where clearly faster now)
 
     def __post_init__(self):
-        require(self, ["samples", "max_new_tokens"], lambda v: v >= 1, "at least 1")
-        require(self, ["limit", "temperature", "top_k"], lambda v: v >= 0, "at least 0")
+        require(self, ["max_new_tokens"], lambda v: v >= 1, "at least 1")
+        require(self, ["limit", "temperature", "top_k", "threads"], lambda v: v >= 0, "at least 0")
+        require(self, ["samples"], lambda v: 0 <= v <= MAX_SAMPLES, f"from 0 to {MAX_SAMPLES}")
         require(self, ["top_p"], lambda v: 0 < v <= 1, "in (0, 1]")
         check_seed(self.seed)
         check_device_name(self.device)
         check_checkpoint(self.checkpoint)
         if self.problems and not self.eval:
             raise ValueError("--problems names conversations to score: add --eval")
+        if self.problems and self.tasks:
+            raise ValueError("--problems scores the conversations of its file, --tasks the dataset's held-out "
+                             "problems: give one of them")
+        others = [f"--{name}" for name in ("eval", "prompt", "problems") if self.report and getattr(self, name)]
+        if others:
+            raise ValueError(f"--report scores each stage on its dataset's held-out problems itself: leave out "
+                             f"{' and '.join(others)}")
         for name in ("tasks", "report"):
             value = getattr(self, name)
             if value and not comma_items(value):
@@ -62,35 +76,49 @@ class ChatConfig:
                              "pass@k needs a temperature above 0 (e.g. --temperature=1.0)")
 
     def sampled(self):
-        """Answers sampled per problem for pass@k: none at samples=1, where the greedy answer is scored alone."""
-        return self.samples if self.samples > 1 else 0
+        """Answers sampled per problem for pass@k: none where the greedy answer is scored alone (samples=1, and 0
+        with --eval; the report card samples 8 unless at temperature 0)."""
+        samples = self.samples or (8 if self.report and self.temperature > 0 else 1)
+        return samples if samples > 1 else 0
 
 
 def evaluate(cfg, model, tok, ckpt):
     """Score the run: each task's held-out problems (or the --problems file), and its loss on the plain val text
     its dataset mixed in; a table, or JSON."""
     # scoring reads datasets and tasks: imported where it runs, so that a chat's first token waits for none of it
+    from gptkit.base.progress import progress
     from gptkit.chat.report import chat_sets
     from gptkit.chat.scoring import file_problems, ks_for, score, text_loss
 
-    problems, text = chat_sets(ckpt, cfg.tasks, file_problems(cfg.problems) if cfg.problems else None)
+    problems, text = chat_sets(ckpt, cfg.tasks, file_problems(cfg.problems, tok) if cfg.problems else None)
     if not problems:
         raise UserError(f"{cfg.out_dir}'s dataset holds no held-out problems: score conversations of your own "
                         "with --problems=FILE.jsonl")
     if cfg.limit:
         problems = {name: items[:cfg.limit] for name, items in problems.items()}
-    say = None if cfg.json else lambda name, r: print(line_of(name, r), flush=True)
-    if say:
-        ks = ks_for(cfg.sampled()) if cfg.sampled() else []
-        print(f"| task | problems | accuracy{''.join(f' | pass@{k}' for k in ks)} |\n"
-              f"|---|---|---{'|---' * len(ks)}|")
-    results = score(model, tok, problems, cfg.sampled(), cfg.temperature, cfg.max_new_tokens, cfg.seed, say)
+    answers = sum(map(len, problems.values())) * (1 + cfg.sampled())
+    say_threads(cfg, model, min(answers, MAX_ROWS))
+    say = None if cfg.json else lambda name, r: bar.write(line_of(name, r), file=sys.stdout)
+    with progress(total=answers, desc="answering", unit="answer", leave=False) as bar:
+        if say:
+            ks = ks_for(cfg.sampled()) if cfg.sampled() else []
+            bar.write(f"| task | problems | accuracy{''.join(f' | pass@{k}' for k in ks)} |\n"
+                      f"|---|---|---{'|---' * len(ks)}|", file=sys.stdout)
+        results = score(model, tok, problems, cfg.sampled(), cfg.temperature, cfg.max_new_tokens, cfg.seed, say,
+                        bar.update)
     loss = text_loss(model, tok, text) if text else None
     if cfg.json:
         print(json.dumps({"tasks": {name: {**r, "pass_at": r.get("pass_at", {})} for name, r in results.items()},
                           "text_val_loss": loss}))
     elif loss is not None:
         print(f"plain text val loss: {loss:.4f}")
+
+
+def say_threads(cfg, model, rows):
+    """CPU threads for decoding `rows` answers at a time, picked as sample.py picks them, and said."""
+    _, why = pick_decode_threads(cfg.threads, model, next(model.parameters()).device.type, rows)
+    if why and not cfg.threads:
+        print(why, file=sys.stderr, flush=True)
 
 
 def line_of(name, result):
@@ -126,7 +154,7 @@ def converse(cfg, model, tok):
     history = []
     while True:
         try:
-            text = input("you> ")
+            text = input("you> ").removesuffix("\r")  # a line piped from a Windows file
         except (EOFError, KeyboardInterrupt):
             print()
             return
@@ -149,7 +177,7 @@ def main(argv=None):
         from gptkit.chat.report import card_json, card_table, report_card
 
         columns = report_card(cfg, device)
-        print(card_json(columns) if cfg.json else card_table(columns))
+        print(card_json(columns) if cfg.json else card_table(columns, cfg.sampled()))
         return
     run = RunDir(cfg.out_dir)
     if run.shown() is None and not cfg.checkpoint.startswith("iter:"):
@@ -162,8 +190,10 @@ def main(argv=None):
     if cfg.eval:
         evaluate(cfg, model, tok, ckpt)
     elif cfg.prompt:
+        say_threads(cfg, model, 1)
         talk(cfg, model, tok, cfg.prompt, [])
     else:
+        say_threads(cfg, model, 1)
         print(f"{cfg.out_dir}: a chat model ({time.time() - started:.1f} s to load); ask it something, Ctrl-D "
               "ends", flush=True)
         converse(cfg, model, tok)

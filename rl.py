@@ -28,6 +28,7 @@ from gptkit.chat.scoring import score
 from gptkit.data.tasks import TASKS
 from gptkit.machine.runtime import pick_device
 from gptkit.machine.stand_ins import model_code
+from gptkit.machine.threads import ThreadTuner, pick_decode_threads
 from gptkit.run.checkpoint import save_checkpoint
 from gptkit.run.metrics import RunLog, damaged_note
 from gptkit.run.run_folder import RunDir, model_at
@@ -70,7 +71,20 @@ def start(cfg, run, device, changed):
         for note in (measured_anew(s["state"], changed), best_lost(s["state"], run.best), damaged_note(run.metrics)):
             if note:
                 print(note)
+    s["tuner"] = threads_for(cfg, model, device)
     return s
+
+
+def threads_for(cfg, model, device):
+    """CPU threads as sample.py picks them, for a step's batch of answers (and said); unless given, followed as
+    train.py follows them, since a step runs many small operations that stall when another program takes a core:
+    a ThreadTuner, or None."""
+    most = torch.get_num_threads()
+    threads, why = pick_decode_threads(cfg.threads, model, device, cfg.problems_per_step * cfg.samples)
+    if cfg.threads or device != "cpu" or most == 1:
+        return None
+    print(why, flush=True)
+    return ThreadTuner(most, threads)
 
 
 def step(cfg, s):
@@ -141,7 +155,10 @@ def practise(cfg, s, run, log, stop):
     with stop.deferred(), progress(total=cfg.max_iters, desc="practising", unit="step",
                                    initial=state.iter_num) as bar:
         while state.iter_num < cfg.max_iters:
+            stepped = time.perf_counter()
             logged = step(cfg, s)
+            if s["tuner"] and (line := s["tuner"].after_step(time.perf_counter() - stepped, state.iter_num + 1)):
+                bar.write(line)
             state.iter_num += 1
             state.seconds_spent = time.time() - begun
             log.write({"kind": "rl", "iter": state.iter_num, **logged})

@@ -81,6 +81,12 @@ def test_a_conversation_says_a_question_it_cannot_spell_before_any_answer_begins
     assert "\nyou> you> model> " in proc.stdout and proc.stdout.count("model> ") == 1
 
 
+def test_questions_piped_from_a_windows_file_are_asked_without_their_carriage_returns(chat_run, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("1+1\r\n2+2\r\n"))
+    proc = check_ok(run_here("chat.py", f"--out_dir={chat_run}", "--max_new_tokens=4"))
+    assert proc.stderr == "" and proc.stdout.count("model> ") == 2
+
+
 def test_a_long_conversation_drops_its_oldest_turns_whole_so_the_context_opens_at_a_question():
     tok = CharTokenizer(sorted(set("0123456789+") | set(MARKERS.values())))
     turns = [("1+1", "2"), ("22+22", "44"), ("3+3", None)]  # 7, 10 and 5 tokens in the template
@@ -116,12 +122,39 @@ def test_problems_from_a_file_are_scored_against_their_last_answer(chat_run, tmp
 
 
 def test_the_report_card_puts_the_stages_side_by_side(chat_run, trained_run):
-    proc = check_ok(run_here("chat.py", f"--report={trained_run[0]},{chat_run}", "--limit=3", "--samples=8"))
+    """By default each task's accuracy, pass@1 and pass@8 (8 answers sampled); --samples=64 adds pass@64."""
+    proc = check_ok(run_here("chat.py", f"--report={trained_run[0]},{chat_run}", "--limit=3"))
     lines = proc.stdout.splitlines()
     assert lines[0] == f"|  | {trained_run[0].name} | {chat_run.name} |"
-    assert any(line.startswith("| addition pass@8 | – |") for line in lines)  # the base cannot be asked
+    assert [line.split(" | ")[0] for line in lines if line.startswith("| addition")] == [
+        "| addition accuracy", "| addition pass@1", "| addition pass@8"]
+    assert any(line.startswith("| addition pass@8 | – | ") and "%" in line for line in lines)  # the base: no answer
     assert any(line.startswith("| plain text val loss |") for line in lines)
     assert any(line.startswith("| parameters trained |") for line in lines)
+    proc = check_ok(run_here("chat.py", f"--report={chat_run}", "--limit=2", "--samples=64", "--tasks=addition"))
+    assert [line.split(" | ")[0] for line in proc.stdout.splitlines() if line.startswith("| addition")] == [
+        "| addition accuracy", "| addition pass@1", "| addition pass@8", "| addition pass@64"]
+
+
+def test_the_report_card_reads_the_checkpoint_asked_for_and_names_the_column_it_cannot_score(chat_run, tmp_path,
+                                                                                           monkeypatch):
+    import shutil
+
+    from gptkit.chat import report
+
+    half = tmp_path / "half"  # a stage that has not finished an evaluation: latest.pt alone
+    half.mkdir()
+    shutil.copy(chat_run / "latest.pt", half / "latest.pt")
+    proc = run_here("chat.py", f"--report={chat_run},{half}", "--limit=2")
+    assert "use its latest state with --checkpoint=latest" in assert_one_error_line(proc.stderr)
+    check_ok(run_here("chat.py", f"--report={chat_run},{half}", "--limit=2", "--checkpoint=latest"))
+    cfg = ChatConfig(report=f"{chat_run},{half}", limit=2, checkpoint="latest")
+    monkeypatch.setattr(report, "text_loss", lambda *args: (_ for _ in ()).throw(UserError("not spelled")))
+    with pytest.raises(UserError, match=f"^{chat_run}: not spelled$"):
+        report.report_card(cfg, "cpu")
+    monkeypatch.setattr(report, "chat_sets", lambda ckpt, tasks: ({}, None))
+    with pytest.raises(UserError, match=f"^{chat_run}'s dataset holds no held-out problems, which a report card"):
+        report.report_card(cfg, "cpu")
 
 
 @pytest.mark.parametrize("setting, expected", [
@@ -129,6 +162,12 @@ def test_the_report_card_puts_the_stages_side_by_side(chat_run, trained_run):
                                                   "time: pass@k needs a temperature above 0 (e.g. --temperature=1.0)"),
     (dict(eval=True, tasks=","), "tasks names nothing between its commas (got ',')"),
     (dict(report=" , "), "report names nothing between its commas (got ' , ')"),
+    (dict(eval=True, samples=1025, temperature=1.0), "samples must be from 0 to 1024 (got 1025)"),
+    (dict(eval=True, problems="mine.jsonl", tasks="addition"), "--problems scores the conversations of its file, "
+                                                               "--tasks the dataset's held-out problems: give one of "
+                                                               "them"),
+    (dict(report="out,out-chat", eval=True, prompt="1+1"), "--report scores each stage on its dataset's held-out "
+                                                           "problems itself: leave out --eval and --prompt"),
 ])
 def test_settings_that_would_score_nothing_or_the_greedy_answer_k_times_are_one_line(setting, expected):
     with pytest.raises(ValueError) as e:
@@ -141,7 +180,7 @@ def test_settings_that_would_score_nothing_or_the_greedy_answer_k_times_are_one_
                                   "a report column without a run"])
 def test_bad_input_is_one_line(case, chat_run, trained_run, tmp_path):
     mine = tmp_path / "mine.jsonl"
-    mine.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant",
+    mine.write_text("\n" + "".join(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant",
                                                                                      "content": "2"}]}) + "\n"
                             for q in ("1+1", "日本")), encoding="utf-8")
     asked = tmp_path / "asked.jsonl"  # its last turn a question, after an answered one
@@ -161,10 +200,10 @@ def test_bad_input_is_one_line(case, chat_run, trained_run, tmp_path):
     expected = {"not chat": "config/chat_sft.py", "unknown task": "never saw task 'sort'",
                 "no run": "holds no run: fine-tune one for chat there first, e.g. `python data/prepare.py",
                 "outside the vocabulary": "outside the training vocabulary",
-                "a problem outside it": "mine's conversation 2: the text has characters outside the training vocab",
+                "a problem outside it": f"{mine} line 3: the text has characters outside the training vocab",
                 "problems without eval": "add --eval",
-                "a problem without its answer": "asked's conversation 1 ends with the user's turn: a conversation to "
-                                                "score ends with the assistant's answer, the reference",
+                "a problem without its answer": f"{asked} line 1 ends with the user's turn: a conversation to score "
+                                                "ends with the assistant's answer, the reference",
                 "a report column without a run": f"{tmp_path / 'out-rl'} holds no run: train that stage first "
                                                  "(docs/chat.md names each stage's command), or leave it out of "
                                                  "--report"}[case]

@@ -93,6 +93,26 @@ def test_a_tasks_list_that_would_draw_nothing_or_the_same_problems_twice_is_one_
     assert str(e.value) == expected
 
 
+@pytest.mark.parametrize("setting, needs", [(dict(mix_share=0.3), "--mix"), (dict(problems=10), "--synthetic=tasks"),
+                                            (dict(heldout=5, synthetic="repeats"), "--synthetic=tasks")])
+def test_a_setting_nothing_would_read_is_one_line_not_ignored(setting, needs):
+    with pytest.raises(ValueError) as e:
+        PrepareConfig(**setting)
+    key = next(iter(setting))
+    assert str(e.value) == f"--{key} is read only with {needs}: give that too, or leave out --{key}"
+
+
+def test_copies_of_one_conversation_that_cannot_be_split_say_why(tmp_path):
+    """A split is decided by each conversation's text, so copies of one all land on one side."""
+    path = tmp_path / "same.jsonl"
+    line = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+    path.write_text(f"{line}\n" * 60, "utf-8")
+    with pytest.raises(UserError) as e:
+        prepare(PrepareConfig(input=str(path), name="same", data_dir=str(tmp_path / "data")))
+    assert str(e.value).endswith("too few conversations to split into train and val (60, 1 of them different (a "
+                                 "conversation's split is decided by its text: copies share one); val_fraction 0.1)")
+
+
 def test_a_tasks_dataset_mixing_other_text_or_none_replaces_the_one_there_only_with_start_over(tmp_path):
     text, other = tmp_path / "text.txt", tmp_path / "other.txt"
     text.write_text(make_text(8000), encoding="utf-8")

@@ -85,6 +85,8 @@ GOOD = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "ass
     (json.dumps({"messages": [{"role": "user", "content": "q"}]}), "line 3: the conversation has no assistant turn"),
     (json.dumps({"messages": [{"role": "assistant", "content": "a"}]}), "line 3: message 1 is the assistant's"),
     (json.dumps({"text": "plain"}), "line 3: expected {\"messages\""),
+    ('{"messages": [{"role": "user", "content": "x\\ud800"}, {"role": "assistant", "content": "3"}]}',
+     "line 3: message 1 holds '\\ud800', half of a surrogate pair, which is no character"),
 ])
 def test_a_bad_line_is_one_error_naming_its_number(tmp_path, bad, expected):
     path = write_lines(tmp_path / "chats.jsonl", [GOOD, "", bad, GOOD])

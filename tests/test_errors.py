@@ -234,12 +234,12 @@ OUT_OF_RANGE = {
     "TokenizersBenchConfig": {"max_time": [0, -1], "char_block": [7, 65_537], "val_fraction": [0, 1],
                               "size_gb": [0, 10_001], "speed_vocab": [256, 2 ** 32], "encode_mb": [0, -1],
                               "rounds": [0, 101]},
-    "ChatConfig": {"samples": [0], "max_new_tokens": [0], "limit": [-1], "temperature": [-0.1], "top_k": [-1],
-                   "top_p": [0, 1.5], "seed": [-1, 2 ** 31]},
+    "ChatConfig": {"samples": [-1, 1025], "max_new_tokens": [0], "limit": [-1], "temperature": [-0.1], "top_k": [-1],
+                   "top_p": [0, 1.5], "seed": [-1, 2 ** 31], "threads": [-1]},
     "RLConfig": {**dict.fromkeys(["problems_per_step", "max_new_tokens", "max_iters", "eval_interval", "eval_problems",
                                   "eval_samples"], [0]), "samples": [0, 1],
                  **dict.fromkeys(["temperature", "learning_rate", "embedding_lr", "weight_decay", "grad_clip"],
-                                 [-1e-3]),
+                                 [-1e-3]), "threads": [-1],
                  **dict.fromkeys(["beta1", "beta2"], [-0.1, 1.0]), "seed": [-1, 2 ** 31]},
 }
 

@@ -249,3 +249,23 @@ def test_a_run_saved_on_another_kind_of_device_continues_with_a_note(tmp_path, c
     said = capsys.readouterr().out
     assert f"note: {out / 'latest.pt'} was sampled on another kind of device; the answers from here are drawn" in said
     assert load_checkpoint(out / "latest.pt")["iter_num"] == 3
+
+
+def test_threads_are_measured_for_a_steps_answers_and_followed_unless_given(capsys):
+    """Beside a busy program two threads can run a step of small operations many times slower than one: the count
+    is picked as sample.py picks it, then followed step by step (a ThreadTuner); a count given is kept as given."""
+    import rl
+    from conftest import tiny_model
+    from gptkit.chat.reinforce import RLConfig
+    from gptkit.machine.threads import ThreadTuner
+
+    model, before = tiny_model(), torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        tuner = rl.threads_for(RLConfig(problems_per_step=2, samples=2), model, "cpu")
+        assert isinstance(tuner, ThreadTuner) and tuner.most == 2 and tuner.current == torch.get_num_threads()
+        assert capsys.readouterr().out.startswith(f"decoding on {tuner.current} thread")
+        torch.set_num_threads(2)
+        assert rl.threads_for(RLConfig(threads=1), model, "cpu") is None and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -15,7 +15,7 @@ from conftest import CHAT_SFT, MODEL, assert_one_error_line, check_ok, make_text
 from gptkit.base.errors import RunStopped, UserError
 from gptkit.data.conversations import MARKERS
 from gptkit.run.checkpoint import load_checkpoint
-from gptkit.training.starting import base_run, from_base, load_base
+from gptkit.training.starting import base_run, build_model, from_base, load_base
 from model import GPT, GPTConfig
 
 SHAPE = dict(n_layer=1, n_head=2, n_embd=16, block_size=8, tie_weights=False)
@@ -40,6 +40,18 @@ def test_the_vocabulary_grows_keeping_each_characters_rows(capsys):
     assert torch.equal(model.transformer.wte.weight[0], fresh)  # '+': as a new model's row
     assert torch.equal(model.transformer.h[0].attn.c_attn.weight, base["transformer.h.0.attn.c_attn.weight"])
     assert capsys.readouterr().out.startswith("the vocabulary grows from 3 to 5 tokens: 2 new rows")
+
+
+@pytest.mark.parametrize("lora_rank, says", [
+    (2, "LoRA rank 2: 364 of the model's 3,708 parameters train (9.8%): the adapters on"),
+    (0, "a full fine-tune: all 3,344 of the model's parameters train (lora_rank=R trains adapters of rank R instead"),
+])
+def test_the_console_says_how_many_parameters_a_fine_tune_trains(lora_rank, says, capsys):
+    ckpt, path = base_checkpoint(3, {"tokenizer": "char", "vocab": "abc"})
+    cfg = train_config(lora_rank=lora_rank, **SHAPE)
+    planned = from_base(cfg, {"tokenizer": "char", "vocab": "abc", "vocab_size": 3}, (ckpt, path))
+    build_model(cfg, planned, {"tokenizer": "char", "vocab": "abc", "vocab_size": 3}, base=(ckpt, path))
+    assert says in capsys.readouterr().out
 
 
 BPE = {"tokenizer": "bpe", "tokenizer_sha256": "a" * 64, "vocab_size": 61, "bpe": {}}  # a trained BPE's metadata

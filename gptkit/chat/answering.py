@@ -28,11 +28,11 @@ def end_id(tok):
 
 @torch.no_grad()
 def sample_answers(model, prompts, samples=1, max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0,
-                   generator=None, end=None, vocab_size=None):
+                   generator=None, end=None, vocab_size=None, advance=None):
     """For each prompt (a list of token ids), `samples` answers as lists of token ids, each up to and
     including `end` where the model wrote it within max_new_tokens: [[ids, ...] per prompt]. vocab_size: the
     tokenizer's, so that a model's padding rows (a BPE's table is padded to a multiple of 64) are never drawn,
-    since no tokenizer can decode them."""
+    since no tokenizer can decode them. advance(n), if given, hears of each n answers written."""
     out = [[None] * samples for _ in prompts]
     rows = defaultdict(list)  # prompts of one length decode together
     for i, ids in enumerate(prompts):
@@ -45,6 +45,8 @@ def sample_answers(model, prompts, samples=1, max_new_tokens=32, temperature=0.0
             for (i, s), answer in zip(chunk, decode_rows(model, idx, max_new_tokens, temperature, top_k, top_p,
                                                          generator, end, vocab_size)):
                 out[i][s] = answer
+            if advance:
+                advance(len(chunk))
     return out
 
 

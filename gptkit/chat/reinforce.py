@@ -43,6 +43,7 @@ class RLConfig:
     eval_samples: int = 8  # answers per held-out problem: pass@1 is their mean correctness
     seed: int = 1337  # seeds the problems drawn and the answers sampled
     device: str = "auto"  # 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'
+    threads: int = 0  # torch CPU threads (0 = measured at the start, then followed as other programs come and go)
     dtype: Literal["float32", "bfloat16"] = "float32"  # precision of the forward and backward passes
     wandb_log: bool = False  # log to Weights & Biases
     wandb_project: str = "nanogpt-chat"  # wandb project name
@@ -51,7 +52,8 @@ class RLConfig:
     def __post_init__(self):
         require(self, ["problems_per_step", "max_new_tokens", "max_iters", "eval_interval", "eval_problems",
                        "eval_samples"], lambda v: v >= 1, "at least 1")
-        require(self, ["learning_rate", "embedding_lr", "weight_decay", "grad_clip"], lambda v: v >= 0, "at least 0")
+        require(self, ["learning_rate", "embedding_lr", "weight_decay", "grad_clip", "threads"], lambda v: v >= 0,
+                "at least 0")
         require(self, ["beta1", "beta2"], lambda v: 0 <= v < 1, "in [0, 1)")
         # a group of one, or of one greedy answer drawn again and again, has no answer better than its mean
         require(self, ["samples"], lambda v: v >= 2, "at least 2: the group's mean reward is each answer's baseline")

@@ -8,10 +8,11 @@ import torch
 
 from gptkit.base.errors import UserError
 from gptkit.base.settings import comma_items
-from gptkit.chat.answering import check_chat_model
-from gptkit.chat.scoring import dataset_text, heldout_problems, score, text_loss
+from gptkit.chat.answering import MAX_ROWS
+from gptkit.chat.scoring import dataset_text, heldout_problems, ks_for, score, text_loss
 from gptkit.data.dataset import load_meta
 from gptkit.run.checkpoint import load_checkpoint, model_config
+from gptkit.machine.threads import pick_decode_threads
 from gptkit.run.run_folder import RunDir, model_at
 from model import GPT
 
@@ -57,15 +58,18 @@ def seconds_spent(out_dir):
 def stage(out_dir, problems, text, cfg, device):
     """One column: the run's scores on the problems (none for a model never fine-tuned for chat), its loss on
     the text, its time and the parameters it trained."""
-    model, tok, ckpt = model_at(RunDir(out_dir).model_file("best"), device)
+    model, tok, ckpt = model_at(RunDir(out_dir).model_file(cfg.checkpoint), device)
     trained, total = trained_share(ckpt)
-    column = {"run": out_dir, "seconds": seconds_spent(out_dir), "trained": trained, "params": total}
+    column = {"run": out_dir, "seconds": seconds_spent(out_dir), "trained": trained, "params": total, "tasks": None}
+    rows = sum(map(len, problems.values())) * (1 + cfg.sampled())
+    pick_decode_threads(cfg.threads, model, device, min(rows, MAX_ROWS))
     try:
-        check_chat_model(tok, out_dir)
-        column["tasks"] = score(model, tok, problems, cfg.sampled(), cfg.temperature, cfg.max_new_tokens, cfg.seed)
-    except UserError:
-        column["tasks"] = None  # a base model: it cannot be asked
-    column["text_val_loss"] = text_loss(model, tok, text) if text else None
+        if tok.chat is not None:  # else a base model, which cannot be asked
+            column["tasks"] = score(model, tok, problems, cfg.sampled(), cfg.temperature, cfg.max_new_tokens,
+                                    cfg.seed)
+        column["text_val_loss"] = text_loss(model, tok, text) if text else None
+    except UserError as e:  # a question or the text its vocabulary cannot spell: say whose column it is
+        raise UserError(f"{out_dir}: {e}") from None
     return column
 
 
@@ -77,21 +81,24 @@ def report_card(cfg, device):
             raise UserError(f"{out_dir} holds no run: train that stage first (docs/chat.md names each stage's "
                             "command), or leave it out of --report")
     problems = text = None
-    for out_dir in runs:
-        ckpt = load_checkpoint(RunDir(out_dir).model_file("best"))
+    for chat_run in runs:
+        ckpt = load_checkpoint(RunDir(chat_run).model_file(cfg.checkpoint))
         if "chat" in run_dataset(ckpt)[1]:
             problems, text = chat_sets(ckpt, cfg.tasks)
             break
     if problems is None:
         raise UserError(f"none of {', '.join(runs)} was fine-tuned for chat: a report card compares the stages "
                         "of a chat model (python train.py config/chat_sft.py makes one)")
+    if not problems:
+        raise UserError(f"{chat_run}'s dataset holds no held-out problems, which a report card scores each stage on: "
+                        "its stages are fine-tunes on a dataset of data/prepare.py --synthetic=tasks")
     if cfg.limit:
         problems = {task: items[:cfg.limit] for task, items in problems.items()}
     return [stage(out_dir, problems, text, cfg, device) for out_dir in runs]
 
 
-def card_table(columns):
-    """The report card as a Markdown table."""
+def card_table(columns, samples):
+    """The report card as a Markdown table: pass@k for each k that `samples` answers a problem give."""
     def cell(column, task, key):
         result = (column["tasks"] or {}).get(task)
         if result is None:
@@ -102,7 +109,7 @@ def card_table(columns):
     tasks = next(c["tasks"] for c in columns if c["tasks"])
     rows = [["", *[Path(c["run"]).name for c in columns]], ["---"] * (len(columns) + 1)]
     for task in tasks:
-        for key, label in (("accuracy", "accuracy"), ("1", "pass@1"), ("8", "pass@8")):
+        for key, label in (("accuracy", "accuracy"), *((str(k), f"pass@{k}") for k in ks_for(samples) if samples)):
             rows.append([f"{task} {label}", *[cell(c, task, key) for c in columns]])
     rows.append(["plain text val loss", *[f"{c['text_val_loss']:.4f}" if c["text_val_loss"] else "–"
                                           for c in columns]])

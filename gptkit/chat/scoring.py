@@ -12,7 +12,7 @@ import torch
 
 from gptkit.base.errors import UserError
 from gptkit.chat.answering import answer_text, conversation_prompt, end_id, question_prompt, sample_answers
-from gptkit.data.conversations import read_conversations
+from gptkit.data.conversations import numbered_conversations
 from gptkit.data.tasks import TASKS
 
 
@@ -67,31 +67,38 @@ def heldout_problems(folder, meta):
     return problems
 
 
-def file_problems(path):
+def file_problems(path, tok):
     """{file name: [(messages, reference), ...]} from a conversations file: the last message of each, the
-    assistant's, is the reference, what comes before it the prompt."""
-    name, conversations = Path(path).stem, read_conversations(Path(path))
-    for number, messages in enumerate(conversations, 1):
+    assistant's, is the reference, what comes before it the prompt. One that cannot be scored (no answer last, or
+    a character the vocabulary lacks) is one line naming its line, before any is scored."""
+    conversations = numbered_conversations(Path(path))
+    for number, messages in conversations:
         if messages[-1]["role"] != "assistant":  # its question has no reference to be scored against
-            raise UserError(f"{name}'s conversation {number} ends with the user's turn: a conversation to score "
-                            "ends with the assistant's answer, the reference")
-    return {name: [(m, m[-1]["content"]) for m in conversations]}
+            raise UserError(f"{path} line {number} ends with the user's turn: a conversation to score ends with "
+                            "the assistant's answer, the reference")
+        try:
+            conversation_prompt(tok, messages)
+        except UserError as e:
+            raise UserError(f"{path} line {number}: {e}") from None
+    return {Path(path).stem: [(m, m[-1]["content"]) for _, m in conversations]}
 
 
-def score(model, tok, problems, samples=0, temperature=1.0, max_new_tokens=32, seed=0, progress=None):
+def score(model, tok, problems, samples=0, temperature=1.0, max_new_tokens=32, seed=0, progress=None, advance=None):
     """{name: {"n", "accuracy", "pass_at": {k: ...}}} for each set of problems: {task: [(question, answer)]} (a
     task's checker judges) or {name: [(messages, reference)]} (exact match). Accuracy is the greedy answer's;
-    pass@k is estimated from `samples` answers sampled at `temperature` (0: none)."""
+    pass@k is estimated from `samples` answers sampled at `temperature` (0: none). progress(name, result) hears of
+    each set scored, advance(n) of each n answers written (n(1 + samples) in all)."""
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     results = {}
     for name, items in problems.items():
         prompts, right = prompts_and_judge(tok, name, items)
-        greedy = sample_answers(model, prompts, 1, max_new_tokens, 0.0, end=end_id(tok), vocab_size=tok.vocab_size)
+        greedy = sample_answers(model, prompts, 1, max_new_tokens, 0.0, end=end_id(tok), vocab_size=tok.vocab_size,
+                                advance=advance)
         correct = [right(i, answer_text(tok, a[0])) for i, a in enumerate(greedy)]
         result = {"n": len(items), "accuracy": sum(correct) / len(items)}
         if samples:
             drawn = sample_answers(model, prompts, samples, max_new_tokens, temperature, generator=generator,
-                                   end=end_id(tok), vocab_size=tok.vocab_size)
+                                   end=end_id(tok), vocab_size=tok.vocab_size, advance=advance)
             counts = [sum(right(i, answer_text(tok, a)) for a in answers) for i, answers in enumerate(drawn)]
             result["pass_at"] = {str(k): sum(pass_at_k(samples, c, k) for c in counts) / len(items)
                                  for k in ks_for(samples)}
@@ -106,12 +113,7 @@ def prompts_and_judge(tok, name, items):
     if name in TASKS and items and isinstance(items[0][0], str):
         task = TASKS[name]
         return [question_prompt(tok, q) for q, _ in items], lambda i, answer: task.check(items[i][0], answer)
-    prompts = []
-    for number, (messages, _) in enumerate(items, 1):
-        try:
-            prompts.append(conversation_prompt(tok, messages)[0])
-        except UserError as e:  # a file may hold thousands: say which one
-            raise UserError(f"{name}'s conversation {number}: {e}") from None
+    prompts = [conversation_prompt(tok, messages)[0] for messages, _ in items]  # file_problems checked each
     return prompts, lambda i, answer: answer == items[i][1]
 
 

@@ -121,8 +121,11 @@ def write_chat_dataset(cfg, path, work):
     tok = chat_tokenizer(cfg, conversations, mix, heldout, work)
     streams = split_streams(cfg, conversations, tok, mix)
     if not streams["val"].ids or not streams["train"].conversations:
+        different = len({json.dumps(messages) for messages in conversations})
+        copies = "" if different == len(conversations) else \
+            f", {different:,} of them different (a conversation's split is decided by its text: copies share one)"
         raise UserError(f"{shown(path)}: too few conversations to split into train and val "
-                        f"({len(conversations)}, val_fraction {cfg.val_fraction})")
+                        f"({len(conversations):,}{copies}; val_fraction {cfg.val_fraction})")
     dtype, files = token_dtype(cfg, tok), {}
     for split, stream in streams.items():
         for name, values, kind in ((f"{split}.bin", stream.ids, dtype), (f"{split}_roles.bin", stream.roles, "uint8")):

@@ -97,6 +97,11 @@ def check_messages(record, number, where):
             raise UserError(f"{at}: message {shown} ({message['role']}) is empty")
         if set(content) & set(NAMES):
             raise UserError(f"{at}: message {shown} holds a character the chat markers use (U+E000-U+E002)")
+        try:
+            content.encode("utf-8")
+        except UnicodeEncodeError as e:  # a JSON escape of half a surrogate pair ("\ud800"): no character at all
+            raise UserError(f"{at}: message {shown} holds {content[e.start]!r}, half of a surrogate pair, which is "
+                            "no character") from None
         if message["role"] != ROLES[turn % 2]:
             raise UserError(f"{at}: message {shown} is the {message['role']}'s, but turns alternate, the "
                             "user's first")
@@ -124,6 +129,11 @@ def without_system(messages, at):
 def read_conversations(path):
     """Every conversation of a JSON Lines file, as lists of messages (blank lines skipped); the first line that
     is not UTF-8, not JSON or not a conversation is one error naming its number."""
+    return [messages for _, messages in numbered_conversations(path)]
+
+
+def numbered_conversations(path):
+    """read_conversations' conversations, each with the number of its line: [(number, messages)]."""
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -142,7 +152,7 @@ def read_conversations(path):
             raise UserError(f"{path} line {number} is not JSON ({e.msg})") from None
         except RecursionError:
             raise UserError(f"{path} line {number} is nested too deeply to be a conversation") from None
-        conversations.append(check_messages(record, number, path))
+        conversations.append((number, check_messages(record, number, path)))
     if not conversations:
         raise UserError(f"{path} holds no conversations")
     return conversations

@@ -19,7 +19,7 @@ import os
 import shutil
 import time
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Literal
 
@@ -110,6 +110,17 @@ class PrepareConfig:
             raise ValueError(f"problems and heldout must be at least 1 (got {self.problems}, {self.heldout})")
         if not 0 < self.mix_share < 1:
             raise ValueError(f"mix_share must be between 0 and 1 (got {self.mix_share})")
+        self.check_unused()
+
+    def check_unused(self):
+        """A setting given away from its default where nothing reads it (--mix_share without --mix) is refused,
+        rather than ignored as though it had worked."""
+        needs = {"mix_share": ("--mix", bool(self.mix)),
+                 **{key: ("--synthetic=tasks", self.synthetic == "tasks") for key in ("tasks", "problems", "heldout")}}
+        for f in fields(self):
+            if f.name in needs and not needs[f.name][1] and getattr(self, f.name) != f.default:
+                raise ValueError(f"--{f.name} is read only with {needs[f.name][0]}: give that too, or leave out "
+                                 f"--{f.name}")
 
     def task_list(self):
         """--tasks as [(task, training problems)], each task known: NAME takes --problems, NAME:COUNT its own."""

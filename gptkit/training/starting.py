@@ -32,12 +32,16 @@ def build_model(cfg, planned, meta, ckpt=None, path=None, rank=0, base=None):
             load_weights(model, ckpt["model"], path)
         elif base is not None:
             load_base(model, base, meta, rank)
+    total = model.num_params(non_embedding=False)
     if model.config.lora_rank and rank == 0:
-        trained, total = model.trainable_params(), model.num_params(non_embedding=False)
+        trained = model.trainable_params()
         print(f"LoRA rank {model.config.lora_rank}: {trained:,} of the model's {total:,} parameters train "
               f"({100 * trained / total:.1f}%): the adapters on attention's q, k, v, the MLP's first matrix, the token "
               "table and the head; the base model's weights are frozen",
               flush=True)
+    elif base is not None and rank == 0:  # lora_rank=0 given over a LoRA config's would otherwise go unsaid
+        print(f"a full fine-tune: all {total:,} of the model's parameters train (lora_rank=R trains adapters of "
+              "rank R instead, the base's weights frozen)", flush=True)
     if model.config.vocab_size < meta["vocab_size"]:
         raise UserError(f"dataset vocabulary ({meta['vocab_size']}) is larger than the model's "
                         f"({model.config.vocab_size})")
