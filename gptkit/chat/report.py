@@ -11,8 +11,8 @@ from gptkit.base.settings import comma_items
 from gptkit.chat.answering import MAX_ROWS
 from gptkit.chat.scoring import dataset_text, heldout_problems, ks_for, score, text_loss
 from gptkit.data.dataset import load_meta
-from gptkit.run.checkpoint import load_checkpoint, model_config
 from gptkit.machine.threads import pick_decode_threads
+from gptkit.run.checkpoint import load_checkpoint, model_config
 from gptkit.run.run_folder import RunDir, model_at
 from model import GPT
 
