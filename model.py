@@ -56,6 +56,9 @@ class GPTConfig:
             if choices and getattr(self, f.name) not in choices:
                 raise ValueError(
                     f"{f.name} must be one of {', '.join(choices)} (got {getattr(self, f.name)!r})")
+        for f in fields(self):  # a config file cannot give inf; a hand-edited checkpoint can
+            if f.type is float and not math.isfinite(getattr(self, f.name)):
+                raise ValueError(f"{f.name} must be a finite number (got {getattr(self, f.name)})")
         for name in ("block_size", "vocab_size", "n_head", "n_embd"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")

@@ -146,9 +146,9 @@ def first_weight(path):
 
 # (the field, the value written there, what the error line says of it)
 DAMAGE = {
-    "best_val_loss a string": (("best_val_loss",), "x", "best_val_loss is 'x', not a number"),
-    "best_val_loss NaN": (("best_val_loss",), float("nan"), "best_val_loss is nan, not a number"),
-    "best_val_loss a bool": (("best_val_loss",), True, "best_val_loss is True, not a number"),
+    "best_val_loss a string": (("best_val_loss",), "x", "best_val_loss is 'x', not a loss (a number of at least 0)"),
+    "best_val_loss NaN": (("best_val_loss",), float("nan"), "best_val_loss is nan, not a loss (a number of at least 0)"),
+    "best_val_loss a bool": (("best_val_loss",), True, "best_val_loss is True, not a loss (a number of at least 0)"),
     "iter_num a float": (("iter_num",), 2.5, "iter_num is 2.5, not a whole number of at least 0"),
     "iter_num negative": (("iter_num",), -1, "iter_num is -1, not a whole number of at least 0"),
     "vocabulary not a string": (("tokenizer", "vocab"), 65, "tokenizer.vocab is 65, not a string"),
@@ -176,6 +176,14 @@ DAMAGE = {
     "seconds_spent a string": (("seconds_spent",), "12", "seconds_spent is '12', not a number"),
     "measured not a dict": (("measured",), "float32", "measured is 'float32', not a dict"),
     "wandb_id a number": (("wandb_id",), 7, "wandb_id is 7, not a string or None"),
+    "rng empty": (("rng",), [], "rng is empty"),
+    "an attention path of no kernel": (("measured", "attention_path"), "warp",
+                                       "measured.attention_path is 'warp', not one of fused, written, folded"),
+    "a dtype of none": (("measured", "dtype"), "int8", "measured.dtype is 'int8', not one of float32, bfloat16, "
+                                                       "float16"),
+    "a best loss below 0": (("best_val_loss",), -1.0, "best_val_loss is -1.0, not a loss (a number of at least 0)"),
+    "a score stop of another kind": (("stopped_by_score",), [1, 2], "stopped_by_score is a list, not None or "
+                                                                     "{'task', 'pass_at_1', 'iter'}"),
 }
 
 
@@ -218,6 +226,18 @@ def test_a_field_of_the_wrong_kind_is_named_on_load(run, case):
             load_checkpoint(path, required=MODEL_KEYS)
     else:  # a field sample.py never reads does not stop it
         load_checkpoint(path, required=MODEL_KEYS)
+
+
+def test_a_tokenizer_with_more_tokens_than_the_model_has_ids_is_one_line(run):
+    """Its tokens past the model's table would fail deep in the first forward pass of every tool."""
+    from gptkit.run.run_folder import model_at
+
+    path = run / "best.pt"
+    vocab = load_checkpoint(path)["tokenizer"]["vocab"]
+    rewrite(path, ("tokenizer", "vocab"), vocab + "".join(chr(0x4E00 + i) for i in range(len(vocab))))
+    with pytest.raises(UserError, match=rf"^{path} is damaged: its tokenizer has {2 * len(vocab)} tokens, its model "
+                                        rf"{len(vocab)} token ids$"):
+        model_at(path)
 
 
 def test_every_checkpoint_a_run_writes_passes_its_checks(run):

@@ -151,3 +151,12 @@ def test_top_k_and_temperature_zero():
     g = torch.Generator().manual_seed(0)
     assert {sample_next(logits, temperature=5.0, top_k=2, generator=g).item() for _ in range(200)} == {1, 2}
     assert sample_next(logits, temperature=0.0, top_k=2).item() == 1
+
+
+def test_logits_no_token_can_be_drawn_from_are_one_line():
+    """A learner's model.py that computes NaN logits: sampling says so rather than torch's multinomial failing."""
+    from gptkit.base.errors import UserError
+
+    logits = torch.tensor([[0.0, float("nan"), 1.0]])
+    with pytest.raises(UserError, match="^the model's logits hold NaN or infinity, which no token can be drawn from"):
+        sample_next(logits, temperature=1.0)

@@ -330,7 +330,10 @@ def test_a_row_with_a_field_the_lab_never_writes_is_one_line_before_training(dat
     row = json.loads(kept.read_text(encoding="utf-8"))
     for field, value, said in (("val_loss", "x", "its val_loss is 'x'"), ("heads", 5, "its heads is '5'"),
                                ("steps", None, "its steps is 'None'"), ("evals", "x", "its evals is 'x'"),
-                               ("evals", [{"iter": 1}], "its evals is")):
+                               ("evals", [{"iter": 1}], "its evals is"),
+                               ("evals", [{"iter": -5, "val_loss": 1e308}], "its evals is"),
+                               ("val_loss", 1e308, "its val_loss is '1e+308'"), ("params", -1, "its params is '-1'"),
+                               ("tokens_per_iter", 0, "its tokens_per_iter is '0'")):
         kept.write_text(json.dumps(dict(row, **{field: value})), encoding="utf-8")
         with pytest.raises(UserError, match=rf"lab.json is not a row the lab wrote \({re.escape(said)}"):
             lab.main(lab_args(data_dir, out, "--rungs=dot", "--budget=4.3"))

@@ -314,6 +314,8 @@ def test_optional_parts_exist_only_where_configured():
     (dict(lora_rank=-1), r"lora_rank must be at least 0 \(got -1\)"),
     (dict(n_embd=32, n_head=4, lora_rank=33), "lora_rank 33 is larger than the width n_embd=32: an adapter of full"),
     (dict(lora_rank=4, lora_alpha=0.0), "lora_alpha must be above 0"),
+    (dict(logit_softcap=float("inf")), r"logit_softcap must be a finite number \(got inf\)"),  # a hand-edited file's
+    (dict(rope_base=float("nan")), r"rope_base must be a finite number \(got nan\)"),
 ])
 def test_config_refuses_what_cannot_be_built(bad, message):
     with pytest.raises(ValueError, match=message):

@@ -94,6 +94,16 @@ def test_bad_value_names_key(arg, key):
     assert key in str(e.value)
 
 
+def test_a_nul_character_in_a_string_setting_is_one_line(tmp_path):
+    """No path holds one: a path setting that did would fail deep in the file system's calls."""
+    with pytest.raises(UserError, match=r"^command line: out_dir holds a NUL character \(\\x00\), got '/tmp/a\\x00b'$"):
+        parse_config(TrainConfig, ["--out_dir='/tmp/a\\x00b'"])
+    config = tmp_path / "nul.py"
+    config.write_text("out_dir = 'a\\x00'\n")
+    with pytest.raises(UserError, match=r":1: out_dir holds a NUL character"):
+        parse_config(TrainConfig, [str(config)])
+
+
 def test_missing_value():
     with pytest.raises(UserError, match="batch_size"):
         parse_config(TrainConfig, ["--batch_size"])

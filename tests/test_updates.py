@@ -97,3 +97,34 @@ def test_the_weight_average_follows_the_weights_at_the_peak_and_averages_more_as
     torch.testing.assert_close(inside, reference(x)[0])
     for p, w in zip(params, weights):
         assert torch.equal(p, w)
+
+
+@pytest.mark.parametrize("returned, said", [(None, "None"), ([], "an empty list"), ("adam", "a str"),
+                                            ([torch.nn.Linear(2, 2)], "a Linear")])
+def test_configure_optimizers_returning_no_optimizer_is_one_line(returned, said):
+    """A learner's configure_optimizers that returns none would fail inside the loop, or, an empty list, train
+    nothing without a word."""
+    from gptkit.base.errors import UserError
+
+    with pytest.raises(UserError, match=rf"^model.py's GPT.configure_optimizers returned {said}: it must return a "
+                                        "torch optimizer, or a list of them"):
+        schedulable(returned)
+
+
+@pytest.mark.parametrize("damage", ["a moment of another shape", "a weight it does not have"])
+def test_an_optimizer_state_that_fits_no_weight_is_one_line(damage):
+    """A moment of another shape than its weight's made the fused AdamW step crash the process, with no line."""
+    from gptkit.base.errors import UserError
+    from gptkit.training.updates import restore_optimizers
+
+    model = tiny_model()
+    optimizers = schedulable(model.configure_optimizers(train_config(optimizer="adamw")))
+    model(*[torch.zeros((1, 4), dtype=torch.long)] * 2)[1].backward()
+    optimizers[0].step()
+    state = optimizers[0].state_dict()
+    if damage == "a weight it does not have":
+        state["param_groups"][0]["params"][0] = 10 ** 6  # its state, kept under its own number, names no weight
+    else:
+        state["state"][0]["exp_avg"] = torch.zeros(3)
+    with pytest.raises(UserError, match="^the checkpoint's optimizer state is damaged: its state of weight"):
+        restore_optimizers(schedulable(model.configure_optimizers(train_config(optimizer="adamw"))), [state])

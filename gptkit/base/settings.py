@@ -149,6 +149,8 @@ def coerce(setting, value, source, from_text):
         raise UserError(f"{source}: {key} must be a finite number, got {shown(value)}")
     if typ is int and not -2 ** 63 <= converted < 2 ** 63:
         raise UserError(f"{source}: {key} is out of range ({shown(converted)} does not fit in 64 bits)")
+    if typ is str and "\0" in converted:  # no path can hold one, and no tokenizer has it as text
+        raise UserError(f"{source}: {key} holds a NUL character (\\x00), got {shown(converted)}")
     if setting.choices and converted not in setting.choices:
         raise UserError(f"{source}: {key} must be one of {', '.join(map(str, setting.choices))} "
                         f"(got {shown(converted)}{closest(converted, setting.choices)})")

@@ -355,19 +355,28 @@ def load_row(rung, folder, dataset):
     return row
 
 
+LARGEST = 1e6  # no loss, entropy or time of a rung comes near it
+
+
 def checked_row(row):
     """The row, where each field holds what the lab writes there (the table and the picture read them all); else a
-    TypeError naming the first that does not."""
+    TypeError naming the first that does not. Numbers the lab writes are at least 0 (and losses, times and
+    entropies far under LARGEST, past which the picture's arithmetic overflows)."""
     def number(v, none=False):
-        return (none and v is None) or (type(v) in (int, float) and math.isfinite(v))
+        return (none and v is None) or (type(v) in (int, float) and 0 <= v < LARGEST)
+
+    def count(least=0):
+        return lambda v: type(v) is int and v >= least
 
     checks = {**dict.fromkeys(("budget", "train_loss", "val_loss", "seconds"), number),
-              **dict.fromkeys(("seed", "params", "steps", "tokens", "tokens_per_iter"), lambda v: type(v) is int),
+              **dict.fromkeys(("steps", "tokens"), count()), **dict.fromkeys(("params", "tokens_per_iter"), count(1)),
+              "seed": lambda v: type(v) is int,
               "entropy": lambda v: number(v, none=True), "sample": lambda v: isinstance(v, str),
-              "evals": lambda v: isinstance(v, list) and all(isinstance(r, dict) and type(r.get("iter")) is int and
+              "evals": lambda v: isinstance(v, list) and all(isinstance(r, dict) and count()(r.get("iter")) and
                                                              number(r.get("val_loss")) for r in v),
               "heads": lambda v: isinstance(v, dict) and all(isinstance(h, list) and len(h) == 2 and
-                                                             isinstance(h[0], str) and number(h[1])
+                                                             isinstance(h[0], str) and type(h[1]) in (int, float)
+                                                             and abs(h[1]) < LARGEST
                                                              for h in v.values()),
               "formed": lambda v: isinstance(v, dict) and all(type(step) is int for step in v.values())}
     for name, check in checks.items():

@@ -27,7 +27,7 @@ import torch
 
 from gptkit.base import files
 from gptkit.base.errors import RunStopped, UserError, first_line
-from gptkit.machine.stand_ins import KERNELS, install
+from gptkit.machine.stand_ins import ATTENTION_PATHS, KERNELS, install
 from gptkit.run.formats import CHECKPOINT_FORMAT, upgraded_checkpoint
 from model import GPT, GPTConfig, merge_lora
 
@@ -245,6 +245,10 @@ class Tagged:
         return self.variants[variant].problem(value, where)
 
 
+def one_of(choices):
+    return Kind(f"one of {', '.join(choices)}", lambda v: isinstance(v, str) and v in choices)
+
+
 def maybe(**kinds):
     """Fields that may each be missing."""
     return Fields(kinds, optional=kinds)
@@ -312,19 +316,23 @@ TRAINING_KEYS = Fields({
                     _growth_tracker=COUNT),
     "config": maybe(model=DICT),  # its model settings are model_args's
     "iter_num": COUNT,
-    "best_val_loss": NUMBER,
-    "rng": Each(RANDOM_STATES),
+    "best_val_loss": Kind("a loss (a number of at least 0)", lambda v: NUMBER.test(v) and v >= 0),
+    "rng": Each(RANDOM_STATES, least=1),
     "seconds_spent": NUMBER, "loop_seconds": NUMBER, "train_time": NUMBER,  # the last two: earlier versions'
     "wandb_id": Kind("a string or None", lambda v: v is None or isinstance(v, str)),
     # what the run chose for its speed: a resume takes the same, and so continues exactly
-    "measured": maybe(dtype=TEXT, attention_path=TEXT, threads=COUNT, fitted_from=DICT,
+    "measured": maybe(dtype=one_of(("float32", "bfloat16", "float16")), attention_path=one_of(ATTENTION_PATHS),
+                      threads=COUNT, fitted_from=DICT,
                       planned=maybe(steps=COUNT, step=NUMBER, eval=NUMBER, final=NUMBER, idle_seconds=NUMBER,
                                     measuring=NUMBER),
                       kernels=Each(Kind(f"one of {', '.join(KERNELS)}", lambda v: v in KERNELS))),
     "best_iter": COUNT,
     "global_batch": COUNT,  # sequences per optimizer step, over every process
+    # where stop_task ended the run, else None
+    "stopped_by_score": Kind("None or {'task', 'pass_at_1', 'iter'}", lambda v: v is None or Fields(
+        {"task": TEXT, "pass_at_1": NUMBER, "iter": COUNT}).problem(v, "") is None),
 }, optional=("trained", "seconds_spent", "loop_seconds", "train_time", "wandb_id", "measured", "best_iter",
-             "global_batch", "model_code"))
+             "global_batch", "model_code", "stopped_by_score"))
 
 
 def load_checkpoint(path, map_location="cpu", required=None):

@@ -239,7 +239,11 @@ def model_at(path, device="cpu", watched=False):
               "it learned with", file=sys.stderr, flush=True)
     if watched and (note := unwatched_edits()):
         print(note, file=sys.stderr, flush=True)
-    return model_from_checkpoint(ckpt, path).to(device).eval(), tokenizer_from_meta(ckpt["tokenizer"]), ckpt
+    model, tok = model_from_checkpoint(ckpt, path), tokenizer_from_meta(ckpt["tokenizer"])
+    if tok.vocab_size > model.config.vocab_size:  # its tokens past the table would fail deep in the first pass
+        raise UserError(f"{path} is damaged: its tokenizer has {tok.vocab_size:,} tokens, its model "
+                        f"{model.config.vocab_size:,} token ids")
+    return model.to(device).eval(), tok, ckpt
 
 
 def load_model(out_dir, device, which="best", watched=False):

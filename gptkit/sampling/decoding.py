@@ -6,6 +6,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from gptkit.base.errors import UserError
+
 
 class KVCache:
     """Preallocated keys and values of every layer, so a decode step appends in place."""
@@ -99,7 +101,13 @@ def draw_next(logits, temperature, top_k, top_p, generator):
     if temperature < GREEDY_BELOW:
         return logits.argmax(dim=-1, keepdim=True), None
     probs = shaped_probs(logits, temperature, top_k, top_p)
-    return torch.multinomial(probs, num_samples=1, generator=generator), probs
+    try:
+        return torch.multinomial(probs, num_samples=1, generator=generator), probs
+    except RuntimeError:  # checked only when drawing fails: a check each token would cost a wait each token
+        if torch.isfinite(logits).all():
+            raise
+        raise UserError("the model's logits hold NaN or infinity, which no token can be drawn from: model.py "
+                        "computes them so (an edit?), or the checkpoint's weights are damaged") from None
 
 
 def shaped_probs(logits, temperature=1.0, top_k=0, top_p=1.0):

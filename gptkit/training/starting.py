@@ -45,7 +45,28 @@ def build_model(cfg, planned, meta, ckpt=None, path=None, rank=0, base=None):
     if model.config.vocab_size < meta["vocab_size"]:
         raise UserError(f"dataset vocabulary ({meta['vocab_size']}) is larger than the model's "
                         f"({model.config.vocab_size})")
+    check_forward(model)
     return model
+
+
+@torch.no_grad()
+def check_forward(model):
+    """model.py's GPT.forward as train.py calls it, on a few tokens (in eval mode: no dropout draws): (logits,
+    loss), the loss one number. A learner's edit that returns otherwise is one line before any work, not an
+    error deep inside the loop after the first evaluation."""
+    idx = torch.zeros((1, min(4, model.config.block_size)), dtype=torch.long)
+    model.eval()
+    try:
+        out = model(idx, idx)
+    finally:
+        model.train()
+    if not (isinstance(out, tuple) and len(out) == 2):
+        got = f"{len(out)} values" if isinstance(out, tuple) else type(out).__name__
+        raise UserError(f"model.py's GPT.forward(idx, targets) returned {got}: train.py reads (logits, loss)")
+    if not (torch.is_tensor(out[1]) and out[1].numel() == 1):
+        got = f"a loss of shape {tuple(out[1].shape)}" if torch.is_tensor(out[1]) else f"{type(out[1]).__name__}"
+        raise UserError(f"model.py's GPT.forward(idx, targets) returned {got} as its loss: train.py steps on one "
+                        "number, the mean over the tokens")
 
 
 def pretrained(cfg, meta):

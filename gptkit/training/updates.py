@@ -10,10 +10,20 @@ import torch
 from gptkit.base.errors import UserError
 
 
+OPTIMIZER_METHODS = ("param_groups", "step", "zero_grad", "state_dict", "load_state_dict")
+
+
 def schedulable(optimizers):
     """What model.configure_optimizers returned (one optimizer, or several) as a list, each group keeping its
-    peak learning rate (base_lr), which the schedule scales."""
+    peak learning rate (base_lr), which the schedule scales. Anything else is one line: a learner's edit there
+    would otherwise fail inside the loop, or, returning none, train nothing without a word."""
     optimizers = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+    # torch's optimizers and those of gptkit/optim, which step as torch's do
+    wrong = [o for o in optimizers if not all(hasattr(o, a) for a in OPTIMIZER_METHODS)]
+    if wrong or not optimizers:
+        got = ("None" if wrong[0] is None else f"a {type(wrong[0]).__name__}") if wrong else "an empty list"
+        raise UserError(f"model.py's GPT.configure_optimizers returned {got}: it must return a torch optimizer, or "
+                        "a list of them, over the weights to train")
     for opt in optimizers:
         for group in opt.param_groups:
             group.setdefault("base_lr", group["lr"])
@@ -28,12 +38,32 @@ def restore_optimizers(optimizers, states):
     for opt, state in zip(optimizers, states):
         settings = [{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
         try:
+            misfit(opt, state)
             opt.load_state_dict(state)
         except ValueError:  # its parameter groups differ from this version's
             raise UserError("the checkpoint's optimizer state does not fit this run's parameter groups; "
                             "resume with the settings it was trained with") from None
         for group, own in zip(opt.param_groups, settings):
             group.update(own)
+
+
+MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")  # AdamW's and Muon's, each a weight's shape
+
+
+def misfit(opt, state):
+    """One line where a saved state names a weight its groups do not hold, or keeps a moment of another shape than
+    its weight's (a damaged or edited file): the fused AdamW step reads such a one out of bounds, a crash with no
+    line at all. Groups of other sizes are left to load_state_dict, which says so."""
+    ids = [i for group in state["param_groups"] for i in group["params"]]
+    params = [p for group in opt.param_groups for p in group["params"]]
+    if len(ids) != len(params):
+        return
+    by_id = dict(zip(ids, params))
+    for i, moments in state["state"].items():
+        if i not in by_id or any(torch.is_tensor(moments.get(k)) and moments[k].shape != by_id[i].shape
+                                 for k in MOMENTS):
+            raise UserError(f"the checkpoint's optimizer state is damaged: its state of weight {i!r} fits no weight "
+                            "of the model; resume from another saved state, or start over")
 
 
 def rates(optimizers):
