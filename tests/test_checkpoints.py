@@ -240,6 +240,20 @@ def test_a_tokenizer_with_more_tokens_than_the_model_has_ids_is_one_line(run):
         model_at(path)
 
 
+@pytest.mark.parametrize("setting, value", [("n_layer", 10 ** 9), ("n_embd", 2 ** 40)])
+def test_settings_asking_for_another_model_than_the_weights_hold_are_one_line_before_it_is_built(run, setting,
+                                                                                                   value):
+    """Built first, a billion blocks took hours and a width of 2**40 all the memory there is."""
+    from gptkit.run.run_folder import model_at
+
+    path = run / "best.pt"
+    held = load_checkpoint(path)["model_args"][setting]
+    rewrite(path, ("model_args", setting), value)
+    with pytest.raises(UserError, match=rf"^{path}'s weights do not fit its model settings: {setting}={value}, its "
+                                        rf"weights {held}$"):
+        model_at(path)
+
+
 def test_every_checkpoint_a_run_writes_passes_its_checks(run):
     for name in ("latest.pt", "latest.prev.pt"):
         load_checkpoint(run / name, required=TRAINING_KEYS)

@@ -421,6 +421,7 @@ def model_from_checkpoint(ckpt, path, **overrides):
     merged into the matrices they adapt, so that every reader (sampling, analysis, export) gets a plain model."""
     config = model_config(ckpt, path, **overrides)
     check_finite(ckpt["model"], path)
+    check_shape(config, ckpt["model"], path)
     try:
         weights, config = merge_lora(ckpt["model"], config)
     except (RuntimeError, KeyError) as e:  # an adapter missing, or of another shape than its matrix
@@ -432,6 +433,22 @@ def model_from_checkpoint(ckpt, path, **overrides):
     load_weights(model, weights, path)
     install(model, [])  # the written-out attention where the learner edited it: what they write is what runs
     return model
+
+
+BLOCK_KEY = re.compile(r"transformer\.h\.(\d+)\.")  # a block's weights
+
+
+def check_shape(config, weights, path):
+    """One line where the settings ask for more blocks or another width than the weights hold (a hand edit):
+    n_layer=10**9 would spend hours building the model before its weights were found not to fit, n_embd=2**40
+    all the memory there is."""
+    blocks = {int(m.group(1)) for key in weights if (m := BLOCK_KEY.match(key))}
+    table = weights.get("transformer.wte.weight")
+    held = (max(blocks) + 1 if blocks else None, table.shape[-1] if torch.is_tensor(table) and table.ndim else None)
+    for name, wanted, found in zip(("n_layer", "n_embd"), (config.n_layer, config.n_embd), held):
+        if found is not None and wanted != found:
+            raise UserError(f"{path}'s weights do not fit its model settings: {name}={wanted}, its weights "
+                            f"{found}")
 
 
 def load_weights(model, weights, path, what="weights"):
