@@ -25,6 +25,7 @@ from gptkit.machine.threads import pick_decode_threads
 from gptkit.run.run_folder import RunDir, check_checkpoint, model_at
 from gptkit.sampling.decoding import decode_steps, lay_out_for_decoding
 
+SHORT_ANSWER = 8  # tokens: the tasks' answers are a few, so the threads are timed on as many
 MAX_SAMPLES = 1024  # answers per problem: pass@512 is the largest k reported, more only cost time
 
 
@@ -97,7 +98,7 @@ def evaluate(cfg, model, tok, ckpt):
     if cfg.limit:
         problems = {name: items[:cfg.limit] for name, items in problems.items()}
     answers = sum(map(len, problems.values())) * (1 + cfg.sampled())
-    say_threads(cfg, model, min(answers, MAX_ROWS))
+    say_threads(cfg, model, min(answers, MAX_ROWS), SHORT_ANSWER)
     say = None if cfg.json else lambda name, r: bar.write(line_of(name, r), file=sys.stdout)
     with progress(total=answers, desc="answering", unit="answer", leave=False) as bar:
         if say:
@@ -114,9 +115,10 @@ def evaluate(cfg, model, tok, ckpt):
         print(f"plain text val loss: {loss:.4f}")
 
 
-def say_threads(cfg, model, rows):
-    """CPU threads for decoding `rows` answers at a time, picked as sample.py picks them, and said."""
-    _, why = pick_decode_threads(cfg.threads, model, next(model.parameters()).device.type, rows)
+def say_threads(cfg, model, rows, tokens=16):
+    """CPU threads for decoding `rows` answers at a time, picked as sample.py picks them (timing `tokens` tokens),
+    and said."""
+    _, why = pick_decode_threads(cfg.threads, model, next(model.parameters()).device.type, rows, tokens)
     if why and not cfg.threads:
         print(why, file=sys.stderr, flush=True)
 

@@ -91,7 +91,7 @@ def test_decode_threads_are_measured_and_more_must_win_clearly(monkeypatch, two_
     """On a busy machine a second thread stalls every step, so it is taken only when a probe shows it
     clearly faster; the count chosen is the one left set."""
     before = torch.get_num_threads()
-    monkeypatch.setattr(thread_counts, "decode_seconds", lambda model, batch, tokens: 1.0 / (
+    monkeypatch.setattr(thread_counts, "decode_seconds", lambda model, batch, tokens, to_beat=0: 1.0 / (
         two_thread_speedup if torch.get_num_threads() == 2 else 1.0))
     try:
         torch.set_num_threads(2)

@@ -39,3 +39,15 @@ def test_past_a_deadline_no_turn_begins_after_the_first_timed_one(monkeypatch):
     assert seconds == {"a": 1.0, "b": 1.0} and clock[0] == 4.0  # one untimed call each, then one turn
     clock[0] = 0.0
     assert timing.fastest_in_turns({"a": run}, 5, deadline=time.perf_counter() + 1e9) == {"a": 1.0}
+
+
+def test_a_decode_timing_that_has_lost_already_is_not_repeated(monkeypatch):
+    """Beside busy programs a timing on too many threads stalls for many times the work it times: once one took
+    longer than the count to beat, the count has lost, and no more are taken."""
+    from conftest import tiny_model
+    from gptkit.machine import timing
+
+    timed = []
+    monkeypatch.setattr(timing, "seconds_of", lambda run, device: timed.append(run) or 5.0)
+    assert timing.decode_seconds(tiny_model(), 2, 3, repeats=3, to_beat=1.0) == 5.0 and len(timed) == 1
+    assert timing.decode_seconds(tiny_model(), 2, 3, repeats=3) == 5.0 and len(timed) == 4

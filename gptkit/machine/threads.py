@@ -9,6 +9,9 @@ import torch
 from gptkit.machine.timing import decode_seconds
 
 
+CLEARLY = 1.3  # how much faster than one thread more must decode to be taken
+
+
 def pick_decode_threads(threads, model, device, batch_size=1, tokens=16):
     """CPU threads for decoding, set here: as asked, or for 0 the faster of 1 and torch's default on this
     model, now; and a line saying why. Decoding runs many small operations, each of which waits for all its
@@ -19,11 +22,11 @@ def pick_decode_threads(threads, model, device, batch_size=1, tokens=16):
     most = torch.get_num_threads()
     if device != "cpu" or most == 1:
         return most, ""
-    seconds = {}
-    for n in (1, most):
-        torch.set_num_threads(n)
-        seconds[n] = decode_seconds(model, batch_size, tokens)
-    best = most if seconds[most] * 1.3 < seconds[1] else 1
+    torch.set_num_threads(1)
+    seconds = {1: decode_seconds(model, batch_size, tokens)}
+    torch.set_num_threads(most)
+    seconds[most] = decode_seconds(model, batch_size, tokens, to_beat=seconds[1] / CLEARLY)
+    best = most if seconds[most] * CLEARLY < seconds[1] else 1
     torch.set_num_threads(best)
     return best, (f"decoding on {best} thread{'s' if best > 1 else ''} ({most} threads were "
                   f"{seconds[1] / seconds[most]:.2f}x as fast as 1 on this model)")
