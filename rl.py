@@ -28,7 +28,7 @@ from gptkit.chat.scoring import score
 from gptkit.data.tasks import TASKS
 from gptkit.machine.runtime import pick_device
 from gptkit.machine.stand_ins import model_code
-from gptkit.machine.threads import ThreadTuner, pick_decode_threads
+from gptkit.machine.threads import ThreadTuner
 from gptkit.run.checkpoint import save_checkpoint
 from gptkit.run.metrics import RunLog, damaged_note
 from gptkit.run.run_folder import RunDir, model_at
@@ -71,20 +71,20 @@ def start(cfg, run, device, changed):
         for note in (measured_anew(s["state"], changed), best_lost(s["state"], run.best), damaged_note(run.metrics)):
             if note:
                 print(note)
-    s["tuner"] = threads_for(cfg, model, device)
+    s["tuner"] = thread_tuner(cfg, device)
     return s
 
 
-def threads_for(cfg, model, device):
-    """CPU threads as sample.py picks them, for a step's batch of answers (and said); unless given, followed as
-    train.py follows them, since a step runs many small operations that stall when another program takes a core:
-    a ThreadTuner, or None."""
-    most = torch.get_num_threads()
-    threads, why = pick_decode_threads(cfg.threads, model, device, cfg.problems_per_step * cfg.samples)
-    if cfg.threads or device != "cpu" or most == 1:
+def thread_tuner(cfg, device):
+    """The CPU threads given, or (a ThreadTuner, None where there is no choice) the count followed as train.py
+    follows it, timed on the steps themselves: a step samples in many small operations, which stall on two
+    threads when another program holds a core, and trains, which two threads speed when none does (docs/chat.md
+    has the figures)."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
         return None
-    print(why, flush=True)
-    return ThreadTuner(most, threads)
+    most = torch.get_num_threads()
+    return ThreadTuner(most) if device == "cpu" and most > 1 else None
 
 
 def step(cfg, s):

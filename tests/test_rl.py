@@ -251,21 +251,19 @@ def test_a_run_saved_on_another_kind_of_device_continues_with_a_note(tmp_path, c
     assert load_checkpoint(out / "latest.pt")["iter_num"] == 3
 
 
-def test_threads_are_measured_for_a_steps_answers_and_followed_unless_given(capsys):
-    """Beside a busy program two threads can run a step of small operations many times slower than one: the count
-    is picked as sample.py picks it, then followed step by step (a ThreadTuner); a count given is kept as given."""
+def test_threads_are_followed_on_the_steps_unless_given():
+    """Beside a busy program two threads can run a step's many small operations slower than one, and idle faster:
+    the count is followed on the steps themselves (a ThreadTuner, as train.py's); a count given is kept."""
     import rl
-    from conftest import tiny_model
     from gptkit.chat.reinforce import RLConfig
     from gptkit.machine.threads import ThreadTuner
 
-    model, before = tiny_model(), torch.get_num_threads()
+    before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        tuner = rl.threads_for(RLConfig(problems_per_step=2, samples=2), model, "cpu")
-        assert isinstance(tuner, ThreadTuner) and tuner.most == 2 and tuner.current == torch.get_num_threads()
-        assert capsys.readouterr().out.startswith(f"decoding on {tuner.current} thread")
-        torch.set_num_threads(2)
-        assert rl.threads_for(RLConfig(threads=1), model, "cpu") is None and torch.get_num_threads() == 1
+        tuner = rl.thread_tuner(RLConfig(), "cpu")
+        assert isinstance(tuner, ThreadTuner) and tuner.most == tuner.current == 2 == torch.get_num_threads()
+        assert rl.thread_tuner(RLConfig(), "cuda") is None
+        assert rl.thread_tuner(RLConfig(threads=1), "cpu") is None and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

@@ -43,7 +43,7 @@ class RLConfig:
     eval_samples: int = 8  # answers per held-out problem: pass@1 is their mean correctness
     seed: int = 1337  # seeds the problems drawn and the answers sampled
     device: str = "auto"  # 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'
-    threads: int = 0  # torch CPU threads (0 = measured at the start, then followed as other programs come and go)
+    threads: int = 0  # torch CPU threads (0 = measured on the steps as they go, as train.py measures them)
     dtype: Literal["float32", "bfloat16"] = "float32"  # precision of the forward and backward passes
     wandb_log: bool = False  # log to Weights & Biases
     wandb_project: str = "nanogpt-chat"  # wandb project name
