@@ -231,7 +231,7 @@ def test_a_damaged_latest_state_falls_back_to_the_one_before(run, data_dir, caps
     expected = {"flipped byte": "is damaged: its contents do not match the checksum written with them",
                 "missing": "is missing (its save was interrupted)",
                 "nan in the optimizer state": "is damaged: non-finite values in exp_avg of its optimizer state",
-                "a field of the wrong kind": "is damaged: best_val_loss is 'x', not a number",
+                "a field of the wrong kind": "is damaged: best_val_loss is 'x', not a loss (a number of at least 0)",
                 "a saved setting of the wrong type": "is damaged: its saved config: learning_rate must be float, "
                                                      "got 'x'"}
     resumed_from = f"; resuming from {run / 'latest.prev.pt'} (iteration 20)"
