@@ -52,13 +52,12 @@ class GPTConfig:
 
     def __post_init__(self):
         for f in fields(self):
+            value = getattr(self, f.name)
             choices = get_args(f.type) if get_origin(f.type) is Literal else ()
-            if choices and getattr(self, f.name) not in choices:
-                raise ValueError(
-                    f"{f.name} must be one of {', '.join(choices)} (got {getattr(self, f.name)!r})")
-        for f in fields(self):  # a config file cannot give inf; a hand-edited checkpoint can
-            if f.type is float and not math.isfinite(getattr(self, f.name)):
-                raise ValueError(f"{f.name} must be a finite number (got {getattr(self, f.name)})")
+            if choices and value not in choices:
+                raise ValueError(f"{f.name} must be one of {', '.join(choices)} (got {value!r})")
+            if f.type is float and not math.isfinite(value):  # a config file cannot give inf; an edited checkpoint can
+                raise ValueError(f"{f.name} must be a finite number (got {value})")
         for name in ("block_size", "vocab_size", "n_head", "n_embd"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
