@@ -18,14 +18,13 @@ from gptkit.base.errors import UserError, run_main  # first: a Ctrl-C while torc
 import torch
 
 from gptkit.base.settings import check_seed, comma_items, parse_config, require
-from gptkit.chat.answering import MAX_ROWS, check_chat_model, end_id, next_answer_prompt
+from gptkit.chat.answering import check_chat_model, end_id, next_answer_prompt
 from gptkit.data.conversations import shown
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.machine.threads import pick_decode_threads
 from gptkit.run.run_folder import RunDir, check_checkpoint, model_at
 from gptkit.sampling.decoding import decode_steps, lay_out_for_decoding
 
-SHORT_ANSWER = 8  # tokens: the tasks' answers are a few, so the threads are timed on as many
 MAX_SAMPLES = 1024  # answers per problem: pass@512 is the largest k reported, more only cost time
 
 
@@ -89,7 +88,7 @@ def evaluate(cfg, model, tok, ckpt):
     # scoring reads datasets and tasks: imported where it runs, so that a chat's first token waits for none of it
     from gptkit.base.progress import progress
     from gptkit.chat.report import chat_sets
-    from gptkit.chat.scoring import file_problems, ks_for, score, text_loss
+    from gptkit.chat.scoring import answers_to_write, file_problems, ks_for, score, scoring_threads, text_loss
 
     problems, text = chat_sets(ckpt, cfg.tasks, file_problems(cfg.problems, tok) if cfg.problems else None)
     if not problems:
@@ -97,10 +96,9 @@ def evaluate(cfg, model, tok, ckpt):
                         "with --problems=FILE.jsonl")
     if cfg.limit:
         problems = {name: items[:cfg.limit] for name, items in problems.items()}
-    answers = sum(map(len, problems.values())) * (1 + cfg.sampled())
-    say_threads(cfg, model, min(answers, MAX_ROWS), SHORT_ANSWER)
+    say_threads(cfg, scoring_threads(cfg.threads, model, problems, cfg.sampled())[1])
     say = None if cfg.json else lambda name, r: bar.write(line_of(name, r), file=sys.stdout)
-    with progress(total=answers, desc="answering", unit="answer", leave=False) as bar:
+    with progress(total=answers_to_write(problems, cfg.sampled()), desc="answering", unit="answer", leave=False) as bar:
         if say:
             ks = ks_for(cfg.sampled()) if cfg.sampled() else []
             bar.write(f"| task | problems | accuracy{''.join(f' | pass@{k}' for k in ks)} |\n"
@@ -115,10 +113,8 @@ def evaluate(cfg, model, tok, ckpt):
         print(f"plain text val loss: {loss:.4f}")
 
 
-def say_threads(cfg, model, rows, tokens=16):
-    """CPU threads for decoding `rows` answers at a time, picked as sample.py picks them (timing `tokens` tokens),
-    and said."""
-    _, why = pick_decode_threads(cfg.threads, model, next(model.parameters()).device.type, rows, tokens)
+def say_threads(cfg, why):
+    """The line saying why the threads picked for decoding are that many, unless they were given."""
     if why and not cfg.threads:
         print(why, file=sys.stderr, flush=True)
 
@@ -191,11 +187,11 @@ def main(argv=None):
         lay_out_for_decoding(model)
     if cfg.eval:
         evaluate(cfg, model, tok, ckpt)
-    elif cfg.prompt:
-        say_threads(cfg, model, 1)
+        return
+    say_threads(cfg, pick_decode_threads(cfg.threads, model, device, 1)[1])
+    if cfg.prompt:
         talk(cfg, model, tok, cfg.prompt, [])
     else:
-        say_threads(cfg, model, 1)
         print(f"{cfg.out_dir}: a chat model ({time.time() - started:.1f} s to load); ask it something, Ctrl-D "
               "ends", flush=True)
         converse(cfg, model, tok)

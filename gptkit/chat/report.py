@@ -8,10 +8,8 @@ import torch
 
 from gptkit.base.errors import UserError
 from gptkit.base.settings import comma_items
-from gptkit.chat.answering import MAX_ROWS
-from gptkit.chat.scoring import dataset_text, heldout_problems, ks_for, score, text_loss
+from gptkit.chat.scoring import dataset_text, heldout_problems, ks_for, score, scoring_threads, text_loss
 from gptkit.data.dataset import load_meta
-from gptkit.machine.threads import pick_decode_threads
 from gptkit.run.checkpoint import load_checkpoint, model_config
 from gptkit.run.run_folder import RunDir, model_at
 from model import GPT
@@ -61,8 +59,7 @@ def stage(out_dir, problems, text, cfg, device):
     model, tok, ckpt = model_at(RunDir(out_dir).model_file(cfg.checkpoint), device)
     trained, total = trained_share(ckpt)
     column = {"run": out_dir, "seconds": seconds_spent(out_dir), "trained": trained, "params": total, "tasks": None}
-    rows = sum(map(len, problems.values())) * (1 + cfg.sampled())
-    pick_decode_threads(cfg.threads, model, device, min(rows, MAX_ROWS))
+    scoring_threads(cfg.threads, model, problems, cfg.sampled())
     try:
         if tok.chat is not None:  # else a base model, which cannot be asked
             column["tasks"] = score(model, tok, problems, cfg.sampled(), cfg.temperature, cfg.max_new_tokens,

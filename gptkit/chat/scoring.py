@@ -11,9 +11,12 @@ from pathlib import Path
 import torch
 
 from gptkit.base.errors import UserError
-from gptkit.chat.answering import answer_text, conversation_prompt, end_id, question_prompt, sample_answers
+from gptkit.chat.answering import MAX_ROWS, answer_text, conversation_prompt, end_id, question_prompt, sample_answers
 from gptkit.data.conversations import numbered_conversations
 from gptkit.data.tasks import TASKS
+from gptkit.machine.threads import pick_decode_threads
+
+SHORT_ANSWER = 8  # tokens: the tasks' answers are a few, so scoring's threads are timed on as many
 
 
 def pass_at_k(n, c, k):
@@ -81,6 +84,18 @@ def file_problems(path, tok):
         except UserError as e:
             raise UserError(f"{path} line {number}: {e}") from None
     return {Path(path).stem: [(m, m[-1]["content"]) for _, m in conversations]}
+
+
+def answers_to_write(problems, samples):
+    """The answers score() writes: each problem's greedy one and `samples` sampled ones."""
+    return sum(map(len, problems.values())) * (1 + samples)
+
+
+def scoring_threads(threads, model, problems, samples):
+    """CPU threads for scoring these problems, picked as sample.py picks them (`threads` if given), timed on as
+    many rows as decode together and on a short answer's tokens: (count, the line saying why)."""
+    rows = min(answers_to_write(problems, samples), MAX_ROWS)
+    return pick_decode_threads(threads, model, next(model.parameters()).device.type, rows, SHORT_ANSWER)
 
 
 def score(model, tok, problems, samples=0, temperature=1.0, max_new_tokens=32, seed=0, progress=None, advance=None):
