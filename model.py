@@ -150,8 +150,11 @@ class HookPoint(nn.Module):
 
 
 def layer_norm(x, norm):
-    # nn.LayerNorm's default eps
-    return F.layer_norm(x, norm.weight.shape, norm.weight, norm.bias, eps=1e-5)
+    # nn.LayerNorm's default eps. The gain (and bias) applied apart from torch's fused kernel, which sums their
+    # gradients in an order that depends on the CPU threads: a run whose thread count follows the machine's load
+    # then ends with the weights of one that never changed (docs/reliability.md#the-promises)
+    x = F.layer_norm(x, norm.weight.shape, eps=1e-5) * norm.weight
+    return x if norm.bias is None else x + norm.bias
 
 
 def rms_norm(x, norm):

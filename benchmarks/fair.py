@@ -1,8 +1,8 @@
 """`bench.py fair`: whether two runs differ only by what the learner changed, never by the machine's load.
 
 - steps: the default into a fresh wisdom cache, idle, then beside one and two busy processes: the steps, shape,
-  precision and path each took, its final val loss against the idle run's, and the wall time it said at the start
-  against the one it took;
+  precision and path each took, its final val loss and weights against the idle run's, and the wall time it said at
+  the start against the one it took;
 - first: a first run on a new machine (a fresh cache) measured beside two busy processes, then an idle start: whether
   the busy measurement was kept, and the shape each trained;
 - records: max_time 20 and 30 s beside three busy processes, with the timeline and snapshots and without: the share
@@ -65,7 +65,16 @@ def run(cfg, repo, work, name, extra, wisdom, processes=0):
     final = next(r for r in reversed(records) if r["kind"] == "final")
     return {"wall": wall, "said": said_seconds(stdout), "steps": ckpt["iter_num"], "val": final["val_loss"],
             "took": (f"{args['n_layer']}x{args['n_embd']}", measured.get("dtype"), measured.get("attention_path")),
-            "records": records, "stdout": stdout}
+            "records": records, "stdout": stdout, "weights": ckpt["model"]}
+
+
+def weights_against(r, first):
+    """Whether a run ended with the first's weights: bit for bit, or the largest difference of any weight."""
+    if r is first:
+        return ""
+    gap = max((a.float() - b.float()).abs().max().item() for a, b in zip(r["weights"].values(),
+                                                                          first["weights"].values()))
+    return "; the idle run's weights bit for bit" if gap == 0 else f"; weights up to {gap:.2g} from the idle run's"
 
 
 def said_seconds(stdout):
@@ -89,8 +98,8 @@ def steps(cfg, work, wisdom):
         print(f"{label:<9} {r['steps']:,} steps, {' '.join(r['took'])}: val {r['val']:.4f} "
               f"({r['val'] - first['val']:+.4f}); said {said}, took {r['wall']:.0f} s "
               f"({100 * (r['wall'] / r['said'] - 1) if r['said'] else float('nan'):+.1f}%); "
-              f"{'the same' if (r['steps'], r['took']) == (first['steps'], first['took']) else 'NOT the same'}",
-              flush=True)
+              f"{'the same' if (r['steps'], r['took']) == (first['steps'], first['took']) else 'NOT the same'}"
+              f"{weights_against(r, first)}", flush=True)
 
 
 def first(cfg, work, wisdom):

@@ -469,6 +469,15 @@ def test_the_time_a_run_said_is_its_busy_line_or_else_its_plan():
     assert fair.said_seconds("nothing said") is None
 
 
+def test_a_run_is_held_to_the_idle_runs_weights_bit_for_bit():
+    idle = {"weights": {"a": torch.ones(3), "b": torch.zeros(2, dtype=torch.bfloat16)}}
+    same = {"weights": {k: v.clone() for k, v in idle["weights"].items()}}
+    moved = {"weights": {"a": torch.tensor([1.0, 1.0, 1.5]), "b": torch.zeros(2, dtype=torch.bfloat16)}}
+    assert fair.weights_against(idle, idle) == ""
+    assert fair.weights_against(same, idle) == "; the idle run's weights bit for bit"
+    assert fair.weights_against(moved, idle) == "; weights up to 0.5 from the idle run's"
+
+
 def test_the_chat_bench_measures_each_block_update_against_its_base_and_the_share_a_low_rank_holds():
     base = {"transformer.h.0.attn.c_attn.weight": torch.eye(4), "transformer.h.0.mlp.c_fc.weight": torch.eye(4),
             "transformer.h.0.ln_1.weight": torch.ones(4), "transformer.wte.weight": torch.ones(6, 4)}

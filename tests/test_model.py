@@ -18,7 +18,7 @@ from gptkit.interp.hooks import hook_points, hooked
 from gptkit.sampling.decoding import KVCache, generate
 from gptkit.training.updates import schedulable, set_lr
 from gptkit.training.train_config import TrainConfig
-from model import GPT, GPTConfig, SelfAttention, apply_rotary, merge_lora, rotary_tables
+from model import GPT, GPTConfig, Norm, SelfAttention, apply_rotary, merge_lora, rotary_tables
 
 # the variants a learner trains side by side, every one causal
 VARIANTS = {
@@ -287,6 +287,26 @@ def test_token_shift_mixes_each_position_with_the_one_before():
     assert all(g["weight_decay"] == 0 for g in adamw.param_groups if shares & {id(p) for p in g["params"]})
     plain = tiny_model().transformer.h[0]
     assert not plain.shares and plain.shift is None  # off by default: GPT-2's blocks
+
+
+@pytest.mark.parametrize("norm,bias", [("layernorm", False), ("layernorm", True), ("rmsnorm", False)])
+def test_a_norm_gives_the_same_gradients_on_one_thread_and_on_two(norm, bias):
+    """A run that follows the machine's load changes its thread count; its weights stay those of a run that never
+    did only where every gradient is summed in one order on any count (torch's fused LayerNorm sums its gain's over
+    each thread's rows, then the threads'). A batch of the main job's size, so that torch splits the work."""
+    layer = Norm(GPTConfig(n_embd=128, n_head=4, norm=norm, bias=bias))
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(torch.randn_like(p))
+    x, grad = torch.randn(32, 128, 128), torch.randn(32, 128, 128)
+    before, grads = torch.get_num_threads(), []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            grads.append(torch.autograd.grad(layer(x), list(layer.parameters()), grad))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(one, two) for one, two in zip(*grads))
 
 
 def test_zero_init_proj():

@@ -70,7 +70,7 @@ WRITTEN_FOR = {
 # what a pass that watches a hook writes out in its own code rather than runs: Norm.forward the norm (to show
 # hook_scale, its divisor) and SelfAttention.forward the written-out attention (to show the pattern), each
 # written for these pieces as they are
-WATCHED_WRITE_OUT = {"layer_norm": "f2fae550b3056bd7", "rms_norm": "65805c6d9a3eeecc",
+WATCHED_WRITE_OUT = {"layer_norm": "5bf0d8a8db389f8e", "rms_norm": "65805c6d9a3eeecc",
                      "SelfAttention.sdpa": WRITTEN_FOR["SelfAttention.sdpa"]}
 
 
