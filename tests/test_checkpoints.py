@@ -181,6 +181,11 @@ DAMAGE = {
                                        "measured.attention_path is 'warp', not one of fused, written, folded"),
     "a dtype of none": (("measured", "dtype"), "int8", "measured.dtype is 'int8', not one of float32, bfloat16, "
                                                        "float16"),
+    "a plan without its idle time": (("measured", "planned"), {"steps": 30, "step": 0.1, "eval": 0.5, "final": 1.0},
+                                     "measured.planned has no idle_seconds"),
+    "a plan of steps taking no time": (("measured", "planned"), {"steps": 30, "step": 0, "eval": 0.5, "final": 1.0,
+                                                                 "idle_seconds": 9.0},
+                                       "measured.planned.step is 0, not a number above 0"),
     "a best loss below 0": (("best_val_loss",), -1.0, "best_val_loss is -1.0, not a loss (a number of at least 0)"),
     "a score stop of another kind": (("stopped_by_score",), [1, 2], "stopped_by_score is a list, not None or "
                                                                      "{'task', 'pass_at_1', 'iter'}"),

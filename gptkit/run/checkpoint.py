@@ -272,6 +272,7 @@ def restorable(words, restore):
 
 NUMBER = Kind("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v))
 COUNT = Kind("a whole number of at least 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+SECONDS = Kind("a number above 0", lambda v: NUMBER.test(v) and v > 0)
 TEXT, FLAG, TENSOR = plain("a string", str), plain("True or False", bool), plain("a tensor", torch.Tensor)
 DICT = Fields({})
 SETTING_KINDS = {int: plain("a whole number", int), float: NUMBER, bool: FLAG, str: TEXT}
@@ -323,8 +324,9 @@ TRAINING_KEYS = Fields({
     # what the run chose for its speed: a resume takes the same, and so continues exactly
     "measured": maybe(dtype=one_of(("float32", "bfloat16", "float16")), attention_path=one_of(ATTENTION_PATHS),
                       threads=COUNT, fitted_from=DICT,
-                      planned=maybe(steps=COUNT, step=NUMBER, eval=NUMBER, final=NUMBER, idle_seconds=NUMBER,
-                                    measuring=NUMBER),
+                      # the plan the pace check reads on a resume; a plan saved before measuring was has none
+                      planned=Fields({"steps": COUNT, "step": SECONDS, "eval": NUMBER, "final": NUMBER,
+                                      "idle_seconds": NUMBER, "measuring": NUMBER}, optional=("measuring",)),
                       kernels=Each(Kind(f"one of {', '.join(KERNELS)}", lambda v: v in KERNELS))),
     "best_iter": COUNT,
     "global_batch": COUNT,  # sequences per optimizer step, over every process
