@@ -324,7 +324,7 @@ TRAINING_KEYS = Fields({
     # what the run chose for its speed: a resume takes the same, and so continues exactly
     "measured": maybe(dtype=one_of(("float32", "bfloat16", "float16")), attention_path=one_of(ATTENTION_PATHS),
                       threads=COUNT, fitted_from=DICT,
-                      # the plan the pace check reads on a resume; a plan saved before measuring was has none
+                      # the plan a resume's pace check reads; plans saved before `measuring` was kept lack it
                       planned=Fields({"steps": COUNT, "step": SECONDS, "eval": NUMBER, "final": NUMBER,
                                       "idle_seconds": NUMBER, "measuring": NUMBER}, optional=("measuring",)),
                       kernels=Each(Kind(f"one of {', '.join(KERNELS)}", lambda v: v in KERNELS))),
