@@ -22,10 +22,10 @@ batch_size = 32
 block_size = 128
 batch_order = 'epochs'
 
-# the base run's optimizers, Muon's rate a quarter above the base run's and the tables' a tenth of it: at the base's
-# 0.02 the sums came in so late from some bases that 1,700 steps missed them, and lower rates learned them later
-# still; what keeps the text is how much of it the fine-tune reads (prepare's --mix_share), and a table that moves
-# the rows of the text's characters less (figures in docs/chat.md#sft-fine-tuning-your-own-run)
+# the base run's optimizers; Muon's rate a quarter above the base run's (the tables' a tenth of theirs): at the
+# base's 0.02 the sums came in so late from some bases that 1,700 steps missed them, and lower rates learned them
+# later still; what keeps the text is how much of it the fine-tune reads (prepare's --mix_share), and a table that
+# moves the rows of the text's characters less (figures in docs/chat.md#sft-fine-tuning-your-own-run)
 optimizer = 'muon'
 muon_lr = 0.025
 learning_rate = 3e-3
