@@ -327,7 +327,7 @@ TRAINING_KEYS = Fields({
                       # the plan a resume's pace check reads; plans saved before `measuring` was kept lack it
                       planned=Fields({"steps": COUNT, "step": SECONDS, "eval": NUMBER, "final": NUMBER,
                                       "idle_seconds": NUMBER, "measuring": NUMBER}, optional=("measuring",)),
-                      kernels=Each(Kind(f"one of {', '.join(KERNELS)}", lambda v: v in KERNELS))),
+                      kernels=Each(one_of(KERNELS))),
     "best_iter": COUNT,
     "global_batch": COUNT,  # sequences per optimizer step, over every process
     # where stop_task ended the run, else None
