@@ -3,6 +3,7 @@ measured once and then read, so that a busy moment changes nothing; a preset's s
 kept; and what the run says."""
 
 import json
+import re
 import time
 from dataclasses import replace
 from types import SimpleNamespace
@@ -11,10 +12,12 @@ import pytest
 import torch
 
 from conftest import tiny_model, train_config
+from gptkit.base.errors import UserError
 from gptkit.machine import choices, stand_ins
 from gptkit.machine.choices import Choices, choose
 from gptkit.machine.runtime import Runtime
 from gptkit.machine.wisdom import FILE_NAME
+from model import GPT
 
 PRESET = dict(n_layer=4, n_head=2, n_embd=32, max_time=60, min_tokens_per_param=8, fit_shapes="4x32, 3x32, 2x32",
               device="cpu")
@@ -308,6 +311,28 @@ def test_measuring_times_each_precision_on_its_fastest_path_and_leaves_no_trace(
     assert set(speeds) == {"params", "float32", "bfloat16"}
     assert speeds["params"] == tiny_model(config=replace(cfg.model, vocab_size=37)).num_params()
     assert all(speeds[d]["path"] in ("written", "folded") and speeds[d]["step"] > 0 for d in ("float32", "bfloat16"))
+
+
+@pytest.mark.parametrize("returns, said", [
+    (lambda logits, loss: (logits, loss, None), "returned 3 values: train.py reads (logits, loss)"),
+    (lambda logits, loss: logits, "returned Tensor: train.py reads (logits, loss)"),
+    (lambda logits, loss: (logits, logits), "returned a loss of shape (1, 4, 37) as its loss: train.py steps on one"),
+])
+def test_a_forward_edited_to_return_otherwise_than_logits_and_loss_is_one_line_before_any_work(returns, said,
+                                                                                                 monkeypatch):
+    """Checked on the model train.py builds, and first in the measuring, the first work a run on a new machine
+    (or of a newly edited model.py) does with the learner's forward."""
+    cfg = preset()
+    model = tiny_model(config=replace(cfg.model, vocab_size=37)).train()
+    forward = GPT.forward
+    monkeypatch.setattr(GPT, "forward", lambda self, idx, targets=None: returns(*forward(self, idx, targets)))
+    line = rf"^model.py's GPT.forward\(idx, targets\) {re.escape(said)}"
+    with pytest.raises(UserError, match=line):
+        choices.check_forward(model)
+    assert model.training  # as it was built
+    with pytest.raises(UserError, match=line):
+        choices.measure(model.config, cfg, Runtime(device="cpu", dtype="float32"), [], ["float32"],
+                        time.perf_counter() + 5)
 
 
 @pytest.mark.parametrize("fastest", ["fused", "written", "folded"])

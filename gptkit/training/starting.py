@@ -14,6 +14,7 @@ from gptkit.data.conversations import MARKERS, shown
 from gptkit.data.dataset import TrainingData, load_meta
 from gptkit.data.tokenizer import describe_vocabulary, prepare_options, same_bpe, same_token_ids, trained_size
 from gptkit.interop.hf import HUB_MODELS, crop_block_size, load_pretrained
+from gptkit.machine.choices import check_forward
 from gptkit.run.checkpoint import MODEL_KEYS, check_finite, load_checkpoint, load_weights, model_config
 from gptkit.run.run_folder import RunDir
 from model import GPT, merge_lora
@@ -47,26 +48,6 @@ def build_model(cfg, planned, meta, ckpt=None, path=None, rank=0, base=None):
                         f"({model.config.vocab_size})")
     check_forward(model)
     return model
-
-
-@torch.no_grad()
-def check_forward(model):
-    """model.py's GPT.forward as train.py calls it, on a few tokens (in eval mode: no dropout draws): (logits,
-    loss), the loss one number. A learner's edit that returns otherwise is one line before any work, not an
-    error deep inside the loop after the first evaluation."""
-    idx = torch.zeros((1, min(4, model.config.block_size)), dtype=torch.long)
-    model.eval()
-    try:
-        out = model(idx, idx)
-    finally:
-        model.train()
-    if not (isinstance(out, tuple) and len(out) == 2):
-        got = f"{len(out)} values" if isinstance(out, tuple) else type(out).__name__
-        raise UserError(f"model.py's GPT.forward(idx, targets) returned {got}: train.py reads (logits, loss)")
-    if not (torch.is_tensor(out[1]) and out[1].numel() == 1):
-        got = f"a loss of shape {tuple(out[1].shape)}" if torch.is_tensor(out[1]) else f"{type(out[1]).__name__}"
-        raise UserError(f"model.py's GPT.forward(idx, targets) returned {got} as its loss: train.py steps on one "
-                        "number, the mean over the tokens")
 
 
 def pretrained(cfg, meta):
