@@ -9,6 +9,7 @@ import io
 import os
 import pickle
 import random
+import re
 import shutil
 import signal
 import struct
@@ -246,17 +247,22 @@ def test_a_tokenizer_with_more_tokens_than_the_model_has_ids_is_one_line(run):
 
 
 @pytest.mark.parametrize("setting, value", [("n_layer", 10 ** 9), ("n_embd", 2 ** 40)])
-def test_settings_asking_for_another_model_than_the_weights_hold_are_one_line_before_it_is_built(run, setting,
-                                                                                                   value):
-    """Built first, a billion blocks took hours and a width of 2**40 all the memory there is."""
+def test_settings_asking_for_another_model_than_the_weights_hold_are_one_line_before_it_is_built(run, data_dir,
+                                                                                                   setting, value):
+    """Built first, a billion blocks took hours and a width of 2**40 all the memory there is: for sampling, and for
+    a resume whose command line names no shape (the checkpoint's is the one it continues)."""
     from gptkit.run.run_folder import model_at
 
-    path = run / "best.pt"
-    held = load_checkpoint(path)["model_args"][setting]
-    rewrite(path, ("model_args", setting), value)
-    with pytest.raises(UserError, match=rf"^{path}'s weights do not fit its model settings: {setting}={value}, its "
-                                        rf"weights {held}$"):
-        model_at(path)
+    for name in ("best.pt", "latest.pt"):
+        held = load_checkpoint(run / name)["model_args"][setting]
+        rewrite(run / name, ("model_args", setting), value)
+    line = f"{run / 'best.pt'}'s weights do not fit its model settings: {setting}={value}, its weights {held}"
+    with pytest.raises(UserError, match=f"^{re.escape(line)}$"):
+        model_at(run / "best.pt")
+    proc = run_script("train.py", f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={run}", "--device=cpu",
+                      "--init_from=auto", "--max_iters=40", timeout=60)
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, f"error: {line.replace('best.pt', 'latest.pt')}")
 
 
 def test_every_checkpoint_a_run_writes_passes_its_checks(run):

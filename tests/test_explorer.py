@@ -27,7 +27,7 @@ from gptkit.explorer.app import make_app
 from test_settings import DEEP
 from gptkit.explorer.shelf import Shelf
 from gptkit.interp.hooks import attention_maps, token_label
-from gptkit.run.checkpoint import save_checkpoint
+from gptkit.run.checkpoint import load_checkpoint, save_checkpoint
 from gptkit.run.metrics import read_metrics
 from gptkit.run.run_folder import RunDir
 from gptkit.sampling.decoding import shaped_probs
@@ -122,6 +122,22 @@ def test_runs_list_every_run_in_words_and_a_damaged_one_as_one_line(client):
     assert client.get("/api/runs/scaled").json()["n_layer"] == 2
     metrics = client.get("/api/runs/scaled/metrics").json()
     assert [e["val_loss"] for e in metrics["eval"]] == [3.4, 2.7] and metrics["train"][0]["loss"] == 3.0
+
+
+@pytest.mark.parametrize("setting, value, held", [("n_embd", 2 ** 40, 16), ("n_layer", 10 ** 9, 2)])
+def test_a_run_whose_settings_ask_for_another_shape_than_its_weights_is_listed_as_one_that_cannot_open(
+        tmp_path, setting, value, held):
+    """A hand edit of best.pt's model_args: the list says so in its one line, as opening it would, and counts
+    it among the runs that cannot open, instead of offering a run that would fill the memory when clicked."""
+    fake_run(tmp_path / "good")
+    fake_run(tmp_path / "edited")
+    ckpt = load_checkpoint(tmp_path / "edited" / "best.pt")
+    ckpt["model_args"][setting] = value
+    save_checkpoint(ckpt, tmp_path / "edited" / "best.pt")
+    runs = {r["name"]: r for r in app_over(tmp_path).get("/api/runs").json()["runs"]}
+    assert runs["good"].get("error") is None
+    assert runs["edited"]["error"] == f"edited/best.pt's weights do not fit its model settings: {setting}={value}, " \
+                                      f"its weights {held}"
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))

@@ -197,14 +197,14 @@ def test_a_lora_base_whose_edited_adapter_no_matrix_computes_is_one_line(monkeyp
 @pytest.mark.parametrize("damage, says", [
     ("nan", "base/best.pt is damaged: non-finite values in transformer.wte.weight of its weights, which no training "
             "run writes"),
-    ("a table of 3 numbers", "base/best.pt's weights do not fit the model it names (")])
+    ("a matrix of 3 numbers", "base/best.pt's weights do not fit the model it names (")])
 def test_a_base_whose_weights_are_damaged_past_their_checksum_is_one_line(damage, says):
     ckpt, path = base_checkpoint(3, {"tokenizer": "char", "vocab": "abc"})
     weights = ckpt["model"]
     if damage == "nan":
         weights["transformer.wte.weight"][0, 0] = float("nan")
     else:
-        weights["transformer.wte.weight"] = torch.zeros(3)
+        weights["transformer.h.0.mlp.c_fc.weight"] = torch.zeros(3)
     with pytest.raises(UserError) as e:
         load_base(GPT(GPTConfig(vocab_size=5, **SHAPE)), (ckpt, path), {"tokenizer": "char", "vocab": "+abcd"}, rank=0)
     assert str(e.value).startswith(says)

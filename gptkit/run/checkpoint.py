@@ -398,16 +398,19 @@ def torch_load(f, path, map_location):
 
 
 def model_config(ckpt, path, **overrides):
-    """The GPTConfig of a checkpoint's model_args (with overrides, e.g. dropout), or one line naming the file."""
+    """The GPTConfig of a checkpoint's model_args (with overrides, e.g. dropout), or one line naming the file,
+    where this version cannot build them or they ask for another shape than the weights hold."""
     settings = dict(ckpt["model_args"], **overrides)
     # a setting dropped silently would build a different model: one this version does not know is refused
     unknown = sorted(set(settings) - {f.name for f in fields(GPTConfig)})
     try:
         if unknown:
             raise ValueError(f"unknown model settings: {', '.join(unknown)}")
-        return GPTConfig(**settings)
+        config = GPTConfig(**settings)
     except (ValueError, TypeError) as e:  # written by another version of this tool
         raise UserError(f"{path} was written with model settings this version cannot build ({e})") from None
+    check_shape(config, ckpt["model"], path)
+    return config
 
 
 def check_finite(weights, path):
@@ -423,7 +426,6 @@ def model_from_checkpoint(ckpt, path, **overrides):
     merged into the matrices they adapt, so that every reader (sampling, analysis, export) gets a plain model."""
     config = model_config(ckpt, path, **overrides)
     check_finite(ckpt["model"], path)
-    check_shape(config, ckpt["model"], path)
     try:
         weights, config = merge_lora(ckpt["model"], config)
     except (RuntimeError, KeyError) as e:  # an adapter missing, or of another shape than its matrix
