@@ -85,6 +85,20 @@ def test_a_resumed_run_keeps_its_global_batch_unless_its_batch_settings_are_give
     assert global_batch(train_config(batch_size=2, gradient_accumulation_steps=1), 1, saved) == 2  # given anew
 
 
+@pytest.mark.parametrize("sequences", [0, 4, 6, 10 ** 9 + 2])
+def test_a_saved_global_batch_its_batch_settings_cannot_give_is_one_line_naming_the_file(sequences):
+    """A hand edit: 4 a micro-batch and 2 micro-batches give 8, or 4 times the processes where they were more;
+    another number could have the run stepping a billion micro-batches a step without a word."""
+    cfg = train_config(batch_size=4, gradient_accumulation_steps=2)
+    saved = {"config": {"batch_size": 4, "gradient_accumulation_steps": 2}, "rng": [{}], "global_batch": sequences}
+    with pytest.raises(UserError, match=rf"^out/latest.pt is damaged: global_batch is {sequences:,} sequences a "
+                                        r"step, which its batch_size \(4\) and gradient_accumulation_steps \(2\) do "
+                                        "not give$"):
+        global_batch(cfg, 1, saved, "out/latest.pt")
+    # its own 8, and the 12 three processes take in one micro-batch each
+    assert [global_batch(cfg, 1, {**saved, "global_batch": n}) for n in (8, 12)] == [8, 12]
+
+
 def test_a_checkpoint_whose_processes_each_had_their_own_order_continues_from_process_0s(tmp_path, capsys):
     """Written before the processes shared one data order, a checkpoint holds one sampler state per process
     (process r's seeded with seed + r): every process continues the one order from process 0's, and rank 0

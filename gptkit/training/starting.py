@@ -84,7 +84,7 @@ def open_data(cfg, rt, ckpt=None, ckpt_path=None):
     """(TrainingData, sequences per optimizer step) for the run: its dataset's splits, batches and evaluation
     windows, checked against the checkpoint it resumes. Opened before anything is timed or built, so that a missing
     or damaged shard is one line at once."""
-    sequences = global_batch(cfg, rt.world, ckpt)
+    sequences = global_batch(cfg, rt.world, ckpt, ckpt_path)
     micro_batch, _ = batch_shares(sequences, cfg.batch_size, rt.world)
     folder, meta = load_meta(cfg.data_dir, cfg.dataset)
     if ckpt is not None and not same_token_ids(ckpt["tokenizer"], meta):
@@ -146,10 +146,11 @@ def model_vocab(meta):
     return math.ceil(meta["vocab_size"] / 64) * 64  # the extra rows are never targets
 
 
-def global_batch(cfg, world, ckpt=None):
+def global_batch(cfg, world, ckpt=None, path=None):
     """Sequences per optimizer step over every process: batch_size in each micro-batch, gradient_accumulation_steps
-    micro-batches divided among the processes, at least one each. A resumed run keeps the number it started with,
-    on however many processes it continues, unless batch_size or gradient_accumulation_steps are given anew."""
+    micro-batches divided among the processes, at least one each. A resumed run (ckpt, from path) keeps the number
+    it started with, on however many processes it continues, unless batch_size or gradient_accumulation_steps are
+    given anew."""
     accumulation_steps = cfg.gradient_accumulation_steps
     if accumulation_steps > world and accumulation_steps % world:
         raise UserError(f"gradient_accumulation_steps ({accumulation_steps}) must be divisible "
@@ -162,14 +163,19 @@ def global_batch(cfg, world, ckpt=None):
     saved = ckpt["config"]
     if (saved.get("batch_size"), saved.get("gradient_accumulation_steps")) != (cfg.batch_size, accumulation_steps):
         return started_on(world)
-    return ckpt["global_batch"]
+    sequences = ckpt["global_batch"]
+    # started_on gave it: batch_size times the accumulation steps, or times the processes where they were more
+    if sequences % cfg.batch_size or sequences < cfg.batch_size * accumulation_steps:
+        raise UserError(f"{path} is damaged: global_batch is {sequences:,} sequences a step, which its batch_size "
+                        f"({cfg.batch_size}) and gradient_accumulation_steps ({accumulation_steps}) do not give")
+    return sequences
 
 
 def batch_shares(sequences, batch_size, world):
     """(sequences per micro-batch, micro-batches per step) for each of `world` processes, so that together
     they take `sequences` a step: the fewest micro-batches of at most batch_size sequences."""
     per_process, left = divmod(sequences, world)
-    for accum in range(1, per_process + 1) if not left else ():
+    for accum in range(max(1, -(-per_process // batch_size)), per_process + 1) if not left else ():
         if per_process % accum == 0 and per_process // accum <= batch_size:
             return per_process // accum, accum
     raise UserError(f"this run takes {sequences} sequences a step, which {world} processes cannot share evenly; "
