@@ -776,7 +776,8 @@ BROKEN = ("def token_shift(h, share, before=None):", "def token_shift(h, share, 
 def test_every_script_says_in_one_line_where_model_py_does_not_run(tmp_path, trained_run, data_dir):
     """The project copied and its model.py edited: a syntax error is one line naming model.py's line in every
     script that imports it, `--help` included (before run_main, through the excepthook); and a token_shift whose
-    signature no longer fits its caller, or a forward that returns the loss alone, is one line in training."""
+    signature no longer fits its caller, or a forward that returns the loss alone, is one line in training (and
+    the latter in analysis)."""
     project = tmp_path / "project"
     project.mkdir()
     scripts = ("train", "sample", "analyze", "explore", "plot", "lab", "export", "bench")
@@ -810,4 +811,9 @@ def test_every_script_says_in_one_line_where_model_py_does_not_run(tmp_path, tra
     proc = subprocess.run([sys.executable, "train.py", *args[:-2], "--max_iters=2"], cwd=project,
                           capture_output=True, text=True, timeout=120, env=new_machine)
     assert proc.returncode == 1  # on a machine not yet measured, the measuring is the first to run forward
-    assert_one_error_line(proc.stderr, "error: model.py's GPT.forward(idx, targets) returned Tensor: train.py reads *")
+    assert_one_error_line(proc.stderr, "error: model.py's GPT.forward(idx, targets) returned Tensor: the tools *")
+    proc = subprocess.run([sys.executable, "analyze.py", "heads", run], cwd=project, capture_output=True, text=True,
+                          timeout=120)
+    *notes, last = proc.stderr.strip().splitlines()  # after the note that model.py changed since the run trained
+    assert proc.returncode == 1 and [n[:30] for n in notes] == ["note: model.py has changed sin"]
+    assert_one_error_line(last, "error: model.py's GPT.forward(idx, targets) returned Tensor: the tools *")

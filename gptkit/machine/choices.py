@@ -30,8 +30,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from gptkit.base.errors import UserError
 from gptkit.machine.idle import IdleCheck
+from gptkit.machine.model_contract import check_forward
 from gptkit.machine.precision import autocast_for, cpu_has_bf16, pick_dtype
 from gptkit.machine.stand_ins import (ATTENTION_PATH_WORDS, ATTENTION_PATHS, TableDropout, attention_function,
                                       by_rule, install, path_for_edits)
@@ -306,26 +306,6 @@ def measure(planned, cfg, rt, kernels, precisions, deadline):
         step, threads = min((seconds[dtype, n], n) for n in counts)
         speeds[dtype] = {"path": paths[dtype], "step": step, "threads": threads}
     return speeds
-
-
-@torch.no_grad()
-def check_forward(model):
-    """model.py's GPT.forward as train.py calls it, on a few tokens (in eval mode: no dropout draws): (logits,
-    loss), the loss one number. A learner's edit that returns otherwise is one line before any work, not an
-    error deep inside the loop after the first evaluation, or in the measuring that times it first."""
-    idx = torch.zeros((1, min(4, model.config.block_size)), dtype=torch.long, device=next(model.parameters()).device)
-    model.eval()
-    try:
-        out = model(idx, idx)
-    finally:
-        model.train()
-    if not (isinstance(out, tuple) and len(out) == 2):
-        got = f"{len(out)} values" if isinstance(out, tuple) else type(out).__name__
-        raise UserError(f"model.py's GPT.forward(idx, targets) returned {got}: train.py reads (logits, loss)")
-    if not (torch.is_tensor(out[1]) and out[1].numel() == 1):
-        got = f"a loss of shape {tuple(out[1].shape)}" if torch.is_tensor(out[1]) else f"{type(out[1]).__name__}"
-        raise UserError(f"model.py's GPT.forward(idx, targets) returned {got} as its loss: train.py steps on one "
-                        "number, the mean over the tokens")
 
 
 def measure_whole(planned, cfg, rt, kernels, dtype, speeds, update_for):

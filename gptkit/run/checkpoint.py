@@ -27,6 +27,7 @@ import torch
 
 from gptkit.base import files
 from gptkit.base.errors import RunStopped, UserError, first_line
+from gptkit.machine.model_contract import check_forward
 from gptkit.machine.stand_ins import ATTENTION_PATHS, KERNELS, install
 from gptkit.run.formats import CHECKPOINT_FORMAT, upgraded_checkpoint
 from model import GPT, GPTConfig, merge_lora
@@ -436,6 +437,7 @@ def model_from_checkpoint(ckpt, path, **overrides):
     model = GPT(config)
     load_weights(model, weights, path)
     install(model, [])  # the written-out attention where the learner edited it: what they write is what runs
+    check_forward(model)
     return model
 
 

@@ -14,7 +14,7 @@ from gptkit.data.conversations import MARKERS, shown
 from gptkit.data.dataset import TrainingData, load_meta
 from gptkit.data.tokenizer import describe_vocabulary, prepare_options, same_bpe, same_token_ids, trained_size
 from gptkit.interop.hf import HUB_MODELS, crop_block_size, load_pretrained
-from gptkit.machine.choices import check_forward
+from gptkit.machine.model_contract import check_forward
 from gptkit.run.checkpoint import MODEL_KEYS, check_finite, load_checkpoint, load_weights, model_config
 from gptkit.run.run_folder import RunDir
 from model import GPT, merge_lora

@@ -1,0 +1,29 @@
+"""What the tools need of the learner's model.py that its code does not say: GPT.forward(idx, targets) returns
+(logits, loss). Checked on each model a tool builds, so that an edit that returns otherwise is one line naming
+it."""
+
+import torch
+
+from gptkit.base.errors import UserError
+
+
+@torch.no_grad()
+def check_forward(model):
+    """model.py's GPT.forward as the tools call it, on a few tokens (in eval mode: no dropout draws): (logits,
+    loss), the loss one number. A learner's edit that returns otherwise is one line before any work: in training,
+    not an error deep inside the loop after the first evaluation, or in the measuring that times it first; in
+    the tools that read a run, before the analysis that unpacks it."""
+    idx = torch.zeros((1, min(4, model.config.block_size)), dtype=torch.long, device=next(model.parameters()).device)
+    was_training = model.training
+    model.eval()
+    try:
+        out = model(idx, idx)
+    finally:
+        model.train(was_training)
+    if not (isinstance(out, tuple) and len(out) == 2):
+        got = f"{len(out)} values" if isinstance(out, tuple) else type(out).__name__
+        raise UserError(f"model.py's GPT.forward(idx, targets) returned {got}: the tools read (logits, loss)")
+    if not (torch.is_tensor(out[1]) and out[1].numel() == 1):
+        got = f"a loss of shape {tuple(out[1].shape)}" if torch.is_tensor(out[1]) else f"{type(out[1]).__name__}"
+        raise UserError(f"model.py's GPT.forward(idx, targets) returned {got} as its loss: train.py steps on one "
+                        "number, the mean over the tokens")
