@@ -221,6 +221,53 @@ def test_export_of_a_model_py_edited_beyond_gpt2_is_one_line_and_writes_nothing(
     assert not (tmp_path / "hf").exists()
 
 
+def with_mlp_edited(monkeypatch, width=None, extra=False):
+    """model.py's MLP as a learner might edit it: its hidden width `width` x n_embd (an option of their own, say),
+    or with a learned scale of its output (extra), which GPT-2 has no place for."""
+    import model as model_py
+
+    built = model_py.MLP.__init__
+
+    def init(self, config):
+        built(self, config)
+        if width:
+            self.c_fc = model_py.linear(config, config.n_embd, width * config.n_embd)
+            self.c_proj = model_py.linear(config, width * config.n_embd, config.n_embd, adapted=False)
+        if extra:
+            self.scale = torch.nn.Parameter(torch.ones(()))
+    monkeypatch.setattr(model_py.MLP, "__init__", init)
+
+
+def test_export_writes_a_mlp_width_of_the_learners_own_as_gpt2s_n_inner(tmp_path, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    import export
+
+    with_mlp_edited(monkeypatch, width=2)
+    model = tiny_model(block_size=24, **EXPORTABLE["gpt2"])
+    save_fake_run(model, tmp_path / "out", {"tokenizer": "char", "vocab": CHARS})
+    export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    assert hf.config.n_inner == 2 * model.config.n_embd
+    idx = tokens(24, vocab=37)
+    torch.testing.assert_close(hf_logits(hf, idx), all_logits(model, idx), atol=1e-4, rtol=0)
+
+
+def test_export_of_a_model_with_a_weight_gpt2_has_no_place_for_is_one_line_and_writes_nothing(tmp_path,
+                                                                                                monkeypatch):
+    pytest.importorskip("transformers")
+    import export
+
+    with_mlp_edited(monkeypatch, extra=True)
+    save_fake_run(tiny_model(block_size=24, **EXPORTABLE["gpt2"]), tmp_path / "out", {"tokenizer": "char",
+                                                                                      "vocab": CHARS})
+    with pytest.raises(UserError, match=r'^GPT-2 has no place for this model\'s weights \(Unexpected key\(s\) in '
+                                        r'state_dict: "transformer.h.0.mlp.scale", .*\): its model.py builds '
+                                        r"something GPT-2's layout does not hold \(an edit, or an option of its "
+                                        r"own\); nothing was written$"):
+        export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
+    assert not (tmp_path / "hf").exists()
+
+
 @pytest.mark.slow
 def test_export_refuses_incompatible_model(tmp_path):
     model = tiny_model(n_layer=1, n_head=2, n_embd=16, bias=False, pos_emb="rope")

@@ -183,13 +183,22 @@ def gpt2_refusal(config, activations):
     return next((what for refused, what in refusals if refused), None)
 
 
-def hf_config_args(config, eos_token_id=None):
-    """GPT2Config arguments for our GPTConfig (check_exportable first)."""
+def hf_config_args(config, eos_token_id=None, n_inner=None):
+    """GPT2Config arguments for our GPTConfig (check_exportable first); n_inner: the MLP's hidden width, where it
+    is not GPT-2's 4 x n_embd."""
     return dict(vocab_size=config.vocab_size, n_positions=config.block_size, n_embd=config.n_embd,
-                n_layer=config.n_layer, n_head=config.n_head, n_inner=None,
+                n_layer=config.n_layer, n_head=config.n_head, n_inner=n_inner,
                 activation_function=ACT_TO_HF[config.mlp_act], layer_norm_epsilon=LAYER_NORM_EPS,
                 resid_pdrop=config.dropout, embd_pdrop=config.dropout, attn_pdrop=config.dropout,
                 tie_word_embeddings=config.tie_weights, bos_token_id=eos_token_id, eos_token_id=eos_token_id)
+
+
+def mlp_width(state, config):
+    """The MLP's hidden width where the weights (a learner's option, say) make it other than GPT-2's 4 x n_embd,
+    which GPT-2 writes as n_inner; else None."""
+    c_fc = state.get("transformer.h.0.mlp.c_fc.weight")
+    width = c_fc.shape[0] if c_fc is not None and c_fc.ndim == 2 else None
+    return width if width != 4 * config.n_embd else None
 
 
 def state_to_hf(state, config):
@@ -226,9 +235,16 @@ def save_hf(model, hf_dir, eos_token_id=None):
     config = model.config
     check_exportable(config)
     transformers = import_transformers("exporting to Hugging Face format")
-    hf_config = transformers.GPT2Config(**hf_config_args(config, eos_token_id))
+    state = model.state_dict()
+    hf_config = transformers.GPT2Config(**hf_config_args(config, eos_token_id, mlp_width(state, config)))
     hf = transformers.GPT2LMHeadModel(hf_config).eval()
-    hf.load_state_dict(state_to_hf(model.state_dict(), config))
+    try:
+        hf.load_state_dict(state_to_hf(state, config))
+    except RuntimeError as e:  # a weight model.py has, as edited, that GPT-2 has no place for
+        found = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), first_line(e))
+        raise UserError(f"GPT-2 has no place for this model's weights ({found[:120]}{'…' * (len(found) > 120)}): "
+                        "its model.py builds something GPT-2's layout does not hold (an edit, or an option of its "
+                        "own); nothing was written") from None
     check_same_logits(model, hf)
     hf_dir = Path(hf_dir)
     try:
