@@ -95,6 +95,19 @@ def test_decoding_holds_only_the_window_however_many_tokens(monkeypatch, kv_cach
     assert len(widths) == 200 and max(widths) <= 16
 
 
+def test_the_cache_takes_each_layers_keys_and_values_as_they_come():
+    """Heads of another width than n_embd // n_head (a learner's model.py that sizes them itself), and keys of
+    none (uniform attention): each layer's cache is shaped by its first keys and values, and returns all so far."""
+    config = tiny_model().config  # 2 heads of 16 by its settings
+    cache = decoding.KVCache(config, 2, "cpu", torch.float32)
+    k, v = torch.randn(2, 2, 5, 0), torch.randn(2, 2, 5, 3)
+    assert [t.shape for t in cache.update(0, k, v)] == [k.shape, v.shape]
+    cache.pos = 5
+    k2, v2 = torch.randn(2, 2, 1, 0), torch.randn(2, 2, 1, 3)
+    keys, values = cache.update(0, k2, v2)
+    assert torch.equal(values, torch.cat([v, v2], 2)) and keys.shape == (2, 2, 6, 0)
+
+
 def test_same_seed_same_text_and_batch_rows_differ():
     model = tiny_model()
     idx = random_tokens((4, 4), seed=3)

@@ -148,6 +148,46 @@ def test_ablation_deltas_equal_one_ablated_pass_per_head(how, skipped, edited, m
     assert deltas.abs().max() > 1e-3  # the heads matter: the comparison is not of zeros
 
 
+def narrow_heads(monkeypatch, width):
+    """model.py's attention edited to give each head `width` numbers, not n_embd // n_head (a learner's change):
+    the projections resized, and project and forward reading the width from the weights."""
+    import model as model_py
+
+    built = model_py.SelfAttention.__init__
+
+    def init(self, config):
+        built(self, config)
+        self.c_attn = model_py.linear(config, config.n_embd, 3 * config.n_head * width)
+        self.c_proj = model_py.linear(config, config.n_head * width, config.n_embd, adapted=False)
+
+    def project(self, x, rotary):
+        B, T, _ = x.size()
+        qkv = self.c_attn(x).view(B, T, 3, self.n_head, width)
+        q, k, v = self.hook_q(qkv[:, :, 0]), self.hook_k(qkv[:, :, 1]), self.hook_v(qkv[:, :, 2])
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def forward(self, x, rotary=None, cache=None, layer=0):
+        q, k, v = self.project(x, rotary)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)
+        z = self.hook_z(self.written(q, k, v).transpose(1, 2))
+        return self.resid_dropout(self.c_proj(z.flatten(2)))
+    for name, function in (("__init__", init), ("project", project), ("forward", forward)):
+        monkeypatch.setattr(model_py.SelfAttention, name, function)
+
+
+def test_ablation_deltas_take_the_heads_width_from_the_model_not_its_settings(monkeypatch):
+    narrow_heads(monkeypatch, width=3)  # 4 heads of 3 in a stream of 32
+    model = tiny_model(attention_weights=0.5)
+    idx, targets = random_tokens((2, 16)), random_tokens((2, 16), seed=3)
+    base, deltas = ablation_deltas(model, idx, targets)
+    with torch.no_grad():
+        for layer, head in [(0, 1), (1, 3)]:
+            with ablated(model, [(layer, head)]):
+                loss = token_losses(model(idx, idx)[0], targets).mean().item()
+            assert deltas[layer, head].item() == pytest.approx(loss - base, abs=2e-6)
+
+
 # ----------------------------------------------------------------------------- what each head does
 
 
@@ -417,6 +457,22 @@ def test_attribution_needs_a_position_with_a_next_token():
         with pytest.raises(UserError) as error:
             attribute(model, idx, position)
         assert one_line(error).startswith(expected)
+
+
+def test_attribution_through_a_final_norm_the_forward_no_longer_runs_is_one_line(monkeypatch):
+    """A learner's GPT.forward that drops ln_f: attribution splits the logit through that norm's scale."""
+    import model as model_py
+
+    def forward(self, idx, targets=None, cache=None):
+        x, rotary = self.embed(idx)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, rotary, cache, i)
+        return self.head(x), None
+    monkeypatch.setattr(model_py.GPT, "forward", forward)
+    with pytest.raises(UserError) as error:
+        attribute(tiny_model(), random_tokens((1, 5)), 2)
+    assert one_line(error) == ("attribute splits the logit through the final norm, whose scale (ln_final.hook_scale) "
+                               "model.py's GPT.forward, as edited, no longer computes")
 
 
 # ----------------------------------------------------------------------------- every value given is checked

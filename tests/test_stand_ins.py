@@ -161,15 +161,21 @@ def test_every_piece_a_kernel_stands_in_for_is_the_code_it_was_written_for():
 
 
 def test_an_edit_a_watched_pass_writes_out_in_its_own_code_is_noted(monkeypatch):
-    """A pass that watches hook_scale writes out the norm, and one that watches the pattern the attention: an
-    edited layer_norm (its eps, say) or sdpa runs in the model but not there, and the note says so."""
+    """A pass that watches hook_scale writes out the norm, one that watches the pattern the attention, and one
+    that starts partway through GPT.forward's tail: an edited layer_norm (its eps, say), sdpa or GPT.forward
+    runs in the model but not there, and the note says so."""
     import model as model_py
     assert stand_ins.unwatched_edits() is None
     monkeypatch.setattr(model_py, "layer_norm", lambda x, norm: F.layer_norm(x, norm.weight.shape, norm.weight,
                                                                               norm.bias, eps=1.0))
-    assert stand_ins.unwatched_edits() == (
-        "note: model.py's layer_norm is edited, but a pass that watches the attention pattern or a norm's scale "
-        "writes out its own attention and norm: what it shows may differ from what your model computes")
+    said = ("edited, but a pass that watches the attention pattern or a norm's scale, or starts partway through the "
+            "model (patching, head ablation, the logit lens), writes out its own copy: what it shows may differ from "
+            "what your model computes")
+    assert stand_ins.unwatched_edits() == f"note: model.py's layer_norm is {said}"
+    forward = model_py.GPT.forward
+    monkeypatch.setattr(model_py.GPT, "forward", lambda self, idx, targets=None, cache=None: forward(self, idx,
+                                                                                                      targets, cache))
+    assert stand_ins.unwatched_edits() == f"note: model.py's layer_norm and GPT.forward are {said}"
 
 
 def test_a_fingerprint_follows_the_code_not_its_comments_or_layout():

@@ -551,7 +551,9 @@ def ablation_deltas(model, idx, targets, how="zero"):
         base += token_losses(logits, y).double().sum().item()
         rotary = model.embed(x[:1])[1]
         for layer in range(L):
-            values = torch.zeros(H, model.config.n_embd // H, device=x.device) if fill is None else fill[z_names[layer]]
+            # a head's width as its hook_z has it: a learner's model.py may size heads other than n_embd // n_head
+            values = torch.zeros(H, cache[z_names[layer]].size(-1), device=x.device) if fill is None \
+                else fill[z_names[layer]]
             for first in range(0, H, group):
                 heads = list(range(first, min(H, first + group)))
                 total[layer, heads] += each_head_off(model, layer, heads, cache, y, rotary, values).cpu()
@@ -757,6 +759,9 @@ def attribute(model, idx, position, target=None):
     position = at
     target = int(idx[0, position + 1]) if target is None else token_of(model, target, "target")
     _, cache = run_with_cache(model, idx, None)
+    if "ln_final.hook_scale" not in cache:
+        raise UserError("attribute splits the logit through the final norm, whose scale (ln_final.hook_scale) "
+                        "model.py's GPT.forward, as edited, no longer computes")
     ln, unembed = model.transformer.ln_f, model.lm_head.weight[target].float()
     direction = unembed * ln.weight.float() / cache["ln_final.hook_scale"][0, position].float()
 

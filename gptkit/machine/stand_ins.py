@@ -67,23 +67,26 @@ WRITTEN_FOR = {
 }
 
 
-# what a pass that watches a hook writes out in its own code rather than runs: Norm.forward the norm (to show
-# hook_scale, its divisor) and SelfAttention.forward the written-out attention (to show the pattern), each
-# written for these pieces as they are
+# what a pass that watches a hook, or starts partway through the model, writes out in its own code rather than
+# runs, each written for these pieces as they are: Norm.forward the norm (to show hook_scale, its divisor),
+# SelfAttention.forward the written-out attention (to show the pattern), and gptkit/interp/hooks.py's
+# forward_from and read_out GPT.forward's loop over the blocks, final norm and head (patching, head ablation and
+# the logit lens start from a stream partway through)
 WATCHED_WRITE_OUT = {"layer_norm": "5bf0d8a8db389f8e", "rms_norm": "65805c6d9a3eeecc",
-                     "SelfAttention.sdpa": WRITTEN_FOR["SelfAttention.sdpa"]}
+                     "SelfAttention.sdpa": WRITTEN_FOR["SelfAttention.sdpa"], "GPT.forward": "cdc21d8e2ba7f14c"}
 
 
 def unwatched_edits():
-    """A note for the tools that watch hooks (analyze.py, the explorer, plot.py attention) where the learner
-    edited a piece such a pass writes out in its own code; else None."""
+    """A note for the tools that watch hooks or start partway through the model (analyze.py, the explorer, plot.py
+    attention) where the learner edited a piece such a pass writes out in its own code; else None."""
     code = model_code()
     pieces = [name for name, fingerprint in WATCHED_WRITE_OUT.items() if code.get(name) != fingerprint]
     if not pieces:
         return None
     return (f"note: model.py's {' and '.join(pieces)} {'is' if len(pieces) == 1 else 'are'} edited, but a pass that "
-            "watches the attention pattern or a norm's scale writes out its own attention and norm: what it shows "
-            "may differ from what your model computes")
+            "watches the attention pattern or a norm's scale, or starts partway through the model (patching, head "
+            "ablation, the logit lens), writes out its own copy: what it shows may differ from what your model "
+            "computes")
 
 
 def by_rule(device):

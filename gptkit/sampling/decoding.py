@@ -10,17 +10,14 @@ from gptkit.base.errors import UserError
 
 
 class KVCache:
-    """Preallocated keys and values of every layer, so a decode step appends in place."""
+    """Every layer's keys and values, preallocated for block_size positions at the first step, so a decode step
+    appends in place. Each layer's are shaped as its first keys and values come (heads, and their width), not as
+    n_embd // n_head would have them: a learner's model.py may size its heads otherwise, and uniform attention's
+    keys have no width."""
 
     def __init__(self, config, batch_size, device, dtype):
-        head_dim = config.n_embd // config.n_head
-        shape = (config.n_layer, batch_size, config.n_head, config.block_size, head_dim)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        key_dim = 0 if config.attention == "uniform" else head_dim  # uniform attention's keys have no width
-        self.k = torch.zeros(shape[:-1] + (key_dim,), device=device, dtype=dtype)
-        # per-layer views made once: a decode step then costs two narrows and a copy, not a chain of
-        # select/slice ops (on CPU, per-op overhead is a large part of a 1-token step)
-        self.v_layers, self.k_layers = self.v.unbind(0), self.k.unbind(0)
+        self.positions, self.dtype = config.block_size, dtype
+        self.k_layers, self.v_layers = [None] * config.n_layer, [None] * config.n_layer
         self.pos = 0  # tokens already cached
         # token_shift: each block's last normed inputs (attention's and the MLP's), the next position's predecessors
         start = torch.zeros(batch_size, 1, config.n_embd, device=device, dtype=dtype)
@@ -34,6 +31,10 @@ class KVCache:
 
     def update(self, layer, k, v):
         """Append this step's keys and values; all so far."""
+        if self.v_layers[layer] is None:
+            self.k_layers[layer], self.v_layers[layer] = (
+                torch.zeros((*t.shape[:2], self.positions, t.size(-1)), device=t.device, dtype=self.dtype)
+                for t in (k, v))
         t, end = v.size(2), self.pos + v.size(2)
         keys, values = self.k_layers[layer], self.v_layers[layer]
         values.narrow(2, self.pos, t).copy_(v)
