@@ -4,6 +4,7 @@ and the layout for decoding, which changes no value, tie or token."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import random_tokens, tiny_model
 from gptkit.sampling import decoding
@@ -61,6 +62,7 @@ def test_window_slides_by_half_a_block(pos_emb, kv_cache):
         cache = kwargs.get("cache")
         calls.append((cache.pos if cache is not None else 0, args[0].size(1)))
 
+    assert not decoding.sees_ahead(model)  # asked once a model, before its first decoding: not counted below
     handle = model.register_forward_pre_hook(hook, with_kwargs=True)
     try:
         generate(model, random_tokens((1, 3), seed=3), 40, kv_cache, temperature=0.0)
@@ -106,6 +108,22 @@ def test_the_cache_takes_each_layers_keys_and_values_as_they_come():
     k2, v2 = torch.randn(2, 2, 1, 0), torch.randn(2, 2, 1, 3)
     keys, values = cache.update(0, k2, v2)
     assert torch.equal(values, torch.cat([v, v2], 2)) and keys.shape == (2, 2, 6, 0)
+
+
+def test_a_mask_removed_by_hand_decodes_from_the_whole_context_as_an_encoder_does(monkeypatch):
+    """A learner's model.py whose attention lost its causal mask, its settings still causal: the model is asked
+    whether it sees ahead, and decodes as the encoder it is, each step from the whole window, not from cached
+    keys the earlier positions computed before the later tokens came."""
+    import model as model_py
+
+    model = tiny_model(sharpen=5.0, attention_weights=0.5)
+    assert not decoding.sees_ahead(model)
+    monkeypatch.setattr(model_py.SelfAttention, "sdpa", lambda self, q, k, v: F.scaled_dot_product_attention(q, k, v))
+    unmasked = tiny_model(sharpen=5.0, attention_weights=0.5)
+    assert decoding.sees_ahead(unmasked) and unmasked.config.causal
+    idx = random_tokens((1, 3))
+    runs = [generate(unmasked, idx, 10, temperature=0.0, kv_cache=kv) for kv in (True, False)]
+    assert torch.equal(runs[0], runs[1])
 
 
 def test_same_seed_same_text_and_batch_rows_differ():

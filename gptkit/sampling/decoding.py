@@ -2,6 +2,8 @@
 values so that each new token costs one position of work, sampling with temperature, top-k and top-p, and
 ending at a stop string."""
 
+import weakref
+
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
@@ -51,10 +53,10 @@ def decode_steps(model, idx, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
 
     When the context outgrows block_size the window slides forward by half a block and is recomputed
     once, so cached and uncached decoding see the same context at every step. A model without the causal
-    mask recomputes the whole window every step whatever kv_cache says: each new token changes what the
-    earlier positions see."""
+    mask (sees_ahead) recomputes the whole window every step whatever kv_cache says: each new token changes
+    what the earlier positions see."""
     window = model.config.block_size
-    kv_cache = kv_cache and model.config.causal
+    kv_cache = kv_cache and not sees_ahead(model)
     start = max(0, idx.size(1) - window)
     cache = None
     for _ in range(max_new_tokens):
@@ -74,6 +76,35 @@ def decode_steps(model, idx, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
         next_token, probs = draw_next(logits, temperature, top_k, top_p, generator)
         idx = torch.cat((idx, next_token), dim=1)
         yield next_token, logits, probs
+
+
+PROBE_TOKENS = 8  # sees_ahead's sequences: one first half, two second halves
+
+
+@torch.no_grad()
+def sees_ahead(model):
+    """Whether a position's logits change with the tokens after it: causal=False says so, and a model whose
+    settings say causal is asked once (a learner's model.py may have lost its mask by hand): two sequences that
+    share their first half, each in a pass of its own of one shape, give that half the same logits bit for bit
+    in a causal model, in any precision. Kept for the model's life; asked in eval mode, without dropout's draws."""
+    if not model.config.causal:
+        return True
+    if model not in ASKED:
+        T = min(PROBE_TOKENS, model.config.block_size)
+        device = next(model.parameters()).device
+        one = torch.randint(model.config.vocab_size, (1, T), generator=torch.Generator().manual_seed(0)).to(device)
+        other = one.clone()
+        other[:, T // 2:] = (one[:, T // 2:] + 1) % model.config.vocab_size
+        was_training = model.training
+        try:
+            firsts = [model.eval()(idx, idx)[0][:, :T // 2] for idx in (one, other)]
+        finally:
+            model.train(was_training)
+        ASKED[model] = not torch.equal(*firsts)
+    return ASKED[model]
+
+
+ASKED = weakref.WeakKeyDictionary()  # each model's answer to sees_ahead
 
 
 def generate_stream(model, idx, max_new_tokens, **kwargs):
