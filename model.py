@@ -325,7 +325,8 @@ def merge_lora(weights, config):
         layer = (LoRAEmbedding(rows, cols, *lora) if name == "transformer.wte" else  # as GPT builds them
                  LoRALinear(cols, rows, "bias" in own, *lora))
         layer.load_state_dict(own, assign=True)
-        merged[f"{name}.weight"] = layer.merged().to(weights[f"{name}.weight"].dtype)
+        # read off in eval mode, as a trained model runs: a dropout on the adapter's input is off
+        merged[f"{name}.weight"] = layer.eval().merged().to(weights[f"{name}.weight"].dtype)
     return merged, replace(config, lora_rank=0)
 
 

@@ -221,9 +221,10 @@ def test_export_of_a_model_py_edited_beyond_gpt2_is_one_line_and_writes_nothing(
     assert not (tmp_path / "hf").exists()
 
 
-def with_mlp_edited(monkeypatch, width=None, extra=False):
+def with_mlp_edited(monkeypatch, width=None, extra=False, renamed=False):
     """model.py's MLP as a learner might edit it: its hidden width `width` x n_embd (an option of their own, say),
-    or with a learned scale of its output (extra), which GPT-2 has no place for."""
+    with a learned scale of its output (extra), or its first matrix renamed fc_in: the last two GPT-2 has no
+    place for."""
     import model as model_py
 
     built = model_py.MLP.__init__
@@ -235,7 +236,15 @@ def with_mlp_edited(monkeypatch, width=None, extra=False):
             self.c_proj = model_py.linear(config, width * config.n_embd, config.n_embd, adapted=False)
         if extra:
             self.scale = torch.nn.Parameter(torch.ones(()))
+        if renamed:
+            self.fc_in = self.c_fc
+            del self.c_fc
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.act(self.fc_in(x))))
     monkeypatch.setattr(model_py.MLP, "__init__", init)
+    if renamed:
+        monkeypatch.setattr(model_py.MLP, "forward", forward)
 
 
 def test_export_writes_a_mlp_width_of_the_learners_own_as_gpt2s_n_inner(tmp_path, monkeypatch):
@@ -252,18 +261,21 @@ def test_export_writes_a_mlp_width_of_the_learners_own_as_gpt2s_n_inner(tmp_path
     torch.testing.assert_close(hf_logits(hf, idx), all_logits(model, idx), atol=1e-4, rtol=0)
 
 
-def test_export_of_a_model_with_a_weight_gpt2_has_no_place_for_is_one_line_and_writes_nothing(tmp_path,
-                                                                                                monkeypatch):
+@pytest.mark.parametrize("edit, found", [
+    (dict(extra=True), r'Unexpected key\(s\) in state_dict: "transformer.h.0.mlp.scale", .*'),
+    (dict(renamed=True), r"it has no transformer.h.0.mlp.c_fc.weight")])
+def test_export_of_a_model_with_weights_gpt2_has_no_place_for_is_one_line_and_writes_nothing(tmp_path, monkeypatch,
+                                                                                               edit, found):
+    """A weight GPT-2 lacks (a learned scale), or one it needs named otherwise (the MLP's first matrix renamed)."""
     pytest.importorskip("transformers")
     import export
 
-    with_mlp_edited(monkeypatch, extra=True)
-    save_fake_run(tiny_model(block_size=24, **EXPORTABLE["gpt2"]), tmp_path / "out", {"tokenizer": "char",
-                                                                                      "vocab": CHARS})
-    with pytest.raises(UserError, match=r'^GPT-2 has no place for this model\'s weights \(Unexpected key\(s\) in '
-                                        r'state_dict: "transformer.h.0.mlp.scale", .*\): its model.py builds '
-                                        r"something GPT-2's layout does not hold \(an edit, or an option of its "
-                                        r"own\); nothing was written$"):
+    with_mlp_edited(monkeypatch, **edit)
+    save_fake_run(tiny_model(block_size=24, **EXPORTABLE["gpt2"], bias=False), tmp_path / "out",
+                  {"tokenizer": "char", "vocab": CHARS})
+    with pytest.raises(UserError, match=rf"^GPT-2 has no place for this model's weights \({found}\): its model.py "
+                                        r"builds something GPT-2's layout does not hold \(an edit, or an option of "
+                                        r"its own\); nothing was written$"):
         export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
     assert not (tmp_path / "hf").exists()
 

@@ -517,6 +517,25 @@ def test_merged_weights_compute_what_the_adapters_do():
     assert merge_lora(weights, config) == (weights, config)
 
 
+def test_an_adapter_with_dropout_on_its_input_merges_as_the_trained_model_runs(monkeypatch):
+    """A learner's LoRALinear with dropout on the adapter's input (PEFT's lora_dropout): merging reads forward off
+    in eval mode, where the dropout is off, so the adapters fold into plain matrices that compute what they do."""
+    import model as model_py
+
+    def forward(self, x):
+        update = F.linear(F.linear(F.dropout(x, 0.5, self.training), self.lora_A), self.lora_B)
+        return F.linear(x, self.weight, self.bias) + self.scale * update
+    monkeypatch.setattr(model_py.LoRALinear, "forward", forward)
+    adapted = lora_model(lora_alpha=8.0).eval()
+    weights, config = merge_lora(adapted.state_dict(), adapted.config)
+    plain = GPT(config).eval()
+    plain.load_state_dict(weights)
+    idx = random_tokens((2, 16), vocab=50)
+    with torch.no_grad():
+        want = adapted(idx, idx)[0]
+        torch.testing.assert_close(plain(idx, idx)[0], want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
 def test_lora_needs_an_untied_head():
     with pytest.raises(ValueError, match=r"^lora_rank needs an untied head \(tie_weights=False\)"):
         GPT(GPTConfig(**dict(LORA_BASE, tie_weights=True), lora_rank=4))

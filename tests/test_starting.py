@@ -43,7 +43,8 @@ def test_the_vocabulary_grows_keeping_each_characters_rows(capsys):
 
 
 @pytest.mark.parametrize("lora_rank, says", [
-    (2, "LoRA rank 2: 364 of the model's 3,708 parameters train (9.8%): the adapters on"),
+    (2, "LoRA rank 2: 364 of the model's 3,708 parameters train (9.8%): the adapters on the token table, "
+        "attention's q, k, v, the MLP's first matrix and the head; the base model's weights are frozen"),
     (0, "a full fine-tune: all 3,344 of the model's parameters train (lora_rank=R trains adapters of rank R instead"),
 ])
 def test_the_console_says_how_many_parameters_a_fine_tune_trains(lora_rank, says, capsys):
@@ -192,6 +193,41 @@ def test_a_lora_base_whose_edited_adapter_no_matrix_computes_is_one_line(monkeyp
     assert str(e.value) == ("base/best.pt's LoRA adapters cannot be folded into its matrices to fine-tune from: "
                             "LoRALinear.forward is not a matrix times its input plus the bias, so no plain matrix "
                             "computes it")
+
+
+def test_a_lora_base_whose_adapters_model_py_names_otherwise_is_one_line(monkeypatch):
+    """A base trained with lora_A and lora_B, fine-tuned from after model.py's LoRALinear renamed them A and B."""
+    import model as model_py
+
+    base = GPT(GPTConfig(vocab_size=3, lora_rank=2, **SHAPE))
+    ckpt = {"model": base.state_dict(), "model_args": dataclasses.asdict(base.config),
+            "tokenizer": {"tokenizer": "char", "vocab": "abc"}}
+    built = model_py.LoRALinear.__init__
+
+    def init(self, *args):
+        built(self, *args)
+        self.A, self.B = self.lora_A, self.lora_B
+        del self.lora_A, self.lora_B
+    monkeypatch.setattr(model_py.LoRALinear, "__init__", init)
+    with pytest.raises(UserError) as e:
+        load_base(GPT(GPTConfig(vocab_size=3, **SHAPE)), (ckpt, "base/best.pt"), {"tokenizer": "char", "vocab": "abc"},
+                  rank=0)
+    assert str(e.value).startswith("base/best.pt's LoRA adapters do not fit model.py's LoRA layers (Missing key(s) "
+                                   'in state_dict: "A", "B"')
+
+
+def test_the_console_names_the_layers_a_learners_edit_adapts(monkeypatch, capsys):
+    """model.py's linear() edited to adapt every block matrix: the line names the output matrices too."""
+    import model as model_py
+
+    plain = model_py.linear
+    monkeypatch.setattr(model_py, "linear", lambda config, n_in, n_out, adapted=True: plain(config, n_in, n_out))
+    ckpt, path = base_checkpoint(3, {"tokenizer": "char", "vocab": "abc"})
+    cfg = train_config(lora_rank=2, **SHAPE)
+    meta = {"tokenizer": "char", "vocab": "abc", "vocab_size": 3}
+    build_model(cfg, from_base(cfg, meta, (ckpt, path)), meta, base=(ckpt, path))
+    assert ("the adapters on the token table, attention's q, k, v, attention's output matrix, the MLP's first "
+            "matrix, the MLP's second matrix and the head;") in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("damage, says", [

@@ -36,6 +36,14 @@ def first_line(e):
     return lines[0].split(". ")[0].rstrip(".") if lines else type(e).__name__
 
 
+def what_does_not_fit(e, width=160):
+    """What a failed load_state_dict found, the keys missing, unexpected or of another size (torch's first line
+    names only the model, its next what does not fit), cut to width; for another error its first line."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    found = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading state_dict") else first_line(e)
+    return found[:width] + "…" * (len(found) > width)
+
+
 def run_main(main, memory_settings=()):
     """Run an entry script's main(), turning a UserError into `error: ...` and its exit status
     (1, or 128 + signal for a stopped run), Ctrl-C outside a training loop into status 130, a file

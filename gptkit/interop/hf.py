@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from gptkit.base import files
-from gptkit.base.errors import UserError, first_line
+from gptkit.base.errors import UserError, first_line, what_does_not_fit
 from model import GPT, GPTConfig
 
 HUB_MODELS = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}
@@ -240,11 +240,11 @@ def save_hf(model, hf_dir, eos_token_id=None):
     hf = transformers.GPT2LMHeadModel(hf_config).eval()
     try:
         hf.load_state_dict(state_to_hf(state, config))
-    except RuntimeError as e:  # a weight model.py has, as edited, that GPT-2 has no place for
-        found = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), first_line(e))
-        raise UserError(f"GPT-2 has no place for this model's weights ({found[:120]}{'…' * (len(found) > 120)}): "
-                        "its model.py builds something GPT-2's layout does not hold (an edit, or an option of its "
-                        "own); nothing was written") from None
+    except (RuntimeError, KeyError) as e:  # model.py, as edited, has a weight GPT-2 has no place for, or lacks one
+        found = f"it has no {e.args[0]}" if isinstance(e, KeyError) else what_does_not_fit(e, width=120)
+        raise UserError(f"GPT-2 has no place for this model's weights ({found}): its model.py builds something "
+                        "GPT-2's layout does not hold (an edit, or an option of its own); nothing was written") \
+            from None
     check_same_logits(model, hf)
     hf_dir = Path(hf_dir)
     try:

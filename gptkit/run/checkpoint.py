@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from gptkit.base import files
-from gptkit.base.errors import RunStopped, UserError, first_line
+from gptkit.base.errors import RunStopped, UserError, first_line, what_does_not_fit
 from gptkit.machine.model_contract import check_forward
 from gptkit.machine.stand_ins import ATTENTION_PATHS, KERNELS, install
 from gptkit.run.formats import CHECKPOINT_FORMAT, upgraded_checkpoint
@@ -430,7 +430,7 @@ def model_from_checkpoint(ckpt, path, **overrides):
     try:
         weights, config = merge_lora(ckpt["model"], config)
     except (RuntimeError, KeyError) as e:  # an adapter missing, or of another shape than its matrix
-        raise UserError(f"{path}'s weights do not fit its model settings ({first_line(e)})") from None
+        raise UserError(f"{path}'s weights do not fit its model settings ({what_does_not_fit(e)})") from None
     except ValueError as e:  # model.py's adapter, as edited, computes what no plain matrix does: it runs as written
         print(f"note: {path}'s LoRA adapters stay beside their matrices: {e}", flush=True)
         weights = ckpt["model"]
@@ -462,4 +462,4 @@ def load_weights(model, weights, path, what="weights"):
     try:
         model.load_state_dict(weights)
     except (RuntimeError, AttributeError) as e:
-        raise UserError(f"{path}'s {what} do not fit its model settings ({first_line(e)})") from None
+        raise UserError(f"{path}'s {what} do not fit its model settings ({what_does_not_fit(e)})") from None

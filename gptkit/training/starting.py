@@ -3,13 +3,14 @@ model (fresh, resumed or pretrained), with the seeds that make them the same for
 
 import math
 import random
+import re
 from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from gptkit.base.errors import UserError, first_line
+from gptkit.base.errors import UserError, what_does_not_fit
 from gptkit.data.conversations import MARKERS, shown
 from gptkit.data.dataset import TrainingData, load_meta
 from gptkit.data.tokenizer import describe_vocabulary, prepare_options, same_bpe, same_token_ids, trained_size
@@ -17,7 +18,7 @@ from gptkit.interop.hf import HUB_MODELS, crop_block_size, load_pretrained
 from gptkit.machine.model_contract import check_forward
 from gptkit.run.checkpoint import MODEL_KEYS, check_finite, load_checkpoint, load_weights, model_config
 from gptkit.run.run_folder import RunDir
-from model import GPT, merge_lora
+from model import GPT, LoRAEmbedding, LoRALinear, merge_lora
 
 
 def build_model(cfg, planned, meta, ckpt=None, path=None, rank=0, base=None):
@@ -36,10 +37,10 @@ def build_model(cfg, planned, meta, ckpt=None, path=None, rank=0, base=None):
     total = model.num_params(non_embedding=False)
     if model.config.lora_rank and rank == 0:
         trained = model.trainable_params()
+        *parts, last = adapted_parts(model) or ["no layer"]
         print(f"LoRA rank {model.config.lora_rank}: {trained:,} of the model's {total:,} parameters train "
-              f"({100 * trained / total:.1f}%): the adapters on attention's q, k, v, the MLP's first matrix, the token "
-              "table and the head; the base model's weights are frozen",
-              flush=True)
+              f"({100 * trained / total:.1f}%): the adapters on {', '.join(parts)}{' and ' * bool(parts)}{last}; "
+              "the base model's weights are frozen", flush=True)
     elif base is not None and rank == 0:  # lora_rank=0 given over a LoRA config's would otherwise go unsaid
         print(f"a full fine-tune: all {total:,} of the model's parameters train (lora_rank=R trains adapters of "
               "rank R instead, the base's weights frozen)", flush=True)
@@ -48,6 +49,23 @@ def build_model(cfg, planned, meta, ckpt=None, path=None, rank=0, base=None):
                         f"({model.config.vocab_size})")
     check_forward(model)
     return model
+
+
+# the layers model.py adapts, in words; a layer a learner's edit adapts besides is named as model.py names it
+ADAPTED_WORDS = {"transformer.wte": "the token table", "attn.c_attn": "attention's q, k, v",
+                 "attn.c_proj": "attention's output matrix", "mlp.c_fc": "the MLP's first matrix",
+                 "mlp.c_proj": "the MLP's second matrix", "lm_head": "the head"}
+
+
+def adapted_parts(model):
+    """The layers that hold LoRA adapters, once each however many blocks have them, in the model's order."""
+    parts = []
+    for name, module in model.named_modules():
+        if isinstance(module, (LoRALinear, LoRAEmbedding)):
+            part = re.sub(r"^transformer\.h\.\d+\.", "", name)
+            if ADAPTED_WORDS.get(part, part) not in parts:
+                parts.append(ADAPTED_WORDS.get(part, part))
+    return parts
 
 
 def pretrained(cfg, meta):
@@ -267,6 +285,9 @@ def load_base(model, base, meta, rank):
         weights, _ = merge_lora(dict(ckpt["model"]), was)  # a LoRA run: its adapters folded in
     except ValueError as e:  # model.py's adapter, as edited, computes what no plain matrix does
         raise UserError(f"{path}'s LoRA adapters cannot be folded into its matrices to fine-tune from: {e}") from None
+    except (RuntimeError, KeyError) as e:  # an adapter missing, or model.py's LoRA layers no longer hold its names
+        raise UserError(f"{path}'s LoRA adapters do not fit model.py's LoRA layers ({what_does_not_fit(e)})") \
+            from None
     tables = [k for k in ("transformer.wte.weight", "lm_head.weight") if k in weights]
     own, at = model.state_dict(), {key: i for i, key in enumerate(new)}
     kept = [(at[key], i) for i, key in enumerate(old) if key in at]
@@ -279,7 +300,7 @@ def load_base(model, base, meta, rank):
             weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][:model.config.block_size]
         missing, unexpected = model.load_state_dict(weights, strict=False)
     except (IndexError, RuntimeError) as e:  # a tensor of another shape than the model it names
-        raise UserError(f"{path}'s weights do not fit the model it names ({first_line(e)})") from None
+        raise UserError(f"{path}'s weights do not fit the model it names ({what_does_not_fit(e)})") from None
     if unexpected or any("lora_" not in k for k in missing):
         raise UserError(f"{path}'s weights do not fit the model it names ({', '.join((unexpected or missing)[:3])})")
     known = set(old)
