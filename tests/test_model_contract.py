@@ -1,5 +1,5 @@
-"""gptkit/machine/model_contract.py: a forward edited to return otherwise than (logits, loss) is one line, and
-the check leaves the model in the mode it found it."""
+"""gptkit/machine/model_contract.py: a forward edited to return otherwise than (logits, loss), or a merge_lora
+otherwise than (weights, config), is one line, and the forward's check leaves the model in the mode it found it."""
 
 import re
 
@@ -7,8 +7,8 @@ import pytest
 
 from conftest import tiny_model
 from gptkit.base.errors import UserError
-from gptkit.machine.model_contract import check_forward
-from model import GPT
+from gptkit.machine.model_contract import check_forward, merged_lora
+from model import GPT, GPTConfig
 
 
 @pytest.mark.parametrize("returns, said", [
@@ -26,3 +26,17 @@ def test_a_forward_edited_to_return_otherwise_than_logits_and_loss_is_one_line(r
     with pytest.raises(UserError, match=rf"^model.py's GPT.forward\(idx, targets\) {re.escape(said)}"):
         check_forward(model)
     assert model.training == training
+
+
+def test_a_merge_lora_edited_to_return_the_weights_alone_is_one_line(monkeypatch):
+    import model as model_py
+
+    adapted = GPT(GPTConfig(vocab_size=5, n_layer=1, n_head=2, n_embd=8, block_size=4, tie_weights=False,
+                            lora_rank=2))
+    weights, config = merged_lora(adapted.state_dict(), adapted.config)  # as written
+    assert config.lora_rank == 0 and not any("lora" in name for name in weights)
+    merge = model_py.merge_lora
+    monkeypatch.setattr(model_py, "merge_lora", lambda weights, config: merge(weights, config)[0])
+    with pytest.raises(UserError, match=r"^model.py's merge_lora\(weights, config\) returned dict: the tools read "
+                                        r"\(weights, config\), the weights a dict$"):
+        merged_lora(adapted.state_dict(), adapted.config)

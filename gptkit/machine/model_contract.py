@@ -1,10 +1,11 @@
 """What the tools need of the learner's model.py that its code does not say: GPT.forward(idx, targets) returns
-(logits, loss). Checked on each model a tool builds, so that an edit that returns otherwise is one line naming
-it."""
+(logits, loss), and merge_lora(weights, config) (weights, config). Checked where a tool calls them, so that an edit
+that returns otherwise is one line naming it."""
 
 import torch
 
 from gptkit.base.errors import UserError
+import model as model_py  # the module, read at each call: the learner's merge_lora as it is
 
 
 @torch.no_grad()
@@ -27,3 +28,14 @@ def check_forward(model):
         got = f"a loss of shape {tuple(out[1].shape)}" if torch.is_tensor(out[1]) else f"{type(out[1]).__name__}"
         raise UserError(f"model.py's GPT.forward(idx, targets) returned {got} as its loss: train.py steps on one "
                         "number, the mean over the tokens")
+
+
+def merged_lora(weights, config):
+    """model.py's merge_lora(weights, config): (weights with LoRA's adapters folded in, config), or one line where
+    an edit returns otherwise. Its own ValueError (an adapter no matrix computes) passes on to the caller."""
+    out = model_py.merge_lora(weights, config)
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], dict)):
+        got = f"{len(out)} values" if isinstance(out, tuple) else type(out).__name__
+        raise UserError(f"model.py's merge_lora(weights, config) returned {got}: the tools read (weights, config), "
+                        "the weights a dict")
+    return out

@@ -27,10 +27,10 @@ import torch
 
 from gptkit.base import files
 from gptkit.base.errors import RunStopped, UserError, first_line, what_does_not_fit
-from gptkit.machine.model_contract import check_forward
+from gptkit.machine.model_contract import check_forward, merged_lora
 from gptkit.machine.stand_ins import ATTENTION_PATHS, KERNELS, install
 from gptkit.run.formats import CHECKPOINT_FORMAT, upgraded_checkpoint
-from model import GPT, GPTConfig, merge_lora
+from model import GPT, GPTConfig
 
 HEADER = b"gptkit-checkpoint sha256=%s size=%020d\n"
 HEADER_SIZE = len(HEADER % (b"0" * 64, 0))
@@ -428,7 +428,7 @@ def model_from_checkpoint(ckpt, path, **overrides):
     config = model_config(ckpt, path, **overrides)
     check_finite(ckpt["model"], path)
     try:
-        weights, config = merge_lora(ckpt["model"], config)
+        weights, config = merged_lora(ckpt["model"], config)
     except (RuntimeError, KeyError) as e:  # an adapter missing, or of another shape than its matrix
         raise UserError(f"{path}'s weights do not fit its model settings ({what_does_not_fit(e)})") from None
     except ValueError as e:  # model.py's adapter, as edited, computes what no plain matrix does: it runs as written

@@ -15,10 +15,10 @@ from gptkit.data.conversations import MARKERS, shown
 from gptkit.data.dataset import TrainingData, load_meta
 from gptkit.data.tokenizer import describe_vocabulary, prepare_options, same_bpe, same_token_ids, trained_size
 from gptkit.interop.hf import HUB_MODELS, crop_block_size, load_pretrained
-from gptkit.machine.model_contract import check_forward
+from gptkit.machine.model_contract import check_forward, merged_lora
 from gptkit.run.checkpoint import MODEL_KEYS, check_finite, load_checkpoint, load_weights, model_config
 from gptkit.run.run_folder import RunDir
-from model import GPT, LoRAEmbedding, LoRALinear, merge_lora
+from model import GPT, LoRAEmbedding, LoRALinear
 
 
 def build_model(cfg, planned, meta, ckpt=None, path=None, rank=0, base=None):
@@ -282,7 +282,7 @@ def load_base(model, base, meta, rank):
     was = model_config(ckpt, path)
     check_finite(ckpt["model"], path)
     try:
-        weights, _ = merge_lora(dict(ckpt["model"]), was)  # a LoRA run: its adapters folded in
+        weights, _ = merged_lora(dict(ckpt["model"]), was)  # a LoRA run: its adapters folded in
     except ValueError as e:  # model.py's adapter, as edited, computes what no plain matrix does
         raise UserError(f"{path}'s LoRA adapters cannot be folded into its matrices to fine-tune from: {e}") from None
     except (RuntimeError, KeyError) as e:  # an adapter missing, or model.py's LoRA layers no longer hold its names
