@@ -1,11 +1,15 @@
 """gptkit/machine/threads.py: the thread count a training run follows as it goes, and decoding's, measured on the
-model and taken only where more threads win clearly."""
+model and taken only where more threads win clearly; and kept where the model's gradients differ between counts."""
+
+import contextlib
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from conftest import tiny_model
 from gptkit.machine import threads as thread_counts
+from gptkit.machine.threads import ThreadTuner, same_gradients_on
 
 
 def test_the_thread_count_follows_the_faster_steps():
@@ -101,3 +105,38 @@ def test_decode_threads_are_measured_and_more_must_win_clearly(monkeypatch, two_
         assert thread_counts.pick_decode_threads(3, tiny_model(), "cpu")[0] == 3 == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
+
+
+class ThreadsInTheLastBits(torch.nn.Module):
+    """A model whose loss, and so its gradient, moves in the last bits with the thread count when `moves`, as a bf16
+    matmul of some widths does; its forward draws dropout's random numbers in training mode."""
+
+    def __init__(self, moves):
+        super().__init__()
+        self.w, self.moves = torch.nn.Parameter(torch.ones(3)), moves
+
+    def forward(self, x, y):
+        w = torch.nn.functional.dropout(self.w, 0.5, self.training)
+        return None, (w * x).sum() * (1 + 1e-6 * torch.get_num_threads() * self.moves)
+
+
+@pytest.mark.parametrize("moves", [False, True])
+def test_gradients_are_compared_on_each_count_leaving_the_run_as_it_was(moves):
+    model, x = ThreadsInTheLastBits(moves).train(), torch.arange(3.0)
+    threads, rng = torch.get_num_threads(), torch.get_rng_state()
+    assert same_gradients_on((1, 2), model, x, None, contextlib.nullcontext()) is not moves
+    assert torch.get_num_threads() == threads and torch.equal(torch.get_rng_state(), rng)
+    assert model.training and model.w.grad is None
+
+
+def test_a_model_whose_gradients_follow_the_threads_keeps_its_count_with_one_line():
+    from gptkit.training.budget import thread_tuner
+
+    said = []
+    for moves, tuned in [(False, True), (True, False)]:
+        state = SimpleNamespace(model=ThreadsInTheLastBits(moves), choices=SimpleNamespace(threads=2, most_threads=2))
+        tuner = thread_tuner(state, torch.arange(3.0), None, contextlib.nullcontext(), said.append)
+        assert isinstance(tuner, ThreadTuner) is tuned
+    assert said == ["threads: 2 for the whole run, busy or idle: this model's gradients differ between 1 and 2 "
+                    "threads in the last bits, so following the load would make two runs of one command differ "
+                    "(--threads=N sets the count)"]

@@ -1,6 +1,7 @@
 """CPU threads: for decoding, timed on the model; for training, followed as the run goes (ThreadTuner), since a
 busy core stalls every operation of a step on several threads."""
 
+import copy
 import statistics
 import time
 
@@ -30,6 +31,39 @@ def pick_decode_threads(threads, model, device, batch_size=1, tokens=16):
     torch.set_num_threads(best)
     return best, (f"decoding on {best} thread{'s' if best > 1 else ''} ({most} threads were "
                   f"{seconds[1] / seconds[most]:.2f}x as fast as 1 on this model)")
+
+
+def same_gradients_on(counts, model, x, y, autocast):
+    """Whether one forward and backward of (x, y) gives the same gradients, bit for bit, on each of `counts`
+    threads. Where it does not (bf16 matmuls of some widths sum in another order on more threads), a run whose
+    thread count followed the load would differ from the same command run idle. Taken on a copy of the model with
+    random weights (a fresh model's zero-started projections give gradients of exact zeros, which any count sums
+    alike), in eval mode (no dropout draws), with the random state and the thread count left as they were."""
+    most = torch.get_num_threads()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            probe = copy.deepcopy(model).eval()
+            for spread in PROBE_SPREADS:  # which sums round apart depends on the values: weights of two sizes
+                with torch.no_grad():
+                    for p in probe.parameters():
+                        p.normal_(0.0, spread)
+                grads = []
+                for n in counts:
+                    torch.set_num_threads(n)
+                    probe.zero_grad(set_to_none=True)
+                    with autocast:
+                        loss = probe(x, y)[1]
+                    loss.backward()
+                    grads.append([p.grad for p in probe.parameters() if p.grad is not None])
+                if not all(torch.equal(a, b) for other in grads[1:] for a, b in zip(grads[0], other)):
+                    return False
+    finally:
+        torch.set_num_threads(most)
+    return True
+
+
+PROBE_SPREADS = (0.02, 0.2)  # same_gradients_on's random weights' standard deviations
 
 
 TRIALS_SHARE = 0.1  # the most of a run's time its thread trials cost over the current count's steps (ThreadTuner)

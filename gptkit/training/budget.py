@@ -13,7 +13,7 @@ import statistics
 import time
 
 from gptkit.base.errors import UserError
-from gptkit.machine.threads import TRIALS_SHARE, ThreadTuner
+from gptkit.machine.threads import TRIALS_SHARE, ThreadTuner, same_gradients_on
 
 START_SECONDS = 3.0  # an idle run's start-up to its first evaluation: the interpreter, torch, the data, the model
 END_SECONDS = 1.0  # the summary, and the process's exit
@@ -221,11 +221,17 @@ def time_budget(cfg, data, state, started):
     return TimeBudget(cfg.max_time if cfg.wall_clock else 0.0, started - state.seconds_spent, final_tokens)
 
 
-def thread_tuner(choices):
+def thread_tuner(state, x, y, autocast, say):
     """Threads measured as the run goes (a ThreadTuner), from the count start-up chose, where the count is the
     run's to choose (gptkit.machine.choices: on a CPU, in one process, with threads=0 and more than one to choose
-    from)."""
+    from), and where the model's gradients are the same on any of them: else the count stays, and `say` says why."""
+    choices = state.choices
     if not choices.threads:
+        return None
+    if not same_gradients_on((1, choices.most_threads), state.model, x, y, autocast):
+        say(f"threads: {choices.threads} for the whole run, busy or idle: this model's gradients differ between 1 and "
+            f"{choices.most_threads} threads in the last bits, so following the load would make two runs of one "
+            "command differ (--threads=N sets the count)")
         return None
     return ThreadTuner(choices.most_threads, choices.threads)
 
