@@ -95,7 +95,8 @@ def train(rt, data, state, log, run, budget, stop, aim=None):
         if records.due(state.iter_num, always=True):  # the run's start
             records.take(state.iter_num, paced=False)
     x, y = data.sampler.next()
-    done, tuner = finished(cfg, rt, state, budget), thread_tuner(state, x, y, rt.autocast, report.say)
+    done = finished(cfg, rt, state, budget)
+    tuner = None if done else thread_tuner(state, x, y, rt.autocast, report.say)  # a run with no step left: none
     pace = Pace(state.choices.planned, state.iter_num, cfg) if rt.master else None
     with stop.deferred():
         while not done:

@@ -63,8 +63,9 @@ def adapted_parts(model):
     for name, module in model.named_modules():
         if isinstance(module, (LoRALinear, LoRAEmbedding)):
             part = re.sub(r"^transformer\.h\.\d+\.", "", name)
-            if ADAPTED_WORDS.get(part, part) not in parts:
-                parts.append(ADAPTED_WORDS.get(part, part))
+            words = ADAPTED_WORDS.get(part, part)
+            if words not in parts:
+                parts.append(words)
     return parts
 
 
