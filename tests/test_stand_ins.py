@@ -289,6 +289,27 @@ def test_an_edited_init_that_sets_its_own_attention_keeps_it_on_every_path(monke
         torch.testing.assert_close(model(idx, idx)[1], plain(idx, idx)[1])
 
 
+@pytest.mark.parametrize("name", stand_ins.PATH_METHODS)
+def test_a_renamed_method_the_paths_call_leaves_model_py_s_own_attention_to_run(monkeypatch, name):
+    """A learner who renames a method the attention paths call by name (pattern to attention_weights, its callers
+    with it) still trains and samples: on every path the attention runs as model.py's __init__ set it up, with one
+    line, and the model computes what model.py alone computes."""
+    idx = random_tokens((2, 12))
+    plain = tiny_model(**{**DROPOUT_MODEL, "dropout": 0.0}).eval()
+    with torch.no_grad():
+        want = plain(idx, idx)[1]
+    method = getattr(SelfAttention, name)
+    monkeypatch.delattr(SelfAttention, name)
+    for block in plain.transformer.h:  # its callers call it by its new name, which this stands for
+        block.attn.__dict__[name] = method.__get__(block.attn)
+    for path in ATTENTION_PATHS:
+        assert install(plain, [], path) == ("fused", [
+            f"attention: model.py's SelfAttention has no {name}, which the tools' attention paths call by name: it "
+            "runs as its __init__ sets it up"])
+        with torch.no_grad():
+            assert torch.equal(plain(idx, idx)[1], want)
+
+
 def test_a_model_loaded_from_a_checkpoint_runs_an_edited_attention(monkeypatch, tmp_path):
     """sample.py, analyze.py and the explorer build their model through model_from_checkpoint: where the learner
     edited the written-out attention, that model runs the edit too, as training did."""

@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from gptkit.base import files
 from gptkit.base.errors import UserError, first_line, what_does_not_fit
+from gptkit.machine.model_contract import evaluating
 from model import GPT, GPTConfig
 
 HUB_MODELS = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}
@@ -219,9 +220,8 @@ def check_same_logits(model, hf):
     own, that GPT-2 has no place for would otherwise be written as another model. One line, before any file."""
     config = model.config
     idx = torch.randint(config.vocab_size, (2, min(16, config.block_size)), generator=torch.Generator().manual_seed(0))
-    was_training = model.training
-    ours = model.eval()(idx, idx)[0].float()
-    model.train(was_training)
+    with evaluating(model):
+        ours = model(idx, idx)[0].float()
     gap = (hf(idx).logits.float() - ours).abs().max().item()
     if not gap <= 1e-4 * max(1.0, ours.abs().max().item()):  # float32's rounding, not another function
         raise UserError(f"GPT-2 built from this model's weights computes other logits (up to {gap:.3g} apart): its "

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from gptkit.interp.experiments import KINDS, induction_tokens, patterns, scores_of, token_losses
+from gptkit.machine.model_contract import evaluating
 from gptkit.run.metrics import rl_run
 
 SCORE_WINDOWS = 16  # val windows the previous-token, first-token and local scores read (as analyze.py heads)
@@ -73,9 +74,7 @@ def has_attention(model):
 def record(model, probe):
     """One timeline record's numbers for the model as it is now (in float32, in eval mode; left in the mode it
     was in): {icl, loss_by_position, heads (None without attention)}."""
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         heads = None
         if probe.repeated is None:
             logits, _ = model(probe.windows, probe.targets)
@@ -86,8 +85,6 @@ def record(model, probe):
         losses = token_losses(logits, probe.targets).view(probe.targets.shape).float().mean(0)  # (T,)
         early, late = icl_positions(losses.numel())
         buckets = losses.tensor_split(POSITION_BUCKETS) if losses.numel() >= POSITION_BUCKETS else [losses]
-    finally:
-        model.train(was_training)
     return {"icl": round((losses[late] - losses[early]).item(), 5),
             "loss_by_position": [round(b.mean().item(), 5) for b in buckets], "heads": heads}
 

@@ -2,10 +2,23 @@
 (logits, loss), and merge_lora(weights, config) (weights, config). Checked where a tool calls them, so that an edit
 that returns otherwise is one line naming it."""
 
+from contextlib import contextmanager
+
 import torch
 
 from gptkit.base.errors import UserError
 import model as model_py  # the module, read at each call: the learner's merge_lora as it is
+
+
+@contextmanager
+def evaluating(model):
+    """The model in eval mode (no dropout draws) for the block, then in the mode it was in, however the block ends."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 @torch.no_grad()
@@ -15,12 +28,8 @@ def check_forward(model):
     not an error deep inside the loop after the first evaluation, or in the measuring that times it first; in
     the tools that read a run, before the analysis that unpacks it."""
     idx = torch.zeros((1, min(4, model.config.block_size)), dtype=torch.long, device=next(model.parameters()).device)
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         out = model(idx, idx)
-    finally:
-        model.train(was_training)
     if not (isinstance(out, tuple) and len(out) == 2):
         got = f"{len(out)} values" if isinstance(out, tuple) else type(out).__name__
         raise UserError(f"model.py's GPT.forward(idx, targets) returned {got}: the tools read (logits, loss)")

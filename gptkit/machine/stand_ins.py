@@ -23,7 +23,8 @@ scale and scores they read): an edit to any of them makes every path the written
 `__init__` sets `attend` to a function of the learner's own, that function. The written and folded paths stand in
 for `sdpa`, and 'fused' does too while the table's masks drop weights: an edit to it makes every path the fused
 one, the learner's SDPA, which draws its own dropout masks (the table then leaves the attention weights' dropout
-alone).
+alone). Where the learner renamed a method the paths call by name (PATH_METHODS), no path is set: the attention runs
+as model.py's __init__ set it up.
 """
 
 import ast
@@ -179,6 +180,10 @@ def set_attention_path(model, path):
     taken, why = path, []
     for module in model.modules():
         if isinstance(module, SelfAttention):
+            if gone := gone_methods(module):  # renamed: no path can call it, model.py's own attention runs
+                taken, why = "fused", [f"attention: model.py's SelfAttention has no {' or '.join(gone)}, which the "
+                                       "tools' attention paths call by name: it runs as its __init__ sets it up"]
+                continue
             layer_path, pieces = path_for_edits(module, path)
             if not own_attention(module):
                 module.attend = attention_function(module, layer_path)
@@ -197,9 +202,20 @@ def path_line(asked, taken, pieces):
     return f"attention: the {taken} path: {edits} the {others} paths stand in for, so yours runs"
 
 
+PATH_METHODS = ("sdpa", "written", "pattern", "visible")  # the SelfAttention methods the paths call by name
+
+
+def gone_methods(attn):
+    """The methods of PATH_METHODS that attn's class no longer has (the learner renamed them)."""
+    return [name for name in PATH_METHODS if not callable(getattr(type(attn), name, None))]
+
+
 def path_for_edits(attn, path):
     """(the path attn takes where `path` is asked, the edited pieces that decide it): the written path where the
-    written-out attention was edited; else, where sdpa was, the fused path (the learner's sdpa)."""
+    written-out attention was edited; else, where sdpa was, the fused path (the learner's sdpa); the fused path,
+    model.py's own attention, where a method the paths call is gone."""
+    if gone := gone_methods(attn):
+        return "fused", [f"SelfAttention.{name}" for name in gone]
     if attn.kind not in ("scaled", "dot"):
         return path, []
     cls = type(attn)
@@ -221,7 +237,8 @@ def own_attention(attn):
     replaces it."""
     attend = attn.attend
     function = attend.func if isinstance(attend, partial) else getattr(attend, "__func__", attend)
-    return function not in (folded, fused_unless_dropping, SelfAttention.sdpa, SelfAttention.written)
+    return function not in (folded, fused_unless_dropping, getattr(SelfAttention, "sdpa", None),
+                            getattr(SelfAttention, "written", None))
 
 
 def runs_own_sdpa(module):
@@ -233,7 +250,7 @@ def attention_path_of(attn):
     """The path attn's attention takes now: 'fused', 'written' or 'folded' (additive and uniform: 'written')."""
     if isinstance(attn.attend, partial):
         return "folded" if attn.attend.func is folded else "fused"
-    return "written" if attn.attend == attn.written else "fused"
+    return "written" if attn.attend == getattr(attn, "written", None) else "fused"
 
 
 def attention_function(attn, path):

@@ -9,6 +9,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptkit.base.errors import UserError
+from gptkit.machine.model_contract import evaluating
 
 
 class KVCache:
@@ -95,11 +96,8 @@ def sees_ahead(model):
         one = torch.randint(model.config.vocab_size, (1, T), generator=torch.Generator().manual_seed(0)).to(device)
         other = one.clone()
         other[:, T // 2:] = (one[:, T // 2:] + 1) % model.config.vocab_size
-        was_training = model.training
-        try:
-            firsts = [model.eval()(idx, idx)[0][:, :T // 2] for idx in (one, other)]
-        finally:
-            model.train(was_training)
+        with evaluating(model):
+            firsts = [model(idx, idx)[0][:, :T // 2] for idx in (one, other)]
         ASKED[model] = not torch.equal(*firsts)
     return ASKED[model]
 

@@ -5,6 +5,7 @@ step moves with the base model, so no step count can say where that is."""
 
 from gptkit.base.errors import UserError
 from gptkit.chat.scoring import heldout_problems, score
+from gptkit.machine.model_contract import evaluating
 from gptkit.training.evaluation import eagerly
 
 # what `chat.py --eval --tasks=TASK --samples=8 --temperature=1 --limit=200` scores, at its seed and answer length,
@@ -33,12 +34,8 @@ class ScoreStop:
 
     def pass_at_1(self, state):
         model = state.model
-        with state.scored(), eagerly():
-            model.eval()
-            try:
-                found = score(model, self.tokenizer, self.problems, SAMPLES, TEMPERATURE, MAX_NEW_TOKENS, self.seed)
-            finally:
-                model.train()
+        with state.scored(), eagerly(), evaluating(model):
+            found = score(model, self.tokenizer, self.problems, SAMPLES, TEMPERATURE, MAX_NEW_TOKENS, self.seed)
         return found[self.task]["pass_at"]["1"]
 
 
