@@ -128,7 +128,7 @@ def test_a_damaged_or_foreign_wisdom_cache_is_measured_afresh_with_one_note(monk
     {"float32": {"path": "written", "step": -0.7}}, {"float32": {"path": "written", "step": "0.3"}},
     {"float32": {"path": "written", "step": True}}, {"float32": {"path": "written", "step": 0}},
     {"float32": {"path": "sideways", "step": 0.1}}, {"float32": {"path": "written", "step": 0.1, "threads": 0.5}},
-    {"float32": ["written", 0.1]}, {"measured": None}, {"params": -3}])
+    {"float32": ["written", 0.1]}, {"measured": None}, {"params": -3}, {"busy": "1.2"}, {"busy": -1}])
 def test_a_damaged_wisdom_entry_is_measured_afresh_with_one_note_never_used(monkeypatch, own_wisdom, damage):
     """A hand-edited entry (a wrong type, a missing key, a step time that is no positive number) is named and
     measured again, never used and never a traceback."""
@@ -157,23 +157,38 @@ def test_a_wisdom_cache_nested_too_deep_to_read_is_damaged(monkeypatch, own_wisd
     assert any("is damaged" in line and line.endswith("measuring afresh") for line in picked.lines)
 
 
-def test_a_measurement_taken_beside_a_busy_program_is_used_once_and_not_kept(monkeypatch, own_wisdom):
-    """Beside another program, the run uses what it measured and says so; the next start, idle, measures again
-    and keeps it."""
+def busy(monkeypatch, others):
+    """Every IdleCheck sees other programs holding `others` cores (0: idle)."""
+    monkeypatch.setattr(choices.IdleCheck, "__exit__", lambda self, *exc: setattr(self, "others", others))
+    monkeypatch.setenv("GPTKIT_ASSUME_IDLE", "0")
+
+
+def test_a_measurement_taken_beside_a_busy_program_is_read_while_busy_and_measured_again_idle(monkeypatch,
+                                                                                             own_wisdom):
+    """Beside another program the run keeps what it measured, marked busy, and says so; runs that start while the
+    machine is busy read it (the same choices, nothing timed); the first idle start measures again and keeps
+    that; later starts, busy or idle, read it."""
+    monkeypatch.setattr(choices, "IDLE_LOOK_S", 0.0)
     machine = Machine(monkeypatch)
-    monkeypatch.setattr(choices.IdleCheck, "idle", property(lambda self: False))
-    monkeypatch.setattr(choices.IdleCheck, "__exit__", lambda self, *exc: setattr(self, "others", 1.2))
-    _, busy = chosen(preset(min_tokens_per_param=0))
-    assert len(machine.measured) == 1 and not own_wisdom.exists()
-    assert any(line.startswith("note: other programs held about 1.2 of this machine's cores while it measured: the "
-                               "measurement is used for this run only, and taken again at the next start")
-               for line in busy.lines)
-    monkeypatch.undo()
-    machine = Machine(monkeypatch)
-    monkeypatch.setenv("GPTKIT_WISDOM_DIR", str(own_wisdom.parent))
+    busy(monkeypatch, 1.2)
+    _, first = chosen(preset(min_tokens_per_param=0))
+    assert len(machine.measured) == 1 and "busy" in own_wisdom.read_text()
+    assert "note: other programs held about 1.2 of this machine's cores while it measured: runs that start while " \
+           "the machine is busy read this measurement" in "\n".join(first.lines)
+    machine = Machine(monkeypatch, per_param=1e-5, bf16=3.0)  # were it timed now, everything would differ
+    _, again = chosen(preset(min_tokens_per_param=0))
+    assert machine.measured == [] and (again.dtype, again.attention_path) == (first.dtype, first.attention_path)
+    assert any(line.startswith("note: this model's choices were measured on ") and "read again, as the machine is "
+               "busy now" in line for line in again.lines)
+    busy(monkeypatch, 0.0)
     _, idle = chosen(preset(min_tokens_per_param=0))
-    assert len(machine.measured) == 1 and own_wisdom.exists()
-    assert not any("other programs" in line for line in idle.lines)
+    assert len(machine.measured) == 1 and "busy" not in own_wisdom.read_text()
+    assert any("measured again now, idle, and kept" in line for line in idle.lines)
+    for others in (1.2, 0.0):
+        busy(monkeypatch, others)
+        _, later = chosen(preset(min_tokens_per_param=0))
+        assert len(machine.measured) == 1 and (later.dtype, later.attention_path) == (idle.dtype, idle.attention_path)
+        assert not any(line.startswith("note: ") for line in later.lines)
 
 
 def test_an_edited_model_is_a_shape_of_its_own(monkeypatch):

@@ -62,7 +62,8 @@ def test_window_slides_by_half_a_block(pos_emb, kv_cache):
         cache = kwargs.get("cache")
         calls.append((cache.pos if cache is not None else 0, args[0].size(1)))
 
-    assert not decoding.sees_ahead(model)  # asked once a model, before its first decoding: not counted below
+    # asked once a model, before its first decoding: not counted below
+    assert not decoding.sees_ahead(model) and decoding.cache_agrees(model)
     handle = model.register_forward_pre_hook(hook, with_kwargs=True)
     try:
         generate(model, random_tokens((1, 3), seed=3), 40, kv_cache, temperature=0.0)
@@ -124,6 +125,28 @@ def test_a_mask_removed_by_hand_decodes_from_the_whole_context_as_an_encoder_doe
     idx = random_tokens((1, 3))
     runs = [generate(unmasked, idx, 10, temperature=0.0, kv_cache=kv) for kv in (True, False)]
     assert torch.equal(runs[0], runs[1])
+
+
+def test_an_edit_the_cache_computes_otherwise_decodes_from_the_whole_window_with_a_note(monkeypatch, capsys):
+    """A learner's Block.forward that adds the mean of the positions it is given (a bag of words), right in
+    training's full pass: with the cache it would see one position a step. Decoding notes it once and gives the
+    tokens and logits of decoding without the cache; an unedited model keeps its cache, and says nothing."""
+    import model as model_py
+
+    monkeypatch.setattr(decoding, "NOTED", [])
+    assert decoding.cache_agrees(tiny_model(sharpen=5.0)) and capsys.readouterr().err == ""
+    forward = model_py.Block.forward
+
+    def averaging(self, x, *args, **kwargs):  # an edit: each position adds the mean of those up to it
+        x = x + x.cumsum(1) / torch.arange(1, x.size(1) + 1)[None, :, None]
+        return forward(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(model_py.Block, "forward", averaging)
+    model, idx = tiny_model(sharpen=5.0), random_tokens((1, 3))
+    cached, uncached = (recorded_logits(model, idx, 10, kv_cache=kv, temperature=0.0) for kv in (True, False))
+    assert torch.equal(cached[0], uncached[0]) and torch.equal(cached[1], uncached[1])
+    assert not decoding.cache_agrees(model) and not decoding.cache_agrees(tiny_model(sharpen=5.0))
+    assert capsys.readouterr().err.count("note: decoding with the KV cache gives other logits") == 1
 
 
 def test_same_seed_same_text_and_batch_rows_differ():

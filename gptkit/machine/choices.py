@@ -12,7 +12,9 @@ A run's start-up choices, made before its model is built, from this machine's wi
 Each is a fact of the machine, not of the moment: measured once per CPU, torch version and model shape (model.py's
 code included: an edited model is a shape of its own), kept, and read by every later run, so that the same command on
 the same machine gives the same model, idle or busy. A measurement taken while another program held a core
-(gptkit.machine.idle) is used by that run alone and taken again at the next start. The whole step's idle time, the
+(gptkit.machine.idle) is kept too, marked busy: every run that starts while the machine is busy reads it, so that a
+laptop that is never idle still gives two runs the same choices; the first start on an idle machine measures it
+again, and its measurement replaces it. The whole step's idle time, the
 optimizer's included, is what a time budget is planned from (gptkit.training.budget). The
 speed kernels come by rule (gptkit.machine.stand_ins.by_rule), never by timing. Threads start on the count that
 stepped faster when measured, and follow the load as the run goes (gptkit.machine.threads.ThreadTuner). A resumed
@@ -43,6 +45,7 @@ BF16_MARGIN = 1.15  # bfloat16 must step this much faster
 TURNS = 5  # a first measurement's rounds: a spike in one or two is passed over
 MEASURE_SHARE = 0.04  # of max_time, the most a first measurement may take (start-up is to stay under 5%)
 MEASURE_SECONDS = 20.0  # the most it may take without a max_time
+IDLE_LOOK_S = 0.25  # how long a start watches the machine before reading a measurement taken busy
 
 
 @dataclass
@@ -194,7 +197,7 @@ def measured_when(entry):
 
 class Speed:
     """Each precision's attention path and step time for a model shape on this machine: from its wisdom, or
-    measured (within what the run's budget allows for start-up) and kept where it was measured idle."""
+    measured (within what the run's budget allows for start-up) and kept, marked busy where it was not taken idle."""
 
     def __init__(self, cfg, rt, choices, started):
         self.cfg, self.rt, self.choices = cfg, rt, choices
@@ -202,8 +205,9 @@ class Speed:
         self.allowed = MEASURE_SHARE * cfg.max_time if cfg.max_time > 0 else MEASURE_SECONDS
         self.began = time.perf_counter() - (time.time() - (started or time.time()))
         self.deadline = self.began + self.allowed
-        self.said, self.measured, self.busy = False, 0.0, 0.0
-        self.entries = {}  # this run's, by key: what it measured busy is used by it alone
+        self.said, self.measured, self.busy, self.busy_read, self.replaced = False, 0.0, 0.0, None, None
+        self.entries = {}  # this run's, by key
+        self.idle_now = None  # whether the machine was idle when asked (idle_now()), asked once
 
     def key(self, planned):
         asked = [f"attention_path={self.cfg.attention_path}"] * (self.cfg.attention_path != "auto") + \
@@ -213,7 +217,21 @@ class Speed:
     def read(self, key):
         if key in self.entries:
             return dict(self.entries[key])
-        return {} if self.cfg.retime else self.wisdom.entry(key)
+        entry = {} if self.cfg.retime else self.wisdom.entry(key)
+        if "busy" in entry:  # measured beside another program: read while the machine is busy, measured again idle
+            if self.machine_idle():
+                self.replaced = entry
+                return {}
+            self.busy_read = entry
+        return entry
+
+    def machine_idle(self):
+        """Whether other programs leave this machine idle now: its CPU time watched while this process sleeps."""
+        if self.idle_now is None:
+            with IdleCheck() as check:
+                time.sleep(IDLE_LOOK_S)
+            self.idle_now = check.idle
+        return self.idle_now
 
     def of(self, planned, precisions):
         """{dtype: {"path", "step", "threads"}, "params", "measured": date} for the planned model, with at least
@@ -259,13 +277,14 @@ class Speed:
         return Timed()
 
     def keep(self, key, entry, check):
-        """Keep a measurement taken idle in the wisdom; one taken beside another program is this run's alone."""
+        """Keep a measurement in the wisdom, marked busy (the cores other programs held) where it was not taken
+        idle, or added to an entry that was."""
         entry["measured"] = today()
-        self.entries[key] = dict(entry)
-        if check.idle:
-            self.wisdom.keep(key, entry)
-        else:
+        if not check.idle:
             self.busy = max(self.busy, check.others)
+            entry["busy"] = round(max(entry.get("busy", 0.0), check.others), 2)
+        self.entries[key] = dict(entry)
+        self.wisdom.keep(key, entry)
         entry["now"] = True
 
     def notes(self):
@@ -274,8 +293,17 @@ class Speed:
         lines = []
         if self.busy:
             lines.append(f"note: other programs held about {self.busy:.1f} of this machine's cores while it measured: "
-                         "the measurement is used for this run only, and taken again at the next start (close them "
-                         "for a measurement every later run can keep)")
+                         "runs that start while the machine is busy read this measurement, so that they choose "
+                         "alike, and the first start on an idle machine measures again")
+        elif self.replaced:
+            lines.append(f"note: this model's choices were measured on {self.replaced['measured']} while other "
+                         "programs held some of this machine's cores; measured again now, idle, and kept: runs that "
+                         "read the busy measurement may have chosen otherwise")
+        elif self.busy_read:
+            lines.append(f"note: this model's choices were measured on {self.busy_read['measured']} while other "
+                         f"programs held about {self.busy_read['busy']:.1f} of this machine's cores: read again, as "
+                         "the machine is busy now, so that runs choose alike; the first start on an idle machine "
+                         "measures again")
         if self.measured > self.allowed + 0.5:
             share = f"{MEASURE_SHARE:.0%} of max_time" if self.cfg.max_time > 0 else "what it may take"
             lines.append(f"note: measuring took {self.measured:.1f} s, {self.measured - self.allowed:.1f} s more than "

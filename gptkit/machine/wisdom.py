@@ -148,7 +148,9 @@ def entry_problem(entry):
         return f"params is {entry.get('params')!r}, not a count"
     if not isinstance(entry.get("measured"), str):
         return "no date it was measured on"
-    speeds = {k: v for k, v in entry.items() if k not in ("params", "measured")}
+    if "busy" in entry and not (type(entry["busy"]) in (int, float) and 0 <= entry["busy"] < 4096):
+        return f"busy is {entry['busy']!r}, not the cores other programs held"
+    speeds = {k: v for k, v in entry.items() if k not in ("params", "measured", "busy")}
     if not speeds:
         return "no precision measured"
     for dtype, speed in speeds.items():

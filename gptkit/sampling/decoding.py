@@ -2,6 +2,7 @@
 values so that each new token costs one position of work, sampling with temperature, top-k and top-p, and
 ending at a stop string."""
 
+import sys
 import weakref
 
 import torch
@@ -55,9 +56,10 @@ def decode_steps(model, idx, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
     When the context outgrows block_size the window slides forward by half a block and is recomputed
     once, so cached and uncached decoding see the same context at every step. A model without the causal
     mask (sees_ahead) recomputes the whole window every step whatever kv_cache says: each new token changes
-    what the earlier positions see."""
+    what the earlier positions see; so does a model whose cached steps compute other logits than its full pass
+    (cache_agrees)."""
     window = model.config.block_size
-    kv_cache = kv_cache and not sees_ahead(model)
+    kv_cache = kv_cache and not sees_ahead(model) and cache_agrees(model)
     start = max(0, idx.size(1) - window)
     cache = None
     for _ in range(max_new_tokens):
@@ -103,6 +105,38 @@ def sees_ahead(model):
 
 
 ASKED = weakref.WeakKeyDictionary()  # each model's answer to sees_ahead
+
+
+@torch.no_grad()
+def cache_agrees(model):
+    """Whether decoding with the KV cache gives the logits of the model's full pass: a sequence's first half fed at
+    once, then each token alone, against one pass over all of it, in the model's own precision (autocast off),
+    within what that precision rounds. A learner's edit can part them while training runs as written: ALiBi's
+    distances taken from the lengths of q and k, or a mean over the positions a block is given, see one position
+    where the cache feeds one. Then decoding recomputes the window each step, and one note a process says so. Asked
+    once a model, in eval mode."""
+    T = min(PROBE_TOKENS, model.config.block_size)
+    if model not in AGREES and T >= 2:
+        device = next(model.parameters()).device
+        idx = torch.randint(model.config.vocab_size, (1, T), generator=torch.Generator().manual_seed(1)).to(device)
+        with evaluating(model), torch.autocast(device.type, enabled=False):
+            full = model(idx, idx)[0][:, T // 2 - 1:].float()
+            cache = KVCache(model.config, 1, device, model.lm_head.weight.dtype)
+            steps = [model(idx[:, :T // 2], cache=cache)[0]] + [model(idx[:, t:t + 1], cache=cache)[0]
+                                                                 for t in range(T // 2, T)]
+        cached = torch.cat(steps, 1).float()
+        rounding = 1e-4 if model.lm_head.weight.dtype == torch.float32 else 3e-2
+        AGREES[model] = (cached - full).abs().max().item() <= rounding * max(1.0, full.abs().max().item())
+        if not AGREES[model] and not NOTED:
+            NOTED.append(model.config)
+            print("note: decoding with the KV cache gives other logits than model.py's full pass (an edit that "
+                  "reads positions from the tensors' lengths, say): each token is decoded from the whole window "
+                  "instead, as training computes it", file=sys.stderr, flush=True)
+    return AGREES.get(model, True)
+
+
+AGREES = weakref.WeakKeyDictionary()  # each model's answer to cache_agrees
+NOTED = []  # cache_agrees has said its note (a tool's trial copies of a model are asked each)
 
 
 def generate_stream(model, idx, max_new_tokens, **kwargs):
