@@ -61,7 +61,7 @@ def start(cfg, rt, ckpt, ckpt_path, given, asked, started):
     optimizers = schedulable(model.configure_optimizers(cfg, rt.dtype))  # model.py's, as nanoGPT's
     state = TrainState(cfg, model, optimizers, data.tokenizer, data.sampler, rt, choices, sequences)
     if ckpt is not None:
-        state.restore(ckpt, ckpt_path, rt)
+        state.restore(ckpt, ckpt_path, rt, chat="roles" in data.meta)
     if cfg.compile:
         compile_blocks(model)
     if rt.master:

@@ -280,14 +280,20 @@ def test_resume_without_iter_num_is_one_line(run, data_dir):
     assert_one_error_line(proc.stderr, f"error: {run / 'latest.pt'} is incomplete: it lacks iter_num")
 
 
-def test_resuming_an_rl_runs_state_says_rl_py_continues_it(run, data_dir):
-    (run / "latest.prev.pt").unlink()
+@pytest.mark.parametrize("before_it", [False, True])
+def test_resuming_an_rl_runs_state_says_rl_py_continues_it(run, data_dir, before_it):
+    """Refused in one line, and no file changes, with a state of train.py's before it too (latest.prev.pt):
+    resuming that one, as a damaged latest.pt's fallback, saved over the RL state."""
+    if not before_it:
+        (run / "latest.prev.pt").unlink()
     rewrite(run / "latest.pt", ("best_val_loss",), DELETE)  # as rl.py's state lacks what train.py's loop keeps
     rewrite(run / "latest.pt", ("rl",), {"state": {}})
-    proc = train_again(run, data_dir, "resume", 40)
+    before = files(run)
+    proc = train_again(run, data_dir, "auto", 40)
     assert proc.returncode == 1
     assert_one_error_line(proc.stderr, f"error: {run / 'latest.pt'} is the state of an rl.py run, which train.py "
                           "cannot continue; continue it with rl.py, or pick another --out_dir")
+    assert files(run) == before
 
 
 # a setting in a checkpoint's saved config that no run saves: (its key, the value written, what the line says)
@@ -355,6 +361,25 @@ def test_a_resume_continues_with_the_saved_settings_and_those_given_again(run, d
     assert (ckpt["iter_num"], cfg["max_iters"], cfg["learning_rate"], cfg["batch_size"]) == (32, 32, 1e-3, 8)
     assert (cfg["model"]["n_layer"], cfg["model"]["pos_emb"], cfg["model"]["block_size"]) == (2, "rope", 32)
     assert {g["base_lr"] for g in ckpt["optimizer"][0]["param_groups"]} == {1e-3}
+
+
+def test_a_chat_run_continued_with_another_train_on_says_so_and_chooses_best_pt_anew(chat_run, tmp_path, capsys):
+    """train_on chooses the tokens val loss counts: a note says old → new and what best.pt was chosen by, and the
+    next evaluation writes best.pt, which the old count's best (the answers alone, an easier loss) kept before.
+    Continued again with the new train_on, the run says nothing of it."""
+    out = tmp_path / "out-chat"
+    shutil.copytree(chat_run, out)
+    was = load_checkpoint(out / "latest.pt")
+    train.main([f"--out_dir={out}", "--init_from=auto", "--max_iters=7", "--train_on=all"])
+    assert (f"note: train_on 'answers' → 'all': from here val loss counts every token, the questions' too, where it "
+            f"counted the answers and the text mixed in; best.pt (iteration {was['best_iter']}, val loss "
+            f"{was['best_val_loss']:.4f}) was chosen by the old count, and the next evaluation replaces it\n") \
+        in capsys.readouterr().out
+    ckpt = load_checkpoint(out / "latest.pt")
+    best = load_checkpoint(out / "best.pt")
+    assert (ckpt["config"]["train_on"], ckpt["best_iter"], best["iter_num"]) == ("all", 7, 7)
+    train.main([f"--out_dir={out}", "--init_from=auto", "--max_iters=8"])
+    assert "train_on" not in capsys.readouterr().out
 
 
 def test_a_resume_after_an_edit_to_model_py_says_what_changed(run, data_dir, capsys, monkeypatch):

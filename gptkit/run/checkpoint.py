@@ -85,6 +85,11 @@ def write_error(e, writer, path, previous):
     return UserError(f"could not write checkpoint {path} ({detail}){intact}")
 
 
+class AnotherToolsState(UserError):
+    """A checkpoint another tool saved (rl.py's state where train.py's is required): not damage, so a resume never
+    falls back past it to an older state, whose saves would then replace it."""
+
+
 class HashingWriter:
     """Pass writes on to the file, hashing and counting them, and keep the first exception a write raised
     (an OSError, or a KeyboardInterrupt from a signal handler): torch.save replaces it with a RuntimeError
@@ -364,8 +369,8 @@ def load_checkpoint(path, map_location="cpu", required=None):
     if required is not None:
         missing = [key for key in required if key not in state]
         if missing and "rl" in state:  # rl.py's saved state: it lacks what train.py's loop keeps
-            raise UserError(f"{path} is the state of an rl.py run, which train.py cannot continue; continue it with "
-                            "rl.py, or pick another --out_dir")
+            raise AnotherToolsState(f"{path} is the state of an rl.py run, which train.py cannot continue; continue "
+                                    "it with rl.py, or pick another --out_dir")
         if missing:
             raise UserError(f"{path} is incomplete: it lacks {', '.join(missing)}")
         problem = required.problem(state, "")

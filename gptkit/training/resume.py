@@ -8,7 +8,7 @@ import torch
 from gptkit.base.errors import UserError
 from gptkit.base.settings import coerce, flatten, resumed, settings
 from gptkit.machine.stand_ins import changed_since
-from gptkit.run.checkpoint import TRAINING_KEYS, load_checkpoint
+from gptkit.run.checkpoint import TRAINING_KEYS, AnotherToolsState, load_checkpoint
 from gptkit.training.train_config import BATCH_KEYS, TrainConfig
 from model import GPTConfig
 
@@ -57,7 +57,8 @@ def claim_for_a_new_run(cfg, run, note):
 def resume_state(run, init_from, note):
     """(checkpoint, its path) to continue from, or (None, None) to start afresh: 'resume' needs a saved state,
     'auto' takes one where there is any. A damaged or missing latest.pt falls back to the one before it,
-    with a note saying so; when every saved state is damaged, one error names them all."""
+    with a note saying so; when every saved state is damaged, one error names them all. Another tool's state
+    (rl.py's) is refused, never passed over: this run's saves would replace it."""
     if init_from not in ("resume", "auto"):
         return None, None
     candidates = run.resume_candidates()
@@ -73,6 +74,8 @@ def resume_state(run, init_from, note):
             ckpt = load_checkpoint(path, required=TRAINING_KEYS)
             refuse_unusable_numbers(ckpt, path)
             saved_settings(ckpt, path)
+        except AnotherToolsState:  # resuming the state before it would save over it: the other run's state lost
+            raise
         except UserError as e:
             problems.append(str(e))
             continue

@@ -102,9 +102,10 @@ class TrainState:
         """Inside this block the model holds the weights evaluations score."""
         return nullcontext() if self.ema is None else self.ema.swapped_in()
 
-    def restore(self, ckpt, path, rt):
+    def restore(self, ckpt, path, rt, chat=False):
         """Continue from ckpt, read from path (its model weights are already loaded). The optimizers keep this
-        run's settings (learning rates, betas, weight decay), which are the checkpoint's unless given again."""
+        run's settings (learning rates, betas, weight decay), which are the checkpoint's unless given again.
+        chat: the run trains on a chat dataset, whose loss train_on chooses the tokens of."""
         restore_optimizers(self.optimizers, ckpt["optimizer"])
         self.scaler.load_state_dict(ckpt["scaler"])
         if "trained" in ckpt:  # the model holds the checkpoint's EMA (this run's, if it keeps one)
@@ -114,8 +115,24 @@ class TrainState:
         self.wandb_id = ckpt.get("wandb_id")
         self.stopped_by_score = stopped_by_score(ckpt, self.cfg)  # its end is still to do, or done: nothing trains
         self.restore_random_state(ckpt["rng"], rt)
+        anew = self.measured_anew(ckpt, chat)  # on every process: whether an evaluation improved decides the saves
         if rt.master:
             self.say_how_it_continues(ckpt, rt.world)
+            if anew:
+                print(anew)
+
+    def measured_anew(self, ckpt, chat):
+        """A chat run continued with another train_on: val loss counts other tokens from here, so best.pt, chosen
+        by the old measure, is chosen anew from the next evaluation (as rl.py's best is when its scoring changes).
+        Returns the note to print, or None."""
+        saved, now = ckpt["config"].get("train_on", "answers"), self.cfg.train_on
+        if not chat or saved == now:  # on plain text every token counts either way
+            return None
+        kept = f"best.pt (iteration {self.best_iter}, val loss {self.best_val_loss:.4f}) was chosen by the old count"
+        self.best_val_loss = math.inf
+        counted = {"answers": "the answers and the text mixed in", "all": "every token, the questions' too"}
+        return (f"note: train_on {saved!r} → {now!r}: from here val loss counts {counted[now]}, where it counted "
+                f"{counted[saved]}; {kept}" + ("" if self.cfg.eval_only else ", and the next evaluation replaces it"))
 
     def restore_random_state(self, states, rt):
         """Each process's generators as it saved them; on another number of processes, the data order where it
