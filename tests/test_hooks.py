@@ -40,6 +40,34 @@ def test_hooks_refuse_a_name_the_model_lacks_and_leave_nothing_behind():
     assert not any(point.hooked for point in hook_points(model).values())
 
 
+def test_a_forward_written_without_its_hook_points_is_one_line_where_an_analysis_reads_them(monkeypatch):
+    """Block.forward as nanoGPT writes it, no hook point called: the model trains and samples, and an analysis
+    that reads the stream there says which point its forward never reaches, not a KeyError."""
+    import model as model_py
+
+    def plain(self, x, rotary=None, cache=None, layer=0):  # an edit: the lecture's block, no hook points
+        x = x + self.attn(self.branch_input(x, 0, cache, layer), rotary, cache, layer)
+        return x + self.mlp(self.branch_input(x, 1, cache, layer))
+
+    monkeypatch.setattr(model_py.Block, "forward", plain)
+    model = tiny_model()
+    with pytest.raises(UserError, match=r"^model.py's forward never passes through the hook point "
+                                        r"blocks.0.hook_resid_pre, which this analysis reads: an edit left out its "
+                                        r"self.hook_resid_pre\(...\) call"):
+        look_inside(model, random_tokens((1, 5)))
+
+
+@pytest.mark.parametrize("name", ["head", "embed"])
+def test_a_renamed_piece_of_gpt_forward_an_analysis_calls_is_one_line(monkeypatch, name):
+    import model as model_py
+
+    model = tiny_model(n_layer=0) if name == "embed" else tiny_model()
+    monkeypatch.delattr(model_py.GPT, name)
+    with pytest.raises(UserError, match=rf"^model.py's GPT has no {name} method \(.*an edit renamed it; keep the "
+                                        rf"name {name}$"):
+        look_inside(model, random_tokens((1, 5))) if name == "embed" else read_out(model, torch.zeros(1, 1, 32))
+
+
 @pytest.mark.parametrize("arch", [{}, MODERN, dict(MODERN, token_shift=True)], ids=["gpt2", "modern", "token_shift"])
 def test_attention_maps_are_the_causal_weights_sdpa_applies(arch):
     """Each map is a distribution over the keys a query may see, and weights @ values gives what the forward pass

@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from gptkit.base.errors import UserError
 from gptkit.base.progress import progress
 from gptkit.data.conversations import typed
-from gptkit.interp.hooks import forward_from, hook_points, hooked, names_in, run_with_cache
+from gptkit.interp.hooks import forward_from, hook_points, hooked, names_in, piece, run_with_cache
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.run.metrics import KINDS
 from gptkit.run.run_folder import RunDir, check_checkpoint, model_at
@@ -549,7 +549,7 @@ def ablation_deltas(model, idx, targets, how="zero"):
         x, y = idx[start:start + rows], targets[start:start + rows]
         logits, cache = run_with_cache(model, x, kept)
         base += token_losses(logits, y).double().sum().item()
-        rotary = model.embed(x[:1])[1]
+        rotary = piece(model, "embed")(x[:1])[1]
         for layer in range(L):
             # a head's width as its hook_z has it: a learner's model.py may size heads other than n_embd // n_head
             values = torch.zeros(H, cache[z_names[layer]].size(-1), device=x.device) if fill is None \
@@ -713,7 +713,7 @@ def patching(model, clean, corrupt, target=None, foil=None):
     corrupt_logits, corrupt_cache = run_with_cache(model, corrupt, names)
     target = int(clean_logits[0, -1].argmax()) if target is None else token_of(model, target, "target")
     foil = None if foil is None else token_of(model, foil, "foil")
-    metric, rotary = metric_of(target, foil), model.embed(clean)[1]
+    metric, rotary = metric_of(target, foil), piece(model, "embed")(clean)[1]
     resid, heads = torch.empty(L, T), torch.empty(L, H)
     for layer in range(L):
         pre, z = f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.attn.hook_z"
@@ -785,4 +785,5 @@ def attribute(model, idx, position, target=None):
         cache.get("hook_pos_embed", 0)
     raw = model.lm_head(ln(final[:, position]))[0, target].item()
     norm_bias = 0.0 if ln.bias is None else (unembed @ ln.bias.float()).item()
-    return Attribution(target, position, parts, norm_bias, raw, model.head(ln(final[:, position]))[0, target].item())
+    head = piece(model, "head")(ln(final[:, position]))[0, target].item()
+    return Attribution(target, position, parts, norm_bias, raw, head)

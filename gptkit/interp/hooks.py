@@ -55,11 +55,23 @@ def names_in(model, names_filter):
     return [names_filter] if isinstance(names_filter, str) else list(names_filter)
 
 
+class Activations(dict):
+    """{hook point: activation} of a forward pass. A point the pass never reached is one line naming it: a
+    learner's forward written without its hook points (Block.forward as nanoGPT writes it) still has them, unused."""
+
+    def __missing__(self, name):
+        call = name.rpartition(".")[2]
+        raise UserError(f"model.py's forward never passes through the hook point {name}, which this analysis reads: "
+                        f"an edit left out its self.{call}(...) call; put it back where model.py had it (training and "
+                        "sampling run without it)")
+
+
 @contextmanager
 def caching(model, names_filter=None):
     """Within the block, every forward pass keeps the activation at each hook point names_filter picks in the
-    dict it yields, {name: activation} (a later pass's replacing an earlier one's)."""
-    cache = {}
+    dict it yields, {name: activation} (a later pass's replacing an earlier one's; one it never reached, asked
+    for, is one line)."""
+    cache = Activations()
     with hooked(model, {name: lambda x, name: cache.__setitem__(name, x) for name in names_in(model, names_filter)}):
         yield cache
 
@@ -74,6 +86,20 @@ def run_with_cache(model, idx, names_filter=None):
     return logits, cache
 
 
+PIECES = {"embed": "tokens to vectors, with their positions", "head": "the final stream to logits"}
+
+
+def piece(model, name):
+    """The learner's GPT.<name> (a piece of GPT.forward, PIECES, that an analysis calls on its own), or one line
+    where an edit renamed it."""
+    try:
+        return getattr(model, name)
+    except AttributeError:
+        raise UserError(f"model.py's GPT has no {name} method ({PIECES[name]}), which this analysis calls on its own "
+                        f"to start or end partway through the model: an edit renamed it; keep the name {name}") \
+            from None
+
+
 def forward_from(model, layer, x, rotary=None, after_attention=False):
     """Every position's logits from blocks.{layer}.hook_resid_pre = x (B, T, C), or with after_attention from the
     stream after that layer's attention (hook_resid_mid; an attention-only block's hook_resid_post): the blocks'
@@ -85,7 +111,7 @@ def forward_from(model, layer, x, rotary=None, after_attention=False):
     with hooked(model, {f"blocks.{layer}.{point}": lambda _, name, stream=x: stream} if after_attention else {}):
         for block in model.transformer.h[layer:]:
             x = block(x, rotary)
-    return model.head(model.transformer.ln_f(x))
+    return piece(model, "head")(model.transformer.ln_f(x))
 
 
 def stream_names(model):
@@ -103,7 +129,7 @@ def look_inside(model, idx):
     """One forward pass of idx: (the residual stream after the embeddings and after each block, n_layer + 1
     tensors of (B, T, C); every layer's attention weights, n_layer tensors of (B, H, T, T))."""
     if model.config.n_layer == 0:  # a bigram: no block to watch, its stream is the embeddings
-        return [model.embed(idx)[0]], []
+        return [piece(model, "embed")(idx)[0]], []
     with caching(model, stream_names(model) + pattern_names(model)) as cache:
         model(idx)
     return [cache[name] for name in stream_names(model)], [cache[name] for name in pattern_names(model)]
@@ -122,7 +148,7 @@ def residual_streams(model, idx):
 @torch.no_grad()
 def read_out(model, x):
     """What residual-stream vectors x predict next: logits through the final norm and the head."""
-    return model.head(model.transformer.ln_f(x))
+    return piece(model, "head")(model.transformer.ln_f(x))
 
 
 @torch.no_grad()
