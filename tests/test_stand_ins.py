@@ -289,6 +289,28 @@ def test_an_edited_init_that_sets_its_own_attention_keeps_it_on_every_path(monke
         torch.testing.assert_close(model(idx, idx)[1], plain(idx, idx)[1])
 
 
+@pytest.mark.parametrize("path", ATTENTION_PATHS)
+def test_an_init_edited_to_set_what_sdpa_alone_reads_runs_sdpa_on_every_path(monkeypatch, path):
+    """An __init__ that sets SDPA's scale (1/d for 1/sqrt(d)), which the written-out attention never reads: the
+    paths that stand in for written would drop the edit, so every path is the fused one, model.py's sdpa with the
+    learner's scale, and the model computes what model.py alone computes; with dropout, SDPA draws its own masks."""
+    init = SelfAttention.__init__
+
+    def edited_init(self, config):
+        init(self, config)
+        self.scale = 1.0 / (config.n_embd // config.n_head)  # an edit: muP's 1/d
+
+    model = edited_model(monkeypatch, "SelfAttention.__init__", edited_init, dropout=0.1)
+    idx = random_tokens((2, 12))
+    with torch.no_grad():
+        want = model.eval()(idx, idx)[1]
+    taken, lines = install(model, stand_ins.KERNELS, path)
+    assert taken == "fused" and "model.py's SelfAttention.__init__ is not the code" in lines[0]
+    assert type(model.transformer.h[0].attn.attn_dropout) is torch.nn.Dropout
+    with torch.no_grad():
+        assert torch.equal(model.eval()(idx, idx)[1], want)
+
+
 @pytest.mark.parametrize("name", stand_ins.PATH_METHODS)
 def test_a_renamed_method_the_paths_call_leaves_model_py_s_own_attention_to_run(monkeypatch, name):
     """A learner who renames a method the attention paths call by name (pattern to attention_weights, its callers

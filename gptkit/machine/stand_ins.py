@@ -20,7 +20,8 @@ the kernel steps aside, their version runs, and install() says so in one line. T
 rule. The fused and folded paths stand in for the written-out attention (the score function, with the `dot_scores`
 that `scaled_scores` calls, `pattern`, `written`, `visible`, and `SelfAttention.__init__`, which sets up the mask,
 scale and scores they read): an edit to any of them makes every path the written one, or, where the edited
-`__init__` sets `attend` to a function of the learner's own, that function. The written and folded paths stand in
+`__init__` sets `attend` to a function of the learner's own, that function, or, where it sets what sdpa alone reads
+(its scale), the fused one. The written and folded paths stand in
 for `sdpa`, and 'fused' does too while the table's masks drop weights: an edit to it makes every path the fused
 one, the learner's SDPA, which draws its own dropout masks (the table then leaves the attention weights' dropout
 alone). Where the learner renamed a method the paths call by name (PATH_METHODS), no path is set: the attention runs
@@ -225,11 +226,32 @@ def path_for_edits(attn, path):
                                            ("SelfAttention.written", cls.written),
                                            ("SelfAttention.visible", cls.visible),
                                            ("SelfAttention.__init__", cls.__init__)) if edited(name, function)]
+    if written == ["SelfAttention.__init__"] and sdpa_alone_edited(attn):
+        return "fused", written  # it set what sdpa alone reads (self.scale): model.py trains on sdpa, so that runs
     if written:
         return "written", written
     if edited("SelfAttention.sdpa", cls.sdpa):
         return "fused", ["SelfAttention.sdpa"]
     return path, []
+
+
+@torch.no_grad()
+def sdpa_alone_edited(attn):
+    """Whether, of attn's two ways to attend, only sdpa computes other attention than model.py as written would
+    (an edited __init__ set what sdpa alone reads, self.scale), on random queries, keys and values in float32
+    without dropout; where written does (a mask of its own, its scores), the edit is written's."""
+    width = attn.c_attn.in_features // attn.n_head
+    q, k, v = torch.randn(3, 1, attn.n_head, 6, width, generator=torch.Generator().manual_seed(0)) \
+        .to(attn.c_attn.weight.device)
+    unedited = F.scaled_dot_product_attention(q, k, v, is_causal=attn.causal,
+                                              scale=None if attn.kind == "scaled" else 1.0)
+    training = attn.training
+    try:
+        attn.eval()
+        return torch.allclose(attn.written(q, k, v), unedited, rtol=1e-4, atol=1e-5) and \
+            not torch.allclose(attn.sdpa(q, k, v), unedited, rtol=1e-4, atol=1e-5)
+    finally:
+        attn.train(training)
 
 
 def own_attention(attn):
@@ -242,8 +264,12 @@ def own_attention(attn):
 
 
 def runs_own_sdpa(module):
-    """Whether module is attention that runs the learner's edited sdpa on every path."""
-    return isinstance(module, SelfAttention) and path_for_edits(module, "fused")[1] == ["SelfAttention.sdpa"]
+    """Whether module is attention that runs the learner's own sdpa on every path (edited, or reading what their
+    __init__ set, or where the paths cannot be set)."""
+    if not isinstance(module, SelfAttention):
+        return False
+    taken, pieces = path_for_edits(module, "fused")
+    return taken == "fused" and bool(pieces)
 
 
 def attention_path_of(attn):
