@@ -19,7 +19,7 @@ from dataclasses import asdict
 from gptkit.base.errors import RunStopped, UserError, run_main  # first: a Ctrl-C while torch loads is one line too
 import torch
 
-from gptkit.base.settings import command_line_keys, config_file_values, given_values, make
+from gptkit.base.settings import command_line_keys, config_file_values, given_values
 from gptkit.base.signals import StopSignals
 from gptkit.machine.choices import choose, on_speed_path
 from gptkit.machine.runtime import (Runtime, compile_blocks, launch_processes, launched_rank,
@@ -35,7 +35,7 @@ from gptkit.training.reporting import Reporter
 from gptkit.training.resume import claim_for_a_new_run, continued_config
 from gptkit.training.score_stop import ScoreStop, stopped_by_score
 from gptkit.training.snapshots import drop_after
-from gptkit.training.starting import base_run, build_model, open_data, planned_model
+from gptkit.training.starting import base_run, build_model, given_config, open_data, planned_model
 from gptkit.training.state import TrainState
 from gptkit.training.train_config import TrainConfig
 
@@ -46,7 +46,7 @@ def start(cfg, rt, ckpt, ckpt_path, given, asked, started):
     optimizers, then the state a checkpoint saves, which holds the config that trains:
     (TrainingData, TrainState, the ScoreStop of a run that ends by its score or None)."""
     data, sequences = open_data(cfg, rt, ckpt, ckpt_path)
-    base = base_run(cfg) if ckpt is None else None  # init_from a run folder: fine-tuning its model
+    base = base_run(cfg.init_from) if ckpt is None else None  # init_from a run folder: fine-tuning its model
     planned = planned_model(cfg, data.meta, ckpt, ckpt_path, base, given, asked)  # the shape the config and data say
     saved = ckpt["measured"] if ckpt is not None else None  # what a resumed run chose
     # precision, attention path, a preset's shape and the step's speed: this machine's, measured
@@ -235,7 +235,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     given = given_values(TrainConfig, argv, prog="train.py")
     asked = command_line_keys(TrainConfig, argv)
-    cfg = make(TrainConfig, given)
+    cfg = given_config(given, asked)
     if not trains_here(cfg.processes):  # each process runs this main with the same argv
         return launch_processes(cfg.processes, __file__, argv)
     master = launched_rank() == 0

@@ -13,7 +13,7 @@ from conftest import BPE_VOCAB, assert_one_error_line, check_ok, mixed_script_te
 from gptkit.chat.answering import (answer_text, check_chat_model, end_id, next_answer_prompt, question_prompt,
                                    sample_answers)
 from gptkit.base.errors import UserError
-from gptkit.chat.scoring import heldout_problems, pass_at_k, score
+from gptkit.chat.scoring import file_problems, heldout_problems, pass_at_k, score
 from gptkit.data.conversations import MARKERS, render
 from gptkit.data.tokenizer import CharTokenizer
 
@@ -44,6 +44,20 @@ def test_a_damaged_held_out_file_is_one_line_that_says_to_prepare_again(tmp_path
     assert expected in str(e.value) and str(e.value).endswith("again, as the dataset was made, with --start_over=True")
     (tmp_path / "heldout.jsonl").write_bytes(good + b"\n")
     assert heldout_problems(tmp_path, {"heldout_file": "heldout.jsonl"}) == {"addition": [("1+2", "3")]}
+
+
+@pytest.mark.parametrize("turn", [0, 1])
+def test_a_conversation_to_score_with_a_character_the_vocabulary_lacks_is_one_line_naming_its_line(tmp_path, turn):
+    """In the question or in the reference: a reference the model cannot write would be scored wrong unseen."""
+    tok = CharTokenizer(sorted(set("0123456789+") | set(MARKERS.values())))
+    texts = ["1+2", "3"]
+    texts[turn] += "é"
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": texts[0]},
+                                             {"role": "assistant", "content": texts[1]}]}) + "\n", encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        file_problems(path, tok)
+    assert str(e.value) == f"{path} line 1: the text has characters outside the training vocabulary: 'é'"
 
 
 @pytest.mark.parametrize("name", ["heldout.jsonl", "mixed_val.txt"])

@@ -93,6 +93,20 @@ def test_a_tasks_list_that_would_draw_nothing_or_the_same_problems_twice_is_one_
     assert str(e.value) == expected
 
 
+@pytest.mark.parametrize("setting, expected", [
+    (dict(tasks="reverse,addition:1000000"), "--tasks: addition has 793,754 distinct training problems, fewer than "
+                                             "1,000,000: give addition:793754 or less"),
+    (dict(tasks="sort", problems=10 ** 12), "--tasks: sort has 212,836,543,527 distinct training problems, fewer "
+                                            "than 1,000,000,000,000: give sort:212836543527 or less"),
+    (dict(tasks="addition_reversed:1000", heldout=20_000), "--heldout=20000: addition_reversed has 16,246 distinct "
+                                                           "held-out problems: give --heldout=16246 or less")])
+def test_more_problems_than_a_task_has_is_one_line_before_any_is_drawn(setting, expected):
+    """Not a draw that ran for minutes and wrote fewer, with meta.json recording the count asked for."""
+    with pytest.raises(ValueError) as e:
+        PrepareConfig(synthetic="tasks", **setting)
+    assert str(e.value) == expected
+
+
 @pytest.mark.parametrize("setting, needs", [(dict(mix_share=0.3), "--mix"), (dict(problems=10), "--synthetic=tasks"),
                                             (dict(heldout=5, synthetic="repeats"), "--synthetic=tasks")])
 def test_a_setting_nothing_would_read_is_one_line_not_ignored(setting, needs):

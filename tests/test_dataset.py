@@ -1,5 +1,8 @@
 """A prepared dataset as a run reads it (gptkit/data/dataset.py): an epoch's windows, a dataset prepared again or a
-split file changed under a run, and a meta.json too deeply nested to read, each one line."""
+split file changed under a run, a meta.json too deeply nested to read, and a chat dataset's keys edited, each one
+line."""
+
+import json
 
 import numpy as np
 import pytest
@@ -7,7 +10,7 @@ import torch
 
 from conftest import make_text
 from gptkit.base.errors import UserError
-from gptkit.data.dataset import BatchSampler, Split, load_meta
+from gptkit.data.dataset import BatchSampler, Split, TrainingData, load_meta
 from test_settings import DEEP
 from test_versions import opens, prepared
 
@@ -171,3 +174,61 @@ def test_a_chat_datasets_targets_skip_the_prompts_unless_told_to_train_on_all(tm
     assert (y == -1).any() and (y != -1).any()
     _, every = Split(folder, "train", meta, 32, train_on="all").batch(offsets, "cpu")
     assert every.tolist() == [tokens[s + 1:s + 33].tolist() for s in offsets.tolist()]
+
+
+@pytest.fixture(scope="module")
+def chat_data(tmp_path_factory):
+    """A chat dataset with held-out problems and text mixed in: its meta.json has every chat key."""
+    from gptkit.data.preparing import PrepareConfig, prepare
+
+    root = tmp_path_factory.mktemp("chat")
+    (root / "text.txt").write_text(make_text(8000), encoding="utf-8")
+    prepare(PrepareConfig(synthetic="tasks", tasks="addition", problems=200, heldout=5, mix=str(root / "text.txt"),
+                          data_dir=str(root / "data"), workers=1))
+    return root / "data"
+
+
+def edited_meta(data, edit):
+    """The dataset's meta.json without its checksum (so the edit is not caught as one) and edited; its text as it
+    was, to put back."""
+    path = data / "tasks" / "meta.json"
+    was = path.read_text(encoding="utf-8")
+    meta = json.loads(was)
+    del meta["sha256"]
+    edit(meta)
+    path.write_text(json.dumps(meta), encoding="utf-8")
+    return path, was
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("mix", "x", "'mix' must describe the text mixed in, its val_file 'mixed_val.txt'"),
+    ("heldout_file", 5, "'heldout_file' must be 'heldout.jsonl'"),
+    ("heldout_file", "../meta.json", "'heldout_file' must be 'heldout.jsonl'"),
+    ("text_sha256", "x", "'text_sha256' must map each file beside the tokens to its checksum"),
+    ("roles", "x", "'roles' must list each split's roles file, with its tokens and sha256"),
+    ("roles", {"train": {"file": "train_roles.bin"}}, "'roles' must list each split's roles file, with its tokens and "
+                                                      "sha256"),
+    ("chat", {"user": 1}, "'chat' must map each chat marker to its token id")])
+def test_a_chat_key_edited_in_meta_json_is_one_line_naming_it(chat_data, key, value, says):
+    """chat.py, rl.py and train.py read these keys: an edit gave an AttributeError or a TypeError."""
+    path, was = edited_meta(chat_data, lambda meta: meta.update({key: value}))
+    try:
+        with pytest.raises(UserError) as e:
+            load_meta(str(chat_data), "tasks")
+    finally:
+        path.write_text(was, encoding="utf-8")
+    assert str(e.value) == f"{path}: {says}; run data/prepare.py for this dataset again"
+
+
+def test_a_chat_dataset_without_its_roles_is_one_line_unless_told_to_train_on_all(chat_data):
+    """Without them the loss counted every token, the questions too, without a word."""
+    path, was = edited_meta(chat_data, lambda meta: meta.pop("roles"))
+    try:
+        folder, meta = load_meta(str(chat_data), "tasks")
+        with pytest.raises(UserError) as e:
+            TrainingData(folder, meta, 8, 2, 1, 0, "cpu")
+        TrainingData(folder, meta, 8, 2, 1, 0, "cpu", train_on="all")
+    finally:
+        path.write_text(was, encoding="utf-8")
+    assert str(e.value) == (f"{path} lacks 'roles', which say the tokens that are answers; run data/prepare.py for "
+                            "this dataset again, or train on every token with --train_on=all")

@@ -7,6 +7,7 @@ import http.server
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -518,6 +519,31 @@ def test_a_failed_download_says_what_it_was_downloading_then_its_error_on_a_line
     lines = proc.stdout.splitlines()
     assert lines[0] == "downloading http://127.0.0.1:9/input.txt" and len(lines) == 2, proc.stdout
     assert re.fullmatch(r"error: could not download tinyshakespeare \(.*refused\); pass a local copy .*", lines[1])
+
+
+DRAW_STOPPED = """import os, runpy, signal, sys, time
+sys.path.insert(0, {repo!r})
+from gptkit.data import synthetic
+
+def stopped(cfg):  # SIGTERM as the problems are drawn, before anything is written
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10)
+
+synthetic.SYNTHETIC["tasks"] = stopped
+sys.argv = ["data/prepare.py", "--synthetic=tasks", "--data_dir={data}"]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_while_a_synthetic_text_is_drawn_is_one_line_and_leaves_no_folder(tmp_path):
+    """It ended the prepare as SIGTERM's default does: no line, and the dataset's lock left in a folder of its own."""
+    driver = DRAW_STOPPED.format(repo=str(REPO), data=tmp_path / "d", script=str(REPO / "data" / "prepare.py"))
+    proc = subprocess.run([sys.executable, "-c", driver], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert_one_error_line(proc.stderr, "error: stopped by SIGTERM while preparing; run the same command again to "
+                                       "continue where this prepare stopped")
+    assert not (tmp_path / "d" / "tasks").exists()
 
 
 def test_the_download_is_written_whole_and_never_through_a_link(server, tmp_path, outside):

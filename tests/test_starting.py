@@ -14,7 +14,7 @@ import torch
 from conftest import CHAT_SFT, MODEL, assert_one_error_line, check_ok, make_text, run_here, train_config
 from gptkit.base.errors import RunStopped, UserError
 from gptkit.data.conversations import MARKERS
-from gptkit.run.checkpoint import load_checkpoint
+from gptkit.run.checkpoint import load_checkpoint, save_checkpoint
 from gptkit.training.starting import base_run, build_model, from_base, load_base
 from model import GPT, GPTConfig
 
@@ -161,6 +161,28 @@ def test_lora_settings_the_base_model_cannot_take_are_one_line(tied, rank, expec
     assert str(e.value) == expected
 
 
+@pytest.mark.parametrize("stand_in, rank, says", [
+    ([], 100_000, "lora_rank 100000 is larger than the width n_embd=16"),  # the config's width: 768, the default
+    (["--n_embd=8", "--n_head=2"], 17, "lora_rank 17 is larger than the width n_embd=16"),
+    (["--n_embd=8", "--n_head=2"], 12, None)])  # within the base's width: it trains
+def test_a_lora_rank_over_the_configs_width_is_checked_against_the_bases(tmp_path, stand_in, rank, says):
+    """The config's n_embd only stands in for a fine-tune's width, its base's: a rank above the stand-in was said to
+    be larger than it, whatever the base's width."""
+    ckpt, _ = base_checkpoint(3, {"tokenizer": "char", "vocab": "abc"})
+    (tmp_path / "base").mkdir()
+    save_checkpoint(ckpt, tmp_path / "base" / "best.pt")
+    config = tmp_path / "stand_in.py"  # a config file's shape gives way to the base's; the command line's is refused
+    config.write_text("".join(f"{arg[2:].replace('=', ' = ')}\n" for arg in stand_in), encoding="utf-8")
+    proc = run_here("train.py", str(config), f"--init_from={tmp_path / 'base'}", f"--lora_rank={rank}",
+                    f"--out_dir={tmp_path / 'out'}", f"--data_dir={tmp_path / 'nothing'}")
+    line = assert_one_error_line(proc.stderr)
+    if says:
+        assert line == (f"error: {tmp_path / 'base' / 'best.pt'}'s model: {says}: an adapter of full rank is the "
+                        "matrix itself")
+    else:  # the rank taken: the run goes on to look for its dataset
+        assert "dataset folder" in line and "not found" in line
+
+
 def test_a_model_setting_other_than_the_bases_is_refused_from_the_command_line_and_gives_way_in_a_file(capsys):
     """A fine-tune trains its base's model: --n_layer=2 on a 1-layer base is one line (it trained 1 layer, saying
     nothing); a config file's value, which may be the base run's own before a machine fitted its shape, gives way
@@ -249,7 +271,7 @@ def test_a_base_whose_weights_are_damaged_past_their_checksum_is_one_line(damage
 def test_init_from_a_folder_without_a_run_is_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="holds no run"):
-        base_run(train_config(init_from=str(tmp_path / "empty")))
+        base_run(str(tmp_path / "empty"))
 
 
 def test_a_base_not_yet_evaluated_says_to_continue_it_not_to_pick_a_checkpoint_train_py_has_no_option_for(tmp_path):
@@ -257,7 +279,7 @@ def test_a_base_not_yet_evaluated_says_to_continue_it_not_to_pick_a_checkpoint_t
     base.mkdir()
     (base / "latest.pt").write_bytes(b"")  # its first evaluation, which writes best.pt, not yet reached
     with pytest.raises(UserError) as e:
-        base_run(train_config(init_from=str(base)))
+        base_run(str(base))
     assert str(e.value) == (f"init_from={str(base)!r} holds no best.pt yet (its run has not finished an evaluation): "
                             f"continue that run to one first, with `python train.py CONFIG --out_dir={base} "
                             "--init_from=auto`, CONFIG being its config file")

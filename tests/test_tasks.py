@@ -38,6 +38,18 @@ def test_problems_are_distinct_and_on_their_side_of_the_split():
     assert all(split_of(q) == "train" for q, _ in problems("reverse", "train", 500, seed=1))
 
 
+def test_each_task_knows_how_many_problems_each_split_holds_and_never_hands_back_fewer():
+    """A count beyond them once came back short without a word, after minutes of drawing."""
+    held = sum(split_of(f"{a}+{b}") == "heldout" for a in range(100, 1000) for b in range(100, 1000))
+    for task in ("addition", "addition_reversed"):
+        assert TASKS[task].sizes == {"train": 900 * 900 - held, "heldout": held}
+    for task in ("reverse", "sort"):
+        assert sum(TASKS[task].sizes.values()) == sum(26 ** n for n in range(3, 9))
+    with pytest.raises(ValueError) as e:
+        problems("addition", "heldout", held + 1, seed=0)
+    assert str(e.value) == f"addition has {held:,} distinct heldout problems, not {held + 1:,}"
+
+
 def test_the_held_out_problems_appear_nowhere_in_the_training_tokens(tmp_path):
     out, meta = prepare(PrepareConfig(synthetic="tasks", problems=3000, heldout=200, data_dir=str(tmp_path),
                                       tasks="addition,reverse,sort"))

@@ -81,6 +81,7 @@ def file_problems(path, tok):
                             "the assistant's answer, the reference")
         try:
             conversation_prompt(tok, messages)
+            tok.encode(messages[-1]["content"])  # a reference the model cannot write would be scored wrong unseen
         except UserError as e:
             raise UserError(f"{path} line {number}: {e}") from None
     return {Path(path).stem: [(m, m[-1]["content"]) for _, m in conversations]}

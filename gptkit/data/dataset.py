@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from gptkit.base.errors import UserError, first_line
-from gptkit.data.conversations import PROMPT, ROLE_NAMES
+from gptkit.data.chat_preparing import HELDOUT_FILE, MIXED_VAL_FILE
+from gptkit.data.conversations import MARKERS, PROMPT, ROLE_NAMES
 from gptkit.data.preparing import TOKEN_DTYPES, data_root, meta_checksum
 from gptkit.data.synthetic import SYNTHETIC
 from gptkit.data.tokenizer import tokenizer_from_meta, trained_bpe
@@ -99,6 +100,7 @@ def check_meta(meta, path):
         raise UserError(f"{path}: tokenizer must be 'char', 'bpe' or 'tiktoken' with an encoding name; {again}")
     for name in ("train", "val"):
         check_shards(meta, name, path, again)
+    check_chat(meta, path, again)
     if "sha256" in meta and meta["sha256"] != meta_checksum(meta):
         raise UserError(f"{path} is damaged or was edited: it does not match its checksum; {again}")
 
@@ -119,6 +121,29 @@ def check_shards(meta, name, path, again):
     if sum(s["tokens"] for s in shards) != meta.get(f"{name}_tokens"):
         raise UserError(f"{path}: the {name} shards hold {sum(s['tokens'] for s in shards):,} tokens, but "
                         f"{name}_tokens says {meta.get(f'{name}_tokens')!r}; {again}")
+
+
+def check_chat(meta, path, again):
+    """A chat dataset's fields, where meta.json has them: the markers' token ids, each split's roles file (which
+    tokens are answers), and the files chat.py and rl.py score on, with their checksums."""
+    chat, roles, mix, sums = (meta.get(k) for k in ("chat", "roles", "mix", "text_sha256"))
+    fine = {"chat": isinstance(chat, dict) and chat.keys() == MARKERS.keys()
+            and all(type(i) is int and 0 <= i < meta["vocab_size"] for i in chat.values()),
+            "roles": isinstance(roles, dict) and all(
+                isinstance(roles.get(s), dict) and roles[s].get("file") == f"{s}_roles.bin"
+                and type(roles[s].get("tokens")) is int and isinstance(roles[s].get("sha256"), str)
+                for s in ("train", "val")),
+            "heldout_file": meta.get("heldout_file") == HELDOUT_FILE,
+            "mix": isinstance(mix, dict) and mix.get("val_file", MIXED_VAL_FILE) == MIXED_VAL_FILE,
+            "text_sha256": isinstance(sums, dict) and all(isinstance(v, str) for v in sums.values())}
+    needs = {"chat": "map each chat marker to its token id",
+             "roles": "list each split's roles file, with its tokens and sha256",
+             "heldout_file": f"be {HELDOUT_FILE!r}",
+             "mix": f"describe the text mixed in, its val_file {MIXED_VAL_FILE!r}",
+             "text_sha256": "map each file beside the tokens to its checksum"}
+    for key, good in fine.items():
+        if key in meta and not good:
+            raise UserError(f"{path}: '{key}' must {needs[key]}; {again}")
 
 
 class Split:
@@ -356,6 +381,9 @@ class TrainingData:
         if self.tokenizer.vocab_size != meta["vocab_size"]:
             raise UserError(f"{Path(folder) / 'meta.json'}: vocab_size is {meta['vocab_size']} but its tokenizer has "
                             f"{self.tokenizer.vocab_size} tokens; run data/prepare.py for this dataset again")
+        if "chat" in meta and "roles" not in meta and train_on == "answers":  # else the loss would count every token
+            raise UserError(f"{Path(folder) / 'meta.json'} lacks 'roles', which say the tokens that are answers; run "
+                            "data/prepare.py for this dataset again, or train on every token with --train_on=all")
         self.splits = {name: Split(folder, name, meta, block_size, train_on) for name in ("train", "val")}
         self.sampler = BatchSampler(self.splits["train"], micro_batch or batch_size, seed, device, batch_order, rank,
                                     world)

@@ -19,6 +19,7 @@ import os
 import shutil
 import time
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Literal
@@ -111,6 +112,7 @@ class PrepareConfig:
         if not 0 < self.mix_share < 1:
             raise ValueError(f"mix_share must be between 0 and 1 (got {self.mix_share})")
         self.check_unused()
+        self.check_counts()
 
     def check_unused(self):
         """A setting given away from its default where nothing reads it (--mix_share without --mix) is refused,
@@ -137,6 +139,17 @@ class PrepareConfig:
         if not found:
             raise ValueError("--tasks names no task")
         return found
+
+    def check_counts(self):
+        """More problems than a task has is one line before any is drawn, rather than a draw that could not end."""
+        for task, count in self.task_list():
+            most, most_heldout = TASKS[task].sizes["train"], TASKS[task].sizes["heldout"]
+            if count > most:
+                raise ValueError(f"--tasks: {task} has {most:,} distinct training problems, fewer than {count:,}: "
+                                 f"give {task}:{most} or less")
+            if self.heldout > most_heldout:
+                raise ValueError(f"--heldout={self.heldout}: {task} has {most_heldout:,} distinct held-out problems: "
+                                 f"give --heldout={most_heldout} or less")
 
 
 def data_root(data_dir):
@@ -215,23 +228,24 @@ def prepare(cfg):
 
 
 def prepare_locked(cfg, out_dir, files):
-    """prepare's work, holding the dataset's lock: the metadata."""
-    files = files or [write_source(cfg.synthetic, out_dir, cfg) if cfg.synthetic
-                      else download_shakespeare(out_dir / "input.txt")]
-    chat = len(files) == 1 and is_conversation_file(files[0])
-    if cfg.mix and not chat:
-        raise UserError("--mix mixes plain text into a chat dataset: give conversations (a .jsonl of "
-                        "{\"messages\": [...]}) or --synthetic=tasks")
-    if sum(f.stat().st_size for f in files) == 0:
-        raise UserError(f"input {shown(cfg.input or files[0])} is empty")
-    check_replacing(cfg, files, out_dir)
-    work = work_folder(out_dir, settings_key(cfg, files))
-    if stopped_work(out_dir, work):
-        print(f"note: the work of a stopped prepare of {shown(out_dir)} with other settings is deleted; "
-              "this prepare starts afresh")
-    remove_leftovers(out_dir, keep=work)
-    with StopSignals() as stop:
+    """prepare's work, holding the dataset's lock: the metadata. A stop signal before the new dataset is swapped in
+    (while a synthetic text is drawn too) is one line, and the same command then continues."""
+    with StopSignals() as stop, continued_by_rerun():
         stop.doing = "preparing"
+        files = files or [write_source(cfg.synthetic, out_dir, cfg) if cfg.synthetic
+                          else download_shakespeare(out_dir / "input.txt")]
+        chat = len(files) == 1 and is_conversation_file(files[0])
+        if cfg.mix and not chat:
+            raise UserError("--mix mixes plain text into a chat dataset: give conversations (a .jsonl of "
+                            "{\"messages\": [...]}) or --synthetic=tasks")
+        if sum(f.stat().st_size for f in files) == 0:
+            raise UserError(f"input {shown(cfg.input or files[0])} is empty")
+        check_replacing(cfg, files, out_dir)
+        work = work_folder(out_dir, settings_key(cfg, files))
+        if stopped_work(out_dir, work):
+            print(f"note: the work of a stopped prepare of {shown(out_dir)} with other settings is deleted; "
+                  "this prepare starts afresh")
+        remove_leftovers(out_dir, keep=work)
         write = (lambda: chat_dataset(cfg, files[0], work)) if chat else lambda: write_dataset(cfg, files, work)
         meta = kept_or_cleared(write, work, out_dir)
     commit(out_dir, work)
@@ -313,16 +327,26 @@ def same_tokenizer(meta, cfg):
     return same_bpe(meta, {"tokenizer": "tiktoken", "encoding": cfg.tokenizer})  # a chat dataset's has markers
 
 
-def kept_or_cleared(write, work, out_dir):
-    """Run write(): stopped by a signal, its work is kept for the same command to continue; failed on bad input
-    or a full disk, nothing it wrote is left behind."""
+@contextmanager
+def continued_by_rerun():
+    """A prepare stopped by a signal says so in one line, and that the same command continues it: the work
+    written so far is kept (kept_or_cleared), and a text drawn only in part is drawn again."""
     try:
-        return write()
+        yield
     except RunStopped as e:
         raise RunStopped(f"{e}; run the same command again to continue where this prepare stopped",
                          e.exit_code - 128) from None
     except KeyboardInterrupt:  # a second Ctrl-C
         raise RunStopped("interrupted; run the same command again to continue where this prepare stopped") from None
+
+
+def kept_or_cleared(write, work, out_dir):
+    """Run write(): stopped by a signal, its work is kept for the same command to continue; failed on bad input
+    or a full disk, nothing it wrote is left behind."""
+    try:
+        return write()
+    except RunStopped:  # a UserError too, but its work is kept
+        raise
     except UserError:
         shutil.rmtree(work, ignore_errors=True)
         raise

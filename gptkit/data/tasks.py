@@ -18,6 +18,11 @@ import random
 import string
 
 HELDOUT_SHARE = 0.02  # of each task's problem space, by the question's hash
+SUMS, SUMS_HELDOUT = 900 * 900, 16_246  # the pairs of 3-digit numbers, and those held out (test_tasks.py counts them)
+# words of 3-8 letters, too many to count by their hash: the held-out share of them, which at billions is off by
+# about one part in ten thousand, where far fewer problems than that would fill the memory
+WORDS = sum(26 ** n for n in range(3, 9))
+WORDS_HELDOUT = round(WORDS * HELDOUT_SHARE)
 
 
 def addition_problem(draw):
@@ -31,10 +36,12 @@ def word(draw):
 
 class Task:
     """A kind of problem: `make(draw)` gives a (question, answer) from a random() function; `solve(question)`
-    computes the one right answer, which the checker compares with the model's."""
+    computes the one right answer, which the checker compares with the model's. `sizes` holds how many distinct
+    problems each split has: a count beyond them could never be drawn."""
 
-    def __init__(self, make, solve):
+    def __init__(self, make, solve, questions, heldout):
         self.make, self.solve = make, solve
+        self.sizes = {"train": questions - heldout, "heldout": heldout}
 
     def check(self, question, answer):
         """Whether `answer` (the model's text before <|end|>) is right: exactly the answer, no more."""
@@ -70,10 +77,11 @@ def asked(prefix, solve):
 
 
 TASKS = {
-    "addition": Task(asked(lambda draw: addition_problem(draw)[0], sum_of), sum_of),
-    "addition_reversed": Task(asked(lambda draw: addition_problem(draw)[0], reversed_sum_of), reversed_sum_of),
-    "reverse": Task(asked(lambda draw: f"reverse: {word(draw)}", reversed_word), reversed_word),
-    "sort": Task(asked(lambda draw: f"sort: {word(draw)}", sorted_word), sorted_word),
+    "addition": Task(asked(lambda draw: addition_problem(draw)[0], sum_of), sum_of, SUMS, SUMS_HELDOUT),
+    "addition_reversed": Task(asked(lambda draw: addition_problem(draw)[0], reversed_sum_of), reversed_sum_of,
+                              SUMS, SUMS_HELDOUT),
+    "reverse": Task(asked(lambda draw: f"reverse: {word(draw)}", reversed_word), reversed_word, WORDS, WORDS_HELDOUT),
+    "sort": Task(asked(lambda draw: f"sort: {word(draw)}", sorted_word), sorted_word, WORDS, WORDS_HELDOUT),
 }
 
 
@@ -86,11 +94,13 @@ def split_of(question):
 
 def problems(task, split, count, seed):
     """`count` distinct problems of a task that belong to `split`, drawn with random.random() alone (whose
-    sequence for a seed Python keeps from version to version); fewer where the task has fewer."""
-    draw, found, tries = random.Random(f"{task}/{split}/{seed}").random, {}, 0
-    while len(found) < count and tries < 200 * count + 10_000:
+    sequence for a seed Python keeps from version to version). The split must hold that many (Task.sizes: a
+    settings check says so first), else no draw could end."""
+    if count > TASKS[task].sizes[split]:
+        raise ValueError(f"{task} has {TASKS[task].sizes[split]:,} distinct {split} problems, not {count:,}")
+    draw, found = random.Random(f"{task}/{split}/{seed}").random, {}
+    while len(found) < count:
         question, answer = TASKS[task].make(draw)
-        tries += 1
         if question not in found and split_of(question) == split:
             found[question] = answer
     return list(found.items())

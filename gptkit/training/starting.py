@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from gptkit.base.errors import UserError, what_does_not_fit
+from gptkit.base.settings import make
 from gptkit.data.conversations import MARKERS, shown
 from gptkit.data.dataset import TrainingData, load_meta
 from gptkit.data.tokenizer import describe_vocabulary, prepare_options, same_bpe, same_token_ids, trained_size
@@ -18,7 +19,8 @@ from gptkit.interop.hf import HUB_MODELS, crop_block_size, load_pretrained
 from gptkit.machine.model_contract import check_forward, merged_lora
 from gptkit.run.checkpoint import MODEL_KEYS, check_finite, load_checkpoint, load_weights, model_config
 from gptkit.run.run_folder import RunDir
-from model import GPT, LoRAEmbedding, LoRALinear
+from gptkit.training.train_config import TrainConfig
+from model import GPT, GPTConfig, LoRAEmbedding, LoRALinear
 
 
 def build_model(cfg, planned, meta, ckpt=None, path=None, rank=0, base=None):
@@ -204,23 +206,23 @@ def batch_shares(sequences, batch_size, world):
 
 
 
-def base_run(cfg):
+def base_run(init_from):
     """(checkpoint, path) of the run init_from names (a folder train.py wrote: its best weights), as nanoGPT
     fine-tunes; None where init_from is no such folder (scratch, a resume, GPT-2's weights)."""
-    folder = Path(cfg.init_from)
-    if cfg.init_from in ("scratch", "resume", "auto", *HUB_MODELS) or (folder / "config.json").exists():
+    folder = Path(init_from)
+    if init_from in ("scratch", "resume", "auto", *HUB_MODELS) or (folder / "config.json").exists():
         return None  # a save_pretrained folder holds config.json: GPT-2's weights
     if not folder.is_dir():
-        raise UserError(f"init_from={cfg.init_from!r}: no such folder; train the model to start from there first, "
-                        f"e.g. `python train.py config/shakespeare_char.py --out_dir={cfg.init_from}`")
+        raise UserError(f"init_from={init_from!r}: no such folder; train the model to start from there first, "
+                        f"e.g. `python train.py config/shakespeare_char.py --out_dir={init_from}`")
     run = RunDir(folder)
     if not any(p.exists() for p in (run.best, run.legacy)):
         if run.latest.exists():  # a fine-tune starts from the best weights, which a first evaluation writes
-            raise UserError(f"init_from={cfg.init_from!r} holds no best.pt yet (its run has not finished an "
+            raise UserError(f"init_from={init_from!r} holds no best.pt yet (its run has not finished an "
                             f"evaluation): continue that run to one first, with `python train.py CONFIG "
-                            f"--out_dir={cfg.init_from} --init_from=auto`, CONFIG being its config file")
-        raise UserError(f"init_from={cfg.init_from!r} holds no run (no best.pt): train one there first, e.g. "
-                        f"`python train.py config/shakespeare_char.py --out_dir={cfg.init_from}`")
+                            f"--out_dir={init_from} --init_from=auto`, CONFIG being its config file")
+        raise UserError(f"init_from={init_from!r} holds no run (no best.pt): train one there first, e.g. "
+                        f"`python train.py config/shakespeare_char.py --out_dir={init_from}`")
     path = run.model_file("best")
     return load_checkpoint(path, required=MODEL_KEYS), path
 
@@ -255,6 +257,24 @@ def from_base(cfg, meta, base, given=(), asked=()):
 
 # what a fine-tune takes from its config rather than from its base model (the vocabulary comes from its dataset)
 FINE_TUNE_KEYS = ("vocab_size", "dropout", "block_size", "lora_rank", "lora_alpha")
+
+
+def given_config(given, asked):
+    """TrainConfig from the settings config files and the command line give (asked: the keys the command line
+    gives). A fine-tune trains its base run's model, whose shape the config's only stands in for (kept_from_base):
+    a LoRA rank above the stand-in's width is checked against the base's, the width the line then names, and the
+    base's shape stands in instead."""
+    rank, init_from = given.get("lora_rank", 0), given.get("init_from", TrainConfig.init_from)
+    base = base_run(init_from) if rank > given.get("n_embd", GPTConfig.n_embd) else None
+    if base is None:
+        return make(TrainConfig, given)
+    was = model_config(*base)
+    try:
+        replace(was, lora_rank=rank)
+    except ValueError as e:
+        raise UserError(f"{base[1]}'s model: {e}") from None
+    shape = {f.name: getattr(was, f.name) for f in fields(was) if f.name not in FINE_TUNE_KEYS + tuple(asked)}
+    return make(TrainConfig, {**given, **shape})
 
 
 def kept_from_base(cfg, was, path, given, asked):
