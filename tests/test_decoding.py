@@ -149,6 +149,25 @@ def test_an_edit_the_cache_computes_otherwise_decodes_from_the_whole_window_with
     assert capsys.readouterr().err.count("note: decoding with the KV cache gives other logits") == 1
 
 
+def test_a_forward_written_as_nanogpt_s_without_a_cache_decodes_from_the_whole_window(monkeypatch, capsys):
+    import model as model_py
+
+    def forward(self, idx, targets=None):  # an edit: nanoGPT's forward, which takes no cache
+        x = self.embed(idx)[0]
+        for block in self.transformer.h:
+            x = block(x)
+        logits = self.head(self.transformer.ln_f(x))
+        return logits, None if targets is None else self.token_loss(logits, targets)
+
+    model, idx = tiny_model(sharpen=5.0), random_tokens((1, 3))
+    want = generate(model, idx, 10, kv_cache=False, temperature=0.0)
+    monkeypatch.setattr(model_py.GPT, "forward", forward)
+    monkeypatch.setattr(decoding, "NOTED", [])
+    assert torch.equal(generate(model, idx, 10, kv_cache=True, temperature=0.0), want)
+    assert capsys.readouterr().err == ("note: model.py's GPT.forward takes no cache: each token is decoded from the "
+                                       "whole window instead, as training computes it\n")
+
+
 def test_same_seed_same_text_and_batch_rows_differ():
     model = tiny_model()
     idx = random_tokens((4, 4), seed=3)

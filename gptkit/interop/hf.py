@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from gptkit.base import files
 from gptkit.base.errors import UserError, first_line, what_does_not_fit
-from gptkit.machine.model_contract import evaluating
+from gptkit.base.modes import evaluating
 from model import GPT, GPTConfig
 
 HUB_MODELS = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}

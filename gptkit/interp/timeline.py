@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gptkit.base.modes import evaluating
 from gptkit.interp.experiments import KINDS, induction_tokens, patterns, scores_of, token_losses
-from gptkit.machine.model_contract import evaluating
 from gptkit.run.metrics import rl_run
 
 SCORE_WINDOWS = 16  # val windows the previous-token, first-token and local scores read (as analyze.py heads)

@@ -2,23 +2,11 @@
 (logits, loss), and merge_lora(weights, config) (weights, config). Checked where a tool calls them, so that an edit
 that returns otherwise is one line naming it."""
 
-from contextlib import contextmanager
-
 import torch
 
 from gptkit.base.errors import UserError
+from gptkit.base.modes import evaluating
 import model as model_py  # the module, read at each call: the learner's merge_lora as it is
-
-
-@contextmanager
-def evaluating(model):
-    """The model in eval mode (no dropout draws) for the block, then in the mode it was in, however the block ends."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was_training)
 
 
 @torch.no_grad()

@@ -2,6 +2,7 @@
 values so that each new token costs one position of work, sampling with temperature, top-k and top-p, and
 ending at a stop string."""
 
+import inspect
 import sys
 import weakref
 
@@ -10,7 +11,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptkit.base.errors import UserError
-from gptkit.machine.model_contract import evaluating
+from gptkit.base.modes import evaluating
 
 
 class KVCache:
@@ -113,26 +114,39 @@ def cache_agrees(model):
     once, then each token alone, against one pass over all of it, in the model's own precision (autocast off),
     within what that precision rounds. A learner's edit can part them while training runs as written: ALiBi's
     distances taken from the lengths of q and k, or a mean over the positions a block is given, see one position
-    where the cache feeds one. Then decoding recomputes the window each step, and one note a process says so. Asked
-    once a model, in eval mode."""
+    where the cache feeds one; and a GPT.forward written as nanoGPT's takes no cache. Then decoding recomputes the
+    window each step, and one note a process says why. Asked once a model, in eval mode."""
     T = min(PROBE_TOKENS, model.config.block_size)
     if model not in AGREES and T >= 2:
-        device = next(model.parameters()).device
-        idx = torch.randint(model.config.vocab_size, (1, T), generator=torch.Generator().manual_seed(1)).to(device)
-        with evaluating(model), torch.autocast(device.type, enabled=False):
-            full = model(idx, idx)[0][:, T // 2 - 1:].float()
-            cache = KVCache(model.config, 1, device, model.lm_head.weight.dtype)
-            steps = [model(idx[:, :T // 2], cache=cache)[0]] + [model(idx[:, t:t + 1], cache=cache)[0]
-                                                                 for t in range(T // 2, T)]
-        cached = torch.cat(steps, 1).float()
-        rounding = 1e-4 if model.lm_head.weight.dtype == torch.float32 else 3e-2
-        AGREES[model] = (cached - full).abs().max().item() <= rounding * max(1.0, full.abs().max().item())
-        if not AGREES[model] and not NOTED:
-            NOTED.append(model.config)
-            print("note: decoding with the KV cache gives other logits than model.py's full pass (an edit that "
-                  "reads positions from the tensors' lengths, say): each token is decoded from the whole window "
-                  "instead, as training computes it", file=sys.stderr, flush=True)
+        why = None if takes_cache(model) else "model.py's GPT.forward takes no cache"
+        why = why or cached_apart(model, T)
+        AGREES[model] = why is None
+        if why and not NOTED:
+            NOTED.append(why)
+            print(f"note: {why}: each token is decoded from the whole window instead, as training computes it",
+                  file=sys.stderr, flush=True)
     return AGREES.get(model, True)
+
+
+def takes_cache(model):
+    parameters = inspect.signature(model.forward).parameters.values()
+    return any(p.name == "cache" or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def cached_apart(model, T):
+    """Why the cached steps of T tokens part from the full pass, or None where they agree."""
+    device = next(model.parameters()).device
+    idx = torch.randint(model.config.vocab_size, (1, T), generator=torch.Generator().manual_seed(1)).to(device)
+    with evaluating(model), torch.autocast(device.type, enabled=False):
+        full = model(idx, idx)[0][:, T // 2 - 1:].float()
+        cache = KVCache(model.config, 1, device, model.lm_head.weight.dtype)
+        steps = [model(idx[:, :T // 2], cache=cache)[0]] + [model(idx[:, t:t + 1], cache=cache)[0]
+                                                             for t in range(T // 2, T)]
+    rounding = 1e-4 if model.lm_head.weight.dtype == torch.float32 else 3e-2
+    if (torch.cat(steps, 1).float() - full).abs().max().item() <= rounding * max(1.0, full.abs().max().item()):
+        return None
+    return "decoding with the KV cache gives other logits than model.py's full pass (an edit that reads positions " \
+        "from the tensors' lengths, say)"
 
 
 AGREES = weakref.WeakKeyDictionary()  # each model's answer to cache_agrees

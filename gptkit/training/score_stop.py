@@ -4,8 +4,8 @@ sample, so it learns most from a fine-tune right about half the time; the sums a
 step moves with the base model, so no step count can say where that is."""
 
 from gptkit.base.errors import UserError
+from gptkit.base.modes import evaluating
 from gptkit.chat.scoring import heldout_problems, score
-from gptkit.machine.model_contract import evaluating
 from gptkit.training.evaluation import eagerly
 
 # what `chat.py --eval --tasks=TASK --samples=8 --temperature=1 --limit=200` scores, at its seed and answer length,
