@@ -6,18 +6,18 @@ many seconds each (what each buys per second on this machine).
     python lab.py                                  # every rung, 1,000,000 training tokens each, into out-lab/
     python lab.py --budget=25                      # every rung, 25 s of training each
     python lab.py --rungs=scaled,dot --tokens=3000000   # the sqrt(d) lesson, longer
+    python lab.py --qk_norm=True                   # any of model.py's settings, over every rung's own
     python sample.py --out_dir=out-lab/blocks      # each rung is a normal run folder
 """
 
 import sys
 
 from gptkit.base.errors import run_main
-from gptkit.base.settings import parse_config
-from gptkit.lab.ladder import LabConfig, run_lab
+from gptkit.lab.ladder import lab_config, run_lab
 
 
 def main(argv=None):
-    run_lab(parse_config(LabConfig, sys.argv[1:] if argv is None else argv, prog="lab.py"))
+    run_lab(lab_config(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

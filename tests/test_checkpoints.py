@@ -234,6 +234,17 @@ def test_a_field_of_the_wrong_kind_is_named_on_load(run, case):
         load_checkpoint(path, required=MODEL_KEYS)
 
 
+def test_a_saved_setting_that_may_be_none_is_of_its_type_or_none():
+    """A config field annotated `X | None` or Optional[X] (a learner's new model option) is checked as an X that may
+    be None, not left unchecked."""
+    from test_settings import Window
+
+    kinds = checkpoint.settings(Window)
+    assert [kinds.problem({"window": value, "flag": None}, "") for value in (16, None)] == [None, None]
+    assert kinds.problem({"window": "16"}, "model_args") == "model_args.window is '16', not a whole number or None"
+    assert kinds.problem({"scale": True}, "") == "scale is True, not a number or None"
+
+
 def test_a_tokenizer_with_more_tokens_than_the_model_has_ids_is_one_line(run):
     """Its tokens past the model's table would fail deep in the first forward pass of every tool."""
     from gptkit.run.run_folder import model_at

@@ -177,6 +177,41 @@ def test_the_modern_rung_is_the_preset_itself_with_only_what_the_lab_must_set():
         (preset.learning_rate, preset.batch_size, preset.lr_schedule)
 
 
+def test_a_model_setting_goes_over_every_rung_s_own_and_the_start_line_names_the_rungs_it_changes(capsys):
+    """Any of model.py's settings (GPTConfig's fields, a learner's new one too) is a lab.py option: train.py gets it
+    after the rung's own options, before what the lab sets; --help lists them as over every rung's own."""
+    cfg = machinery.lab_config(["--rungs=scaled,dot,modern", "--attention=dot", "--mlp=False", "--budget=5"])
+    assert cfg.model_settings == {"attention": "dot", "mlp": False} and cfg.rungs == "scaled,dot,modern"
+    for rung in cfg.chosen():
+        args, own = machinery.train_args(rung, cfg), machinery.own_args(rung)
+        assert args[:len(own) + 2] == [*own, "--attention='dot'", "--mlp=False"]
+        assert parse_config(TrainConfig, args).model.attention == "dot"
+    assert machinery.settings_line(cfg) == \
+        "model settings over each rung's own: attention='dot' changes scaled, modern; mlp=False changes modern"
+    assert [machinery.changed_settings(r, cfg) for r in cfg.chosen()] == \
+        [{"attention": "dot"}, {}, {"attention": "dot", "mlp": False}]
+    with pytest.raises(SystemExit):
+        lab.main(["--help"])
+    assert "model settings (model.py's GPTConfig), over every rung's own" in capsys.readouterr().out
+    with pytest.raises(UserError, match="^command line: unknown config key 'vocab_size'"):
+        lab.main(["--vocab_size=5"])  # the dataset's, as for train.py
+
+
+def test_a_rung_trained_with_a_model_setting_says_so_in_its_row_and_learns_as_the_rung_that_has_it(data_dir, tmp_path):
+    """--attention=dot makes the scaled rung the dot rung: its row is named with the setting, its lab.json keeps it,
+    and it learns what the dot rung learns; the dot rung, which has it already, is the path's own."""
+    out = tmp_path / "lab"
+    printed = tiny_lab(data_dir, out, "--rungs=scaled,dot", "--tokens=320", "--attention=dot")
+    assert printed.startswith("model settings over each rung's own: attention='dot' changes scaled\n")
+    rows = table_rows(out)
+    assert list(rows) == ["scaled (attention='dot')", "dot"]
+    assert rows["scaled (attention='dot')"]["val loss"] == rows["dot"]["val loss"]
+    kept = {name: json.loads((out / name / "lab.json").read_text(encoding="utf-8")) for name in ("scaled", "dot")}
+    assert (kept["scaled"]["model_settings"], kept["dot"]["model_settings"]) == ({"attention": "dot"}, {})
+    assert "A model setting in a rung's name was given to lab.py" in (out / "table.md").read_text(encoding="utf-8")
+    assert "## scaled (attention='dot'): 320 tokens of training" in (out / "samples.md").read_text(encoding="utf-8")
+
+
 def test_a_rung_s_strongest_heads_name_each_kind_s_best_head_and_its_score():
     from test_experiments import previous_token_model
 
@@ -261,6 +296,10 @@ def test_an_unknown_rung_is_one_line_naming_the_valid_ones():
     (["--prompt=" + "First Citizen:" * 20], "the prompt is 280 tokens, longer than rung bigram's block_size *"),
     (["--tokens=0"], "need tokens > 0, or budget > 0 seconds (got tokens=0, budget=0.0)"),
     (["--rungs=dot,dot"], "a rung is named twice in 'dot,dot'"),
+    (["--rungs=scaled,uniform", "--qk_norm=True"], "rung uniform cannot take qk_norm=True: attention='uniform' has "
+                                                   "no queries or keys: it cannot take qk_norm=True or *"),
+    (["--budget=5", "--rungs=modern", "--n_head=5"], "rung modern cannot take n_head=5: n_embd (* must be divisible "
+                                                     "by n_head (5)"),
 ])
 def test_mistakes_are_caught_before_any_training(data_dir, tmp_path, extra, expected):
     with pytest.raises(UserError) as caught:

@@ -1,15 +1,17 @@
 """The config parser (gptkit/base/settings.py): literal-only config files, typed --key=value overrides, presets built on
 a base, one-line errors, even for input nested too deeply for Python's parsers."""
 
-from dataclasses import fields
+import re
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Literal, Optional
 
 import pytest
 
 import plot
 from conftest import REPO, assert_one_error_line, run_script
 from gptkit.base.errors import UserError
-from gptkit.base.settings import parse_config, settings
+from gptkit.base.settings import coerce, flatten, parse_config, resumed, settings
 from gptkit.training.train_config import TrainConfig
 from model import GPTConfig
 
@@ -214,6 +216,63 @@ def test_every_model_setting_comes_from_the_model():
     assert (cfg.model.rope_base, cfg.model.pos_emb, cfg.model.norm) == (500.0, "rope", "rmsnorm")
     with pytest.raises(UserError, match="unknown config key 'vocab_size'"):
         parse_config(TrainConfig, ["--vocab_size=100"])
+
+
+@dataclass
+class Window:
+    """A learner's new options that may be None, as model.py's GPTConfig would have them."""
+    window: int | None = None  # keys each query sees (None = all)
+    scale: Optional[float] = 1.0  # a scale, or None for none
+    kind: Literal["a", "b"] | None = None  # a choice, or None
+    name: str | None = "x"  # a name, or None
+    flag: Optional[bool] = None  # on, off, or None: undecided
+
+
+def test_an_option_that_may_be_none_takes_its_type_or_none(tmp_path, capsys):
+    """`X | None` and Optional[X]: an X, or None, from the command line and config files; anything else is one
+    line naming the key; --help lists None among the choices."""
+    path = write(tmp_path, "window = 16\nscale = None\nkind = 'b'\nname = None\n")
+    assert parse_config(Window, [path]) == Window(window=16, scale=None, kind="b", name=None)
+    assert parse_config(Window, ["--window=8", "--scale=2", "--kind=a", "--name=y", "--flag"]) == \
+        Window(window=8, scale=2.0, kind="a", name="y", flag=True)
+    assert parse_config(Window, [path, "--window=None", "--kind", "None", "--name='None'"]) == \
+        Window(scale=None, name="None")
+    for arg, message in (("--window=abc", "window must be int or None, got 'abc'"),
+                         ("--window=1.5", "window must be int or None, got 1.5"),
+                         ("--kind=c", "kind must be one of a, b (got 'c')")):
+        with pytest.raises(UserError, match=rf"^command line: {re.escape(message)}$"):
+            parse_config(Window, [arg])
+    with pytest.raises(SystemExit):
+        parse_config(Window, ["--help"])
+    out = capsys.readouterr().out
+    assert "--window=None" in out and "[a | b | None]" in out
+    assert parse_config(TrainConfig, ["--out_dir=None"]).out_dir == "None"  # a string that may not be None keeps it
+
+
+def test_a_value_that_may_be_none_comes_back_from_a_saved_config():
+    """As a resume reads a checkpoint's saved config (asdict, then each value coerced as a config file's)."""
+    known = settings(Window)
+    for cfg in (Window(window=16, scale=None, flag=False), Window()):
+        saved = {key: coerce(known[key], value, "saved", from_text=False)
+                 for key, value in flatten(Window, asdict(cfg)).items()}
+        assert resumed(Window, saved, {}, "ckpt.pt") == cfg
+    assert resumed(Window, saved, {"window": 4}, "ckpt.pt").window == 4
+
+
+@dataclass
+class Unparsable:
+    size: int | str = 0  # a size, or a word
+
+
+@pytest.mark.parametrize("annotation,said", [
+    (int | str, "int | str"), (Optional[int | float], "Union[int, float, None]"), (list, "list"),
+    (Literal["a", 1], "Literal['a', 1]"),
+])
+def test_an_annotation_no_setting_can_take_is_one_line_naming_the_field(monkeypatch, annotation, said):
+    monkeypatch.setitem(Unparsable.__annotations__, "size", annotation)
+    with pytest.raises(UserError, match=rf"^test_settings.py: Unparsable.size is annotated {re.escape(said)}, "
+                                        r"which no setting can take \(bool, int, float, str"):
+        parse_config(Unparsable, ["--size=3"])
 
 
 def test_help_lists_model_settings_with_their_choices(capsys):

@@ -6,7 +6,9 @@ values are accepted.
 A field whose type is itself a config dataclass (TrainConfig.model, a GPTConfig) is flattened:
 its settings are typed as --n_layer, not --model.n_layer, and each keeps the type, default,
 allowed values (a Literal annotation) and help (the field's one-line comment) its own class gives
-it. A config class checks its values in __post_init__ and raises ValueError with one line, which
+it. A field annotated `X | None` (or Optional[X]) takes None as well as an X: `--key=None`, or
+`key = None` in a config file; an annotation the parser cannot take is one error line naming the
+field. A config class checks its values in __post_init__ and raises ValueError with one line, which
 the parser reports as the user's error.
 """
 
@@ -16,6 +18,7 @@ import inspect
 import math
 import re
 import sys
+import types
 import typing
 from dataclasses import MISSING, dataclass, fields, is_dataclass
 from pathlib import Path
@@ -36,13 +39,17 @@ class Setting:
     default: object
     help: str
     owner: tuple  # the nested config fields it lives in: () for the top level, ("model",) for TrainConfig.model
+    optional: bool = False  # None is a value too (an annotation `X | None` or Optional[X])
 
 
 def settings(cls, owner=()):
     """{key: Setting} for every key of cls, nested config dataclasses flattened into it.
-    A nesting field can leave keys out (metadata {"not_settable": (...)}) that the program sets itself."""
+    A nesting field can leave keys out (metadata {"not_settable": (...)}) that the program sets itself, and a field
+    the constructor does not take (init=False) is none."""
     hints, comments, out = typing.get_type_hints(cls), field_comments(cls), {}
     for f in fields(cls):
+        if not f.init:  # the program sets it, after the settings built the rest
+            continue
         hint = hints[f.name]
         if is_dataclass(hint):
             nested = settings(hint, owner + (f.name,))
@@ -52,11 +59,39 @@ def settings(cls, owner=()):
             assert not clash, f"{cls.__name__}: keys defined twice: {sorted(clash)}"
             out.update(nested)
             continue
-        choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else ()
+        typed = field_type(hint)
+        if typed is None:
+            raise UserError(f"{Path(inspect.getsourcefile(cls)).name}: {cls.__name__}.{f.name} is annotated "
+                            f"{annotation(hint)}, which no setting can take (bool, int, float, str or a Literal of "
+                            "them, each alone or with | None)")
         default = f.default if f.default is not MISSING else None
-        out[f.name] = Setting(f.name, type(choices[0]) if choices else hint, choices, default,
-                              comments.get(f.name, ""), owner)
+        out[f.name] = Setting(f.name, typed[0], typed[1], default, comments.get(f.name, ""), owner, typed[2])
     return out
+
+
+PLAIN_TYPES = (bool, int, float, str)
+
+
+def field_type(hint):
+    """(type, choices, optional) of a field's annotation: one of PLAIN_TYPES, or a Literal of values of one of them
+    (its choices), either alone or with None (`X | None`, Optional[X]: optional); None for any other annotation."""
+    args = typing.get_args(hint)
+    optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args
+    if optional:
+        others = [a for a in args if a is not type(None)]
+        if len(others) > 1:
+            return None
+        hint = others[0]
+    if typing.get_origin(hint) is typing.Literal:
+        choices = typing.get_args(hint)
+        kinds = {type(c) for c in choices}
+        return (kinds.pop(), choices, optional) if len(kinds) == 1 and kinds <= set(PLAIN_TYPES) else None
+    return (hint, (), optional) if hint in PLAIN_TYPES else None
+
+
+def annotation(hint):
+    """A type annotation as it is written: int | None, Optional[int], Literal['a', 'b']."""
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "").replace("NoneType", "None")
 
 
 def field_comments(cls):
@@ -141,10 +176,13 @@ def coerce(setting, value, source, from_text):
             literal = ast.literal_eval(value)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             literal = value
-        value = (literal if isinstance(literal, str) else value) if typ is str else literal
+        if typ is not str or isinstance(literal, str) or literal is None and setting.optional:
+            value = literal  # else a string setting keeps the text as typed (123, True)
+    if value is None and setting.optional:
+        return None
     converted = to_type(value, typ)
     if converted is None:
-        raise UserError(f"{source}: {key} must be {typ.__name__}, got {shown(value)}")
+        raise UserError(f"{source}: {key} must be {typ.__name__}{' or None' * setting.optional}, got {shown(value)}")
     if typ is float and not math.isfinite(converted):
         raise UserError(f"{source}: {key} must be a finite number, got {shown(value)}")
     if typ is int and not -2 ** 63 <= converted < 2 ** 63:
@@ -271,15 +309,18 @@ def split_args(argv, known):
         yield key, text
 
 
+MODEL_HEADING = "model settings (model.py's GPTConfig):"
+
+
 def print_help(cls, prog):
     print(f"usage: python {prog} [config_file.py ...] [--key=value ...]")
-    groups = {}
+    groups, nesting = {}, {f.name: f for f in fields(cls)}
     for s in settings(cls).values():
         groups.setdefault(s.owner, []).append(s)
-    for owner, group in groups.items():
-        print("\nmodel settings (model.py's GPTConfig):" if owner else "")
+    for owner, group in groups.items():  # a nesting field may say how its settings apply (metadata "heading")
+        print(f"\n{nesting[owner[0]].metadata.get('heading', MODEL_HEADING)}" if owner else "")
         for s in group:
-            choices = f" [{' | '.join(map(str, s.choices))}]" if s.choices else ""
+            choices = f" [{' | '.join(map(str, s.choices + (None,) * s.optional))}]" if s.choices else ""
             print(f"  {f'--{s.name}={s.default!r}':<32} {s.help}{choices}")
 
 

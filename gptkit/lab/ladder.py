@@ -4,21 +4,22 @@ the table says what each mechanism learns from the same text whatever the machin
 or, with a time budget, for the same wall time, so that it says what each buys per second on this machine. And
 what the lab reads back from each run: its row of the table, how diffuse its attention is, its attention map and
 a short sample. Each rung keeps its row in its folder (lab.json), so that the table of a later lab run into the
-same out_dir lists the rungs trained before it too."""
+same out_dir lists the rungs trained before it too. Any of model.py's settings given to the lab goes over every
+rung's own, and the rows it changes carry it in their names."""
 
 import json
 import math
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
 
 from gptkit.base.errors import UserError, first_line
 from gptkit.base.files import no_links, write_whole
-from gptkit.base.settings import check_seed, comma_items, parse_config
+from gptkit.base.settings import check_seed, comma_items, given_values, make, parse_config
 from gptkit.base.signals import StopSignals
 from gptkit.data.dataset import Split, bits_per_char, fixed_offsets, load_meta
 from gptkit.data.tokenizer import tokenizer_from_meta
@@ -31,6 +32,7 @@ from gptkit.run.run_folder import RunDir, load_model
 from gptkit.sampling.decoding import generate
 from gptkit.sampling.prompts import read_prompt
 from gptkit.training.train_config import TrainConfig
+from model import GPTConfig
 
 REPO = Path(__file__).resolve().parents[2]
 PRESET = REPO / "config" / "shakespeare_char.py"
@@ -90,6 +92,8 @@ class LabConfig:
     seed: int = 1337  # seeds every rung's weights and data order, and the samples
     device: str = "auto"  # 'auto' (cuda, then mps, then cpu), or 'cpu', 'cuda', 'cuda:N', 'mps'
     threads: int = 1  # torch CPU threads per training run (0 = measured as it runs): see docs/lab.md
+    # model.py's settings given as --KEY=VALUE, {key: value} over every rung's own (lab_config sets them)
+    model_settings: dict = field(default_factory=dict, init=False)
 
     def __post_init__(self):
         if self.budget < 0 or self.tokens < 0 or not (self.budget > 0 or self.tokens > 0):
@@ -117,26 +121,81 @@ class LabConfig:
         return training_words(self.budget, self.tokens)
 
 
+@dataclass
+class LabCommand(LabConfig):
+    """lab.py's command line: the lab's settings, and model.py's (GPTConfig's, but the vocabulary, which the dataset
+    sets) for every rung, which --help lists under their own heading as train.py's does."""
+    model: GPTConfig = field(default_factory=GPTConfig, metadata={
+        "not_settable": ("vocab_size",),
+        "heading": "model settings (model.py's GPTConfig), over every rung's own; one not given keeps the rung's:"})
+
+
+def lab_config(argv):
+    """LabConfig from lab.py's command line, the model settings it gives in its model_settings. They are checked
+    with each rung's own (check_before_training), not as a model of GPTConfig's defaults would take them."""
+    values = given_values(LabCommand, argv, prog="lab.py")
+    model = {f.name for f in fields(GPTConfig)}
+    cfg = make(LabConfig, {key: value for key, value in values.items() if key not in model})
+    cfg.model_settings = {key: value for key, value in values.items() if key in model}
+    return cfg
+
+
+def settings_words(settings):
+    """{key: value} as a command names them: "qk_norm=True, pos_emb='rope'"."""
+    return ", ".join(f"{key}={value!r}" for key, value in settings.items())
+
+
 def training_words(budget, tokens):
     """How much a rung trains, in words: '1,000,000 tokens', or with a budget '25 s'."""
     return f"{budget:g} s" if budget > 0 else f"{tokens:,} tokens"
 
 
+def own_args(rung):
+    """train.py's options that make a rung what it is: the recipe (or the preset), then the rung's own."""
+    return [*([str(PRESET)] if rung.preset else RECIPE), *rung.options]
+
+
 def train_args(rung, cfg):
-    """train.py's options for a rung: the recipe (or the preset), the rung's own, then what the lab sets
+    """train.py's options for a rung: its own, the model settings the lab was given, then what the lab sets
     for every rung: where it trains and writes, how long (its tokens as steps, or its time budget), seed and
     device."""
-    start = [str(PRESET)] if rung.preset else list(RECIPE)
+    given = [*own_args(rung), *(f"--{key}={value!r}" for key, value in cfg.model_settings.items())]
     if cfg.budget > 0:
         length = [f"--max_time={cfg.budget}"]  # planned as the steps that fit in it here idle, whatever the load
     else:
-        own = parse_config(TrainConfig, [*start, *rung.options], prog="train.py")
+        own = rung_config(rung, cfg, given)
         per_step = own.batch_size * own.model.block_size * own.gradient_accumulation_steps
         length = ["--max_time=0", f"--max_iters={math.ceil(cfg.tokens / per_step)}"]
     lab = [f"--dataset={cfg.dataset}", f"--data_dir={cfg.data_dir}", f"--out_dir={run_dir(cfg, rung)}", *length,
            f"--seed={cfg.seed}", f"--device={cfg.device}", f"--threads={cfg.threads}", "--init_from=scratch",
            "--wandb_log=False"]
-    return [*start, *rung.options, *lab]
+    return [*given, *lab]
+
+
+def rung_config(rung, cfg, args):
+    """train.py's config from a rung's options; where the model settings given to the lab do not go with the rung's
+    own (GPTConfig's checks refuse them), one line naming the rung."""
+    try:
+        return parse_config(TrainConfig, args, prog="train.py")
+    except UserError as e:
+        if not cfg.model_settings:
+            raise
+        raise UserError(f"rung {rung.name} cannot take {settings_words(cfg.model_settings)}: {e}") from None
+
+
+def changed_settings(rung, cfg):
+    """{key: value} of the model settings given to the lab that the rung does not have already."""
+    own = parse_config(TrainConfig, own_args(rung), prog="train.py").model
+    return {key: value for key, value in cfg.model_settings.items() if getattr(own, key) != value}
+
+
+def settings_line(cfg):
+    """The line a lab given model settings starts with: each, and the chosen rungs it changes."""
+    changes = {rung.name: changed_settings(rung, cfg) for rung in cfg.chosen()}
+    said = [f"{key}={value!r} changes "
+            f"{', '.join(n for n, changed in changes.items() if key in changed) or 'no rung (each has it already)'}"
+            for key, value in cfg.model_settings.items()]
+    return f"model settings over each rung's own: {'; '.join(said)}"
 
 
 def run_dir(cfg, rung):
@@ -160,7 +219,7 @@ def check_before_training(cfg):
         raise UserError("the prompt is empty: pass some text with --prompt")
     for rung in cfg.chosen():
         check_rung_folder(run_dir(cfg, rung))
-        block_size = parse_config(TrainConfig, train_args(rung, cfg), prog="train.py").model.block_size
+        block_size = rung_config(rung, cfg, train_args(rung, cfg)).model.block_size
         if len(ids) > block_size:
             raise UserError(f"the prompt is {len(ids)} tokens, longer than rung {rung.name}'s block_size "
                             f"{block_size}; pass a shorter --prompt")
@@ -247,6 +306,7 @@ class Row:
     tokens_per_iter: int = 0  # its steps' tokens (rows written before they were kept: 0)
     heads: dict = field(default_factory=dict)  # {kind: [head, score]}: its strongest head of each kind ({}: none)
     formed: dict = field(default_factory=dict)  # {kind: step}: where that head's timeline first passed FORMED_AT
+    model_settings: dict = field(default_factory=dict)  # {key: value}: those given to the lab it lacked ({}: none)
 
     @property
     def training(self):
@@ -254,7 +314,9 @@ class Row:
 
     @property
     def label(self):
-        return f"{self.rung.name} (cheats)" if self.rung.cheats else self.rung.name
+        """Its name, and what sets it apart from the path's rung: 'encoder (cheats)', 'scaled (qk_norm=True)'."""
+        marks = ["cheats"] * self.rung.cheats + ([settings_words(self.model_settings)] if self.model_settings else [])
+        return f"{self.rung.name} ({', '.join(marks)})" if marks else self.rung.name
 
 
 def attention_entropy(model, idx):
@@ -326,7 +388,8 @@ def read_rung(rung, cfg, seconds, data, prompt, device):
             draw_model_attention(model, tok, prompt, folder / "attention.png", name=rung.name)
         row = Row(rung, cfg.budget, cfg.seed, model.num_params(), finals[-1]["iter"], evals[-1]["train_loss"],
                   finals[-1]["val_loss"], entropy, seconds, sample_text(model, tok, prompt, cfg, device), evals,
-                  0 if cfg.budget > 0 else cfg.tokens, per_step, heads, formed_at(heads, records))
+                  0 if cfg.budget > 0 else cfg.tokens, per_step, heads, formed_at(heads, records),
+                  changed_settings(rung, cfg))
         save_row(row, folder, cfg.dataset)
     return row
 
@@ -378,7 +441,9 @@ def checked_row(row):
                                                              isinstance(h[0], str) and type(h[1]) in (int, float)
                                                              and abs(h[1]) < LARGEST
                                                              for h in v.values()),
-              "formed": lambda v: isinstance(v, dict) and all(type(step) is int for step in v.values())}
+              "formed": lambda v: isinstance(v, dict) and all(type(step) is int for step in v.values()),
+              "model_settings": lambda v: isinstance(v, dict) and all(
+                  value is None or type(value) in (bool, int, float, str) for value in v.values())}
     for name, check in checks.items():
         if not check(getattr(row, name)):
             raise TypeError(f"its {name} is {str(getattr(row, name))[:40]!r}, not what the lab writes there")
@@ -472,6 +537,9 @@ def results_notes(rows, missing, dataset, unit):
              f"the last evaluation's fixed batches, val loss on the whole val split (every {unit} once); "
              f"{BITS_NOTES[unit]} Attention entropy: mean over layers, heads and query positions of "
              f"{ENTROPY_WINDOWS} val windows. Time: train.py from start to exit.")
+    if any(r.model_settings for r in rows):
+        notes += (" A model setting in a rung's name was given to lab.py (--KEY=VALUE) over the rung's own: that row "
+                  "differs from the path's rung by it too.")
     if missing:
         notes += (f" Not in the table, no {RESULT} in their folders (trained by an earlier version of the lab, or "
                   f"stopped before the end): {', '.join(missing)}; train again with --rungs={','.join(missing)}.")
@@ -511,6 +579,8 @@ def run_lab(cfg):
     (Ctrl-C, SIGTERM) stops the rung's train.py too: the rungs done before it keep their rows."""
     with StopSignals() as stops:
         folder, meta, prompt = check_before_training(cfg)
+        if cfg.model_settings:
+            print(settings_line(cfg), flush=True)
         device = pick_device(cfg.device)
         unit = unit_of(meta)
         rungs = cfg.chosen()

@@ -20,13 +20,13 @@ import typing
 import warnings
 from dataclasses import fields
 from pathlib import Path
-from typing import Literal, get_args, get_origin
 
 import numpy as np
 import torch
 
 from gptkit.base import files
 from gptkit.base.errors import RunStopped, UserError, first_line, what_does_not_fit
+from gptkit.base.settings import field_type
 from gptkit.machine.model_contract import check_forward, merged_lora
 from gptkit.machine.stand_ins import ATTENTION_PATHS, KERNELS, install
 from gptkit.run.formats import CHECKPOINT_FORMAT, upgraded_checkpoint
@@ -285,14 +285,17 @@ SETTING_KINDS = {int: plain("a whole number", int), float: NUMBER, bool: FLAG, s
 
 
 def settings(cls):
-    """The Fields of a config dataclass saved with asdict: each field of its declared type (a Literal's choices
-    are left to the dataclass's own checks), and every one optional, since a missing one takes its default."""
+    """The Fields of a config dataclass saved with asdict: each field of its declared type, or None where it may be
+    None (a Literal's choices are left to the dataclass's own checks), and every one optional, since a missing one
+    takes its default."""
     hints, kinds = typing.get_type_hints(cls), {}
     for f in fields(cls):
-        declared = hints[f.name]
-        kind = SETTING_KINDS.get(type(get_args(declared)[0]) if get_origin(declared) is Literal else declared)
-        if kind is not None:  # a type of another kind is left to the dataclass's own checks
-            kinds[f.name] = kind
+        typed = field_type(hints[f.name])
+        if typed is None:  # a type of another kind is left to the dataclass's own checks
+            continue
+        kind = SETTING_KINDS[typed[0]]
+        kinds[f.name] = Kind(f"{kind.words} or None", lambda v, kind=kind: v is None or kind.test(v)) \
+            if typed[2] else kind
     return maybe(**kinds)
 
 
