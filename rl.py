@@ -3,7 +3,7 @@ Reinforcement learning with a verifiable reward: a chat model practises problems
 checks, and learns from its own answers (REINFORCE, the group's mean reward as the baseline, as nanochat).
 
     python rl.py config/chat_rl.py                         # from the SFT run config/chat_rl.py names
-    python rl.py config/chat_rl.py --init_checkpoint=iter:200   # from an earlier snapshot of it
+    python rl.py config/chat_rl.py --init_from=out-chat --init_checkpoint=iter:550   # from a snapshot (its snapshots/)
     python chat.py --out_dir=out-rl --eval --samples=64    # then pass@1, pass@8, pass@64 on held-out problems
 
 Stopped (Ctrl-C, SIGTERM), it saves where it is; the same command, or --out_dir alone, continues exactly from there

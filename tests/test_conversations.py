@@ -119,3 +119,17 @@ def test_a_conversation_file_is_told_from_records_of_text(tmp_path):
     assert not is_conversation_file(write_lines(tmp_path / "b.jsonl", [json.dumps({"text": "hi"})]))
     assert not is_conversation_file(write_lines(tmp_path / "c.txt", [GOOD]))
     assert len(read_conversations(tmp_path / "a.jsonl")) == 1
+
+
+def test_a_conversation_file_named_in_capitals_is_one_and_a_compressed_one_is_one_line(tmp_path):
+    """A.JSONL holds conversations as a.jsonl does; compressed, read as records of text it named none (every line
+    skipped), so it is one line saying to decompress it."""
+    import gzip
+    assert is_conversation_file(write_lines(tmp_path / "A.JSONL", [GOOD]))
+    with gzip.open(tmp_path / "a.jsonl.gz", "wt") as f:
+        f.write(GOOD + "\n")
+    with pytest.raises(UserError, match=r"a.jsonl.gz holds conversations, compressed: decompress it to a .jsonl"):
+        is_conversation_file(tmp_path / "a.jsonl.gz")
+    with gzip.open(tmp_path / "text.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"text": "hi"}) + "\n")
+    assert not is_conversation_file(tmp_path / "text.jsonl.gz")

@@ -15,7 +15,7 @@ from conftest import CHAT_SFT, MODEL, assert_one_error_line, check_ok, make_text
 from gptkit.base.errors import RunStopped, UserError
 from gptkit.data.conversations import MARKERS
 from gptkit.run.checkpoint import load_checkpoint, save_checkpoint
-from gptkit.training.starting import base_run, build_model, from_base, load_base
+from gptkit.training.starting import base_run, build_model, from_base, load_base, pretrained
 from model import GPT, GPTConfig
 
 SHAPE = dict(n_layer=1, n_head=2, n_embd=16, block_size=8, tie_weights=False)
@@ -333,3 +333,10 @@ def test_an_interrupted_fine_tune_continues_to_the_same_weights(tmp_path, traine
     assert whole["iter_num"] == resumed["iter_num"] == 6
     for key, value in whole["model"].items():
         assert torch.equal(value, resumed["model"][key]), key
+
+
+def test_lora_on_gpt2_s_weights_is_one_line_before_they_load():
+    """GPT-2 ties its head to its token table, which LoRA adapts apart: refused, not trained in full unsaid."""
+    cfg = train_config(init_from="gpt2", lora_rank=8)
+    with pytest.raises(UserError, match=r"^lora_rank=8 with init_from='gpt2': GPT-2's head is its token table, tied"):
+        pretrained(cfg, {"tokenizer": "tiktoken", "vocab_size": 50257})

@@ -17,6 +17,7 @@ conversation a line: {"messages": [{"role": "user", "content": ...}, {"role": "a
 import json
 
 from gptkit.base.errors import UserError
+from gptkit.data.sources import LinesOf, kind_of
 
 MARKERS = {"user": "\ue000", "assistant": "\ue001", "end": "\ue002"}  # one character each, a token of its own
 NAMES = {char: f"<|{name}|>" for name, char in MARKERS.items()}
@@ -159,11 +160,12 @@ def numbered_conversations(path):
 
 
 def is_conversation_file(path):
-    """Whether a .jsonl file holds conversations (its first record has "messages"), not records of text."""
-    if path.suffix != ".jsonl":
+    """Whether a JSON Lines file holds conversations (its first record has "messages"), not records of text. One
+    compressed (.jsonl.gz, .jsonl.zst), which read_conversations does not open, is one line."""
+    if kind_of(path) != "jsonl":
         return False
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, 1):
+    with LinesOf(path) as (lines, _):
+        for number, line in enumerate(lines, 1):
             if line.strip():
                 try:
                     record = json.loads(line)
@@ -172,5 +174,9 @@ def is_conversation_file(path):
                 except RecursionError:
                     raise UserError(f"{path} line {number} is nested too deeply to be a record of text or a "
                                     "conversation") from None
-                return isinstance(record, dict) and "messages" in record
+                chat = isinstance(record, dict) and "messages" in record
+                if chat and not path.name.lower().endswith(".jsonl"):
+                    raise UserError(f"{path} holds conversations, compressed: decompress it to a .jsonl first "
+                                    "(e.g. gunzip -k FILE)")
+                return chat
     return False

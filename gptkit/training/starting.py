@@ -82,6 +82,9 @@ def pretrained(cfg, meta):
         raise UserError(f"init_from={cfg.init_from!r}: GPT-2's weights have no rows for the chat markers of dataset "
                         f"{cfg.dataset!r}; fine-tune them on text prepared with --tokenizer=gpt2 first, then start "
                         "the chat fine-tune from that run (--init_from=its out_dir)")
+    if cfg.model.lora_rank:  # GPT-2 ties its head to its token table, which LoRA's adapters would part
+        raise UserError(f"lora_rank={cfg.model.lora_rank} with init_from={cfg.init_from!r}: GPT-2's head is its token "
+                        "table, tied, and LoRA adapts the two apart; fine-tune it in full (--lora_rank=0)")
     model = load_pretrained(cfg.init_from, dropout=cfg.model.dropout)
     if meta["vocab_size"] > model.config.vocab_size:
         raise UserError(f"dataset {cfg.dataset!r} has {meta['vocab_size']:,} token ids, more than "
