@@ -207,7 +207,7 @@ class Speed:
         self.deadline = self.began + self.allowed
         self.said, self.measured, self.busy, self.busy_read, self.replaced = False, 0.0, 0.0, None, None
         self.entries = {}  # this run's, by key
-        self.idle_now = None  # whether the machine was idle when asked (idle_now()), asked once
+        self.idle_now = None  # whether the machine was idle when machine_idle() first looked
 
     def key(self, planned):
         asked = [f"attention_path={self.cfg.attention_path}"] * (self.cfg.attention_path != "auto") + \

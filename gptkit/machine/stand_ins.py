@@ -42,6 +42,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from gptkit.base.modes import evaluating
 import model as model_py
 from model import MLP, Block, SelfAttention, token_shift
 
@@ -245,13 +246,9 @@ def sdpa_alone_edited(attn):
         .to(attn.c_attn.weight.device)
     unedited = F.scaled_dot_product_attention(q, k, v, is_causal=attn.causal,
                                               scale=None if attn.kind == "scaled" else 1.0)
-    training = attn.training
-    try:
-        attn.eval()
+    with evaluating(attn):
         return torch.allclose(attn.written(q, k, v), unedited, rtol=1e-4, atol=1e-5) and \
             not torch.allclose(attn.sdpa(q, k, v), unedited, rtol=1e-4, atol=1e-5)
-    finally:
-        attn.train(training)
 
 
 def own_attention(attn):
