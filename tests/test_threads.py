@@ -129,6 +129,26 @@ def test_gradients_are_compared_on_each_count_leaving_the_run_as_it_was(moves):
     assert model.training and model.w.grad is None
 
 
+class ThreadsOnSomeTokens(ThreadsInTheLastBits):
+    """As ThreadsInTheLastBits moving, but only on a batch whose first token is 2: as a bf16 matmul's sums round
+    apart on some values only."""
+
+    def forward(self, x, y):
+        return None, (self.w * x).sum() * (1 + 1e-6 * torch.get_num_threads() * bool(x[0] == 2))
+
+
+def test_the_gradients_are_compared_on_the_batch_shifted_as_many_times_as_a_small_model_affords():
+    """A small model's sums that round apart on some batches only are found on the batch shifted along its
+    positions ([0, 1, 2] then [2, 0, 1]); the trials' count follows the model's size alone."""
+    assert not same_gradients_on((1, 2), ThreadsOnSomeTokens(True), torch.arange(3.0), None,
+                                 contextlib.nullcontext())
+    calls = []
+    model = ThreadsInTheLastBits(False)
+    model.register_forward_hook(lambda *args: calls.append(1))
+    assert same_gradients_on((1, 2), model, torch.arange(3.0), None, contextlib.nullcontext())
+    assert len(calls) == 2 * thread_counts.PROBE_TRIALS
+
+
 def test_a_model_whose_gradients_follow_the_threads_keeps_its_count_with_one_line():
     from gptkit.training.budget import thread_tuner
 

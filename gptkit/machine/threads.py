@@ -34,28 +34,26 @@ def pick_decode_threads(threads, model, device, batch_size=1, tokens=16):
 
 
 def same_gradients_on(counts, model, x, y, autocast):
-    """Whether one forward and backward of (x, y) gives the same gradients, bit for bit, on each of `counts`
-    threads. Where it does not (bf16 matmuls of some widths sum in another order on more threads), a run whose
-    thread count followed the load would differ from the same command run idle. Taken on a copy of the model with
-    random weights (a fresh model's zero-started projections give gradients of exact zeros, which any count sums
-    alike), in eval mode (no dropout draws), with the random state and the thread count left as they were."""
+    """Whether a forward and backward of (x, y) gives the same gradients, bit for bit, on each of `counts` threads.
+    Where it does not (bf16 matmuls of some widths sum in another order on more threads), a run whose thread count
+    followed the load would differ from the same command run idle. Taken on a copy of the model with random weights
+    (a fresh model's zero-started projections give gradients of exact zeros, which any count sums alike), in eval
+    mode (no dropout draws), with the random state and the thread count left as they were. Which sums round apart
+    depends on the values, now and then: so trials of weights of two sizes, each on the batch shifted along its
+    positions, as many as cost about PROBE_WORK (a small model's many; the count follows the shape alone, so that
+    the answer is the same busy or idle)."""
     most = torch.get_num_threads()
+    trials = min(PROBE_TRIALS, max(len(PROBE_SPREADS), PROBE_WORK // sum(p.numel() for p in model.parameters())))
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             probe = copy.deepcopy(model).eval()
-            for spread in PROBE_SPREADS:  # which sums round apart depends on the values: weights of two sizes
+            for trial in range(trials):
                 with torch.no_grad():
                     for p in probe.parameters():
-                        p.normal_(0.0, spread)
-                grads = []
-                for n in counts:
-                    torch.set_num_threads(n)
-                    probe.zero_grad(set_to_none=True)
-                    with autocast:
-                        loss = probe(x, y)[1]
-                    loss.backward()
-                    grads.append([p.grad for p in probe.parameters() if p.grad is not None])
+                        p.normal_(0.0, PROBE_SPREADS[trial % len(PROBE_SPREADS)])
+                batch = [None if t is None else t.roll(trial, -1) for t in (x, y)]
+                grads = [gradients_on(n, probe, *batch, autocast) for n in counts]
                 if not all(torch.equal(a, b) for other in grads[1:] for a, b in zip(grads[0], other)):
                     return False
     finally:
@@ -63,7 +61,18 @@ def same_gradients_on(counts, model, x, y, autocast):
     return True
 
 
+def gradients_on(threads, model, x, y, autocast):
+    torch.set_num_threads(threads)
+    model.zero_grad(set_to_none=True)
+    with autocast:
+        loss = model(x, y)[1]
+    loss.backward()
+    return [p.grad for p in model.parameters() if p.grad is not None]
+
+
 PROBE_SPREADS = (0.02, 0.2)  # same_gradients_on's random weights' standard deviations
+PROBE_WORK = 2_000_000  # parameters times trials: two of the default's 4 x 128 (about half a second)
+PROBE_TRIALS = 32  # at most
 
 
 TRIALS_SHARE = 0.1  # the most of a run's time its thread trials cost over the current count's steps (ThreadTuner)
