@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from gptkit.machine.idle import IdleCheck
+from gptkit.machine.idle import IdleCheck, idle_now
 from gptkit.machine.model_contract import check_forward
 from gptkit.machine.precision import autocast_for, cpu_has_bf16, pick_dtype
 from gptkit.machine.stand_ins import (ATTENTION_PATH_WORDS, ATTENTION_PATHS, TableDropout, attention_function,
@@ -45,7 +45,7 @@ BF16_MARGIN = 1.15  # bfloat16 must step this much faster
 TURNS = 5  # a first measurement's rounds: a spike in one or two is passed over
 MEASURE_SHARE = 0.04  # of max_time, the most a first measurement may take (start-up is to stay under 5%)
 MEASURE_SECONDS = 20.0  # the most it may take without a max_time
-IDLE_LOOK_S = 0.25  # how long a start watches the machine before reading a measurement taken busy
+IDLE_LOOK_S = 0.25  # how long a start watches the machine before it reads a measurement taken busy
 
 
 @dataclass
@@ -226,11 +226,8 @@ class Speed:
         return entry
 
     def machine_idle(self):
-        """Whether other programs leave this machine idle now: its CPU time watched while this process sleeps."""
         if self.idle_now is None:
-            with IdleCheck() as check:
-                time.sleep(IDLE_LOOK_S)
-            self.idle_now = check.idle
+            self.idle_now = idle_now(IDLE_LOOK_S)
         return self.idle_now
 
     def of(self, planned, precisions):

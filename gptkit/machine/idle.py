@@ -52,3 +52,10 @@ class IdleCheck:
     @property
     def idle(self):
         return self.others < BUSY_CORES or os.environ.get("GPTKIT_ASSUME_IDLE") == "1"
+
+
+def idle_now(seconds):
+    """Whether other programs leave this machine idle now: its CPU time watched while this process sleeps."""
+    with IdleCheck() as check:
+        time.sleep(seconds)
+    return check.idle

@@ -9,9 +9,14 @@ import sys
 import torch
 
 from gptkit.base.errors import UserError, first_line
+from gptkit.machine.idle import IdleCheck, idle_now
 from gptkit.machine.timing import decode_seconds
+from gptkit.machine.wisdom import Wisdom, decode_key, decode_problem, today
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+IDLE_LOOK_S = 0.25  # how long a start watches the machine before it reads a precision measured busy
+# torch's threads as the process starts, before a tool picks decoding's: the wisdom's machine, whatever that pick
+STARTING_THREADS = torch.get_num_threads()
 
 
 def cpu_has_bf16():
@@ -46,22 +51,42 @@ def autocast_for(dtype, device_type="cpu"):
 def pick_decode_dtype(name, model, device, batch_size=1, tokens=16):
     """The weights' precision for decoding: as asked, or for 'auto' the faster of float32 and bfloat16 on
     this machine (bfloat16 reads half the bytes per token, but some CPUs compute it slowly), timed on a
-    few tokens of this model; and a line saying why. bfloat16 must win clearly, so the choice does not flip
-    with a machine's noise and one seed keeps giving one text."""
+    few tokens of this model once and kept in the machine's wisdom, as a training run's choices are (one taken
+    beside a busy program is read while the machine is busy, and measured again at an idle start); and a line
+    saying why. bfloat16 must win clearly, so the choice does not flip with a machine's noise and one seed keeps
+    giving one text."""
     if name != "auto":
         return pick_dtype(name, device), f"decoding in {name}"
     if device.startswith("cuda"):
         return ("bfloat16" if torch.cuda.is_bf16_supported() else "float16"), "decoding in half precision on CUDA"
     if device != "cpu" or not cpu_has_bf16():
         return "float32", "decoding in float32"
+    wisdom, key = Wisdom(device, STARTING_THREADS), decode_key(model.config, batch_size)
+    kept = wisdom.entry(key, decode_problem)
+    if kept and not ("busy" in kept and idle_now(IDLE_LOOK_S)):
+        when = f"measured on this CPU on {kept['measured']}" + " beside other programs" * ("busy" in kept)
+    else:
+        with IdleCheck() as check:
+            kept = decode_speedup(model, batch_size, tokens)
+        if isinstance(kept, str):  # why bfloat16 cannot decode this model
+            return "float32", f"decoding in float32 (this model.py does not run in bfloat16: {kept})"
+        kept |= {"measured": today(), **({} if check.idle else {"busy": round(check.others, 2)})}
+        wisdom.keep(key, kept)
+        when = "measured now" + ("" if check.idle else " beside other programs, read again while the machine is busy")
+    return kept["dtype"], "\n".join(wisdom.notes + [
+        f"decoding in {kept['dtype']} (bfloat16 was {kept['speedup']:.2f}x as fast as float32 on this model, {when})"])
+
+
+def decode_speedup(model, batch_size, tokens):
+    """{dtype: the faster, speedup: bfloat16's over float32} decoding a few tokens of copies of model, or why
+    bfloat16 cannot run it."""
     seconds = {"float32": decode_seconds(copy.deepcopy(model), batch_size, tokens)}
     try:
         seconds["bfloat16"] = decode_seconds(copy.deepcopy(model).to(torch.bfloat16), batch_size, tokens)
     except RuntimeError as e:  # an edited model.py that makes float32 tensors of its own, e.g. a position table
-        return "float32", f"decoding in float32 (this model.py does not run in bfloat16: {first_line(e)})"
-    best = "bfloat16" if seconds["bfloat16"] * 1.25 < seconds["float32"] else "float32"
-    return best, (f"decoding in {best} (bfloat16 was {seconds['float32'] / seconds['bfloat16']:.2f}x as fast as "
-                  "float32 on this model)")
+        return first_line(e)
+    speedup = seconds["float32"] / seconds["bfloat16"]
+    return {"dtype": "bfloat16" if speedup > 1.25 else "float32", "speedup": round(speedup, 4)}
 
 
 def fast_dtype(device):

@@ -101,13 +101,13 @@ class Wisdom:
             return {}
         return mine.get("shapes", {})
 
-    def entry(self, key):
-        """The entry of one shape, or {} (to be measured afresh) where there is none, or where it is damaged:
-        then with a note naming what is wrong."""
+    def entry(self, key, problem=None):
+        """The entry of one shape, or {} (to be measured afresh) where there is none, or where it is damaged
+        (`problem`, entry_problem by default, says what is): then with a note naming what is wrong."""
         found = self.shapes.get(key)
         if found is None:
             return {}
-        wrong = entry_problem(found)
+        wrong = (problem or entry_problem)(found)
         if wrong:
             self.notes.append(f"note: this model's entry in the wisdom cache {self.path} is damaged ({wrong}): "
                               "measuring afresh")
@@ -134,6 +134,22 @@ class Wisdom:
         except UserError as e:  # a read-only home, a link: the run goes on with what it measured, and says so
             self.notes.append(f"note: could not keep this machine's wisdom in {self.path} ({e}): the next run "
                               "measures again")
+
+
+def decode_key(model_config, batch_size):
+    """A decoding precision's key: the model (model.py's code with it) and the rows decoded at once."""
+    return "decode-" + shape_key(model_config, batch_size, [], False)
+
+
+def decode_problem(entry):
+    """What makes a decoding entry unusable, in words, or None."""
+    if not isinstance(entry, dict) or entry.get("dtype") not in ("float32", "bfloat16"):
+        return "no precision chosen"
+    if not positive(entry.get("speedup")) or not isinstance(entry.get("measured"), str):
+        return "no measurement it was chosen by"
+    if "busy" in entry and not (type(entry["busy"]) in (int, float) and 0 <= entry["busy"] < 4096):
+        return f"busy is {entry['busy']!r}, not the cores other programs held"
+    return None
 
 
 def positive(value):
