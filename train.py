@@ -34,7 +34,7 @@ from gptkit.training.records import Records
 from gptkit.training.reporting import Reporter
 from gptkit.training.resume import claim_for_a_new_run, continued_config
 from gptkit.training.score_stop import ScoreStop, stopped_by_score
-from gptkit.training.snapshots import drop_after
+from gptkit.training.snapshots import check_room, drop_after
 from gptkit.training.starting import base_run, build_model, given_config, open_data, planned_model
 from gptkit.training.state import TrainState
 from gptkit.training.train_config import TrainConfig
@@ -274,6 +274,8 @@ def announce_resume(cfg, resumed, run, note, master):
     ckpt, path = resumed
     done, timed = ckpt["iter_num"], cfg.max_time > 0 and cfg.wall_clock
     budget = f" and {cfg.max_time:g} s" if timed else ""
+    if not cfg.eval_only:
+        check_room(run, done, cfg.snapshots)
     note(f"resuming from iteration {done} of {cfg.max_iters}{budget} ({path})")
     if cfg.eval_only:
         dropped, scored = 0, True

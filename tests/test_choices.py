@@ -128,7 +128,8 @@ def test_a_damaged_or_foreign_wisdom_cache_is_measured_afresh_with_one_note(monk
     {"float32": {"path": "written", "step": -0.7}}, {"float32": {"path": "written", "step": "0.3"}},
     {"float32": {"path": "written", "step": True}}, {"float32": {"path": "written", "step": 0}},
     {"float32": {"path": "sideways", "step": 0.1}}, {"float32": {"path": "written", "step": 0.1, "threads": 0.5}},
-    {"float32": ["written", 0.1]}, {"measured": None}, {"params": -3}, {"busy": "1.2"}, {"busy": -1}])
+    {"float32": ["written", 0.1]}, {"measured": None}, {"params": -3}, {"busy": "1.2"}, {"busy": -1},
+    {"float32": {"path": "written", "step": 0.1, "threads": 64}}])
 def test_a_damaged_wisdom_entry_is_measured_afresh_with_one_note_never_used(monkeypatch, own_wisdom, damage):
     """A hand-edited entry (a wrong type, a missing key, a step time that is no positive number) is named and
     measured again, never used and never a traceback."""

@@ -28,6 +28,17 @@ def timed_run(tmp_path_factory, data_dir):
     return out
 
 
+def test_a_resume_that_keeps_fewer_snapshots_than_the_run_holds_is_one_line_and_deletes_none(timed_run, tmp_path,
+                                                                                            data_dir):
+    """--snapshots=1 read as "one more": its next record would have deleted all but one, unsaid."""
+    out = tmp_path / "out"
+    shutil.copytree(timed_run, out)
+    kept = sorted(p.name for p in (out / "snapshots").iterdir())
+    with pytest.raises(UserError, match=rf"^--snapshots=1 is fewer than the {len(kept)} snapshots {out} keeps \("):
+        train.main(train_args(data_dir, out, *SHORT, "--snapshots=1", "--init_from=auto", "--max_iters=40"))
+    assert sorted(p.name for p in (out / "snapshots").iterdir()) == kept
+
+
 def timeline(out):
     return timeline_of(read_metrics(out))
 

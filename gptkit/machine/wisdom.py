@@ -71,7 +71,7 @@ class Wisdom:
 
     def __init__(self, device, threads, folder=None):
         self.path = Path(folder or wisdom_dir()) / FILE_NAME
-        self.machine = machine_key(device, threads)
+        self.machine, self.threads = machine_key(device, threads), threads
         self.torch = torch.__version__
         self.notes = []
         self.shapes = self.read()
@@ -107,7 +107,7 @@ class Wisdom:
         found = self.shapes.get(key)
         if found is None:
             return {}
-        wrong = (problem or entry_problem)(found)
+        wrong = problem(found) if problem else entry_problem(found, self.threads)
         if wrong:
             self.notes.append(f"note: this model's entry in the wisdom cache {self.path} is damaged ({wrong}): "
                               "measuring afresh")
@@ -156,8 +156,9 @@ def positive(value):
     return type(value) in (int, float) and math.isfinite(value) and value > 0
 
 
-def entry_problem(entry):
-    """What makes a shape's entry unusable, in words, or None: every figure of the kind a measurement writes."""
+def entry_problem(entry, most=4096):
+    """What makes a shape's entry unusable, in words, or None: every figure of the kind a measurement writes, its
+    thread count at most the `most` this machine starts on."""
     if not isinstance(entry, dict):
         return f"a {type(entry).__name__}, not a table"
     if type(entry.get("params")) is not int or entry["params"] <= 0:
@@ -177,8 +178,8 @@ def entry_problem(entry):
         for name in ("step", "whole", "forward"):
             if (name == "step" or name in speed) and not positive(speed.get(name)):
                 return f"{dtype}'s {name} is {speed.get(name)!r}, not a positive number of seconds"
-        if "threads" in speed and (type(speed["threads"]) is not int or not 1 <= speed["threads"] <= 4096):
-            return f"{dtype}'s threads is {speed['threads']!r}, not a count"
+        if "threads" in speed and (type(speed["threads"]) is not int or not 1 <= speed["threads"] <= most):
+            return f"{dtype}'s threads is {speed['threads']!r}, not a count of this machine's {most}"
     return None
 
 

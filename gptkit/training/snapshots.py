@@ -8,6 +8,7 @@ does not say its steps) and passes through the steps where the model changed."""
 import math
 from dataclasses import asdict
 
+from gptkit.base.errors import UserError
 from gptkit.machine.stand_ins import model_code
 from gptkit.run.checkpoint import save_checkpoint
 
@@ -46,3 +47,14 @@ def drop_after(run, iteration):
     for path in dropped:
         path.unlink()
     return [path.name for path in dropped]
+
+
+def check_room(run, iteration, keep):
+    """A run resumed at `iteration` with fewer snapshots to keep than it holds up to there would delete some at its
+    next record: refused in one line, before any file changes (snapshots=0 takes none, and deletes none)."""
+    kept = [i for i in run.kept_snapshots() if i <= iteration]
+    if 0 < keep < len(kept):
+        raise UserError(f"--snapshots={keep} is fewer than the {len(kept)} snapshots {run.path} keeps "
+                        f"({', '.join(run.snapshot(i).name for i in kept)}): its next record would delete "
+                        f"{len(kept) - keep} of them; give --snapshots={len(kept)} or more, or move those you can "
+                        "spare out of its snapshots folder")
