@@ -469,7 +469,8 @@ def trained_sae(run, cfg, recipe, folder):
     """The SAE of this recipe in folder, trained now unless it is there already: (SAE, its dead fraction, the
     scale it was trained at, its feature table), the last two None for one trained now and one read back."""
     from gptkit.base.files import writable
-    from gptkit.interp.features import OURS_FILE, TRAINING_FILE, load_sae, read_ours, train_sae, weights_of
+    from gptkit.interp.features import (OURS_FILE, TRAINING_FILE, load_sae, read_ours, refuse_unclaimed, train_sae,
+                                        unclaimed_files, weights_of)
 
     ours = None if cfg.start_over else read_ours(folder)  # --start_over replaces even a damaged one
     if ours is not None:
@@ -480,10 +481,12 @@ def trained_sae(run, cfg, recipe, folder):
         sae, ours, table = load_sae(folder, run)
         print(f"the SAE trained earlier, from {folder}", file=sys.stderr)
         return sae, ours["metrics"]["dead_fraction"], None, table
+    if not cfg.start_over:
+        refuse_unclaimed(folder)
     writable(folder / OURS_FILE)
     if cfg.start_over and folder.is_dir():
         (folder / TRAINING_FILE).unlink(missing_ok=True)
-        if (folder / OURS_FILE).exists():
+        if (folder / OURS_FILE).exists() or unclaimed_files(folder):
             print(f"note: replacing the SAE in {folder} (--start_over=True)", file=sys.stderr)
     split, _ = run_split(run, cfg, "train", run.config.block_size)
     if split.length < 2 * recipe.batch:
@@ -503,8 +506,8 @@ FEATURE_METRICS = ("l0", "explained_variance", "ce_loss_recovered", "delta_loss"
 
 def analyze_features(cfg):
     from gptkit.interp.experiments import open_run
-    from gptkit.interp.features import (TRAINING_FILE, check_memory, feature_rows, measure, sae_folder, save_sae,
-                                        weights_of)
+    from gptkit.interp.features import (PAGE_FILE, TRAINING_FILE, check_memory, feature_rows, measure, sae_folder,
+                                        save_sae, weights_of)
 
     run = open_run(cfg.out_dir, cfg.checkpoint, pick_device(cfg.device))
     recipe = sae_recipe(run, cfg)
@@ -520,7 +523,7 @@ def analyze_features(cfg):
                   "contexts_from": where}, table)
         (folder / TRAINING_FILE).unlink(missing_ok=True)
     rows = table[:cfg.show]
-    write_feature_page(folder / "features.html", recipe, metrics, rows, where)
+    write_feature_page(folder / PAGE_FILE, recipe, metrics, rows, where)
     shown = {k: v for k, v in metrics.to_json().items() if k.removesuffix("_note") in FEATURE_METRICS}
     answer(cfg, {"metrics": shown, "hook": recipe.hook, "folder": str(folder), "features": rows},
            features_text(recipe, metrics, rows, where, folder))

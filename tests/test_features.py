@@ -634,6 +634,33 @@ def test_gptkit_json_edited_without_its_checksum_is_one_line(saved, tmp_path):
     check_ok(run_here("analyze.py", "features", out, "--layer=1", *SMALL, "--start_over=True"))
 
 
+def test_files_no_gptkit_json_claims_are_refused_and_replaced_only_with_start_over(trained_run, saved, tmp_path):
+    """Another tool's SAE at the names an SAE writes (SAELens's own files), or one whose gptkit.json was deleted,
+    is the user's: one line naming them, never overwritten, until --start_over=True replaces them with a note."""
+    theirs = tmp_path / "theirs"
+    shutil.copytree(trained_run[0], theirs)
+    folder = theirs / "sae" / HOOK
+    folder.mkdir(parents=True)
+    mine = {"cfg.json": '{"d_in": 64, "d_sae": 512}', "sae_weights.safetensors": "my weights",
+            "features.json": '["my rows"]'}
+    for name, text in mine.items():
+        (folder / name).write_text(text)
+    assert_one_error_line(run_here("analyze.py", "features", theirs, "--layer=1", *SMALL).stderr,
+                          f"error: {folder} holds sae_weights.safetensors, cfg.json, features.json but no "
+                          "gptkit.json: not an SAE this tool saved, or one whose gptkit.json was deleted; move them "
+                          "elsewhere, or pass --start_over=True to replace them")
+    assert {name: (folder / name).read_text() for name in mine} == mine
+
+    out = tmp_path / "run"
+    shutil.copytree(saved, out)
+    (out / "sae" / HOOK / "gptkit.json").unlink()
+    line = assert_one_error_line(run_here("analyze.py", "features", out, "--layer=1", *SMALL).stderr)
+    assert "cfg.json, features.json, features.html but no gptkit.json" in line
+    proc = check_ok(run_here("analyze.py", "features", out, "--layer=1", *SMALL, "--start_over=True"))
+    assert f"note: replacing the SAE in {out / 'sae' / HOOK} (--start_over=True)" in proc.stderr
+    assert (out / "sae" / HOOK / "gptkit.json").is_file()
+
+
 @pytest.mark.parametrize("kind", ["link", "pipe"])
 def test_a_link_or_a_pipe_in_place_of_a_file_is_one_line_and_never_read(saved, tmp_path, kind):
     out = tmp_path / "run"

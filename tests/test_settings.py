@@ -311,6 +311,19 @@ def test_a_bad_base_is_one_clear_error(tmp_path, body, others, message):
         parse_config(TrainConfig, [write(tmp_path, body)])
 
 
+def test_a_key_set_twice_in_one_file_is_one_line_naming_both_lines(tmp_path):
+    """A key repeated in one file is a slip (the earlier line would be ignored); set again by a later file, the
+    command line or over a base's, it is how configs build on each other."""
+    path = write(tmp_path, "n_layer = 1  # my change\nmax_iters = 2\nn_layer = 3\n")
+    with pytest.raises(UserError) as e:
+        parse_config(TrainConfig, [path])
+    assert str(e.value) == f"{path}:3: n_layer is set again (first on line 1)"
+    base = write(tmp_path, "n_layer = 1\n", "base.py")
+    top = write(tmp_path, "base = 'base.py'\nn_layer = 2\n", "top.py")
+    assert parse_config(TrainConfig, [base, top]).model.n_layer == 2
+    assert parse_config(TrainConfig, [top, base, "--n_layer=3"]).model.n_layer == 3
+
+
 def test_the_longer_presets_build_on_the_default():
     """The 5- and 10-minute presets name their base rather than repeat it: only what differs is written."""
     texts = {p.name: p.read_text(encoding="utf-8") for p in CONFIG_FILES}

@@ -222,9 +222,10 @@ def to_type(value, typ):
 
 def read_config_file(path, known, including=()):
     """The assignments in a config file, as {key: value}; anything but literals is refused. A file may begin
-    with `base = 'other.py'` (a path relative to the file): the other file's settings, which this one's override."""
+    with `base = 'other.py'` (a path relative to the file): the other file's settings, which this one's override.
+    A key set twice in the file is refused: the first line would be ignored without a word."""
     tree = parse_config_file(path)
-    values = {}
+    values, first_lines = {}, {}
     for node in tree.body:
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             continue  # a docstring
@@ -234,6 +235,9 @@ def read_config_file(path, known, including=()):
         key, where = target.id, f"{path}:{node.lineno}"
         if key != BASE_KEY and key not in known:
             raise unknown_key_error(key, known, where)
+        if key in first_lines:
+            raise UserError(f"{where}: {key} is set again (first on line {first_lines[key]})")
+        first_lines[key] = node.lineno
         try:
             value = ast.literal_eval(node.value)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):

@@ -38,7 +38,7 @@ SITES = {"resid_post": "hook_resid_post", "resid_mid": "hook_resid_mid", "mlp_ou
 SAE_FORMAT = 2  # 2: gptkit.json holds its own sha256 and the iteration of the weights read; 1 is read too
 MEASURE_WINDOWS = 32  # val windows a pass of the metrics and the contexts reads: memory stays that of these
 WEIGHTS_FILE, CFG_FILE, OURS_FILE = "sae_weights.safetensors", "cfg.json", "gptkit.json"
-TABLE_FILE, TRAINING_FILE = "features.json", "training.pt"
+TABLE_FILE, TRAINING_FILE, PAGE_FILE = "features.json", "training.pt", "features.html"
 
 
 def site_hook(model, layer, site):
@@ -431,6 +431,7 @@ FIGURES = ("l0", "explained_variance", "ce_loss_recovered", "delta_loss", "clean
 CHECKPOINT = Kind("'best', 'latest' or 'iter:N'", lambda v: isinstance(v, str) and CHECKPOINT_CHOICE.fullmatch(v))
 ITERATION = Kind("a whole number, or null", lambda v: v is None or type(v) is int and v >= 0)
 CHECKED_FILES = (WEIGHTS_FILE, CFG_FILE, TABLE_FILE)  # those gptkit.json holds the sha256 of
+SAVED_FILES = (*CHECKED_FILES, PAGE_FILE)  # what a trained SAE leaves beside gptkit.json, which claims them
 # what a reader uses of each file, and what each value must be (gptkit/run/checkpoint.py's Fields)
 OURS = Fields({
     "format": Kind(f"a format this tool reads, 1 to {SAE_FORMAT}",
@@ -479,6 +480,23 @@ def is_kept(path):
     if not stat.S_ISREG(mode):
         raise UserError(f"{path} is not a regular file (a pipe, a device or a folder); remove it")
     return True
+
+
+def unclaimed_files(folder):
+    """The files at the names an SAE saves in folder where no gptkit.json claims them: another tool's SAE (SAELens
+    writes cfg.json and sae_weights.safetensors too), or one whose gptkit.json was deleted. [] where it is there."""
+    if is_kept(folder / OURS_FILE):
+        return []
+    return [name for name in SAVED_FILES if is_kept(folder / name)]
+
+
+def refuse_unclaimed(folder):
+    """One line where folder holds files no gptkit.json claims: the user's, never replaced without --start_over."""
+    found = unclaimed_files(folder)
+    if found:
+        raise UserError(f"{folder} holds {', '.join(found)} but no {OURS_FILE}: not an SAE this tool saved, or one "
+                        f"whose {OURS_FILE} was deleted; move them elsewhere, or pass --start_over=True to replace "
+                        "them")
 
 
 def kept_bytes(path):
