@@ -297,6 +297,7 @@ def test_a_picture_of_another_checkpoint_has_a_file_and_a_title_of_its_own(tiny)
     shows; the timeline, drawn from the run's records, stays timeline.png."""
     import analyze
     from gptkit.run.run_folder import RunDir
+    from test_checkpoints import rewrite
 
     for config, picture in ((analyze.HeadsConfig, "heads"), (analyze.PatchConfig, "patch")):
         for checkpoint, name in (("best", f"{picture}.png"), ("latest", f"{picture}-latest.png"),
@@ -305,6 +306,7 @@ def test_a_picture_of_another_checkpoint_has_a_file_and_a_title_of_its_own(tiny)
     assert analyze.TimelineConfig(out_dir=str(tiny), checkpoint="iter:150").output_path() == tiny / "timeline.png"
     assert analyze.HeadsConfig(out_dir=str(tiny), checkpoint="iter:150", output="x.png").output_path().name == "x.png"
     RunDir(tiny).snapshots.mkdir()
+    rewrite(tiny / "best.pt", ("iter_num",), 150)  # a snapshot holds its step
     (tiny / "best.pt").rename(RunDir(tiny).snapshot(150))
     (tiny / "patch.png").write_bytes(b"the run's own picture")
     proc = check_ok(run_here("analyze.py", "patch", tiny, "--checkpoint=iter:150", "--clean=AB", "--corrupt=AC"))

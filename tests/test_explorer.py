@@ -24,6 +24,7 @@ from conftest import MODEL, REPO, check_ok, partial_tokens, run_script, sum_tole
 from gptkit.data.conversations import MARKERS, prompt_text
 from gptkit.data.tokenizer import CharTokenizer
 from gptkit.explorer.app import make_app
+from test_checkpoints import rewrite
 from test_settings import DEEP
 from gptkit.explorer.shelf import Shelf
 from gptkit.interp.hooks import attention_maps, token_label
@@ -1397,8 +1398,8 @@ def test_a_timeline_record_hand_edited_is_left_out_and_said_so(timed, tmp_path):
 def test_a_snapshot_loads_once_is_kept_with_its_run_and_is_read_again_when_replaced(timed, tmp_path, monkeypatch):
     """The shelf keeps each snapshot asked for with its run's model (at most SNAPSHOTS_AT_ONCE, the least recently
     asked for dropped first) and reads it again when its file is replaced; one thinned away is a 404 naming the
-    steps left, a damaged one a 409 line; a feature switched off at a snapshot is refused: its SAE reads the run's
-    own weights."""
+    steps left, a damaged one a 409 line, and so is another step's copied in (it would pass for this step's
+    weights); a feature switched off at a snapshot is refused: its SAE reads the run's own weights."""
     import gptkit.explorer.shelf as shelf_module
 
     root = tmp_path / "runs"
@@ -1409,6 +1410,7 @@ def test_a_snapshot_loads_once_is_kept_with_its_run_and_is_read_again_when_repla
     assert shelf.get("run", later) is at and at.at == later and at.model is not shelf.get("run").model
     assert shelf.get("run", "best") is shelf.get("run") and list(shelf.get("run").snapshots) == [later]
     shutil.copy(run.snapshot(int(early[5:])), root / "copy.pt")
+    rewrite(root / "copy.pt", ("iter_num",), int(later[5:]))
     os.replace(root / "copy.pt", run.snapshot(int(later[5:])))  # the step's file replaced: the weights of `early`
     again, weights = shelf.get("run", later), shelf.get("run", early).model.state_dict()
     assert again is not at and all(torch.equal(w, weights[k]) for k, w in again.model.state_dict().items())
@@ -1424,6 +1426,11 @@ def test_a_snapshot_loads_once_is_kept_with_its_run_and_is_read_again_when_repla
     refused_in_a_line(r, "thinned")
     assert r.status_code == 404 and r.json()["error"].endswith(
         "it keeps " + ", ".join(f"iter:{i}" for i in run.kept_snapshots()))
+    shutil.copy(run.snapshot(int(early[5:])), run.snapshot(int(later[5:])))
+    r = app.post("/api/position", json=dict(run="run", ids=[1, 2], position=1, checkpoint=later))
+    refused_in_a_line(r, "another step's")
+    assert r.status_code == 409 and re.search(rf"run/snapshots/iter_{later[5:]}\.pt holds iteration {early[5:]} of "
+                                              rf"a .+ model, not this run's step {later[5:]} \(", r.json()["error"])
     run.snapshot(0).write_bytes(b"not a checkpoint")
     r = app.post("/api/position", json=dict(run="run", ids=[1, 2], position=1, checkpoint="iter:0"))
     refused_in_a_line(r, "damaged")

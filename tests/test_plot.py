@@ -235,9 +235,11 @@ def test_a_snapshots_attention_picture_has_a_file_and_a_title_of_its_own(tmp_pat
     from gptkit.interp import pictures
     from gptkit.run.run_folder import RunDir
     from test_analyze import saved_run
+    from test_checkpoints import rewrite
 
     run = saved_run(tmp_path / "run")
     RunDir(run).snapshots.mkdir()
+    rewrite(run / "best.pt", ("iter_num",), 150)  # a snapshot holds its step
     (run / "best.pt").rename(RunDir(run).snapshot(150))
     drawn = []
     monkeypatch.setattr(pictures, "save", lambda fig, path, dpi: drawn.append((fig._suptitle.get_text(), path)))

@@ -296,6 +296,26 @@ def test_resuming_an_rl_runs_state_says_rl_py_continues_it(run, data_dir, before
     assert files(run) == before
 
 
+@pytest.mark.parametrize("which", ["latest.pt", "latest.prev.pt"])
+def test_another_runs_state_copied_in_is_refused_before_any_file_changes(run, data_dir, tmp_path, which):
+    """Another run's latest.pt copied into a run folder (or into the latest.prev.pt a resume falls back to) holds a
+    model of another shape than the folder's best.pt: resumed, it dropped the run's later records and snapshots and
+    put the other model in its best.pt. One line names both files and shapes, and no file changes."""
+    other = tmp_path / "other"
+    check_ok(run_here("train.py", *train_args(data_dir, other, "--max_iters=2", "--eval_interval=2",
+                                              "--eval_iters=1")))
+    if which == "latest.prev.pt":
+        (run / "latest.pt").unlink()  # as a crash between the two renames of a save leaves it
+    shutil.copy(other / "latest.pt", run / which)
+    before = files(run)
+    proc = train_again(run, data_dir, "auto", 25, runner=run_here)
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr, f"error: {run / which} holds a 1 x 32 model, {run / 'best.pt'} a 2 x 32 "
+                          "one: they are not one run's; move one away, or start over with --init_from=scratch "
+                          "--start_over=True")
+    assert files(run) == before
+
+
 # a setting in a checkpoint's saved config that no run saves: (its key, the value written, what the line says)
 SAVED_SETTINGS = {
     "a float a string": ("learning_rate", "x", "learning_rate must be float, got 'x'"),

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 import train
-from conftest import Run, assert_one_error_line, logged, run_here, run_script, train_args, train_cmd, wait_for_iteration
+from conftest import (Run, assert_one_error_line, check_ok, logged, run_here, run_script, train_args, train_cmd,
+                      wait_for_iteration)
 from gptkit.base.errors import UserError
 from gptkit.run.run_folder import RunDir
-from test_checkpoints import files
+from test_analyze import saved_run
+from test_checkpoints import files, rewrite
 from test_resume import train_again
 
 # ---------------------------------------------------------------------------------------------- the lock
@@ -118,6 +120,28 @@ def test_a_snapshot_is_never_opened_through_a_link(tmp_path, outside, where):
     assert_one_error_line(proc.stderr, f"error: {link} is a link; a run's snapshots are opened only as its own "
                                        "files, never through a link*")
     assert outside.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("case", ["its own", "another step's", "another run's", "another run's, no best.pt"])
+def test_a_snapshot_of_another_step_or_run_is_refused_in_one_line(tmp_path, case):
+    """A snapshot copied in from another step, or from another run (a model of another shape than the run's own
+    best.pt, else latest.pt), opened as this run's weights at the step its name says: one line names what it holds,
+    and that it is not this run's."""
+    out = saved_run(tmp_path / "out")
+    if case.endswith("no best.pt"):
+        (out / "best.pt").rename(out / "latest.pt")
+    other = saved_run(tmp_path / "other", **({"n_layer": 1} if "run's" in case else {}))
+    rewrite(other / "best.pt", ("iter_num",), 7 if case == "another step's" else 5)
+    RunDir(out).snapshots.mkdir()
+    (other / "best.pt").rename(RunDir(out).snapshot(5))
+    proc = run_here("sample.py", f"--out_dir={out}", "--checkpoint=iter:5", "--device=cpu", "--num_samples=1",
+                    "--max_new_tokens=2")
+    if case == "its own":
+        check_ok(proc)
+        return
+    held = "7 of a 2 x 32" if case == "another step's" else "5 of a 1 x 32"
+    assert_one_error_line(proc.stderr, f"error: {out / 'snapshots' / 'iter_5.pt'} holds iteration {held} model, "
+                                       "not this run's step 5 (2 x 32); remove it")
 
 
 # ---------------------------------------------------------------------------------------------- a folder to save in

@@ -20,7 +20,8 @@ from gptkit.explorer.timeline_answers import checkpoint_file
 from gptkit.interp.experiments import shown_value
 from gptkit.machine.precision import DTYPES, pick_decode_dtype
 from gptkit.machine.threads import pick_decode_threads
-from gptkit.run.run_folder import model_at
+from gptkit.run.checkpoint import MODEL_KEYS, SNAPSHOT_KEYS
+from gptkit.run.run_folder import RunDir, model_at
 from gptkit.sampling.decoding import lay_out_for_decoding
 
 LOADED_AT_ONCE = 4  # models kept in memory; the least recently picked one is dropped first
@@ -149,7 +150,11 @@ class Shelf:
     def load(self, summary, at=None):
         """The model and tokenizer of the very checkpoint the summary read (at: the checkpoint a request named)."""
         try:
-            model, tok, _ = model_at(summary.checkpoint, self.device, watched=True)
+            snapshot = at is not None and at.startswith("iter:")
+            model, tok, ckpt = model_at(summary.checkpoint, self.device, watched=True,
+                                        required=SNAPSHOT_KEYS if snapshot else MODEL_KEYS)
+            if snapshot:  # checked on the checkpoint loaded, not read again
+                RunDir(summary.folder).check_snapshot(int(at[5:]), ckpt)
         except UserError as e:
             raise ApiError(409, f"run {shown_value(summary.name)} cannot be opened: "
                                 f"{without_paths(str(e), summary.folder)}") from None

@@ -318,6 +318,7 @@ MODEL_KEYS = Fields({
                                       "bpe": Fields({"tokenizer_sha256": TEXT, "bpe": DICT})}),
     "model_code": Each(TEXT, keyed=True),  # the fingerprint of each piece of model.py it was trained with
 }, optional=("model_code",))
+SNAPSHOT_KEYS = Fields({**MODEL_KEYS.kinds, "iter_num": COUNT}, optional=("model_code",))
 TRAINING_KEYS = Fields({
     **MODEL_KEYS.kinds,
     "trained": Each(TENSOR, keyed=True),  # with an EMA, which "model" then holds: the weights trained on
@@ -382,6 +383,12 @@ def load_checkpoint(path, map_location="cpu", required=None):
     return state
 
 
+def model_header(path, required=MODEL_KEYS):
+    """A checkpoint's fields, checked as load_checkpoint checks them, with its weights left unread (torch's meta
+    device keeps their shapes alone): what a file is compared with (its model_args, its step) costs no weights."""
+    return load_checkpoint(path, map_location="meta", required=required)
+
+
 def special_kind(path):
     """What a path that is neither a file nor a folder is, in words."""
     mode = path.stat().st_mode
@@ -420,6 +427,27 @@ def model_config(ckpt, path, **overrides):
         raise UserError(f"{path} was written with model settings this version cannot build ({e})") from None
     check_shape(config, ckpt["model"], path)
     return config
+
+
+# what shapes a model's weights: dropout has none, and a resume may change it
+SHAPE_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "dropout")
+
+
+def model_shape(model_args):
+    """A checkpoint's model_args as far as they shape its weights; a setting newer than the checkpoint at the default
+    it was built with."""
+    defaults = {f.name: f.default for f in fields(GPTConfig)}
+    return {key: model_args.get(key, defaults[key]) for key in SHAPE_KEYS}
+
+
+def shape_words(model_args, other):
+    """A model's shape beside another's, in words: blocks x width, and where those are the same, the settings
+    that tell the two apart."""
+    mine, theirs = model_shape(model_args), model_shape(other)
+    words = f"{mine['n_layer']} x {mine['n_embd']}"
+    apart = [f"{key}={value!r}" for key, value in mine.items() if value != theirs[key]]
+    return f"{words} ({', '.join(apart)})" if apart and words == f"{theirs['n_layer']} x {theirs['n_embd']}" \
+        else words
 
 
 def check_finite(weights, path):

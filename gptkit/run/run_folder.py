@@ -26,7 +26,8 @@ from gptkit.base.files import link_in_place, no_links
 from gptkit.base.locks import exclusive
 from gptkit.data.tokenizer import tokenizer_from_meta
 from gptkit.machine.stand_ins import changed_since, unwatched_edits
-from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, model_from_checkpoint
+from gptkit.run.checkpoint import (MODEL_KEYS, SNAPSHOT_KEYS, load_checkpoint, model_from_checkpoint, model_header,
+                                   model_shape, shape_words)
 
 
 def remove_unused(made, lock):
@@ -189,8 +190,9 @@ class RunDir:
         raise UserError(f"no checkpoint in {self.path} (no best.pt or ckpt.pt); {self.train_first()}")
 
     def snapshot_file(self, iteration, option="checkpoint"):
-        """The snapshot of iteration N, or one line: not kept (naming those kept), or a link (it would open
-        another run's weights as this run's). One that is no file at all (a FIFO) is refused where it is loaded."""
+        """The snapshot of iteration N, or one line: not kept (naming those kept), a link, or another step's or run's
+        copied in (check_snapshot): each would pass other weights for this run's at that step. One that is no file
+        at all (a FIFO) is refused where it is loaded."""
         kept = self.kept_snapshots()
         if iteration in kept:
             for path in (self.snapshots, self.snapshot(iteration)):
@@ -198,12 +200,24 @@ class RunDir:
                     raise UserError(f"{path} is a link; a run's snapshots are opened only as its own files, "
                                     "never through a link (another run's weights would pass for this one's): "
                                     "remove it")
+            self.check_snapshot(iteration, model_header(self.snapshot(iteration), SNAPSHOT_KEYS))
             return self.snapshot(iteration)
         if not kept:
             raise UserError(f"{self.path} keeps no snapshots (train it with --snapshots=N to keep the weights at N "
                             f"steps); use --{option}=best or latest")
         raise UserError(f"{self.path} keeps no snapshot of iteration {iteration}; it keeps "
                         f"{', '.join(f'iter:{i}' for i in kept)}")
+
+    def check_snapshot(self, iteration, held):
+        """One line where the snapshot of iteration N (held: its checkpoint, its weights read or not) was copied in
+        from another step or run: the step it holds is another, or its model is of another shape than the run's own
+        checkpoint's (best.pt, else latest.pt)."""
+        own = self.shown()
+        args = model_header(own)["model_args"] if own else held["model_args"]
+        if held["iter_num"] != iteration or model_shape(held["model_args"]) != model_shape(args):
+            raise UserError(f"{self.snapshot(iteration)} holds iteration {held['iter_num']} of a "
+                            f"{shape_words(held['model_args'], args)} model, not this run's step {iteration} "
+                            f"({shape_words(args, held['model_args'])}); remove it")
 
     def train_first(self):
         """The hint for a folder no run has saved a state in: a command with out_dir alone would train the
@@ -225,13 +239,13 @@ def check_checkpoint(which):
                          f"iteration N), got {str(which)[:40]!r}")
 
 
-def model_at(path, device="cpu", watched=False):
+def model_at(path, device="cpu", watched=False, required=MODEL_KEYS):
     """(the model in eval mode, its tokenizer, the checkpoint) of one checkpoint file: how every tool that reads a
     trained model (sample.py, plot.py, export.py, analyze.py, the API, the explorer) loads it. Where model.py has
     changed since the checkpoint was trained, one note on stderr names what changed: the model runs the code as
     it is now. watched: for a tool whose passes watch hooks, a note where they cannot run an edit
-    (unwatched_edits)."""
-    ckpt = load_checkpoint(path, required=MODEL_KEYS)
+    (unwatched_edits); required: the fields it must hold (a snapshot's, SNAPSHOT_KEYS)."""
+    ckpt = load_checkpoint(path, required=required)
     changed = changed_since(ckpt.get("model_code"))
     if changed:
         print(f"note: model.py has changed since {path} was trained ({', '.join(changed[:4])}"

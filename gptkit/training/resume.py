@@ -8,12 +8,13 @@ import torch
 from gptkit.base.errors import UserError
 from gptkit.base.settings import coerce, flatten, resumed, settings
 from gptkit.machine.stand_ins import changed_since
-from gptkit.run.checkpoint import TRAINING_KEYS, AnotherToolsState, load_checkpoint
+from gptkit.run.checkpoint import (SHAPE_KEYS, TRAINING_KEYS, AnotherToolsState, load_checkpoint, model_header,
+                                   model_shape, shape_words)
 from gptkit.training.train_config import BATCH_KEYS, TrainConfig
 from model import GPTConfig
 
-# what the saved weights and optimizer state are shaped by; dropout has no weights and may change
-FIXED_ON_RESUME = tuple(f.name for f in fields(GPTConfig) if f.name != "dropout") + ("optimizer",)
+# what the saved weights and optimizer state are shaped by
+FIXED_ON_RESUME = SHAPE_KEYS + ("optimizer",)
 
 
 def continued_config(cfg, given, asked, run, note, configured=None):
@@ -58,7 +59,7 @@ def resume_state(run, init_from, note):
     """(checkpoint, its path) to continue from, or (None, None) to start afresh: 'resume' needs a saved state,
     'auto' takes one where there is any. A damaged or missing latest.pt falls back to the one before it,
     with a note saying so; when every saved state is damaged, one error names them all. Another tool's state
-    (rl.py's) is refused, never passed over: this run's saves would replace it."""
+    (rl.py's), or another run's, is refused, never passed over: this run's saves would replace it."""
     if init_from not in ("resume", "auto"):
         return None, None
     candidates = run.resume_candidates()
@@ -79,10 +80,23 @@ def resume_state(run, init_from, note):
         except UserError as e:
             problems.append(str(e))
             continue
+        refuse_another_runs(ckpt, path, run)
         if problems:
             note(f"note: {'; '.join(problems)}; resuming from {path} (iteration {ckpt['iter_num']})")
         return ckpt, path
     raise UserError("; ".join(problems))
+
+
+def refuse_another_runs(ckpt, path, run):
+    """A state whose model is of another shape than best.pt's is another run's (its latest.pt copied in): resumed,
+    it would drop this run's later snapshots and records and replace its best.pt with the other model."""
+    if not run.best.exists():
+        return
+    best = model_header(run.best)["model_args"]
+    if model_shape(ckpt["model_args"]) != model_shape(best):
+        raise UserError(f"{path} holds a {shape_words(ckpt['model_args'], best)} model, {run.best} a "
+                        f"{shape_words(best, ckpt['model_args'])} one: they are not one run's; move one away, or "
+                        "start over with --init_from=scratch --start_over=True")
 
 
 def refuse_unusable_numbers(ckpt, path):
