@@ -316,6 +316,15 @@ def test_another_runs_state_copied_in_is_refused_before_any_file_changes(run, da
     assert files(run) == before
 
 
+def test_a_damaged_best_pt_leaves_the_resume_to_go_on(run, data_dir):
+    """best.pt tells a copied-in state from the run's own; damaged, it tells nothing, and the run resumes (its next
+    best replaces it) rather than stop at a file it does not continue from."""
+    (run / "best.pt").write_bytes((run / "best.pt").read_bytes()[:1000])
+    proc = train_again(run, data_dir, "auto", 41, runner=run_here)
+    check_ok(proc)
+    assert "resuming from iteration 30 of 41" in proc.stdout
+
+
 # a setting in a checkpoint's saved config that no run saves: (its key, the value written, what the line says)
 SAVED_SETTINGS = {
     "a float a string": ("learning_rate", "x", "learning_rate must be float, got 'x'"),

@@ -213,7 +213,10 @@ class RunDir:
         from another step or run: the step it holds is another, or its model is of another shape than the run's own
         checkpoint's (best.pt, else latest.pt)."""
         own = self.shown()
-        args = model_header(own)["model_args"] if own else held["model_args"]
+        try:
+            args = model_header(own)["model_args"] if own else held["model_args"]
+        except UserError:  # the run's own checkpoint damaged: the step alone is compared
+            args = held["model_args"]
         if held["iter_num"] != iteration or model_shape(held["model_args"]) != model_shape(args):
             raise UserError(f"{self.snapshot(iteration)} holds iteration {held['iter_num']} of a "
                             f"{shape_words(held['model_args'], args)} model, not this run's step {iteration} "

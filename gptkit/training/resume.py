@@ -90,9 +90,12 @@ def resume_state(run, init_from, note):
 def refuse_another_runs(ckpt, path, run):
     """A state whose model is of another shape than best.pt's is another run's (its latest.pt copied in): resumed,
     it would drop this run's later snapshots and records and replace its best.pt with the other model."""
-    if not run.best.exists():
+    try:
+        best = model_header(run.best)["model_args"] if run.best.exists() else None
+    except UserError:  # a damaged best.pt tells nothing of the run: the resume goes on, and its next best replaces it
         return
-    best = model_header(run.best)["model_args"]
+    if best is None:
+        return
     if model_shape(ckpt["model_args"]) != model_shape(best):
         raise UserError(f"{path} holds a {shape_words(ckpt['model_args'], best)} model, {run.best} a "
                         f"{shape_words(best, ckpt['model_args'])} one: they are not one run's; move one away, or "
