@@ -97,6 +97,8 @@ CASES = {
                        "error: init_from must be one of scratch, resume, auto, gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
                        "a run's folder or one saved by save_pretrained (got 'resum'; did you mean 'resume'?)"),
     "beta1 of 2": ("train", ["--beta1=2"], "error: beta1 must be in [0, 1) (got 2.0)"),
+    "dataset empty": ("train", ["--dataset="],
+                      "error: dataset is empty: name a folder data/prepare.py made (e.g. shakespeare_char)"),
     "retime with nothing to measure": ("train", ["--retime=True", "--attention_path=written"],
                                        "error: retime=True measures the choices left to auto again, but dtype and "
                                        "attention_path are both set: drop --retime, or leave one of them to auto"),

@@ -98,6 +98,8 @@ class TrainConfig:
         require(self, ["warmdown_frac"], lambda v: 0 <= v <= 1, "in [0, 1]")
         require(self, ["stop_pass_at_1"], lambda v: 0 < v <= 1, "in (0, 1]")
         check_seed(self.seed)
+        if not self.dataset.strip():  # else the data folder itself is looked in for a meta.json
+            raise ValueError("dataset is empty: name a folder data/prepare.py made (e.g. shakespeare_char)")
         self.check_evaluation_size()
         self.check_stop_task()
         shapes = self.fit_shape_list()
