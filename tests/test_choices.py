@@ -13,6 +13,7 @@ import torch
 from conftest import tiny_model, train_config
 from gptkit.base.errors import UserError
 from gptkit.machine import choices, stand_ins
+from gptkit.machine import idle as idle_check
 from gptkit.machine.choices import Choices, choose
 from gptkit.machine.runtime import Runtime
 from gptkit.machine.wisdom import FILE_NAME
@@ -169,7 +170,7 @@ def test_a_measurement_taken_beside_a_busy_program_is_read_while_busy_and_measur
     """Beside another program the run keeps what it measured, marked busy, and says so; runs that start while the
     machine is busy read it (the same choices, nothing timed); the first idle start measures again and keeps
     that; later starts, busy or idle, read it."""
-    monkeypatch.setattr(choices, "IDLE_LOOK_S", 0.0)
+    monkeypatch.setattr(idle_check, "LOOK_S", 0.0)
     machine = Machine(monkeypatch)
     busy(monkeypatch, 1.2)
     _, first = chosen(preset(min_tokens_per_param=0))

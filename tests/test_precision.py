@@ -9,6 +9,7 @@ import torch
 from conftest import tiny_model
 from gptkit.base.errors import UserError
 from gptkit.machine import precision
+from gptkit.machine import idle as idle_check
 from gptkit.machine.precision import pick_dtype
 
 
@@ -24,7 +25,7 @@ def own_wisdom(tmp_path, monkeypatch):
     """Each test's decoding precisions are measured into a wisdom cache of its own."""
     monkeypatch.setenv("GPTKIT_WISDOM_DIR", str(tmp_path / "wisdom"))
     monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
-    monkeypatch.setattr(precision, "IDLE_LOOK_S", 0.0)
+    monkeypatch.setattr(idle_check, "LOOK_S", 0.0)
 
 
 def decoding_speed(monkeypatch, bf16_speedup):

@@ -45,7 +45,6 @@ BF16_MARGIN = 1.15  # bfloat16 must step this much faster
 TURNS = 5  # a first measurement's rounds: a spike in one or two is passed over
 MEASURE_SHARE = 0.04  # of max_time, the most a first measurement may take (start-up is to stay under 5%)
 MEASURE_SECONDS = 20.0  # the most it may take without a max_time
-IDLE_LOOK_S = 0.25  # how long a start watches the machine before it reads a measurement taken busy
 
 
 @dataclass
@@ -227,7 +226,7 @@ class Speed:
 
     def machine_idle(self):
         if self.idle_now is None:
-            self.idle_now = idle_now(IDLE_LOOK_S)
+            self.idle_now = idle_now()
         return self.idle_now
 
     def of(self, planned, precisions):

@@ -12,6 +12,7 @@ import os
 import time
 
 BUSY_CORES = 0.3  # other programs holding this much of a core on average: the measurement was not taken idle
+LOOK_S = 0.25  # how long idle_now watches the machine (before a start reads a measurement taken busy)
 
 
 def machine_cpu_seconds():
@@ -54,8 +55,8 @@ class IdleCheck:
         return self.others < BUSY_CORES or os.environ.get("GPTKIT_ASSUME_IDLE") == "1"
 
 
-def idle_now(seconds):
+def idle_now():
     """Whether other programs leave this machine idle now: its CPU time watched while this process sleeps."""
     with IdleCheck() as check:
-        time.sleep(seconds)
+        time.sleep(LOOK_S)
     return check.idle

@@ -14,7 +14,6 @@ from gptkit.machine.timing import decode_seconds
 from gptkit.machine.wisdom import Wisdom, decode_key, decode_problem, today
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-IDLE_LOOK_S = 0.25  # how long a start watches the machine before it reads a precision measured busy
 # torch's threads as the process starts, before a tool picks decoding's: the wisdom's machine, whatever that pick
 STARTING_THREADS = torch.get_num_threads()
 
@@ -63,7 +62,7 @@ def pick_decode_dtype(name, model, device, batch_size=1, tokens=16):
         return "float32", "decoding in float32"
     wisdom, key = Wisdom(device, STARTING_THREADS), decode_key(model.config, batch_size)
     kept = wisdom.entry(key, decode_problem)
-    if kept and not ("busy" in kept and idle_now(IDLE_LOOK_S)):
+    if kept and not ("busy" in kept and idle_now()):
         when = f"measured on this CPU on {kept['measured']}" + " beside other programs" * ("busy" in kept)
     else:
         with IdleCheck() as check:

@@ -147,6 +147,11 @@ def decode_problem(entry):
         return "no precision chosen"
     if not positive(entry.get("speedup")) or not isinstance(entry.get("measured"), str):
         return "no measurement it was chosen by"
+    return busy_problem(entry)
+
+
+def busy_problem(entry):
+    """What is wrong with an entry's mark of a measurement taken busy (the cores other programs held), or None."""
     if "busy" in entry and not (type(entry["busy"]) in (int, float) and 0 <= entry["busy"] < 4096):
         return f"busy is {entry['busy']!r}, not the cores other programs held"
     return None
@@ -165,8 +170,8 @@ def entry_problem(entry, most=4096):
         return f"params is {entry.get('params')!r}, not a count"
     if not isinstance(entry.get("measured"), str):
         return "no date it was measured on"
-    if "busy" in entry and not (type(entry["busy"]) in (int, float) and 0 <= entry["busy"] < 4096):
-        return f"busy is {entry['busy']!r}, not the cores other programs held"
+    if busy := busy_problem(entry):
+        return busy
     speeds = {k: v for k, v in entry.items() if k not in ("params", "measured", "busy")}
     if not speeds:
         return "no precision measured"
