@@ -402,13 +402,36 @@ def test_a_chat_run_continued_with_another_train_on_says_so_and_chooses_best_pt_
     train.main([f"--out_dir={out}", "--init_from=auto", "--max_iters=7", "--train_on=all"])
     assert (f"note: train_on 'answers' → 'all': from here val loss counts every token, the questions' too, where it "
             f"counted the answers and the text mixed in; best.pt (iteration {was['best_iter']}, val loss "
-            f"{was['best_val_loss']:.4f}) was chosen by the old count, and the next evaluation replaces it\n") \
+            f"{was['best_val_loss']:.4f}) was chosen by the old measure, and the next evaluation replaces it\n") \
         in capsys.readouterr().out
     ckpt = load_checkpoint(out / "latest.pt")
     best = load_checkpoint(out / "best.pt")
     assert (ckpt["config"]["train_on"], ckpt["best_iter"], best["iter_num"]) == ("all", 7, 7)
     train.main([f"--out_dir={out}", "--init_from=auto", "--max_iters=8"])
     assert "train_on" not in capsys.readouterr().out
+
+
+def test_a_run_continued_on_another_dataset_says_so_and_chooses_best_pt_anew(run, data_dir, tmp_path, capsys):
+    """Val loss on another dataset's val split measures something else: a note says old → new, and the next
+    evaluation writes best.pt though its loss (on the same lines written backwards) is above the old best. The
+    same folder named by its path is the same dataset, and nothing is said."""
+    from conftest import EXTRA_TEXT, make_text
+    from gptkit.data.preparing import PrepareConfig, prepare
+
+    text = "\n".join(line[::-1] for line in (make_text() + EXTRA_TEXT).split("\n"))  # the same characters
+    (tmp_path / "backwards.txt").write_text(text, encoding="utf-8")
+    prepare(PrepareConfig(input=str(tmp_path / "backwards.txt"), name="backwards", data_dir=str(tmp_path),
+                          workers=1))
+    capsys.readouterr()
+    train.main(resume(data_dir, run, f"--dataset={data_dir / 'tiny'}", "--max_iters=40"))
+    assert "note: dataset" not in capsys.readouterr().out
+    kept = load_checkpoint(run / "latest.pt")
+    train.main(resume(data_dir, run, f"--dataset={tmp_path / 'backwards'}", "--max_iters=50"))
+    assert (f"note: dataset '{data_dir / 'tiny'}' → '{tmp_path / 'backwards'}': from here val loss is measured on "
+            f"another val split; best.pt (iteration {kept['best_iter']}, val loss {kept['best_val_loss']:.4f}) was chosen by the "
+            "old measure, and the next evaluation replaces it\n") in capsys.readouterr().out
+    best = load_checkpoint(run / "best.pt")
+    assert best["iter_num"] == 50 and best["val_loss"] > kept["best_val_loss"]
 
 
 def test_a_resume_after_an_edit_to_model_py_says_what_changed(run, data_dir, capsys, monkeypatch):

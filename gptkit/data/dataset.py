@@ -18,12 +18,17 @@ from gptkit.data.tokenizer import tokenizer_from_meta, trained_bpe
 from gptkit.data.versions import DATASET_FILE
 
 
+def dataset_folder(data_dir, dataset):
+    """Where a dataset is: a path as given, a name under data_dir (this project's data/ when empty)."""
+    return Path(dataset) if "/" in dataset else data_root(data_dir) / dataset
+
+
 def load_meta(data_dir, dataset):
     """The dataset's folder and its metadata, checked: the fields training reads, agreeing with one another
     and with the checksum prepare wrote."""
     if data_dir and Path(data_dir).exists() and not Path(data_dir).is_dir():
         raise UserError(f"data_dir {data_dir} is a file, not a folder of datasets")
-    folder = Path(dataset) if "/" in dataset else data_root(data_dir) / dataset
+    folder = dataset_folder(data_dir, dataset)
     if not folder.is_dir():
         if folder.exists():
             raise UserError(f"dataset {folder} is a file, not a folder made by data/prepare.py")

@@ -9,6 +9,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
+from gptkit.data.dataset import dataset_folder
 from gptkit.machine.stand_ins import model_code
 from gptkit.run.checkpoint import load_weights, save_checkpoint
 from gptkit.training.score_stop import stopped_by_score
@@ -122,17 +123,37 @@ class TrainState:
                 print(anew)
 
     def measured_anew(self, ckpt, chat):
-        """A chat run continued with another train_on: val loss counts other tokens from here, so best.pt, chosen
-        by the old measure, is chosen anew from the next evaluation (as rl.py's best is when its scoring changes).
-        Returns the note to print, or None."""
+        """A run continued on another dataset, or a chat run with another train_on: val loss measures something
+        else from here, so best.pt, chosen by the old measure, is chosen anew from the next evaluation (as rl.py's
+        best is when its scoring changes). Returns the note to print, or None."""
+        changes = [change for change in (self.dataset_change(ckpt["config"]), self.count_change(ckpt, chat))
+                   if change]
+        if not changes:
+            return None
+        kept = f"best.pt (iteration {self.best_iter}, val loss {self.best_val_loss:.4f}) was chosen by the old measure"
+        self.best_val_loss = math.inf
+        return (f"note: {'; '.join(changes)}; {kept}" +
+                ("" if self.cfg.eval_only else ", and the next evaluation replaces it"))
+
+    def dataset_change(self, saved):
+        """Where the dataset is another folder than the one the run was saved on: the change, said as old → new."""
+        was, now = saved.get("dataset", self.cfg.dataset), self.cfg.dataset
+        folders = [dataset_folder(data_dir, name).resolve()
+                   for data_dir, name in ((saved.get("data_dir", self.cfg.data_dir), was),
+                                          (self.cfg.data_dir, now))]
+        if folders[0] == folders[1]:
+            return None
+        named = (was, now) if was != now else folders  # the same name in another data_dir
+        return f"dataset {str(named[0])!r} → {str(named[1])!r}: from here val loss is measured on another val split"
+
+    def count_change(self, ckpt, chat):
+        """A chat run's train_on given anew: the change, said as old → new with the tokens each counts."""
         saved, now = ckpt["config"].get("train_on", "answers"), self.cfg.train_on
         if not chat or saved == now:  # on plain text every token counts either way
             return None
-        kept = f"best.pt (iteration {self.best_iter}, val loss {self.best_val_loss:.4f}) was chosen by the old count"
-        self.best_val_loss = math.inf
         counted = {"answers": "the answers and the text mixed in", "all": "every token, the questions' too"}
-        return (f"note: train_on {saved!r} → {now!r}: from here val loss counts {counted[now]}, where it counted "
-                f"{counted[saved]}; {kept}" + ("" if self.cfg.eval_only else ", and the next evaluation replaces it"))
+        return (f"train_on {saved!r} → {now!r}: from here val loss counts {counted[now]}, where it counted "
+                f"{counted[saved]}")
 
     def restore_random_state(self, states, rt):
         """Each process's generators as it saved them; on another number of processes, the data order where it
