@@ -92,8 +92,10 @@ def test_a_continued_run_says_each_setting_it_takes_anew(tmp_path, chat_run, mon
         rl.main([f"--out_dir={tmp_path / 'out'}", "--init_from=elsewhere"])  # a new start is a new run
 
 
-def test_a_continued_run_scored_otherwise_compares_its_best_anew(tmp_path, chat_run, monkeypatch, capsys):
-    """At another temperature pass@1 measures something else: the next score is the best, even a lower one."""
+@pytest.mark.parametrize("key, value", [("temperature", "0.5"), ("eval_problems", "2")])
+def test_a_continued_run_scored_otherwise_compares_its_best_anew(key, value, tmp_path, chat_run, monkeypatch, capsys):
+    """At another temperature, or on other held-out problems, pass@1 measures something else: the next score is
+    the best, even a lower one."""
     import rl
 
     monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: len(answer) % 2 == 0)
@@ -101,8 +103,8 @@ def test_a_continued_run_scored_otherwise_compares_its_best_anew(tmp_path, chat_
     rl.main([*rl_args(chat_run, tmp_path / "out"), "--max_iters=2"])
     monkeypatch.setattr(rl, "evaluate", lambda cfg, s: {"pass_at_1": 0.25, "accuracy": 0.25})
     capsys.readouterr()
-    rl.main([f"--out_dir={tmp_path / 'out'}", "--max_iters=3", "--temperature=0.5"])
-    assert ("note: with temperature changed, held-out pass@1 measures something else from here: best.pt (step 2, "
+    rl.main([f"--out_dir={tmp_path / 'out'}", "--max_iters=3", f"--{key}={value}"])
+    assert (f"note: with {key} changed, held-out pass@1 measures something else from here: best.pt (step 2, "
             "50.0%) was scored otherwise, and the next score replaces it\n") in capsys.readouterr().out
     best = load_checkpoint(tmp_path / "out" / "best.pt")
     assert (best["iter_num"], best["pass_at_1"]) == (3, 0.25)

@@ -162,9 +162,10 @@ RL_STATE = Fields({"optimizer": Each(OPTIMIZER_STATE, least=1), "seconds_spent":
 
 
 def measured_anew(state, changed):
-    """A continued run whose held-out pass@1 now measures something else (other tasks, another temperature or
-    answer length) compares its scores anew: best.pt's was scored otherwise. Returns the note to print, or None."""
-    keys = [key for key in ("tasks", "temperature", "max_new_tokens") if key in changed]
+    """A continued run whose held-out pass@1 now measures something else (other tasks or held-out problems, another
+    temperature or answer length) compares its scores anew: best.pt's was scored otherwise. Returns the note to
+    print, or None."""
+    keys = [key for key in ("tasks", "eval_problems", "temperature", "max_new_tokens") if key in changed]
     if not keys or state.best_pass_at_1 < 0:
         return None
     note = (f"note: with {' and '.join(keys)} changed, held-out pass@1 measures something else from here: best.pt "
