@@ -32,7 +32,7 @@ from gptkit.training.updates import (lr_factor_at, schedulable, set_lr, step_opt
                                         update_for)
 from gptkit.training.records import Records
 from gptkit.training.reporting import Reporter
-from gptkit.training.resume import claim_for_a_new_run, continued_config
+from gptkit.training.resume import claim_for_a_new_run, continued_config, given_anew
 from gptkit.training.score_stop import ScoreStop, stopped_by_score
 from gptkit.training.snapshots import check_room, drop_after
 from gptkit.training.starting import base_run, build_model, given_config, open_data, planned_model
@@ -276,7 +276,8 @@ def announce_resume(cfg, resumed, run, note, master):
     budget = f" and {cfg.max_time:g} s" if timed else ""
     if not cfg.eval_only:
         check_room(run, done, cfg.snapshots)
-    note(f"resuming from iteration {done} of {cfg.max_iters}{budget} ({path})")
+    note(f"resuming from iteration {done} of {cfg.max_iters}{budget} ({path})" +
+         "".join(f"; {change}" for change in given_anew(ckpt, path, cfg)))
     if cfg.eval_only:
         dropped, scored = 0, True
     else:

@@ -554,7 +554,7 @@ def test_resuming_a_finished_run_says_so_and_writes_nothing(tmp_path, data_dir, 
         assert files(out) == before
     more = check_ok(run_script("train.py", *train_args(data_dir, out, *TRAINED_RUN, "--init_from=auto",
                                                         "--max_iters=32")))
-    assert more.stdout.startswith(f"resuming from iteration 30 of 32 ({out / 'latest.pt'})\n")
+    assert more.stdout.startswith(f"resuming from iteration 30 of 32 ({out / 'latest.pt'}); max_iters 30 → 32\n")
     assert max(logged(out, "eval", "val_loss")) == 32
 
 

@@ -1,7 +1,7 @@
 """Continuing a run: the saved state it continues from (checked, falling back to the state before it when the
 latest is damaged) and the settings it continues with (the checkpoint's, except those given again)."""
 
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 
 import torch
 
@@ -135,6 +135,17 @@ def resumed_config(ckpt, given, asked, path, note):
             raise UserError(f"{key}={given[key]!r} differs from {path}'s {saved.get(key)!r}; a resumed run keeps "
                             "its model's shape and optimizer (start a new out_dir to change them)")
     return resumed(TrainConfig, saved, given, path)
+
+
+# the command's way into the run, not settings the run trains with
+NOT_SETTINGS = ("out_dir", "init_from", "start_over", "eval_only")
+
+
+def given_anew(ckpt, path, cfg):
+    """The settings a continued run takes anew, said as `key old → new`, in the order TrainConfig lists them."""
+    saved, now = saved_settings(ckpt, path), flatten(TrainConfig, asdict(cfg))
+    return [f"{key} {saved[key]!r} → {value!r}" for key, value in now.items()
+            if key in saved and key not in NOT_SETTINGS and saved[key] != value]
 
 
 def own_batch(given, asked, saved, note):
