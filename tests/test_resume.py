@@ -428,8 +428,8 @@ def test_a_run_continued_on_another_dataset_says_so_and_chooses_best_pt_anew(run
     kept = load_checkpoint(run / "latest.pt")
     train.main(resume(data_dir, run, f"--dataset={tmp_path / 'backwards'}", "--max_iters=50"))
     assert (f"note: dataset '{data_dir / 'tiny'}' → '{tmp_path / 'backwards'}': from here val loss is measured on "
-            f"another val split; best.pt (iteration {kept['best_iter']}, val loss {kept['best_val_loss']:.4f}) was chosen by the "
-            "old measure, and the next evaluation replaces it\n") in capsys.readouterr().out
+            f"another val split; best.pt (iteration {kept['best_iter']}, val loss {kept['best_val_loss']:.4f}) was "
+            "chosen by the old measure, and the next evaluation replaces it\n") in capsys.readouterr().out
     best = load_checkpoint(run / "best.pt")
     assert best["iter_num"] == 50 and best["val_loss"] > kept["best_val_loss"]
 
