@@ -429,6 +429,26 @@ def test_runs_whose_metrics_hold_what_no_run_writes_still_list_and_open(lab, tmp
     assert app.get("/api/runs/nan").status_code == 200
 
 
+def test_a_last_record_still_being_written_is_left_out_and_the_run_keeps_its_curves(lab, timed, tmp_path):
+    """A run training as the page looks (or one killed while it wrote) ends its metrics.jsonl with a line cut
+    short: the records before it are the list's, the curves' and the timeline's, as a resume keeps them; a whole
+    line that is not JSON is still one line saying so."""
+    root = copies(lab, tmp_path / "runs", "torn", "bad")
+    shutil.copytree(timed / "timed", root / "timed")
+    app = app_over(root)
+    whole = {name: (listed_runs(app)[name], strict_json(app.get(run_url(name, "/metrics"))),
+                    strict_json(app.get(run_url(name, "/timeline")))) for name in ("torn", "timed")}
+    for name in ("torn", "timed"):
+        with open(root / name / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write('{"kind": "train", "iter": 40, "lo')
+        got = (listed_runs(app)[name], strict_json(app.get(run_url(name, "/metrics"))),
+               strict_json(app.get(run_url(name, "/timeline"))))
+        assert got == whole[name] and got[0]["metrics_error"] is None, got
+    with_records(root / "bad", '{"kind": "train", "iter": 40, "lo')
+    assert "has a line that is not JSON" in listed_runs(app)["bad"]["metrics_error"]
+    assert app.get("/api/runs/bad/metrics").status_code == 409
+
+
 def test_a_checkpoint_or_metrics_linked_out_of_its_folder_is_refused(lab, tmp_path):
     root = copies(lab, tmp_path / "runs", "good", "link", "metrics_link")
     (root / "link" / "best.pt").unlink()

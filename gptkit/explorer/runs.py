@@ -186,12 +186,13 @@ def final_bits_per_char(record, tokenizer_kind):
 
 
 def run_records(folder):
-    """The records of a run's metrics.jsonl, none when it has none; one line when they cannot be read."""
+    """The records of a run's metrics.jsonl, none when it has none; one line when they cannot be read. The run may be
+    training: a last line it is writing now is not one yet."""
     path = folder / "metrics.jsonl"
     if not path.exists():
         return []
     inside(path, folder)
-    return read_metrics(folder)
+    return read_metrics(folder, writing=True)
 
 
 def health_note(record):

@@ -129,6 +129,15 @@ def damaged_note(path):
             "mended or removed")
 
 
+def is_json(line):
+    """Whether a line is JSON at all; a last line that is not, with no newline, is one a run is still writing."""
+    try:
+        json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
 def parsed(line):
     """A line's record, or {} for a line that is not one (left as it is)."""
     try:
@@ -174,11 +183,12 @@ class Records(list):
                 f"would not write ({listed})")
 
 
-def read_metrics(out_dir):
+def read_metrics(out_dir, writing=False):
     """Every record of out_dir/metrics.jsonl (Records), in the order written, each checked to have the shape
     train.py writes: an object whose train and eval records carry an integer iter and numbers where numbers go
     (one error line naming the line otherwise); a final or timeline record that is not whole is left out, and said
-    so in Records.left_out."""
+    so in Records.left_out. writing: the run may be writing its last line as this reads it (the explorer reads runs
+    as they train), so a last line with no newline yet that is not JSON is left out, as a resume drops it."""
     path = Path(out_dir) / "metrics.jsonl"
     try:
         with open(path, encoding="utf-8") as f:
@@ -191,6 +201,8 @@ def read_metrics(out_dir):
     except UnicodeDecodeError as e:
         raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); was it written by train.py?") \
             from None
+    if writing and lines and not lines[-1][1].endswith("\n") and not is_json(lines[-1][1]):
+        lines.pop()
     records, numbers = [], []
     for lineno, line in lines:
         if line.strip():
