@@ -1455,6 +1455,10 @@ def test_a_snapshot_loads_once_is_kept_with_its_run_and_is_read_again_when_repla
     r = app.post("/api/position", json=dict(run="run", ids=[1, 2], position=1, checkpoint="iter:0"))
     refused_in_a_line(r, "damaged")
     assert r.status_code == 409 and "run/snapshots/iter_0.pt" in r.json()["error"] and str(tmp_path) not in r.text
+    # the run opens: it is that step's weights that do not
+    assert r.json()["error"].startswith("run 'run' at iter:0 cannot be opened: ") and \
+        r.json()["error"].endswith("; the run's own weights still open")
+    assert app.post("/api/position", json=dict(run="run", ids=[1, 2], position=1)).status_code == 200
 
 
 # ----------------------------------------------------------------------------- a port another program has

@@ -156,8 +156,11 @@ class Shelf:
             if snapshot:  # checked on the checkpoint loaded, not read again
                 RunDir(summary.folder).check_snapshot(int(at[5:]), ckpt)
         except UserError as e:
-            raise ApiError(409, f"run {shown_value(summary.name)} cannot be opened: "
-                                f"{without_paths(str(e), summary.folder)}") from None
+            why = without_paths(str(e), summary.folder)
+            if at is not None:  # the run opens: it is the checkpoint a request named that does not
+                raise ApiError(409, f"run {shown_value(summary.name)} at {at} cannot be opened: {why}; the run's own "
+                                    "weights still open") from None
+            raise ApiError(409, f"run {shown_value(summary.name)} cannot be opened: {why}") from None
         decoder = copy.deepcopy(model)
         if self.device == "cpu":
             lay_out_for_decoding(decoder)
