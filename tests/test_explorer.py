@@ -523,7 +523,7 @@ def test_the_list_shows_the_folder_as_it_is_now(lab, tmp_path):
     root = tmp_path / "runs"
     shutil.copytree(lab[0] / "scaled", root / "first")
     app = app_over(root)
-    assert [r["name"] for r in app.get("/api/runs").json()["runs"]] == ["first"]
+    assert [(r["name"], r["step"]) for r in app.get("/api/runs").json()["runs"]] == [("first", 20)]
     assert app.get("/api/runs/first").json()["n_layer"] == 2
     fake_run(root / "later", 7)  # trained after start-up
     assert [r["name"] for r in app.get("/api/runs").json()["runs"]] == ["first", "later"]

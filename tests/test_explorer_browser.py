@@ -206,6 +206,32 @@ def test_bad_runs_are_one_line_each_and_the_list_follows_the_folder(trained_run,
         proc.wait(30)
 
 
+def test_a_picked_run_whose_best_pt_now_holds_another_step_is_loaded_again(run, browser, tmp_path):
+    """Back on the page after the picked run's best.pt was replaced by one of another step (a resume's new best),
+    the run is loaded again: its timeline and curves are the new checkpoint's, and a line says why."""
+    from gptkit.run.checkpoint import load_checkpoint
+
+    steps = {f: load_checkpoint(run / f)["iter_num"] for f in ("best.pt", "latest.prev.pt")}
+    assert steps["best.pt"] != steps["latest.prev.pt"], steps
+    url, proc = serve(run)
+    try:
+        wait = waiting(browser)
+        browser.get(url + "/")
+        wait.until(lambda d: d.find_element(By.ID, "timeline-card").get_attribute("data-ready"))
+        assert browser.find_element(By.ID, "timeline-card").get_attribute("data-step") == str(steps["best.pt"])
+        shutil.copy(run / "latest.prev.pt", run / "best.new")
+        os.replace(run / "best.new", run / "best.pt")
+        browser.execute_script("window.dispatchEvent(new Event('focus'))")  # the learner comes back to the page
+        wait.until(lambda d: d.find_element(By.ID, "timeline-card").get_attribute("data-step")
+                   == str(steps["latest.prev.pt"]))
+        assert browser.find_element(By.ID, "runs-status").text == (
+            f"run's best.pt now holds step {steps['latest.prev.pt']} (it held {steps['best.pt']}): loaded again")
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 @pytest.mark.slow
 def test_a_head_switched_off_is_named_in_a_banner_and_the_panels_follow(served, browser, tmp_path):
     """Clicking a head's switch names it in the banner; the attention grid marks it off and the pointed token's

@@ -149,9 +149,10 @@ class Summary:
         out = {"name": shown(self.name), "error": self.error, "settings": None, "params": None, "iterations": None,
                "final_val_loss": None, "bits_per_char": None, "tokenizer": self.tokenizer,
                "tokenizer_kind": self.tokenizer_kind, "rung": lab_rung(self.folder), "health": None,
-               "checkpoint": None, "metrics_error": None, "chat": self.chat}
+               "checkpoint": None, "step": None, "metrics_error": None, "chat": self.chat}
         if self.error is None:
             out.update(settings=self.config.describe(), params=self.params, checkpoint=self.checkpoint.name,
+                       step=self.iter_num,
                        **finished(self.folder, self.tokenizer_kind))
         return out
 

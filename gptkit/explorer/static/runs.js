@@ -48,8 +48,15 @@ export async function refreshRuns() {
     fillSecondRunPicker();
     setLine('#runs-status', '');
     const now = state.runs.find((r) => r.name === state.run);
-    const model = (r) => JSON.stringify([r.settings, r.params, r.tokenizer, r.checkpoint, r.error, r.chat]);
-    if (before && now && model(before) !== model(now)) pickRun(now.name, true);
+    // the step too: a resume's new best.pt is a model of the same shape, and the curves and timeline go on
+    const model = (r) => JSON.stringify([r.settings, r.params, r.tokenizer, r.checkpoint, r.error, r.chat, r.step]);
+    if (before && now && model(before) !== model(now)) {
+      pickRun(now.name, true);
+      if (now.step !== before.step && Number.isFinite(now.step) && Number.isFinite(before.step)) {
+        const held = `now holds step ${fmtInt(now.step)} (it held ${fmtInt(before.step)})`;
+        setLine('#runs-status', `${now.name}'s ${now.checkpoint} ${held}: loaded again`);
+      }
+    }
     const first = state.runs.find((r) => !r.error);
     if (!state.run && first) pickRun(first.name);
   } catch (e) {
