@@ -232,6 +232,32 @@ def test_a_picked_run_whose_best_pt_now_holds_another_step_is_loaded_again(run, 
         proc.wait(30)
 
 
+def test_a_picked_run_whose_folder_was_removed_is_said_gone_in_one_line(run, browser, tmp_path):
+    """Back on the page after the picked run's folder was removed, the list no longer holds it and the picked run's
+    card says so in one line, rather than showing a run that is no longer there; its folder back, it loads again."""
+    root = tmp_path / "runs"
+    for name in ("a", "b"):
+        shutil.copytree(run, root / name)
+    url, proc = serve(root)
+    try:
+        wait = waiting(browser)
+        browser.get(url + "/")
+        wait.until(lambda d: "context" in d.find_element(By.ID, "run-info").text)
+        shutil.rmtree(root / "a")
+        browser.execute_script("window.dispatchEvent(new Event('focus'))")  # the learner comes back to the page
+        wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, '#runs .run[data-name="a"]'))
+        assert browser.find_element(By.ID, "run-status").text == (
+            "run a is no longer in runs (its folder was removed or renamed): pick another run")
+        shutil.copytree(run, root / "a")  # back again: loaded as it is now
+        browser.execute_script("window.dispatchEvent(new Event('focus'))")
+        wait.until(lambda d: "context" in d.find_element(By.ID, "run-info").text
+                   and d.find_element(By.ID, "run-status").text == "")
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 @pytest.mark.slow
 def test_a_head_switched_off_is_named_in_a_banner_and_the_panels_follow(served, browser, tmp_path):
     """Clicking a head's switch names it in the banner; the attention grid marks it off and the pointed token's

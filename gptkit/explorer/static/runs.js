@@ -43,14 +43,21 @@ export async function refreshRuns() {
   refreshing = true;
   try {
     const before = state.runs.find((r) => r.name === state.run);
-    state.runs = listed(await api('GET', '/api/runs'));
+    const data = await api('GET', '/api/runs');
+    state.runs = listed(data);
     renderRuns();
     fillSecondRunPicker();
     setLine('#runs-status', '');
     const now = state.runs.find((r) => r.name === state.run);
     // the step too: a resume's new best.pt is a model of the same shape, and the curves and timeline go on
     const model = (r) => JSON.stringify([r.settings, r.params, r.tokenizer, r.checkpoint, r.error, r.chat, r.step]);
-    if (before && now && model(before) !== model(now)) {
+    if (before && !now) {
+      const root = (data && data.root) || 'the folder';
+      const gone = `run ${before.name} is no longer in ${root} (its folder was removed or renamed)`;
+      setLine('#run-status', gone + ': pick another run', true);
+    } else if (!before && now) {
+      pickRun(now.name, true); // back again (renamed back, trained again): as it is now
+    } else if (before && now && model(before) !== model(now)) {
       pickRun(now.name, true);
       if (now.step !== before.step && Number.isFinite(now.step) && Number.isFinite(before.step)) {
         const held = `now holds step ${fmtInt(now.step)} (it held ${fmtInt(before.step)})`;
