@@ -449,6 +449,21 @@ def test_a_last_record_still_being_written_is_left_out_and_the_run_keeps_its_cur
     assert app.get("/api/runs/bad/metrics").status_code == 409
 
 
+def test_an_rl_runs_curves_say_it_logs_rewards_not_losses(lab, tmp_path):
+    """rl.py logs a reward a step and held-out scores, no loss: its curves say so and where its picture is, rather
+    than that it has logged no losses yet; a run that logs losses has no such note."""
+    root = copies(lab, tmp_path / "runs", "rl", "plain")
+    (root / "rl" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        {"kind": "rl_eval", "iter": 0, "pass_at_1": 0.4, "accuracy": 0.5, "elapsed_s": 1.0},
+        {"kind": "rl", "iter": 1, "reward": 0.45, "answer_tokens": 4.5, "elapsed_s": 2.0})), encoding="utf-8")
+    app = app_over(root)
+    rl = strict_json(app.get("/api/runs/rl/metrics"))
+    assert rl["train"] == rl["eval"] == [] and rl["note"] == (
+        "an rl.py run logs a reward a step and its held-out pass@1, not losses: python plot.py loss "
+        "--out_dir=RUN_FOLDER draws them")
+    assert strict_json(app.get("/api/runs/plain/metrics"))["note"] is None
+
+
 def test_a_checkpoint_or_metrics_linked_out_of_its_folder_is_refused(lab, tmp_path):
     root = copies(lab, tmp_path / "runs", "good", "link", "metrics_link")
     (root / "link" / "best.pt").unlink()

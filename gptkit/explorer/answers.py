@@ -16,9 +16,12 @@ from gptkit.explorer.runs import ApiError, attention_note, final_bits_per_char, 
 from gptkit.explorer.timeline_answers import AtRequest
 from gptkit.interp.experiments import checked_tokens
 from gptkit.interp.hooks import attention_maps, logit_lens, look_inside, read_out, surprise_bits, token_label
-from gptkit.run.metrics import loss_points
+from gptkit.run.metrics import loss_points, rl_run
 from gptkit.sampling.decoding import StopFilter, decode_steps, shaped_probs
 
+# what an rl.py run's curves say instead of that it has logged no losses yet (plot.py draws its own picture)
+RL_NOTE = ("an rl.py run logs a reward a step and its held-out pass@1, not losses: python plot.py loss "
+           "--out_dir=RUN_FOLDER draws them")
 MAX_PROMPT_CHARS = 20_000
 MAX_NEW_TOKENS = 2_000
 FLUSH_SECONDS = 0.015  # after the first token, tokens are sent in small groups: each write costs more than a step
@@ -246,7 +249,7 @@ def attention_map(shelf, loaded, req, off=Off()):
 
 def run_metrics(summary):
     """A run's train and eval records for its loss curves, times on one wall clock; a value that is not a finite
-    number is a gap in its curve."""
+    number is a gap in its curve. note: what the curves lack, for an rl.py run (RL_NOTE), else None."""
     try:
         records = run_records(summary.folder)
     except UserError as e:
@@ -261,7 +264,7 @@ def run_metrics(summary):
         elif r.get("kind") == "final":
             final = {"val_loss": number(r.get("val_loss")),
                      "bits_per_char": final_bits_per_char(r, summary.tokenizer_kind)}
-    return {"train": train, "eval": evals, "final": final}
+    return {"train": train, "eval": evals, "final": final, "note": RL_NOTE if rl_run(records) else None}
 
 
 def picked(name, loaded):

@@ -94,7 +94,7 @@ function drawCurves() {
   }
   const { data, perIteration } = lossColumns(metrics, xaxis);
   if (!data[0].length) {
-    setLine('#curves-status', 'this run has logged no losses yet');
+    setLine('#curves-status', metrics.note || 'this run has logged no losses yet');
     return;
   }
   chart = new window.uPlot(chartOptions(xaxis), data, $('#curves'));
