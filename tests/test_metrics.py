@@ -77,6 +77,19 @@ def test_json_nested_too_deeply_is_one_error_line(tmp_path):
         read_metrics(tmp_path)
 
 
+@pytest.mark.parametrize("text,reason", [
+    ('{"kind": "train", "iter": 3, "lo\n{}\n', "Invalid control character at line 2"),  # the newline, in the string
+    ('{"kind": "train", "iter": 3, "lo', "Unterminated string starting at line 2"),  # the last line, cut short
+    ('{"kind": "train", "iter": \n', "Expecting value at line 2"),
+])
+def test_a_line_that_is_not_json_is_named_in_words_that_read(tmp_path, text, reason):
+    """json's messages for a string cut short end in 'at' (a position would follow): the line says where once."""
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(RECORDS[0]) + "\n" + text, encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        read_metrics(tmp_path)
+    assert f"has a line that is not JSON ({reason}); was it written by train.py?" in str(e.value)
+
+
 def test_a_last_line_cut_short_goes_with_the_records_past_the_resumed_state(tmp_path):
     """A crash while a record was being written leaves half a line: a resume drops it, counted among the records
     it drops (which the resume says), so that the next record it logs does not join it."""

@@ -210,7 +210,9 @@ def read_metrics(out_dir, writing=False):
                 records.append(check_record(json.loads(line)))
                 numbers.append(lineno)
             except (json.JSONDecodeError, ValueError) as e:
-                reason = f"{e.msg} at line {lineno}" if isinstance(e, json.JSONDecodeError) else f"line {lineno}: {e}"
+                # json's messages for a string cut short end in 'at', before the position it would have given
+                reason = f"{e.msg.removesuffix(' at')} at line {lineno}" if isinstance(e, json.JSONDecodeError) \
+                    else f"line {lineno}: {e}"
                 kind = "is not JSON" if isinstance(e, json.JSONDecodeError) else "has a record of the wrong shape"
                 raise UserError(f"{path} has a line that {kind} ({reason}); was it written by train.py?") from None
             except RecursionError:  # JSON nested thousands deep
