@@ -258,6 +258,22 @@ def test_a_picked_run_whose_folder_was_removed_is_said_gone_in_one_line(run, bro
         proc.wait(30)
 
 
+def test_generating_after_the_server_stopped_says_it_cannot_be_reached(trained_run, browser):
+    """Generate with explore.py stopped is the line every other panel gives, not the browser's 'Failed to fetch'."""
+    url, proc = serve(trained_run[0])
+    try:
+        wait = waiting(browser)
+        browser.get(url + "/")
+        wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("Loaded"))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    browser.find_element(By.ID, "generate").click()
+    wait.until(lambda d: d.find_element(By.ID, "status").text
+               == "cannot reach the explorer server (is explore.py still running?)")
+    assert browser.find_element(By.ID, "generate").text == "Generate"
+
+
 @pytest.mark.slow
 def test_a_head_switched_off_is_named_in_a_banner_and_the_panels_follow(served, browser, tmp_path):
     """Clicking a head's switch names it in the banner; the attention grid marks it off and the pointed token's

@@ -11,19 +11,23 @@ export async function api(method, path, body, signal) {
     opts.headers['Content-Type'] = 'application/json';
     opts.body = JSON.stringify(body);
   }
-  let res;
-  try {
-    res = await fetch(path, opts);
-  } catch (e) {
-    if (e && e.name === 'AbortError') throw e;
-    throw new ApiError('cannot reach the explorer server (is explore.py still running?)');
-  }
+  const res = await reach(path, opts);
   const data = parseJson(await res.text());
   if (!res.ok) throw await refusal(res, data.text);
   if (data.json && typeof data.json === 'object' && !Array.isArray(data.json) && typeof data.json.error === 'string' && data.json.error) {
     throw new ApiError(data.json.error);
   }
   return data.json;
+}
+
+/** fetch(path, opts), with a server that cannot be reached (explore.py stopped) an ApiError in the page's words. */
+export async function reach(path, opts) {
+  try {
+    return await fetch(path, opts);
+  } catch (e) {
+    if (e && e.name === 'AbortError') throw e;
+    throw new ApiError('cannot reach the explorer server (is explore.py still running?)');
+  }
 }
 
 function parseJson(text) {

@@ -3,7 +3,7 @@
    slider picked, if it picked a snapshot. For a chat run the prompt is a question: the server wraps it in the
    chat template (<|user|>question<|assistant|>) and the answer ends where the model writes <|end|>. */
 
-import { ApiError, refusal } from './api.js';
+import { ApiError, reach, refusal } from './api.js';
 import { $, el, placeholder, setLine } from './dom.js';
 import { lineBreaks, named, showsIds, tokenChip } from './chips.js';
 import { forgetToken } from './features.js';
@@ -110,7 +110,7 @@ export async function generate() {
 
 /** Read the event stream of one generation, handing each event to handleEvent as it arrives. */
 async function stream(body, signal, counter) {
-  const res = await fetch('/api/generate', {
+  const res = await reach('/api/generate', {
     method: 'POST',
     headers: { 'Content-Type': 'application/json', Accept: 'text/event-stream' },
     body: JSON.stringify(body),
