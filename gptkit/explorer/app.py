@@ -192,7 +192,8 @@ def add_error_handlers(app):
             return JSONResponse({"error": f"the request body is not JSON ({first['ctx']['error']} at character "
                                           f"{first['loc'][-1]})"}, status_code=400)
         where = ".".join(str(part) for part in first["loc"] if part != "body") or "the request body"
-        return JSONResponse({"error": f"{where}: {first['msg']}"}, status_code=422)
+        why = first["msg"].removeprefix("Value error, ")  # pydantic's words before a validator's own line
+        return JSONResponse({"error": f"{where}: {why}"}, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     def http_error(request: Request, e: StarletteHTTPException):
