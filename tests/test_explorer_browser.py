@@ -274,6 +274,22 @@ def test_generating_after_the_server_stopped_says_it_cannot_be_reached(trained_r
     assert browser.find_element(By.ID, "generate").text == "Generate"
 
 
+def test_read_a_texts_totals_count_one_character_and_one_token_in_the_singular(served, browser):
+    """A one-character text is '1 character, 1 token', and a two-character one scores '1 character' after its
+    first token."""
+    url, run = served
+    wait = waiting(browser)
+    browser.get(url + "/")
+    wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("Loaded"))
+    for text, counts in (("R", "over the 0 characters after the first token (the text: 1 character, 1 token)"),
+                         ("RO", "over the 1 character after the first token (the text: 2 characters, 2 tokens)")):
+        browser.find_element(By.ID, "read-text").clear()
+        browser.find_element(By.ID, "read-text").send_keys(text)
+        browser.find_element(By.ID, "read-go").click()
+        wait.until(lambda d, t=text: len(d.find_elements(By.CSS_SELECTOR, "#read-output .read-chip")) == len(t))
+        assert browser.find_element(By.CSS_SELECTOR, "#read-output .totals").text.endswith(counts)
+
+
 @pytest.mark.slow
 def test_a_head_switched_off_is_named_in_a_banner_and_the_panels_follow(served, browser, tmp_path):
     """Clicking a head's switch names it in the banner; the attention grid marks it off and the pointed token's

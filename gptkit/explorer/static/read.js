@@ -123,8 +123,11 @@ function readTotals(r) {
   const npt = el('b', 'nats-per-token', `${fixed(r.loss, 3)} nats per token`);
   npt.title = 'the mean over the predicted tokens of −ln p, the loss train.py reports';
   const tokens = (r.tokens || []).length;
-  totals.append(bpc, ' · ', npt, ` · ${fmtBits(r.total_bits)} bits in all, over the ${fmtInt(r.predicted_chars)} characters after the first token`);
-  totals.append(` (the text: ${fmtInt(r.chars)} characters, ${fmtInt(tokens)} token${tokens === 1 ? '' : 's'})`);
+  const counted = (n, word) => `${fmtInt(n)} ${word}${n === 1 ? '' : 's'}`;
+  const predicted = counted(r.predicted_chars, 'character');
+  const bits = fmtBits(r.total_bits);
+  totals.append(bpc, ' · ', npt, ` · ${bits} bits in all, over the ${predicted} after the first token`);
+  totals.append(` (the text: ${counted(r.chars, 'character')}, ${counted(tokens, 'token')})`);
   return totals;
 }
 
