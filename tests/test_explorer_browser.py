@@ -232,6 +232,51 @@ def test_a_picked_run_whose_best_pt_now_holds_another_step_is_loaded_again(run, 
         proc.wait(30)
 
 
+def test_after_a_reload_with_other_weights_a_token_of_the_same_text_is_asked_for_again(run, browser):
+    """The panels keep the answers of tokens pointed at, so that going back to one is instant; once the run is
+    loaded again with other weights (its best.pt replaced), the same prompt's tokens show the new model's numbers,
+    not those kept of the old one."""
+    url, proc = serve(run)
+    try:
+        wait = waiting(browser)
+        browser.get(url + "/")
+        wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("Loaded"))
+        block = httpx.get(f"{url}/api/runs/{run.name}").json()["block_size"]
+        prompt = ("ROMEO:" * block)[:block + 8]  # a token past the context reads a window of the prompt alone
+
+        def candidates():
+            browser.find_element(By.ID, "prompt").clear()
+            browser.find_element(By.ID, "prompt").send_keys(prompt)
+            browser.find_element(By.ID, "max-tokens").clear()
+            browser.find_element(By.ID, "max-tokens").send_keys("1")
+            browser.find_element(By.ID, "generate").click()
+            wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#output .chip.gen"))
+            browser.execute_script("arguments[0].click()",
+                                   browser.find_elements(By.CSS_SELECTOR, "#output .chip")[block + 4])
+            wait.until(lambda d: d.find_element(By.ID, "why").get_attribute("data-ready") == "1")
+            return [b.find_element(By.CSS_SELECTOR, ".val").text for b in
+                    browser.find_elements(By.CSS_SELECTOR, "#why .bar.raw")]
+
+        before = candidates()
+        shutil.copy(run / "latest.prev.pt", run / "best.new")
+        os.replace(run / "best.new", run / "best.pt")
+        browser.execute_script("window.dispatchEvent(new Event('focus'))")
+        wait.until(lambda d: "loaded again" in d.find_element(By.ID, "runs-status").text)
+        ids = token_ids(url, run.name, prompt)[5:block + 5]
+        want = httpx.post(f"{url}/api/position", json=dict(run=run.name, ids=ids, position=block - 1, temperature=0.8,
+                                                            top_k=200, top_p=1.0, k=10)).json()
+        after = candidates()
+        assert after == [percent(c["p"]) for c in want["why"]["raw"]] and after != before
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def token_ids(url, run, text):
+    """text's token ids, as the run's tokenizer cuts it (the API's reading of it)."""
+    return [t["id"] for t in httpx.post(f"{url}/api/read", json=dict(run=run, text=text)).json()["tokens"]]
+
+
 def test_a_picked_run_whose_folder_was_removed_is_said_gone_in_one_line(run, browser, tmp_path):
     """Back on the page after the picked run's folder was removed, the list no longer holds it and the picked run's
     card says so in one line, rather than showing a run that is no longer there; its folder back, it loads again."""

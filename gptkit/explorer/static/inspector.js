@@ -26,6 +26,7 @@ export function clearInspector() {
   state.pinned = null;
   state.shown = null;
   posSeq++;
+  cache.clear(); // the run may have been loaded again since, its checkpoint replaced: the same text, other numbers
   for (const id of ['#why', '#attention', '#lens']) {
     const node = $(id);
     delete node.dataset.ready;
