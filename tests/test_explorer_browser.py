@@ -232,6 +232,24 @@ def test_a_picked_run_whose_best_pt_now_holds_another_step_is_loaded_again(run, 
         proc.wait(30)
 
 
+def test_a_new_text_empties_the_two_heads_maps_with_the_other_panels(served, browser):
+    """The two heads' maps are of the pointed token's window: written again, the text they were of is gone, and so
+    are they, as why this token, where it looked and the lens are."""
+    url, run = served
+    wait = waiting(browser)
+    browser.get(url + "/")
+    wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("Loaded"))
+    chips = write(browser, wait, "ROMEO:", 12)
+    browser.execute_script("arguments[0].click()", chips[10])
+    wait.until(lambda d: d.find_element(By.ID, "pair-map-a").get_attribute("data-ready") == "1")
+    browser.find_element(By.ID, "generate").click()
+    wait.until(lambda d: "done" in d.find_element(By.ID, "status").text)
+    for side in ("a", "b"):
+        assert browser.find_element(By.ID, f"pair-map-{side}").get_attribute("data-ready") is None
+        assert browser.find_element(By.ID, f"pair-title-{side}").text == ""
+    assert browser.find_element(By.ID, "pair-status").text == "Hover or click a token in the text above."
+
+
 def test_after_a_reload_with_other_weights_a_token_of_the_same_text_is_asked_for_again(run, browser):
     """The panels keep the answers of tokens pointed at, so that going back to one is instant; once the run is
     loaded again with other weights (its best.pt replaced), the same prompt's tokens show the new model's numbers,

@@ -8,7 +8,7 @@ import { clearAttention, renderAttention } from './attention.js';
 import { clearMap, refreshMapFor } from './headmap.js';
 import { readKnobs } from './knobs.js';
 import { renderLens } from './lens.js';
-import { refreshPair } from './twoheads.js';
+import { clearPair, refreshPair } from './twoheads.js';
 import { answeredOff, offList } from './switches.js';
 import { atStep, state } from './state.js';
 import { renderWhy } from './why.js';
@@ -38,6 +38,7 @@ export function clearInspector() {
   for (const s of ['#why-status', '#attention-status', '#lens-status']) setLine(s, '');
   clearAttention();
   clearMap();
+  clearPair(); // the two heads' maps are of the pointed token's window too
 }
 
 export function pin(i) {
