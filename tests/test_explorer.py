@@ -465,6 +465,22 @@ def test_an_rl_runs_curves_say_it_logs_rewards_not_losses(lab, tmp_path):
     assert strict_json(app.get("/api/runs/plain/metrics"))["note"] is None
 
 
+def test_a_run_without_its_metrics_jsonl_says_so_rather_than_that_it_logged_nothing(timed, tmp_path):
+    """A run folder whose metrics.jsonl is gone (deleted, or only the checkpoint copied) still opens, and its curves
+    and timeline say that the file is missing, not that it has logged no losses yet or was trained before runs
+    recorded a timeline; its snapshots still move the slider."""
+    root = tmp_path / "runs"
+    shutil.copytree(timed / "timed", root / "bare")
+    (root / "bare" / "metrics.jsonl").unlink()
+    app = app_over(root)
+    missing = "its folder has no metrics.jsonl, where train.py records it (deleted, or not copied with the checkpoint)"
+    curves = strict_json(app.get("/api/runs/bare/metrics"))
+    assert curves["train"] == curves["eval"] == [] and curves["note"] == f"no curves: {missing}"
+    timeline = strict_json(app.get("/api/runs/bare/timeline"))
+    assert timeline["records"] == [] and timeline["note"] == f"this run has no timeline: {missing}"
+    assert timeline["snapshots"] == RunDir(root / "bare").kept_snapshots() != []
+
+
 def test_a_checkpoint_or_metrics_linked_out_of_its_folder_is_refused(lab, tmp_path):
     root = copies(lab, tmp_path / "runs", "good", "link", "metrics_link")
     (root / "link" / "best.pt").unlink()

@@ -12,11 +12,12 @@ from pydantic import BaseModel, Field, StrictBool, field_validator
 from gptkit.base.errors import UserError
 from gptkit.data.conversations import NAMES, marker_name, prompt_text, shown, typed
 from gptkit.explorer.experiment_answers import MAX_OFF, MAX_TOKENS, Off, OffRequest, Real, Whole
-from gptkit.explorer.runs import ApiError, attention_note, final_bits_per_char, number, run_records, without_paths
+from gptkit.explorer.runs import (NO_METRICS, ApiError, attention_note, final_bits_per_char, number, run_records,
+                                  without_paths)
 from gptkit.explorer.timeline_answers import AtRequest
 from gptkit.interp.experiments import checked_tokens
 from gptkit.interp.hooks import attention_maps, logit_lens, look_inside, read_out, surprise_bits, token_label
-from gptkit.run.metrics import loss_points, rl_run
+from gptkit.run.metrics import Records, loss_points, rl_run
 from gptkit.sampling.decoding import StopFilter, decode_steps, shaped_probs
 
 # what an rl.py run's curves say instead of that it has logged no losses yet (plot.py draws its own picture)
@@ -249,7 +250,8 @@ def attention_map(shelf, loaded, req, off=Off()):
 
 def run_metrics(summary):
     """A run's train and eval records for its loss curves, times on one wall clock; a value that is not a finite
-    number is a gap in its curve. note: what the curves lack, for an rl.py run (RL_NOTE), else None."""
+    number is a gap in its curve. note: what the curves lack, for an rl.py run (RL_NOTE) or one without its
+    metrics.jsonl, else None."""
     try:
         records = run_records(summary.folder)
     except UserError as e:
@@ -264,7 +266,8 @@ def run_metrics(summary):
         elif r.get("kind") == "final":
             final = {"val_loss": number(r.get("val_loss")),
                      "bits_per_char": final_bits_per_char(r, summary.tokenizer_kind)}
-    return {"train": train, "eval": evals, "final": final, "note": RL_NOTE if rl_run(records) else None}
+    note = RL_NOTE if rl_run(records) else None if isinstance(records, Records) else f"no curves: {NO_METRICS}"
+    return {"train": train, "eval": evals, "final": final, "note": note}
 
 
 def picked(name, loaded):

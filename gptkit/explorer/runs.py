@@ -186,6 +186,10 @@ def final_bits_per_char(record, tokenizer_kind):
     return logged
 
 
+# why a run shows no curves and no timeline where its folder has no metrics.jsonl (run_records gives [] then)
+NO_METRICS = "its folder has no metrics.jsonl, where train.py records it (deleted, or not copied with the checkpoint)"
+
+
 def run_records(folder):
     """The records of a run's metrics.jsonl, none when it has none; one line when they cannot be read. The run may be
     training: a last line it is writing now is not one yet."""

@@ -8,7 +8,7 @@ from pydantic import BaseModel, field_validator
 
 from gptkit.base.errors import UserError, first_line
 from gptkit.data.dataset import file_identity
-from gptkit.explorer.runs import ApiError, inside, number, run_records, without_paths
+from gptkit.explorer.runs import NO_METRICS, ApiError, inside, number, run_records, without_paths
 from gptkit.interp.experiments import KINDS, shown_value
 from gptkit.interp.timeline import RECORD_AGAIN, phase_change, timeline_of, why_no_timeline
 from gptkit.run.metrics import Records
@@ -103,7 +103,8 @@ def timeline_report(summary):
     timeline = timeline_of(records)
     left_out = records.note("timeline") if isinstance(records, Records) else None  # None: no metrics.jsonl
     left_out = left_out and without_paths(left_out.removeprefix("note: "), summary.folder)
-    why = (f"no whole record; {RECORD_AGAIN}" if left_out else why_no_timeline(records)) if not timeline else None
+    why = (f"no whole record; {RECORD_AGAIN}" if left_out else why_no_timeline(records)
+           if isinstance(records, Records) else NO_METRICS) if not timeline else None
     lacks = None if timeline and snapshots else NO_SNAPSHOTS if timeline else NO_TIMELINE.format(why=why)
     return {"records": [shown_record(t, summary.config) for t in timeline], "phase": phase_change(timeline),
             "snapshots": snapshots, "kinds": list(KINDS), "own": {"file": summary.checkpoint.name,
