@@ -6,6 +6,7 @@ labels, and that the Over training slider moves the grid to the weights of a ste
 modules, so the test also checks that they are served as JavaScript and load without an error. Screenshots go to the test's folder, and also to $EXPLORER_SCREENSHOTS when it is set
 (the README's come from `EXPLORER_RUN=out EXPLORER_SCREENSHOTS=assets python -m pytest tests/test_explorer_browser.py`)."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -293,6 +294,27 @@ def test_after_a_reload_with_other_weights_a_token_of_the_same_text_is_asked_for
 def token_ids(url, run, text):
     """text's token ids, as the run's tokenizer cuts it (the API's reading of it)."""
     return [t["id"] for t in httpx.post(f"{url}/api/read", json=dict(run=run, text=text)).json()["tokens"]]
+
+
+def test_a_picked_run_that_logged_more_meanwhile_redraws_its_curves_and_keeps_the_text(run, browser):
+    """Back on the page after the picked run logged more (training on, its best.pt the same), the loss curves reach
+    the iteration the list shows, and the written text stays: the model is the same."""
+    url, proc = serve(run)
+    try:
+        wait = waiting(browser)
+        browser.get(url + "/")
+        wait.until(lambda d: d.find_element(By.ID, "curves").get_attribute("data-last"))
+        last = int(browser.find_element(By.ID, "curves").get_attribute("data-last"))
+        chips = write(browser, wait, "ROMEO:", 5)
+        with open(run / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"kind": "train", "iter": last + 10, "loss": 2.0, "elapsed_s": 99.0}) + "\n")
+        browser.execute_script("window.dispatchEvent(new Event('focus'))")
+        wait.until(lambda d: d.find_element(By.ID, "curves").get_attribute("data-last") == str(last + 10))
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#output .chip")) == len(chips)
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def test_a_picked_run_whose_folder_was_removed_is_said_gone_in_one_line(run, browser, tmp_path):

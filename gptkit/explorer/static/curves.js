@@ -41,6 +41,7 @@ function destroyChart() {
   if (chart) chart.destroy();
   chart = null;
   $('#curves').textContent = '';
+  delete $('#curves').dataset.last; // the last iteration drawn
 }
 
 /** uPlot's columns: the x values, then train and val loss at each (null where a series has no point). */
@@ -98,5 +99,7 @@ function drawCurves() {
     return;
   }
   chart = new window.uPlot(chartOptions(xaxis), data, $('#curves'));
+  const iters = lossColumns(metrics, 'iter').data[0];
+  $('#curves').dataset.last = String(iters[iters.length - 1]); // how far the curves reach, whatever the x axis
   setLine('#curves-status', perIteration ? '' : 'no per-iteration records: train is the evaluations\' train loss');
 }

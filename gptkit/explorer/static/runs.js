@@ -63,6 +63,9 @@ export async function refreshRuns() {
         const held = `now holds step ${fmtInt(now.step)} (it held ${fmtInt(before.step)})`;
         setLine('#runs-status', `${now.name}'s ${now.checkpoint} ${held}: loaded again`);
       }
+    } else if (before && now && JSON.stringify([now.iterations, now.final_val_loss])
+      !== JSON.stringify([before.iterations, before.final_val_loss])) {
+      loadMetrics(now.name, state.pickSeq); // the same model, trained on: its curves as far as the list says
     }
     const first = state.runs.find((r) => !r.error);
     if (!state.run && first) pickRun(first.name);
