@@ -1,8 +1,15 @@
 """A run's records (gptkit/training/records.py): paced on a fake clock, within their share of the run's time so
 far and of the whole run, at any load, its start and its end always."""
 
-from gptkit.interp.timeline import due
-from gptkit.training.records import Pacing
+from contextlib import nullcontext
+from types import SimpleNamespace
+
+import torch
+
+from conftest import tiny_model
+from gptkit.interp.experiments import induction_tokens
+from gptkit.interp.timeline import Probe, due
+from gptkit.training.records import Pacing, Records
 
 
 class FakeClock:
@@ -89,3 +96,29 @@ def test_a_resumed_run_counts_its_earlier_processes_records_at_their_whole_share
     assert not pacing.affords(1000.0)
     clock.now = (3.0 + 1.0 + 1.0) / 0.03
     assert pacing.affords(1000.0)
+
+
+def test_an_attention_written_past_its_pattern_hook_records_a_timeline_without_head_scores(monkeypatch):
+    """The notes' averaging as a learner writes it, its own loop past self.hook_pattern: the run's first record
+    stopped training ("model.py's forward never passes through the hook point ..."). Now it says so once and
+    records the in-context learning score and the loss by position, without head scores, at every step."""
+    import model as model_py
+
+    def averaged(self, q, k, v):  # the mean of each position's past, without the pattern's hook
+        return v.cumsum(2) / torch.arange(1, v.size(2) + 1).view(1, 1, -1, 1)
+    monkeypatch.setattr(model_py.SelfAttention, "written", averaged)
+    model = tiny_model(attention="uniform")
+    windows = torch.randint(model.config.vocab_size, (2, model.config.block_size))
+    records, said, logged = Records.__new__(Records), [], []
+    records.cfg, records.log = SimpleNamespace(timeline=True, snapshots=0), SimpleNamespace(write=logged.append)
+    records.state, records.say = SimpleNamespace(model=model, scored=nullcontext), said.append
+    records.probe = Probe(windows, windows, induction_tokens(model, model.config.vocab_size))
+    records.pacing, records.timeline = Pacing(lambda: 1.0, 0.025), []
+    records.take(0)
+    records.take(1)
+    assert [r["iter"] for r in logged] == [0, 1] and not any("heads" in r for r in logged)
+    assert all(len(r["loss_by_position"]) == 8 for r in logged)
+    assert said == ["timeline: no head scores in this run's records: model.py's forward never passes through the "
+                    "hook point blocks.0.attn.hook_pattern, which this analysis reads: an edit left out its "
+                    "self.hook_pattern(...) call; put it back where model.py had it (training and sampling run "
+                    "without it)"]

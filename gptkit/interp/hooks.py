@@ -55,15 +55,19 @@ def names_in(model, names_filter):
     return [names_filter] if isinstance(names_filter, str) else list(names_filter)
 
 
+class MissingHookPoint(UserError):
+    """An analysis asked for a hook point the model's forward never passed through."""
+
+
 class Activations(dict):
     """{hook point: activation} of a forward pass. A point the pass never reached is one line naming it: a
     learner's forward written without its hook points (Block.forward as nanoGPT writes it) still has them, unused."""
 
     def __missing__(self, name):
         call = name.rpartition(".")[2]
-        raise UserError(f"model.py's forward never passes through the hook point {name}, which this analysis reads: "
-                        f"an edit left out its self.{call}(...) call; put it back where model.py had it (training and "
-                        "sampling run without it)")
+        raise MissingHookPoint(f"model.py's forward never passes through the hook point {name}, which this analysis "
+                               f"reads: an edit left out its self.{call}(...) call; put it back where model.py had it "
+                               "(training and sampling run without it)")
 
 
 @contextmanager

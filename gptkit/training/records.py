@@ -6,6 +6,7 @@ import time
 from contextlib import contextmanager
 
 from gptkit.base.errors import UserError
+from gptkit.interp.hooks import MissingHookPoint
 from gptkit.interp.timeline import Probe, due, has_attention, record, timeline_of, travelled
 from gptkit.run.metrics import read_metrics
 from gptkit.training.evaluation import eagerly
@@ -58,7 +59,7 @@ class Records:
     nor --snapshots."""
 
     def __init__(self, cfg, rt, data, state, log, budget, run, say):
-        self.cfg, self.state, self.log, self.budget, self.run = cfg, state, log, budget, run
+        self.cfg, self.state, self.log, self.budget, self.run, self.say = cfg, state, log, budget, run, say
         self.on = rt.master and not cfg.eval_only and budget is not None and (cfg.timeline or cfg.snapshots > 0)
         self.last, self.timeline, self.probe, self.pacing = None, [], None, None
         if not self.on:
@@ -88,8 +89,7 @@ class Records:
         self.last = iter_num
         with self.pacing.paid(paced):
             if self.cfg.timeline:
-                with self.state.scored(), eagerly():
-                    numbers = record(self.state.model, self.probe)
+                numbers = self.timeline_numbers()
                 heads = numbers.pop("heads")
                 numbers = {"iter": iter_num, **numbers, **({"heads": heads} if heads else {})}
                 self.log.write({"kind": "timeline", **numbers})
@@ -97,6 +97,20 @@ class Records:
             if self.cfg.snapshots:
                 along = travelled(self.timeline) if self.timeline else None
                 take(self.state, self.run, self.cfg.snapshots, along)
+
+    def timeline_numbers(self):
+        """The timeline's numbers for the model as it is now. Where the learner's forward skips a hook point the head
+        scores read (an attention written without self.hook_pattern), the run says so once and goes on: its
+        records keep the in-context learning score and the loss by position, without head scores."""
+        with self.state.scored(), eagerly():
+            try:
+                return record(self.state.model, self.probe)
+            except MissingHookPoint as e:
+                if self.probe.repeated is None:
+                    raise
+                self.say(f"timeline: no head scores in this run's records: {e}")
+                self.probe.repeated = None
+                return record(self.state.model, self.probe)
 
     def expected_seconds(self, iter_num):
         """The run's seconds in all, as foretold now: a time budget's by the clock; else the seconds so far, and
