@@ -22,7 +22,7 @@ from gptkit.machine.precision import DTYPES, pick_decode_dtype
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.machine.threads import pick_decode_threads
 from gptkit.run.run_folder import check_checkpoint, load_model
-from gptkit.sampling.decoding import StopFilter, generate_stream, lay_out_for_decoding
+from gptkit.sampling.decoding import StopFilter, generate_stream, lay_out_for_decoding, why_it_sees_ahead
 from gptkit.sampling.prompts import read_prompt, unescape
 
 
@@ -112,11 +112,10 @@ def main(argv=None):
     if cfg.dtype == "auto":
         print(why, file=sys.stderr, flush=True)
     model = model.to(DTYPES[dtype])
-    # the encoder rung of the attention lab: let the learner see what it writes
-    if not model.config.causal:
-        print("warning: this model was trained without the causal mask (causal=False), so it "
-              "learned to read the next token from its input; generating, it has no next token to "
-              "read, and its text is garbage", file=sys.stderr, flush=True)
+    # the encoder rung of the attention lab, or a mask taken out by hand: let the learner see what it writes
+    if why := why_it_sees_ahead(model):
+        print(f"warning: {why}, so it learned to read the next token from its input; generating, it has no next "
+              "token to read, and its text is garbage", file=sys.stderr, flush=True)
     stop = typed(tok, unescape(cfg.stop))
     for prompt in prompts:
         try:

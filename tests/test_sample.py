@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import sample
 from conftest import REPO, assert_one_error_line, check_ok, partial_tokens, run_here, run_script, tiny_model
@@ -280,3 +281,20 @@ def test_sample_refuses_a_damaged_field_in_one_line(run, case):
     proc = sample_py("sample.py", f"--out_dir={run}", "--device=cpu", "--num_samples=1", "--max_new_tokens=5")
     assert proc.returncode == 1
     assert_one_error_line(proc.stderr, f"error: {path} is damaged: {problem}")
+
+
+def test_a_mask_taken_out_by_hand_is_warned_of_as_an_encoders_is(tmp_path, monkeypatch, capsys):
+    """The notes' encoder: "just delete the single line that does masking". Its settings still say causal, and
+    sample.py warned only where they did not; now a model whose positions see the tokens after them is warned of
+    whatever its settings say, and a decoder is not."""
+    import model as model_py
+
+    run = saved_run(tmp_path / "run")
+    args = [f"--out_dir={run}", "--device=cpu", "--dtype=float32", "--num_samples=1", "--max_new_tokens=3"]
+    sample.main(args)
+    assert "warning" not in capsys.readouterr().err
+    monkeypatch.setattr(model_py.SelfAttention, "sdpa", lambda self, q, k, v: F.scaled_dot_product_attention(q, k, v))
+    sample.main(args)
+    assert "warning: model.py's attention lets each position see the tokens after it, though this model's settings " \
+        "say causal=True (an edit took out or changed the mask), so it learned to read the next token from its " \
+        "input; generating, it has no next token to read, and its text is garbage\n" in capsys.readouterr().err

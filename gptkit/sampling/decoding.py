@@ -108,6 +108,17 @@ def sees_ahead(model):
 ASKED = weakref.WeakKeyDictionary()  # each model's answer to sees_ahead
 
 
+def why_it_sees_ahead(model):
+    """Why a model's positions see the tokens after them, in words for a warning (causal=False, or a model.py whose
+    mask an edit took out while the settings say causal); None where they do not."""
+    if not sees_ahead(model):
+        return None
+    if not model.config.causal:
+        return "this model was trained without the causal mask (causal=False)"
+    return ("model.py's attention lets each position see the tokens after it, though this model's settings say "
+            "causal=True (an edit took out or changed the mask)")
+
+
 @torch.no_grad()
 def cache_agrees(model):
     """Whether decoding with the KV cache gives the logits of the model's full pass: a sequence's first half fed at
