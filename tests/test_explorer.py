@@ -19,6 +19,7 @@ from dataclasses import asdict
 import httpx
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import MODEL, REPO, check_ok, partial_tokens, run_script, sum_tolerance, tiny_model
 from gptkit.data.conversations import MARKERS, prompt_text
@@ -189,6 +190,23 @@ def test_attention_notes_say_what_a_learner_sees(client):
     assert report("scaled")["why"]["note"] is None
     first = client.post("/api/position", json=dict(run="scaled", ids=ids_of("abc"), position=0)).json()["why"]
     assert first["raw"] == [] and "first token" in first["note"]
+
+
+def test_a_mask_taken_out_by_hand_is_said_to_see_the_future(tmp_path, monkeypatch):
+    """The notes' encoder, "just delete the single line that does masking", its settings still causal: the page
+    said "causal (sees only the past)", with no note, of a model whose attention reaches the tokens after each
+    one. Now it is not causal on the page, with the encoder's note on why that is cheating, saying what did it."""
+    import model as model_py
+
+    monkeypatch.setattr(model_py.SelfAttention, "sdpa", lambda self, q, k, v: F.scaled_dot_product_attention(q, k, v))
+    fake_run(tmp_path / "runs" / "unmasked")
+    client = app_over(tmp_path / "runs")
+    info = client.get("/api/runs/unmasked").json()
+    attention = client.post("/api/position", json=dict(run="unmasked", ids=ids_of("abc def"), position=4)).json()
+    assert info["causal"] is False and info["note"] == attention["attention"]["note"]
+    assert info["note"].startswith("model.py's attention lets each position see the tokens after it, though this "
+                                   "model's settings say causal=True (an edit took out or changed the mask): each "
+                                   "token also attends to the tokens after it") and "cheating" in info["note"]
 
 
 def test_a_heads_full_map_is_the_forward_pass_weights(client, lab):

@@ -18,7 +18,7 @@ from gptkit.explorer.timeline_answers import AtRequest
 from gptkit.interp.experiments import checked_tokens
 from gptkit.interp.hooks import attention_maps, logit_lens, look_inside, read_out, surprise_bits, token_label
 from gptkit.run.metrics import Records, loss_points, rl_run
-from gptkit.sampling.decoding import StopFilter, decode_steps, shaped_probs
+from gptkit.sampling.decoding import StopFilter, decode_steps, sees_ahead, shaped_probs
 
 # what an rl.py run's curves say instead of that it has logged no losses yet (plot.py draws its own picture)
 RL_NOTE = ("an rl.py run logs a reward a step and its held-out pass@1, not losses: python plot.py loss "
@@ -229,8 +229,8 @@ def position_report(shelf, loaded, req, off=Off()):
     names = ["embeddings", *[f"after layer {i}" for i in range(c.n_layer)]]  # layers count from 0, as L0H3 does
     names[-1] += " (the model's prediction)"
     return {"position": req.position, "token": token_json(tok, req.ids[req.position]), "why": why,
-            "attention": {"note": attention_note(c), "layers": len(maps), "heads": c.n_head if maps else 0,
-                          "rows": rows},
+            "attention": {"note": attention_note(loaded.model), "layers": len(maps),
+                          "heads": c.n_head if maps else 0, "rows": rows},
             "lens": [{"name": name, "top": top(tok, p, 5)} for name, p in zip(names, lens)], "off": off.to_json()}
 
 
@@ -273,9 +273,9 @@ def run_metrics(summary):
 def picked(name, loaded):
     c = loaded.model.config
     return {"name": name, "settings": c.describe(), "n_layer": c.n_layer, "n_head": c.n_head,
-            "block_size": c.block_size, "attention": c.attention, "causal": c.causal,
+            "block_size": c.block_size, "attention": c.attention, "causal": not sees_ahead(loaded.model),
             "vocab_size": loaded.tok.vocab_size, "tokenizer": loaded.summary.tokenizer,
             "tokenizer_kind": loaded.tok.kind, "chat": is_chat(loaded.tok),
-            "decode": loaded.decoding, "note": attention_note(c), "mlp": bool(c.mlp)}
+            "decode": loaded.decoding, "note": attention_note(loaded.model), "mlp": bool(c.mlp)}
 
 

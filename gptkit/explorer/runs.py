@@ -16,6 +16,7 @@ from gptkit.lab.ladder import RUNGS
 from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, model_config
 from gptkit.run.metrics import read_metrics
 from gptkit.run.run_folder import RunDir
+from gptkit.sampling.decoding import sees_ahead
 from model import GPTConfig, count_params
 
 
@@ -111,13 +112,19 @@ def number(value):
     return value if type(value) in (int, float) and math.isfinite(value) else None
 
 
-def attention_note(c):
+def attention_note(model):
+    """What the page says of a model's attention: none, the future seen (causal=False, or a model.py whose mask an
+    edit took out, its settings causal), equal weights; None for the rest."""
+    c = model.config
     if c.n_layer == 0:
         return "a bigram model has no attention: each prediction comes from the current token alone"
-    if not c.causal:
-        return ("this model was trained without the causal mask: each token also attends to the tokens after it, "
-                "the very ones it must predict, so it learned to copy the answer; that is cheating, and it fails "
-                "when the model writes, where no later token exists yet")
+    if sees_ahead(model):
+        why = ("this model was trained without the causal mask" if not c.causal else
+               "model.py's attention lets each position see the tokens after it, though this model's settings say "
+               "causal=True (an edit took out or changed the mask)")
+        return (f"{why}: each token also attends to the tokens after it, the very ones it must predict, so it "
+                "learned to copy the answer; that is cheating, and it fails when the model writes, where no later "
+                "token exists yet")
     if c.attention == "uniform":
         return "uniform attention: every token a position can see gets the same weight, 1 / (how many it sees)"
     return None
