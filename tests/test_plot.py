@@ -126,6 +126,28 @@ def test_tokens_and_titles_that_look_like_formulas_are_drawn_as_text(tmp_path):
     assert [t.get_text() for t in heatmaps(fig)[0].get_yticklabels()] == ["$$", "$x$", "a"]
 
 
+def test_an_attention_picture_shows_the_future_a_mask_taken_out_by_hand_lets_the_model_see(tmp_path, monkeypatch):
+    """The notes' encoder, "just delete the single line that does masking", its settings still causal: the picture
+    left the weights after each token white, titled "white: the masked future". Now the weights decide: every
+    cell drawn, and the title says the model sees every token; a decoder's future stays white."""
+    import torch.nn.functional as F
+
+    import model as model_py
+    from conftest import tiny_model
+    from gptkit.data.tokenizer import CharTokenizer
+    from gptkit.interp.pictures import draw_model_attention
+
+    tok = CharTokenizer(sorted(set("abcdefghij ")))
+    masked = heatmaps(draw_model_attention(tiny_model(vocab_size=11), tok, "abc def", tmp_path / "decoder.png"))
+    assert masked[0].images[0].get_array().mask.sum() == 21  # the 7 x 6 / 2 cells above the diagonal
+    monkeypatch.setattr(model_py.SelfAttention, "pattern", lambda self, q, k: self.hook_pattern(
+        F.softmax(self.hook_attn_scores(self.score(self, q, k)), dim=-1)))
+    fig = draw_model_attention(tiny_model(vocab_size=11), tok, "abc def", tmp_path / "unmasked.png")
+    assert not heatmaps(fig)[0].images[0].get_array().mask.any()
+    assert fig._suptitle.get_text().endswith("no mask, though the settings say causal=True: model.py's attention "
+                                             "sees every token")
+
+
 def test_characters_no_font_here_draws_are_one_note_not_a_warning_each(tmp_path, capsys):
     """A BPE run's tokens may be Chinese or emoji. Where no font installed has a character, matplotlib warns once per
     character (and again measuring the labels): one printed note instead, naming them; nothing where fonts have

@@ -344,10 +344,14 @@ def draw_model_attention(model, tok, prompt, path, dpi=100, name=""):
     maps, labels = attention_of(model, tok, prompt)
     c = model.config
     shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
-    masked = "white: the masked future" if c.causal else "no mask: every token sees every other"
+    # the weights say whether the future is masked, not the settings: a model.py whose mask an edit took out gives
+    # the tokens after each one weight, which white cells would hide
+    ahead = any(np.triu(m, k=1).any() for m in maps)
+    masked = ("white: the masked future" if not ahead else "no mask: every token sees every other" if not c.causal
+              else "no mask, though the settings say causal=True: model.py's attention sees every token")
     title = (f"{name + ': ' if name else ''}{c.attention} attention weights for {shown!r} ({len(labels)} tokens)\n"
              f"rows: queries, columns: keys; {masked}")
-    return draw_attention(maps, labels, title, path, dpi, causal=c.causal)
+    return draw_attention(maps, labels, title, path, dpi, causal=not ahead)
 
 
 # ----------------------------------------------------------------------------- experiments (analyze.py)
