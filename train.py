@@ -27,7 +27,7 @@ from gptkit.machine.runtime import (Runtime, compile_blocks, launch_processes, l
 from gptkit.run.metrics import PROCESS_START, RunLog, damaged_note, records_through
 from gptkit.run.run_folder import RunDir
 from gptkit.training.budget import Pace, StepCosts, plan_steps, thread_tuner, time_budget
-from gptkit.training.evaluation import evaluate, evaluate_split
+from gptkit.training.evaluation import evaluate, evaluate_split, nan_from_the_start
 from gptkit.training.updates import (lr_factor_at, schedulable, set_lr, step_optimizers,
                                         update_for)
 from gptkit.training.records import Records
@@ -163,6 +163,8 @@ def train(rt, data, state, log, run, budget, stop, aim=None):
 def evaluated(rt, data, state, budget, report):
     """Evaluate, say and log the losses, and stop where val loss is no longer a number."""
     losses = report.evaluated(state.iter_num, evaluate_on_rank0(rt, data, state, budget))
+    if state.iter_num == 0 and math.isnan(losses["val"]):  # no step has been taken: the model's code, not the rate
+        raise UserError(nan_from_the_start(state.model, data.splits["val"], losses["val"]))
     stop_if_diverged("val loss", losses["val"], state.iter_num, rt.dtype)
     return losses
 

@@ -253,6 +253,28 @@ def test_exploding_learning_rate_stops_with_no_checkpoint(tmp_path, data_dir):
     assert iteration <= 5 and not list(out.glob("*.pt"))  # no good step was ever saved
 
 
+def test_the_notes_inverted_mask_is_named_before_any_step(tmp_path, data_dir, monkeypatch):
+    """Note 003's masked_fill(mask, -inf) with mask = tril hides the positions each query may see: the first row has
+    no key left, and its softmax is nan from the initial weights. The line said "try a lower learning_rate or a
+    longer warmup_iters", and that the last good checkpoint was kept (there is none); now it names the model."""
+    import torch.nn.functional as F
+
+    import model as model_py
+
+    def inverted(self, q, k):
+        scores = self.score(self, q, k).masked_fill(self.visible(q.size(2), k.size(2)), float("-inf"))
+        return self.hook_pattern(F.softmax(self.hook_attn_scores(scores), dim=-1))
+    monkeypatch.setattr(model_py.SelfAttention, "pattern", inverted)
+    with pytest.raises(UserError) as e:
+        train.main(train_args(data_dir, tmp_path / "out", *COMMON))
+    assert str(e.value) == (
+        "val loss is nan at iteration 0, before any training step: model.py computes it from the initial weights, "
+        "which no learning rate changes (first at blocks.0.attn.hook_pattern: a query whose every score is -inf, "
+        "whose softmax is nan: does the mask hide the keys each query may see, masked_fill(tril, ...) where "
+        "masked_fill(tril == 0, ...) is meant?)")
+    assert not list((tmp_path / "out").glob("*.pt"))
+
+
 def test_injected_nan_keeps_the_last_good_checkpoint(tmp_path, data_dir):
     out = tmp_path / "out"
     run = Run(train_cmd(data_dir, out, *COMMON, script=faulty_train(tmp_path, nan=8)), tmp_path / "log")

@@ -47,6 +47,28 @@ def hooked(model, hooks):
             handle.remove()
 
 
+@torch.no_grad()
+def first_nan(model, idx):
+    """Where a forward pass of idx first computes nan: (the first hook point, in the order the pass reaches them,
+    whose activation holds one, and whether that is an attention pattern whose scores had a row of -inf alone, a
+    query with every key masked), or None where none does."""
+    found, scores = [], {}
+
+    def look(x, name):
+        if name.endswith("hook_attn_scores"):
+            scores["masked_row"] = bool(torch.isneginf(x).all(-1).any())
+        if not found and torch.isnan(x).any():
+            found.append((name, name.endswith("hook_pattern") and scores.get("masked_row", False)))
+    was_training = model.training
+    model.eval()
+    try:
+        with hooked(model, [(name, look) for name in hook_points(model)]):
+            model(idx)
+    finally:
+        model.train(was_training)
+    return found[0] if found else None
+
+
 def names_in(model, names_filter):
     """The hook points a filter picks, as TransformerLens's names_filter: None (every one), a name, a list of
     names, or a function of a name that says whether to keep it."""

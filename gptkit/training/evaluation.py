@@ -7,6 +7,7 @@ from contextlib import nullcontext
 import torch
 
 from gptkit.base.progress import progress as progress_bar
+from gptkit.interp.hooks import first_nan
 
 
 def eagerly():
@@ -42,6 +43,22 @@ def evaluate(model, data, autocast):
             out[name] = sum(losses) / len(losses)
     model.train()
     return out, min(seconds_per_token)
+
+
+def nan_from_the_start(model, split, value):
+    """The line for a val loss of nan before any training step: the model computes it from its initial weights,
+    which no learning rate or warmup changes; where a hook point first sees it, and a mask that hides every key a
+    query may see (the notes' masked_fill(tril, -inf), where tril == 0 is meant) where that is what did it."""
+    x, _ = split.batch(torch.zeros(1, dtype=torch.long), str(next(model.parameters()).device))
+    found = first_nan(model, x)
+    where = ""
+    if found and found[1]:
+        where = (f" (first at {found[0]}: a query whose every score is -inf, whose softmax is nan: does the mask hide "
+                 "the keys each query may see, masked_fill(tril, ...) where masked_fill(tril == 0, ...) is meant?)")
+    elif found:
+        where = f" (first at {found[0]})"
+    return (f"val loss is {value} at iteration 0, before any training step: model.py computes it from the initial "
+            f"weights, which no learning rate changes{where}")
 
 
 def evaluate_split(model, split, autocast, batch_size, max_tokens=0):
