@@ -35,7 +35,7 @@ from gptkit.training.reporting import Reporter
 from gptkit.training.resume import claim_for_a_new_run, continued_config, given_anew
 from gptkit.training.score_stop import ScoreStop, stopped_by_score
 from gptkit.training.snapshots import check_room, drop_after
-from gptkit.training.starting import base_run, build_model, given_config, open_data, planned_model
+from gptkit.training.starting import base_run, build_model, given_config, open_data, planned_model, sees_ahead_line
 from gptkit.training.state import TrainState
 from gptkit.training.train_config import TrainConfig
 
@@ -54,6 +54,8 @@ def start(cfg, rt, ckpt, ckpt_path, given, asked, started):
     cfg, planned, choices = choose(cfg, rt, planned, saved, asked, started, update_for(cfg))
     model = build_model(cfg, planned, data.meta, ckpt, ckpt_path, rt.rank, base).to(rt.device)
     on_speed_path(model, choices)  # speed kernels, where model.py is what they were written for
+    if rt.master and (ahead := sees_ahead_line(model)):  # asked of the attention that trains, on its path
+        choices.lines.append(ahead)
     if ckpt is None:  # max_time as steps at this machine's idle speed (a resumed run keeps its own)
         costs = step_costs(cfg, rt, data, model, choices, sequences)
         cfg, plan = plan_steps(cfg, choices, costs, given)

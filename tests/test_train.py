@@ -275,6 +275,27 @@ def test_the_notes_inverted_mask_is_named_before_any_step(tmp_path, data_dir, mo
     assert not list((tmp_path / "out").glob("*.pt"))
 
 
+def test_a_model_that_sees_the_tokens_after_each_position_is_said_to_at_the_start(tmp_path, data_dir, capsys,
+                                                                                  monkeypatch):
+    """The notes' encoder, causal=False or the mask line deleted by hand (its settings still causal): its loss falls
+    far below what it can write, and training said nothing of it; now one note at the start, and none for a
+    decoder."""
+    import torch.nn.functional as F
+
+    import model as model_py
+
+    said = "the next token, the one it is asked to predict, is among them, so its loss will fall far below what it " \
+        "can write, and its samples will be garbage\n"
+    train.main(train_args(data_dir, tmp_path / "decoder", "--max_iters=1", "--eval_iters=1"))
+    assert said not in capsys.readouterr().out
+    train.main(train_args(data_dir, tmp_path / "encoder", "--max_iters=1", "--eval_iters=1", "--causal=False"))
+    assert f"note: causal=False lets each position see the tokens after it: {said}" in capsys.readouterr().out
+    monkeypatch.setattr(model_py.SelfAttention, "sdpa", lambda self, q, k, v: F.scaled_dot_product_attention(q, k, v))
+    train.main(train_args(data_dir, tmp_path / "by_hand", "--max_iters=1", "--eval_iters=1"))
+    assert ("note: model.py's attention lets each position see the tokens after it, though causal=True (an edit took "
+            f"out or changed the mask): {said}") in capsys.readouterr().out
+
+
 def test_injected_nan_keeps_the_last_good_checkpoint(tmp_path, data_dir):
     out = tmp_path / "out"
     run = Run(train_cmd(data_dir, out, *COMMON, script=faulty_train(tmp_path, nan=8)), tmp_path / "log")

@@ -19,6 +19,7 @@ from gptkit.interop.hf import HUB_MODELS, crop_block_size, load_pretrained
 from gptkit.machine.model_contract import check_forward, merged_lora
 from gptkit.run.checkpoint import MODEL_KEYS, check_finite, load_checkpoint, load_weights, model_config
 from gptkit.run.run_folder import RunDir
+from gptkit.sampling.decoding import sees_ahead
 from gptkit.training.train_config import TrainConfig
 from model import GPT, GPTConfig, LoRAEmbedding, LoRALinear
 
@@ -51,6 +52,18 @@ def build_model(cfg, planned, meta, ckpt=None, path=None, rank=0, base=None):
                         f"({model.config.vocab_size})")
     check_forward(model)
     return model
+
+
+def sees_ahead_line(model):
+    """The note for a model whose positions see the tokens after them (the notes' encoder: causal=False, or a
+    model.py whose mask an edit took out), whose loss is then no measure of what it writes; None for a decoder."""
+    if not sees_ahead(model):
+        return None
+    why = "causal=False lets each position see the tokens after it" if not model.config.causal else (
+        "model.py's attention lets each position see the tokens after it, though causal=True (an edit took out or "
+        "changed the mask)")
+    return (f"note: {why}: the next token, the one it is asked to predict, is among them, so its loss will fall "
+            "far below what it can write, and its samples will be garbage")
 
 
 # the layers model.py adapts, in words; a layer a learner's edit adapts besides is named as model.py names it
