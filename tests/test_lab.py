@@ -249,6 +249,24 @@ def markdown_rows(table):
     return {cells[0]: dict(zip(rows[0], cells)) for cells in rows[2:]}
 
 
+def test_a_row_whose_model_sees_ahead_is_marked_cheats_and_drawn_aside(tmp_path, monkeypatch, capsys):
+    """The lab run after the notes' "just delete the single line that does masking" in model.py: every rung sees the
+    tokens after each position, and its loss near 0 stood in the table as the mechanism's result, unmarked. Now such
+    a row is 'cheats' as the encoder's is, a note under the table says why, and its curve goes aside."""
+    rung = next(r for r in machinery.RUNGS if r.name == "scaled")
+    evals = [{"iter": 0, "val_loss": 4.0}, {"iter": 10, "val_loss": 0.1}]
+    row = machinery.Row(rung, 0.0, 1337, 1000, 10, 0.1, 0.1, 1.5, 3.0, "", evals, tokens=1000, tokens_per_iter=100,
+                        sees_ahead=True)
+    drawn = {}
+    monkeypatch.setattr("gptkit.interp.pictures.draw_val_loss_vs_time",
+                        lambda honest, title, path, aside, tokens_per_iter: drawn.update(honest=honest, aside=aside))
+    cfg = SimpleNamespace(out_dir=str(tmp_path), dataset="tiny")
+    machinery.write_results(cfg, [row], [], [], {"tokenizer": "char", "val_tokens": 100})
+    assert row.label == "scaled (cheats)" and drawn == {"honest": {}, "aside": {"scaled (cheats)": evals}}
+    assert "its model's positions see the tokens after them, the next one among them (model.py's mask taken out or " \
+        "changed by hand), so its losses are no result." in (tmp_path / "table.md").read_text()
+
+
 def test_the_table_gives_bits_per_character_beside_the_val_loss():
     """Bits per character = val loss (nats per token) x val tokens / (ln 2 x the characters they spell), from the
     dataset's metadata: the measure that compares tokenizers. Char-level it is bits per token, one column; a

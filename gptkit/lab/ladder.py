@@ -29,7 +29,7 @@ from gptkit.interp.timeline import FORMED_AT, timeline_of
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.run.metrics import read_metrics
 from gptkit.run.run_folder import RunDir, load_model
-from gptkit.sampling.decoding import generate
+from gptkit.sampling.decoding import generate, sees_ahead
 from gptkit.sampling.prompts import read_prompt
 from gptkit.training.train_config import TrainConfig
 from model import GPTConfig
@@ -307,6 +307,13 @@ class Row:
     heads: dict = field(default_factory=dict)  # {kind: [head, score]}: its strongest head of each kind ({}: none)
     formed: dict = field(default_factory=dict)  # {kind: step}: where that head's timeline first passed FORMED_AT
     model_settings: dict = field(default_factory=dict)  # {key: value}: those given to the lab it lacked ({}: none)
+    # its model's positions see the tokens after them, its rung's mask or not (a mask taken out of model.py by hand)
+    sees_ahead: bool = False
+
+    @property
+    def cheats(self):
+        """Whether it sees the token it is asked to predict: its losses are not a result."""
+        return self.rung.cheats or self.sees_ahead
 
     @property
     def training(self):
@@ -315,7 +322,7 @@ class Row:
     @property
     def label(self):
         """Its name, and what sets it apart from the path's rung: 'encoder (cheats)', 'scaled (qk_norm=True)'."""
-        marks = ["cheats"] * self.rung.cheats + ([settings_words(self.model_settings)] if self.model_settings else [])
+        marks = ["cheats"] * self.cheats + ([settings_words(self.model_settings)] if self.model_settings else [])
         return f"{self.rung.name} ({', '.join(marks)})" if marks else self.rung.name
 
 
@@ -389,7 +396,7 @@ def read_rung(rung, cfg, seconds, data, prompt, device):
         row = Row(rung, cfg.budget, cfg.seed, model.num_params(), finals[-1]["iter"], evals[-1]["train_loss"],
                   finals[-1]["val_loss"], entropy, seconds, sample_text(model, tok, prompt, cfg, device), evals,
                   0 if cfg.budget > 0 else cfg.tokens, per_step, heads, formed_at(heads, records),
-                  changed_settings(rung, cfg))
+                  changed_settings(rung, cfg), sees_ahead(model))
         save_row(row, folder, cfg.dataset)
     return row
 
@@ -443,7 +450,8 @@ def checked_row(row):
                                                              for h in v.values()),
               "formed": lambda v: isinstance(v, dict) and all(type(step) is int for step in v.values()),
               "model_settings": lambda v: isinstance(v, dict) and all(
-                  value is None or type(value) in (bool, int, float, str) for value in v.values())}
+                  value is None or type(value) in (bool, int, float, str) for value in v.values()),
+              "sees_ahead": lambda v: type(v) is bool}
     for name, check in checks.items():
         if not check(getattr(row, name)):
             raise TypeError(f"its {name} is {str(getattr(row, name))[:40]!r}, not what the lab writes there")
@@ -537,6 +545,10 @@ def results_notes(rows, missing, dataset, unit):
              f"the last evaluation's fixed batches, val loss on the whole val split (every {unit} once); "
              f"{BITS_NOTES[unit]} Attention entropy: mean over layers, heads and query positions of "
              f"{ENTROPY_WINDOWS} val windows. Time: train.py from start to exit.")
+    if any(r.sees_ahead and not r.rung.cheats for r in rows):
+        notes += (" A row marked cheats that its rung does not mark: its model's positions see the tokens after them, "
+                  "the next one among them (model.py's mask taken out or changed by hand), so its losses are no "
+                  "result.")
     if any(r.model_settings for r in rows):
         notes += (" A model setting in a rung's name was given to lab.py (--KEY=VALUE) over the rung's own: that row "
                   "differs from the path's rung by it too.")
@@ -564,8 +576,8 @@ def write_results(cfg, rows, missing, trained, meta):
     curves = {f"{r.label} ({r.training})" if mixed else r.label: r for r in rows}
     title = (f"{cfg.dataset}: val loss against {'wall time' if by_time else 'training tokens'}, "
              f"{'each rung with its own' if mixed else f'{lengths[0]} per rung'}")
-    honest = {name: r.evals for name, r in curves.items() if not r.rung.cheats}
-    cheats = {name: r.evals for name, r in curves.items() if r.rung.cheats}
+    honest = {name: r.evals for name, r in curves.items() if not r.cheats}
+    cheats = {name: r.evals for name, r in curves.items() if r.cheats}
     per_step = None if by_time else {name: r.tokens_per_iter for name, r in curves.items()}
     draw_val_loss_vs_time(honest, title, out / "loss_vs_time.png", aside=cheats, tokens_per_iter=per_step)
     for r in rows:
