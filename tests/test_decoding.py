@@ -149,6 +149,26 @@ def test_an_edit_the_cache_computes_otherwise_decodes_from_the_whole_window_with
     assert capsys.readouterr().err.count("note: decoding with the KV cache gives other logits") == 1
 
 
+def test_an_edit_that_fails_on_the_caches_steps_decodes_from_the_whole_window_with_a_note(monkeypatch, capsys):
+    """The notes' averaging loop as a learner writes it into uniform attention: one output per value, right in
+    training, where every position is a query; with the cache, one query and all the keys, and the reshape after it
+    raised (sample.py and the explorer's every run, a traceback). Now decoding notes it and decodes as training
+    computes, from the whole window."""
+    import model as model_py
+
+    def averaged(self, q, k, v):  # the mean of each position's past, a row per value
+        out = torch.zeros_like(v)
+        for t in range(v.size(2)):
+            out[:, :, t] = v[:, :, :t + 1].mean(2)
+        return out
+    monkeypatch.setattr(model_py.SelfAttention, "written", averaged)
+    monkeypatch.setattr(decoding, "NOTED", [])
+    model, idx = tiny_model(sharpen=5.0, attention="uniform"), random_tokens((1, 3))
+    assert torch.equal(generate(model, idx, 10, kv_cache=True, temperature=0.0),
+                       generate(model, idx, 10, kv_cache=False, temperature=0.0))
+    assert capsys.readouterr().err.startswith("note: model.py's forward fails on the KV cache's one-token steps (")
+
+
 def test_a_forward_written_as_nanogpt_s_without_a_cache_decodes_from_the_whole_window(monkeypatch, capsys):
     import model as model_py
 

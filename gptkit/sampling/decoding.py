@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptkit.base.errors import UserError
+from gptkit.base.errors import UserError, first_line
 from gptkit.base.modes import evaluating
 
 
@@ -151,8 +151,11 @@ def cached_apart(model, T):
     with evaluating(model), torch.autocast(device.type, enabled=False):
         full = model(idx, idx)[0][:, T // 2 - 1:].float()
         cache = KVCache(model.config, 1, device, model.lm_head.weight.dtype)
-        steps = [model(idx[:, :T // 2], cache=cache)[0]] + [model(idx[:, t:t + 1], cache=cache)[0]
-                                                             for t in range(T // 2, T)]
+        try:
+            steps = [model(idx[:, :T // 2], cache=cache)[0]] + [model(idx[:, t:t + 1], cache=cache)[0]
+                                                                 for t in range(T // 2, T)]
+        except (RuntimeError, IndexError) as e:  # an edit that takes the keys' length for the queries', say
+            return f"model.py's forward fails on the KV cache's one-token steps ({first_line(e)})"
     # float32's rounding, unless its matmuls run in TF32 (a GPU's, as the runtime allows) or the weights are 16-bit
     tf32 = device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
     rounding = 1e-4 if model.lm_head.weight.dtype == torch.float32 and not tf32 else 3e-2
