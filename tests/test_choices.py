@@ -351,6 +351,50 @@ def test_the_attention_path_is_the_fastest_one_timed(monkeypatch, fastest):
     assert choices.attention_path_for(uniform, 4, "float32", "cpu") == "fused"  # nothing to choose
 
 
+class Heads(torch.nn.Module):
+    """The notes' multi-head attention, a learner's own module in Block's place: one Head's key, query and value
+    layers per head, its output the heads' concatenated."""
+
+    def __init__(self, config):
+        super().__init__()
+        size = config.n_embd // config.n_head
+        self.heads = torch.nn.ModuleList(torch.nn.Linear(config.n_embd, 3 * size, bias=False)
+                                         for _ in range(config.n_head))
+        self.register_buffer("tril", torch.tril(torch.ones(config.block_size, config.block_size)))
+
+    def forward(self, x, rotary=None, cache=None, layer=0):
+        T, out = x.size(1), []
+        for head in self.heads:
+            q, k, v = head(x).chunk(3, dim=-1)
+            wei = (q @ k.transpose(-2, -1) * k.size(-1) ** -0.5).masked_fill(self.tril[:T, :T] == 0, float("-inf"))
+            out.append(torch.softmax(wei, dim=-1) @ v)
+        return torch.cat(out, dim=-1)
+
+
+def with_heads_of_its_own(monkeypatch):
+    """model.py's Block with the learner's Heads for its attention."""
+    import model as model_py
+
+    init = model_py.Block.__init__
+
+    def own(self, config):
+        init(self, config)
+        self.attn = Heads(config)
+    monkeypatch.setattr(model_py.Block, "__init__", own)
+
+
+def test_an_attention_module_of_the_learners_own_is_measured_with_no_path_to_choose(monkeypatch):
+    """Block.attn a MultiHeadAttention of the learner's own, as the notes write it: measuring the attention paths
+    read SelfAttention's attn_dropout, and training stopped in a traceback ('MultiHeadAttention' object has no
+    attribute 'attn_dropout'). No path stands in for their module: nothing is timed."""
+    with_heads_of_its_own(monkeypatch)
+    timed = []
+    monkeypatch.setattr(choices, "fastest_in_turns", lambda runs, repeats, deadline=None: timed.append(runs) or {})
+    model = tiny_model(config=train_config().model, vocab_size=20)
+    assert isinstance(model.transformer.h[0].attn, Heads)
+    assert choices.attention_path_for(model, 4, "float32", "cpu") == "fused" and timed == []
+
+
 def test_an_edited_attention_is_timed_on_the_written_path_alone(monkeypatch):
     """Where the learner edited the written-out attention, no other path would run their code: none is timed."""
     import model as model_py

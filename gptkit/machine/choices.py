@@ -39,7 +39,7 @@ from gptkit.machine.stand_ins import (ATTENTION_PATH_WORDS, ATTENTION_PATHS, Tab
                                       by_rule, install, path_for_edits)
 from gptkit.machine.timing import fastest_in_turns
 from gptkit.machine.wisdom import Wisdom, shape_key, today
-from model import GPT
+from model import GPT, SelfAttention
 
 BF16_MARGIN = 1.15  # bfloat16 must step this much faster
 TURNS = 5  # a first measurement's rounds: a spike in one or two is passed over
@@ -365,6 +365,8 @@ def attention_path_for(model, batch_size, dtype, device, deadline=None):
     if device != "cpu" or c.attention not in ("scaled", "dot") or c.n_layer == 0:
         return "fused"
     attn = model.transformer.h[0].attn
+    if not isinstance(attn, SelfAttention):  # a module of the learner's own (a Head per head, say): no path is set
+        return "fused"
     paths = ATTENTION_PATHS[1:] if isinstance(attn.attn_dropout, TableDropout) else ATTENTION_PATHS
     paths = [p for p in paths if path_for_edits(attn, p)[0] == p]
     if len(paths) == 1:
