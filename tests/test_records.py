@@ -98,6 +98,32 @@ def test_a_resumed_run_counts_its_earlier_processes_records_at_their_whole_share
     assert pacing.affords(1000.0)
 
 
+def timeline_of_two_steps(model):
+    """What Records.take logs at steps 0 and 1 of a run of model, and what it says."""
+    windows = torch.randint(model.config.vocab_size, (2, model.config.block_size))
+    records, said, logged = Records.__new__(Records), [], []
+    records.cfg, records.log = SimpleNamespace(timeline=True, snapshots=0), SimpleNamespace(write=logged.append)
+    records.state, records.say = SimpleNamespace(model=model, scored=nullcontext), said.append
+    records.probe = Probe(windows, windows, induction_tokens(model, model.config.vocab_size))
+    records.pacing, records.timeline = Pacing(lambda: 1.0, 0.025), []
+    records.take(0)
+    records.take(1)
+    return logged, said
+
+
+def test_an_attention_module_of_the_learners_own_records_a_timeline_without_head_scores(monkeypatch):
+    """The notes' MultiHeadAttention in Block's place has no hook points of SelfAttention's: the run's first record
+    stopped training ("no hook point 'blocks.0.attn.hook_pattern' in this model"). Now it is said once, and the
+    timeline goes on without head scores."""
+    from test_choices import with_heads_of_its_own
+
+    with_heads_of_its_own(monkeypatch)
+    logged, said = timeline_of_two_steps(tiny_model())
+    assert [r["iter"] for r in logged] == [0, 1] and not any("heads" in r for r in logged)
+    assert len(said) == 1 and said[0].startswith("timeline: no head scores in this run's records: no hook point "
+                                                 "'blocks.0.attn.hook_pattern' in this model (it has ")
+
+
 def test_an_attention_written_past_its_pattern_hook_records_a_timeline_without_head_scores(monkeypatch):
     """The notes' averaging as a learner writes it, its own loop past self.hook_pattern: the run's first record
     stopped training ("model.py's forward never passes through the hook point ..."). Now it says so once and
@@ -107,15 +133,7 @@ def test_an_attention_written_past_its_pattern_hook_records_a_timeline_without_h
     def averaged(self, q, k, v):  # the mean of each position's past, without the pattern's hook
         return v.cumsum(2) / torch.arange(1, v.size(2) + 1).view(1, 1, -1, 1)
     monkeypatch.setattr(model_py.SelfAttention, "written", averaged)
-    model = tiny_model(attention="uniform")
-    windows = torch.randint(model.config.vocab_size, (2, model.config.block_size))
-    records, said, logged = Records.__new__(Records), [], []
-    records.cfg, records.log = SimpleNamespace(timeline=True, snapshots=0), SimpleNamespace(write=logged.append)
-    records.state, records.say = SimpleNamespace(model=model, scored=nullcontext), said.append
-    records.probe = Probe(windows, windows, induction_tokens(model, model.config.vocab_size))
-    records.pacing, records.timeline = Pacing(lambda: 1.0, 0.025), []
-    records.take(0)
-    records.take(1)
+    logged, said = timeline_of_two_steps(tiny_model(attention="uniform"))
     assert [r["iter"] for r in logged] == [0, 1] and not any("heads" in r for r in logged)
     assert all(len(r["loss_by_position"]) == 8 for r in logged)
     assert said == ["timeline: no head scores in this run's records: model.py's forward never passes through the "

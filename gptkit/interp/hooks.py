@@ -28,6 +28,10 @@ def hook_points(model):
     return points
 
 
+class MissingHookPoint(UserError):
+    """An analysis asked for a hook point the model's forward does not have, or never passed through."""
+
+
 @contextmanager
 def hooked(model, hooks):
     """Within the block, each hook point named in hooks ({name: function}, or (name, function) pairs, which may
@@ -37,7 +41,7 @@ def hooked(model, hooks):
     pairs = list(hooks.items() if isinstance(hooks, dict) else hooks)
     unknown = [name for name, _ in pairs if name not in points]
     if unknown:
-        raise UserError(f"no hook point {unknown[0]!r} in this model (it has {', '.join(points)})")
+        raise MissingHookPoint(f"no hook point {unknown[0]!r} in this model (it has {', '.join(points)})")
     handles = [points[name].register_forward_hook(lambda module, args, out, name=name, fn=fn: fn(out, name))
                for name, fn in pairs]
     try:
@@ -75,10 +79,6 @@ def names_in(model, names_filter):
     if names_filter is None or callable(names_filter):
         return [name for name in hook_points(model) if names_filter is None or names_filter(name)]
     return [names_filter] if isinstance(names_filter, str) else list(names_filter)
-
-
-class MissingHookPoint(UserError):
-    """An analysis asked for a hook point the model's forward never passed through."""
 
 
 class Activations(dict):
