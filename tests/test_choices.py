@@ -417,6 +417,17 @@ def test_a_path_asked_for_that_an_edit_overrules_is_said_once(monkeypatch):
     assert chosen.lines[1].startswith("attention: the written path instead of folded")
 
 
+def test_an_attention_module_of_the_learners_own_is_said_to_run_as_written(monkeypatch):
+    """The notes' MultiHeadAttention in Block's place: the run said "attention: the fused path (torch's fused SDPA
+    kernel, the attention weights never written out; ...)", of a model whose attention is the learner's own loop over
+    Heads. Now that line goes, and one says their module runs."""
+    with_heads_of_its_own(monkeypatch)
+    chosen = Choices("float32", "fused", [], lines=["precision: float32", "attention: the fused path (measured)"])
+    choices.on_speed_path(tiny_model(config=train_config().model, vocab_size=20), chosen)
+    assert chosen.lines == ["precision: float32", "attention: model.py's own Heads runs as written (the tools' "
+                                                  "attention paths stand in for SelfAttention alone)"]
+
+
 def test_choices_saved_name_what_a_resume_needs():
     assert Choices("float32", "fused", []).saved() == {"dtype": "float32", "attention_path": "fused", "kernels": []}
     fitted = Choices("bfloat16", "folded", ["relu2"], threads=2, fitted_from={"n_layer": 4})

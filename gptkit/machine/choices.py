@@ -92,11 +92,18 @@ def on_speed_path(model, choices):
     """Install the chosen kernels and attention path on the built model; each that steps aside for an edited
     piece of model.py is said, and the path taken is the one recorded."""
     taken, aside = install(model, choices.kernels, choices.attention_path)
-    if taken != choices.attention_path:  # an edit decided it: its line replaces the one naming the path asked for
+    # the learner's own attention modules in SelfAttention's place (the notes' MultiHeadAttention), which no path
+    # stands in for
+    own = sorted({type(block.attn).__name__ for block in model.transformer.h
+                  if not isinstance(block.attn, SelfAttention)})
+    if taken != choices.attention_path or own:  # an edit decided it: its line replaces the one naming the path asked
         asked = f"attention: the {choices.attention_path} path ("
         choices.lines = [line for line in choices.lines if not line.startswith(asked)]
     choices.attention_path = taken
     choices.lines.extend(aside)
+    if own:
+        choices.lines.append(f"attention: model.py's own {' and '.join(own)} runs as written (the tools' attention "
+                             "paths stand in for SelfAttention alone)")
     return model
 
 
