@@ -877,6 +877,18 @@ def test_the_lab_lists_each_rungs_val_loss_curve(lab, tmp_path):
     assert got[0]["final"] == {"val_loss": 2.65, "bits_per_char": pytest.approx(2.65 / math.log(2))}
 
 
+def test_a_rung_the_lab_found_seeing_ahead_is_listed_as_cheating(lab, tmp_path):
+    """A lab run after the mask was taken out of model.py by hand: its table marks the scaled rung '(cheats)', as the
+    encoder's, and the explorer listed it as the plain rung. Now the run list and the lab panel mark it too."""
+    root = copies(lab, tmp_path / "root", "scaled", "uniform")
+    (root / "scaled" / "lab.json").write_text(json.dumps({"rung": "scaled", "sees_ahead": True}), encoding="utf-8")
+    (root / "uniform" / "lab.json").write_text(json.dumps({"rung": "uniform", "sees_ahead": False}), encoding="utf-8")
+    client = app_over(root)
+    listed = {r["name"]: r["rung"]["cheats"] for r in client.get("/api/runs").json()["runs"]}
+    assert listed == {"scaled": True, "uniform": False}
+    assert {r["name"]: r["rung"]["cheats"] for r in client.get("/api/lab").json()["runs"]} == listed
+
+
 # ----------------------------------------------------------------------------- features: an SAE on the run
 
 

@@ -217,13 +217,14 @@ def health_note(record):
 
 def lab_rung(folder):
     """{'name', 'step', 'adds', 'cheats'} of the attention lab's rung this run folder is (its lab.json names it),
-    step counted along the lab's path from the bigram; None for any other run."""
+    step counted along the lab's path from the bigram; None for any other run. A rung cheats as the lab's table
+    says: the encoder, and any whose model saw the tokens after each position (a mask taken out of model.py)."""
     try:
-        name = json.loads(inside(folder / "lab.json", folder).read_text(encoding="utf-8"))["rung"]
-        step, rung = next((i, r) for i, r in enumerate(RUNGS) if r.name == name)
+        row = json.loads(inside(folder / "lab.json", folder).read_text(encoding="utf-8"))
+        step, rung = next((i, r) for i, r in enumerate(RUNGS) if r.name == row["rung"])
     except (OSError, UserError, ValueError, KeyError, TypeError, StopIteration, RecursionError):
         return None
-    return {"name": rung.name, "step": step, "adds": rung.adds, "cheats": rung.cheats}
+    return {"name": rung.name, "step": step, "adds": rung.adds, "cheats": rung.cheats or row.get("sees_ahead") is True}
 
 
 def identity_of(folder):
