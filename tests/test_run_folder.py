@@ -222,6 +222,28 @@ def test_a_tool_that_watches_hooks_notes_an_edit_its_passes_cannot_run(run, caps
     assert capsys.readouterr().err.endswith(unwatched_edits() + "\n")
 
 
+def test_a_tool_that_watches_hooks_notes_a_scale_set_in_init_its_passes_cannot_run(tmp_path, capsys, monkeypatch):
+    """The √d dropped where model.py's __init__ sets SDPA's scale (self.scale = 1.0): the model trains and samples
+    on SDPA with it, and a pass that watches the pattern writes out the score function's scale instead: plot.py
+    attention drew a scaled model's weights without a word. Now the tools that watch hooks say so."""
+    import model as model_py
+    from gptkit.run.run_folder import model_at
+    from test_analyze import saved_run
+
+    run = saved_run(tmp_path / "run")
+    init = model_py.SelfAttention.__init__
+
+    def unscaled(self, config):
+        init(self, config)
+        self.scale = 1.0
+    monkeypatch.setattr(model_py.SelfAttention, "__init__", unscaled)
+    model_at(run / "best.pt")
+    assert "a pass that watches" not in capsys.readouterr().err
+    model_at(run / "best.pt", watched=True)
+    assert capsys.readouterr().err.startswith("note: model.py's SelfAttention.__init__ is edited, but a pass that "
+                                              "watches the attention pattern")
+
+
 def test_two_start_overs_within_a_second_each_keep_their_runs_files(tmp_path, monkeypatch):
     """The folder each old run moves to is named by the second it moved; a second start over in that second
     gets a folder of its own (mkdir failed there with FileExistsError)."""

@@ -79,11 +79,16 @@ WATCHED_WRITE_OUT = {"layer_norm": "5bf0d8a8db389f8e", "rms_norm": "65805c6d9a3e
                      "SelfAttention.sdpa": WRITTEN_FOR["SelfAttention.sdpa"], "GPT.forward": "cdc21d8e2ba7f14c"}
 
 
-def unwatched_edits():
+def unwatched_edits(model=None):
     """A note for the tools that watch hooks or start partway through the model (analyze.py, the explorer, plot.py
-    attention) where the learner edited a piece such a pass writes out in its own code; else None."""
+    attention) where the learner edited a piece such a pass writes out in its own code, or, in model, an
+    __init__ that set what sdpa alone reads (self.scale: the written-out attention keeps the score function's);
+    else None."""
     code = model_code()
     pieces = [name for name, fingerprint in WATCHED_WRITE_OUT.items() if code.get(name) != fingerprint]
+    layers = [m for m in (model.modules() if model is not None else ()) if isinstance(m, SelfAttention)]
+    if any(path_for_edits(attn, "fused") == ("fused", ["SelfAttention.__init__"]) for attn in layers):
+        pieces.append("SelfAttention.__init__")
     if not pieces:
         return None
     return (f"note: model.py's {' and '.join(pieces)} {'is' if len(pieces) == 1 else 'are'} edited, but a pass that "

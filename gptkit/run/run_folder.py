@@ -254,9 +254,9 @@ def model_at(path, device="cpu", watched=False, required=MODEL_KEYS):
         print(f"note: model.py has changed since {path} was trained ({', '.join(changed[:4])}"
               f"{', ...' if len(changed) > 4 else ''}): the model runs the code as it is now, which may not be what "
               "it learned with", file=sys.stderr, flush=True)
-    if watched and (note := unwatched_edits()):
-        print(note, file=sys.stderr, flush=True)
     model, tok = model_from_checkpoint(ckpt, path), tokenizer_from_meta(ckpt["tokenizer"])
+    if watched and (note := unwatched_edits(model)):
+        print(note, file=sys.stderr, flush=True)
     if tok.vocab_size > model.config.vocab_size:  # its tokens past the table would fail deep in the first pass
         raise UserError(f"{path} is damaged: its tokenizer has {tok.vocab_size:,} tokens, its model "
                         f"{model.config.vocab_size:,} token ids")
