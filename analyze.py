@@ -432,8 +432,9 @@ def analyze_timeline(cfg):
             else why_no_timeline(records)
         raise UserError(f"{cfg.out_dir} has no timeline: {why}")
     if not any(t.get("heads") for t in timeline):
-        raise UserError(f"{cfg.out_dir}'s model has no attention (a bigram table): its timeline has no heads to "
-                        "follow")
+        raise UserError(f"{cfg.out_dir}'s timeline has no head scores to follow: its model has no attention (a "
+                        "bigram table), or its attention passes no hook point the records read (its run named it as "
+                        "it trained)")
     if left_out:
         print(left_out, file=sys.stderr, flush=True)
     phase = phase_change(timeline)

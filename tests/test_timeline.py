@@ -261,7 +261,8 @@ def test_a_run_without_a_timeline_or_without_attention_is_one_line(timed_run, tm
                                                      "--eval_interval=2", "--eval_iters=1")))
     assert proc.stdout.count("timeline: this model has no attention") == 1
     assert_one_error_line(run_here("analyze.py", "timeline", bigram).stderr,
-                          f"error: {bigram}'s model has no attention (a bigram table)*")
+                          f"error: {bigram}'s timeline has no head scores to follow: its model has no attention (a "
+                          "bigram table)*")
     records = timeline(bigram)
     assert records and all("heads" not in t for t in records)
     assert torch.tensor([t["icl"] for t in records]).isfinite().all()
@@ -281,6 +282,22 @@ def test_a_run_started_over_moves_the_old_runs_snapshots_and_pictures_aside(time
     assert sorted(p.name for p in (out / "snapshots").iterdir()) == ["iter_0.pt", "iter_12.pt"]
     for name in ("timeline.png", "loss.png", "heads.png"):
         assert not (out / name).exists() and (aside / name).read_bytes() == b"the old run's picture"
+
+
+def test_a_timeline_without_head_scores_is_not_called_a_bigram_s(tmp_path):
+    """A run whose attention is the learner's own (the notes' MultiHeadAttention, or an averaging loop past
+    self.hook_pattern) records its timeline without head scores, saying why as it trains: analyze.py timeline
+    called its model 'no attention (a bigram table)'."""
+    import analyze
+
+    records = [{"kind": "run", "iter": 0, "timeline": True}] + [
+        {"kind": "timeline", "iter": i, "icl": -0.1, "loss_by_position": [3.0] * 8} for i in (0, 1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        analyze.main(["timeline", str(tmp_path)])
+    assert str(e.value) == (f"{tmp_path}'s timeline has no head scores to follow: its model has no attention (a "
+                            "bigram table), or its attention passes no hook point the records read (its run named it "
+                            "as it trained)")
 
 
 def test_the_table_names_the_phase_change_only_where_an_induction_head_formed():
