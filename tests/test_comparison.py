@@ -42,6 +42,17 @@ def test_the_note_names_what_differs_besides_the_edit_and_only_then(other, note)
     assert besides_note(BASE, other, differences(BASE, other)) == note
 
 
+def test_additive_scores_against_scaled_ones_are_one_change(tmp_path):
+    """The lab's lesson by hand: --attention=additive (Bahdanau's own nn.Linear layers in model.py) against the scaled
+    head. The additive run records the 'fused' path it never takes (its scores are written out whatever the path),
+    and the note said "besides model.py and attention, out-bahdanau differs from out in attention path (written →
+    fused): the comparison is not only your edit". An attention with no path to choose has none to differ in."""
+    base = made_run("out", measured={"attention_path": "written"}, attention="scaled")
+    additive = made_run("out-bahdanau", code=dict(CODE, additive_scores="9999"), attention="additive")
+    assert besides_note(base, additive, differences(base, additive)) is None
+    assert len(describe(base, additive, differences(base, additive))) == 3  # no line of circumstances
+
+
 def test_runs_whose_steps_max_time_planned_are_told_how_to_train_equal_steps():
     """An edit that steps faster trains more steps in the same max_time: the note says how to hold steps equal."""
     planned = {"planned": {"steps": 100, "idle_seconds": 150.0}}

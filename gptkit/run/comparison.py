@@ -79,6 +79,14 @@ def known(value):
     return None if value in (None, "auto") else value
 
 
+def attention_path(run):
+    """The attention path the run chose; None where its attention has none to choose (additive or uniform scores
+    run their own written-out code, and a bigram has no attention), whatever it recorded."""
+    if run.settings.get("attention", "scaled") not in ("scaled", "dot") or run.settings.get("n_layer") == 0:
+        return None
+    return run.measured.get("attention_path") or known(run.settings.get("attention_path"))
+
+
 def data_order(run):
     order = run.settings.get("batch_order", "random")
     return f"seed {run.settings.get('seed')}" + ("" if order == "random" else f", {order}")
@@ -89,8 +97,7 @@ CIRCUMSTANCES = (
     ("steps", ("max_iters", "max_time"), lambda r: f"{r.steps:,}"),
     ("precision", ("dtype",), lambda r: r.measured.get("dtype") or known(r.settings.get("dtype"))),
     ("threads", ("threads",), lambda r: r.measured.get("threads") or r.settings.get("threads") or None),
-    ("attention path", ("attention_path",),
-     lambda r: r.measured.get("attention_path") or known(r.settings.get("attention_path"))),
+    ("attention path", ("attention_path",), attention_path),
     ("data order", ("seed", "batch_order"), data_order),
     ("batch", ("batch_size", "gradient_accumulation_steps", "processes"),
      lambda r: f"{r.global_batch:,} sequences a step"),
