@@ -1454,7 +1454,9 @@ def test_a_run_without_snapshots_a_timeline_or_attention_answers_what_it_has(tim
     assert bigram["records"] == [{k: t.get(k) for k in FIELDS} for t in want] and len(want) > 3
     assert all(t["heads"] is None for t in bigram["records"])
     assert bigram["phase"]["induction_iter"] is bigram["phase"]["icl_iter"] is bigram["phase"]["layer"] is None
-    assert bigram["phase"]["note"] == "the model has no attention: no induction head to form, no phase change to locate"
+    assert bigram["phase"]["note"] == ("no head scores in this timeline (a model without attention, or attention "
+                                       "that passes no hook point the records read): no induction head to follow, no "
+                                       "phase change to locate")
 
 
 def test_a_timeline_record_hand_edited_is_left_out_and_said_so(timed, tmp_path):

@@ -158,7 +158,8 @@ def test_a_phase_change_is_marked_only_where_an_induction_head_formed():
     alone = phase_change(timeline_records(0.8)[-1:])
     assert alone["formed"] and alone["induction_iter"] is None and "a single record cannot tell" in alone["note"]
     bigram = phase_change([{k: v for k, v in t.items() if k != "heads"} for t in flat])
-    assert bigram["icl_iter"] is None and bigram["note"].startswith("the model has no attention")
+    assert bigram["icl_iter"] is None and bigram["note"].startswith("no head scores in this timeline (a model "
+                                                                   "without attention, or attention that passes no ")
     assert phase_change([]) is None
 
 

@@ -170,7 +170,8 @@ def phase_change(timeline):
         return None
     scored = [t for t in timeline if t.get("heads")]
     out = {"formed": False, "layer": None, "head": None, "score": None, "induction_iter": None, "icl_iter": None,
-           "note": "the model has no attention: no induction head to form, no phase change to locate"}
+           "note": "no head scores in this timeline (a model without attention, or attention that passes no hook "
+                   "point the records read): no induction head to follow, no phase change to locate"}
     if not scored:
         return out
     layer, head = strongest_head(scored)
