@@ -395,6 +395,38 @@ def test_an_attention_module_of_the_learners_own_is_measured_with_no_path_to_cho
     assert choices.attention_path_for(model, 4, "float32", "cpu") == "fused" and timed == []
 
 
+def with_note_003s_attention(monkeypatch):
+    """model.py's SelfAttention written over as note 003 writes it: its own __init__ and forward, and none of the
+    methods the tools' attention paths call by name."""
+    import model as model_py
+
+    def init(self, config):
+        torch.nn.Module.__init__(self)
+        self.heads = Heads(config)
+
+    for name in ("sdpa", "written", "pattern", "visible"):
+        monkeypatch.delattr(model_py.SelfAttention, name)
+    monkeypatch.setattr(model_py.SelfAttention, "__init__", init)
+    monkeypatch.setattr(model_py.SelfAttention, "forward", lambda self, x, *args: self.heads(x))
+
+
+def test_note_003s_attention_in_selfattentions_place_is_measured_and_said_to_run_as_written(monkeypatch):
+    """Note 003's class pasted over SelfAttention (its own attn_drop, mask and forward): measuring read
+    SelfAttention's attn_dropout and stopped training in a traceback ('SelfAttention' object has no attribute
+    'attn_dropout'). No path is timed for it, and the line naming the fused SDPA kernel goes; the one saying it runs
+    as its __init__ sets it up stays."""
+    with_note_003s_attention(monkeypatch)
+    timed = []
+    monkeypatch.setattr(choices, "fastest_in_turns", lambda runs, repeats, deadline=None: timed.append(runs) or {})
+    model = tiny_model(config=train_config().model, vocab_size=20)
+    assert choices.attention_path_for(model, 4, "float32", "cpu") == "fused" and timed == []
+    chosen = Choices("float32", "fused", [], lines=["precision: float32", "attention: the fused path (measured)"])
+    choices.on_speed_path(model, chosen)
+    assert chosen.lines == ["precision: float32", "attention: model.py's SelfAttention has no sdpa or written or "
+                            "pattern or visible, which the tools' attention paths call by name: it runs as its "
+                            "__init__ sets it up"]
+
+
 def test_an_edited_attention_is_timed_on_the_written_path_alone(monkeypatch):
     """Where the learner edited the written-out attention, no other path would run their code: none is timed."""
     import model as model_py

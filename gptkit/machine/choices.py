@@ -36,7 +36,7 @@ from gptkit.machine.idle import IdleCheck, idle_now
 from gptkit.machine.model_contract import check_forward
 from gptkit.machine.precision import autocast_for, cpu_has_bf16, pick_dtype
 from gptkit.machine.stand_ins import (ATTENTION_PATH_WORDS, ATTENTION_PATHS, TableDropout, attention_function,
-                                      by_rule, install, path_for_edits)
+                                      by_rule, gone_methods, install, path_for_edits)
 from gptkit.machine.timing import fastest_in_turns
 from gptkit.machine.wisdom import Wisdom, shape_key, today
 from model import GPT, SelfAttention
@@ -96,7 +96,8 @@ def on_speed_path(model, choices):
     # stands in for
     own = sorted({type(block.attn).__name__ for block in model.transformer.h
                   if not isinstance(block.attn, SelfAttention)})
-    if taken != choices.attention_path or own:  # an edit decided it: its line replaces the one naming the path asked
+    gone = any(isinstance(block.attn, SelfAttention) and gone_methods(block.attn) for block in model.transformer.h)
+    if taken != choices.attention_path or own or gone:  # an edit decided it: its line replaces the asked path's
         asked = f"attention: the {choices.attention_path} path ("
         choices.lines = [line for line in choices.lines if not line.startswith(asked)]
     choices.attention_path = taken
@@ -372,7 +373,9 @@ def attention_path_for(model, batch_size, dtype, device, deadline=None):
     if device != "cpu" or c.attention not in ("scaled", "dot") or c.n_layer == 0:
         return "fused"
     attn = model.transformer.h[0].attn
-    if not isinstance(attn, SelfAttention):  # a module of the learner's own (a Head per head, say): no path is set
+    # a module of the learner's own (a Head per head, say), or a SelfAttention without the methods the paths call
+    # (note 003's class in its place): no path is set
+    if not isinstance(attn, SelfAttention) or gone_methods(attn):
         return "fused"
     paths = ATTENTION_PATHS[1:] if isinstance(attn.attn_dropout, TableDropout) else ATTENTION_PATHS
     paths = [p for p in paths if path_for_edits(attn, p)[0] == p]
