@@ -209,6 +209,23 @@ def test_a_mask_taken_out_by_hand_is_said_to_see_the_future(tmp_path, monkeypatc
                                    "token also attends to the tokens after it") and "cheating" in info["note"]
 
 
+def test_a_text_is_read_by_a_model_whose_attention_passes_no_pattern_hook(tmp_path, monkeypatch):
+    """The notes' averaging loop in uniform attention, past self.hook_pattern: "Read a text" needs no attention
+    weights, and refused the run in one line ("model.py's forward never passes through the hook point
+    blocks.0.attn.hook_pattern"). Now it reads the text, each token's surprise the model's own loss."""
+    import model as model_py
+
+    def averaged(self, q, k, v):  # the mean of each position's past, without the pattern's hook
+        return v.cumsum(2) / torch.arange(1, v.size(2) + 1).view(1, 1, -1, 1)
+    monkeypatch.setattr(model_py.SelfAttention, "written", averaged)
+    model = fake_run(tmp_path / "runs" / "loop", attention="uniform")
+    got = app_over(tmp_path / "runs").post("/api/read", json=dict(run="loop", text="abc def")).json()
+    ids = torch.tensor([ids_of("abc def")])
+    with torch.no_grad():
+        loss = model(ids[:, :-1], ids[:, 1:])[1].item()
+    assert got["loss"] == pytest.approx(loss, rel=1e-5)
+
+
 def test_a_heads_full_map_is_the_forward_pass_weights(client, lab):
     ids = ids_of(TEXT)[:12]
     got = client.post("/api/attention_map", json=dict(run="rope", ids=ids, layer=1, head=1)).json()

@@ -167,8 +167,14 @@ def attention_maps(model, idx):
 
 
 def residual_streams(model, idx):
-    """The residual stream after the embeddings and after each block: n_layer + 1 tensors of (B, T, C)."""
-    return look_inside(model, idx)[0]
+    """The residual stream after the embeddings and after each block: n_layer + 1 tensors of (B, T, C). The pass
+    watches the streams alone: an attention without self.hook_pattern (the learner's own module, or the notes'
+    averaging loop) still has its text read."""
+    if model.config.n_layer == 0:
+        return look_inside(model, idx)[0]
+    with caching(model, stream_names(model)) as cache:
+        model(idx)
+    return [cache[name] for name in stream_names(model)]
 
 
 @torch.no_grad()
