@@ -175,6 +175,65 @@ def test_export_round_trip(tmp_path, options, capsys):
     torch.testing.assert_close(all_logits(back, idx), all_logits(model, idx), atol=1e-4, rtol=0)
 
 
+def test_export_stopped_while_its_files_go_in_leaves_no_mix_of_two_exports(tmp_path, monkeypatch, capsys):
+    """Ctrl-C between two of the export's files going in would leave one model's config.json beside another's
+    weights, an export that loads as neither: the files go in together, and the export ends whole."""
+    transformers = pytest.importorskip("transformers")
+    import signal
+
+    import export
+
+    for name, width in (("old", 32), ("new", 16)):
+        save_fake_run(tiny_model(block_size=24, n_embd=width, mlp_act="gelu_tanh"), tmp_path / name,
+                      {"tokenizer": "char", "vocab": CHARS})
+    export.main([f"--out_dir={tmp_path / 'old'}", f"--hf_dir={tmp_path / 'hf'}"])
+    replace, calls = os.replace, []
+
+    def stopped_midway(src, dst):  # Ctrl-C as the second file goes in
+        calls.append(dst)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", stopped_midway)
+    try:
+        export.main([f"--out_dir={tmp_path / 'new'}", f"--hf_dir={tmp_path / 'hf'}"])
+    except KeyboardInterrupt:  # stopped, the folder must still hold one export whole: the asserts below say
+        pass
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"wrote {tmp_path / 'hf'}: GPT-2 with 2 layers, "
+                                                               "4 heads, 16 wide")
+    assert transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").config.n_embd == 16
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "generation_config.json",
+                                                                   "model.safetensors"]
+
+
+def test_export_stopped_before_its_files_go_in_is_one_line_and_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    import signal
+
+    import export
+    from gptkit.base.errors import RunStopped
+
+    save_fake_run(tiny_model(block_size=24, mlp_act="gelu_tanh"), tmp_path / "out", {"tokenizer": "char",
+                                                                                      "vocab": CHARS})
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("a file of the learner's")
+    monkeypatch.setattr(os, "fsync", lambda fd: os.kill(os.getpid(), signal.SIGTERM))
+
+    def unheard(signum, frame):  # where the export hears no SIGTERM, its default would end pytest itself
+        raise AssertionError("SIGTERM was not taken as a stop")
+
+    outside = signal.signal(signal.SIGTERM, unheard)
+    try:
+        with pytest.raises(RunStopped, match=f"^stopped by SIGTERM while exporting; {tmp_path / 'hf'} is as it "
+                                             "was$"):
+            export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
+    finally:
+        signal.signal(signal.SIGTERM, outside)
+    assert [p.name for p in (tmp_path / "hf").iterdir()] == ["config.json"]  # its aside folder gone too
+    assert (tmp_path / "hf" / "config.json").read_text() == "a file of the learner's"
+
+
 def test_export_over_a_folder_where_a_file_goes_is_one_line_and_writes_nothing(tmp_path):
     pytest.importorskip("transformers")
     import export

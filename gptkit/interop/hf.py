@@ -9,7 +9,6 @@ weights are stored transposed (in, out), and its config calls things by other na
 """
 
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch.nn as nn
 from gptkit.base import files
 from gptkit.base.errors import UserError, first_line, what_does_not_fit
 from gptkit.base.modes import evaluating
+from gptkit.base.signals import StopSignals
 from model import GPT, GPTConfig
 
 HUB_MODELS = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}
@@ -249,9 +249,11 @@ def save_hf(model, hf_dir, eos_token_id=None):
     hf_dir = Path(hf_dir)
     try:
         hf_dir.mkdir(parents=True, exist_ok=True)
-        # saved aside (transformers writes a folder), then each file written whole into hf_dir; every link or folder
-        # in the way is refused before any file is written, so that a refusal leaves none of the new files
-        with tempfile.TemporaryDirectory(dir=hf_dir, prefix=".export-") as aside:
+        # saved aside (transformers writes a folder) in hf_dir, then its files renamed in; every link or folder in
+        # the way is refused before any file moves, so that a refusal leaves none of the new files. A stop signal
+        # before the renames leaves hf_dir as it was, in one line, its aside folder removed on the way out
+        with StopSignals() as stop, tempfile.TemporaryDirectory(dir=hf_dir, prefix=".export-") as aside:
+            stop.doing = f"exporting; {hf_dir} is as it was"
             hf.save_pretrained(aside)
             written = sorted(Path(aside).iterdir())
             for f in written:
@@ -259,10 +261,12 @@ def save_hf(model, hf_dir, eos_token_id=None):
                 if (hf_dir / f.name).is_dir():
                     raise UserError(f"{hf_dir / f.name} is a folder, where the export writes its {f.name}; move it "
                                     "out of the way, or export to another --hf_dir")
+                with open(f, "rb") as saved:
+                    os.fsync(saved.fileno())
             replaced = [f.name for f in written if (hf_dir / f.name).exists()]
-            for f in written:
-                with open(f, "rb") as saved, files.written_whole(hf_dir / f.name, "wb", failed=lambda _, e: e) as out:
-                    shutil.copyfileobj(saved, out)
+            with stop.deferred():  # all or none: a stop between two renames would leave the config of one model
+                for f in written:  # beside the weights of another, an export that loads as neither
+                    os.replace(f, hf_dir / f.name)
     except OSError as e:  # the folder is named: a user reads it as the export's, whichever file failed
         raise UserError(f"could not write {hf_dir} ({e.strerror or e})") from None
     return replaced
