@@ -508,23 +508,24 @@ FEATURE_METRICS = ("l0", "explained_variance", "ce_loss_recovered", "delta_loss"
 def analyze_features(cfg):
     from gptkit.interp.experiments import open_run
     from gptkit.interp.features import (PAGE_FILE, TRAINING_FILE, check_memory, feature_rows, measure, sae_folder,
-                                        save_sae, weights_of)
+                                        sae_lock, save_sae, weights_of)
 
     run = open_run(cfg.out_dir, cfg.checkpoint, pick_device(cfg.device))
     recipe = sae_recipe(run, cfg)
     folder = sae_folder(run.out_dir, recipe.hook, cfg.checkpoint)  # each checkpoint's SAEs apart
     idx, targets, where = val_windows(run, cfg, "cpu", cfg.eval_tokens)
     check_memory(recipe, run.config.n_embd, idx, run.tok.vocab_size)
-    sae, dead, scale, table = trained_sae(run, cfg, recipe, folder)
-    metrics = measure(run.model, sae, recipe.hook, idx, targets, dead)
-    if scale is not None:  # trained now: kept with its metrics, every feature's row and the weights it read
-        table = feature_rows(run.model, run.tok, sae, recipe.hook, idx, sae.d_sae)
-        save_sae(folder, sae, recipe.hook, run.out_dir.resolve().name,
-                 {"recipe": recipe.__dict__, "scale": scale, "metrics": metrics.to_json(), **weights_of(run),
-                  "contexts_from": where}, table)
-        (folder / TRAINING_FILE).unlink(missing_ok=True)
-    rows = table[:cfg.show]
-    write_feature_page(folder / PAGE_FILE, recipe, metrics, rows, where)
+    with sae_lock(folder):
+        sae, dead, scale, table = trained_sae(run, cfg, recipe, folder)
+        metrics = measure(run.model, sae, recipe.hook, idx, targets, dead)
+        if scale is not None:  # trained now: kept with its metrics, every feature's row and the weights it read
+            table = feature_rows(run.model, run.tok, sae, recipe.hook, idx, sae.d_sae)
+            save_sae(folder, sae, recipe.hook, run.out_dir.resolve().name,
+                     {"recipe": recipe.__dict__, "scale": scale, "metrics": metrics.to_json(), **weights_of(run),
+                      "contexts_from": where}, table)
+            (folder / TRAINING_FILE).unlink(missing_ok=True)
+        rows = table[:cfg.show]
+        write_feature_page(folder / PAGE_FILE, recipe, metrics, rows, where)
     shown = {k: v for k, v in metrics.to_json().items() if k.removesuffix("_note") in FEATURE_METRICS}
     answer(cfg, {"metrics": shown, "hook": recipe.hook, "folder": str(folder), "features": rows},
            features_text(recipe, metrics, rows, where, folder))

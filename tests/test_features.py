@@ -190,8 +190,8 @@ def test_sae_lens_loads_the_saved_sae_and_reconstructs_the_same_activations(trai
     from gptkit.interp.experiments import open_run
 
     out, answer, folder = small_sae(trained_run, tmp_path)
-    assert sorted(p.name for p in folder.iterdir()) == ["cfg.json", "features.html", "features.json", "gptkit.json",
-                                                        "sae_weights.safetensors"]
+    assert sorted(p.name for p in folder.iterdir()) == [".features.lock", "cfg.json", "features.html", "features.json",
+                                                        "gptkit.json", "sae_weights.safetensors"]
     run = open_run(out)
     ours, _, _ = load_sae(folder, run)
     theirs = sae_lens.SAE.load_from_disk(str(folder), device="cpu")
@@ -659,6 +659,35 @@ def test_files_no_gptkit_json_claims_are_refused_and_replaced_only_with_start_ov
     proc = check_ok(run_here("analyze.py", "features", out, "--layer=1", *SMALL, "--start_over=True"))
     assert f"note: replacing the SAE in {out / 'sae' / HOOK} (--start_over=True)" in proc.stderr
     assert (out / "sae" / HOOK / "gptkit.json").is_file()
+
+
+def test_a_second_features_on_the_same_folder_is_one_line_and_writes_nothing(trained_run, tmp_path):
+    """Two trainings in one SAE folder would each write their files over the other's (an SAE of one recipe and
+    gptkit.json of the other, the one that said it saved its SAE finding it replaced): the second stops at once."""
+    import fcntl
+
+    out = tmp_path / "run"
+    shutil.copytree(trained_run[0], out)
+    folder = out / "sae" / HOOK
+    folder.mkdir(parents=True)
+    with open(folder / ".features.lock", "w") as held:  # as a first analyze.py features holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("4242\n")
+        held.flush()
+        proc = run_here("analyze.py", "features", out, "--layer=1", *SMALL)
+    assert_one_error_line(proc.stderr, f"error: {folder} is in use by another analyze.py features (process 4242); "
+                                       "wait for it to end")
+    assert [p.name for p in folder.iterdir()] == [".features.lock"]
+    check_ok(run_here("analyze.py", "features", out, "--layer=1", *SMALL))  # once it is free
+    assert (folder / "gptkit.json").is_file()
+
+
+def test_features_refused_before_training_leaves_no_folder_for_its_lock(trained_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(trained_run[0], out)
+    proc = run_here("analyze.py", "features", out, "--layer=1", *SMALL, "--batch=4096")  # its split holds less
+    assert "too few to train an SAE on batches of 4,096" in assert_one_error_line(proc.stderr)
+    assert not (out / "sae").exists()
 
 
 @pytest.mark.parametrize("kind", ["link", "pipe"])

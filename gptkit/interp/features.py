@@ -9,7 +9,8 @@ out_dir/sae/iter_N/<hook name>/ for latest.pt's and a snapshot's (sae_folder):
     features.json                       every feature's row: frequency, top contexts, the tokens it pushes
     gptkit.json                         settings, metrics, each file's sha256 and its own, the weights it read
     features.html                       the rows as a page (analyze.py features writes it)
-    training.pt                         while training: the state a stopped training continues from"""
+    training.pt                         while training: the state a stopped training continues from
+    .features.lock                      held while analyze.py features works there (sae_lock)"""
 
 import hashlib
 import json
@@ -20,7 +21,7 @@ import signal
 import stat
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,10 +29,11 @@ import torch
 
 from gptkit.base.errors import RunStopped, UserError, first_line, in_units
 from gptkit.base.files import no_links, write_whole
+from gptkit.base.locks import exclusive
 from gptkit.base.signals import StopSignals
 from gptkit.interp.hooks import hook_points, hooked
 from gptkit.run.checkpoint import COUNT, DICT, TENSOR, TEXT, TORCH_RANDOM, Each, Fields, Kind
-from gptkit.run.run_folder import CHECKPOINT_CHOICE
+from gptkit.run.run_folder import CHECKPOINT_CHOICE, remove_unused
 
 SITES = {"resid_post": "hook_resid_post", "resid_mid": "hook_resid_mid", "mlp_out": "hook_mlp_out",
          "attn_out": "hook_attn_out"}
@@ -39,6 +41,7 @@ SAE_FORMAT = 2  # 2: gptkit.json holds its own sha256 and the iteration of the w
 MEASURE_WINDOWS = 32  # val windows a pass of the metrics and the contexts reads: memory stays that of these
 WEIGHTS_FILE, CFG_FILE, OURS_FILE = "sae_weights.safetensors", "cfg.json", "gptkit.json"
 TABLE_FILE, TRAINING_FILE, PAGE_FILE = "features.json", "training.pt", "features.html"
+LOCK_FILE = ".features.lock"
 
 
 def site_hook(model, layer, site):
@@ -380,6 +383,25 @@ def sae_folder(out_dir, hook, checkpoint="best"):
     out_dir/sae/iter_N/<hook>/ for a snapshot's: side by side, none in another's place."""
     base = Path(out_dir) / "sae"
     return base / hook if checkpoint == "best" else base / checkpoint.replace(":", "_") / hook
+
+
+@contextmanager
+def sae_lock(folder):
+    """Held while analyze.py features trains an SAE in folder, saves it and writes its page: a second one on the
+    same folder stops at once with one line, rather than both training and each writing its files over the
+    other's. The folders made for the lock go again where nothing else was written there (a refusal)."""
+    made, at = [], folder.absolute()
+    while not at.exists() and not at.is_symlink():
+        made, at = [*made, at], at.parent
+    lock = folder / LOCK_FILE
+    with exclusive(lock, f"cannot write the SAE to {folder}",
+                   lambda holder: f"{folder} is in use by another analyze.py features{holder}; wait for it to end",
+                   opener=no_links):
+        try:
+            yield
+        finally:
+            if made and folder.is_dir() and [p.name for p in folder.iterdir()] == [LOCK_FILE]:
+                remove_unused(made, lock)
 
 
 def checkpoint_name(checkpoint):
