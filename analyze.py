@@ -470,8 +470,8 @@ def trained_sae(run, cfg, recipe, folder):
     """The SAE of this recipe in folder, trained now unless it is there already: (SAE, its dead fraction, the
     scale it was trained at, its feature table), the last two None for one trained now and one read back."""
     from gptkit.base.files import writable
-    from gptkit.interp.features import (OURS_FILE, TRAINING_FILE, load_sae, read_ours, refuse_unclaimed, train_sae,
-                                        unclaimed_files, weights_of)
+    from gptkit.interp.features import (OURS_FILE, TRAINING_FILE, continues_exactly, load_sae, read_ours,
+                                        refuse_unclaimed, train_sae, unclaimed_files, weights_of)
 
     ours = None if cfg.start_over else read_ours(folder)  # --start_over replaces even a damaged one
     if ours is not None:
@@ -486,7 +486,8 @@ def trained_sae(run, cfg, recipe, folder):
         refuse_unclaimed(folder)
     writable(folder / OURS_FILE)
     if cfg.start_over and folder.is_dir():
-        (folder / TRAINING_FILE).unlink(missing_ok=True)
+        if not continues_exactly(folder / TRAINING_FILE, recipe, weights_of(run)):
+            (folder / TRAINING_FILE).unlink(missing_ok=True)
         if (folder / OURS_FILE).exists() or unclaimed_files(folder):
             print(f"note: replacing the SAE in {folder} (--start_over=True)", file=sys.stderr)
     split, _ = run_split(run, cfg, "train", run.config.block_size)

@@ -241,8 +241,9 @@ def train_split(run):
 RECIPE = Recipe("blocks.1.hook_resid_post", 64, 4, 256 * 12, 256, 2e-3, 0)
 
 
-def stop_at_step_5(run, folder, monkeypatch, recipe=RECIPE):
-    """A training of recipe in folder stopped by Ctrl-C during its fifth step, its state saved."""
+def stop_at_step_5(run, folder, monkeypatch, recipe=RECIPE, made=False):
+    """A training of recipe in folder (made already, or made now) stopped by Ctrl-C during its fifth step, its
+    state saved."""
     step = Trainer.train_step
 
     def stop_at_5(self, x):
@@ -250,7 +251,7 @@ def stop_at_step_5(run, folder, monkeypatch, recipe=RECIPE):
             os.kill(os.getpid(), signal.SIGINT)
         return step(self, x)
     monkeypatch.setattr(Trainer, "train_step", stop_at_5)
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=made)
     with pytest.raises(RunStopped, match=f"stopped by SIGINT at step 5 of {recipe.steps}, saved in .*training.pt"):
         train_sae(run.model, train_split(run), recipe, folder, weights_of(run))
     monkeypatch.setattr(Trainer, "train_step", step)
@@ -484,6 +485,24 @@ def test_a_stopped_training_says_so_on_stderr_and_json_stays_alone_on_stdout(tra
     proc = check_ok(run_here("analyze.py", "features", out, "--layer=1", *SMALL, "--json"))
     assert strict_json(proc.stdout)["hook"] == recipe.hook
     assert "continuing the stopped training at step 5 of 16" in proc.stderr
+
+
+def test_a_training_stopped_under_start_over_is_continued_by_the_same_command(saved, tmp_path, monkeypatch):
+    """Its line says the same command continues it: with --start_over=True given again, it does (to the weights a
+    start from scratch gives), rather than deleting its state and training from the start again."""
+    from gptkit.interp.experiments import open_run
+
+    out = tmp_path / "run"
+    shutil.copytree(saved, out)
+    recipe = Recipe(RECIPE.hook, 64, 4, 4096, 256, 2e-3, 1)  # SMALL's, another seed: the SAE there is replaced
+    stop_at_step_5(open_run(out), out / "sae" / HOOK, monkeypatch, recipe, made=True)
+    proc = check_ok(run_here("analyze.py", "features", out, "--layer=1", *SMALL, "--seed=1", "--start_over=True"))
+    assert "continuing the stopped training at step 5 of 16" in proc.stderr
+    fresh = tmp_path / "fresh"
+    shutil.copytree(saved, fresh)
+    check_ok(run_here("analyze.py", "features", fresh, "--layer=1", *SMALL, "--seed=1", "--start_over=True"))
+    for name in ("sae_weights.safetensors", "features.json"):
+        assert (out / "sae" / HOOK / name).read_bytes() == (fresh / "sae" / HOOK / name).read_bytes()
 
 
 # ----------------------------------------------------------------------------- each checkpoint's SAE

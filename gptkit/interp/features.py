@@ -348,6 +348,16 @@ def stopped_training(path, recipe, weights, say):
     return state
 
 
+def continues_exactly(path, recipe, weights):
+    """Whether path holds a stopped training of recipe on weights, which --start_over=True continues rather than
+    deletes: continued, it ends at the weights a training from the start would, sooner, and the command that
+    stopped it, --start_over included, is the one its line says to run again."""
+    try:
+        return stopped_training(path, recipe, weights, say=lambda line: None) is not None
+    except UserError:  # damaged, or of other settings: starting over is what is asked
+        return False
+
+
 def resumed(path, state, sae, trainer, stream):
     """A stopped training's state put into sae, trainer and stream: its scale. One line where it does not fit."""
     try:
