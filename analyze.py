@@ -507,6 +507,7 @@ FEATURE_METRICS = ("l0", "explained_variance", "ce_loss_recovered", "delta_loss"
 
 
 def analyze_features(cfg):
+    from gptkit.base.signals import StopSignals
     from gptkit.interp.experiments import open_run
     from gptkit.interp.features import (PAGE_FILE, TRAINING_FILE, check_memory, feature_rows, measure, sae_folder,
                                         sae_lock, save_sae, weights_of)
@@ -518,15 +519,20 @@ def analyze_features(cfg):
     check_memory(recipe, run.config.n_embd, idx, run.tok.vocab_size)
     with sae_lock(folder):
         sae, dead, scale, table = trained_sae(run, cfg, recipe, folder)
-        metrics = measure(run.model, sae, recipe.hook, idx, targets, dead)
-        if scale is not None:  # trained now: kept with its metrics, every feature's row and the weights it read
-            table = feature_rows(run.model, run.tok, sae, recipe.hook, idx, sae.d_sae)
-            save_sae(folder, sae, recipe.hook, run.out_dir.resolve().name,
-                     {"recipe": recipe.__dict__, "scale": scale, "metrics": metrics.to_json(), **weights_of(run),
-                      "contexts_from": where}, table)
-            (folder / TRAINING_FILE).unlink(missing_ok=True)
-        rows = table[:cfg.show]
-        write_feature_page(folder / PAGE_FILE, recipe, metrics, rows, where)
+        with StopSignals() as stop:  # a stop now is one line, the trained SAE kept (its training's last state)
+            stop.doing = (f"measuring the SAE; its training is saved in {folder / TRAINING_FILE}, and the same "
+                          "command measures and saves it" if scale is not None else f"measuring the SAE in {folder}")
+            metrics = measure(run.model, sae, recipe.hook, idx, targets, dead)
+            if scale is not None:  # trained now: kept with its metrics, every feature's row and the weights it read
+                table = feature_rows(run.model, run.tok, sae, recipe.hook, idx, sae.d_sae)
+                with stop.deferred():  # its files all saved: some of them alone would be refused as not its own
+                    save_sae(folder, sae, recipe.hook, run.out_dir.resolve().name,
+                             {"recipe": recipe.__dict__, "scale": scale, "metrics": metrics.to_json(),
+                              **weights_of(run), "contexts_from": where}, table)
+                    (folder / TRAINING_FILE).unlink(missing_ok=True)
+                stop.doing = f"writing {folder / PAGE_FILE}; the SAE is saved"
+            rows = table[:cfg.show]
+            write_feature_page(folder / PAGE_FILE, recipe, metrics, rows, where)
     shown = {k: v for k, v in metrics.to_json().items() if k.removesuffix("_note") in FEATURE_METRICS}
     answer(cfg, {"metrics": shown, "hook": recipe.hook, "folder": str(folder), "features": rows},
            features_text(recipe, metrics, rows, where, folder))

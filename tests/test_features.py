@@ -505,6 +505,59 @@ def test_a_training_stopped_under_start_over_is_continued_by_the_same_command(sa
         assert (out / "sae" / HOOK / name).read_bytes() == (fresh / "sae" / HOOK / name).read_bytes()
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_while_the_trained_sae_is_measured_is_one_line_and_keeps_its_training(saved, tmp_path, monkeypatch,
+                                                                                      signum):
+    """After the last step, the SAE is measured and its rows found before it is saved: a stop then says so in one
+    line, and the same command takes the trained state up and saves the SAE an unstopped command saves."""
+    import gptkit.interp.features as features
+
+    out = tmp_path / "run"
+    shutil.copytree(saved, out)
+    shutil.rmtree(out / "sae")
+    measure = features.measure
+
+    def unheard(s, frame):  # where the command hears no SIGTERM, its default would end pytest itself
+        raise AssertionError("SIGTERM was not taken as a stop")
+
+    monkeypatch.setattr(features, "measure", lambda *a: (os.kill(os.getpid(), signum), measure(*a))[1])
+    outside = signal.signal(signal.SIGTERM, unheard)
+    try:
+        proc = run_here("analyze.py", "features", out, "--layer=1", *SMALL)
+    finally:
+        signal.signal(signal.SIGTERM, outside)
+    state = out / "sae" / HOOK / "training.pt"
+    assert_one_error_line(proc.stderr, f"error: stopped by {signal.Signals(signum).name} while measuring the SAE; "
+                                       f"its training is saved in {state}, and the same command measures and saves it")
+    assert proc.returncode == 128 + signum and state.is_file()
+    monkeypatch.setattr(features, "measure", measure)
+    again = check_ok(run_here("analyze.py", "features", out, "--layer=1", *SMALL))
+    assert "continuing the stopped training at step 16 of 16" in again.stderr and not state.exists()
+    for name in ("sae_weights.safetensors", "features.json"):
+        assert (out / "sae" / HOOK / name).read_bytes() == (saved / "sae" / HOOK / name).read_bytes()
+
+
+def test_a_stop_while_the_sae_is_saved_is_taken_once_its_files_are_all_saved(saved, tmp_path, monkeypatch):
+    """Some of its files alone would be refused by the next command as not an SAE this tool saved."""
+    import gptkit.interp.features as features
+
+    out = tmp_path / "run"
+    shutil.copytree(saved, out)
+    shutil.rmtree(out / "sae")
+    write, calls = features.write_whole, []
+
+    def stopped_midway(path, data, **how):  # Ctrl-C as the second of its files is written
+        calls.append(path)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        write(path, data, **how)
+
+    monkeypatch.setattr(features, "write_whole", stopped_midway)
+    check_ok(run_here("analyze.py", "features", out, "--layer=1", *SMALL))
+    monkeypatch.setattr(features, "write_whole", write)
+    assert "the SAE trained earlier" in check_ok(run_here("analyze.py", "features", out, "--layer=1", *SMALL)).stderr
+
+
 # ----------------------------------------------------------------------------- each checkpoint's SAE
 
 

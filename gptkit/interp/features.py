@@ -315,7 +315,8 @@ def train_sae(model, split, recipe, folder, weights, say=to_stderr):
             bar.update(1)
             if trainer.step % 50 == 0:
                 bar.set_postfix_str(f"explained variance {1 - unexplained:.3f}, dead {trainer.dead_fraction():.1%}")
-            if stop.signum or time.time() - saved > SAVE_EVERY_S and trainer.step < recipe.steps:
+            # the last step's state too: a stop while the SAE is measured and saved, after, loses no training
+            if stop.signum or time.time() - saved > SAVE_EVERY_S or trainer.step == recipe.steps:
                 save_checkpoint({"sae": sae.state_dict(), "trainer": trainer.state_dict(),
                                  "stream": stream.state_dict(), "scale": scale, "recipe": recipe.__dict__,
                                  "weights": weights}, state_path)
