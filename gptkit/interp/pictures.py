@@ -88,11 +88,13 @@ def check_picture_path(path):
 
 def save(fig, path, dpi):
     """Write the picture whole (aside, then renamed over path), never through a link at its name; a file that was
-    at path (an earlier picture, or anything else of yours) is said to be replaced."""
+    at path (an earlier picture, or anything else of yours) is said to be replaced. Aside in a file of this
+    process's own: no lock keeps two commands drawing one picture apart (two analyze.py heads on a run), and in
+    one file each would write over the other's bytes."""
     path = Path(path)
     replacing = path.is_file()
     try:
-        with warnings.catch_warnings(record=True) as caught, files.written_whole(path, "wb") as f:
+        with warnings.catch_warnings(record=True) as caught, files.written_whole(path, "wb", shared=True) as f:
             warnings.simplefilter("always")
             fig.savefig(f, dpi=dpi, format=path.suffix[1:].lower())
     finally:
