@@ -469,6 +469,42 @@ def test_a_rung_s_log_is_never_written_through_a_link(tmp_path, outside):
     assert outside.read_text() == "precious\n"
 
 
+@pytest.mark.slow
+def test_a_lab_killed_with_sigkill_leaves_no_train_py_training_on(data_dir, tmp_path):
+    """kill -9 (or the out-of-memory killer) passes nothing on: its train.py trained on to the end, holding the
+    rung's folder against the lab started again. It sees the lab gone, saves its state and ends, the folder free."""
+    out = tmp_path / "lab"
+    run = Run([sys.executable, str(REPO / "lab.py"), *lab_args(data_dir, out, "--rungs=scaled", "--budget=120")],
+              tmp_path / "logs")
+    lock = out / "scaled" / "run.lock"
+    try:
+        deadline, child = time.time() + 90, None
+        while child is None:  # the lab writes its own pid there first, while it clears the folder
+            text = lock.read_text() if lock.exists() else ""
+            if text.strip() and int(text) != run.proc.pid and "iter " in (out / "scaled" / "train.log").read_text():
+                child = int(text)
+            assert run.proc.poll() is None and time.time() < deadline, run.stderr
+            time.sleep(POLL_S)
+        run.proc.kill()
+        assert run.wait() == -signal.SIGKILL
+        deadline = time.time() + 30
+        while not free(lock.parent):  # its train.py holds it while it trains
+            assert time.time() < deadline, "train.py trained on after its lab was killed"
+            time.sleep(POLL_S)
+    finally:
+        run.kill_group()
+    log = (out / "scaled" / "train.log").read_text()
+    assert f"latest state saved to {out / 'scaled' / 'latest.pt'}" in log and (out / "scaled" / "latest.pt").exists()
+
+
+def free(folder):
+    try:
+        with RunDir(folder).locked():
+            return True
+    except UserError:
+        return False
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stopped_lab_stops_its_train_py_and_exits_with_the_signal(data_dir, tmp_path, signum):
     """The signal to the lab alone, as a scheduler sends it: the lab stops and waits for its train.py, whose pid

@@ -9,6 +9,7 @@ rung's own, and the rows it changes carry it in their names."""
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ import torch
 from gptkit.base.errors import UserError, first_line
 from gptkit.base.files import no_links, write_whole
 from gptkit.base.settings import check_seed, comma_items, given_values, make, parse_config
-from gptkit.base.signals import StopSignals
+from gptkit.base.signals import LAUNCHER_PID, StopSignals
 from gptkit.data.dataset import Split, bits_per_char, fixed_offsets, load_meta
 from gptkit.data.tokenizer import tokenizer_from_meta
 from gptkit.interp.experiments import KINDS, head_scores, induction_tokens
@@ -247,8 +248,10 @@ def check_rung_folder(folder):
 def run_train(args, log, stops):
     """train.py in a process of its own, as a user would start it, its output into the log file: its exit
     status. A stop signal to the lab stops train.py too, and the lab waits for it: no train.py outlives the
-    lab, holding its folder."""
-    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args], stdout=log, stderr=subprocess.STDOUT)
+    lab, holding its folder: killed itself (SIGKILL), the lab passes nothing on, and train.py, watching for it
+    (stop_with_launcher), stops as on SIGTERM."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, LAUNCHER_PID: str(os.getpid())})
     try:
         return proc.wait()
     except BaseException:

@@ -200,8 +200,9 @@ class Runtime:
         if threads:
             torch.set_num_threads(threads)
         device = pick_device(device)
+        # from before the rendezvous, whose store our launcher holds; the lab's one process too
+        stop_with_launcher(SHUTDOWN_S)
         if self.distributed:
-            stop_with_launcher(SHUTDOWN_S)  # from before the rendezvous, whose store our launcher holds
             if device.startswith("cuda"):
                 device = f"cuda:{self.local_rank}"
                 torch.cuda.set_device(device)
