@@ -256,3 +256,38 @@ def test_two_start_overs_within_a_second_each_keep_their_runs_files(tmp_path, mo
     assert (run.path / "replaced-20261130-010203" / "metrics.jsonl").read_bytes() == b"first"
     assert (run.path / "replaced-20261130-010203-2" / "metrics.jsonl").read_bytes() == b"second"
     assert notes[1].endswith(f"metrics.jsonl moved to {run.path / 'replaced-20261130-010203-2'}")
+
+
+def stopped_at_start(path, *records):
+    """A folder as a run stopped during its first evaluation leaves it: records of iteration 0, the snapshot of
+    iteration 0, no state."""
+    run = RunDir(path)
+    run.snapshots.mkdir(parents=True)
+    run.snapshot(0).write_bytes(b"the weights it started from")
+    run.metrics.write_text("".join(f'{{"kind": "{kind}", "iter": {it}}}\n' for kind, it in records))
+    return run
+
+
+def test_a_run_stopped_before_its_first_step_is_no_other_run_to_the_same_command(tmp_path):
+    """Its line says nothing was saved, and the same command, started again, was refused as over another run
+    (continue it with --init_from=auto, which refused too: no saved state). It trained nothing: a new run starts in
+    its place, and a note says what was there."""
+    run, notes = stopped_at_start(tmp_path / "out", ("run", 0), ("eval", 0), ("timeline", 0)), []
+    run.clear_for_a_new_run(False, "; continue it with --init_from=auto,", notes.append)
+    assert notes == [f"note: {run.path} holds a run stopped before its first step (metrics.jsonl, snapshots: its "
+                     "records and snapshot of iteration 0); it trained nothing, and a new run starts in its place"]
+    assert sorted(p.name for p in run.path.iterdir()) == []
+
+
+def test_a_run_that_took_a_step_or_files_not_a_runs_are_still_refused(tmp_path):
+    for name, records in (("stepped", [("run", 0), ("eval", 0), ("train", 1)]), ("odd", [("run", 0)])):
+        run = stopped_at_start(tmp_path / name, *records)
+        if name == "odd":
+            run.metrics.write_text('{"kind": "run", "iter": 0}\nmy notes\n')
+        with pytest.raises(UserError, match="holds another run"):
+            run.clear_for_a_new_run(False, ";", print)
+        assert run.metrics.exists() and run.snapshot(0).exists()
+    run = stopped_at_start(tmp_path / "more", ("run", 0))
+    (run.snapshots / "iter_0.pt").rename(run.snapshots / "iter_4.pt")
+    with pytest.raises(UserError, match="holds another run"):
+        run.clear_for_a_new_run(False, ";", print)

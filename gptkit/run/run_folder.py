@@ -13,12 +13,13 @@ and what the tools draw of a run there: plot.py's loss.png and attention.png, an
 and timeline.png.
 """
 
+import json
 import os
 import re
 import stat
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from gptkit.base.errors import UserError
@@ -145,6 +146,14 @@ class RunDir:
                              self.path / "sae") if p.exists()]
         if not found:
             return
+        if self.stopped_before_its_first_step(found):
+            for path in (*self.snapshots.glob("iter_0.pt*"), self.metrics):
+                path.unlink(missing_ok=True)
+            if self.snapshots.is_dir():
+                self.snapshots.rmdir()
+            note(f"note: {self.path} holds a run stopped before its first step ({', '.join(p.name for p in found)}: "
+                 "its records and snapshot of iteration 0); it trained nothing, and a new run starts in its place")
+            return
         if not start_over:
             raise UserError(f"{self.path} holds another run ({', '.join(p.name for p in found)}){how} train "
                             "elsewhere with another --out_dir, or start over with --start_over=True (its files are "
@@ -160,6 +169,21 @@ class RunDir:
             p.rename(aside / p.name)
         note(f"note: starting over in {self.path}: the previous run's {', '.join(p.name for p in found)} moved to "
              f"{aside}")
+
+    def stopped_before_its_first_step(self, found):
+        """Whether found, the run files here, are only what a run writes before its first step (its records of
+        iteration 0, the snapshot of iteration 0) and no state: a run stopped there (its line says nothing was
+        saved), which the same command started again must not be refused as another run."""
+        if not set(found) <= {self.metrics, self.snapshots} or self.metrics.is_symlink() or \
+                self.snapshots.is_symlink() or self.snapshots.exists() and not self.snapshots.is_dir():
+            return False
+        if self.snapshots.is_dir() and not {p.name for p in self.snapshots.iterdir()} <= {"iter_0.pt", "iter_0.pt.tmp"}:
+            return False
+        try:
+            with open(self.metrics, encoding="utf-8") if self.metrics.exists() else nullcontext([]) as lines:
+                return all(json.loads(line)["iter"] == 0 for line in lines if line.strip())
+        except (OSError, ValueError, TypeError, KeyError):  # not records a run wrote: the user's to look at
+            return False
 
     def resume_candidates(self):
         """The saved states a resume may start from, newest first: latest.pt, the one before it, and
