@@ -245,10 +245,14 @@ class LoRALinear(nn.Linear):
         self.lora_B = nn.Parameter(torch.zeros(out_features, rank))
 
     def forward(self, x):
-        # y = x Wᵀ + b + (α/r)·x Aᵀ Bᵀ, the narrow x Aᵀ (r wide) first, in x's dtype as
-        # autocast runs the base product. With B zero the update adds exact zeros: F.linear's output
-        update = F.linear(F.linear(x, self.lora_A.to(x.dtype)), self.lora_B.to(x.dtype))
-        return F.linear(x, self.weight, self.bias) + self.scale * update
+        # y = x Wᵀ + b + (α/r)·x Aᵀ Bᵀ, the narrow x Aᵀ (r wide) first. The update in float32 even
+        # where autocast runs the base product in bfloat16: B's gradient, a sum over every token
+        # into r columns, is summed in another order by bfloat16's kernels on 2 threads than on
+        # 1, and the run would follow the machine's load. With B zero the update adds exact zeros
+        with torch.autocast(x.device.type, enabled=False):
+            update = F.linear(F.linear(x.float(), self.lora_A.float()), self.lora_B.float())
+        base = F.linear(x, self.weight, self.bias)
+        return base + (self.scale * update).to(base.dtype)
 
     @torch.no_grad()
     def merged(self):
@@ -288,7 +292,10 @@ class LoRAEmbedding(nn.Embedding):
         self.lora_B = nn.Parameter(torch.zeros(num_embeddings, rank))  # zero: step 0 is the base
 
     def forward(self, idx):
-        return F.embedding(idx, self.weight) + self.scale * (F.embedding(idx, self.lora_B) @ self.lora_A)
+        # the update in float32, as LoRALinear's: A's gradient sums over every token
+        with torch.autocast(idx.device.type, enabled=False):
+            update = F.embedding(idx, self.lora_B.float()) @ self.lora_A.float()
+        return F.embedding(idx, self.weight) + self.scale * update
 
     @torch.no_grad()
     def merged(self):

@@ -565,6 +565,39 @@ def test_lora_trains_only_the_adapters():
     assert chat.trainable_params() / chat.num_params(non_embedding=False) < 0.05
 
 
+def adapter_gradients(threads, autocast):
+    """The gradients of a LoRA layer of the chat lesson's MLP width (128 to 512 at rank 8) on 4,096 tokens, on a
+    number of threads, for 20 draws of its weights and inputs."""
+    from model import LoRALinear
+
+    torch.set_num_threads(threads)
+    grads = []
+    for seed in range(20):
+        torch.manual_seed(seed)
+        layer = LoRALinear(128, 512, False, 8, 16.0)
+        torch.nn.init.normal_(layer.lora_B, std=0.02)  # as trained a while: zero B would give A exact zeros
+        x, dy = torch.randn(32, 128, 128), torch.randn(32, 128, 512)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = layer(x)
+        (y.float() * dy).sum().backward()
+        grads += [layer.lora_A.grad, layer.lora_B.grad]
+    return grads
+
+
+def test_lora_gradients_are_summed_alike_on_any_thread_count_in_bfloat16():
+    """The adapters' gradients sum over every token into r columns, which bfloat16's CPU kernels sum in another
+    order on 2 threads than on 1: the update runs in float32, so a run whose threads follow the machine's load
+    ends with the weights of the same run idle. (Where this CPU's float32 sums themselves follow the thread
+    count, the run's own probe pins its threads, and there is nothing to test.)"""
+    most = torch.get_num_threads()
+    try:
+        if not all(torch.equal(a, b) for a, b in zip(adapter_gradients(1, False), adapter_gradients(2, False))):
+            pytest.skip("this CPU's float32 sums follow the thread count")
+        assert all(torch.equal(a, b) for a, b in zip(adapter_gradients(1, True), adapter_gradients(2, True)))
+    finally:
+        torch.set_num_threads(most)
+
+
 # ----------------------------------------------------------------------------------------------- one place
 
 SINUSOIDAL = ("        elif self.config.pos_emb == \"rope\":",
