@@ -33,8 +33,8 @@ class FeaturesBenchConfig:
     work_dir: str = "out-bench-features"  # prepared data and the run (or --out_dir's checkpoint) go here
     out_dir: str = ""  # a run already trained to read ('' = train the default into work_dir/run first)
     layer: int = 2  # analyze.py features' settings: blocks.2.hook_resid_post
-    features: int = 1024
-    k: int = 16
+    features: int = 1024  # the SAE's features (analyze.py features --features)
+    k: int = 16  # features kept active for each token (analyze.py features --k)
     extra: str = ""  # more analyze.py features options, space-separated (e.g. '--tokens=3000000')
 
 

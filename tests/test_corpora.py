@@ -353,6 +353,24 @@ def test_a_bad_record_names_its_file_and_line_and_skip_bad_counts_it(tmp_path, c
     assert "skipped 0 empty and 1 bad" in proc.stdout
 
 
+@pytest.mark.parametrize("tokenizer", ["char", "r50k_base"])
+@pytest.mark.parametrize("skip_bad", [False, True])
+def test_a_null_parquet_text_is_one_line_or_skipped_whatever_the_tokenizer(tmp_path, tokenizer, skip_bad, request):
+    """A Parquet row whose text is null: one line naming its row, or with --skip_bad counted as bad, for a tokenizer
+    with no vocabulary pass before the tokens too (the null reached the batching as a text of no length)."""
+    if tokenizer == "r50k_base":
+        request.getfixturevalue("tiktoken_cache")
+    path = write_parquet(tmp_path / "t.parquet", [*DOCS[:150], None, *DOCS[150:300], None])
+    cfg = PrepareConfig(input=str(path), name="n", data_dir=str(tmp_path / "d"), tokenizer=tokenizer, skip_bad=skip_bad)
+    if not skip_bad:
+        with pytest.raises(UserError, match=r"t\.parquet: row 151: no text in field 'text' \(pass --skip_bad"):
+            prepare(cfg)
+        return
+    out_dir, meta = prepare(cfg)
+    assert meta["skipped"] == {"empty": 0, "bad": 2} and meta["documents"] == 300
+    assert sorted(documents(out_dir, meta, "train") + documents(out_dir, meta, "val")) == sorted(DOCS[:300])
+
+
 def test_empty_documents_are_skipped_and_counted(tmp_path):
     path = tmp_path / "docs.jsonl"
     path.write_text(json.dumps({"text": ""}) + "\n\n" + "".join(json.dumps({"text": d}) + "\n" for d in DOCS[:300]))

@@ -394,3 +394,47 @@ def test_a_chain_of_presets_too_long_is_one_error_line(tmp_path):
         parse_config(TrainConfig, [str(tmp_path / "c0.py")])
     (tmp_path / "c50.py").write_text("batch_size = 3\n")  # a chain of 51 is fine
     assert parse_config(TrainConfig, [str(tmp_path / "c0.py")]).batch_size == 3
+
+
+@dataclass
+class Commented:
+    plain: int = 1  # said after it
+    # said above it,
+    # on two lines
+    above: int = 2
+    spread: str = ("a,"
+                   "b")  # said where its default ends
+    # a heading of what follows, then a blank line
+
+    bare: int = 3
+
+
+def test_a_fields_help_is_its_comment_after_it_above_it_or_where_its_default_ends():
+    helps = {name: s.help for name, s in settings(Commented).items()}
+    assert helps == {"plain": "said after it", "above": "said above it, on two lines",
+                     "spread": "said where its default ends", "bare": ""}
+
+
+def script_configs():
+    """Every config class a command parses: the scripts', the benchmarks' and those the package holds for them."""
+    import importlib
+    import pkgutil
+    from dataclasses import is_dataclass
+
+    import benchmarks
+    from gptkit.chat.reinforce import RLConfig
+    from gptkit.data.preparing import PrepareConfig
+    from gptkit.lab.ladder import LabCommand
+    found = [TrainConfig, RLConfig, PrepareConfig, LabCommand]
+    for name in ["sample", "chat", "explore", "export", "analyze", "plot",
+                 *(f"benchmarks.{m.name}" for m in pkgutil.iter_modules(benchmarks.__path__))]:
+        module = importlib.import_module(name)
+        found += [v for k, v in vars(module).items() if isinstance(v, type) and is_dataclass(v)
+                  and v.__module__ == module.__name__ and k.endswith("Config")]
+    return found
+
+
+def test_every_key_of_every_command_has_a_meaning_in_its_help():
+    """--help gives each key its field's comment: none is listed with a blank where its meaning goes."""
+    blank = {f"{cls.__name__}.{name}" for cls in script_configs() for name, s in settings(cls).items() if not s.help}
+    assert not blank

@@ -95,14 +95,33 @@ def annotation(hint):
 
 
 def field_comments(cls):
-    """The one-line comment after each field in the class source, used as --help text; a subclass's fields
-    and those it inherits from config dataclasses alike."""
+    """The comment of each field in the class source, used as --help text: the one after it on its line (or on the
+    line that ends a default written over several), else the comment lines just above it, joined; a subclass's
+    fields and those it inherits from config dataclasses alike."""
     comments = {}
     for klass in reversed([k for k in cls.__mro__ if is_dataclass(k)]):
+        above, open_field = [], None  # the comment lines just read; a field whose default goes on to later lines
         for line in inspect.getsource(klass).splitlines():
-            m = re.match(r"\s+(\w+): [^=]+ = .*?  # (.*)$", line)
-            if m:
-                comments[m.group(1)] = m.group(2)
+            field = re.match(r"\s+(\w+): [^=]+ = ", line)
+            trailing = re.search(r"  # (.*)$", line)
+            if field:
+                name, open_field = field.group(1), None
+                if trailing:
+                    comments[name] = trailing.group(1)
+                elif above:
+                    comments[name] = " ".join(above)
+                else:
+                    open_field = name
+                above = []
+            elif re.match(r"\s+# ", line):
+                above.append(line.strip()[2:])
+            else:
+                continued = line.startswith((" " * 8, "\t"))  # a default written over several lines goes on
+                if open_field and continued and trailing:
+                    comments[open_field], open_field = trailing.group(1), None
+                elif not continued:
+                    open_field = None
+                above = []
     return comments
 
 

@@ -495,7 +495,7 @@ def batches(reader, files, start, bar):
         for piece in reader.pieces(files[index], start[1] if index == start[0] else 0, bar):
             piece.position = [index, piece.position]
             batch.append(piece)
-            size += len(piece.text)
+            size += len(piece.text or "")  # a Parquet row's null text is None: read_record names it
             if size >= BATCH_CHARS:
                 yield batch
                 batch, size = [], 0
