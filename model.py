@@ -245,14 +245,11 @@ class LoRALinear(nn.Linear):
         self.lora_B = nn.Parameter(torch.zeros(out_features, rank))
 
     def forward(self, x):
-        # y = x Wᵀ + b + (α/r)·x Aᵀ Bᵀ, the narrow x Aᵀ (r wide) first. The update in float32 even
-        # where autocast runs the base product in bfloat16: B's gradient, a sum over every token
-        # into r columns, is summed in another order by bfloat16's kernels on 2 threads than on
-        # 1, and the run would follow the machine's load. With B zero the update adds exact zeros
-        with torch.autocast(x.device.type, enabled=False):
-            update = F.linear(F.linear(x.float(), self.lora_A.float()), self.lora_B.float())
-        base = F.linear(x, self.weight, self.bias)
-        return base + (self.scale * update).to(base.dtype)
+        # y = x (W + (α/r)·B A)ᵀ + b: the update folded into the matrix, one product over the
+        # tokens. (Through the narrow r, x Aᵀ Bᵀ, B's gradient is a sum over every token into r
+        # columns, which bfloat16's CPU kernels sum in another order on 2 threads than on 1, and
+        # a run would follow the machine's load.) With B zero the matrix is W exactly
+        return F.linear(x, self.weight + self.scale * (self.lora_B @ self.lora_A), self.bias)
 
     @torch.no_grad()
     def merged(self):
@@ -292,10 +289,8 @@ class LoRAEmbedding(nn.Embedding):
         self.lora_B = nn.Parameter(torch.zeros(num_embeddings, rank))  # zero: step 0 is the base
 
     def forward(self, idx):
-        # the update in float32, as LoRALinear's: A's gradient sums over every token
-        with torch.autocast(idx.device.type, enabled=False):
-            update = F.embedding(idx, self.lora_B.float()) @ self.lora_A.float()
-        return F.embedding(idx, self.weight) + self.scale * update
+        # the update folded into the table, as LoRALinear folds it into its matrix
+        return F.embedding(idx, self.weight + self.scale * (self.lora_B @ self.lora_A))
 
     @torch.no_grad()
     def merged(self):

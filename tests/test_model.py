@@ -585,10 +585,10 @@ def adapter_gradients(threads, autocast):
 
 
 def test_lora_gradients_are_summed_alike_on_any_thread_count_in_bfloat16():
-    """The adapters' gradients sum over every token into r columns, which bfloat16's CPU kernels sum in another
-    order on 2 threads than on 1: the update runs in float32, so a run whose threads follow the machine's load
-    ends with the weights of the same run idle. (Where this CPU's float32 sums themselves follow the thread
-    count, the run's own probe pins its threads, and there is nothing to test.)"""
+    """Through the narrow r, B's gradient sums over every token into r columns, which bfloat16's CPU kernels sum in
+    another order on 2 threads than on 1: the update is folded into the matrix, so a run whose threads follow the
+    machine's load ends with the weights of the same run idle. (Where this CPU's float32 sums themselves follow the
+    thread count, the run's own probe pins its threads, and there is nothing to test.)"""
     most = torch.get_num_threads()
     try:
         if not all(torch.equal(a, b) for a, b in zip(adapter_gradients(1, False), adapter_gradients(2, False))):
