@@ -478,13 +478,7 @@ def test_a_lab_killed_with_sigkill_leaves_no_train_py_training_on(data_dir, tmp_
               tmp_path / "logs")
     lock = out / "scaled" / "run.lock"
     try:
-        deadline, child = time.time() + 90, None
-        while child is None:  # the lab writes its own pid there first, while it clears the folder
-            text = lock.read_text() if lock.exists() else ""
-            if text.strip() and int(text) != run.proc.pid and "iter " in (out / "scaled" / "train.log").read_text():
-                child = int(text)
-            assert run.proc.poll() is None and time.time() < deadline, run.stderr
-            time.sleep(POLL_S)
+        train_py(run, lock, lambda: "iter " in (out / "scaled" / "train.log").read_text())
         run.proc.kill()
         assert run.wait() == -signal.SIGKILL
         deadline = time.time() + 30
@@ -495,6 +489,17 @@ def test_a_lab_killed_with_sigkill_leaves_no_train_py_training_on(data_dir, tmp_
         run.kill_group()
     log = (out / "scaled" / "train.log").read_text()
     assert f"latest state saved to {out / 'scaled' / 'latest.pt'}" in log and (out / "scaled" / "latest.pt").exists()
+
+
+def train_py(run, lock, ready=lambda: True):
+    """The pid of the train.py a lab run started, once run.lock names it and ready() holds."""
+    deadline = time.time() + 90
+    while True:  # the lab writes its own pid there first, while it clears the folder
+        text = lock.read_text() if lock.exists() else ""
+        if text.strip() and int(text) != run.proc.pid and ready():
+            return int(text)
+        assert run.proc.poll() is None and time.time() < deadline, run.stderr
+        time.sleep(POLL_S)
 
 
 def free(folder):
@@ -514,13 +519,7 @@ def test_a_stopped_lab_stops_its_train_py_and_exits_with_the_signal(data_dir, tm
               tmp_path / "logs")
     lock = out / "scaled" / "run.lock"
     try:
-        deadline, child = time.time() + 90, None
-        while child is None:  # the lab writes its own pid there first, while it clears the folder
-            text = lock.read_text() if lock.exists() else ""
-            if text.strip() and int(text) != run.proc.pid:
-                child = int(text)
-            assert run.proc.poll() is None and time.time() < deadline, run.stderr
-            time.sleep(POLL_S)
+        child = train_py(run, lock)
         run.proc.send_signal(signum)
         assert run.wait() == 128 + signum
         assert_one_error_line(run.stderr, f"error: stopped by {signal.Signals(signum).name} while training rung scaled")
