@@ -816,6 +816,6 @@ def test_every_script_says_in_one_line_where_model_py_does_not_run(tmp_path, tra
     assert_one_error_line(proc.stderr, "error: model.py's GPT.forward(idx, targets) returned Tensor: the tools *")
     proc = subprocess.run([sys.executable, "analyze.py", "heads", run], cwd=project, capture_output=True, text=True,
                           timeout=120)
-    *notes, last = proc.stderr.strip().splitlines()  # after the notes that model.py changed since the run trained
-    assert proc.returncode == 1 and [n[:26] for n in notes] == ["note: model.py has changed", "note: model.py's GPT.forwa"]
+    *notes, last = proc.stderr.strip().splitlines()  # after the note that model.py changed since the run trained
+    assert proc.returncode == 1 and [n[:26] for n in notes] == ["note: model.py has changed"]
     assert_one_error_line(last, "error: model.py's GPT.forward(idx, targets) returned Tensor: the tools *")

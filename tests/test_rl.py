@@ -183,10 +183,10 @@ def test_an_out_dir_holding_a_train_py_run_is_one_line_and_keeps_its_files(tmp_p
     assert {p.name: p.read_bytes() for p in taken.iterdir() if p.is_file() and p.name != "run.lock"} == files
 
 
-def test_a_start_that_failed_before_its_first_save_is_one_line_then_moved_aside_with_start_over(tmp_path, chat_run,
-                                                                                                 monkeypatch, capsys):
+def test_a_start_that_failed_before_its_first_save_starts_again_in_its_place(tmp_path, chat_run, monkeypatch,
+                                                                              capsys):
     """A first step that fails (out of memory, say) leaves the step-0 evaluation in metrics.jsonl and no latest.pt:
-    the command run again names it and the way on; --start_over=True moves it aside and starts."""
+    it trained nothing, so the command run again starts in its place, with a note, and logs step 0 once."""
     import rl
 
     monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: len(answer) % 2 == 0)
@@ -200,19 +200,12 @@ def test_a_start_that_failed_before_its_first_save_is_one_line_then_moved_aside_
     with pytest.raises(RuntimeError, match="simulated"):
         rl.main(rl_args(chat_run, out))
     monkeypatch.setattr(rl, "step", step)
-    kept = (out / "metrics.jsonl").read_bytes()
-    with pytest.raises(UserError) as refused:
-        rl.main(rl_args(chat_run, out))
-    assert str(refused.value) == (f"{out} holds another run (metrics.jsonl) but no saved RL state to continue it from "
-                                  "(latest.pt); train elsewhere with another --out_dir, or start over with "
-                                  "--start_over=True (its files are moved aside, not deleted)")
     capsys.readouterr()
-    rl.main([*rl_args(chat_run, out), "--start_over=True"])
-    (aside,) = out.glob("replaced-*")
-    assert f"note: starting over in {out}: the previous run's metrics.jsonl moved to {aside}\n" in \
-        capsys.readouterr().out
-    assert (aside / "metrics.jsonl").read_bytes() == kept
+    rl.main(rl_args(chat_run, out))
+    assert (f"note: {out} holds a run stopped before its first step (metrics.jsonl: its records of iteration "
+            "0); it trained nothing, and a new run starts in its place\n") in capsys.readouterr().out
     assert load_checkpoint(out / "latest.pt")["iter_num"] == 4
+    assert [r["iter"] for r in read_metrics(out) if r["kind"] == "rl_eval"] == [0, 2, 4]
 
 
 def test_start_over_moves_a_run_aside_once_and_the_new_run_then_continues(tmp_path, chat_run, monkeypatch, capsys):

@@ -147,12 +147,13 @@ class RunDir:
         if not found:
             return
         if self.stopped_before_its_first_step(found):
+            held = "its records and snapshot" if self.snapshots.is_dir() else "its records"
             for path in (*self.snapshots.glob("iter_0.pt*"), self.metrics):
                 path.unlink(missing_ok=True)
             if self.snapshots.is_dir():
                 self.snapshots.rmdir()
             note(f"note: {self.path} holds a run stopped before its first step ({', '.join(p.name for p in found)}: "
-                 "its records and snapshot of iteration 0); it trained nothing, and a new run starts in its place")
+                 f"{held} of iteration 0); it trained nothing, and a new run starts in its place")
             return
         if not start_over:
             raise UserError(f"{self.path} holds another run ({', '.join(p.name for p in found)}){how} train "
