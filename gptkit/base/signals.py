@@ -54,9 +54,8 @@ WATCH_S = 0.25  # how often a training process looks for its launcher: a stop wi
 
 def stop_with_launcher(grace_s):
     """In a process that train.py's launcher (or the lab) started, a thread that stops the process when the launcher
-    is gone,
-    however it went: killed with SIGKILL, it passes no stop on, and its processes would train on to the end,
-    holding the run's lock against the same command started again to continue it. The launcher's going is a
+    is gone, however it went: killed with SIGKILL, it passes no stop on, and its processes would train on to the
+    end, holding the run's lock against the same command started again to continue it. The launcher's going is a
     SIGTERM here (the step finishes, latest.pt saves it, status 143); a process still there grace_s later, stuck
     where no handler runs (waiting on the launcher's rendezvous, say), is killed, as the launcher would have killed
     it. A thread rather than Linux's PR_SET_PDEATHSIG: it works on macOS too, sees a launcher that was gone before
