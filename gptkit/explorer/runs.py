@@ -16,7 +16,7 @@ from gptkit.lab.ladder import RUNGS
 from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, model_config
 from gptkit.run.metrics import read_metrics
 from gptkit.run.run_folder import RunDir
-from gptkit.sampling.decoding import sees_ahead
+from gptkit.sampling.decoding import why_it_sees_ahead
 from model import GPTConfig, count_params
 
 
@@ -118,10 +118,7 @@ def attention_note(model):
     c = model.config
     if c.n_layer == 0:
         return "a bigram model has no attention: each prediction comes from the current token alone"
-    if sees_ahead(model):
-        why = ("this model was trained without the causal mask" if not c.causal else
-               "model.py's attention lets each position see the tokens after it, though this model's settings say "
-               "causal=True (an edit took out or changed the mask)")
+    if why := why_it_sees_ahead(model):
         return (f"{why}: each token also attends to the tokens after it, the very ones it must predict, so it "
                 "learned to copy the answer; that is cheating, and it fails when the model writes, where no later "
                 "token exists yet")
