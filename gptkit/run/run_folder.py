@@ -13,7 +13,6 @@ and what the tools draw of a run there: plot.py's loss.png and attention.png, an
 and timeline.png.
 """
 
-import json
 import os
 import re
 import stat
@@ -29,6 +28,7 @@ from gptkit.data.tokenizer import tokenizer_from_meta
 from gptkit.machine.stand_ins import changed_since, unwatched_edits
 from gptkit.run.checkpoint import (MODEL_KEYS, SNAPSHOT_KEYS, load_checkpoint, model_from_checkpoint, model_header,
                                    model_shape, shape_words)
+from gptkit.run.metrics import parsed
 
 
 def remove_unused(made, lock):
@@ -180,10 +180,10 @@ class RunDir:
             return False
         if self.snapshots.is_dir() and not {p.name for p in self.snapshots.iterdir()} <= {"iter_0.pt", "iter_0.pt.tmp"}:
             return False
-        try:
+        try:  # a line that is not a record a run wrote (parsed gives {}) is the user's to look at
             with open(self.metrics, encoding="utf-8") if self.metrics.exists() else nullcontext([]) as lines:
-                return all(json.loads(line)["iter"] == 0 for line in lines if line.strip())
-        except (OSError, ValueError, TypeError, KeyError):  # not records a run wrote: the user's to look at
+                return all(parsed(line).get("iter") == 0 for line in lines if line.strip())
+        except (OSError, UnicodeDecodeError):
             return False
 
     def resume_candidates(self):
