@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import torch
 
 from gptkit.base.errors import UserError
+from gptkit.base.modes import evaluating
 from gptkit.data.conversations import marker_name, typed
 from gptkit.data.tokenizer import visible
 from model import HookPoint
@@ -63,13 +64,8 @@ def first_nan(model, idx):
             scores["masked_row"] = bool(torch.isneginf(x).all(-1).any())
         if not found and torch.isnan(x).any():
             found.append((name, name.endswith("hook_pattern") and scores.get("masked_row", False)))
-    was_training = model.training
-    model.eval()
-    try:
-        with hooked(model, [(name, look) for name in hook_points(model)]):
-            model(idx)
-    finally:
-        model.train(was_training)
+    with evaluating(model), hooked(model, [(name, look) for name in hook_points(model)]):
+        model(idx)
     return found[0] if found else None
 
 
