@@ -92,7 +92,7 @@ def train(rt, data, state, log, run, budget, stop, aim=None):
     report = Reporter(cfg, rt, data, state, log, budget)
     records = Records(cfg, rt, data, state, log, budget, run, report.say)
     if state.iter_num == 0:
-        stop.doing = "evaluating before the first step (nothing was saved)"
+        stop.doing = "evaluating before the first step (no step was trained: the same command starts it anew)"
         evaluated(rt, data, state, budget, report)
         if records.due(state.iter_num, always=True):  # the run's start
             records.take(state.iter_num, paced=False)

@@ -269,7 +269,7 @@ def stopped_at_start(path, *records):
 
 
 def test_a_run_stopped_before_its_first_step_is_no_other_run_to_the_same_command(tmp_path):
-    """Its line says nothing was saved, and the same command, started again, was refused as over another run
+    """Its line says no step was trained, and the same command, started again, was refused as over another run
     (continue it with --init_from=auto, which refused too: no saved state). It trained nothing: a new run starts in
     its place, and a note says what was there."""
     run, notes = stopped_at_start(tmp_path / "out", ("run", 0), ("eval", 0), ("timeline", 0)), []

@@ -378,7 +378,7 @@ def finished(workdir, data_dir):
 
 
 @pytest.mark.parametrize("when,extra,doing", [
-    ("first", [], "evaluating before the first step (nothing was saved)"),
+    ("first", [], "evaluating before the first step (no step was trained: the same command starts it anew)"),
     ("first", ["--eval_only=True", "--init_from=resume"],
      "evaluating (eval_only: nothing is written but this evaluation's record)"),
     ("final", [], "scoring the whole val split at the end (the trained state is saved in {latest})"),

@@ -173,8 +173,8 @@ class RunDir:
 
     def stopped_before_its_first_step(self, found):
         """Whether found, the run files here, are only what a run writes before its first step (its records of
-        iteration 0, the snapshot of iteration 0) and no state: a run stopped there (its line says nothing was
-        saved), which the same command started again must not be refused as another run."""
+        iteration 0, the snapshot of iteration 0) and no state: a run stopped there (its line says no step was
+        trained), which the same command started again must not be refused as another run."""
         if not set(found) <= {self.metrics, self.snapshots} or self.metrics.is_symlink() or \
                 self.snapshots.is_symlink() or self.snapshots.exists() and not self.snapshots.is_dir():
             return False
