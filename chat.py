@@ -129,7 +129,9 @@ def talk(cfg, model, tok, text, history, lead=""):
     it is sampled after `lead`; the conversation with both turns."""
     messages = history + [{"role": "user", "content": text}]
     # a question the vocabulary cannot spell stops here, before any answer begins
-    ids = next_answer_prompt(tok, messages, model.config.block_size)
+    ids, cut = next_answer_prompt(tok, messages, model.config.block_size)
+    if cut:
+        print(cut, file=sys.stderr, flush=True)
     sys.stdout.write(lead)
     idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
     generator = torch.Generator(device=idx.device).manual_seed(cfg.seed)

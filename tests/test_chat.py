@@ -107,11 +107,25 @@ def test_a_long_conversation_drops_its_oldest_turns_whole_so_the_context_opens_a
     messages = [{"role": role, "content": text} for q, a in turns for role, text in (("user", q), ("assistant", a))
                 if text]
     asked = tok.encode(MARKERS["assistant"])
-    assert next_answer_prompt(tok, messages, 22) == render(messages, tok)[0] + asked
+    assert next_answer_prompt(tok, messages, 22) == (render(messages, tok)[0] + asked, None)
     for block in (21, 15):  # the first question and its answer fall out, not a token of the next
-        assert next_answer_prompt(tok, messages, block) == render(messages[2:], tok)[0] + asked
-    assert next_answer_prompt(tok, messages, 14) == tok.encode(MARKERS["user"] + "3+3") + asked
-    assert next_answer_prompt(tok, messages, 3) == tok.encode("+3") + asked  # a question longer than the context
+        ids, note = next_answer_prompt(tok, messages, block)
+        assert ids == render(messages[2:], tok)[0] + asked
+        assert note == (f"note: the first question and its answer no longer fit the model's context of {block} "
+                        "tokens: it answers without them")
+    ids, note = next_answer_prompt(tok, messages, 14)
+    assert ids == tok.encode(MARKERS["user"] + "3+3") + asked and "first 2 questions and their answers" in note
+    ids, note = next_answer_prompt(tok, messages, 3)  # a question longer than the context
+    assert ids == tok.encode("+3") + asked
+    assert note == "note: the question is 5 tokens with its markers, more than the model's context of 3: it reads " \
+                   "only the last 3"
+
+
+def test_a_question_longer_than_the_context_is_answered_with_a_note_saying_so(chat_run, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("1+1\n" + "1" * 300 + "\n"))
+    proc = check_ok(run_here("chat.py", f"--out_dir={chat_run}", "--max_new_tokens=4"))
+    assert proc.stdout.count("model> ") == 2
+    assert proc.stderr.startswith("note: the question is 302 tokens with its markers, more than the model's context")
 
 
 def test_eval_prints_each_task_and_json_in_the_issues_shape(chat_run):

@@ -79,13 +79,19 @@ def next_answer_prompt(tok, messages, block_size):
     """The tokens that ask for the answer to a conversation's last turn, the user's, within a context of
     block_size: the oldest turns fall out whole, a question with its answer at a time, so that the context opens
     at <|user|> as every conversation the model learned from did; a question longer than the context alone keeps
-    its end."""
+    its end. And the note that says what did not fit (None where all did): the model cannot say it forgot."""
+    dropped = 0
     while True:
         ids, _ = render(messages, tok)
         ids += tok.encode(MARKERS["assistant"])
-        if len(ids) <= block_size or len(messages) == 1:
-            return ids[-block_size:]
-        messages = messages[2:]
+        if len(ids) <= block_size:
+            gone = "first question and its answer" if dropped == 1 else f"first {dropped} questions and their answers"
+            return ids, dropped and f"note: the {gone} no longer fit the model's context of {block_size} tokens: it " \
+                                    "answers without them" or None
+        if len(messages) == 1:
+            return ids[-block_size:], (f"note: the question is {len(ids):,} tokens with its markers, more than the "
+                                       f"model's context of {block_size}: it reads only the last {block_size}")
+        messages, dropped = messages[2:], dropped + 1
 
 
 def conversation_prompt(tok, messages):
