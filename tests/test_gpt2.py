@@ -234,6 +234,26 @@ def test_export_stopped_before_its_files_go_in_is_one_line_and_leaves_the_folder
     assert (tmp_path / "hf" / "config.json").read_text() == "a file of the learner's"
 
 
+def test_export_clears_the_aside_folder_of_an_export_killed_outright_and_keeps_one_under_way(tmp_path):
+    """kill -9 gives an export no time to remove the folder it saves aside in: the next export removes it, but not
+    a folder of a process still running (another export, under way)."""
+    pytest.importorskip("transformers")
+    import subprocess
+
+    import export
+
+    save_fake_run(tiny_model(block_size=24, mlp_act="gelu_tanh"), tmp_path / "out", {"tokenizer": "char",
+                                                                                      "vocab": CHARS})
+    dead = subprocess.Popen(["true"])  # its number, once it has ended, is no running process
+    dead.wait()
+    for pid in (dead.pid, os.getpid()):
+        (tmp_path / "hf" / f".export-{pid}-abc").mkdir(parents=True)
+        (tmp_path / "hf" / f".export-{pid}-abc" / "model.safetensors").write_text("half an export")
+    export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [f".export-{os.getpid()}-abc", "config.json",
+                                                                   "generation_config.json", "model.safetensors"]
+
+
 def test_export_over_a_folder_where_a_file_goes_is_one_line_and_writes_nothing(tmp_path):
     pytest.importorskip("transformers")
     import export

@@ -9,6 +9,7 @@ weights are stored transposed (in, out), and its config calls things by other na
 """
 
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -19,7 +20,7 @@ import torch.nn as nn
 from gptkit.base import files
 from gptkit.base.errors import UserError, first_line, what_does_not_fit
 from gptkit.base.modes import evaluating
-from gptkit.base.signals import StopSignals
+from gptkit.base.signals import StopSignals, alive
 from model import GPT, GPTConfig
 
 HUB_MODELS = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}
@@ -229,6 +230,15 @@ def check_same_logits(model, hf):
                         "own); nothing was written")
 
 
+def clear_killed_exports(hf_dir):
+    """Remove the aside folders that exports killed outright (kill -9, a power cut) left in hf_dir, each named for
+    its export's process: a folder of a process still running is another export's, under way."""
+    for aside in hf_dir.glob(".export-*"):
+        pid = aside.name.split("-")[1]
+        if aside.is_dir() and not aside.is_symlink() and pid.isdigit() and not alive(int(pid)):
+            shutil.rmtree(aside)
+
+
 def save_hf(model, hf_dir, eos_token_id=None):
     """Write model (a GPT) to hf_dir as config.json + model.safetensors for GPT2LMHeadModel: the names of the
     files there it replaced."""
@@ -252,7 +262,8 @@ def save_hf(model, hf_dir, eos_token_id=None):
         # saved aside (transformers writes a folder) in hf_dir, then its files renamed in; every link or folder in
         # the way is refused before any file moves, so that a refusal leaves none of the new files. A stop signal
         # before the renames leaves hf_dir as it was, in one line, its aside folder removed on the way out
-        with StopSignals() as stop, tempfile.TemporaryDirectory(dir=hf_dir, prefix=".export-") as aside:
+        clear_killed_exports(hf_dir)
+        with StopSignals() as stop, tempfile.TemporaryDirectory(dir=hf_dir, prefix=f".export-{os.getpid()}-") as aside:
             stop.doing = f"exporting; {hf_dir} is as it was"
             hf.save_pretrained(aside)
             written = sorted(Path(aside).iterdir())
