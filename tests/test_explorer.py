@@ -209,6 +209,25 @@ def test_a_mask_taken_out_by_hand_is_said_to_see_the_future(tmp_path, monkeypatc
                                    "token also attends to the tokens after it") and "cheating" in info["note"]
 
 
+def test_a_run_trained_before_model_py_changed_says_what_changed_on_its_card(tmp_path, capsys):
+    """model.py edited since the run trained: the explorer said so on its console only, and the learner, who looks
+    at the page, saw no word of it. Now the run's card carries the console's note, naming the pieces that changed,
+    by its run's folder, never a path of this machine; a run whose code is as it was says nothing."""
+    from gptkit.machine.stand_ins import model_code
+
+    root = tmp_path / "runs"
+    for name in ("same", "edited"):
+        fake_run(root / name)
+        rewrite(root / name / "best.pt", ["model_code"], dict(model_code()))
+    rewrite(root / "edited" / "best.pt", ["model_code", "relu_squared"], "0" * 16)  # what an edit since made of it
+    client = app_over(root)
+    assert client.get("/api/runs/same").json()["code_note"] is None
+    note = client.get("/api/runs/edited").json()["code_note"]
+    assert note == ("model.py has changed since edited/best.pt was trained (relu_squared): the model runs the code "
+                    "as it is now, which may not be what it learned with")
+    assert f"since {root / 'edited' / 'best.pt'} was trained (relu_squared)" in capsys.readouterr().err  # as ever
+
+
 def test_a_text_is_read_by_a_model_whose_attention_passes_no_pattern_hook(tmp_path, monkeypatch):
     """The notes' averaging loop in uniform attention, past self.hook_pattern: "Read a text" needs no attention
     weights, and refused the run in one line ("model.py's forward never passes through the hook point

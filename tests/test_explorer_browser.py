@@ -697,3 +697,34 @@ def test_a_chat_run_is_asked_a_question_and_its_answers_tokens_say_why(browser, 
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.mark.slow
+def test_a_run_trained_before_model_py_changed_says_what_changed_on_its_card(browser, tmp_path):
+    """model.py edited since the run trained: the console said so, the page did not. Now the picked run's card says
+    it in the console's words, naming the pieces that changed; the run it shows next, unedited, says nothing."""
+    from gptkit.machine.stand_ins import model_code
+    from test_checkpoints import rewrite
+    from test_explorer import fake_run
+
+    root = tmp_path / "runs"
+    for name in ("edited", "same"):
+        fake_run(root / name)
+        rewrite(root / name / "best.pt", ["model_code"], dict(model_code()))
+    rewrite(root / "edited" / "best.pt", ["model_code", "relu_squared"], "0" * 16)
+    url, proc = serve(root)
+    try:
+        wait = waiting(browser)
+        browser.get(url + "/")
+        wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("Loaded edited"))
+        note = browser.find_element(By.ID, "run-code-note")
+        assert note.is_displayed() and note.text == (
+            "model.py has changed since edited/best.pt was trained (relu_squared): the model runs the code as it is "
+            "now, which may not be what it learned with")
+        browser.find_element(By.CSS_SELECTOR, '#runs .run[data-name="same"]').click()
+        wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("Loaded same"))
+        assert not browser.find_element(By.ID, "run-code-note").is_displayed()
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        proc.terminate()
+        proc.wait(30)

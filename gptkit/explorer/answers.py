@@ -276,6 +276,7 @@ def picked(name, loaded):
             "block_size": c.block_size, "attention": c.attention, "causal": not sees_ahead(loaded.model),
             "vocab_size": loaded.tok.vocab_size, "tokenizer": loaded.summary.tokenizer,
             "tokenizer_kind": loaded.tok.kind, "chat": is_chat(loaded.tok),
-            "decode": loaded.decoding, "note": attention_note(loaded.model), "mlp": bool(c.mlp)}
+            "decode": loaded.decoding, "note": attention_note(loaded.model), "mlp": bool(c.mlp),
+            "code_note": loaded.code_note}
 
 

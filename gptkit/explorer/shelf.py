@@ -21,7 +21,7 @@ from gptkit.interp.experiments import shown_value
 from gptkit.machine.precision import DTYPES, pick_decode_dtype
 from gptkit.machine.threads import pick_decode_threads
 from gptkit.run.checkpoint import MODEL_KEYS, SNAPSHOT_KEYS
-from gptkit.run.run_folder import RunDir, model_at
+from gptkit.run.run_folder import RunDir, code_changed_note, model_at
 from gptkit.sampling.decoding import lay_out_for_decoding
 
 LOADED_AT_ONCE = 4  # models kept in memory; the least recently picked one is dropped first
@@ -37,6 +37,8 @@ class Loaded:
     decoder: torch.nn.Module
     tok: object
     decoding: str  # which precision decodes, and why
+    # where model.py has changed since the checkpoint was trained, the console's note naming what changed; else None
+    code_note: str = None
     # hook -> its SAE (gptkit/explorer/feature_answers.py's Kept), once asked for
     saes: dict = field(default_factory=dict)
     at: str = None  # the checkpoint a request named ('iter:1200'), for one of the run's snapshots; else None
@@ -166,6 +168,8 @@ class Shelf:
             lay_out_for_decoding(decoder)
         _, threads = pick_decode_threads(0, decoder, self.device)  # as sample.py: one thread unless clearly faster
         dtype, why = pick_decode_dtype(self.dtype, decoder, self.device)
-        return Loaded(summary, model, decoder.to(DTYPES[dtype]), tok, "; ".join(w for w in (why, threads) if w), at=at)
+        changed = code_changed_note(ckpt, summary.checkpoint)  # the page's words for it, holding no path
+        return Loaded(summary, model, decoder.to(DTYPES[dtype]), tok, "; ".join(w for w in (why, threads) if w),
+                      code_note=changed and without_paths(changed.removeprefix("note: "), summary.folder), at=at)
 
 

@@ -274,11 +274,8 @@ def model_at(path, device="cpu", watched=False, required=MODEL_KEYS):
     it is now. watched: for a tool whose passes watch hooks, a note where they cannot run an edit
     (unwatched_edits); required: the fields it must hold (a snapshot's, SNAPSHOT_KEYS)."""
     ckpt = load_checkpoint(path, required=required)
-    changed = changed_since(ckpt.get("model_code"))
-    if changed:
-        print(f"note: model.py has changed since {path} was trained ({', '.join(changed[:4])}"
-              f"{', ...' if len(changed) > 4 else ''}): the model runs the code as it is now, which may not be what "
-              "it learned with", file=sys.stderr, flush=True)
+    if note := code_changed_note(ckpt, path):
+        print(note, file=sys.stderr, flush=True)
     model, tok = model_from_checkpoint(ckpt, path), tokenizer_from_meta(ckpt["tokenizer"])
     if watched and (note := unwatched_edits(model)):
         print(note, file=sys.stderr, flush=True)
@@ -286,6 +283,18 @@ def model_at(path, device="cpu", watched=False, required=MODEL_KEYS):
         raise UserError(f"{path} is damaged: its tokenizer has {tok.vocab_size:,} tokens, its model "
                         f"{model.config.vocab_size:,} token ids")
     return model.to(device).eval(), tok, ckpt
+
+
+def code_changed_note(ckpt, path):
+    """The note where model.py has changed since the checkpoint at path was trained, naming the pieces that changed
+    (its model_code against the code now); None where none did or it keeps no model_code. model_at prints it; the
+    explorer shows it on the run's card."""
+    changed = changed_since(ckpt.get("model_code"))
+    if not changed:
+        return None
+    return (f"note: model.py has changed since {path} was trained ({', '.join(changed[:4])}"
+            f"{', ...' if len(changed) > 4 else ''}): the model runs the code as it is now, which may not be what it "
+            "learned with")
 
 
 def load_model(out_dir, device, which="best", watched=False):

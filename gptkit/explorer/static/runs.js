@@ -158,6 +158,7 @@ export function pickRun(name, again = false) {
   $('#read-run1').textContent = name;
   $('#run-title').textContent = 'Picked run: ' + name;
   $('#run-note').hidden = true;
+  $('#run-code-note').hidden = true;
   renderFacts([['loading', 'the model…']]);
   setLine('#run-status', '');
   const entry = state.runs.find((r) => r.name === name);
@@ -216,6 +217,10 @@ function renderInfo(info) {
   note.hidden = !info.note;
   note.textContent = info.note || '';
   note.classList.toggle('cheat', info.causal === false);
+  // model.py edited since the run trained: the console's note, where a learner looks
+  const code = $('#run-code-note');
+  code.hidden = !info.code_note;
+  code.textContent = info.code_note || '';
   setLine('#run-status', '');
   setLine('#status', info.chat ? `Loaded ${info.name}, a chat run. Type a question and press Ask (or Enter).`
     : `Loaded ${info.name}. Type a prompt and press Generate (or Enter).`);
