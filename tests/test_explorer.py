@@ -627,6 +627,25 @@ def test_the_list_shows_the_folder_as_it_is_now(lab, tmp_path):
     assert app.get("/api/runs/later").status_code == 404
 
 
+def test_a_lora_runs_entry_says_lora_at_its_rank_and_counts_the_merged_models_parameters(tmp_path, capsys):
+    """A fine-tune with lora_rank=2: the list never said LoRA, and counted the adapters among the parameters of a
+    model the explorer runs merged. Now it counts the merged model's (model.py's merge_lora), and says what the
+    adapters trained in the very line train.py prints as the fine-tune starts."""
+    from gptkit.training.starting import build_model
+    from model import count_params, merge_lora
+
+    model = fake_run(tmp_path / "runs" / "lora", lora_rank=2, tie_weights=False)  # LoRA adapts head and table apart
+    fake_run(tmp_path / "runs" / "plain", tie_weights=False)
+    build_model(TrainConfig(), model.config, {"vocab_size": len(CHARS)})  # as train.py starts a LoRA fine-tune
+    said = capsys.readouterr().out.splitlines()[0]
+    assert said.startswith("LoRA rank 2: ")
+    runs = {r["name"]: r for r in app_over(tmp_path / "runs").get("/api/runs").json()["runs"]}
+    merged, config = merge_lora(model.state_dict(), model.config)
+    assert runs["lora"]["params"] == count_params(merged, config) < count_params(model.state_dict(), model.config)
+    assert runs["lora"]["lora"] == said
+    assert runs["plain"]["lora"] is None and runs["plain"]["params"] == runs["lora"]["params"]
+
+
 def test_a_run_without_best_pt_opens_its_latest_state_and_says_so(lab, tmp_path):
     run = tmp_path / "runs" / "young"
     shutil.copytree(lab[0] / "scaled", run)

@@ -5,8 +5,10 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+import torch
 
 from gptkit.base.errors import UserError, first_line
 from gptkit.data.conversations import MARKERS
@@ -17,7 +19,8 @@ from gptkit.run.checkpoint import MODEL_KEYS, load_checkpoint, model_config
 from gptkit.run.metrics import read_metrics
 from gptkit.run.run_folder import RunDir
 from gptkit.sampling.decoding import why_it_sees_ahead
-from model import GPTConfig, count_params
+from gptkit.training.starting import lora_line
+from model import GPT, GPTConfig, count_params
 
 
 class ApiError(Exception):
@@ -148,12 +151,13 @@ class Summary:
     identity: tuple = None  # the checkpoint file's identity when read: another one is read again
     iter_num: int = None  # the step its weights are of, where the checkpoint says
     chat: bool = False  # a chat run: its char-level vocabulary holds the chat markers
+    lora: str = None  # a LoRA run's: train.py's line on what its adapters trained
 
     def to_json(self):
         out = {"name": shown(self.name), "error": self.error, "settings": None, "params": None, "iterations": None,
                "final_val_loss": None, "bits_per_char": None, "tokenizer": self.tokenizer,
                "tokenizer_kind": self.tokenizer_kind, "rung": lab_rung(self.folder), "health": None,
-               "checkpoint": None, "step": None, "metrics_error": None, "chat": self.chat}
+               "checkpoint": None, "step": None, "metrics_error": None, "chat": self.chat, "lora": self.lora}
         if self.error is None:
             out.update(settings=self.config.describe(), params=self.params, checkpoint=self.checkpoint.name,
                        step=self.iter_num,
@@ -233,6 +237,14 @@ def identity_of(folder):
         return None
 
 
+def merged_count(config):
+    """(the parameters of a LoRA run's model as the explorer runs it, its adapters merged into their matrices, and
+    train.py's line on what the adapters trained), counted by model.py on models of its shape on torch's meta
+    device: no weights are made."""
+    with torch.device("meta"):
+        return GPT(replace(config, lora_rank=0)).num_params(), lora_line(GPT(config))
+
+
 def summarize(name, folder):
     """A run's summary, or its error as one line: a damaged, foreign or unreadable run does not stop the others."""
     identity = None
@@ -246,12 +258,12 @@ def summarize(name, folder):
         identity = identity_of(folder)
         ckpt = load_checkpoint(path, required=MODEL_KEYS)
         config = model_config(ckpt, path)
-        params = count_params(ckpt["model"], config)  # model.py's count
+        params, lora = merged_count(config) if config.lora_rank else (count_params(ckpt["model"], config), None)
         step, meta = ckpt.get("iter_num"), ckpt["tokenizer"]
         chat = (holds_chat_markers(meta["vocab"]) if meta["tokenizer"] == "char" and isinstance(meta.get("vocab"), str)
                 else bool(meta.get("chat")))  # a BPE's markers: tokens of their own, named in its "chat"
         return Summary(name, folder, path, config, params, describe_vocabulary(meta), meta["tokenizer"],
-                       identity=identity, iter_num=step if type(step) is int else None, chat=chat)
+                       identity=identity, iter_num=step if type(step) is int else None, chat=chat, lora=lora)
     except OSError as e:
         return Summary(name, folder, error=without_paths(f"cannot read {e.filename or folder} ({e.strerror or e})",
                                                          folder))

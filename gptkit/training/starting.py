@@ -39,11 +39,7 @@ def build_model(cfg, planned, meta, ckpt=None, path=None, rank=0, base=None):
             load_base(model, base, meta, rank)
     total = model.num_params(non_embedding=False)
     if model.config.lora_rank and rank == 0:
-        trained = model.trainable_params()
-        *parts, last = adapted_parts(model) or ["no layer"]
-        print(f"LoRA rank {model.config.lora_rank}: {trained:,} of the model's {total:,} parameters train "
-              f"({100 * trained / total:.1f}%): the adapters on {', '.join(parts)}{' and ' * bool(parts)}{last}; "
-              "the base model's weights are frozen", flush=True)
+        print(lora_line(model), flush=True)
     elif base is not None and rank == 0:  # lora_rank=0 given over a LoRA config's would otherwise go unsaid
         print(f"a full fine-tune: all {total:,} of the model's parameters train (lora_rank=R trains adapters of "
               "rank R instead, the base's weights frozen)", flush=True)
@@ -70,6 +66,16 @@ def sees_ahead_line(model):
 ADAPTED_WORDS = {"transformer.wte": "the token table", "attn.c_attn": "attention's q, k, v",
                  "attn.c_proj": "attention's output matrix", "mlp.c_fc": "the MLP's first matrix",
                  "mlp.c_proj": "the MLP's second matrix", "lm_head": "the head"}
+
+
+def lora_line(model):
+    """What a LoRA model trains, in one line: its rank, the adapters' parameters among all of the model's and the
+    layers they adapt (train.py prints it as a fine-tune starts; the explorer's runs list shows it)."""
+    total, trained = model.num_params(non_embedding=False), model.trainable_params()
+    *parts, last = adapted_parts(model) or ["no layer"]
+    return (f"LoRA rank {model.config.lora_rank}: {trained:,} of the model's {total:,} parameters train "
+            f"({100 * trained / total:.1f}%): the adapters on {', '.join(parts)}{' and ' * bool(parts)}{last}; "
+            "the base model's weights are frozen")
 
 
 def adapted_parts(model):

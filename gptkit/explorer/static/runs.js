@@ -134,6 +134,11 @@ function appendRunStats(b, r) {
   b.append(stats);
   if (r.tokenizer) b.append(el('span', 'run-stats', 'tokens: ' + r.tokenizer));
   if (r.chat) b.append(el('span', 'run-stats', 'a chat run: Write asks it questions'));
+  // train.py's line on what the adapters trained; the count above is of the model the explorer runs, merged
+  if (r.lora) {
+    b.append(el('span', 'run-stats', `${r.lora}. The explorer runs the adapters merged into their matrices: ` +
+      `${fmtInt(r.params)} parameters`));
+  }
   if (r.checkpoint === 'latest.pt') b.append(el('span', 'run-health', 'shows latest.pt, its latest state: the run has no best.pt'));
   if (r.health) b.append(el('span', 'run-health', r.health));
   if (r.metrics_error) b.append(el('span', 'run-error', 'no curves: ' + r.metrics_error));
