@@ -646,6 +646,27 @@ def test_a_lora_runs_entry_says_lora_at_its_rank_and_counts_the_merged_models_pa
     assert runs["plain"]["lora"] is None and runs["plain"]["params"] == runs["lora"]["params"]
 
 
+def test_a_run_trained_again_to_the_same_step_is_listed_as_another_write_of_its_checkpoint(lab, tmp_path):
+    """Trained again into its folder to the same step, a run's entry held the same settings and step as before,
+    which is all the page compared: it went on showing the old model. Now the entry says which write of the
+    checkpoint file it is, the same while the file is, another once the run is trained again, and the run picked
+    then is the new model."""
+    root = tmp_path / "runs"
+    fake_run(root / "run", 0)
+    app = app_over(root)
+    first = app.get("/api/runs").json()["runs"][0]
+    assert first["written"] and app.get("/api/runs").json()["runs"][0]["written"] == first["written"]
+    fake_run(tmp_path / "again", 1)
+    os.replace(tmp_path / "again" / "best.pt", root / "run" / "best.pt")
+    now = app.get("/api/runs").json()["runs"][0]
+    assert now["step"] == first["step"] and now["settings"] == first["settings"] and now["written"] != first["written"]
+    read = app.post("/api/read", json=dict(run="run", text="abc def")).json()
+    ids = torch.tensor([ids_of("abc def")])
+    with torch.no_grad():
+        loss = fake_run(tmp_path / "third", 1)(ids[:, :-1], ids[:, 1:])[1].item()
+    assert read["loss"] == pytest.approx(loss, rel=1e-5)
+
+
 def test_a_run_without_best_pt_opens_its_latest_state_and_says_so(lab, tmp_path):
     run = tmp_path / "runs" / "young"
     shutil.copytree(lab[0] / "scaled", run)

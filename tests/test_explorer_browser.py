@@ -728,3 +728,43 @@ def test_a_run_trained_before_model_py_changed_says_what_changed_on_its_card(bro
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def retrained(folder, seed, val_loss):
+    """A run in folder as test_explorer's fake_run writes it, of step 20, whose timeline's record at step 20 has
+    val_loss: each seed another model of the same step, as a run trained again into its folder is."""
+    from test_explorer import fake_run
+
+    fake_run(folder, seed)
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    records.insert(-1, {"kind": "timeline", "iter": 20, "icl": -0.1, "loss_by_position": [3.0] * 8, "heads": None})
+    for r in records:
+        if r["kind"] == "eval" and r["iter"] == 20:
+            r["val_loss"] = val_loss
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_a_picked_run_trained_again_to_the_same_step_is_loaded_again(browser, tmp_path):
+    """The picked run trained again into its folder (train.py --start_over=True, the same max_iters): its best.pt
+    holds the same step, of another model. The page compared the runs list's settings and step, found them the same,
+    and went on showing the old model's timeline. Now the list says which write of the file each checkpoint is,
+    and the run is loaded again, its timeline the new run's, with a line saying why."""
+    run = tmp_path / "runs" / "run"
+    retrained(run, 0, 2.7)
+    url, proc = serve(run)
+    try:
+        wait = waiting(browser)
+        browser.get(url + "/")
+        wait.until(lambda d: "val loss 2.7000" in d.find_element(By.ID, "timeline-readout").text)
+        retrained(tmp_path / "again", 1, 2.5)
+        for name in ("metrics.jsonl", "best.pt"):
+            os.replace(tmp_path / "again" / name, run / name)
+        browser.execute_script("window.dispatchEvent(new Event('focus'))")  # the learner comes back to the page
+        wait.until(lambda d: "val loss 2.5000" in d.find_element(By.ID, "timeline-readout").text)
+        assert browser.find_element(By.ID, "runs-status").text == (
+            "run's best.pt was written again since it was loaded (it still holds step 20): loaded again")
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -157,10 +157,13 @@ class Summary:
         out = {"name": shown(self.name), "error": self.error, "settings": None, "params": None, "iterations": None,
                "final_val_loss": None, "bits_per_char": None, "tokenizer": self.tokenizer,
                "tokenizer_kind": self.tokenizer_kind, "rung": lab_rung(self.folder), "health": None,
-               "checkpoint": None, "step": None, "metrics_error": None, "chat": self.chat, "lora": self.lora}
+               "checkpoint": None, "step": None, "metrics_error": None, "chat": self.chat, "lora": self.lora,
+               "written": None}
         if self.error is None:
+            # which write of the checkpoint file it is: a run trained again to the same step is another model
+            written = ":".join(map(str, self.identity[1])) if self.identity else None
             out.update(settings=self.config.describe(), params=self.params, checkpoint=self.checkpoint.name,
-                       step=self.iter_num,
+                       step=self.iter_num, written=written,
                        **finished(self.folder, self.tokenizer_kind))
         return out
 

@@ -49,8 +49,10 @@ export async function refreshRuns() {
     fillSecondRunPicker();
     setLine('#runs-status', '');
     const now = state.runs.find((r) => r.name === state.run);
-    // the step too: a resume's new best.pt is a model of the same shape, and the curves and timeline go on
-    const model = (r) => JSON.stringify([r.settings, r.params, r.tokenizer, r.checkpoint, r.error, r.chat, r.step]);
+    // the step too: a resume's new best.pt is a model of the same shape, and the curves and timeline go on; and
+    // which write of the file it is: a run trained again to the same step is another model of the same step
+    const model = (r) => JSON.stringify([r.settings, r.params, r.tokenizer, r.checkpoint, r.error, r.chat, r.step,
+      r.written]);
     if (before && !now) {
       const root = (data && data.root) || 'the folder';
       const gone = `run ${before.name} is no longer in ${root} (its folder was removed or renamed)`;
@@ -59,10 +61,7 @@ export async function refreshRuns() {
       pickRun(now.name, true); // back again (renamed back, trained again): as it is now
     } else if (before && now && model(before) !== model(now)) {
       pickRun(now.name, true);
-      if (now.step !== before.step && Number.isFinite(now.step) && Number.isFinite(before.step)) {
-        const held = `now holds step ${fmtInt(now.step)} (it held ${fmtInt(before.step)})`;
-        setLine('#runs-status', `${now.name}'s ${now.checkpoint} ${held}: loaded again`);
-      }
+      setLine('#runs-status', loadedAgain(before, now));
     } else if (before && now && JSON.stringify([now.iterations, now.final_val_loss])
       !== JSON.stringify([before.iterations, before.final_val_loss])) {
       loadMetrics(now.name, state.pickSeq); // the same model, trained on: its curves as far as the list says
@@ -74,6 +73,20 @@ export async function refreshRuns() {
   } finally {
     refreshing = false;
   }
+}
+
+/** Why the picked run was loaded again, where its card does not show it: its checkpoint holds another step, or
+    the same step written again (the run trained again into its folder); else ''. */
+function loadedAgain(before, now) {
+  const file = `${now.name}'s ${now.checkpoint}`;
+  if (now.step !== before.step && Number.isFinite(now.step) && Number.isFinite(before.step)) {
+    return `${file} now holds step ${fmtInt(now.step)} (it held ${fmtInt(before.step)}): loaded again`;
+  }
+  if (now.checkpoint === before.checkpoint && now.written !== before.written) {
+    const held = Number.isFinite(now.step) ? ` (it still holds step ${fmtInt(now.step)})` : '';
+    return `${file} was written again since it was loaded${held}: loaded again`;
+  }
+  return '';
 }
 
 function renderRuns() {
