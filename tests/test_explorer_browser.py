@@ -768,3 +768,67 @@ def test_a_picked_run_trained_again_to_the_same_step_is_loaded_again(browser, tm
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def kept(run, step):
+    """A snapshot of step `step` in run's snapshots/, as train.py --snapshots keeps one (its best.pt's weights)."""
+    from gptkit.run.checkpoint import load_checkpoint, save_checkpoint
+
+    ckpt = load_checkpoint(run / "best.pt")
+    del ckpt["format_version"]
+    (run / "snapshots").mkdir(exist_ok=True)
+    save_checkpoint(dict(ckpt, iter_num=step), run / "snapshots" / f"iter_{step}.pt")
+
+
+def logged(run, step):
+    """The records a run still training logs at an evaluation of step `step` whose val loss is not its best (its
+    best.pt stays): a train record, the evaluation and its timeline record."""
+    with open(run / "metrics.jsonl", "a", encoding="utf-8") as f:
+        for r in ({"kind": "train", "iter": step, "loss": 2.0, "lr": 1e-3, "tokens": 100, "elapsed_s": 5.0},
+                  {"kind": "eval", "iter": step, "train_loss": 2.0, "val_loss": 2.9, "elapsed_s": 5.0},
+                  {"kind": "timeline", "iter": step, "icl": -0.2, "loss_by_position": [2.9] * 8, "heads": None}):
+            f.write(json.dumps(r) + "\n")
+
+
+def back_on_the_page(browser):
+    """The learner comes back to the page (True): again at each try of a wait, as a focus that comes while the page
+    still asks for the list from the one before is not asked again."""
+    browser.execute_script("window.dispatchEvent(new Event('focus'))")
+    return True
+
+
+@pytest.mark.slow
+def test_a_picked_run_that_logged_more_draws_its_timeline_again_at_the_snapshot_it_reads(browser, tmp_path):
+    """The picked run trained on (its best.pt the same): the curves were drawn again, but the timeline was asked for
+    only when a pick loaded the run, so its records and snapshots stayed those of then. Now it is drawn again with
+    the curves; the slider stays at the snapshot the panels read while the run keeps it, and where the run no longer
+    does, goes back to the run's own weights, saying so."""
+    run = tmp_path / "runs" / "run"
+    retrained(run, 0, 2.7)
+    for step in (0, 10):
+        kept(run, step)
+    url, proc = serve(run)
+    try:
+        wait = waiting(browser)
+        browser.get(url + "/")
+        wait.until(lambda d: d.find_element(By.ID, "timeline-card").get_attribute("data-ready"))
+        card, slider = browser.find_element(By.ID, "timeline-card"), browser.find_element(By.ID, "step-range")
+        assert slider.get_attribute("max") == "1"
+        slider.send_keys(Keys.ARROW_LEFT)  # to step 0's snapshot
+        wait.until(lambda d: card.get_attribute("data-checkpoint") == "iter:0")
+        logged(run, 30)
+        kept(run, 30)
+        wait.until(lambda d: back_on_the_page(d) and slider.get_attribute("max") == "2")
+        assert card.get_attribute("data-checkpoint") == "iter:0" and slider.get_attribute("value") == "0"
+        assert browser.find_element(By.ID, "step-banner").is_displayed()
+        (run / "snapshots" / "iter_0.pt").unlink()  # thinned, as a run still training thins its snapshots
+        logged(run, 40)
+        wait.until(lambda d: back_on_the_page(d) and slider.get_attribute("max") == "1")
+        assert card.get_attribute("data-checkpoint") == "" and card.get_attribute("data-step") == "20"
+        assert browser.find_element(By.ID, "timeline-status").text == (
+            "the run no longer keeps step 0: back to its own weights")
+        assert not browser.find_element(By.ID, "step-banner").is_displayed()
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        proc.terminate()
+        proc.wait(30)

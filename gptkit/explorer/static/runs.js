@@ -64,7 +64,9 @@ export async function refreshRuns() {
       setLine('#runs-status', loadedAgain(before, now));
     } else if (before && now && JSON.stringify([now.iterations, now.final_val_loss])
       !== JSON.stringify([before.iterations, before.final_val_loss])) {
-      loadMetrics(now.name, state.pickSeq); // the same model, trained on: its curves as far as the list says
+      // the same model, trained on: its curves and timeline as far as the list says
+      loadMetrics(now.name, state.pickSeq);
+      loadTimeline(now.name, state.pickSeq);
     }
     const first = state.runs.find((r) => !r.error);
     if (!state.run && first) pickRun(first.name);

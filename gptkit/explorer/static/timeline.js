@@ -66,7 +66,7 @@ function render() {
   $('#timeline-body').hidden = !steps.length;
   $('#timeline-card').dataset.ready = '1';
   if (!steps.length) return;
-  cursor = ownStep();
+  cursor = keptReading();
   for (const id of SLIDERS) Object.assign($(id), { min: '0', max: String(steps.length - 1) });
   placeSliders();
   $('#timeline-charts').hidden = !data.records.length;
@@ -76,6 +76,19 @@ function render() {
   if (scored) buildMultiples(data, scored.heads.induction.length, scored.heads.induction[0].length, xAt);
   setLine('#phase-line', phaseInWords(data.phase));
   showStep();
+}
+
+/** Where the slider goes as the timeline comes: the run's own step; loaded again (the run logged more), the
+    snapshot the panels read while the run still keeps it (a run still training thins its snapshots), else back to
+    the run's own weights, the panels with it. */
+function keptReading() {
+  if (!state.checkpoint) return ownStep();
+  const reading = Number(state.checkpoint.slice(5));
+  if (data.snapshots.includes(reading)) return reading;
+  state.checkpoint = null;
+  setLine('#timeline-status', `the run no longer keeps step ${fmtInt(reading)}: back to its own weights`);
+  setTimeout(changed); // once the timeline is drawn
+  return ownStep();
 }
 
 /** The step of the run's own weights (its checkpoint's, where it says), else the last recorded. */
