@@ -228,6 +228,26 @@ def test_a_run_trained_before_model_py_changed_says_what_changed_on_its_card(tmp
     assert f"since {root / 'edited' / 'best.pt'} was trained (relu_squared)" in capsys.readouterr().err  # as ever
 
 
+def test_an_edit_the_panels_watching_hooks_cannot_run_is_said_on_the_page(tmp_path, capsys, monkeypatch):
+    """An edited sdpa runs in the model, but the panels that watch the attention pattern (where it looked, the head
+    maps, the labels) write the attention out in their own code: the explorer said so on its console only. Now the
+    run's answer carries the console's note (unwatched_edits), for the page to show in those panels; unedited, none."""
+    import model as model_py
+    from gptkit.machine.stand_ins import unwatched_edits
+
+    fake_run(tmp_path / "run")
+    assert app_over(tmp_path / "run").get("/api/runs/run").json()["watch_note"] is None
+    sdpa = model_py.SelfAttention.sdpa
+
+    def doubled(self, q, k, v):
+        return 2 * sdpa(self, q, k, v)
+    monkeypatch.setattr(model_py.SelfAttention, "sdpa", doubled)
+    capsys.readouterr()
+    note = app_over(tmp_path / "run").get("/api/runs/run").json()["watch_note"]
+    assert note == unwatched_edits().removeprefix("note: ") and note.startswith("model.py's SelfAttention.sdpa is ")
+    assert capsys.readouterr().err.endswith(unwatched_edits() + "\n")  # the console's, as ever
+
+
 def test_a_text_is_read_by_a_model_whose_attention_passes_no_pattern_hook(tmp_path, monkeypatch):
     """The notes' averaging loop in uniform attention, past self.hook_pattern: "Read a text" needs no attention
     weights, and refused the run in one line ("model.py's forward never passes through the hook point

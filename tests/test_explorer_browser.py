@@ -45,10 +45,13 @@ def served(trained_run, tmp_path):
     proc.wait(30)
 
 
-def serve(folder):
-    """explore.py serving folder on a free port: (its address, the process)."""
-    proc = subprocess.Popen([sys.executable, str(REPO / "explore.py"), str(folder), "--port=0", "--device=cpu",
-                             "--dtype=float32"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def serve(folder, edit=None):
+    """explore.py serving folder on a free port: (its address, the process). edit: Python run before it, as the
+    learner's edit to model.py."""
+    script = ["-c", f"{edit}\nimport runpy\nrunpy.run_path({str(REPO / 'explore.py')!r}, run_name='__main__')"] \
+        if edit else [str(REPO / "explore.py")]
+    proc = subprocess.Popen([sys.executable, *script, str(folder), "--port=0", "--device=cpu", "--dtype=float32"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     line = proc.stdout.readline()
     assert line.startswith("explorer: http://"), proc.stderr.read() if proc.poll() is not None else line
     return line.split()[1].rstrip("/"), proc
@@ -828,6 +831,39 @@ def test_a_picked_run_that_logged_more_draws_its_timeline_again_at_the_snapshot_
         assert browser.find_element(By.ID, "timeline-status").text == (
             "the run no longer keeps step 0: back to its own weights")
         assert not browser.find_element(By.ID, "step-banner").is_displayed()
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+# model.py's sdpa edited, as a learner would: the model runs it, a pass that watches the pattern does not
+EDITED_SDPA = """import model
+sdpa = model.SelfAttention.sdpa
+def doubled(self, q, k, v):
+    return 2 * sdpa(self, q, k, v)
+model.SelfAttention.sdpa = doubled"""
+
+
+@pytest.mark.slow
+def test_an_edit_the_panels_watching_hooks_cannot_run_is_said_in_those_panels(browser, tmp_path):
+    """model.py's sdpa edited: the attention the panels watching hooks show is written out in their own code, not
+    the learner's, and the console said so, the page did not. Now each of those panels (the heads' labels, why this
+    token, where it looked, the two heads, the lens, read a text) says it in the console's words."""
+    from test_explorer import fake_run
+
+    fake_run(tmp_path / "run")
+    url, proc = serve(tmp_path / "run", EDITED_SDPA)
+    try:
+        wait = waiting(browser)
+        browser.get(url + "/")
+        wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("Loaded run"))
+        said = httpx.get(f"{url}/api/runs/run").json()["watch_note"]
+        assert said.startswith("model.py's SelfAttention.sdpa is edited, but a pass that watches the attention")
+        notes = {n.find_element(By.XPATH, "./ancestor::section").get_attribute("id"): n
+                 for n in browser.find_elements(By.CSS_SELECTOR, ".watch-note")}
+        assert set(notes) == {"switches-card", "why-card", "attention-card", "pair-card", "lens-card", "read-card"}
+        assert all(n.is_displayed() and n.text == said for n in notes.values())
         assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     finally:
         proc.terminate()

@@ -277,6 +277,6 @@ def picked(name, loaded):
             "vocab_size": loaded.tok.vocab_size, "tokenizer": loaded.summary.tokenizer,
             "tokenizer_kind": loaded.tok.kind, "chat": is_chat(loaded.tok),
             "decode": loaded.decoding, "note": attention_note(loaded.model), "mlp": bool(c.mlp),
-            "code_note": loaded.code_note}
+            "code_note": loaded.code_note, "watch_note": loaded.watch_note}
 
 

@@ -18,6 +18,7 @@ from gptkit.explorer.runs import (ApiError, Summary, find_run, find_runs, identi
                                   without_paths)
 from gptkit.explorer.timeline_answers import checkpoint_file
 from gptkit.interp.experiments import shown_value
+from gptkit.machine.stand_ins import unwatched_edits
 from gptkit.machine.precision import DTYPES, pick_decode_dtype
 from gptkit.machine.threads import pick_decode_threads
 from gptkit.run.checkpoint import MODEL_KEYS, SNAPSHOT_KEYS
@@ -39,6 +40,9 @@ class Loaded:
     decoding: str  # which precision decodes, and why
     # where model.py has changed since the checkpoint was trained, the console's note naming what changed; else None
     code_note: str = None
+    # where model.py's edit is one that the panels watching hooks write out in their own code, the console's note
+    # saying so (unwatched_edits); else None
+    watch_note: str = None
     # hook -> its SAE (gptkit/explorer/feature_answers.py's Kept), once asked for
     saes: dict = field(default_factory=dict)
     at: str = None  # the checkpoint a request named ('iter:1200'), for one of the run's snapshots; else None
@@ -169,7 +173,9 @@ class Shelf:
         _, threads = pick_decode_threads(0, decoder, self.device)  # as sample.py: one thread unless clearly faster
         dtype, why = pick_decode_dtype(self.dtype, decoder, self.device)
         changed = code_changed_note(ckpt, summary.checkpoint)  # the page's words for it, holding no path
+        watch = unwatched_edits(model)  # the words model_at printed, asked of the same model
         return Loaded(summary, model, decoder.to(DTYPES[dtype]), tok, "; ".join(w for w in (why, threads) if w),
-                      code_note=changed and without_paths(changed.removeprefix("note: "), summary.folder), at=at)
+                      code_note=changed and without_paths(changed.removeprefix("note: "), summary.folder),
+                      watch_note=watch and watch.removeprefix("note: "), at=at)
 
 

@@ -179,6 +179,7 @@ export function pickRun(name, again = false) {
   $('#run-title').textContent = 'Picked run: ' + name;
   $('#run-note').hidden = true;
   $('#run-code-note').hidden = true;
+  for (const n of document.querySelectorAll('.watch-note')) n.hidden = true;
   renderFacts([['loading', 'the model…']]);
   setLine('#run-status', '');
   const entry = state.runs.find((r) => r.name === name);
@@ -241,6 +242,11 @@ function renderInfo(info) {
   const code = $('#run-code-note');
   code.hidden = !info.code_note;
   code.textContent = info.code_note || '';
+  // an edit the passes that watch hooks write out in their own code: the console's note, in each panel read so
+  for (const n of document.querySelectorAll('.watch-note')) {
+    n.hidden = !info.watch_note;
+    n.textContent = info.watch_note || '';
+  }
   setLine('#run-status', '');
   setLine('#status', info.chat ? `Loaded ${info.name}, a chat run. Type a question and press Ask (or Enter).`
     : `Loaded ${info.name}. Type a prompt and press Generate (or Enter).`);
