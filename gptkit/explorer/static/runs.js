@@ -36,18 +36,38 @@ export async function loadRuns() {
 }
 
 let refreshing = false;
+let askedAgain = false;
 
-/** The list as the folder is now; the picked run is loaded again when its checkpoint now holds another model. */
+/** The list as the folder is now; the picked run is loaded again when its checkpoint now holds another model.
+    Asked for while a list is on its way, it is asked once more when that one is in: the folder may have changed
+    after the server read it (a run trained meanwhile), and two at once could land out of order. */
 export async function refreshRuns() {
-  if (refreshing) return;
+  if (refreshing) {
+    askedAgain = true;
+    return;
+  }
   refreshing = true;
+  try {
+    let said = false;
+    do {
+      askedAgain = false;
+      said = await refreshOnce(said);
+    } while (askedAgain);
+  } finally {
+    refreshing = false;
+  }
+}
+
+/** One list, and what it changes; true when it came. kept: a list before it in this refresh came, and the line
+    it wrote under the runs ('... loaded again') stays. */
+async function refreshOnce(kept) {
   try {
     const before = state.runs.find((r) => r.name === state.run);
     const data = await api('GET', '/api/runs');
     state.runs = listed(data);
     renderRuns();
     fillSecondRunPicker();
-    setLine('#runs-status', '');
+    if (!kept) setLine('#runs-status', '');
     const now = state.runs.find((r) => r.name === state.run);
     // the step too: a resume's new best.pt is a model of the same shape, and the curves and timeline go on; and
     // which write of the file it is: a run trained again to the same step is another model of the same step
@@ -70,10 +90,10 @@ export async function refreshRuns() {
     }
     const first = state.runs.find((r) => !r.error);
     if (!state.run && first) pickRun(first.name);
+    return true;
   } catch (e) {
     setLine('#runs-status', e.message, true);
-  } finally {
-    refreshing = false;
+    return false;
   }
 }
 
