@@ -922,3 +922,49 @@ def test_coming_back_while_the_list_is_still_asked_for_asks_again_after_it(brows
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+# the page's fetch, its first lab answer after this runs held until the test releases it
+HOLD_THE_LAB = """
+const fetched = window.fetch;
+let release;
+const gate = new Promise((resolve) => { release = resolve; });
+Object.assign(window, { labHeld: false, labDone: false, releaseLab: () => release() });
+window.fetch = async (path, opts) => {
+  const res = await fetched(path, opts);
+  if (path === '/api/lab' && !window.labHeld) {
+    window.labHeld = true;
+    await gate;
+    setTimeout(() => { window.labDone = true; }, 300); // the page has read and drawn, or refused, the answer by then
+  }
+  return res;
+};
+"""
+
+
+@pytest.mark.slow
+def test_an_earlier_lab_answer_that_comes_last_does_not_draw_over_the_folder_as_it_is(browser, tmp_path):
+    """Two returns to the page close together ask for the lab twice; the first answer, slow, came after the second
+    and drew the folder as it was before a rung was trained: the lab card went away again."""
+    from test_explorer import fake_run
+
+    root = tmp_path / "runs"
+    fake_run(root / "a")
+    url, proc = serve(root)
+    try:
+        wait = waiting(browser)
+        browser.get(url + "/")
+        wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("Loaded a"))
+        browser.execute_script(HOLD_THE_LAB)
+        back_on_the_page(browser)
+        wait.until(lambda d: d.execute_script("return window.labHeld"))  # read before the rung below was trained
+        fake_run(root / "bigram")
+        (root / "bigram" / "lab.json").write_text(json.dumps({"rung": "bigram"}), encoding="utf-8")
+        back_on_the_page(browser)
+        wait.until(lambda d: d.find_element(By.ID, "lab-card").is_displayed())
+        browser.execute_script("window.releaseLab()")
+        wait.until(lambda d: d.execute_script("return window.labDone"))
+        assert browser.find_element(By.ID, "lab-card").is_displayed()
+    finally:
+        proc.terminate()
+        proc.wait(30)

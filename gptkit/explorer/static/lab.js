@@ -9,15 +9,18 @@ import { fmtInt } from './format.js';
 const HEIGHT = 240;
 const COLOURS = ['#8a8d96', '#5b84c4', '#d9730d', '#2a9d8f', '#b5179e', '#4b3fa8', '#e63946', '#2b2d42', '#c9a227'];
 let chart = null;
+let asked = 0; // the lab asked for last: an answer to an earlier ask, come later, is the folder as it was
 
 export async function loadLab() {
+  const ask = ++asked;
   let data;
   try {
     data = await api('GET', '/api/lab');
   } catch (e) {
-    setLine('#lab-status', e.message, true);
+    if (ask === asked) setLine('#lab-status', e.message, true);
     return;
   }
+  if (ask !== asked) return;
   const runs = (data && Array.isArray(data.runs) ? data.runs : []).filter((r) => r && Array.isArray(r.eval));
   $('#lab-card').hidden = !runs.length;
   if (chart) chart.destroy();
