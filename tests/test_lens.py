@@ -7,16 +7,20 @@ The models are tiny and built here. Importing transformer_lens alone takes about
 are marked slow; the refusals come before that import.
 """
 
+import re
 from importlib.metadata import PackageNotFoundError
 
 import pytest
 import torch
 
-from conftest import random_tokens, tiny_model
+from conftest import REPO, random_tokens, tiny_model
 from gptkit.base.errors import UserError
+from gptkit.base.settings import parse_config
 from gptkit.interop import lens as lens_interop
-from gptkit.interop.lens import to_transformer_lens
+from gptkit.interop.lens import check_convertible, to_transformer_lens
 from gptkit.interp.hooks import hook_points, hooked, run_with_cache
+from gptkit.lab import ladder
+from gptkit.training.train_config import TrainConfig
 
 CONVERTIBLE = {
     "gpt2": dict(mlp_act="gelu_tanh"),
@@ -109,3 +113,15 @@ def test_a_missing_or_old_transformer_lens_is_one_line(monkeypatch, found, expec
     with pytest.raises(UserError) as refused:
         to_transformer_lens(tiny_model())
     assert expected in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_run_docs_gpt2_hands_to_transformer_lens_is_one_it_takes():
+    """docs/gpt2.md's snippet opens a lab rung of GPT-2's layout (the main job's out/, with rotary positions, is
+    refused), with as many heads as the cache's shape it shows."""
+    page = (REPO / "docs" / "gpt2.md").read_text(encoding="utf-8")
+    folder = re.search(r'load_model\("([^"]+)"', page).group(1)
+    assert folder.startswith("out-lab/"), folder
+    rung = next(r for r in ladder.RUNGS if r.name == folder.removeprefix("out-lab/"))
+    config = parse_config(TrainConfig, ladder.own_args(rung), prog="train.py").model
+    check_convertible(config)
+    assert f"torch.Size([1, {config.n_head}, 14, 14])" in page
