@@ -469,6 +469,55 @@ def test_a_rung_s_log_is_never_written_through_a_link(tmp_path, outside):
     assert outside.read_text() == "precious\n"
 
 
+def fake_rung_folder(folder):
+    """A rung folder as the modern rung's train.py leaves it (its preset keeps snapshots), and a train_args/run_train
+    pair that starts train.py's run in it as train.py would: what that start saw in the folder."""
+    (folder / "snapshots").mkdir(parents=True)
+    for name in ("train.log", "lab.json", "metrics.jsonl", "best.pt", "snapshots/iter_0.pt", "snapshots/iter_13.pt"):
+        (folder / name).write_text("x")
+    seen = []
+
+    def run_train(args, log, stops):
+        seen.extend(sorted(os.listdir(folder)))
+        RunDir(folder).clear_for_a_new_run(False, ";", print)  # train.py's check: another run's files are refused
+        return 0
+    return seen, run_train
+
+
+def test_a_rung_trained_again_clears_the_snapshots_its_last_run_kept(tmp_path, monkeypatch):
+    """python lab.py, then python lab.py --budget=25: the modern rung's train.py starts in a folder cleared of
+    its last run's snapshots too, rather than refusing it as another run's after its row was deleted."""
+    seen, run_train = fake_rung_folder(tmp_path / "modern")
+    monkeypatch.setattr(machinery, "train_args", lambda rung, cfg: [])
+    monkeypatch.setattr(machinery, "run_train", run_train)
+    machinery.train_rung(SimpleNamespace(name="modern"), SimpleNamespace(out_dir=tmp_path), stops=None)
+    assert seen == ["run.lock", "train.log"]
+
+
+def test_a_file_of_the_user_s_among_a_rung_s_snapshots_stays_and_is_one_line(tmp_path, monkeypatch):
+    """A file of the user's in a rung's snapshots/: the folder stays with it, and train.py refuses it in one line."""
+    _, run_train = fake_rung_folder(tmp_path / "modern")
+    (tmp_path / "modern" / "snapshots" / "notes.txt").write_text("mine")
+    monkeypatch.setattr(machinery, "train_args", lambda rung, cfg: [])
+    monkeypatch.setattr(machinery, "run_train", run_train)
+    with pytest.raises(UserError, match=r"holds another run \(snapshots\)"):
+        machinery.train_rung(SimpleNamespace(name="modern"), SimpleNamespace(out_dir=tmp_path), stops=None)
+    assert (tmp_path / "modern" / "snapshots" / "notes.txt").read_text() == "mine"
+
+
+def test_a_rung_s_snapshots_are_never_cleared_through_a_link(tmp_path, monkeypatch):
+    """A link of the user's at a rung's snapshots: what it points to stays, and train.py refuses the folder."""
+    fake_rung_folder(tmp_path / "elsewhere")
+    (tmp_path / "modern").mkdir()
+    (tmp_path / "modern" / "snapshots").symlink_to(tmp_path / "elsewhere" / "snapshots")
+    monkeypatch.setattr(machinery, "train_args", lambda rung, cfg: [])
+    monkeypatch.setattr(machinery, "run_train",
+                        lambda args, log, stops: RunDir(tmp_path / "modern").clear_for_a_new_run(False, ";", print))
+    with pytest.raises(UserError, match="holds another run"):
+        machinery.train_rung(SimpleNamespace(name="modern"), SimpleNamespace(out_dir=tmp_path), stops=None)
+    assert sorted(os.listdir(tmp_path / "elsewhere" / "snapshots")) == ["iter_0.pt", "iter_13.pt"]
+
+
 @pytest.mark.slow
 def test_a_lab_killed_with_sigkill_leaves_no_train_py_training_on(data_dir, tmp_path):
     """kill -9 (or the out-of-memory killer) passes nothing on: its train.py trained on to the end, holding the

@@ -272,9 +272,14 @@ def train_rung(rung, cfg, stops):
     # a rung always starts afresh: train.py appends to metrics.jsonl and would keep an older best.pt's
     # weights. The folder's lock first: a run still writing there (a train.py, another lab) keeps its files.
     with run.locked():
+        # the modern rung's preset keeps snapshots, which train.py would take for another run's: never through a
+        # link of the user's, which stays for train.py to refuse
+        snapshots = [] if run.snapshots.is_symlink() else list(run.snapshots.glob("iter_*.pt*"))
         for stale in (run.metrics, run.latest, run.previous, run.best, run.legacy, folder / "attention.png",
-                      folder / RESULT):
+                      folder / RESULT, *snapshots):
             stale.unlink(missing_ok=True)
+        if snapshots and not any(run.snapshots.iterdir()):  # a file of the user's there stays, for train.py to refuse
+            run.snapshots.rmdir()
     # released: the rung's train.py takes it, as every run does (the folder, where the lock made it and nothing
     # was in it, went with the lock: made again for the log)
     folder.mkdir(parents=True, exist_ok=True)
