@@ -58,6 +58,13 @@ def test_the_heads_table_lists_every_head_and_draws_its_picture(trained_run, tmp
     assert proc.stderr.startswith("ablating each of 4 heads in turn on 256 tokens of tiny's val split")
 
 
+def test_the_page_names_every_key_of_a_heads_json_entry():
+    """docs/analysis.md's list of an entry's keys is the whole of what --json gives (KEYS, checked below)."""
+    page = (REPO / "docs" / "analysis.md").read_text(encoding="utf-8")
+    listed = page.split("Each `--json` entry has ", 1)[1].split(";", 1)[0]
+    assert {key for key in KEYS if f"`{key}`" not in listed} == set()
+
+
 def test_each_head_has_the_explorers_label(trained_run, tmp_path):
     """The label column is the explorer's: head_labels over the same scores."""
     from gptkit.explorer.experiment_answers import heads_report
