@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MODERN, random_tokens, tiny_model
+from conftest import MODERN, REPO, random_tokens, tiny_model
 from gptkit.base.errors import UserError
 from gptkit.data.tokenizer import CharTokenizer
 from gptkit.interp import experiments
@@ -517,6 +517,15 @@ def test_open_run_takes_only_what_it_can_open(run_folder, monkeypatch, kwargs, e
         experiments.open_run(**dict(dict(out_dir=run_folder), **kwargs))
     assert one_line(error).startswith(expected)
     assert experiments.open_run(run_folder, "best", torch.device("cpu")).config.n_layer == 2
+
+
+def test_the_page_gives_every_checkpoint_open_run_opens():
+    """docs/analysis.md's open_run row and its list of refusals name the snapshots beside best and latest, as the
+    refusal above does (a snapshot opened: tests/test_timeline.py)."""
+    lines = (REPO / "docs" / "analysis.md").read_text(encoding="utf-8").splitlines()
+    row = next(line for line in lines if line.startswith("| `open_run("))
+    refused = next(line for line in lines if line.startswith("- `open_run`: a `checkpoint` other than"))
+    assert '"iter:N"' in row and '"iter:N"' in refused
 
 
 @pytest.mark.parametrize("tokens, expected", [
