@@ -2,6 +2,7 @@
 parser accepts, and the command end to end (reproducible from the checkpoint alone, with or without the KV cache,
 FILE: prompts, interactive mode), refusing a damaged checkpoint in one line."""
 
+import dataclasses
 import io
 import subprocess
 import sys
@@ -298,3 +299,12 @@ def test_a_mask_taken_out_by_hand_is_warned_of_as_an_encoders_is(tmp_path, monke
     assert "warning: model.py's attention lets each position see the tokens after it, though this model's settings " \
         "say causal=True (an edit took out or changed the mask), so it learned to read the next token from its " \
         "input; generating, it has no next token to read, and its text is garbage\n" in capsys.readouterr().err
+
+
+def test_the_page_s_options_table_is_sample_py_s_options():
+    """docs/sampling.md's table: a row for every option --help lists (out_dir aside, in every command there), and
+    the checkpoint row names every checkpoint the option opens."""
+    lines = (REPO / "docs" / "sampling.md").read_text(encoding="utf-8").splitlines()
+    rows = {line.split("`")[1].removeprefix("--"): line for line in lines if line.startswith("| `--")}
+    assert set(rows) == {f.name for f in dataclasses.fields(sample.SampleConfig)} - {"out_dir"}
+    assert all(f"`{which}`" in rows["checkpoint"] for which in ("best", "latest", "iter:N"))
