@@ -284,6 +284,17 @@ def test_help_lists_model_settings_with_their_choices(capsys):
     assert "[learned | rope | none]" in out and "[adamw | muon]" in out
 
 
+def test_the_page_s_span_of_the_model_settings_is_the_help_s(capsys):
+    """docs/configuration.md names the model's settings from the first --help lists under their heading to the
+    last."""
+    with pytest.raises(SystemExit):
+        parse_config(TrainConfig, ["--help"])
+    listed = re.findall(r"^  --(\w+)=", capsys.readouterr().out.split("model settings (", 1)[1], re.M)
+    page = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert re.search(r"model's settings \(`(\w+)`, `\w+`, \.\.\., `(\w+)`\)", page).groups() == \
+        (listed[0], listed[-1])
+
+
 def test_a_preset_builds_on_its_base(tmp_path):
     """The base's settings first, the file's own over them, a command line over both; the base's path is
     relative to the file that names it, and a chain of bases works."""
