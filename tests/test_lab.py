@@ -415,6 +415,21 @@ def test_a_rung_trained_on_since_the_lab_trained_it_is_refused_and_kept(data_dir
     assert (folder / "latest.pt").read_text() == "the latest.pt"
 
 
+def test_a_rung_holding_an_sae_of_its_weights_is_refused_and_kept(data_dir, tmp_path):
+    """analyze.py features on a rung keeps an SAE of its weights in sae/, which train.py would refuse a new run
+    beside: the lab refuses before it deletes the rung's run and row, rather than fail after."""
+    folder = tmp_path / "lab" / "scaled"
+    (folder / "sae" / "blocks.1.hook_resid_post").mkdir(parents=True)
+    for name in ("train.log", "best.pt", "lab.json"):  # the row last, as the lab writes it
+        (folder / name).write_text(f"the {name}")
+    with pytest.raises(UserError) as caught:
+        lab.main(lab_args(data_dir, tmp_path / "lab", "--rungs=scaled", "--budget=4.3"))
+    assert str(caught.value) == (f"{folder} holds sparse autoencoders of its run's weights (sae/, analyze.py "
+                                 "features); move them, or give the lab another --out_dir")
+    assert {name: (folder / name).read_text() for name in ("lab.json", "best.pt")} == \
+        {"lab.json": "the lab.json", "best.pt": "the best.pt"}
+
+
 def test_a_damaged_dataset_is_one_line_before_an_earlier_rung_is_cleared(data_dir, tmp_path):
     """A rung trained again replaces its earlier run: a token file the rung's train.py would refuse is found
     first, and the earlier run stays."""

@@ -229,13 +229,17 @@ def check_before_training(cfg):
 
 def check_rung_folder(folder):
     """A rung trains afresh in its folder, clearing the files an earlier lab left there. A folder holding a run
-    no lab trained (no train.log or lab.json of a lab's beside it), or one trained on since (train.py continued
-    it), is someone's: refuse, rather than replace its best.pt."""
+    no lab trained (no train.log or lab.json of a lab's beside it), one trained on since (train.py continued
+    it), or SAEs of its weights, is someone's: refuse, rather than replace its best.pt."""
     run = RunDir(folder)
     found = [p for p in (run.best, run.latest, run.previous, run.legacy, run.metrics) if p.exists()]
     if found and not any((folder / name).exists() for name in ("train.log", RESULT)):
         raise UserError(f"{folder} holds a run the lab did not train ({', '.join(p.name for p in found)}); move it, "
                         "or give the lab another --out_dir")
+    # the user's analysis of the run's weights, which the rung's train.py would refuse to train beside
+    if os.path.lexists(folder / "sae"):
+        raise UserError(f"{folder} holds sparse autoencoders of its run's weights (sae/, analyze.py features); move "
+                        "them, or give the lab another --out_dir")
     # the lab writes a rung's row once its train.py has ended: a run file newer than it was written since
     row = folder / RESULT
     written = row.stat().st_mtime_ns if row.exists() else None
