@@ -464,7 +464,7 @@ def test_download_failures_are_one_line(server, tmp_path, monkeypatch):
     data = tmp_path / "d"
     with pytest.raises(UserError, match=r"could not download tinyshakespeare \(File not found\); pass a local copy"):
         prepare(PrepareConfig(data_dir=str(data)))  # the server has no such file
-    assert os.listdir(data) == []  # no folder that would tell train.py a dataset is there
+    assert not data.exists()  # no folder that would tell train.py a dataset is there, nor the one it was to go in
     (server / "input.txt").write_text("not shakespeare\n", encoding="utf-8")
     with pytest.raises(UserError, match="is not the tinyshakespeare file .*; delete it and run again"):
         prepare(PrepareConfig(data_dir=str(data)))

@@ -218,12 +218,17 @@ def prepare(cfg):
         mixed_text(cfg)
     check_room(out_dir)
     made = bare(out_dir)  # missing, or as a prepare that failed left it: this one's to remove (a user's stays)
-    with dataset_lock(out_dir):
-        try:
-            meta = prepare_locked(cfg, out_dir, files)
-        finally:
-            if bare(out_dir):
-                remove_bare(out_dir, folder_too=made)
+    root_made = not os.path.lexists(out_dir.parent)  # a --data_dir this prepare makes
+    try:
+        with dataset_lock(out_dir):
+            try:
+                meta = prepare_locked(cfg, out_dir, files)
+            finally:
+                if bare(out_dir):
+                    remove_bare(out_dir, folder_too=made)
+    finally:
+        if root_made and out_dir.parent.is_dir() and not any(out_dir.parent.iterdir()):
+            out_dir.parent.rmdir()
     return out_dir, meta
 
 
