@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import sys
 import time
@@ -378,6 +379,25 @@ def test_rows_of_another_dataset_or_damaged_rows_are_one_line_before_training(da
         lab.main(lab_args(data_dir, out, "--rungs=dot", "--budget=4.3"))
     assert not (out / "dot").exists()
     tiny_lab(data_dir, out, "--rungs=uniform", "--budget=4.3")  # training it again replaces the row
+
+
+def test_rows_of_the_dataset_before_it_was_prepared_again_are_one_line_before_training(data_dir, tmp_path):
+    """data/prepare.py --start_over replaced the dataset under its name with other text: the rows trained on the
+    text it held before would sit in one table with rows of the new one."""
+    from gptkit.data.preparing import PrepareConfig, prepare
+
+    data, out = tmp_path / "data", tmp_path / "lab"
+    shutil.copytree(data_dir, data)
+    tiny_lab(data, out, "--rungs=uniform", "--budget=4.3")
+    text = (data_dir.parent / "input.txt").read_text(encoding="utf-8")
+    (tmp_path / "other.txt").write_text(text[: len(text) // 2] + PROMPT, encoding="utf-8")
+    prepare(PrepareConfig(input=str(tmp_path / "other.txt"), name="tiny", data_dir=str(data), workers=1,
+                          start_over=True))
+    with pytest.raises(UserError, match=r"uniform was trained on dataset 'tiny' as it was before it was prepared "
+                                        r"again .*--rungs=uniform"):
+        lab.main(lab_args(data, out, "--rungs=dot", "--budget=4.3"))
+    assert not (out / "dot").exists() and (out / "uniform" / "lab.json").exists()
+    tiny_lab(data, out, "--rungs=uniform", "--budget=4.3")  # training it again on the new text replaces the row
 
 
 def test_a_row_with_a_field_the_lab_never_writes_is_one_line_before_training(data_dir, tmp_path):

@@ -7,6 +7,7 @@ a short sample. Each rung keeps its row in its folder (lab.json), so that the ta
 same out_dir lists the rungs trained before it too. Any of model.py's settings given to the lab goes over every
 rung's own, and the rows it changes carry it in their names."""
 
+import hashlib
 import json
 import math
 import os
@@ -22,7 +23,7 @@ from gptkit.base.errors import UserError, first_line
 from gptkit.base.files import no_links, write_whole
 from gptkit.base.settings import check_seed, comma_items, given_values, make, parse_config
 from gptkit.base.signals import LAUNCHER_PID, StopSignals
-from gptkit.data.dataset import Split, bits_per_char, fixed_offsets, load_meta
+from gptkit.data.dataset import Split, bits_per_char, fixed_offsets, load_meta, shards_of
 from gptkit.data.tokenizer import tokenizer_from_meta
 from gptkit.interp.experiments import KINDS, head_scores, induction_tokens
 from gptkit.interp.hooks import attention_maps
@@ -210,7 +211,7 @@ def check_before_training(cfg):
     folder, meta = load_meta(cfg.data_dir, cfg.dataset)
     for split in ("train", "val"):  # its token files checked as train.py checks them, before a rung's are cleared
         Split(folder, split, meta, block_size=1)
-    saved_rows(cfg, leave_out=cfg.rung_names())
+    saved_rows(cfg, meta, leave_out=cfg.rung_names())
     prompt = read_prompt(cfg.prompt)
     try:
         ids = tokenizer_from_meta(meta).encode(prompt)
@@ -409,21 +410,32 @@ def read_rung(rung, cfg, seconds, data, prompt, device):
                   finals[-1]["val_loss"], entropy, seconds, sample_text(model, tok, prompt, cfg, device), evals,
                   0 if cfg.budget > 0 else cfg.tokens, per_step, heads, formed_at(heads, records),
                   changed_settings(rung, cfg), sees_ahead(model))
-        save_row(row, folder, cfg.dataset)
+        save_row(row, folder, cfg.dataset, data[1])
     return row
 
 
-def save_row(row, folder, dataset):
+def tokens_digest(meta):
+    """A digest of the dataset's token files' checksums: a dataset prepared again under its name from other text
+    has another; None for one whose meta.json lists no checksums (prepared before they were kept)."""
+    sums = [shard.get("sha256") for split in ("train", "val") for shard in shards_of(meta, split)]
+    return None if None in sums else hashlib.sha256(" ".join(sums).encode()).hexdigest()
+
+
+def save_row(row, folder, dataset, meta):
     """The row as lab.json, whole or not at all (written aside, then renamed)."""
-    write_whole(folder / RESULT, json.dumps(dict(asdict(row), rung=row.rung.name, dataset=dataset), ensure_ascii=False))
+    write_whole(folder / RESULT, json.dumps(dict(asdict(row), rung=row.rung.name, dataset=dataset,
+                                                 tokens_digest=tokens_digest(meta)), ensure_ascii=False))
 
 
-def load_row(rung, folder, dataset):
-    """A rung's row from its lab.json, which must be of this lab's dataset: a table compares like with like."""
+def load_row(rung, folder, dataset, meta):
+    """A rung's row from its lab.json, which must be of this lab's dataset, as prepared now: a table compares like
+    with like."""
     path = folder / RESULT
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        trained_on = data.pop("dataset")
+        trained_on, digest = data.pop("dataset"), data.pop("tokens_digest", None)  # rows from before: no digest
+        if not (digest is None or isinstance(digest, str)):
+            raise TypeError(f"its tokens_digest is {str(digest)[:40]!r}, not what the lab writes there")
         row = checked_row(Row(**dict(data, rung=rung)))
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise UserError(f"{path} is not a row the lab wrote ({first_line(e)}); train the rung again with "
@@ -434,6 +446,10 @@ def load_row(rung, folder, dataset):
     if trained_on != dataset:
         raise UserError(f"{folder} was trained on dataset {trained_on!r}, not {dataset!r}, and its row would join "
                         f"this table; train it again with --rungs={rung.name}, or pick another --out_dir")
+    if None not in (digest, tokens_digest(meta)) and digest != tokens_digest(meta):
+        raise UserError(f"{folder} was trained on dataset {dataset!r} as it was before it was prepared again (its "
+                        f"token files differ now), and its row would join this table; train it again with "
+                        f"--rungs={rung.name}, or pick another --out_dir")
     return row
 
 
@@ -470,7 +486,7 @@ def checked_row(row):
     return row
 
 
-def saved_rows(cfg, leave_out=()):
+def saved_rows(cfg, meta, leave_out=()):
     """(the rows kept in out_dir, in the path's order, of every rung but those in leave_out; the rungs whose
     folder holds no row: trained by a lab before rows were kept, or stopped before the end)."""
     rows, missing = [], []
@@ -479,7 +495,7 @@ def saved_rows(cfg, leave_out=()):
         if rung.name in leave_out or not folder.is_dir():
             continue
         if (folder / RESULT).exists():
-            rows.append(load_row(rung, folder, cfg.dataset))
+            rows.append(load_row(rung, folder, cfg.dataset, meta))
         else:
             missing.append(rung.name)
     return rows, missing
@@ -621,7 +637,7 @@ def run_lab(cfg):
             print(f"    {row.steps:,} steps, val loss {row.val_loss:.3f} ({bits}){entropy}, {row.seconds:.0f} s",
                   flush=True)
         stops.doing = "writing the table"
-        write_results(cfg, *saved_rows(cfg), cfg.rung_names(), meta)
+        write_results(cfg, *saved_rows(cfg, meta), cfg.rung_names(), meta)
 
 
 def unit_of(meta):
