@@ -435,6 +435,25 @@ def test_a_rung_trained_on_since_the_lab_trained_it_is_refused_and_kept(data_dir
     assert (folder / "latest.pt").read_text() == "the latest.pt"
 
 
+def test_a_stopped_rung_that_train_py_continued_is_refused_and_kept(data_dir, tmp_path):
+    """A lab stopped while training a rung leaves no row; train.py --init_from=auto then continued the run: its
+    metrics hold a second run record, and training the rung again would delete the learner's run."""
+    folder = tmp_path / "lab" / "scaled"
+    folder.mkdir(parents=True)
+    runs = [{"kind": "run", "iter": i, "device": "cpu", "tokens_per_iter": 64} for i in (0, 40)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs) + '{"kind": "tr')
+    for name in ("train.log", "latest.pt"):
+        (folder / name).write_text(f"the {name}")
+    with pytest.raises(UserError) as caught:
+        lab.main(lab_args(data_dir, tmp_path / "lab", "--rungs=scaled", "--budget=4.3"))
+    assert str(caught.value) == (f"{folder} holds a run trained on since the lab started it (train.py continued it "
+                                 "from iteration 40); move it, or give the lab another --out_dir")
+    assert (folder / "latest.pt").read_text() == "the latest.pt"
+    (folder / "metrics.jsonl").write_text(json.dumps(runs[0]) + "\n" + '{"kind": "tr')  # the lab's stopped run alone
+    tiny_lab(data_dir, tmp_path / "lab", "--rungs=scaled", "--budget=4.3")
+    assert (folder / "lab.json").exists()
+
+
 def test_a_rung_holding_an_sae_of_its_weights_is_refused_and_kept(data_dir, tmp_path):
     """analyze.py features on a rung keeps an SAE of its weights in sae/, which train.py would refuse a new run
     beside: the lab refuses before it deletes the rung's run and row, rather than fail after."""

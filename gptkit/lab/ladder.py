@@ -231,7 +231,7 @@ def check_before_training(cfg):
 def check_rung_folder(folder):
     """A rung trains afresh in its folder, clearing the files an earlier lab left there. A folder holding a run
     no lab trained (no train.log or lab.json of a lab's beside it), one trained on since (train.py continued
-    it), or SAEs of its weights, is someone's: refuse, rather than replace its best.pt."""
+    it, the rung finished or stopped), or SAEs of its weights, is someone's: refuse, rather than replace its best.pt."""
     run = RunDir(folder)
     found = [p for p in (run.best, run.latest, run.previous, run.legacy, run.metrics) if p.exists()]
     if found and not any((folder / name).exists() for name in ("train.log", RESULT)):
@@ -248,6 +248,30 @@ def check_rung_folder(folder):
     if later:
         raise UserError(f"{folder} holds a run trained on since the lab trained it ({', '.join(later)} newer than "
                         f"its {RESULT}); move it, or give the lab another --out_dir")
+    # a rung stopped before its row was written has no row to be newer than: its metrics say a train.py went on
+    resumed = resumed_at(run.metrics)
+    if resumed is not None:
+        raise UserError(f"{folder} holds a run trained on since the lab started it (train.py continued it from "
+                        f"iteration {resumed:,}); move it, or give the lab another --out_dir")
+
+
+def resumed_at(metrics):
+    """The iteration a later train.py continued the run of this metrics.jsonl from, or None where one train.py
+    wrote it: the lab trains a rung once, from scratch, so its metrics hold one run record. Lines that are not
+    whole JSON are passed over (a train.py killed as it wrote one): the lab clears them with the rest."""
+    try:
+        lines = metrics.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    runs = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(record, dict) and record.get("kind") == "run" and type(record.get("iter")) is int:
+            runs.append(record["iter"])
+    return runs[-1] if len(runs) > 1 else None
 
 
 def run_train(args, log, stops):
