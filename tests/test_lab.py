@@ -381,6 +381,28 @@ def test_rows_of_another_dataset_or_damaged_rows_are_one_line_before_training(da
     tiny_lab(data_dir, out, "--rungs=uniform", "--budget=4.3")  # training it again replaces the row
 
 
+def test_a_table_edited_by_hand_is_one_line_before_training_and_kept(data_dir, tmp_path):
+    """The learner wrote notes into table.md or samples.md: the next lab run would write it anew, their notes gone."""
+    out = tmp_path / "lab"
+    tiny_lab(data_dir, out, "--rungs=uniform", "--budget=4.3")
+    tiny_lab(data_dir, out, "--rungs=scaled", "--budget=4.3")  # the lab's own table it writes anew
+    table, samples = out / "table.md", out / "samples.md"
+    for path, edit in ((table, lambda t: t + "\nMy notes: uniform averages.\n"),
+                       (samples, lambda t: t.replace("## uniform", "## uniform (mine: no words yet)"))):
+        lab_wrote = path.read_text(encoding="utf-8")
+        path.write_text(edit(lab_wrote), encoding="utf-8")
+        edited = path.read_text(encoding="utf-8")
+        with pytest.raises(UserError) as caught:
+            lab.main(lab_args(data_dir, out, "--rungs=dot", "--budget=4.3"))
+        assert str(caught.value) == (f"{path} was edited since the lab wrote it, and the lab writes it anew from every "
+                                     "rung's row; move it, or give the lab another --out_dir")
+        assert path.read_text(encoding="utf-8") == edited and not (out / "dot").exists()
+        path.write_text(lab_wrote, encoding="utf-8")
+    table.rename(tmp_path / "my_table.md")
+    tiny_lab(data_dir, out, "--rungs=dot", "--budget=4.3")
+    assert list(table_rows(out)) == ["uniform", "scaled", "dot"]
+
+
 def test_rows_of_the_dataset_before_it_was_prepared_again_are_one_line_before_training(data_dir, tmp_path):
     """data/prepare.py --start_over replaced the dataset under its name with other text: the rows trained on the
     text it held before would sit in one table with rows of the new one."""

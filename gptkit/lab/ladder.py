@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -212,6 +213,7 @@ def check_before_training(cfg):
     for split in ("train", "val"):  # its token files checked as train.py checks them, before a rung's are cleared
         Split(folder, split, meta, block_size=1)
     saved_rows(cfg, meta, leave_out=cfg.rung_names())
+    check_results(Path(cfg.out_dir))
     prompt = read_prompt(cfg.prompt)
     try:
         ids = tokenizer_from_meta(meta).encode(prompt)
@@ -226,6 +228,28 @@ def check_before_training(cfg):
             raise UserError(f"the prompt is {len(ids)} tokens, longer than rung {rung.name}'s block_size "
                             f"{block_size}; pass a shorter --prompt")
     return folder, meta, prompt
+
+
+STAMP = "<!-- lab.py wrote this file; the sha256 of its text but this line: {} -->\n"  # Markdown shows no comment
+STAMPED = re.compile(r"^" + re.escape(STAMP.rstrip("\n")).replace(r"\{\}", "([0-9a-f]{64})") + "\n?", re.M)
+
+
+def stamped(text):
+    """The text of a table.md or samples.md as the lab writes it: with a line that tells it from one edited since."""
+    return text + STAMP.format(hashlib.sha256(text.encode("utf-8")).hexdigest())
+
+
+def check_results(out):
+    """The table and the samples are the lab's, written anew from every rung's row: one edited since the lab wrote
+    it (its text but the stamp line no longer has the stamp's digest) holds the learner's words, which would go
+    without one. One with no stamp (written before the lab stamped them, or by the learner) cannot be told."""
+    for path in (out / "table.md", out / "samples.md"):
+        text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+        stamp = STAMPED.search(text)
+        rest = text[:stamp.start()] + text[stamp.end():] if stamp else ""
+        if stamp and hashlib.sha256(rest.encode("utf-8")).hexdigest() != stamp[1]:
+            raise UserError(f"{path} was edited since the lab wrote it, and the lab writes it anew from every rung's "
+                            "row; move it, or give the lab another --out_dir")
 
 
 def check_rung_folder(folder):
@@ -620,9 +644,9 @@ def write_results(cfg, rows, missing, trained, meta):
     notes += f"\n\n{heads_table(rows)}\n\n{HEADS_NOTES}"
     samples = "\n\n".join(f"## {r.label}: {r.training} of training, seed {r.seed}\n\n```text\n{r.sample}\n```"
                            for r in rows)
-    write_whole(out / "table.md", f"{table}\n\n{notes}\n")
-    write_whole(out / "samples.md", f"# Sampled {unit}s after the prompt, temperature {SAMPLE_TEMPERATURE}\n\n"
-                                    f"{samples}\n")
+    write_whole(out / "table.md", stamped(f"{table}\n\n{notes}\n"))
+    write_whole(out / "samples.md", stamped(f"# Sampled {unit}s after the prompt, temperature {SAMPLE_TEMPERATURE}\n\n"
+                                            f"{samples}\n"))
     lengths = sorted({r.training for r in rows})
     mixed, by_time = len(lengths) > 1, all(r.budget > 0 for r in rows)
     curves = {f"{r.label} ({r.training})" if mixed else r.label: r for r in rows}
