@@ -534,6 +534,20 @@ def test_a_run_the_lab_did_not_train_in_a_rung_s_folder_is_refused_and_kept(data
     assert (folder / "best.pt").read_text() == "someone's best model"
 
 
+def test_a_rung_folder_that_is_a_link_is_refused_and_the_run_it_leads_to_kept(data_dir, tmp_path):
+    """out_dir/scaled a link to another lab's rung: training it would clear that run and its row, elsewhere."""
+    tiny_lab(data_dir, tmp_path / "other", "--rungs=scaled", "--budget=4.3")
+    row = (tmp_path / "other" / "scaled" / "lab.json").read_text(encoding="utf-8")
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "scaled").symlink_to(tmp_path / "other" / "scaled")
+    with pytest.raises(UserError) as caught:
+        lab.main(lab_args(data_dir, tmp_path / "lab", "--rungs=scaled", "--budget=4.3"))
+    assert str(caught.value) == (f"{tmp_path / 'lab' / 'scaled'} is a link (to {tmp_path / 'other' / 'scaled'}), "
+                                 "and the lab clears and trains a rung only in a folder of its own; remove the link, "
+                                 "or give the lab another --out_dir")
+    assert (tmp_path / "other" / "scaled" / "lab.json").read_text(encoding="utf-8") == row
+
+
 def test_a_rung_s_log_is_never_written_through_a_link(tmp_path, outside):
     """Below the checks at a run's start: a link at a rung's train.log, made while the lab runs, is refused and
     never written through."""

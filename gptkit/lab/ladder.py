@@ -256,6 +256,9 @@ def check_rung_folder(folder):
     """A rung trains afresh in its folder, clearing the files an earlier lab left there. A folder holding a run
     no lab trained (no train.log or lab.json of a lab's beside it), one trained on since (train.py continued
     it, the rung finished or stopped), or SAEs of its weights, is someone's: refuse, rather than replace its best.pt."""
+    if folder.is_symlink():  # a run elsewhere (another lab's rung, say), whose files and row would go without a word
+        raise UserError(f"{folder} is a link (to {os.readlink(folder)}), and the lab clears and trains a rung only in "
+                        "a folder of its own; remove the link, or give the lab another --out_dir")
     run = RunDir(folder)
     found = [p for p in (run.best, run.latest, run.previous, run.legacy, run.metrics) if p.exists()]
     if found and not any((folder / name).exists() for name in ("train.log", RESULT)):
