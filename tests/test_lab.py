@@ -595,6 +595,26 @@ def test_a_file_of_the_user_s_among_a_rung_s_snapshots_stays_and_is_one_line(tmp
     assert (tmp_path / "modern" / "snapshots" / "notes.txt").read_text() == "mine"
 
 
+def test_a_file_of_the_user_s_among_a_trained_rung_s_snapshots_is_refused_before_its_run_is_cleared(data_dir, tmp_path):
+    """python lab.py, a note of the learner's in out-lab/modern/snapshots/, python lab.py --rungs=modern: the lab
+    deleted the rung's run and row, then train.py refused the folder for the note."""
+    folder = tmp_path / "lab" / "modern"
+    (folder / "snapshots").mkdir(parents=True)
+    for name in ("snapshots/iter_0.pt", "snapshots/notes.txt", "train.log", "latest.pt", "lab.json"):
+        (folder / name).write_text(f"the {name}")
+    with pytest.raises(UserError) as caught:
+        lab.main(lab_args(data_dir, tmp_path / "lab", "--rungs=modern", "--budget=4.3"))
+    assert str(caught.value) == (f"{folder / 'snapshots'} holds notes.txt, and the lab clears only its own snapshots "
+                                 "there for a new run; move it, or give the lab another --out_dir")
+    assert sorted(os.listdir(folder)) == ["lab.json", "latest.pt", "snapshots", "train.log"]
+    (folder / "snapshots" / "notes.txt").unlink()
+    (folder / "snapshots").rename(tmp_path / "elsewhere")
+    (folder / "snapshots").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UserError, match=r"snapshots is a link, and the lab clears only its own snapshots"):
+        lab.main(lab_args(data_dir, tmp_path / "lab", "--rungs=modern", "--budget=4.3"))
+    assert (folder / "latest.pt").exists() and (tmp_path / "elsewhere" / "iter_0.pt").exists()
+
+
 def test_a_rung_s_snapshots_are_never_cleared_through_a_link(tmp_path, monkeypatch):
     """A link of the user's at a rung's snapshots: what it points to stays, and train.py refuses the folder."""
     fake_rung_folder(tmp_path / "elsewhere")

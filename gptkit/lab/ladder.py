@@ -268,6 +268,10 @@ def check_rung_folder(folder):
     if os.path.lexists(folder / "sae"):
         raise UserError(f"{folder} holds sparse autoencoders of its run's weights (sae/, analyze.py features); move "
                         "them, or give the lab another --out_dir")
+    theirs = not_snapshots(run.snapshots)
+    if theirs:
+        raise UserError(f"{run.snapshots} {theirs}, and the lab clears only its own snapshots there for a new run; "
+                        "move it, or give the lab another --out_dir")
     # the lab writes a rung's row once its train.py has ended: a run file newer than it was written since
     row = folder / RESULT
     written = row.stat().st_mtime_ns if row.exists() else None
@@ -280,6 +284,17 @@ def check_rung_folder(folder):
     if resumed is not None:
         raise UserError(f"{folder} holds a run trained on since the lab started it (train.py continued it from "
                         f"iteration {resumed:,}); move it, or give the lab another --out_dir")
+
+
+def not_snapshots(snapshots):
+    """What of a rung's snapshots/ the lab did not write, in words ('' for none), which train.py would refuse to
+    train beside once the lab had cleared the rest: a link, a file where the folder goes, files of other names."""
+    if snapshots.is_symlink():
+        return "is a link"
+    if snapshots.exists() and not snapshots.is_dir():
+        return "is a file, not a folder"
+    others = sorted(p.name for p in snapshots.iterdir() if not p.match("iter_*.pt*")) if snapshots.is_dir() else []
+    return f"holds {', '.join(others)}" if others else ""
 
 
 def resumed_at(metrics):
