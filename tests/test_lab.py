@@ -615,6 +615,19 @@ def test_a_file_of_the_user_s_among_a_trained_rung_s_snapshots_is_refused_before
     assert (folder / "latest.pt").exists() and (tmp_path / "elsewhere" / "iter_0.pt").exists()
 
 
+@pytest.mark.parametrize("name", ["lab.json", "attention.png", "train.log"])
+def test_a_folder_where_the_lab_writes_a_rung_s_file_is_one_line_before_its_run_is_cleared(data_dir, tmp_path, name):
+    folder = tmp_path / "lab" / "scaled"
+    (folder / name).mkdir(parents=True)
+    for kept in {"train.log", "lab.json", "latest.pt"} - {name}:
+        (folder / kept).write_text(f"the {kept}")
+    os.utime(folder / "latest.pt", ns=(1, 1))
+    with pytest.raises(UserError) as caught:
+        lab.main(lab_args(data_dir, tmp_path / "lab", "--rungs=scaled", "--budget=4.3"))
+    assert str(caught.value) == f"{folder / name} is a folder where the lab writes a file; move it out of the way"
+    assert (folder / "latest.pt").read_text() == "the latest.pt"
+
+
 def test_a_rung_s_snapshots_are_never_cleared_through_a_link(tmp_path, monkeypatch):
     """A link of the user's at a rung's snapshots: what it points to stays, and train.py refuses the folder."""
     fake_rung_folder(tmp_path / "elsewhere")

@@ -268,6 +268,10 @@ def check_rung_folder(folder):
     if os.path.lexists(folder / "sae"):
         raise UserError(f"{folder} holds sparse autoencoders of its run's weights (sae/, analyze.py features); move "
                         "them, or give the lab another --out_dir")
+    # the lab's own files, cleared and written after the run's (RunDir checks those): a folder there would stop it
+    folders = [p for p in (folder / RESULT, folder / "attention.png", folder / "train.log") if p.is_dir()]
+    if folders:
+        raise UserError(f"{folders[0]} is a folder where the lab writes a file; move it out of the way")
     theirs = not_snapshots(run.snapshots)
     if theirs:
         raise UserError(f"{run.snapshots} {theirs}, and the lab clears only its own snapshots there for a new run; "
