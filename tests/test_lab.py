@@ -422,6 +422,18 @@ def test_rows_of_the_dataset_before_it_was_prepared_again_are_one_line_before_tr
     tiny_lab(data, out, "--rungs=uniform", "--budget=4.3")  # training it again on the new text replaces the row
 
 
+def test_a_rung_s_folder_renamed_to_another_rung_s_is_one_line_before_training(data_dir, tmp_path):
+    """The learner renamed out-lab/scaled to out-lab/dot: the table listed the scaled run as dot's row."""
+    out = tmp_path / "lab"
+    tiny_lab(data_dir, out, "--rungs=scaled", "--budget=4.3")
+    (out / "scaled").rename(out / "dot")
+    with pytest.raises(UserError) as caught:
+        lab.main(lab_args(data_dir, out, "--rungs=uniform", "--budget=4.3"))
+    assert str(caught.value) == (f"{out / 'dot' / 'lab.json'} is the row of rung 'scaled', not of dot, whose folder "
+                                 "holds it; give the folder back its name, or train dot again with --rungs=dot")
+    assert not (out / "uniform").exists()
+
+
 def test_a_row_with_a_field_the_lab_never_writes_is_one_line_before_training(data_dir, tmp_path):
     out = tmp_path / "lab"
     tiny_lab(data_dir, out, "--rungs=uniform", "--budget=4.3")

@@ -504,6 +504,7 @@ def load_row(rung, folder, dataset, meta):
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         trained_on, digest = data.pop("dataset"), data.pop("tokens_digest", None)  # rows from before: no digest
+        named = data.pop("rung")
         if not (digest is None or isinstance(digest, str)):
             raise TypeError(f"its tokens_digest is {str(digest)[:40]!r}, not what the lab writes there")
         row = checked_row(Row(**dict(data, rung=rung)))
@@ -513,6 +514,9 @@ def load_row(rung, folder, dataset, meta):
     except RecursionError:
         raise UserError(f"{path} is nested too deeply to be a row the lab wrote; train the rung again with "
                         f"--rungs={rung.name}") from None
+    if named != rung.name:  # a rung's folder renamed or copied: its row would stand in the table as another rung's
+        raise UserError(f"{path} is the row of rung {str(named)[:40]!r}, not of {rung.name}, whose folder holds it; "
+                        f"give the folder back its name, or train {rung.name} again with --rungs={rung.name}")
     if trained_on != dataset:
         raise UserError(f"{folder} was trained on dataset {trained_on!r}, not {dataset!r}, and its row would join "
                         f"this table; train it again with --rungs={rung.name}, or pick another --out_dir")
