@@ -469,6 +469,21 @@ def test_a_rung_trained_on_since_the_lab_trained_it_is_refused_and_kept(data_dir
     assert (folder / "latest.pt").read_text() == "the latest.pt"
 
 
+def test_a_rung_s_attention_picture_drawn_since_by_plot_py_is_said_as_it_goes_with_the_old_run(data_dir, tmp_path):
+    """docs/lab.md's own plot.py attention --out_dir=out-lab/dot --start=... draws over the rung's attention.png:
+    training the rung again replaced the learner's picture saying only 'wrote out-lab/dot/attention.png'."""
+    out = tmp_path / "lab"
+    tiny_lab(data_dir, out, "--rungs=dot", "--budget=4.3")
+    picture = out / "dot" / "attention.png"
+    plot.main(["attention", f"--out_dir={out / 'dot'}", "--start=First", "--device=cpu"])
+    written = (out / "dot" / "lab.json").stat().st_mtime_ns
+    os.utime(picture, ns=(written + 10**9, written + 10**9))  # drawn after the row, whatever the clock's grain
+    printed = tiny_lab(data_dir, out, "--rungs=dot", "--budget=4.3")
+    assert f"note: {picture} was drawn since the lab drew it; it goes with the rung's old run, and the rung " \
+           "trained again draws its own there\n" in printed
+    assert "was drawn since" not in tiny_lab(data_dir, out, "--rungs=dot", "--budget=4.3")  # the lab's own picture
+
+
 def test_a_stopped_rung_that_train_py_continued_is_refused_and_kept(data_dir, tmp_path):
     """A lab stopped while training a rung leaves no row; train.py --init_from=auto then continued the run: its
     metrics hold a second run record, and training the rung again would delete the learner's run."""

@@ -340,6 +340,14 @@ def run_train(args, log, stops):
         raise
 
 
+def redrawn(picture, row):
+    """Say so where the rung's picture, about to go with its run, was drawn since the lab drew it (plot.py attention
+    draws there): the lab draws it before it writes the row, so one newer than the row is another's."""
+    if picture.is_file() and row.is_file() and picture.stat().st_mtime_ns > row.stat().st_mtime_ns:
+        print(f"note: {picture} was drawn since the lab drew it; it goes with the rung's old run, and the rung trained "
+              "again draws its own there", flush=True)
+
+
 def train_rung(rung, cfg, stops):
     """Train one rung from scratch into its folder: the seconds its train.py took, start to exit."""
     folder = run_dir(cfg, rung)
@@ -350,6 +358,7 @@ def train_rung(rung, cfg, stops):
         # the modern rung's preset keeps snapshots, which train.py would take for another run's: never through a
         # link of the user's, which stays for train.py to refuse
         snapshots = [] if run.snapshots.is_symlink() else list(run.snapshots.glob("iter_*.pt*"))
+        redrawn(folder / "attention.png", folder / RESULT)
         for stale in (run.metrics, run.latest, run.previous, run.best, run.legacy, folder / "attention.png",
                       folder / RESULT, *snapshots):
             stale.unlink(missing_ok=True)
