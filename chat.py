@@ -151,14 +151,19 @@ def talk(cfg, model, tok, text, history, lead=""):
 def converse(cfg, model, tok):
     """The interactive chat: one question a line until Ctrl-D; a question the vocabulary cannot spell is said
     and another asked."""
-    history = []
+    history, first = [], True
     while True:
         try:
             text = input("you> ").removesuffix("\r")  # a line piped from a Windows file
         except (EOFError, KeyboardInterrupt):
             print()
             return
+        if first:  # a file saved by Windows' Notepad opens with a byte-order mark, no character of the question
+            text, first = text.removeprefix("\ufeff"), False
         if not text.strip():
+            continue
+        if any("\udc80" <= c <= "\udcff" for c in text):  # bytes stdin could not decode, kept as surrogates
+            print("error: the question is not UTF-8 text", file=sys.stderr, flush=True)
             continue
         try:
             history = talk(cfg, model, tok, text, history, lead="model> ")

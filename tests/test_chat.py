@@ -101,6 +101,15 @@ def test_questions_piped_from_a_windows_file_are_asked_without_their_carriage_re
     assert proc.stderr == "" and proc.stdout.count("model> ") == 2
 
 
+def test_questions_piped_from_a_file_with_a_byte_order_mark_or_bytes_not_utf8_are_asked_or_said_in_one_line(
+        chat_run, monkeypatch):
+    piped = io.TextIOWrapper(io.BytesIO(b"\xef\xbb\xbf1+1\n\xff\n2+2\n"), encoding="utf-8", errors="surrogateescape")
+    monkeypatch.setattr("sys.stdin", piped)
+    proc = check_ok(run_here("chat.py", f"--out_dir={chat_run}", "--max_new_tokens=4"))
+    assert assert_one_error_line(proc.stderr) == "error: the question is not UTF-8 text"
+    assert proc.stdout.count("model> ") == 2
+
+
 def test_a_long_conversation_drops_its_oldest_turns_whole_so_the_context_opens_at_a_question():
     tok = CharTokenizer(sorted(set("0123456789+") | set(MARKERS.values())))
     turns = [("1+1", "2"), ("22+22", "44"), ("3+3", None)]  # 7, 10 and 5 tokens in the template
