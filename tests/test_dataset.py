@@ -220,6 +220,21 @@ def test_a_chat_key_edited_in_meta_json_is_one_line_naming_it(chat_data, key, va
     assert str(e.value) == f"{path}: {says}; run data/prepare.py for this dataset again"
 
 
+def test_a_roles_file_holding_a_value_no_role_has_is_one_line_naming_it_as_a_role(chat_data):
+    """It said 'holds token id 7, outside the vocabulary of 3' of the roles file, whose values are no token ids."""
+    folder, meta = load_meta(str(chat_data), "tasks")
+    path = folder / "train_roles.bin"
+    was = path.read_bytes()
+    path.write_bytes(was[:10] + bytes([7]) + was[11:])
+    try:
+        with pytest.raises(UserError) as e:
+            Split(folder, "train", meta, 8)
+    finally:
+        path.write_bytes(was)
+    assert str(e.value) == (f"{path} holds role 7, and a token's role is 0 to 2; run data/prepare.py for this dataset "
+                            "again")
+
+
 def test_a_chat_dataset_without_its_roles_is_one_line_unless_told_to_train_on_all(chat_data):
     """Without them the loss counted every token, the questions too, without a word."""
     path, was = edited_meta(chat_data, lambda meta: meta.pop("roles"))

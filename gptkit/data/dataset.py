@@ -165,7 +165,7 @@ class Split:
         self.roles = None
         if "roles" in meta and train_on == "answers":
             self.roles = Shard(Path(folder) / meta["roles"][name]["file"], np.dtype(np.uint8), meta["roles"][name],
-                               len(ROLE_NAMES))
+                               len(ROLE_NAMES), unit="role")
             if self.roles.length != self.shards[0].length or len(self.shards) != 1:
                 raise UserError(f"{self.roles.path} does not match {self.path}; run data/prepare.py again")
         self.starts = np.cumsum([0] + [shard.length for shard in self.shards])
@@ -218,9 +218,9 @@ def shards_of(meta, name):
 class Shard:
     """One token file of a split."""
 
-    def __init__(self, path, dtype, listed, vocab_size):
+    def __init__(self, path, dtype, listed, vocab_size, unit="token id"):
         self.path, self.dtype = path, dtype
-        self.length, self.identity = check_tokens(path, dtype, listed, vocab_size)
+        self.length, self.identity = check_tokens(path, dtype, listed, vocab_size, unit)
 
     def tokens(self):
         """The file's tokens, mapped afresh, from the very file checked when the split was opened. Another file
@@ -241,9 +241,10 @@ def file_identity(stat):
     return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
-def check_tokens(path, dtype, listed, vocab_size):
+def check_tokens(path, dtype, listed, vocab_size, unit="token id"):
     """The number of tokens in a token file and the file's identity, after one pass over it that checks what the
-    metadata lists of it (its token count and checksum, where given)."""
+    metadata lists of it (its token count and checksum, where given). unit: what each value is, 'token id', or
+    'role' for a chat dataset's roles file, whose values are 0 to vocab_size - 1 of a token's roles."""
     again = "run data/prepare.py for this dataset again"
     if not path.is_file():
         raise UserError(f"{path} {'is a folder' if path.is_dir() else 'not found'}; {again}")
@@ -263,7 +264,9 @@ def check_tokens(path, dtype, listed, vocab_size):
     if listed.get("tokens") is not None and length != listed["tokens"]:
         raise UserError(f"{path} has {length:,} tokens, meta.json says {listed['tokens']!r}; {again}")
     if largest >= vocab_size:
-        raise UserError(f"{path} holds token id {largest}, outside the vocabulary of {vocab_size}; {again}")
+        outside = (f"outside the vocabulary of {vocab_size}" if unit == "token id"
+                   else f"and a token's {unit} is 0 to {vocab_size - 1}")
+        raise UserError(f"{path} holds {unit} {largest}, {outside}; {again}")
     if listed.get("sha256") is not None and sha.hexdigest() != listed["sha256"]:
         raise UserError(f"{path} is damaged: its contents do not match the checksum in meta.json; {again}")
     return length, file_identity(stat)
