@@ -96,6 +96,9 @@ CASES = {
     "init_from typo": ("train", ["--init_from=resum"],
                        "error: init_from must be one of scratch, resume, auto, gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
                        "a run's folder or one saved by save_pretrained (got 'resum'; did you mean 'resume'?)"),
+    "init_from empty": ("train", ["--init_from="],
+                        "error: init_from is empty: name a run's folder to start from (e.g. out), or one of scratch, "
+                        "resume, auto, gpt2, gpt2-medium, gpt2-large, gpt2-xl"),
     "beta1 of 2": ("train", ["--beta1=2"], "error: beta1 must be in [0, 1) (got 2.0)"),
     "dataset empty": ("train", ["--dataset="],
                       "error: dataset is empty: name a folder data/prepare.py made (e.g. shakespeare_char)"),

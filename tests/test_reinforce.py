@@ -78,6 +78,7 @@ def test_a_padded_heads_extra_rows_are_not_in_the_policy():
     (dict(temperature=0.0), "temperature must be above 0: at 0 every answer to a problem is the same greedy one, "
                             "and none can be better than the group's mean (got 0.0)"),
     (dict(tasks=" , "), "tasks must name at least one task to practise (e.g. addition)"),
+    (dict(init_from=""), "init_from is empty: name the folder of the chat run to start from (e.g. out-chat-early)"),
 ])
 def test_settings_that_leave_reinforce_nothing_to_learn_from_are_one_line(setting, expected):
     with pytest.raises(ValueError) as e:

@@ -61,6 +61,8 @@ class RLConfig:
                                                         "one, and none can be better than the group's mean")
         if not self.task_list():
             raise ValueError("tasks must name at least one task to practise (e.g. addition)")
+        if not self.init_from:  # else RunDir('') names out_dir as the setting left empty
+            raise ValueError("init_from is empty: name the folder of the chat run to start from (e.g. out-chat-early)")
         check_seed(self.seed)
         check_device_name(self.device)
         check_checkpoint(self.init_checkpoint)

@@ -115,6 +115,9 @@ class TrainConfig:
                              "both set: drop --retime, or leave one of them to auto")
         check_device_name(self.device)
         starts = ["scratch", "resume", "auto", *HUB_MODELS]
+        if not self.init_from:  # else the folder you are in, and a suggestion to train there with an empty --out_dir
+            raise ValueError(f"init_from is empty: name a run's folder to start from (e.g. out), or one of "
+                             f"{', '.join(starts)}")
         # any other name is a run's folder, whose run is looked for at the start; a near miss of a keyword is a typo
         if self.init_from not in starts and not os.path.isdir(self.init_from) and closest(self.init_from, starts):
             raise ValueError(f"init_from must be one of {', '.join(starts)}, a run's folder or one saved by "
