@@ -58,7 +58,8 @@ BAD_STARTS = {"never right": "REINFORCE has nothing to learn from", "unknown tas
               "no run": "holds no run: fine-tune one there first, e.g. `python train.py config/chat_sft_early.py",
               "no snapshots": "keeps no snapshots (train it with --snapshots=N to keep the weights at N steps); use "
                               "--init_checkpoint=best or latest",
-              "not yet evaluated": "not finished an evaluation); use its latest state with --init_checkpoint=latest"}
+              "not yet evaluated": "not finished an evaluation); use its latest state with --init_checkpoint=latest",
+              "a checkpoint file": "is a file, not a run's folder: give the folder train.py wrote (--init_from="}
 
 
 @pytest.mark.parametrize("case", BAD_STARTS)
@@ -70,7 +71,8 @@ def test_bad_starts_are_one_line_and_write_nothing(case, tmp_path, chat_run, mon
     shutil.copy(chat_run / "latest.pt", unevaluated)
     extra = {"unknown task": ["--tasks=sort"], "no run": [f"--init_from={tmp_path / 'empty'}"],
              "no snapshots": [f"--init_from={unevaluated}", "--init_checkpoint=iter:7"],
-             "not yet evaluated": [f"--init_from={unevaluated}"]}.get(case, [])
+             "not yet evaluated": [f"--init_from={unevaluated}"],
+             "a checkpoint file": [f"--init_from={unevaluated / 'latest.pt'}"]}.get(case, [])
     proc = run_here("rl.py", *rl_args(chat_run, tmp_path / "out"), *extra)
     assert proc.returncode == 1
     assert BAD_STARTS[case] in assert_one_error_line(proc.stderr)

@@ -274,6 +274,15 @@ def test_init_from_a_folder_without_a_run_is_one_line(tmp_path):
         base_run(str(tmp_path / "empty"))
 
 
+def test_init_from_a_checkpoint_file_names_its_folder_not_a_command_that_would_train_over_it(tmp_path):
+    """It said 'no such folder' and suggested `train.py ... --out_dir=out/best.pt`, which a file is in the way of."""
+    (tmp_path / "best.pt").write_bytes(b"")
+    with pytest.raises(UserError) as e:
+        base_run(str(tmp_path / "best.pt"))
+    assert str(e.value) == (f"init_from={str(tmp_path / 'best.pt')!r} is a file, not a run's folder: give the folder "
+                            f"train.py wrote (--init_from={tmp_path})")
+
+
 def test_a_base_not_yet_evaluated_says_to_continue_it_not_to_pick_a_checkpoint_train_py_has_no_option_for(tmp_path):
     base = tmp_path / "base"
     base.mkdir()

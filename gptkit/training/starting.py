@@ -234,6 +234,9 @@ def base_run(init_from):
     folder = Path(init_from)
     if init_from in ("scratch", "resume", "auto", *HUB_MODELS) or (folder / "config.json").exists():
         return None  # a save_pretrained folder holds config.json: GPT-2's weights
+    if folder.exists() and not folder.is_dir():  # a checkpoint given where its folder goes, say
+        raise UserError(f"init_from={init_from!r} is a file, not a run's folder: give the folder train.py wrote "
+                        f"(--init_from={folder.parent})")
     if not folder.is_dir():
         raise UserError(f"init_from={init_from!r}: no such folder; train the model to start from there first, "
                         f"e.g. `python train.py config/shakespeare_char.py --out_dir={init_from}`")
