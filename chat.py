@@ -185,6 +185,9 @@ def main(argv=None):
         print(card_json(columns) if cfg.json else card_table(columns, cfg.sampled()))
         return
     run = RunDir(cfg.out_dir)
+    if run.path.is_file():  # a checkpoint given where its folder goes, say
+        raise UserError(f"out_dir={cfg.out_dir!r} is a file, not a run's folder: give the folder train.py wrote "
+                        f"(--out_dir={run.path.parent}, and --checkpoint to pick its checkpoint)")
     if run.shown() is None and not cfg.checkpoint.startswith("iter:"):
         raise UserError(f"{cfg.out_dir} holds no run: fine-tune one for chat there first, e.g. `python data/prepare.py "
                         f"--synthetic=tasks` then `python train.py config/chat_sft.py --out_dir={cfg.out_dir}`")

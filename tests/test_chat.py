@@ -212,7 +212,7 @@ def test_settings_that_would_score_nothing_or_the_greedy_answer_k_times_are_one_
     assert str(e.value) == expected
 
 
-@pytest.mark.parametrize("case", ["not chat", "no run", "unknown task", "outside the vocabulary",
+@pytest.mark.parametrize("case", ["not chat", "no run", "a checkpoint file", "unknown task", "outside the vocabulary",
                                   "a problem outside it", "problems without eval", "a problem without its answer",
                                   "a report column without a run"])
 def test_bad_input_is_one_line(case, chat_run, trained_run, tmp_path):
@@ -225,6 +225,7 @@ def test_bad_input_is_one_line(case, chat_run, trained_run, tmp_path):
                                               {"role": "user", "content": "2+2"}]}) + "\n", encoding="utf-8")
     args = {"not chat": [f"--out_dir={trained_run[0]}", "--prompt=hi"],
             "no run": [f"--out_dir={tmp_path / 'nothing'}", "--prompt=hi"],
+            "a checkpoint file": [f"--out_dir={chat_run / 'best.pt'}", "--prompt=hi"],
             "unknown task": [f"--out_dir={chat_run}", "--eval", "--tasks=sort"],
             "outside the vocabulary": [f"--out_dir={chat_run}", "--prompt=日本"],
             "a problem outside it": [f"--out_dir={chat_run}", "--eval", f"--problems={mine}"],
@@ -236,6 +237,8 @@ def test_bad_input_is_one_line(case, chat_run, trained_run, tmp_path):
     line = assert_one_error_line(proc.stderr)
     expected = {"not chat": "config/chat_sft.py", "unknown task": "never saw task 'sort'",
                 "no run": "holds no run: fine-tune one for chat there first, e.g. `python data/prepare.py",
+                "a checkpoint file": f"is a file, not a run's folder: give the folder train.py wrote "
+                                     f"(--out_dir={chat_run}, and --checkpoint to pick its checkpoint)",
                 "outside the vocabulary": "outside the training vocabulary",
                 "a problem outside it": f"{mine} line 3: the text has characters outside the training vocab",
                 "problems without eval": "add --eval",
