@@ -871,22 +871,26 @@ def test_an_edit_the_panels_watching_hooks_cannot_run_is_said_in_those_panels(br
         proc.wait(30)
 
 
-# the page's fetch, its first list answer after this runs held until the test releases it; counts the lists asked for
-HOLD_THE_LIST = """
+def hold_the_first(path):
+    """A script for the page: its fetch holds its first answer from `path` after this runs until the test calls
+    window.releaseHeld(), then sets window.heldDone once the page has had time to read and draw it, or refuse it;
+    window.asked counts the requests for path."""
+    return """
 const fetched = window.fetch;
 let release;
 const gate = new Promise((resolve) => { release = resolve; });
-Object.assign(window, { listHeld: false, listsAsked: 0, releaseList: () => release() });
+Object.assign(window, { held: false, heldDone: false, asked: 0, releaseHeld: () => release() });
 window.fetch = async (path, opts) => {
-  if (path === '/api/runs') window.listsAsked += 1;
+  if (path === '%s') window.asked += 1;
   const res = await fetched(path, opts);
-  if (path === '/api/runs' && !window.listHeld) {
-    window.listHeld = true;
+  if (path === '%s' && !window.held) {
+    window.held = true;
     await gate;
+    setTimeout(() => { window.heldDone = true; }, 300);
   }
   return res;
 };
-"""
+""" % (path, path)
 
 
 @pytest.mark.slow
@@ -904,42 +908,24 @@ def test_coming_back_while_the_list_is_still_asked_for_asks_again_after_it(brows
         wait = waiting(browser)
         browser.get(url + "/")
         wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("Loaded a"))
-        browser.execute_script(HOLD_THE_LIST)
+        browser.execute_script(hold_the_first("/api/runs"))
         fake_run(tmp_path / "again", seed=1)  # the picked run trained again into its folder
         os.replace(tmp_path / "again" / "best.pt", root / "a" / "best.pt")
         back_on_the_page(browser)
-        wait.until(lambda d: d.execute_script("return window.listHeld"))  # read before the run below was trained
+        wait.until(lambda d: d.execute_script("return window.held"))  # read before the run below was trained
         fake_run(root / "later")
         back_on_the_page(browser)
         back_on_the_page(browser)
-        assert browser.execute_script("return window.listsAsked") == 1  # not beside the one in flight
-        browser.execute_script("window.releaseList()")
+        assert browser.execute_script("return window.asked") == 1  # not beside the one in flight
+        browser.execute_script("window.releaseHeld()")
         WebDriverWait(browser, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, '#runs .run[data-name="later"]'))
-        assert browser.execute_script("return window.listsAsked") == 2
+        assert browser.execute_script("return window.asked") == 2
         assert browser.find_element(By.ID, "runs-status").text == (
             "a's best.pt was written again since it was loaded (it still holds step 20): loaded again")
         assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     finally:
         proc.terminate()
         proc.wait(30)
-
-
-# the page's fetch, its first lab answer after this runs held until the test releases it
-HOLD_THE_LAB = """
-const fetched = window.fetch;
-let release;
-const gate = new Promise((resolve) => { release = resolve; });
-Object.assign(window, { labHeld: false, labDone: false, releaseLab: () => release() });
-window.fetch = async (path, opts) => {
-  const res = await fetched(path, opts);
-  if (path === '/api/lab' && !window.labHeld) {
-    window.labHeld = true;
-    await gate;
-    setTimeout(() => { window.labDone = true; }, 300); // the page has read and drawn, or refused, the answer by then
-  }
-  return res;
-};
-"""
 
 
 @pytest.mark.slow
@@ -955,15 +941,15 @@ def test_an_earlier_lab_answer_that_comes_last_does_not_draw_over_the_folder_as_
         wait = waiting(browser)
         browser.get(url + "/")
         wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("Loaded a"))
-        browser.execute_script(HOLD_THE_LAB)
+        browser.execute_script(hold_the_first("/api/lab"))
         back_on_the_page(browser)
-        wait.until(lambda d: d.execute_script("return window.labHeld"))  # read before the rung below was trained
+        wait.until(lambda d: d.execute_script("return window.held"))  # read before the rung below was trained
         fake_run(root / "bigram")
         (root / "bigram" / "lab.json").write_text(json.dumps({"rung": "bigram"}), encoding="utf-8")
         back_on_the_page(browser)
         wait.until(lambda d: d.find_element(By.ID, "lab-card").is_displayed())
-        browser.execute_script("window.releaseLab()")
-        wait.until(lambda d: d.execute_script("return window.labDone"))
+        browser.execute_script("window.releaseHeld()")
+        wait.until(lambda d: d.execute_script("return window.heldDone"))
         assert browser.find_element(By.ID, "lab-card").is_displayed()
     finally:
         proc.terminate()
