@@ -2,7 +2,7 @@
 per session, script runners, train.py with faults injected, and the check every user-facing failure must pass
 (one `error:` line).
 
-Tests marked `slow` are left out of the quick loop, `python -m pytest -q -m "not slow" tests`: those that start
+Tests marked `slow` are left out of the quick loop, `python -m pytest -q -n 2 -m "not slow" tests`: those that start
 train.py, data/prepare.py, lab.py, explore.py or torchrun, or train for more than a second or two. Every test that
 uses the session's prepared corpus or trained run (the data_dir, trained_run and run fixtures) is marked slow here,
 as building them starts data/prepare.py and train.py."""
@@ -51,7 +51,7 @@ SLOW_FIXTURES = {"data_dir", "trained_run", "run", "bpe_trained_run", "chat_data
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: starts a script (train.py, data/prepare.py, lab.py, explore.py, "
                                        "torchrun) or trains for more than a second or two; the quick loop, "
-                                       "`python -m pytest -q -m \"not slow\" tests`, leaves these out")
+                                       "`python -m pytest -q -n 2 -m \"not slow\" tests`, leaves these out")
 
 
 @pytest.hookimpl(tryfirst=True)
