@@ -80,6 +80,8 @@ GOOD = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "ass
                               {"role": "user", "content": "q"}]}), "line 3: message 3 is the user's, but turns"),
     (json.dumps({"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "a"}]}),
      "line 3: message 1 (user) is empty"),
+    (json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": " \r\n"}]}),
+     "line 3: message 2 (assistant) is empty but for whitespace"),
     (json.dumps({"messages": [{"role": "user", "content": 12}, {"role": "assistant", "content": "a"}]}),
      "line 3: message 1 (user)'s content is 12, not a string"),
     (json.dumps({"messages": [{"role": "user", "content": "q"}]}), "line 3: the conversation has no assistant turn"),

@@ -94,8 +94,9 @@ def check_messages(record, number, where):
         if content is not None and not isinstance(content, str):
             raise UserError(f"{at}: message {shown} ({message['role']})'s content is {json.dumps(content)[:40]}, "
                             "not a string")
-        if not content:
-            raise UserError(f"{at}: message {shown} ({message['role']}) is empty")
+        if not content or content.isspace():  # a turn of spaces says nothing either, and teaches an empty answer
+            spaces = " but for whitespace" if content else ""
+            raise UserError(f"{at}: message {shown} ({message['role']}) is empty{spaces}")
         if set(content) & set(NAMES):
             raise UserError(f"{at}: message {shown} holds a character the chat markers use (U+E000-U+E002)")
         try:
