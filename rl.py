@@ -31,7 +31,7 @@ from gptkit.machine.stand_ins import model_code
 from gptkit.machine.threads import ThreadTuner
 from gptkit.run.checkpoint import save_checkpoint
 from gptkit.run.metrics import RunLog, damaged_note
-from gptkit.run.run_folder import RunDir, model_at
+from gptkit.run.run_folder import RunDir, model_at, refuse_a_file
 from gptkit.training.updates import restore_optimizers, schedulable
 
 
@@ -40,9 +40,8 @@ def start(cfg, run, device, changed):
     the held-out problems it is scored on, and where the run is: a dict the loop reads. `changed`: the settings a
     continued run takes anew, {key: (saved, given)}."""
     resumed, base = run.latest.exists(), RunDir(cfg.init_from)
-    if not resumed and base.path.is_file():  # a checkpoint given where its folder goes, say
-        raise UserError(f"init_from={cfg.init_from!r} is a file, not a run's folder: give the folder train.py wrote "
-                        f"(--init_from={base.path.parent}, and --init_checkpoint to pick its checkpoint)")
+    if not resumed:
+        refuse_a_file(cfg.init_from, "init_from", "init_checkpoint")
     if not resumed and base.shown() is None:
         raise UserError(f"init_from={cfg.init_from!r} holds no run: fine-tune one there first, e.g. "
                         f"`python train.py config/chat_sft_early.py --out_dir={cfg.init_from}` (RL learns most from a "

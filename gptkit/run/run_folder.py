@@ -267,6 +267,16 @@ def check_checkpoint(which):
                          f"iteration N), got {str(which)[:40]!r}")
 
 
+def refuse_a_file(given, option, picker=None):
+    """One line where a run's folder was named by a file (its best.pt, say): the folder to give instead, and the
+    option (picker) that picks a checkpoint in it."""
+    path = Path(given)
+    if path.exists() and not path.is_dir():
+        pick = f", and --{picker} to pick its checkpoint" if picker else ""
+        raise UserError(f"{option}={given!r} is a file, not a run's folder: give the folder train.py wrote "
+                        f"(--{option}={path.parent}{pick})")
+
+
 def model_at(path, device="cpu", watched=False, required=MODEL_KEYS):
     """(the model in eval mode, its tokenizer, the checkpoint) of one checkpoint file: how every tool that reads a
     trained model (sample.py, plot.py, export.py, analyze.py, the API, the explorer) loads it. Where model.py has

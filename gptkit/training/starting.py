@@ -18,7 +18,7 @@ from gptkit.data.tokenizer import describe_vocabulary, prepare_options, same_bpe
 from gptkit.interop.hf import HUB_MODELS, crop_block_size, load_pretrained
 from gptkit.machine.model_contract import check_forward, merged_lora
 from gptkit.run.checkpoint import MODEL_KEYS, check_finite, load_checkpoint, load_weights, model_config
-from gptkit.run.run_folder import RunDir
+from gptkit.run.run_folder import RunDir, refuse_a_file
 from gptkit.sampling.decoding import sees_ahead
 from gptkit.training.train_config import TrainConfig
 from model import GPT, GPTConfig, LoRAEmbedding, LoRALinear
@@ -234,9 +234,7 @@ def base_run(init_from):
     folder = Path(init_from)
     if init_from in ("scratch", "resume", "auto", *HUB_MODELS) or (folder / "config.json").exists():
         return None  # a save_pretrained folder holds config.json: GPT-2's weights
-    if folder.exists() and not folder.is_dir():  # a checkpoint given where its folder goes, say
-        raise UserError(f"init_from={init_from!r} is a file, not a run's folder: give the folder train.py wrote "
-                        f"(--init_from={folder.parent})")
+    refuse_a_file(init_from, "init_from")
     if not folder.is_dir():
         raise UserError(f"init_from={init_from!r}: no such folder; train the model to start from there first, "
                         f"e.g. `python train.py config/shakespeare_char.py --out_dir={init_from}`")
