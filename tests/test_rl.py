@@ -146,7 +146,27 @@ def test_a_saved_state_whose_fields_are_not_what_rl_py_writes_is_one_line(tmp_pa
     save_checkpoint({k: v for k, v in ckpt.items() if k != "format_version"}, latest)
     proc = run_here("rl.py", f"--out_dir={tmp_path / 'out'}", "--max_iters=3")
     assert proc.returncode == 1
-    assert_one_error_line(proc.stderr, f"error: {latest} is damaged: {says}")
+    assert_one_error_line(proc.stderr, f"error: {latest} is damaged: {says}; the run cannot continue from it: start "
+                                       "it anew with --start_over=True (its files are moved aside)")
+
+
+def test_a_saved_state_cut_short_is_one_line_naming_the_way_on(tmp_path, chat_run, monkeypatch):
+    """rl.py keeps no latest.prev.pt: a latest.pt cut short leaves nothing to continue from, and --start_over=True
+    (which moves the run's files aside) is the way on."""
+    import rl
+
+    monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: len(answer) % 2 == 0)
+    rl.main([*rl_args(chat_run, tmp_path / "out"), "--max_iters=2"])
+    latest = tmp_path / "out" / "latest.pt"
+    latest.write_bytes(latest.read_bytes()[:1000])
+    proc = run_here("rl.py", f"--out_dir={tmp_path / 'out'}", "--max_iters=3")
+    assert proc.returncode == 1
+    line = assert_one_error_line(proc.stderr, f"error: {latest} is damaged*")
+    assert line.endswith("; the run cannot continue from it: start it anew with --start_over=True (its files are "
+                         "moved aside)")
+    rl.main([*rl_args(chat_run, tmp_path / "out"), "--max_iters=2", "--start_over=True"])  # the way on, as said
+    assert load_checkpoint(latest)["iter_num"] == 2
+    assert [p.name for p in (tmp_path / "out").glob("replaced-*/latest.pt")] == ["latest.pt"]
 
 
 def test_a_continued_run_whose_best_pt_is_gone_writes_it_anew(tmp_path, chat_run, monkeypatch, capsys):

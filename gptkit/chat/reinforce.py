@@ -80,11 +80,16 @@ def rl_settings(argv):
     so that `python rl.py --out_dir=out-rl` alone goes on with the same run. Changes: {key: (saved, given)}."""
     given = given_values(RLConfig, argv, prog="rl.py")
     latest = RunDir(given.get("out_dir", RLConfig.out_dir)).latest
-    ckpt = load_checkpoint(latest) if latest.exists() and not given.get("start_over") else {}
+    # rl.py keeps one saved state: a damaged one leaves the run nothing to continue from, and the line says the way on
+    way_on = "; the run cannot continue from it: start it anew with --start_over=True (its files are moved aside)"
+    try:
+        ckpt = load_checkpoint(latest) if latest.exists() and not given.get("start_over") else {}
+    except UserError as e:
+        raise UserError(f"{e}{way_on}") from None
     if "rl" not in ckpt:  # a new run, or another tool's, which rl.py refuses to continue where it starts
         return make(RLConfig, given), {}
     if problem := RL_STATE.problem(ckpt, ""):  # its checksum is right, its fields not what rl.py writes
-        raise UserError(f"{latest} is damaged: {problem}")
+        raise UserError(f"{latest} is damaged: {problem}{way_on}")
     keys = {f.name for f in fields(RLConfig)} - {"start_over"}  # the command's alone: a continued run goes on
     saved = {k: v for k, v in ckpt["config"].items() if k in keys}
     changed = {k: (saved[k], v) for k, v in given.items() if k in saved and saved[k] != v and k != "out_dir"}
