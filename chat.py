@@ -58,6 +58,8 @@ class ChatConfig:
         check_seed(self.seed)
         check_device_name(self.device)
         check_checkpoint(self.checkpoint)
+        if self.prompt.isspace():  # the interactive chat passes a blank line by: there is no question in it
+            raise ValueError("prompt holds only whitespace: give the question to answer, or leave --prompt out to talk")
         if self.problems and not self.eval:
             raise ValueError("--problems names conversations to score: add --eval")
         if self.problems and self.tasks:

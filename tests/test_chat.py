@@ -205,6 +205,7 @@ def test_the_report_card_reads_the_checkpoint_asked_for_and_names_the_column_it_
                                                                "them"),
     (dict(report="out,out-chat", eval=True, prompt="1+1"), "--report scores each stage on its dataset's held-out "
                                                            "problems itself: leave out --eval and --prompt"),
+    (dict(prompt=" \t"), "prompt holds only whitespace: give the question to answer, or leave --prompt out to talk"),
 ])
 def test_settings_that_would_score_nothing_or_the_greedy_answer_k_times_are_one_line(setting, expected):
     with pytest.raises(ValueError) as e:
