@@ -484,6 +484,30 @@ def test_a_rung_s_attention_picture_drawn_since_by_plot_py_is_said_as_it_goes_wi
     assert "was drawn since" not in tiny_lab(data_dir, out, "--rungs=dot", "--budget=4.3")  # the lab's own picture
 
 
+def test_a_rung_whose_train_py_fails_gets_its_earlier_run_and_row_back(data_dir, tmp_path, monkeypatch):
+    """Training a rung again (a --budget too small to fit a step, say) cleared its earlier run and row before its
+    train.py ran: one that failed left the rung with neither. The earlier run now waits aside and comes back."""
+    out = tmp_path / "lab"
+    tiny_lab(data_dir, out, "--rungs=dot", "--budget=4.3")
+    folder = out / "dot"
+    before = {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != "train.log"}
+    assert Path("lab.json") in before and Path("best.pt") in before
+
+    def fails(args, log, stops):  # as train.py does: a first record and snapshot, then one line and status 1
+        (folder / "metrics.jsonl").write_text('{"kind": "run", "iter": 0}\n', encoding="utf-8")
+        (folder / "snapshots").mkdir(exist_ok=True)
+        (folder / "snapshots" / "iter_0.pt").write_bytes(b"the failed run's")
+        log.write("error: max_time=0.05 fits no step of this model here\n")
+        return 1
+
+    monkeypatch.setattr(machinery, "run_train", fails)
+    with pytest.raises(UserError, match="^rung dot: train.py failed: max_time=0.05 fits no step of this model here; "
+                                        "its earlier run and row are back in place$"):
+        lab.main(lab_args(data_dir, out, "--rungs=dot", "--budget=4.3"))
+    after = {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != "train.log"}
+    assert after == before and not (folder / ".lab-previous").exists() and not (folder / "snapshots").exists()
+
+
 def test_a_stopped_rung_that_train_py_continued_is_refused_and_kept(data_dir, tmp_path):
     """A lab stopped while training a rung leaves no row; train.py --init_from=auto then continued the run: its
     metrics hold a second run record, and training the rung again would delete the learner's run."""
@@ -608,7 +632,8 @@ def test_a_rung_trained_again_clears_the_snapshots_its_last_run_kept(tmp_path, m
     monkeypatch.setattr(machinery, "train_args", lambda rung, cfg: [])
     monkeypatch.setattr(machinery, "run_train", run_train)
     machinery.train_rung(SimpleNamespace(name="modern"), SimpleNamespace(out_dir=tmp_path), stops=None)
-    assert seen == ["run.lock", "train.log"]
+    assert seen == [".lab-previous", "run.lock", "train.log"]  # the earlier run waits aside until the new one ends
+    assert sorted(os.listdir(tmp_path / "modern")) == ["run.lock", "train.log"]  # and goes with it
 
 
 def test_a_file_of_the_user_s_among_a_rung_s_snapshots_stays_and_is_one_line(tmp_path, monkeypatch):

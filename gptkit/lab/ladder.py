@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -348,34 +349,87 @@ def redrawn(picture, row):
               "again draws its own there", flush=True)
 
 
+ASIDE = ".lab-previous"  # a rung's earlier run while the new one trains: back in place if its train.py fails
+
+
+def rung_files(folder, run):
+    """The files of a rung's run the lab replaces: its records, states, best weights, picture and row, and the
+    snapshots its run kept (never through a link of the user's, which stays for train.py to refuse)."""
+    snapshots = [] if run.snapshots.is_symlink() else list(run.snapshots.glob("iter_*.pt*"))
+    return [p for p in (run.metrics, run.latest, run.previous, run.best, run.legacy, folder / "attention.png",
+                        folder / RESULT, *snapshots) if p.is_file()]
+
+
+def set_aside(folder, run):
+    """Move the rung's run into folder/ASIDE, which holds nothing else; one left there by a lab killed while the
+    rung trained again held the run before it, which that lab was asked to replace."""
+    aside = folder / ASIDE
+    if aside.is_dir() and not aside.is_symlink():
+        shutil.rmtree(aside)
+    for path in rung_files(folder, run):
+        (aside / path.relative_to(folder)).parent.mkdir(parents=True, exist_ok=True)
+        path.rename(aside / path.relative_to(folder))
+    drop_empty_snapshots(run)
+    return aside
+
+
+def drop_empty_snapshots(run):
+    """Remove the rung's snapshots/ once the lab has taken its own out of it: train.py takes the folder, even
+    empty, for another run's (a file of the user's there stays, for train.py to refuse)."""
+    if run.snapshots.is_dir() and not run.snapshots.is_symlink() and not any(run.snapshots.iterdir()):
+        run.snapshots.rmdir()
+
+
+def put_back(folder, run, aside):
+    """The rung's earlier run in place again, instead of what its failed train.py wrote: True where there was one."""
+    if not aside.is_dir():
+        return False
+    for path in rung_files(folder, run):
+        path.unlink()
+    drop_empty_snapshots(run)
+    for path in sorted(p for p in aside.rglob("*") if p.is_file()):
+        (folder / path.relative_to(aside)).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, folder / path.relative_to(aside))
+    shutil.rmtree(aside)
+    return True
+
+
 def train_rung(rung, cfg, stops):
-    """Train one rung from scratch into its folder: the seconds its train.py took, start to exit."""
+    """Train one rung from scratch into its folder: the seconds its train.py took, start to exit. Its earlier run
+    waits aside meanwhile: the new one replaces it, a stopped one too (its state saved, as train.py saves on a
+    stop), and a train.py that fails gives it back."""
     folder = run_dir(cfg, rung)
     run = RunDir(folder)
     # a rung always starts afresh: train.py appends to metrics.jsonl and would keep an older best.pt's
     # weights. The folder's lock first: a run still writing there (a train.py, another lab) keeps its files.
     with run.locked():
-        # the modern rung's preset keeps snapshots, which train.py would take for another run's: never through a
-        # link of the user's, which stays for train.py to refuse
-        snapshots = [] if run.snapshots.is_symlink() else list(run.snapshots.glob("iter_*.pt*"))
         redrawn(folder / "attention.png", folder / RESULT)
-        for stale in (run.metrics, run.latest, run.previous, run.best, run.legacy, folder / "attention.png",
-                      folder / RESULT, *snapshots):
-            stale.unlink(missing_ok=True)
-        if snapshots and not any(run.snapshots.iterdir()):  # a file of the user's there stays, for train.py to refuse
-            run.snapshots.rmdir()
+        aside = set_aside(folder, run)
     # released: the rung's train.py takes it, as every run does (the folder, where the lock made it and nothing
     # was in it, went with the lock: made again for the log)
     folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    with open(folder / "train.log", "w", encoding="utf-8", opener=no_links) as log:
-        status = run_train(train_args(rung, cfg), log, stops)
+    try:
+        with open(folder / "train.log", "w", encoding="utf-8", opener=no_links) as log:
+            status = run_train(train_args(rung, cfg), log, stops)
+    except BaseException:
+        discard(aside)
+        raise
     if status:
         logged = (folder / "train.log").read_text(encoding="utf-8", errors="replace")
         errors = [line for line in logged.splitlines() if line.startswith("error: ")]
         why = errors[-1][len("error: "):] if errors else f"exit status {status}, see {folder / 'train.log'}"
-        raise UserError(f"rung {rung.name}: train.py failed: {why}")
+        with run.locked():
+            back = put_back(folder, run, aside)
+        raise UserError(f"rung {rung.name}: train.py failed: {why}" + ("; its earlier run and row are back in place"
+                                                                        if back else ""))
+    discard(aside)
     return time.perf_counter() - start
+
+
+def discard(aside):
+    if aside.is_dir():
+        shutil.rmtree(aside)
 
 
 # ----------------------------------------------------------------------------- what a rung learned
