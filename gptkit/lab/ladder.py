@@ -31,7 +31,7 @@ from gptkit.interp.experiments import KINDS, head_scores, induction_tokens
 from gptkit.interp.hooks import attention_maps
 from gptkit.interp.timeline import FORMED_AT, timeline_of
 from gptkit.machine.runtime import check_device_name, pick_device
-from gptkit.run.metrics import read_metrics
+from gptkit.run.metrics import parsed, read_metrics
 from gptkit.run.run_folder import RunDir, load_model
 from gptkit.sampling.decoding import generate, sees_ahead
 from gptkit.sampling.prompts import read_prompt
@@ -310,14 +310,8 @@ def resumed_at(metrics):
         lines = metrics.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return None
-    runs = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(record, dict) and record.get("kind") == "run" and type(record.get("iter")) is int:
-            runs.append(record["iter"])
+    runs = [record["iter"] for record in map(parsed, lines)
+            if record.get("kind") == "run" and type(record.get("iter")) is int]
     return runs[-1] if len(runs) > 1 else None
 
 
@@ -367,10 +361,15 @@ def set_aside(folder, run):
     if aside.is_dir() and not aside.is_symlink():
         shutil.rmtree(aside)
     for path in rung_files(folder, run):
-        (aside / path.relative_to(folder)).parent.mkdir(parents=True, exist_ok=True)
-        path.rename(aside / path.relative_to(folder))
+        move(path, folder, aside)
     drop_empty_snapshots(run)
     return aside
+
+
+def move(path, source, dest):
+    """path, inside folder source, to the same place inside folder dest."""
+    (dest / path.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
+    os.replace(path, dest / path.relative_to(source))
 
 
 def drop_empty_snapshots(run):
@@ -388,8 +387,7 @@ def put_back(folder, run, aside):
         path.unlink()
     drop_empty_snapshots(run)
     for path in sorted(p for p in aside.rglob("*") if p.is_file()):
-        (folder / path.relative_to(aside)).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(path, folder / path.relative_to(aside))
+        move(path, aside, folder)
     shutil.rmtree(aside)
     return True
 
