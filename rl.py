@@ -30,7 +30,7 @@ from gptkit.machine.runtime import pick_device
 from gptkit.machine.stand_ins import model_code
 from gptkit.machine.threads import ThreadTuner
 from gptkit.run.checkpoint import save_checkpoint
-from gptkit.run.metrics import RunLog, damaged_note
+from gptkit.run.metrics import RunLog, damaged_note, later_records_note, records_through
 from gptkit.run.run_folder import RunDir, model_at, refuse_a_file
 from gptkit.training.updates import restore_optimizers, schedulable
 
@@ -70,7 +70,11 @@ def start(cfg, run, device, changed):
             s["sampling"].manual_seed(cfg.seed + s["state"].iter_num)
         print(f"continuing the RL run in {run.path} from step {s['state'].iter_num} of {cfg.max_iters}" +
               "".join(f"; {key} {was!r} → {now!r}" for key, (was, now) in changed.items()))
-        for note in (measured_anew(s["state"], changed), best_lost(s["state"], run.best), damaged_note(run.metrics)):
+        # a run killed between saves logged steps past its saved state, which it now takes again
+        dropped, _ = records_through(run.metrics, s["state"].iter_num)
+        later = later_records_note(run.metrics, dropped, f"step {s['state'].iter_num}") if dropped else None
+        for note in (measured_anew(s["state"], changed), best_lost(s["state"], run.best), later,
+                     damaged_note(run.metrics)):
             if note:
                 print(note)
     s["tuner"] = thread_tuner(cfg, device)

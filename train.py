@@ -24,7 +24,7 @@ from gptkit.base.signals import StopSignals
 from gptkit.machine.choices import choose, on_speed_path
 from gptkit.machine.runtime import (Runtime, compile_blocks, launch_processes, launched_rank,
                                     trains_here)
-from gptkit.run.metrics import PROCESS_START, RunLog, damaged_note, records_through
+from gptkit.run.metrics import PROCESS_START, RunLog, damaged_note, later_records_note, records_through
 from gptkit.run.run_folder import RunDir
 from gptkit.training.budget import Pace, StepCosts, plan_steps, thread_tuner, time_budget
 from gptkit.training.evaluation import evaluate, evaluate_split, nan_from_the_start
@@ -291,9 +291,7 @@ def announce_resume(cfg, resumed, run, note, master):
     if master and (damaged := damaged_note(run.metrics)):
         note(damaged)
     if dropped:  # said by rank 0, which alone writes
-        note(f"note: {run.metrics} held {dropped} record{'s' * (dropped > 1)} logged after "
-             f"iteration {done}, the state this run continues from; they are dropped, and logged "
-             "again as it trains")
+        note(later_records_note(run.metrics, dropped, f"iteration {done}"))
     spent = timed and ckpt["seconds_spent"] >= cfg.max_time
     reached = stopped_by_score(ckpt, cfg)
     if done < cfg.max_iters and not spent and not reached:

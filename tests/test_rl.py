@@ -230,6 +230,33 @@ def test_a_start_that_failed_before_its_first_save_starts_again_in_its_place(tmp
     assert [r["iter"] for r in read_metrics(out) if r["kind"] == "rl_eval"] == [0, 2, 4]
 
 
+def test_a_run_that_failed_between_saves_logs_the_steps_it_takes_again_once(tmp_path, chat_run, monkeypatch, capsys):
+    """A run that dies past its last save (killed, out of memory) logged steps its saved state has not taken: the
+    continued run drops them, says so, and its records are those of a run never stopped."""
+    import rl
+
+    monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: len(answer) % 2 == 0)
+    rl.main(rl_args(chat_run, tmp_path / "whole"))
+    step = rl.step
+
+    def fails_at_4(cfg, s):  # step 3 logged, latest.pt of step 2
+        if s["state"].iter_num == 3:
+            raise RuntimeError("simulated: out of memory")
+        return step(cfg, s)
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(rl, "step", fails_at_4)
+    with pytest.raises(RuntimeError, match="simulated"):
+        rl.main(rl_args(chat_run, out))
+    monkeypatch.setattr(rl, "step", step)
+    capsys.readouterr()
+    rl.main([f"--out_dir={out}"])
+    assert (f"note: {out / 'metrics.jsonl'} held 1 record logged after step 2, the state this run continues from; "
+            "it is dropped, and logged again as it goes on\n") in capsys.readouterr().out
+    assert [(r["kind"], r["iter"]) for r in read_metrics(out)] == \
+        [(r["kind"], r["iter"]) for r in read_metrics(tmp_path / "whole")]
+
+
 def test_start_over_moves_a_run_aside_once_and_the_new_run_then_continues(tmp_path, chat_run, monkeypatch, capsys):
     """--start_over=True starts a new run where one is (rl.py continues a run it finds otherwise); the new run
     does not keep the setting, so that continuing it continues it."""

@@ -105,6 +105,12 @@ def records_through(path, iteration, rewrite=True):
     return len(lines) - len(kept), final
 
 
+def later_records_note(path, dropped, where):
+    """The note for records_through's drop: `where` is the state the run continues from ('iteration 200')."""
+    return (f"note: {path} held {dropped} record{'s' * (dropped > 1)} logged after {where}, the state this run "
+            f"continues from; {'they are' if dropped > 1 else 'it is'} dropped, and logged again as it goes on")
+
+
 def damaged_note(path):
     """A note for a run that continues over a metrics.jsonl with whole lines that are not records as train.py and
     rl.py write them (damage, or a hand edit), which plot.py and analyze.py refuse; None where every line is one. A
