@@ -35,18 +35,18 @@ from gptkit.run.run_folder import RunDir, model_at, refuse_a_file
 from gptkit.training.updates import restore_optimizers, schedulable
 
 
-def start(cfg, run, device, changed):
+def start(cfg, run, device, changed, saved):
     """The model to practise (the SFT run's, or this run's saved state), its optimizer, the problems it draws,
     the held-out problems it is scored on, and where the run is: a dict the loop reads. `changed`: the settings a
-    continued run takes anew, {key: (saved, given)}."""
-    resumed, base = run.latest.exists(), RunDir(cfg.init_from)
+    continued run takes anew, {key: (saved, given)}; `saved`: the path of the state it continues from, or None."""
+    resumed, base = saved is not None, RunDir(cfg.init_from)
     if not resumed:
         refuse_a_file(cfg.init_from, "init_from", "init_checkpoint")
     if not resumed and base.shown() is None:
         raise UserError(f"init_from={cfg.init_from!r} holds no run: fine-tune one there first, e.g. "
                         f"`python train.py config/chat_sft_early.py --out_dir={cfg.init_from}` (RL learns most from a "
                         "model right about half the time)")
-    path = run.latest if resumed else base.model_file(cfg.init_checkpoint, "init_checkpoint")
+    path = saved if resumed else base.model_file(cfg.init_checkpoint, "init_checkpoint")
     model, tok, ckpt = model_at(path, device)  # LoRA adapters, if any, merged: RL trains every weight
     if resumed and "rl" not in ckpt:
         raise UserError(f"{run.path} holds a run of train.py, not of rl.py; pick another --out_dir")
@@ -65,7 +65,7 @@ def start(cfg, run, device, changed):
         try:
             s["sampling"].set_state(ckpt["rl"]["sampling"])
         except RuntimeError:  # saved by another kind of device's generator (a CPU's state is 5,056 bytes, CUDA's 16)
-            print(f"note: {run.latest} was sampled on another kind of device; the answers from here are drawn from "
+            print(f"note: {saved} was sampled on another kind of device; the answers from here are drawn from "
                   "this one's generator seeded anew, so the run continues, but not as it would have there")
             s["sampling"].manual_seed(cfg.seed + s["state"].iter_num)
         print(f"continuing the RL run in {run.path} from step {s['state'].iter_num} of {cfg.max_iters}" +
@@ -142,7 +142,7 @@ def save(cfg, s, run, best=False):
     save_checkpoint({**common, "optimizer": [opt.state_dict() for opt in s["optimizers"]],
                      "seconds_spent": state.seconds_spent,
                      "rl": {"state": state.to_dict(), "draw": s["draw"].generator.get_state(),
-                            "sampling": s["sampling"].get_state()}}, run.latest)
+                            "sampling": s["sampling"].get_state()}}, run.latest, previous=run.previous)
     if best:
         save_checkpoint({**common, "pass_at_1": state.best_pass_at_1}, run.best)
 
@@ -189,13 +189,13 @@ def practise(cfg, s, run, log, stop):
 
 
 def main(argv=None):
-    cfg, changed = rl_settings(sys.argv[1:] if argv is None else argv)
+    cfg, changed, saved = rl_settings(sys.argv[1:] if argv is None else argv)
     device = pick_device(cfg.device)
     torch.manual_seed(cfg.seed)
     with RunDir(cfg.out_dir).locked() as run, StopSignals() as stop:
-        if cfg.start_over or not run.latest.exists():  # a new run: another's files, or a start that never saved
+        if saved is None:  # a new run: another's files, or a start that never saved
             run.clear_for_a_new_run(cfg.start_over, " but no saved RL state to continue it from (latest.pt);", print)
-        s = start(cfg, run, device, changed)
+        s = start(cfg, run, device, changed, saved)
         if s["state"].iter_num >= cfg.max_iters:
             print(f"the RL run in {run.path} is finished ({cfg.max_iters} steps); raise --max_iters to go on")
             return

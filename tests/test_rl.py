@@ -151,8 +151,8 @@ def test_a_saved_state_whose_fields_are_not_what_rl_py_writes_is_one_line(tmp_pa
 
 
 def test_a_saved_state_cut_short_is_one_line_naming_the_way_on(tmp_path, chat_run, monkeypatch):
-    """rl.py keeps no latest.prev.pt: a latest.pt cut short leaves nothing to continue from, and --start_over=True
-    (which moves the run's files aside) is the way on."""
+    """A first latest.pt cut short (no state saved before it) leaves nothing to continue from, and
+    --start_over=True (which moves the run's files aside) is the way on."""
     import rl
 
     monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: len(answer) % 2 == 0)
@@ -167,6 +167,36 @@ def test_a_saved_state_cut_short_is_one_line_naming_the_way_on(tmp_path, chat_ru
     rl.main([*rl_args(chat_run, tmp_path / "out"), "--max_iters=2", "--start_over=True"])  # the way on, as said
     assert load_checkpoint(latest)["iter_num"] == 2
     assert [p.name for p in (tmp_path / "out").glob("replaced-*/latest.pt")] == ["latest.pt"]
+
+
+def test_a_damaged_latest_pt_continues_from_the_state_before_it_to_the_same_weights(tmp_path, chat_run, monkeypatch,
+                                                                                     capsys):
+    """Each save keeps the state it replaces as latest.prev.pt: a latest.pt damaged after the run (a bad disk,
+    an edit) costs the steps since the state before it, which the continued run takes again to the same weights;
+    with both damaged, one line names them and the way on."""
+    import rl
+
+    monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: len(answer) % 2 == 0)
+    out = tmp_path / "out"
+    rl.main(rl_args(chat_run, out))  # saves at steps 2 and 4
+    latest, previous = out / "latest.pt", out / "latest.prev.pt"
+    whole = load_checkpoint(latest)
+    assert load_checkpoint(previous)["iter_num"] == 2
+    latest.write_bytes(latest.read_bytes()[:1000])
+    capsys.readouterr()
+    rl.main([f"--out_dir={out}"])
+    said = capsys.readouterr().out
+    assert said.startswith(f"note: {latest} is damaged") and f"; continuing from {previous} (step 2)\n" in said
+    assert f"continuing the RL run in {out} from step 2 of 4\n" in said
+    for key, value in whole["model"].items():
+        assert torch.equal(value, load_checkpoint(latest)["model"][key]), key
+    for path in (latest, previous):
+        path.write_bytes(path.read_bytes()[:1000])
+    proc = run_here("rl.py", f"--out_dir={out}", "--max_iters=5")
+    assert proc.returncode == 1
+    line = assert_one_error_line(proc.stderr, f"error: {latest} is damaged*")
+    assert f"; {previous} is damaged" in line and line.endswith("; the run cannot continue from either: start it "
+                                                                "anew with --start_over=True (its files are moved aside)")
 
 
 def test_a_continued_run_whose_best_pt_is_gone_writes_it_anew(tmp_path, chat_run, monkeypatch, capsys):

@@ -75,29 +75,50 @@ class RLConfig:
 
 
 def rl_settings(argv):
-    """rl.py's settings and what a continued run changes: a new run's are the command's; a continued run keeps
-    those it saved but the ones the command gives again (in config files or as --key=value), as train.py does,
-    so that `python rl.py --out_dir=out-rl` alone goes on with the same run. Changes: {key: (saved, given)}."""
+    """rl.py's settings, what a continued run changes and the saved state it continues from: a new run's are the
+    command's (and no state); a continued run keeps those it saved but the ones the command gives again (in config
+    files or as --key=value), as train.py does, so that `python rl.py --out_dir=out-rl` alone goes on with the same
+    run. Changes: {key: (saved, given)}."""
     given = given_values(RLConfig, argv, prog="rl.py")
-    latest = RunDir(given.get("out_dir", RLConfig.out_dir)).latest
-    # rl.py keeps one saved state: a damaged one leaves the run nothing to continue from, and the line says the way on
-    way_on = "; the run cannot continue from it: start it anew with --start_over=True (its files are moved aside)"
-    try:
-        ckpt = load_checkpoint(latest) if latest.exists() and not given.get("start_over") else {}
-    except UserError as e:
-        raise UserError(f"{e}{way_on}") from None
+    run = RunDir(given.get("out_dir", RLConfig.out_dir))
+    ckpt, path = ({}, None) if given.get("start_over") else saved_state(run)
     if "rl" not in ckpt:  # a new run, or another tool's, which rl.py refuses to continue where it starts
-        return make(RLConfig, given), {}
-    if problem := RL_STATE.problem(ckpt, ""):  # its checksum is right, its fields not what rl.py writes
-        raise UserError(f"{latest} is damaged: {problem}{way_on}")
+        return make(RLConfig, given), {}, path
     keys = {f.name for f in fields(RLConfig)} - {"start_over"}  # the command's alone: a continued run goes on
     saved = {k: v for k, v in ckpt["config"].items() if k in keys}
     changed = {k: (saved[k], v) for k, v in given.items() if k in saved and saved[k] != v and k != "out_dir"}
     for key in ("init_from", "init_checkpoint"):  # where a run started is history: a new start is a new run
         if key in changed:
-            raise UserError(f"{latest.parent} holds an RL run started from {key}={changed[key][0]!r}; continue it "
+            raise UserError(f"{run.path} holds an RL run started from {key}={changed[key][0]!r}; continue it "
                             f"without --{key}, or start from {changed[key][1]!r} in another --out_dir")
-    return resumed(RLConfig, saved, given, latest), changed
+    return resumed(RLConfig, saved, given, path), changed, path
+
+
+def saved_state(run):
+    """(the saved state a run continues from, its path), or ({}, None) where there is none: latest.pt, or where it
+    is damaged or missing (its save cut off), the state saved before it, latest.prev.pt, with a note. Where neither
+    can be read, one line says the way on."""
+    problems = [] if run.latest.exists() or not run.previous.exists() else \
+        [f"{run.latest} is missing (its save was interrupted)"]
+    for path in (run.latest, run.previous):
+        if not path.exists():
+            continue
+        try:
+            ckpt = load_checkpoint(path)
+            # its checksum is right, its fields not what rl.py writes
+            if "rl" in ckpt and (problem := RL_STATE.problem(ckpt, "")):
+                raise UserError(f"{path} is damaged: {problem}")
+        except UserError as e:
+            problems.append(str(e))
+            continue
+        if problems:
+            print(f"note: {'; '.join(problems)}; continuing from {path} (step {ckpt['iter_num']})")
+        return ckpt, path
+    if problems:
+        raise UserError(f"{'; '.join(problems)}; the run cannot continue from {'it' if len(problems) == 1 else 'either'}: "
+                        "start it anew with "
+                        "--start_over=True (its files are moved aside)")
+    return {}, None
 
 
 class ProblemDraw:
