@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import make_text
+from conftest import copied_again, make_text
 from gptkit.base.errors import UserError
 from gptkit.data.conversations import ANSWER, MARKERS, NAMES, PROMPT, TEXT
 from gptkit.data.dataset import load_meta
@@ -143,6 +143,8 @@ def test_a_tasks_dataset_mixing_other_text_or_none_replaces_the_one_there_only_w
         assert said in str(e.value) and "--start_over=True" in str(e.value)
         assert (tmp_path / "data" / "tasks" / "meta.json").read_bytes() == made
     prepare(PrepareConfig(**base, mix=str(text)))  # the same command again: the same dataset
+    copied_again(text, text.read_bytes())  # the same text, a new time
+    prepare(PrepareConfig(**base, mix=str(text)))
     prepare(PrepareConfig(**base, start_over=True))
     assert "mix" not in load_meta(base["data_dir"], "tasks")[1]
 

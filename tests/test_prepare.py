@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import (REPO, assert_one_error_line, check_ok, make_text, mixed_script_text, run_here,
+from conftest import (REPO, assert_one_error_line, check_ok, copied_again, make_text, mixed_script_text, run_here,
                       run_script)
 from gptkit.base.errors import UserError
 from gptkit.data import preparing, sources
@@ -92,6 +92,21 @@ def test_the_same_text_and_settings_prepare_again_and_other_text_only_with_start
     train, val = decode_all(out_dir, meta)
     assert train + val == corpus_file.read_text(encoding="utf-8")
     assert len(os.listdir(out_dir / ".versions")) == 1  # the old dataset is gone, as the line said
+
+
+def test_the_same_text_copied_again_prepares_again_and_an_edit_of_its_size_does_not(tmp_path, corpus_file):
+    """A source is known by its size and time, and where the time moved by its bytes' sha256: the same text copied
+    over it again is the text the dataset was made of; an edit that keeps its size is other text."""
+    cfg = PrepareConfig(input=str(corpus_file), name="tiny", data_dir=str(tmp_path / "d"))
+    out_dir, meta = prepare(cfg)
+    text = corpus_file.read_bytes()
+    copied_again(corpus_file, text)
+    assert prepare(cfg)[1]["train_shards"] == meta["train_shards"]
+    before = dataset_bytes(out_dir)
+    copied_again(corpus_file, text.replace(b"e", b"f", 1))
+    with pytest.raises(UserError, match=r"holds a dataset made from other text \("):
+        prepare(cfg)
+    assert dataset_bytes(out_dir) == before
 
 
 @pytest.mark.parametrize("first,then,made", [

@@ -23,8 +23,8 @@ from gptkit.base.errors import UserError
 from gptkit.base.files import write_whole
 from gptkit.data.bpe import TOKENIZER_FILE, WordCounts, merges_table, save_tokenizer, tokenizer_fields, train_bpe
 from gptkit.data.conversations import MARKERS, TEXT, read_conversations, render
-from gptkit.data.shards import sha256_of, token_dtype
-from gptkit.data.sources import in_val, shown, source_identity
+from gptkit.data.shards import token_dtype
+from gptkit.data.sources import in_val, sha256_of, shown, source_record
 from gptkit.data.tasks import conversation, problems
 from gptkit.data.tokenizer import TiktokenTokenizer, TrainedBPE, make_tokenizer
 
@@ -182,6 +182,6 @@ def chat_meta(cfg, path, tok, dtype, streams, files, heldout):
                 split="by document", val_fraction=cfg.val_fraction,
                 documents=sum(s.conversations for s in streams.values()),
                 skipped={"empty": 0, "bad": 0}, source=shown(path),
-                sources=[{"path": shown(path), **source_identity(path)}],
-                **({"mix": {"path": shown(cfg.mix), "share": cfg.mix_share, "val_file": MIXED_VAL_FILE,
-                            **source_identity(Path(cfg.mix))}} if cfg.mix else {}))
+                sources=[source_record(path)],
+                **({"mix": {**source_record(Path(cfg.mix)), "share": cfg.mix_share, "val_file": MIXED_VAL_FILE}}
+                   if cfg.mix else {}))

@@ -35,8 +35,9 @@ from gptkit.data.chat_preparing import mixed_text, write_chat_dataset
 from gptkit.data.conversations import is_conversation_file
 from gptkit.data.bpe import (TOKENIZER_FILE, WordCounts, check_vocab_size, merges_table, save_tokenizer, saved_checksum,
                              tokenizer_fields, train_bpe)
-from gptkit.data.shards import CHUNK_TOKENS, TOKEN_DTYPES, ShardWriter, sha256_of, token_dtype, tokenized
-from gptkit.data.sources import Reader, Tally, kind_of, read_record, shown, source_files, source_identity
+from gptkit.data.shards import CHUNK_TOKENS, TOKEN_DTYPES, ShardWriter, token_dtype, tokenized
+from gptkit.data.sources import (Reader, Tally, kind_of, read_record, same_source, sha256_of, shown, source_files,
+                                 source_record)
 from gptkit.data.synthetic import SYNTHETIC, write_source
 from gptkit.data.tasks import TASKS
 from gptkit.data.tokenizer import (TiktokenTokenizer, TrainedBPE, make_tokenizer, prepare_options, same_bpe,
@@ -306,8 +307,7 @@ def mixed_otherwise(meta, cfg):
     if not cfg.mix:
         return [f"with --mix={was.get('path')}"]
     try:  # a dataset prepared before its meta.json kept the file's size and time: by the path given
-        same = ({k: was.get(k) for k in ("bytes", "mtime")} == source_identity(Path(cfg.mix)) if "bytes" in was
-                else was.get("path") == shown(cfg.mix))
+        same = same_source(was, Path(cfg.mix)) if "bytes" in was else was.get("path") == shown(cfg.mix)
     except OSError:  # a --mix that cannot be read is said as the prepare reads it
         return []
     ways = [] if same else [f"with other text mixed in ({was.get('path')} as it was then)"]
@@ -315,12 +315,10 @@ def mixed_otherwise(meta, cfg):
 
 
 def same_text(meta, files):
-    """Whether a dataset was made of these files as they are now: each of the same size and modification time, in
-    order (wherever they are found: the same file may be given by another path)."""
+    """Whether a dataset was made of these files as they are now: each the same (same_source), in order (wherever
+    they are found: the same file may be given by another path, or copied again)."""
     was = meta.get("sources")
-    now = [source_identity(f) for f in files]
-    return isinstance(was, list) and [{k: s.get(k) for k in ("bytes", "mtime")} if isinstance(s, dict) else s
-                                      for s in was] == now
+    return isinstance(was, list) and len(was) == len(files) and all(map(same_source, was, files))
 
 
 def same_tokenizer(meta, cfg):
@@ -618,7 +616,7 @@ def write_meta(cfg, files, work, tok, dtype, shards, docs, tally, by_document):
                 documents=sum(docs.values()),
                 **({"val_documents": docs["val"], "text_field": cfg.text_field} if by_document else {}),
                 skipped={"empty": tally.empty, "bad": tally.bad}, source=shown(cfg.input or files[0]),
-                sources=[{"path": shown(f), **source_identity(f)} for f in files])
+                sources=[source_record(f) for f in files])
     meta["sha256"] = meta_checksum(meta)
     write_whole(work / "meta.json", json.dumps(meta, indent=1, ensure_ascii=False) + "\n")  # synced, as the tokenizer
     (work / "state.json").unlink(missing_ok=True)

@@ -19,7 +19,7 @@ import numpy as np
 
 from gptkit.base.errors import UserError
 from gptkit.base.files import no_links, refuse_link
-from gptkit.data.sources import hashed, read_record
+from gptkit.data.sources import hashed, read_record, sha256_of
 from gptkit.data.tokenizer import tokenizer_from_meta
 
 CHUNK_TOKENS = 1 << 20
@@ -143,10 +143,6 @@ class ShardWriter:
             os.replace(self.path(0), self.folder / names[0])
         return [{"file": name, "tokens": n, "sha256": sha}
                 for name, n, sha in zip(names, self.done, self.sums)]
-
-
-def sha256_of(path):
-    return hashed(path, hashlib.sha256()).hexdigest()
 
 
 WORKER = {}  # a tokenizing process's settings, set once as it starts

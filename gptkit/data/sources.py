@@ -33,10 +33,28 @@ def shown(path):
 
 
 def source_identity(path):
-    """What a dataset's meta.json keeps of a file it was made of, to tell it again: its size and modification time
+    """A file's size and modification time, which tell at a glance whether it is a file a dataset was made of
     (gptkit.data.dataset.file_identity tells a token file from its replacement under a running run)."""
     stat = path.stat()
     return {"bytes": stat.st_size, "mtime": stat.st_mtime}
+
+
+def source_record(path):
+    """What a dataset's meta.json keeps of a file it was made of, to tell it again: its size and modification
+    time, and the sha256 of its bytes, which tells the same text copied again (a new time) from other text."""
+    return {"path": shown(path), **source_identity(path), "sha256": sha256_of(path)}
+
+
+def same_source(was, path):
+    """Whether the file at path is the one meta.json recorded as `was` (source_record's): of the same size and
+    time, or of the same bytes where the record keeps their sha256 (read only then)."""
+    if not isinstance(was, dict):
+        return False
+    now = source_identity(path)
+    if was.get("bytes") != now["bytes"]:
+        return False
+    return was.get("mtime") == now["mtime"] or \
+        "sha256" in was and sha256_of(path) == was["sha256"]
 
 
 def kind_of(path):
@@ -104,6 +122,10 @@ def hashed(path, h):
         for block in iter(lambda: f.read(CHUNK_BYTES), b""):
             h.update(block)
     return h
+
+
+def sha256_of(path):
+    return hashed(path, hashlib.sha256()).hexdigest()
 
 
 def file_in_val(path, val_fraction):
