@@ -2,7 +2,7 @@
 targets.
 
 --parts=pipeline: the main job's default run (the base), the tasks prepared with tinyshakespeare mixed in, SFT
-(config/chat_sft.py), LoRA at rank 8 (config/chat_lora.py), the early SFT (config/chat_sft_early.py) and RL from it
+(config/chat_sft.py), LoRA at rank 8 (config/chat_lora.py) for as long as SFT took, by the clock, the early SFT (config/chat_sft_early.py) and RL from it
 (config/chat_rl.py); each stage scored by chat.py --eval on the held-out problems and the plain text, RL's start
 and end with pass@1, 8 and 64; chat.py's first token; how far full SFT moved the base's matrices (what LoRA would
 have to reach); the report card.
@@ -24,6 +24,7 @@ from gptkit.base.settings import comma_items, parse_config, require
 from gptkit.run.checkpoint import load_checkpoint
 
 PARTS = ("pipeline", "reversed")
+LORA_STEPS_AT_MOST = 100_000  # LoRA's steps end at SFT's seconds, long before these
 
 
 @dataclass
@@ -106,14 +107,17 @@ def pipeline(cfg):
     work = own_work_dir(cfg)
     spent = base_and_data(cfg, work)
     spent["sft"] = stage("config/chat_sft.py", work, "out-chat")
-    spent["lora"] = stage("config/chat_lora.py", work, "out-lora")
+    # the target compares LoRA with full SFT at equal time: LoRA trains for SFT's seconds, its schedule following them
+    spent["lora"] = stage("config/chat_lora.py", work, "out-lora", f"--max_time={spent['sft']:.1f}",
+                          "--wall_clock=True", f"--max_iters={LORA_STEPS_AT_MOST}")
     spent["sft_early"] = early_sft(work)
     spent["rl"] = timed("rl.py", "config/chat_rl.py", f"--init_from={work / 'out-chat-early'}",
                         f"--out_dir={work / 'out-rl'}", f"--tasks={cfg.rl_task}", "--start_over=True")
     found = {name: scores(work / name) for name in ("out-chat", "out-lora")}
     sharp = ["--samples=64", f"--limit={cfg.rl_eval}", f"--tasks={cfg.rl_task}", "--temperature=1.0"]
     before, after = scores(work / "out-chat-early", "--checkpoint=latest", *sharp), scores(work / "out-rl", *sharp)
-    report(cfg, spent, found, before, after, first_token_seconds(work / "out-chat"))
+    steps = {name: load_checkpoint(work / name / "latest.pt")["iter_num"] for name in found}
+    report(cfg, spent, found, steps, before, after, first_token_seconds(work / "out-chat"))
     print(update_sizes(load_checkpoint(work / "out" / "best.pt")["model"],
                        load_checkpoint(work / "out-chat" / "best.pt")["model"]))
     stages = ",".join(str(work / name) for name in ("out", "out-chat", "out-lora", "out-chat-early", "out-rl"))
@@ -122,7 +126,7 @@ def pipeline(cfg):
     print(card.stdout or card.stderr)
 
 
-def report(cfg, spent, found, before, after, first_token):
+def report(cfg, spent, found, steps, before, after, first_token):
     print(f"bench.py chat on {device_name('cpu')}; seconds of each stage, wall clock: " +
           ", ".join(f"{k} {v:.0f} s" for k, v in spent.items()))
     sft_loss = found["out-chat"]["text_val_loss"]
@@ -138,7 +142,8 @@ def report(cfg, spent, found, before, after, first_token):
           f"{100 * found['out-chat']['tasks']['reverse']['accuracy']:.1f}% (>= 95), sort "
           f"{100 * found['out-chat']['tasks']['sort']['accuracy']:.1f}% (>= 90); SFT {spent['sft']:.0f} s (<= 180); "
           f"RL pass@1 +{100 * gain:.1f} points (>= 20) in {spent['rl']:.0f} s (<= 300); LoRA "
-          f"{lora_gap(found):+.1f} points against SFT (within 3); pipeline {sum(spent.values()):.0f} s (<= 900); "
+          f"{lora_gap(found):+.1f} points against SFT at equal time, {steps['out-lora']:,} steps in "
+          f"{spent['lora']:.0f} s against {steps['out-chat']:,} in {spent['sft']:.0f} s (within 3); pipeline {sum(spent.values()):.0f} s (<= 900); "
           f"first token {statistics.median(first_token):.2f} s, the median of "
           f"{', '.join(f'{t:.2f}' for t in first_token)} (<= 2); text val loss SFT {sft_loss:.4f} (the base's: the report card)")
 
