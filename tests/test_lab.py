@@ -464,9 +464,28 @@ def test_a_rung_trained_on_since_the_lab_trained_it_is_refused_and_kept(data_dir
     os.utime(folder / "lab.json", ns=(1, 1))
     with pytest.raises(UserError) as caught:
         lab.main(lab_args(data_dir, tmp_path / "lab", "--rungs=scaled", "--budget=4.3"))
-    assert str(caught.value) == (f"{folder} holds a run trained on since the lab trained it (latest.pt newer than "
-                                 "its lab.json); move it, or give the lab another --out_dir")
+    assert str(caught.value) == (f"{folder} holds a run trained on since the lab trained it (latest.pt written "
+                                 "since its lab.json); move it, or give the lab another --out_dir")
     assert (folder / "latest.pt").read_text() == "the latest.pt"
+
+
+def test_a_rung_is_known_by_what_its_files_hold_not_their_times(data_dir, tmp_path):
+    """The row keeps the sha256 of the rung's files: a lab copied with `cp -r` (every file newer than its row)
+    trains a rung again, and a latest.pt written since is refused whatever its time."""
+    out = tmp_path / "lab"
+    tiny_lab(data_dir, out, "--rungs=dot", "--budget=4.3")
+    folder = out / "dot"
+    written = (folder / "lab.json").stat().st_mtime_ns
+    for path in folder.rglob("*"):  # as cp -r leaves them: each file's time the moment it was copied
+        if path.is_file() and path.name != "lab.json":
+            os.utime(path, ns=(written + 10**9, written + 10**9))
+    printed = tiny_lab(data_dir, out, "--rungs=dot", "--budget=4.3")
+    assert "was drawn since" not in printed and json.loads((folder / "lab.json").read_text(encoding="utf-8"))
+    latest = folder / "latest.pt"
+    latest.write_bytes(latest.read_bytes() + b"trained on")
+    os.utime(latest, ns=(1, 1))
+    with pytest.raises(UserError, match=r"holds a run trained on since the lab trained it \(latest.pt written since"):
+        lab.main(lab_args(data_dir, out, "--rungs=dot", "--budget=4.3"))
 
 
 def test_a_rung_s_attention_picture_drawn_since_by_plot_py_is_said_as_it_goes_with_the_old_run(data_dir, tmp_path):

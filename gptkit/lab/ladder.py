@@ -26,6 +26,7 @@ from gptkit.base.files import no_links, write_whole
 from gptkit.base.settings import check_seed, comma_items, given_values, make, parse_config
 from gptkit.base.signals import LAUNCHER_PID, StopSignals
 from gptkit.data.dataset import Split, bits_per_char, fixed_offsets, load_meta, shards_of
+from gptkit.data.sources import sha256_of
 from gptkit.data.tokenizer import tokenizer_from_meta
 from gptkit.interp.experiments import KINDS, head_scores, induction_tokens
 from gptkit.interp.hooks import attention_maps
@@ -277,12 +278,10 @@ def check_rung_folder(folder):
     if theirs:
         raise UserError(f"{run.snapshots} {theirs}, and the lab clears only its own snapshots there for a new run; "
                         "move it, or give the lab another --out_dir")
-    # the lab writes a rung's row once its train.py has ended: a run file newer than it was written since
-    row = folder / RESULT
-    written = row.stat().st_mtime_ns if row.exists() else None
-    later = [p.name for p in found if written is not None and p.stat().st_mtime_ns > written]
+    # the lab writes a rung's row once its train.py has ended: a run file not as it was then was written since
+    later = [p.name for p in found if written_since(p, folder / RESULT)]
     if later:
-        raise UserError(f"{folder} holds a run trained on since the lab trained it ({', '.join(later)} newer than "
+        raise UserError(f"{folder} holds a run trained on since the lab trained it ({', '.join(later)} written since "
                         f"its {RESULT}); move it, or give the lab another --out_dir")
     # a rung stopped before its row was written has no row to be newer than: its metrics say a train.py went on
     resumed = resumed_at(run.metrics)
@@ -335,10 +334,32 @@ def run_train(args, log, stops):
         raise
 
 
+VOUCHED = ("best.pt", "latest.pt", "latest.prev.pt", "ckpt.pt", "metrics.jsonl", "attention.png")
+
+
+def stamps(folder):
+    """The sha256 of each of a rung's files the lab's row vouches for, as they are when it writes the row: what
+    tells them from the same files written since (train.py continued the run, plot.py drew the picture again),
+    where their times cannot (a folder copied with `cp -r` has every file newer than its row)."""
+    return {name: sha256_of(folder / name) for name in VOUCHED if (folder / name).is_file()}
+
+
+def written_since(path, row):
+    """Whether a rung's file was written since the lab wrote its row: by the row's stamps, or for a row from
+    before them by the file's time (newer than the row's)."""
+    try:
+        kept = json.loads(row.read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, RecursionError, AttributeError):
+        kept = None
+    if not isinstance(kept, dict):
+        return row.is_file() and path.stat().st_mtime_ns > row.stat().st_mtime_ns
+    return kept.get(path.name) != sha256_of(path)
+
+
 def redrawn(picture, row):
     """Say so where the rung's picture, about to go with its run, was drawn since the lab drew it (plot.py attention
-    draws there): the lab draws it before it writes the row, so one newer than the row is another's."""
-    if picture.is_file() and row.is_file() and picture.stat().st_mtime_ns > row.stat().st_mtime_ns:
+    draws there): the lab draws it before it writes the row, which vouches for it."""
+    if picture.is_file() and row.is_file() and written_since(picture, row):
         print(f"note: {picture} was drawn since the lab drew it; it goes with the rung's old run, and the rung trained "
               "again draws its own there", flush=True)
 
@@ -555,7 +576,8 @@ def tokens_digest(meta):
 def save_row(row, folder, dataset, meta):
     """The row as lab.json, whole or not at all (written aside, then renamed)."""
     write_whole(folder / RESULT, json.dumps(dict(asdict(row), rung=row.rung.name, dataset=dataset,
-                                                 tokens_digest=tokens_digest(meta)), ensure_ascii=False))
+                                                 tokens_digest=tokens_digest(meta), files=stamps(folder)),
+                                            ensure_ascii=False))
 
 
 def load_row(rung, folder, dataset, meta):
@@ -565,9 +587,11 @@ def load_row(rung, folder, dataset, meta):
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         trained_on, digest = data.pop("dataset"), data.pop("tokens_digest", None)  # rows from before: no digest
-        named = data.pop("rung")
+        named, files = data.pop("rung"), data.pop("files", {})  # rows from before: no stamps
         if not (digest is None or isinstance(digest, str)):
             raise TypeError(f"its tokens_digest is {str(digest)[:40]!r}, not what the lab writes there")
+        if not (isinstance(files, dict) and all(isinstance(v, str) for v in files.values())):
+            raise TypeError(f"its files is {str(files)[:40]!r}, not what the lab writes there")
         row = checked_row(Row(**dict(data, rung=rung)))
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise UserError(f"{path} is not a row the lab wrote ({first_line(e)}); train the rung again with "
