@@ -492,6 +492,23 @@ def test_the_chat_bench_measures_each_block_update_against_its_base_and_the_shar
                     "2 directions hold 50-100% of each one's energy")
 
 
+def test_the_chat_bench_compares_lora_with_sft_at_the_time_and_steps_each_took(capsys):
+    """The target compares LoRA with full SFT at equal time: the line says each one's steps and seconds beside the
+    gap in accuracy, averaged over the tasks."""
+    from types import SimpleNamespace
+
+    def scored(*accuracies):
+        return {"tasks": {t: {"n": 1000, "accuracy": a} for t, a in zip(("addition", "reverse", "sort"), accuracies)},
+                "text_val_loss": 1.5}
+    found = {"out-chat": scored(1.0, 1.0, 0.97), "out-lora": scored(0.01, 0.49, 0.28)}
+    sampled = {"tasks": {"addition": {"n": 200, "pass_at": {"1": 0.5, "8": 0.9, "64": 1.0}}}}
+    spent = {"base": 150.0, "prepare": 6.0, "sft": 191.2, "lora": 189.4, "sft_early": 109.0, "rl": 109.0}
+    chat_pipeline.report(SimpleNamespace(rl_task="addition"), spent, found, {"out-chat": 1700, "out-lora": 2363},
+                         sampled, sampled, [1.3, 1.2, 1.4])
+    assert ("LoRA -73.0 points against SFT at equal time, 2,363 steps in 189 s against 1,700 in 191 s (within 3)"
+            in capsys.readouterr().out)
+
+
 def test_a_work_dir_holding_files_no_benchmark_made_is_refused_and_kept(tmp_path):
     """A benchmark replaces the runs and datasets it makes in its folder: pointed at one of yours (your project's
     root, with its out/ and data/), it refuses in one line before any work; a new, empty or marked folder, or a
