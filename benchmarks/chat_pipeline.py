@@ -2,10 +2,10 @@
 targets.
 
 --parts=pipeline: the main job's default run (the base), the tasks prepared with tinyshakespeare mixed in, SFT
-(config/chat_sft.py), LoRA at rank 8 (config/chat_lora.py) for as long as SFT took, by the clock, the early SFT (config/chat_sft_early.py) and RL from it
-(config/chat_rl.py); each stage scored by chat.py --eval on the held-out problems and the plain text, RL's start
-and end with pass@1, 8 and 64; chat.py's first token; how far full SFT moved the base's matrices (what LoRA would
-have to reach); the report card.
+(config/chat_sft.py), LoRA at rank 8 (config/chat_lora.py) for as long as SFT took, by the clock, the early SFT
+(config/chat_sft_early.py) and RL from it (config/chat_rl.py); each stage scored by chat.py --eval on the held-out
+problems and the plain text, RL's start and end with pass@1, 8 and 64; chat.py's first token; how far full SFT moved
+the base's matrices (what LoRA would have to reach); the report card.
 --parts=reversed: plain against reversed-digit sums (Lee et al. 2023) in the same steps: a dataset of each, fine-tuned
 from the same base with config/chat_sft.py, each scored on 1,000 held-out sums."""
 
@@ -143,7 +143,8 @@ def report(cfg, spent, found, steps, before, after, first_token):
           f"{100 * found['out-chat']['tasks']['sort']['accuracy']:.1f}% (>= 90); SFT {spent['sft']:.0f} s (<= 180); "
           f"RL pass@1 +{100 * gain:.1f} points (>= 20) in {spent['rl']:.0f} s (<= 300); LoRA "
           f"{lora_gap(found):+.1f} points against SFT at equal time, {steps['out-lora']:,} steps in "
-          f"{spent['lora']:.0f} s against {steps['out-chat']:,} in {spent['sft']:.0f} s (within 3); pipeline {sum(spent.values()):.0f} s (<= 900); "
+          f"{spent['lora']:.0f} s against {steps['out-chat']:,} in {spent['sft']:.0f} s (within 3); "
+          f"pipeline {sum(spent.values()):.0f} s (<= 900); "
           f"first token {statistics.median(first_token):.2f} s, the median of "
           f"{', '.join(f'{t:.2f}' for t in first_token)} (<= 2); text val loss SFT {sft_loss:.4f} (the base's: the report card)")
 

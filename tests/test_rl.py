@@ -195,8 +195,9 @@ def test_a_damaged_latest_pt_continues_from_the_state_before_it_to_the_same_weig
     proc = run_here("rl.py", f"--out_dir={out}", "--max_iters=5")
     assert proc.returncode == 1
     line = assert_one_error_line(proc.stderr, f"error: {latest} is damaged*")
-    assert f"; {previous} is damaged" in line and line.endswith("; the run cannot continue from either: start it "
-                                                                "anew with --start_over=True (its files are moved aside)")
+    assert f"; {previous} is damaged" in line
+    assert line.endswith("; the run cannot continue from either: start it anew with --start_over=True (its files are "
+                         "moved aside)")
 
 
 def test_a_continued_run_whose_best_pt_is_gone_writes_it_anew(tmp_path, chat_run, monkeypatch, capsys):

@@ -115,8 +115,8 @@ def saved_state(run):
             print(f"note: {'; '.join(problems)}; continuing from {path} (step {ckpt['iter_num']})")
         return ckpt, path
     if problems:
-        raise UserError(f"{'; '.join(problems)}; the run cannot continue from {'it' if len(problems) == 1 else 'either'}: "
-                        "start it anew with "
+        which = "it" if len(problems) == 1 else "either"
+        raise UserError(f"{'; '.join(problems)}; the run cannot continue from {which}: start it anew with "
                         "--start_over=True (its files are moved aside)")
     return {}, None
 
