@@ -22,7 +22,7 @@ from gptkit.chat.answering import check_chat_model, end_id, next_answer_prompt
 from gptkit.data.conversations import shown
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.machine.threads import pick_decode_threads
-from gptkit.run.run_folder import RunDir, check_checkpoint, model_at, refuse_a_file
+from gptkit.run.run_folder import RunDir, check_checkpoint, model_of, refuse_a_file
 from gptkit.sampling.decoding import decode_steps, lay_out_for_decoding
 
 MAX_SAMPLES = 1024  # answers per problem: pass@512 is the largest k reported, more only cost time
@@ -191,7 +191,7 @@ def main(argv=None):
     if run.shown() is None and not cfg.checkpoint.startswith("iter:"):
         raise UserError(f"{cfg.out_dir} holds no run: fine-tune one for chat there first, e.g. `python data/prepare.py "
                         f"--synthetic=tasks` then `python train.py config/chat_sft.py --out_dir={cfg.out_dir}`")
-    model, tok, ckpt = model_at(run.model_file(cfg.checkpoint), device)
+    model, tok, ckpt = model_of(cfg.out_dir, cfg.checkpoint, device)
     check_chat_model(tok, cfg.out_dir)
     if device == "cpu":
         lay_out_for_decoding(model)

@@ -31,7 +31,7 @@ from gptkit.machine.stand_ins import model_code
 from gptkit.machine.threads import ThreadTuner
 from gptkit.run.checkpoint import save_checkpoint
 from gptkit.run.metrics import RunLog, damaged_note, later_records_note, records_through
-from gptkit.run.run_folder import RunDir, model_at, refuse_a_file
+from gptkit.run.run_folder import RunDir, model_at, model_of, refuse_a_file
 from gptkit.training.updates import restore_optimizers, schedulable
 
 
@@ -46,8 +46,9 @@ def start(cfg, run, device, changed, saved):
         raise UserError(f"init_from={cfg.init_from!r} holds no run: fine-tune one there first, e.g. "
                         f"`python train.py config/chat_sft_early.py --out_dir={cfg.init_from}` (RL learns most from a "
                         "model right about half the time)")
-    path = saved if resumed else base.model_file(cfg.init_checkpoint, "init_checkpoint")
-    model, tok, ckpt = model_at(path, device)  # LoRA adapters, if any, merged: RL trains every weight
+    # LoRA adapters, if any, merged: RL trains every weight
+    model, tok, ckpt = model_at(saved, device) if resumed else \
+        model_of(cfg.init_from, cfg.init_checkpoint, device, option="init_checkpoint")
     if resumed and "rl" not in ckpt:
         raise UserError(f"{run.path} holds a run of train.py, not of rl.py; pick another --out_dir")
     check_chat_model(tok, cfg.init_from)

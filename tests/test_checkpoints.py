@@ -213,7 +213,8 @@ def test_a_trained_tokenizer_damaged_in_a_checkpoint_is_one_line(bpe_trained_run
             DELETE if case == "missing" else [[32, 32]] + merges[1:])
     proc = run_script("sample.py", f"--out_dir={tmp_path / 'run'}", "--num_samples=1", "--max_new_tokens=5")
     assert proc.returncode == 1
-    assert_one_error_line(proc.stderr, f"error: {path} is damaged: tokenizer has no bpe" if case == "missing" else
+    assert_one_error_line(proc.stderr, f"error: {path} is damaged: tokenizer has no bpe; the run's latest state may "
+                                       "still load: --checkpoint=latest" if case == "missing" else
                           "error: the checkpoint's tokenizer is damaged or was edited: it does not match its checksum*")
 
 

@@ -291,3 +291,25 @@ def test_a_run_that_took_a_step_or_files_not_a_runs_are_still_refused(tmp_path):
     (run.snapshots / "iter_0.pt").rename(run.snapshots / "iter_4.pt")
     with pytest.raises(UserError, match="holds another run"):
         run.clear_for_a_new_run(False, ";", print)
+
+
+# ---------------------------------------------------------------------------------------------- its model
+
+def test_a_best_pt_that_cannot_load_beside_a_latest_pt_names_the_setting_that_loads_that(tmp_path):
+    """sample.py, chat.py, analyze.py, plot.py, export.py and rl.py read a run's best.pt by default: damaged, with
+    the run's latest.pt beside it, the line says how to load that instead, with the tool's own setting."""
+    from gptkit.run.run_folder import model_of
+
+    folder = saved_run(tmp_path / "out")
+    best = folder / "best.pt"
+    best.write_bytes(best.read_bytes()[:1000])
+    with pytest.raises(UserError) as caught:
+        model_of(folder)
+    assert str(caught.value).startswith(f"{best} is damaged") and "may still load" not in str(caught.value)
+    (folder / "latest.pt").write_bytes(saved_run(tmp_path / "other").joinpath("best.pt").read_bytes())
+    for option in ("checkpoint", "init_checkpoint"):
+        with pytest.raises(UserError) as caught:
+            model_of(folder, option=option)
+        assert str(caught.value).endswith(f"(truncated or appended to); the run's latest state may still load: "
+                                          f"--{option}=latest")
+    assert model_of(folder, "latest")[2]["model_args"]  # as the line says

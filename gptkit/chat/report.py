@@ -11,7 +11,7 @@ from gptkit.base.settings import comma_items
 from gptkit.chat.scoring import dataset_text, heldout_problems, ks_for, score, scoring_threads, text_loss
 from gptkit.data.dataset import load_meta
 from gptkit.run.checkpoint import load_checkpoint, model_config
-from gptkit.run.run_folder import RunDir, model_at
+from gptkit.run.run_folder import RunDir, model_of
 from model import GPT
 
 
@@ -56,7 +56,7 @@ def seconds_spent(out_dir):
 def stage(out_dir, problems, text, cfg, device):
     """One column: the run's scores on the problems (none for a model never fine-tuned for chat), its loss on
     the text, its time and the parameters it trained."""
-    model, tok, ckpt = model_at(RunDir(out_dir).model_file(cfg.checkpoint), device)
+    model, tok, ckpt = model_of(out_dir, cfg.checkpoint, device)
     trained, total = trained_share(ckpt)
     column = {"run": out_dir, "seconds": seconds_spent(out_dir), "trained": trained, "params": total, "tasks": None}
     scoring_threads(cfg.threads, model, problems, cfg.sampled())

@@ -22,7 +22,7 @@ from gptkit.data.conversations import typed
 from gptkit.interp.hooks import forward_from, hook_points, hooked, names_in, piece, run_with_cache
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.run.metrics import KINDS
-from gptkit.run.run_folder import RunDir, check_checkpoint, model_at
+from gptkit.run.run_folder import check_checkpoint, model_of
 
 LOCAL_WINDOW = 4  # the local score: attention on the current token and the 3 before it
 REPEAT_LENGTH = 32  # the longest random sequence the induction and duplicate-token scores repeat
@@ -119,10 +119,9 @@ def open_run(out_dir, checkpoint="best", device="cpu"):
         raise UserError(str(e)) from None
     device = device_here(device)
     try:
-        path = RunDir(out_dir).model_file(checkpoint)
+        model, tok, ckpt = model_of(out_dir, checkpoint, device, watched=True)
     except OSError as e:  # a name too long for the file system, a folder this user may not read
         raise UserError(f"cannot read {out_dir} ({e.strerror or e})") from None
-    model, tok, ckpt = model_at(path, device, watched=True)
     trained = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
     return Run(model, tok, out_dir,
                {key: trained[key] for key in ("dataset", "data_dir") if isinstance(trained.get(key), str)},

@@ -307,7 +307,20 @@ def code_changed_note(ckpt, path):
             "learned with")
 
 
+def model_of(out_dir, which="best", device="cpu", watched=False, option="checkpoint"):
+    """model_at of a run's checkpoint as `which` names it (model_file): a damaged best.pt, beside a latest.pt, is
+    one line that names the tool's setting (`option`) that loads the run's latest state instead."""
+    run = RunDir(out_dir)
+    path = run.model_file(which, option)
+    try:
+        return model_at(path, device, watched)
+    except UserError as e:
+        if path == run.best and run.latest.is_file() and str(e).startswith(f"{path} is damaged"):
+            raise UserError(f"{e}; the run's latest state may still load: --{option}=latest") from None
+        raise
+
+
 def load_model(out_dir, device, which="best", watched=False):
     """A trained model (in eval mode) and its tokenizer, from out_dir's best.pt or latest.pt alone."""
-    model, tok, _ = model_at(RunDir(out_dir).model_file(which), device, watched)
+    model, tok, _ = model_of(out_dir, which, device, watched)
     return model, tok
