@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
@@ -893,6 +894,25 @@ window.fetch = async (path, opts) => {
 """ % (path, path)
 
 
+@contextmanager
+def page_holding_first(browser, root, path):
+    """explore.py serving root, a run 'a' made in it, the page loaded and its fetch holding its first answer from
+    `path` from here on (hold_the_first): the page's wait; the server is stopped after."""
+    from test_explorer import fake_run
+
+    fake_run(root / "a")
+    url, proc = serve(root)
+    try:
+        wait = waiting(browser)
+        browser.get(url + "/")
+        wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("Loaded a"))
+        browser.execute_script(hold_the_first(path))
+        yield wait
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 @pytest.mark.slow
 def test_coming_back_while_the_list_is_still_asked_for_asks_again_after_it(browser, tmp_path):
     """The learner back on the page while the list asked for at the last time was still on its way (a slow answer,
@@ -902,13 +922,7 @@ def test_coming_back_while_the_list_is_still_asked_for_asks_again_after_it(brows
     from test_explorer import fake_run
 
     root = tmp_path / "runs"
-    fake_run(root / "a")
-    url, proc = serve(root)
-    try:
-        wait = waiting(browser)
-        browser.get(url + "/")
-        wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("Loaded a"))
-        browser.execute_script(hold_the_first("/api/runs"))
+    with page_holding_first(browser, root, "/api/runs") as wait:
         fake_run(tmp_path / "again", seed=1)  # the picked run trained again into its folder
         os.replace(tmp_path / "again" / "best.pt", root / "a" / "best.pt")
         back_on_the_page(browser)
@@ -923,9 +937,6 @@ def test_coming_back_while_the_list_is_still_asked_for_asks_again_after_it(brows
         assert browser.find_element(By.ID, "runs-status").text == (
             "a's best.pt was written again since it was loaded (it still holds step 20): loaded again")
         assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 @pytest.mark.slow
@@ -935,13 +946,7 @@ def test_an_earlier_lab_answer_that_comes_last_does_not_draw_over_the_folder_as_
     from test_explorer import fake_run
 
     root = tmp_path / "runs"
-    fake_run(root / "a")
-    url, proc = serve(root)
-    try:
-        wait = waiting(browser)
-        browser.get(url + "/")
-        wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("Loaded a"))
-        browser.execute_script(hold_the_first("/api/lab"))
+    with page_holding_first(browser, root, "/api/lab") as wait:
         back_on_the_page(browser)
         wait.until(lambda d: d.execute_script("return window.held"))  # read before the rung below was trained
         fake_run(root / "bigram")
@@ -951,6 +956,3 @@ def test_an_earlier_lab_answer_that_comes_last_does_not_draw_over_the_folder_as_
         browser.execute_script("window.releaseHeld()")
         wait.until(lambda d: d.execute_script("return window.heldDone"))
         assert browser.find_element(By.ID, "lab-card").is_displayed()
-    finally:
-        proc.terminate()
-        proc.wait(30)

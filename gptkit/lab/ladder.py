@@ -279,7 +279,7 @@ def check_rung_folder(folder):
         raise UserError(f"{run.snapshots} {theirs}, and the lab clears only its own snapshots there for a new run; "
                         "move it, or give the lab another --out_dir")
     # the lab writes a rung's row once its train.py has ended: a run file not as it was then was written since
-    later = [p.name for p in found if written_since(p, folder / RESULT)]
+    later = written_since(found, folder / RESULT)
     if later:
         raise UserError(f"{folder} holds a run trained on since the lab trained it ({', '.join(later)} written since "
                         f"its {RESULT}); move it, or give the lab another --out_dir")
@@ -344,22 +344,23 @@ def stamps(folder):
     return {name: sha256_of(folder / name) for name in VOUCHED if (folder / name).is_file()}
 
 
-def written_since(path, row):
-    """Whether a rung's file was written since the lab wrote its row: by the row's stamps, or for a row from
-    before them by the file's time (newer than the row's)."""
+def written_since(paths, row):
+    """The names of those of a rung's files written since the lab wrote its row: by the row's stamps, or for a row
+    from before them by the files' times (newer than the row's)."""
     try:
         kept = json.loads(row.read_text(encoding="utf-8")).get("files")
     except (OSError, ValueError, RecursionError, AttributeError):
         kept = None
     if not isinstance(kept, dict):
-        return row.is_file() and path.stat().st_mtime_ns > row.stat().st_mtime_ns
-    return kept.get(path.name) != sha256_of(path)
+        written = row.stat().st_mtime_ns if row.is_file() else None
+        return [p.name for p in paths if written is not None and p.stat().st_mtime_ns > written]
+    return [p.name for p in paths if kept.get(p.name) != sha256_of(p)]
 
 
 def redrawn(picture, row):
     """Say so where the rung's picture, about to go with its run, was drawn since the lab drew it (plot.py attention
     draws there): the lab draws it before it writes the row, which vouches for it."""
-    if picture.is_file() and row.is_file() and written_since(picture, row):
+    if picture.is_file() and row.is_file() and written_since([picture], row):
         print(f"note: {picture} was drawn since the lab drew it; it goes with the rung's old run, and the rung trained "
               "again draws its own there", flush=True)
 
