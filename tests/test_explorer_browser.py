@@ -819,6 +819,9 @@ def test_a_picked_run_that_logged_more_draws_its_timeline_again_at_the_snapshot_
         assert slider.get_attribute("max") == "1"
         slider.send_keys(Keys.ARROW_LEFT)  # to step 0's snapshot
         wait.until(lambda d: card.get_attribute("data-checkpoint") == "iter:0")
+        # the heads' labels at step 0 read before the run thins that snapshot below: a read still on its way then
+        # would find it gone
+        wait.until(lambda d: " at step 0 on " in d.find_element(By.ID, "switches-status").text)
         logged(run, 30)
         kept(run, 30)
         back_on_the_page(browser)
