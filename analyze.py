@@ -372,12 +372,14 @@ def analyze_attribute(cfg):
         rows.append(["final norm's bias", f"{a.norm_bias:+.4f}"])
     rows.append(["sum", f"{sum(a.parts.values()) + a.norm_bias:+.4f}"])
     capped = f" ({a.raw_logit:.4f} before the soft-cap)" if run.config.logit_softcap else ""
-    answer(cfg, {"position": position, "token": read, "target": target, "parts": a.parts,
-                 "norm_bias": a.norm_bias, "raw_logit": a.raw_logit, "logit": a.logit},
+    sums = f"they sum to the logit{' before the soft-cap' if capped else ''}" if a.adds_up else \
+        ("they do not sum to the logit: model.py, as edited, builds the stream or the logit otherwise than as these "
+         "parts added up, through the final norm and the head")
+    answer(cfg, {"position": position, "token": read, "target": target, "parts": a.parts, "norm_bias": a.norm_bias,
+                 "raw_logit": a.raw_logit, "logit": a.logit, "adds_up": a.adds_up},
            f"the logit of {target}, the token that came next, at position {position} ({read}): {a.logit:.4f}{capped}"
-           f"\neach part's output through the final norm, its scale frozen at this pass's; they sum to the logit"
-           f"{' before the soft-cap' if capped else ''} (docs/analysis.md)\n\n"
-           f"{markdown_table(['part', f'logit of {target}'], rows, numeric={1})}")
+           f"\neach part's output through the final norm, its scale frozen at this pass's; {sums} (docs/analysis.md)"
+           f"\n\n{markdown_table(['part', f'logit of {target}'], rows, numeric={1})}")
 
 
 # ----------------------------------------------------------------------------- timeline

@@ -195,8 +195,10 @@ def test_attribute_lists_each_part_and_their_sum(tiny):
     answer = json.loads(check_ok(run_here("analyze.py", "attribute", tiny, "--text=ROMEO:", "--json")).stdout)
     assert (answer["position"], answer["token"], answer["target"]) == (4, "O", ":")  # the last with a next token
     assert sum(answer["parts"].values()) + answer["norm_bias"] == pytest.approx(answer["raw_logit"], abs=1e-4)
+    assert answer["adds_up"] is True
     table = check_ok(run_here("analyze.py", "attribute", tiny, "--text=ROMEO:", "--position=0")).stdout
     assert table.startswith("the logit of O, the token that came next, at position 0 (R): ")
+    assert "; they sum to the logit (docs/analysis.md)" in table
     assert "| L1H3 " in table and "| final norm's bias " in table and "| sum " in table
 
 

@@ -117,6 +117,18 @@ def test_the_model_py_line_names_each_piece_changed_added_and_removed():
     assert besides_note(BASE, old, differences(BASE, old)) is None
 
 
+def test_an_edited_table_of_choices_in_model_py_is_a_change_and_an_earlier_record_compares_its_functions():
+    """SCORES or ACTIVATIONS edited (silu in gelu's place) changes what a run computes as an edited function does:
+    the line names it. A run of an earlier version recorded its functions alone, so those are what compare."""
+    from gptkit.machine.stand_ins import model_code, module_values
+    code = model_code()
+    assert {"SCORES", "ACTIVATIONS"} <= code.keys() and code["ACTIVATIONS"] == module_values()["ACTIVATIONS"]
+    now, edited = made_run("out", code=code), made_run("out-silu", code=dict(code, ACTIVATIONS="0" * 16))
+    assert describe(now, edited, differences(now, edited))[2] == "  model.py: ACTIVATIONS changed"
+    earlier = made_run("out-old", code={k: v for k, v in code.items() if k not in module_values()})
+    assert describe(earlier, now, differences(earlier, now))[2] == "  model.py: the same code"
+
+
 def test_the_circumstances_line_shows_each_one_that_differs():
     other = made_run("out-bf16", steps=1204, measured={"dtype": "bfloat16"})
     assert describe(BASE, other, differences(BASE, other))[3] == \

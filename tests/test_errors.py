@@ -739,6 +739,41 @@ def test_a_model_py_function_whose_signature_no_longer_fits_its_callers_is_one_l
                         r"GPT\.forward\(\) takes 2 positional arguments but 3 were given; .*", line), line
 
 
+def test_a_tool_reading_a_model_py_method_an_edit_renamed_is_one_line(monkeypatch):
+    """GPT.flops_per_token removed (or renamed), as train.py's report reads it: the line names the class, the name
+    and the tool's line that reads it. A slip in model.py's own code (a forward reading an attribute its __init__
+    no longer sets) keeps its traceback, which shows the learner their code."""
+    import model as model_py
+    from conftest import random_tokens, tiny_model
+    from gptkit.base.errors import model_py_error
+    model = tiny_model()
+    monkeypatch.delattr(model_py.GPT, "flops_per_token")
+    line = model_py_error(raised(lambda: model.flops_per_token(8)))  # as gptkit/training/reporting.py reads it
+    assert re.fullmatch(r"model\.py: GPT has no flops_per_token, which tests/test_errors\.py, line \d+ "
+                        r"\(`.*model\.flops_per_token.*`\) reads: an edit renamed or removed it; keep it \(a renamed "
+                        r"method may keep its old name too, as `flops_per_token = new_name`\)", line), line
+    del model.transformer.h[0].mlp.act  # read by MLP.forward, model.py's own code
+    assert model_py_error(raised(lambda: model(random_tokens((1, 4))))) is None
+    assert model_py_error(raised(lambda: object().flops_per_token)) is None  # not a model.py class
+
+
+def test_a_gpt_config_field_named_as_a_training_setting_is_one_line(monkeypatch):
+    """A field the learner adds to GPTConfig under the name of one of train.py's own settings (seed): one line
+    naming both, not two settings under one name."""
+    from dataclasses import field, make_dataclass
+    from gptkit.base.errors import UserError
+    from gptkit.base.settings import settings
+    from gptkit.training.train_config import TrainConfig
+    from model import GPTConfig
+    edited = make_dataclass("GPTConfig", [("seed", int, field(default=0))], bases=(GPTConfig,))
+    edited.__module__ = "model"
+    monkeypatch.setitem(TrainConfig.__annotations__, "model", edited)
+    with pytest.raises(UserError, match=r"^model\.py: GPTConfig\.seed has the name of another setting of "
+                                        r"TrainConfig \(train_config\.py\): the command line and config files name "
+                                        r"each setting once; give it another name$"):
+        settings(TrainConfig)
+
+
 def test_an_error_inside_a_model_py_function_or_elsewhere_keeps_its_traceback():
     """A TypeError that a learner's function body raises shows their code in a traceback; so does one of a function
     that is not model.py's."""

@@ -121,17 +121,34 @@ def halved_mlp_forward(self, x, rotary=None, cache=None, layer=0):  # a learner'
     return self.hook_resid_post(x)
 
 
-@pytest.mark.parametrize("how, skipped, edited", [("zero", False, False), ("mean", False, False),
-                                                   ("zero", True, False), ("mean", True, True)])
-def test_ablation_deltas_equal_one_ablated_pass_per_head(how, skipped, edited, monkeypatch):
-    """The batched deltas (heads in groups, passes from after each layer's attention, rows in chunks) against
-    the plain way: one full pass of every row per head, that head ablated; targets of -1 (a chat dataset's
-    prompt tokens) count nowhere, as in training. A Block.forward the learner edited is what both run."""
+def parallel_forward(self, x, rotary=None, cache=None, layer=0):  # GPT-J's parallel block, the hooks kept
+    x = self.hook_resid_pre(x)
+    a = self.hook_attn_out(self.attn(self.branch_input(x, 0, cache, layer), rotary, cache, layer))
+    m = self.hook_mlp_out(self.mlp(self.branch_input(x, 1, cache, layer)))
+    return self.hook_resid_post(x + a + m)
+
+
+def scaled_attention_forward(self, x, rotary=None, cache=None, layer=0):  # attention's branch scaled after its hook
+    x = self.hook_resid_pre(x)
+    x = x + 0.5 * self.hook_attn_out(self.attn(self.branch_input(x, 0, cache, layer), rotary, cache, layer))
+    x = self.hook_resid_mid(x)
+    x = x + self.hook_mlp_out(self.mlp(self.branch_input(x, 1, cache, layer)))
+    return self.hook_resid_post(x)
+
+
+@pytest.mark.parametrize("how, skipped, edit", [
+    ("zero", False, None), ("mean", False, None), ("zero", True, None), ("mean", True, halved_mlp_forward),
+    ("zero", False, parallel_forward), ("mean", False, scaled_attention_forward)])
+def test_ablation_deltas_equal_one_ablated_pass_per_head(how, skipped, edit, monkeypatch):
+    """The batched deltas (heads in groups, passes from each layer's input, rows in chunks) against the plain
+    way: one full pass of every row per head, that head ablated; targets of -1 (a chat dataset's prompt tokens)
+    count nowhere, as in training. A Block.forward the learner edited is what both run: one whose MLP does not
+    read the stream after attention, or that scales attention's output after its hook point, too."""
     import model as model_py
 
     monkeypatch.setattr(experiments, "PASS_TOKENS", 48)  # passes of 48 tokens: a row a chunk, heads 3 and 1 a pass
-    if edited:
-        monkeypatch.setattr(model_py.Block, "forward", halved_mlp_forward)
+    if edit:
+        monkeypatch.setattr(model_py.Block, "forward", edit)
     model = tiny_model(attention_weights=0.5, **MODERN, token_shift=True)
     idx, targets = random_tokens((5, 16)), random_tokens((5, 16), seed=3)
     if skipped:
@@ -366,6 +383,28 @@ def test_attribution_parts_and_the_norm_bias_sum_to_the_logit(arch):
     embeddings = ["embed", "pos_embed"][:1 + (model.config.pos_emb == "learned")]
     assert [p for p in a.parts if "embed" in p] == embeddings and set(heads) <= set(a.parts)
     assert (a.norm_bias != 0) == (model.transformer.ln_f.bias is not None)  # RMSNorm has none
+    assert a.adds_up
+
+
+def doubled_head(self, x):  # a learner's edit to GPT.head: the logits doubled
+    return 2 * self.lm_head(x)
+
+
+@pytest.mark.parametrize("piece, edit", [("Block", scaled_attention_forward), ("GPT", doubled_head)],
+                         ids=["scaled branch", "doubled head"])
+def test_attribution_says_when_an_edited_model_s_parts_do_not_sum_to_its_logit(piece, edit, monkeypatch):
+    """Where model.py builds the stream or the logit otherwise than as the parts added up (a branch scaled after
+    its hook point, a head that doubles the logits), the parts are still each what they write, but they do not
+    give the model's own logit, and the answer says so."""
+    import model as model_py
+
+    monkeypatch.setattr(getattr(model_py, piece), "forward" if piece == "Block" else "head", edit)
+    model = tiny_model(attention_weights=0.5)
+    idx = random_tokens((1, 11))
+    a = attribute(model, idx, 7)
+    with torch.no_grad():
+        assert a.logit == pytest.approx(model(idx, idx)[0][0, 7, a.target].item(), abs=1e-5)
+    assert not a.adds_up and abs(sum(a.parts.values()) + a.norm_bias - a.logit) > 0.01
 
 
 def test_each_head_s_part_is_what_its_ablation_takes_out_of_the_logit_with_the_scale_frozen():

@@ -28,6 +28,28 @@ def test_a_forward_edited_to_return_otherwise_than_logits_and_loss_is_one_line(r
     assert model.training == training
 
 
+@pytest.mark.parametrize("edit, said", [
+    (lambda logits, targets: logits[:, -1] if targets is None else logits,  # the last position as (B, V)
+     "GPT.forward(idx) returned logits of shape (1, 3) for 1 × 4 tokens: the tools read the last position's (or "
+     "every position's) logits, (B, 1 or T, vocab_size) = (1, 1 or 4, 3)"),
+    (lambda logits, targets: logits[:, :, :2],  # a head one token short of the vocabulary
+     "GPT.forward(idx, targets) returned logits of shape (1, 4, 2) for 1 × 4 tokens: the tools read every "
+     "position's logits, (B, T, vocab_size) = (1, 4, 3)"),
+])
+def test_a_forward_edited_to_return_logits_of_another_shape_is_one_line(edit, said, monkeypatch):
+    """Sampling reads (B, 1 or T, V) logits without targets, and the analyses every position's with them: a forward
+    that returns another shape is one line before any work, not an error deep in the decoding."""
+    model = tiny_model(vocab_size=3)
+    forward = GPT.forward
+
+    def edited(self, idx, targets=None):
+        logits, loss = forward(self, idx, targets)
+        return edit(logits, targets), loss
+    monkeypatch.setattr(GPT, "forward", edited)
+    with pytest.raises(UserError, match=f"^model.py's {re.escape(said)}$"):
+        check_forward(model)
+
+
 def test_a_merge_lora_edited_to_return_the_weights_alone_is_one_line(monkeypatch):
     import model as model_py
 

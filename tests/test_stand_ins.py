@@ -138,7 +138,7 @@ def test_install_swaps_what_the_model_has_and_the_rule_keeps_gpu_masks():
     kinds = {type(m).__name__ for m in model.modules()}
     assert "TableDropout" in kinds and "Dropout" not in kinds
     block = model.transformer.h[0]
-    assert block.mlp.act is stand_ins.fused_relu_squared and block.shift is stand_ins.cast_token_shift
+    assert block.mlp.act is stand_ins.fused_relu_squared and isinstance(block.shift, stand_ins.CastTokenShift)
     assert by_rule("cuda") == ["relu2", "shift_cast"] and by_rule("cpu") == list(stand_ins.KERNELS)
     gelu = tiny_model(dropout=0.1)
     install(gelu, ["relu2", "shift_cast"])  # nothing of theirs to swap, and nn.Dropout stays
@@ -146,6 +146,35 @@ def test_install_swaps_what_the_model_has_and_the_rule_keeps_gpu_masks():
     assert gelu.transformer.h[0].mlp.act is F.gelu
     with pytest.raises(ValueError, match="unknown kernels: fast"):
         install(gelu, ["fast"])
+
+
+def test_install_passes_over_an_mlp_or_block_written_without_act_or_shift():
+    """A learner's MLP calling its activation directly, or a Block without the token shift, has no self.act or
+    self.shift: nothing for relu2 or shift_cast to stand in for, and installing leaves them so."""
+    model = tiny_model(**DROPOUT_MODEL)
+    block = model.transformer.h[0]
+    del block.mlp.act, block.shift
+    install(model, by_rule("cpu"))
+    assert not hasattr(block.mlp, "act") and not hasattr(block, "shift")
+    assert isinstance(model.transformer.h[1].shift, stand_ins.CastTokenShift)
+
+
+def test_a_model_py_without_token_shift_still_trains(tmp_path, data_dir):
+    """The token shift taken out of model.py, its function too: the kernels import nothing of it, so the tools run
+    the model as written, rather than asking for the function back."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for part in ("model.py", "train.py", "gptkit"):
+        (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, project / part)
+    source = (REPO / "model.py").read_text()
+    function = source[source.index("def token_shift("):source.index("class Block(")]
+    line = "self.shift = token_shift if config.token_shift else None"
+    assert source.count(line) == 1
+    (project / "model.py").write_text(source.replace(function, "").replace(line, "self.shift = None"))
+    check_ok(run_script(project / "train.py", f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={tmp_path / 'o'}",
+                        "--device=cpu", "--max_iters=2", "--max_time=0", "--eval_interval=2", "--eval_iters=1",
+                        "--n_layer=1", "--n_embd=16", "--n_head=2", "--block_size=16", "--batch_size=2",
+                        "--final_eval_tokens=64", cwd=project, timeout=300))
 
 
 # ---------------------------------------------------------------------------------------------- the learner's edits

@@ -124,6 +124,8 @@ MODEL_PY = Path(__file__).resolve().parents[2] / "model.py"  # the learner's, at
 CALL_REFUSED = re.compile(r"([\w.]+)\(\) (?:takes|got|missing) ")
 # how CPython says `from model import X` found no X
 IMPORTED_NAME = re.compile(r"cannot import name '(\w+)'")
+# how CPython, and torch's Module.__getattr__, say an object lacks an attribute
+MISSING_ATTRIBUTE = re.compile(r"'(\w+)' object has no attribute '(\w+)'")
 
 
 def model_py_error(e):
@@ -141,7 +143,42 @@ def model_py_error(e):
                  is_model_py(frame.f_code.co_filename)]
     if importing:
         return f"{in_model_py(importing[-1])}: {type(e).__name__}: {first_line(e)}"
+    if isinstance(e, AttributeError):
+        return missing_attribute(e, frames)
     return refused_call(e, frames) if isinstance(e, TypeError) else None
+
+
+def missing_attribute(e, frames):
+    """The line for a tool that reads a method or attribute of a model.py class an edit renamed or removed
+    (GPT.num_params, GPT.flops_per_token): the class, the name, and the tool's line that reads it. None where
+    model.py's own code read it (a slip in the learner's code keeps its traceback) or the class is not model.py's."""
+    m, model_py = MISSING_ATTRIBUTE.match(str(e)), sys.modules.get("model")
+    cls = getattr(model_py, m.group(1), None) if m and model_py else None
+    if not (inspect.isclass(cls) and cls.__module__ == "model"):
+        return None
+    caller = reading_frame(frames)
+    if caller is None or is_model_py(caller[0].f_code.co_filename):
+        return None
+    return (f"{shown_file(MODEL_PY)}: {m.group(1)} has no {m.group(2)}, which {shown_frame(*caller)} reads: an edit "
+            f"renamed or removed it; keep it (a renamed method may keep its old name too, as `{m.group(2)} = "
+            "new_name`)")
+
+
+def reading_frame(frames):
+    """(frame, line) of the last call outside torch (whose Module.__getattr__ raises for a missing attribute), or
+    None."""
+    torch = sys.modules.get("torch")
+    inside_torch = os.path.dirname(torch.__file__) + os.sep if torch else None
+    calls = [(frame, line) for frame, line in frames
+             if not (inside_torch and frame.f_code.co_filename.startswith(inside_torch))]
+    return calls[-1] if calls else None
+
+
+def shown_frame(frame, line):
+    """A call's file and line, with its code: `gptkit/training/reporting.py, line 39 (`m.flops_per_token(T)`)`."""
+    text = " ".join((inspect.getframeinfo(frame).code_context or [""])[0].split())
+    return f"{shown_file(frame.f_code.co_filename)}, line {line}" + \
+        (f" (`{text[:60]}{'…' * (len(text) > 60)}`)" if text else "")
 
 
 def missing_from_model_py(e, frames):
@@ -166,16 +203,9 @@ def refused_call(e, frames):
     code = getattr(function, "__code__", None)
     if code is None or not is_model_py(code.co_filename) or any(frame.f_code is code for frame, _ in frames):
         return None
-    torch = sys.modules.get("torch")  # nn.Module's call passes the arguments on: the call is the one that made it
-    inside_torch = os.path.dirname(torch.__file__) + os.sep if torch else None
-    calls = [(frame, line) for frame, line in frames
-             if not (inside_torch and frame.f_code.co_filename.startswith(inside_torch))]
-    caller = "its caller"
-    if calls:
-        frame, line = calls[-1]
-        text = " ".join((inspect.getframeinfo(frame).code_context or [""])[0].split())
-        caller = f"{shown_file(frame.f_code.co_filename)}, line {line}" + \
-            (f" (`{text[:60]}{'…' * (len(text) > 60)}`)" if text else "")
+    # nn.Module's call passes the arguments on: the call outside torch is the one that made it
+    calling = reading_frame(frames)
+    caller = shown_frame(*calling) if calling else "its caller"
     return (f"{in_model_py(code.co_firstlineno)}: {m.group(1)}{inspect.signature(function)} cannot take what "
             f"{caller} gives it: {e}; keep its parameters, or give a new one a default")
 

@@ -55,8 +55,11 @@ def settings(cls, owner=()):
             nested = settings(hint, owner + (f.name,))
             for name in f.metadata.get("not_settable", ()):
                 del nested[name]
-            clash = nested.keys() & out.keys() | nested.keys() & {g.name for g in fields(cls)}
-            assert not clash, f"{cls.__name__}: keys defined twice: {sorted(clash)}"
+            if clash := sorted(nested.keys() & out.keys() | nested.keys() & {g.name for g in fields(cls)}):
+                # a field the learner added to model.py's GPTConfig, named as a training setting is
+                raise UserError(f"{Path(inspect.getsourcefile(hint)).name}: {hint.__name__}.{clash[0]} has the name "
+                                f"of another setting of {cls.__name__} ({Path(inspect.getsourcefile(cls)).name}): "
+                                "the command line and config files name each setting once; give it another name")
             out.update(nested)
             continue
         typed = field_type(hint)

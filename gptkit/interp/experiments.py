@@ -507,26 +507,28 @@ def pass_shape(model, T):
 
 def each_head_off(model, layer, heads, cache, targets, rotary, fill):
     """The summed loss of targets with each of heads (of layer) off in turn, in one pass: the batch carries a copy
-    of the rows per head, each starting after the layer's attention (resid_pre + attn_out from cache, a pass of
-    the intact model) with its own head's share of attn_out replaced by fill's (n_head, d_head): the output
-    projection is linear, so that share is the head's slice of hook_z times its columns of c_proj."""
-    name = f"blocks.{layer}."
-    C, H = model.config.n_embd, model.config.n_head
-    z = cache[name + "attn.hook_z"][:, :, heads]  # (R, T, g, D)
-    columns = model.transformer.h[layer].attn.c_proj.weight.view(C, H, -1)[:, heads]  # (C, g, D)
-    change = torch.einsum("rtgd,cgd->grtc", fill[heads].to(z.dtype) - z, columns.to(z.dtype))
-    mid = cache[name + "hook_resid_pre"] + cache[name + "hook_attn_out"]
-    logits = forward_from(model, layer, (mid + change).flatten(0, 1), rotary, after_attention=True)
-    return token_losses(logits, targets.repeat(len(heads), 1)).view(len(heads), -1).double().sum(1)
+    of the rows per head, each starting at the layer's input (hook_resid_pre from cache, a pass of the intact
+    model), its own head's slice of hook_z set to fill's (n_head, d_head) as the layer runs. The blocks' own
+    forward does the rest, as written: a learner's Block.forward (a parallel block, a scaled branch) is what runs."""
+    z_name, g = f"blocks.{layer}.attn.hook_z", len(heads)
+    pre = cache[f"blocks.{layer}.hook_resid_pre"]  # (R, T, C)
+    off = torch.zeros(g, model.config.n_head, dtype=torch.bool, device=pre.device)
+    off[torch.arange(g), heads] = True  # copy i: head heads[i] off
+
+    def heads_off(z, name):  # z (g * R, T, n_head, d_head)
+        copies = z.view(g, -1, *z.shape[1:])
+        return torch.where(off[:, None, None, :, None], fill.to(z.dtype), copies).view_as(z)
+    with hooked(model, {z_name: heads_off}):
+        logits = forward_from(model, layer, pre.repeat(g, 1, 1), rotary)
+    return token_losses(logits, targets.repeat(g, 1)).view(g, -1).double().sum(1)
 
 
 @torch.no_grad()
 def ablation_deltas(model, idx, targets, how="zero"):
     """(the loss of targets after idx, both (B, T); each head's change to it when that head alone is off,
     (n_layer, n_head)). Mean ablation uses each head's mean hook_z over these same tokens. Batched: each pass
-    carries a group of heads of one layer, one copy of the rows each, and starts after that layer's attention,
-    kept from one intact pass: the layers before an ablated head, and its own layer's attention, are computed
-    once."""
+    carries a group of heads of one layer, one copy of the rows each, and starts at that layer's input, kept from
+    one intact pass: the layers before an ablated head are computed once."""
     no_attention(model)
     checked_how(how)
     idx, targets = checked_tokens(model, idx), checked_targets(model, targets)
@@ -539,8 +541,7 @@ def ablation_deltas(model, idx, targets, how="zero"):
     L, H = model.config.n_layer, model.config.n_head
     z_names = [f"blocks.{layer}.attn.hook_z" for layer in range(L)]
     fill = mean_activations(model, idx, z_names) if how == "mean" else None
-    kept = [f"blocks.{layer}.{point}" for layer in range(L) for point in ("hook_resid_pre", "hook_attn_out",
-                                                                             "attn.hook_z")]
+    kept = [f"blocks.{layer}.{point}" for layer in range(L) for point in ("hook_resid_pre", "attn.hook_z")]
     group, rows = pass_shape(model, idx.size(1))
     total, base = torch.zeros(L, H, dtype=torch.float64), 0.0
     bar = progress(range(0, idx.size(0), rows), desc="ablating heads", unit="pass", leave=False, delay=1.0)
@@ -736,6 +737,7 @@ class Attribution:
     norm_bias: float  # what the final norm's bias adds (0 without one)
     raw_logit: float  # the logit before any soft-cap: sum(parts) + norm_bias, exactly up to float rounding
     logit: float  # the logit the model gave (soft-capped where logit_softcap is set)
+    adds_up: bool  # the parts give that logit: not where an edited model.py builds the stream or logit otherwise
 
 
 @torch.no_grad()
@@ -757,7 +759,7 @@ def attribute(model, idx, position, target=None):
         raise UserError(f"position must be 0 to {T - 1} (got {shown_number(at)})")
     position = at
     target = int(idx[0, position + 1]) if target is None else token_of(model, target, "target")
-    _, cache = run_with_cache(model, idx, None)
+    logits, cache = run_with_cache(model, idx, None)
     if "ln_final.hook_scale" not in cache:
         raise UserError("attribute splits the logit through the final norm, whose scale (ln_final.hook_scale) "
                         "model.py's GPT.forward, as edited, no longer computes")
@@ -784,5 +786,11 @@ def attribute(model, idx, position, target=None):
         cache.get("hook_pos_embed", 0)
     raw = model.lm_head(ln(final[:, position]))[0, target].item()
     norm_bias = 0.0 if ln.bias is None else (unembed @ ln.bias.float()).item()
-    head = piece(model, "head")(ln(final[:, position]))[0, target].item()
-    return Attribution(target, position, parts, norm_bias, raw, head)
+    logit, summed = logits[0, position, target].item(), sum(parts.values()) + norm_bias
+    cap = c.logit_softcap
+    expected = cap * math.tanh(summed / cap) if cap > 0 else summed
+    # rounding over the parts' sum is a few of the dtype's eps of their size (float32's 1e-7, bfloat16's 8e-3); an
+    # edit that scales a branch, the norm or the head is off by a share of the logit itself
+    tolerance = max(1e-3, 4 * torch.finfo(logits.dtype).eps) * (1 + sum(abs(v) for v in parts.values()))
+    adds_up = abs(expected - logit) <= tolerance
+    return Attribution(target, position, parts, norm_bias, raw, logit, adds_up)

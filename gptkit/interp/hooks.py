@@ -122,17 +122,12 @@ def piece(model, name):
             from None
 
 
-def forward_from(model, layer, x, rotary=None, after_attention=False):
-    """Every position's logits from blocks.{layer}.hook_resid_pre = x (B, T, C), or with after_attention from the
-    stream after that layer's attention (hook_resid_mid; an attention-only block's hook_resid_post): the blocks'
-    own forward from that layer on, what need not be redone before it skipped (with after_attention, that layer's
-    attention runs on x and is dropped where the stream is replaced), then GPT.forward's final norm and head.
-    rotary: the tables model.embed gave the same positions (None without rotary positions)."""
-    block = model.transformer.h[layer]
-    point = "hook_resid_mid" if block.mlp is not None else "hook_resid_post"
-    with hooked(model, {f"blocks.{layer}.{point}": lambda _, name, stream=x: stream} if after_attention else {}):
-        for block in model.transformer.h[layer:]:
-            x = block(x, rotary)
+def forward_from(model, layer, x, rotary=None):
+    """Every position's logits from blocks.{layer}.hook_resid_pre = x (B, T, C): the blocks' own forward from that
+    layer on, then GPT.forward's final norm and head. rotary: the tables model.embed gave the same positions (None
+    without rotary positions)."""
+    for block in model.transformer.h[layer:]:
+        x = block(x, rotary)
     return piece(model, "head")(model.transformer.ln_f(x))
 
 

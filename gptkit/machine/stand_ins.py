@@ -44,7 +44,7 @@ from torch.nn import functional as F
 
 from gptkit.base.modes import evaluating
 import model as model_py
-from model import MLP, Block, SelfAttention, token_shift
+from model import MLP, Block, SelfAttention
 
 KERNELS = ("table_dropout", "relu2", "shift_cast")
 ATTENTION_PATHS = ("fused", "written", "folded")
@@ -115,19 +115,43 @@ def code_fingerprint(function):
     body = getattr(node, "body", [])
     docstring = body[0] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
         else None
-    skipped = range(docstring.lineno, docstring.end_lineno + 1) if docstring else range(0)
+    return tokens_fingerprint(source, range(docstring.lineno, docstring.end_lineno + 1) if docstring else range(0))
+
+
+def tokens_fingerprint(source, skipped=range(0)):
+    """16 hex digits of source's tokens, without comments, layout or the lines `skipped`."""
     layout = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
     words = [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline)
              if t.type not in layout and t.start[0] not in skipped]
     return hashlib.sha256(" ".join(words).encode()).hexdigest()[:16]
 
 
-def model_code():
-    """{name: fingerprint} of every function and method model.py defines ('relu_squared', 'SelfAttention.pattern'):
-    what a checkpoint keeps of the code it was trained with."""
+def module_values():
+    """{name: fingerprint} of each value model.py sets at its top level (SCORES, ACTIVATIONS): an edit to a table
+    of choices changes what a model computes as an edit to a function does."""
     import model as model_py
 
-    code = {}
+    try:
+        source = inspect.getsource(model_py)
+    except OSError:
+        return {}
+    out = {}
+    for node in ast.parse(source).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+            if isinstance(node, ast.AnnAssign) else []
+        for target in targets:
+            if isinstance(target, ast.Name):
+                out[target.id] = tokens_fingerprint(ast.get_source_segment(source, node))
+    return out
+
+
+def model_code():
+    """{name: fingerprint} of every function and method model.py defines ('relu_squared', 'SelfAttention.pattern'),
+    and of the values it sets at its top level (module_values): what a checkpoint keeps of the code it was trained
+    with."""
+    import model as model_py
+
+    code = module_values()
     for name, obj in vars(model_py).items():
         if getattr(obj, "__module__", None) != "model":
             continue
@@ -162,17 +186,18 @@ def install(model, kernels, attention_path="fused"):
             if "table_dropout" in kernels and type(child) is nn.Dropout and child.p > 0 and \
                     not (name == "attn_dropout" and runs_own_sdpa(module)):  # their SDPA draws its own masks
                 setattr(module, name, TableDropout(child.p))
-        if "relu2" in kernels and isinstance(module, MLP) and getattr(module.act, "__name__", "") == "relu_squared":
-            if edited("relu_squared", module.act):
+        # a learner's MLP or Block written without self.act or self.shift has nothing for these to stand in for
+        act, shift = getattr(module, "act", None), getattr(module, "shift", None)
+        if "relu2" in kernels and isinstance(module, MLP) and getattr(act, "__name__", "") == "relu_squared":
+            if edited("relu_squared", act):
                 aside.add(("relu2", "relu_squared"))
             else:
                 module.act = fused_relu_squared
-        if "shift_cast" in kernels and isinstance(module, Block) and \
-                getattr(module.shift, "__name__", "") == "token_shift":
-            if edited("token_shift", module.shift):
+        if "shift_cast" in kernels and isinstance(module, Block) and getattr(shift, "__name__", "") == "token_shift":
+            if edited("token_shift", shift):
                 aside.add(("shift_cast", "token_shift"))
             else:
-                module.shift = cast_token_shift
+                module.shift = CastTokenShift(shift)
     path, aside_paths = set_attention_path(model, attention_path)
     lines = [f"kernels: {kernel} steps aside: model.py's {piece} is not the code it was written for, so yours runs"
              for kernel, piece in sorted(aside)]
@@ -376,9 +401,14 @@ def fused_relu_squared(x):
     return ReLUSquaredFunction.apply(x)
 
 
-def cast_token_shift(h, share, before=None):
-    """The token shift in the autocast precision: autocast leaves the norm's output in float32 and casts it at the
-    branch's first matmul anyway, so casting first moves half the bytes through the shift each way."""
-    if torch.is_autocast_enabled(h.device.type):
-        h = h.to(torch.get_autocast_dtype(h.device.type))
-    return token_shift(h, share, before)
+class CastTokenShift:
+    """model.py's token shift in the autocast precision: autocast leaves the norm's output in float32 and casts it
+    at the branch's first matmul anyway, so casting first moves half the bytes through the shift each way."""
+
+    def __init__(self, shift):
+        self.shift = shift  # model.py's token_shift, as written for
+
+    def __call__(self, h, share, before=None):
+        if torch.is_autocast_enabled(h.device.type):
+            h = h.to(torch.get_autocast_dtype(h.device.type))
+        return self.shift(h, share, before)

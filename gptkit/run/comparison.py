@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from gptkit.base.errors import UserError
+from gptkit.machine.stand_ins import module_values
 from gptkit.run.checkpoint import TRAINING_KEYS, Fields, load_checkpoint
 from gptkit.run.formats import started_with
 from gptkit.run.metrics import read_metrics, rl_run
@@ -129,6 +130,9 @@ def differences(base, run):
     code = None
     if base.code is not None and run.code is not None:
         ours, theirs = run.code, base.code
+        values = module_values().keys()
+        if not (ours.keys() & values and theirs.keys() & values):  # a run of an earlier version records functions alone
+            ours, theirs = ({k: v for k, v in c.items() if k not in values} for c in (ours, theirs))
         code = {"changed": sorted(k for k in ours.keys() & theirs.keys() if ours[k] != theirs[k]),
                 "added": sorted(ours.keys() - theirs.keys()), "removed": sorted(theirs.keys() - ours.keys())}
     circumstances = []
