@@ -21,6 +21,7 @@ import torch
 
 from gptkit.base.settings import command_line_keys, config_file_values, given_values
 from gptkit.base.signals import StopSignals
+from gptkit.data.dataset import tokens_checksum
 from gptkit.machine.choices import choose, on_speed_path
 from gptkit.machine.runtime import (Runtime, compile_blocks, launch_processes, launched_rank,
                                     trains_here)
@@ -61,7 +62,8 @@ def start(cfg, rt, ckpt, ckpt_path, given, asked, started):
         cfg, plan = plan_steps(cfg, choices, costs, given)
         choices.lines.extend(plan)
     optimizers = schedulable(model.configure_optimizers(cfg, rt.dtype))  # model.py's, as nanoGPT's
-    state = TrainState(cfg, model, optimizers, data.tokenizer, data.sampler, rt, choices, sequences)
+    state = TrainState(cfg, model, optimizers, data.tokenizer, data.sampler, rt, choices, sequences,
+                       tokens_checksum(data.meta))
     if ckpt is not None:
         state.restore(ckpt, ckpt_path, rt, chat="roles" in data.meta)
     if cfg.compile:
@@ -245,9 +247,9 @@ def main(argv=None):
     master = launched_rank() == 0
     with RunDir(cfg.out_dir).locked(writer=master) as run:
         note = print if master else lambda line: None
-        if master:
-            claim_for_a_new_run(cfg, run, note)
         configured = config_file_values(TrainConfig, argv).get("init_from")
+        if master:
+            claim_for_a_new_run(cfg, run, note, configured)
         cfg, resumed = continued_config(cfg, given, asked, run, note, configured)
         finished_run = resumed[0] is not None and announce_resume(cfg, resumed, run, note, master)
         if finished_run and not cfg.eval_only:

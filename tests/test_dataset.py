@@ -62,6 +62,19 @@ def test_dataset_prepared_again_under_a_run_is_one_line(tmp_path):
     opens(data_dir).sampler.next()  # a run started now reads the new dataset
 
 
+def test_tokens_checksum_is_the_same_for_the_same_tokens_prepared_again_and_another_for_others(tmp_path):
+    """A copy of the text, prepared again (another file, another time): the same tokens, the same checksum, so a
+    resume says nothing; other text under the same name: another."""
+    from gptkit.data.dataset import tokens_checksum
+
+    text, copy, other = tmp_path / "a.txt", tmp_path / "b.txt", tmp_path / "c.txt"
+    text.write_text(make_text(9000, seed=1), encoding="utf-8")
+    copy.write_text(text.read_text(encoding="utf-8"), encoding="utf-8")
+    other.write_text(make_text(9000, seed=2), encoding="utf-8")
+    sums = [tokens_checksum(load_meta(str(prepared(path, tmp_path / "data")), "tiny")[1]) for path in (text, copy, other)]
+    assert sums[0] == sums[1] != sums[2]
+
+
 def test_split_file_rewritten_or_removed_under_a_run_is_one_line(tmp_path):
     path = tmp_path / "train.bin"
     path.write_bytes(np.arange(1000, dtype=np.uint16).tobytes())

@@ -780,6 +780,21 @@ def test_a_link_or_a_pipe_in_place_of_a_file_is_one_line_and_never_read(saved, t
     assert_one_error_line(run_here("analyze.py", "features", out, "--layer=1", *SMALL).stderr, expected)
 
 
+@pytest.mark.parametrize("where", ["sae", "sae/latest"])
+def test_an_sae_folder_that_is_a_link_is_one_line_and_nothing_is_written_through_it(trained_run, tmp_path, where):
+    """out/sae (or the folder of latest.pt's SAEs) linked to another run's: training there would write the SAE into
+    that run's folder."""
+    out, theirs = tmp_path / "run", tmp_path / "theirs"
+    shutil.copytree(trained_run[0], out)
+    theirs.mkdir()
+    (out / where).parent.mkdir(parents=True, exist_ok=True)
+    (out / where).symlink_to(theirs)
+    proc = run_here("analyze.py", "features", out, "--layer=1", *SMALL, "--checkpoint=latest")
+    assert_one_error_line(proc.stderr, f"error: {out / where} is a link; an SAE's files are kept in its run's own "
+                                       "folder, never read or written through a link: remove it")
+    assert list(theirs.iterdir()) == []
+
+
 # ----------------------------------------------------------------------------- shapes and sizes
 
 

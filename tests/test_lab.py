@@ -618,6 +618,26 @@ def test_a_rung_folder_that_is_a_link_is_refused_and_the_run_it_leads_to_kept(da
     assert (tmp_path / "other" / "scaled" / "lab.json").read_text(encoding="utf-8") == row
 
 
+def test_a_link_at_a_rung_s_own_file_is_refused_before_its_run_is_cleared(data_dir, tmp_path):
+    """The lab writes a rung's row, picture and log after the rung trains: a link at one (dangling here) is refused
+    before the lab clears the rung's earlier run, which stays as it was."""
+    tiny_lab(data_dir, tmp_path / "lab", "--rungs=scaled", "--budget=4.3")
+    rung = tmp_path / "lab" / "scaled"
+    best = (rung / "best.pt").read_bytes()
+    for name in ("lab.json", "attention.png", "train.log"):
+        kept = (rung / name).read_bytes() if (rung / name).exists() else None
+        (rung / name).unlink(missing_ok=True)
+        (rung / name).symlink_to(tmp_path / "nowhere")
+        with pytest.raises(UserError) as caught:
+            lab.main(lab_args(data_dir, tmp_path / "lab", "--rungs=scaled", "--budget=4.3"))
+        assert str(caught.value) == f"{rung / name} is a link, and the tool writes this file itself, never " \
+                                    "through a link; remove it"
+        assert (rung / "best.pt").read_bytes() == best
+        (rung / name).unlink()
+        if kept is not None:
+            (rung / name).write_bytes(kept)
+
+
 def test_a_rung_s_log_is_never_written_through_a_link(tmp_path, outside):
     """Below the checks at a run's start: a link at a rung's train.log, made while the lab runs, is refused and
     never written through."""
@@ -707,7 +727,7 @@ def test_a_rung_s_snapshots_are_never_cleared_through_a_link(tmp_path, monkeypat
     monkeypatch.setattr(machinery, "train_args", lambda rung, cfg: [])
     monkeypatch.setattr(machinery, "run_train",
                         lambda args, log, stops: RunDir(tmp_path / "modern").clear_for_a_new_run(False, ";", print))
-    with pytest.raises(UserError, match="holds another run"):
+    with pytest.raises(UserError, match="modern/snapshots is a link; a run keeps its snapshots in a folder of its own"):
         machinery.train_rung(SimpleNamespace(name="modern"), SimpleNamespace(out_dir=tmp_path), stops=None)
     assert sorted(os.listdir(tmp_path / "elsewhere" / "snapshots")) == ["iter_0.pt", "iter_13.pt"]
 

@@ -434,6 +434,26 @@ def test_a_run_continued_on_another_dataset_says_so_and_chooses_best_pt_anew(run
     assert best["iter_num"] == 50 and best["val_loss"] > kept["best_val_loss"]
 
 
+def test_a_run_continued_on_its_dataset_prepared_again_says_so_and_chooses_best_pt_anew(run, data_dir, capsys):
+    """The same dataset name, other tokens (data/prepare.py run again there with --start_over=True): the state
+    records the tokens it trained on, and the continued run says they changed, then writes best.pt anew."""
+    from gptkit.data.dataset import load_meta, tokens_checksum
+
+    ckpt = load_checkpoint(run / "latest.pt")
+    assert ckpt["tokens"] == tokens_checksum(load_meta(str(data_dir), "tiny")[1])
+    ckpt["tokens"] = "0" * 64  # the checksum of the tokens as they were then
+    save_checkpoint(ckpt, run / "latest.pt")
+    capsys.readouterr()
+    train.main(resume(data_dir, run, "--max_iters=40"))
+    assert (f"note: dataset 'tiny' was prepared again since the state was saved, other tokens under the same name: "
+            f"the run goes on on them, and from here val loss is measured on its val split as it is now; best.pt "
+            f"(iteration {ckpt['best_iter']}, val loss {ckpt['best_val_loss']:.4f}) was chosen by the old measure, and "
+            "the next evaluation replaces it\n") in capsys.readouterr().out
+    assert load_checkpoint(run / "best.pt")["iter_num"] == 40
+    train.main(resume(data_dir, run, "--max_iters=50"))
+    assert "prepared again" not in capsys.readouterr().out
+
+
 def test_a_resume_after_an_edit_to_model_py_says_what_changed(run, data_dir, capsys, monkeypatch):
     """As sample.py does for a checkpoint: model.py changed since the state was saved is said in one note naming
     the pieces, since the run no longer continues exactly; unchanged, nothing is said."""
@@ -621,3 +641,19 @@ def test_a_run_stopped_while_scoring_the_whole_val_split_is_finished_by_a_resume
     assert [r["iter"] for r in read_metrics(out) if r["kind"] == "final"] == [6]
     again = check_ok(run_script("train.py", *train_args(data_dir, out, *SHORT_RUN, "--init_from=auto")))
     assert "is finished (all 6 iterations are done); nothing to do" in again.stdout
+
+
+def test_a_fine_tune_into_the_folder_it_starts_from_is_refused_before_anything_moves(tmp_path, chat_run, chat_data):
+    """out_dir = init_from with --start_over=True: moving the run aside would leave nothing to start from. One line,
+    before the run's files move."""
+    from conftest import CHAT_SFT
+
+    base = tmp_path / "base"
+    shutil.copytree(chat_run, base)
+    kept = sorted(p.name for p in base.iterdir())
+    with pytest.raises(UserError) as caught:
+        train.main([f"--init_from={base}", f"--out_dir={base}", f"--data_dir={chat_data}", *CHAT_SFT,
+                    "--start_over=True"])
+    assert str(caught.value) == (f"out_dir and init_from are the same folder, {base}: a fine-tune starts from the "
+                                 "run there and trains a new one in a folder of its own; give it another --out_dir")
+    assert sorted(p.name for p in base.iterdir()) == kept

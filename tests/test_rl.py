@@ -236,6 +236,17 @@ def test_an_out_dir_holding_a_train_py_run_is_one_line_and_keeps_its_files(tmp_p
     assert {p.name: p.read_bytes() for p in taken.iterdir() if p.is_file() and p.name != "run.lock"} == files
 
 
+def test_an_out_dir_that_is_init_from_is_refused_before_anything_moves(tmp_path, chat_run):
+    """--start_over=True would move the SFT run aside, leaving nothing to practise from: one line first."""
+    taken = tmp_path / "taken"
+    shutil.copytree(chat_run, taken)
+    kept = sorted(p.name for p in taken.iterdir())
+    proc = run_here("rl.py", *rl_args(taken, taken), "--start_over=True")
+    assert_one_error_line(proc.stderr, f"error: out_dir and init_from are the same folder, {taken}: RL starts from the "
+                                       "run there and practises in a folder of its own; give it another --out_dir")
+    assert sorted(p.name for p in taken.iterdir()) == kept
+
+
 def test_a_start_that_failed_before_its_first_save_starts_again_in_its_place(tmp_path, chat_run, monkeypatch,
                                                                               capsys):
     """A first step that fails (out of memory, say) leaves the step-0 evaluation in metrics.jsonl and no latest.pt:

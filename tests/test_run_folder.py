@@ -103,6 +103,19 @@ def test_a_run_refuses_a_bookkeeping_file_that_is_a_link(tmp_path, data_dir, out
     assert sorted(p.name for p in out.iterdir()) == [name]  # refused before anything was written
 
 
+def test_a_run_refuses_a_snapshots_folder_that_is_a_link(tmp_path, data_dir, outside):
+    """A run writes its snapshots there, and a resume removes those past its step: through a link, another run's."""
+    out, theirs = tmp_path / "out", outside.parent / "snapshots"
+    theirs.mkdir()
+    (theirs / "iter_40.pt").write_bytes(b"another run's snapshot")
+    out.mkdir()
+    (out / "snapshots").symlink_to(theirs)
+    proc = run_here("train.py", *train_args(data_dir, out, "--max_iters=2", "--eval_interval=1"))
+    assert_one_error_line(proc.stderr, f"error: {out / 'snapshots'} is a link; a run keeps its snapshots in a folder "
+                                       "of its own, never written or removed through a link: remove it")
+    assert [p.name for p in theirs.iterdir()] == ["iter_40.pt"] and sorted(p.name for p in out.iterdir()) == ["snapshots"]
+
+
 @pytest.mark.parametrize("where", ["the snapshot", "the snapshots folder", "/dev/zero"])
 def test_a_snapshot_is_never_opened_through_a_link(tmp_path, outside, where):
     """A link in a snapshot's place (to another run's file, or to /dev/zero), or a snapshots folder that is a link,

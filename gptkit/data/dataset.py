@@ -236,6 +236,14 @@ class Shard:
                         "run opened it); start the run again to train on the new data")
 
 
+def tokens_checksum(meta):
+    """sha256 of what a dataset's tokens are: its tokenizer and vocabulary, its shards' checksums and a chat
+    dataset's roles. The same after a prepare that made the same tokens again (from a copy of its text, say);
+    another where the dataset was prepared again otherwise, under the same name."""
+    made = {k: meta.get(k) for k in ("tokenizer", "vocab", "train_shards", "val_shards", "roles", "tokenizer_sha256")}
+    return hashlib.sha256(json.dumps(made, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
 def file_identity(stat):
     """What tells a file from its replacement (another inode) or from itself rewritten (size, modification time)."""
     return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns

@@ -393,7 +393,12 @@ def sae_folder(out_dir, hook, checkpoint="best"):
     one a plain command and the explorer read), out_dir/sae/latest/<hook>/ for latest.pt's and
     out_dir/sae/iter_N/<hook>/ for a snapshot's: side by side, none in another's place."""
     base = Path(out_dir) / "sae"
-    return base / hook if checkpoint == "best" else base / checkpoint.replace(":", "_") / hook
+    folder = base / hook if checkpoint == "best" else base / checkpoint.replace(":", "_") / hook
+    for part in (base, *(base / p for p in reversed(folder.relative_to(base).parents[:-1])), folder):
+        if part.is_symlink():  # an SAE written there would land in the folder it points at, another run's maybe
+            raise UserError(f"{part} is a link; an SAE's files are kept in its run's own folder, never read or "
+                            "written through a link: remove it")
+    return folder
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from gptkit.base.errors import UserError, first_line
-from gptkit.base.files import no_links, write_whole
+from gptkit.base.files import no_links, refuse_link, write_whole
 from gptkit.base.settings import check_seed, comma_items, given_values, make, parse_config
 from gptkit.base.signals import LAUNCHER_PID, StopSignals
 from gptkit.data.dataset import Split, bits_per_char, fixed_offsets, load_meta, shards_of
@@ -261,6 +261,9 @@ def check_rung_folder(folder):
     if folder.is_symlink():  # a run elsewhere (another lab's rung, say), whose files and row would go without a word
         raise UserError(f"{folder} is a link (to {os.readlink(folder)}), and the lab clears and trains a rung only in "
                         "a folder of its own; remove the link, or give the lab another --out_dir")
+    # the lab's own files, written after the rung trains: a link there is refused before its old run is cleared
+    for p in (folder / RESULT, folder / "attention.png", folder / "train.log"):
+        refuse_link(p)
     run = RunDir(folder)
     found = [p for p in (run.best, run.latest, run.previous, run.legacy, run.metrics) if p.exists()]
     if found and not any((folder / name).exists() for name in ("train.log", RESULT)):

@@ -343,8 +343,10 @@ TRAINING_KEYS = Fields({
     # where stop_task ended the run, else None
     "stopped_by_score": Kind("None or {'task', 'pass_at_1', 'iter'}", lambda v: v is None or Fields(
         {"task": TEXT, "pass_at_1": NUMBER, "iter": COUNT}).problem(v, "") is None),
+    # the dataset's tokens_checksum: a resume tells the dataset prepared again under the same name
+    "tokens": Kind("a string or None", lambda v: v is None or isinstance(v, str)),
 }, optional=("trained", "seconds_spent", "loop_seconds", "train_time", "wandb_id", "measured", "best_iter",
-             "global_batch", "model_code", "stopped_by_score"))
+             "global_batch", "model_code", "stopped_by_score", "tokens"))
 
 
 def load_checkpoint(path, map_location="cpu", required=None):

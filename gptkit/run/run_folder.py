@@ -104,6 +104,9 @@ class RunDir:
         for p in [*saved, *in_place]:
             if p.is_dir():
                 raise UserError(f"{p} is a folder where the run writes a file; move it out of the way")
+        if self.snapshots.is_symlink():  # a resume drops the snapshots past its step: another run's, through it
+            raise UserError(f"{self.snapshots} is a link; a run keeps its snapshots in a folder of its own, never "
+                            "written or removed through a link: remove it")
         if self.snapshots.exists() and not self.snapshots.is_dir():
             raise UserError(f"{self.snapshots} is a file where the run keeps its snapshots, a folder; move it out of "
                             "the way")

@@ -1,6 +1,7 @@
 """Continuing a run: the saved state it continues from (checked, falling back to the state before it when the
 latest is damaged) and the settings it continues with (the checkpoint's, except those given again)."""
 
+import os
 from dataclasses import asdict, fields, replace
 
 import torch
@@ -43,12 +44,18 @@ def fresh_start(run, configured, note):
     return configured
 
 
-def claim_for_a_new_run(cfg, run, note):
+def claim_for_a_new_run(cfg, run, note, configured=None):
     """A run that starts afresh (from scratch, pretrained weights, or 'auto' finding no state to continue) into a
     folder holding another run's files: refused, or with start_over those files moved aside (RunDir's
-    clear_for_a_new_run)."""
+    clear_for_a_new_run). A fine-tune into the very folder it starts from is refused before anything moves.
+    configured: the init_from of the config files, where 'auto' starts afresh."""
     if cfg.init_from == "resume" or cfg.init_from == "auto" and run.resume_candidates():
         return
+    start = configured if cfg.init_from == "auto" else cfg.init_from
+    if isinstance(start, str) and start not in ("scratch", "resume", "auto") and os.path.isdir(start) and \
+            run.path.is_dir() and os.path.samefile(start, run.path):
+        raise UserError(f"out_dir and init_from are the same folder, {run.path}: a fine-tune starts from the run "
+                        "there and trains a new one in a folder of its own; give it another --out_dir")
     # 'auto' too, where nothing is left to continue from: it would start afresh over them
     how = "; continue it with --init_from=auto," if cfg.init_from != "auto" else \
         " but no saved state to continue it from (latest.pt);"

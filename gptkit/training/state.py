@@ -47,8 +47,9 @@ class TrainState:
     the EMA of the weights is what evaluations score and what checkpoints keep as the model; latest.pt
     also keeps the weights themselves, which training goes on from."""
 
-    def __init__(self, cfg, model, optimizers, tokenizer, sampler, rt, choices, global_batch):
+    def __init__(self, cfg, model, optimizers, tokenizer, sampler, rt, choices, global_batch, tokens=None):
         self.cfg, self.model, self.optimizers, self.tokenizer, self.sampler = cfg, model, optimizers, tokenizer, sampler
+        self.tokens = tokens  # the dataset's tokens_checksum: a resume tells a dataset prepared again by it
         self.global_batch = global_batch  # sequences per optimizer step, over every process
         self.micro_batches = global_batch // (sampler.batch_size * rt.world)  # a step's, in each process
         self.choices = choices  # what start-up chose (gptkit.machine.choices), kept for a resume
@@ -86,6 +87,7 @@ class TrainState:
                 "stopped_by_score": self.stopped_by_score,
                 "measured": self.choices.saved(),
                 "model_code": model_code(),
+                "tokens": self.tokens,
             }, run.latest, previous=run.previous)
 
     def save_best(self, run, rt):
@@ -126,8 +128,8 @@ class TrainState:
         """A run continued on another dataset, or a chat run with another train_on: val loss measures something
         else from here, so best.pt, chosen by the old measure, is chosen anew from the next evaluation (as rl.py's
         best is when its scoring changes). Returns the note to print, or None."""
-        changes = [change for change in (self.dataset_change(ckpt["config"]), self.count_change(ckpt, chat))
-                   if change]
+        changes = [change for change in (self.dataset_change(ckpt["config"]) or self.prepared_again(ckpt),
+                                         self.count_change(ckpt, chat)) if change]
         if not changes:
             return None
         kept = f"best.pt (iteration {self.best_iter}, val loss {self.best_val_loss:.4f}) was chosen by the old measure"
@@ -145,6 +147,15 @@ class TrainState:
             return None
         named = (was, now) if was != now else folders  # the same name in another data_dir
         return f"dataset {str(named[0])!r} → {str(named[1])!r}: from here val loss is measured on another val split"
+
+    def prepared_again(self, ckpt):
+        """Where the run's dataset folder holds other tokens than when the state was saved (data/prepare.py run again
+        there, otherwise): the change in words. None where the same, or the state does not record them."""
+        saved = ckpt.get("tokens")
+        if not isinstance(saved, str) or self.tokens is None or saved == self.tokens:
+            return None
+        return (f"dataset {self.cfg.dataset!r} was prepared again since the state was saved, other tokens under the "
+                "same name: the run goes on on them, and from here val loss is measured on its val split as it is now")
 
     def count_change(self, ckpt, chat):
         """A chat run's train_on given anew: the change, said as old → new with the tokens each counts."""
