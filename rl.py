@@ -61,7 +61,7 @@ def start(cfg, run, device, changed, saved):
              sampling=torch.Generator(device=device).manual_seed(cfg.seed), state=RLState(),
              dataset={k: ckpt["config"].get(k) for k in ("data_dir", "dataset")})
     if resumed:
-        restore_optimizers(optimizers, ckpt["optimizer"])  # at this run's rates: the saved ones but those given anew
+        restore_optimizers(optimizers, ckpt["optimizer"], ckpt, saved)  # at this run's rates: the saved ones but those given anew
         s["draw"].generator.set_state(ckpt["rl"]["draw"])
         s["state"] = RLState(**ckpt["rl"]["state"])
         try:

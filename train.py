@@ -258,6 +258,8 @@ def main(argv=None):
             stop.doing = "starting (nothing was saved)"
             # the state holds the config that trains: its shape fitted, its steps planned
             data, state, aim = start(cfg, rt, *resumed, given=set(given), asked=asked, started=started)
+            if resumed[0] is not None and not cfg.eval_only:  # started: what it trains again goes only now
+                take_up(run, resumed[0]["iter_num"], master, note)
             del resumed, cfg  # the state holds what it needs of the checkpoint, and the config
             log = RunLog(run.metrics, wandb_args(state)) if rt.master else None
             try:
@@ -274,9 +276,8 @@ def main(argv=None):
 
 
 def announce_resume(cfg, resumed, run, note, master):
-    """Say where a resumed run continues from, and drop from its metrics the records it will log
-    again (and the snapshots of the steps it will train again); True (after saying so) when it has
-    nothing left to do: its steps done and its final score recorded."""
+    """Say where a resumed run continues from; True (after saying so) when it has nothing left to do: its steps
+    done and its final score recorded."""
     ckpt, path = resumed
     done, timed = ckpt["iter_num"], cfg.max_time > 0 and cfg.wall_clock
     budget = f" and {cfg.max_time:g} s" if timed else ""
@@ -284,16 +285,9 @@ def announce_resume(cfg, resumed, run, note, master):
         check_room(run, done, cfg.snapshots)
     note(f"resuming from iteration {done} of {cfg.max_iters}{budget} ({path})" +
          "".join(f"; {change}" for change in given_anew(ckpt, path, cfg)))
-    if cfg.eval_only:
-        dropped, scored = 0, True
-    else:
-        dropped, scored = records_through(run.metrics, done, rewrite=master)
-    if master and not cfg.eval_only and (later := drop_after(run, done)):
-        note(f"note: dropped the snapshots of steps past {done}, which this run trains again: {', '.join(later)}")
+    scored = cfg.eval_only or records_through(run.metrics, done, rewrite=False)[1]
     if master and (damaged := damaged_note(run.metrics)):
         note(damaged)
-    if dropped:  # said by rank 0, which alone writes
-        note(later_records_note(run.metrics, dropped, f"iteration {done}"))
     spent = timed and ckpt["seconds_spent"] >= cfg.max_time
     reached = stopped_by_score(ckpt, cfg)
     if done < cfg.max_iters and not spent and not reached:
@@ -312,6 +306,16 @@ def announce_resume(cfg, resumed, run, note, master):
         note(f"the run in {run.path} is finished ({why}); nothing to do: raise --max_iters or "
              "--max_time to train it further, or start another run in a new --out_dir")
     return True
+
+
+def take_up(run, done, master, note):
+    """Drop from a resumed run's metrics the records it will log again, and the snapshots of the steps it will
+    train again: once it has started, so that a resume refused at its start loses none of them."""
+    dropped, _ = records_through(run.metrics, done, rewrite=master)
+    if master and (later := drop_after(run, done)):
+        note(f"note: dropped the snapshots of steps past {done}, which this run trains again: {', '.join(later)}")
+    if dropped:  # said by rank 0, which alone writes
+        note(later_records_note(run.metrics, dropped, f"iteration {done}"))
 
 
 def wandb_args(state):

@@ -334,6 +334,16 @@ SAVED_SETTINGS = {
 }
 
 
+def test_resume_of_a_model_setting_model_py_no_longer_offers_says_so_not_damage(run, data_dir):
+    """mlp_act='silu' added to model.py, trained with, then the edit undone: the state is whole, and the line says
+    this version cannot build its model, as sample.py's does, rather than that it is damaged."""
+    (run / "latest.prev.pt").unlink()
+    rewrite(run / "latest.pt", ("model_args", "mlp_act"), "silu")
+    proc = train_again(run, data_dir, "auto", 40, runner=run_here)
+    assert_one_error_line(proc.stderr, f"error: {run / 'latest.pt'} was written with model settings this version cannot "
+                                       "build (mlp_act must be one of *")
+
+
 @pytest.mark.parametrize("case", SAVED_SETTINGS)
 def test_resume_refuses_a_saved_setting_of_the_wrong_type_in_one_line(run, data_dir, case):
     """A checksummed file whose saved config holds a value of another type: one line naming the file and the
@@ -657,3 +667,25 @@ def test_a_fine_tune_into_the_folder_it_starts_from_is_refused_before_anything_m
     assert str(caught.value) == (f"out_dir and init_from are the same folder, {base}: a fine-tune starts from the "
                                  "run there and trains a new one in a folder of its own; give it another --out_dir")
     assert sorted(p.name for p in base.iterdir()) == kept
+
+
+def test_a_resume_refused_at_its_start_keeps_the_records_and_snapshots_past_its_state(run, data_dir, monkeypatch):
+    """A run killed between saves logged steps past its state, which a resume drops to log again: only once it has
+    started. One refused at its start keeps them: here model.py's configure_optimizers edited to SGD, which the
+    saved AdamW state does not fit, and the line says that edit is why, not that the state is damaged."""
+    import model as model_py
+
+    later = json.dumps({"kind": "train", "iter": 35, "loss": 2.0}) + "\n"
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(later)
+    (run / "snapshots").mkdir(exist_ok=True)
+    (run / "snapshots" / "iter_35.pt").write_bytes((run / "latest.pt").read_bytes())  # its file, as drop_after sees it
+    monkeypatch.setattr(model_py.GPT, "configure_optimizers", lambda self, cfg, dtype="float32":
+                        torch.optim.SGD(self.parameters(), lr=0.1))
+    with pytest.raises(UserError) as caught:
+        train.main(resume(data_dir, run, "--max_iters=40"))
+    assert str(caught.value) == (
+        f"{run / 'latest.pt'}'s optimizer state does not fit the optimizers model.py's GPT.configure_optimizers builds "
+        "now, edited since it was saved: continue the run with the code it trained with, or start a new one from its "
+        f"weights in another folder (--init_from={run} --out_dir=ANOTHER)")
+    assert (run / "metrics.jsonl").read_text().endswith(later) and (run / "snapshots" / "iter_35.pt").exists()

@@ -96,11 +96,13 @@ def records_through(path, iteration, rewrite=True):
         record = parsed(line)
         if isinstance(record.get("iter"), int) and record["iter"] > iteration:
             continue
-        if not line.endswith(b"\n"):  # cut short by a crash while it was written: the next record would join it
-            continue
+        if not line.endswith(b"\n"):
+            if not record:  # cut short by a crash while it was written: the next record would join it
+                continue
+            line += b"\n"  # a whole record (an editor saved the file without its last newline): kept
         kept.append(line)
         final = final or record.get("kind") == "final" and record.get("iter") == iteration
-    if rewrite and len(kept) < len(lines):
+    if rewrite and kept != lines:
         files.write_whole(path, b"".join(kept), failed=not_rewritten)
     return len(lines) - len(kept), final
 

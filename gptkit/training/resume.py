@@ -9,8 +9,8 @@ import torch
 from gptkit.base.errors import UserError
 from gptkit.base.settings import coerce, flatten, resumed, settings
 from gptkit.machine.stand_ins import changed_since
-from gptkit.run.checkpoint import (SHAPE_KEYS, TRAINING_KEYS, AnotherToolsState, load_checkpoint, model_header,
-                                   model_shape, shape_words)
+from gptkit.run.checkpoint import (SHAPE_KEYS, TRAINING_KEYS, AnotherToolsState, load_checkpoint, model_config,
+                                   model_header, model_shape, shape_words)
 from gptkit.training.train_config import BATCH_KEYS, TrainConfig
 from model import GPTConfig
 
@@ -173,6 +173,7 @@ def own_batch(given, asked, saved, note):
 def saved_settings(ckpt, path):
     """The settings saved in a checkpoint, flat, each of its type and among its choices as a config file's
     value must be: one of another type is damage (no run saves it), named with its key."""
+    model_config(ckpt, path)  # model settings model.py no longer takes (a choice taken out): said as such, not damage
     saved = flatten(TrainConfig, ckpt["config"])
     saved.pop("processes", None)  # how many processes that command started, not a setting of the run
     # the model as built (a GPT-2 start takes its shape from the weights); a model setting newer than the

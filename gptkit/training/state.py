@@ -109,7 +109,7 @@ class TrainState:
         """Continue from ckpt, read from path (its model weights are already loaded). The optimizers keep this
         run's settings (learning rates, betas, weight decay), which are the checkpoint's unless given again.
         chat: the run trains on a chat dataset, whose loss train_on chooses the tokens of."""
-        restore_optimizers(self.optimizers, ckpt["optimizer"])
+        restore_optimizers(self.optimizers, ckpt["optimizer"], ckpt, path)
         self.scaler.load_state_dict(ckpt["scaler"])
         if "trained" in ckpt:  # the model holds the checkpoint's EMA (this run's, if it keeps one)
             load_weights(self.model, ckpt["trained"], path, "trained weights")

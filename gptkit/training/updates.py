@@ -3,11 +3,13 @@ kept and named, the learning-rate schedule, clipping and stepping, and the EMA o
 score."""
 
 import math
+from pathlib import Path
 from contextlib import contextmanager
 
 import torch
 
 from gptkit.base.errors import UserError
+from gptkit.machine.stand_ins import changed_since
 
 
 OPTIMIZER_METHODS = ("param_groups", "step", "zero_grad", "state_dict", "load_state_dict")
@@ -30,9 +32,22 @@ def schedulable(optimizers):
     return optimizers
 
 
-def restore_optimizers(optimizers, states):
+def restore_optimizers(optimizers, states, ckpt=None, path=None):
     """Load a checkpoint's optimizer states into this run's optimizers, which keep this run's settings (learning
-    rates, betas, weight decay): the checkpoint's unless given again."""
+    rates, betas, weight decay): the checkpoint's unless given again. ckpt (read from path): where its states do
+    not fit and model.py's configure_optimizers was edited since it was saved, the line says that edit is why."""
+    try:
+        load_optimizers(optimizers, states)
+    except UserError:
+        if "GPT.configure_optimizers" not in changed_since((ckpt or {}).get("model_code")):
+            raise
+        raise UserError(f"{path}'s optimizer state does not fit the optimizers model.py's GPT.configure_optimizers "
+                        "builds now, edited since it was saved: continue the run with the code it trained with, or "
+                        f"start a new one from its weights in another folder (--init_from={Path(path).parent} "
+                        "--out_dir=ANOTHER)") from None
+
+
+def load_optimizers(optimizers, states):
     if len(states) != len(optimizers):
         raise UserError("the checkpoint was trained with a different optimizer; resume with the same one")
     for opt, state in zip(optimizers, states):
