@@ -22,8 +22,8 @@ import torch
 from gptkit.base.progress import progress
 from gptkit.base.signals import StopSignals
 from gptkit.chat.answering import answer_text, check_chat_model, end_id, question_prompt, sample_answers
-from gptkit.chat.reinforce import (ProblemDraw, RLState, advantages, answer_batch, best_lost, measured_anew,
-                                   little_reward_note, no_reward_line, reinforce_loss, rl_settings)
+from gptkit.chat.reinforce import (ProblemDraw, RLState, advantages, answer_batch, best_lost, fewer_problems_note,
+                                   little_reward_note, measured_anew, no_reward_line, reinforce_loss, rl_settings)
 from gptkit.chat.report import chat_sets
 from gptkit.chat.scoring import score
 from gptkit.data.tasks import TASKS
@@ -154,12 +154,13 @@ def practise(cfg, s, run, log, stop):
     state, begun = s["state"], time.time() - s["state"].seconds_spent
     if state.iter_num == 0:
         scores = evaluate(cfg, s)
-        if line := no_reward_line(cfg, scores):  # before anything is written: the run can start again once fixed
+        if line := no_reward_line(cfg, scores, s["heldout"]):  # before anything is written: the run can start again once fixed
             raise UserError(line)
         log.write({"kind": "rl_eval", "iter": 0, **scores})
         print(f"step 0: held-out pass@1 {100 * scores['pass_at_1']:.1f}%, greedy {100 * scores['accuracy']:.1f}%")
-        if note := little_reward_note(cfg, scores):
-            print(note)
+        for note in (fewer_problems_note(cfg, s["heldout"]), little_reward_note(cfg, scores)):
+            if note:
+                print(note)
     with stop.deferred(), progress(total=cfg.max_iters, desc="practising", unit="step",
                                    initial=state.iter_num) as bar:
         while state.iter_num < cfg.max_iters:

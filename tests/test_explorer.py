@@ -1286,6 +1286,16 @@ def test_a_chat_runs_text_is_typed_with_the_markers_names(chat_client):
     assert [t["id"] for t in got[0]["tokens"]] == ids
 
 
+def test_a_chat_runs_stop_string_is_typed_with_the_markers_names(chat_client, monkeypatch):
+    """Written as text (not asked), a chat run's stop string takes a marker by its name, as sample.py's --stop does:
+    <|end|> stops where the model writes the end marker."""
+    ending_after(monkeypatch, 3)
+    body = dict(run="chat", prompt="abc", max_tokens=20, temperature=0, stop="<|end|>")
+    got = events(chat_client.post("/api/generate", json=body).iter_lines())
+    tokens = [e for e in got if e["type"] == "token"]
+    assert got[-1] == {"type": "done", "reason": "stop", "text": "".join(t["text"] for t in tokens[:3])}
+
+
 def test_an_answer_not_ended_stops_at_max_tokens_and_names_any_marker_it_writes(chat_client):
     body = dict(run="chat", prompt="ROMEO", chat=True, max_tokens=60, temperature=2.0, top_k=0, seed=4)
     got = events(chat_client.post("/api/generate", json=body).iter_lines())

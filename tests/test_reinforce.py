@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from gptkit.chat.reinforce import RLConfig, advantages, answer_batch, little_reward_note, reinforce_loss
+from gptkit.chat.reinforce import (RLConfig, advantages, answer_batch, fewer_problems_note, little_reward_note,
+                                   reinforce_loss)
 
 
 def test_advantages_are_rewards_less_their_groups_mean():
@@ -95,3 +96,12 @@ def test_a_start_right_seldom_gets_a_note_that_rl_learns_little_from_it():
     assert "until pass@1 reaches about 40%" in note
     assert little_reward_note(cfg, {"pass_at_1": 0.0, "accuracy": 0.0}) is None
     assert little_reward_note(cfg, {"pass_at_1": 0.43, "accuracy": 0.5}) is None
+
+
+def test_a_dataset_with_fewer_held_out_problems_than_asked_says_what_is_scored():
+    """eval_problems=5000 of a dataset that holds 50 of one task: pass@1 is of those 50, said once at the start."""
+    cfg = RLConfig(init_from="out-chat", eval_problems=200)
+    heldout = {"addition": [None] * 50, "reverse": [None] * 200}
+    assert fewer_problems_note(cfg, heldout) == ("note: the dataset holds fewer held-out problems than "
+                                                 "eval_problems=200: pass@1 is scored on addition's 50 and reverse's 200")
+    assert fewer_problems_note(cfg, {"reverse": [None] * 200}) is None

@@ -54,7 +54,8 @@ def test_a_stopped_run_continues_to_the_weights_of_one_never_stopped(again, tmp_
     assert {r["kind"] for r in read_metrics(tmp_path / "whole")} >= {"rl", "rl_eval"}  # plot.py's, the explorer's
 
 
-BAD_STARTS = {"never right": "REINFORCE has nothing to learn from", "unknown task": "never saw task 'sort'",
+BAD_STARTS = {"never right": "'s answers to addition's 3 held-out problems was right: with no reward REINFORCE has "
+                             "nothing to learn from", "unknown task": "never saw task 'sort'",
               "no run": "holds no run: fine-tune one there first, e.g. `python train.py config/chat_sft_early.py",
               "no snapshots": "keeps no snapshots (train it with --snapshots=N to keep the weights at N steps); use "
                               "--init_checkpoint=best or latest",

@@ -233,12 +233,26 @@ def little_reward_note(cfg, scores):
             "this run again with --start_over=True")
 
 
-def no_reward_line(cfg, scores):
+def held_out_counts(heldout):
+    """'addition's 50 and reverse's 100': how many held-out problems of each task a score reads."""
+    counts = [f"{task}'s {len(problems):,}" for task, problems in heldout.items()]
+    return counts[0] if len(counts) == 1 else f"{', '.join(counts[:-1])} and {counts[-1]}"
+
+
+def fewer_problems_note(cfg, heldout):
+    """A note where the dataset holds fewer held-out problems of a task than eval_problems asks for; else None."""
+    if all(len(problems) >= cfg.eval_problems for problems in heldout.values()):
+        return None
+    return (f"note: the dataset holds fewer held-out problems than eval_problems={cfg.eval_problems:,}: pass@1 is "
+            f"scored on {held_out_counts(heldout)}")
+
+
+def no_reward_line(cfg, scores, heldout):
     """The line for a start none of whose sampled answers to the held-out problems is right: its answers
     would earn no reward, and REINFORCE would have nothing to learn from."""
     if scores["pass_at_1"] > 0 or scores["accuracy"] > 0:
         return None
-    return (f"none of {cfg.init_from}'s answers to {cfg.eval_problems} held-out problems of each task was right: "
+    return (f"none of {cfg.init_from}'s answers to {held_out_counts(heldout)} held-out problems was right: "
             "with no reward REINFORCE has nothing to learn from; fine-tune it for these tasks first (python "
             "train.py config/chat_sft.py), or start from a later checkpoint")
 

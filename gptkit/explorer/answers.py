@@ -143,7 +143,7 @@ def generation_events(shelf, loaded, ids, req, off=Off()):
     generator = torch.Generator(device=device).manual_seed(req.seed)  # as sample.py: one seeded generator
     steps = decode_steps(loaded.decoder, idx, req.max_tokens, temperature=req.temperature, top_k=req.top_k,
                          top_p=req.top_p, generator=generator, vocab_size=tok.vocab_size)
-    text_of, stop, text, reason = tok.stream_decoder(), StopFilter(req.stop), "", "max_tokens"
+    text_of, stop, text, reason = tok.stream_decoder(), StopFilter(typed(tok, req.stop)), "", "max_tokens"
     while True:
         with shelf.lock, off.on(loaded.decoder):
             step = next(steps, None)
