@@ -149,6 +149,20 @@ def test_a_tasks_dataset_mixing_other_text_or_none_replaces_the_one_there_only_w
     assert "mix" not in load_meta(base["data_dir"], "tasks")[1]
 
 
+def test_a_synthetic_prepare_that_fails_leaves_no_folder_and_keeps_a_dataset_there(tmp_path):
+    """Too few conversations to split: the corpus it drew goes again, so a new name leaves no folder, and an
+    existing dataset's folder holds no stray corpus beside it."""
+    base = dict(synthetic="tasks", workers=1, data_dir=str(tmp_path / "data"))
+    with pytest.raises(UserError, match="too few conversations to split into train and val"):
+        prepare(PrepareConfig(**base, tasks="sort:5", heldout=2))
+    assert not (tmp_path / "data").exists()
+    prepare(PrepareConfig(**base, tasks="addition", problems=200, heldout=5))
+    made = sorted(p.name for p in (tmp_path / "data" / "tasks").iterdir())
+    with pytest.raises(UserError, match="too few conversations"):
+        prepare(PrepareConfig(**base, tasks="sort:5", heldout=2, start_over=True))
+    assert sorted(p.name for p in (tmp_path / "data" / "tasks").iterdir()) == made
+
+
 def test_a_mix_holding_no_text_is_one_line(tmp_path):
     (tmp_path / "empty.txt").write_text("\n \n", encoding="utf-8")
     with pytest.raises(UserError, match="holds no text to mix in"):

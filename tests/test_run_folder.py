@@ -2,6 +2,7 @@
 work, a folder (or a file in it) it could not write, and a bookkeeping file that is a link out of the folder."""
 
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -293,15 +294,22 @@ def test_a_run_stopped_before_its_first_step_is_no_other_run_to_the_same_command
 
 
 def test_a_run_that_took_a_step_or_files_not_a_runs_are_still_refused(tmp_path):
+    """Records past iteration 0 (two Ctrl-Cs stopped it before it saved), a line of the user's, a later snapshot:
+    kept, and the line says the run saved no state to continue from, and how to start anew."""
+    said = "holds a run stopped before it saved a state to continue from (metrics.jsonl, snapshots): start it anew " \
+           "with --start_over=True"
     for name, records in (("stepped", [("run", 0), ("eval", 0), ("train", 1)]), ("odd", [("run", 0)])):
         run = stopped_at_start(tmp_path / name, *records)
         if name == "odd":
             run.metrics.write_text('{"kind": "run", "iter": 0}\nmy notes\n')
-        with pytest.raises(UserError, match="holds another run"):
+        with pytest.raises(UserError, match=re.escape(said)):
             run.clear_for_a_new_run(False, ";", print)
         assert run.metrics.exists() and run.snapshot(0).exists()
     run = stopped_at_start(tmp_path / "more", ("run", 0))
     (run.snapshots / "iter_0.pt").rename(run.snapshots / "iter_4.pt")
+    with pytest.raises(UserError, match=re.escape(said)):
+        run.clear_for_a_new_run(False, ";", print)
+    (run.path / "best.pt").write_text("x")  # a model of its own: another run
     with pytest.raises(UserError, match="holds another run"):
         run.clear_for_a_new_run(False, ";", print)
 

@@ -238,27 +238,51 @@ def prepare_locked(cfg, out_dir, files):
     (while a synthetic text is drawn too) is one line, and the same command then continues."""
     with StopSignals() as stop, continued_by_rerun():
         stop.doing = "preparing"
-        files = files or [write_source(cfg.synthetic, out_dir, cfg) if cfg.synthetic
-                          else download_shakespeare(out_dir / "input.txt")]
-        chat = len(files) == 1 and is_conversation_file(files[0])
-        if cfg.mix and not chat:
-            raise UserError("--mix mixes plain text into a chat dataset: give conversations (a .jsonl of "
-                            "{\"messages\": [...]}) or --synthetic=tasks")
-        if sum(f.stat().st_size for f in files) == 0:
-            raise UserError(f"input {shown(cfg.input or files[0])} is empty")
-        check_replacing(cfg, files, out_dir)
-        work = work_folder(out_dir, settings_key(cfg, files))
-        if stopped_work(out_dir, work):
-            print(f"note: the work of a stopped prepare of {shown(out_dir)} with other settings is deleted; "
-                  "this prepare starts afresh")
-        remove_leftovers(out_dir, keep=work)
-        write = (lambda: chat_dataset(cfg, files[0], work)) if chat else lambda: write_dataset(cfg, files, work)
-        meta = kept_or_cleared(write, work, out_dir)
+        drawn = None  # a synthetic corpus this prepare wrote, which goes again if it fails
+        if not files and cfg.synthetic:
+            source, fresh = write_source(cfg.synthetic, out_dir, cfg)
+            files, drawn = [source], source if fresh else None
+        files = files or [download_shakespeare(out_dir / "input.txt")]
+        with dropped_on_failure(drawn):
+            meta, work = written_aside(cfg, out_dir, files)
     commit(out_dir, work)
     remove_leftovers(out_dir)
     if cfg.input and cfg.name == "shakespeare_char":
         keep_a_copy(files, out_dir)
     return meta
+
+
+@contextmanager
+def dropped_on_failure(path):
+    """A file this prepare wrote is removed where it fails (a folder left with nothing else then goes too, as
+    prepare's promise has it); a stop keeps it, for the same command to continue from."""
+    try:
+        yield
+    except RunStopped:
+        raise
+    except BaseException:
+        if path is not None:
+            path.unlink(missing_ok=True)
+        raise
+
+
+def written_aside(cfg, out_dir, files):
+    """The dataset of the source files, written in a work folder beside the one readers find: (its metadata, the
+    work folder), for commit to swap in."""
+    chat = len(files) == 1 and is_conversation_file(files[0])
+    if cfg.mix and not chat:
+        raise UserError("--mix mixes plain text into a chat dataset: give conversations (a .jsonl of "
+                        "{\"messages\": [...]}) or --synthetic=tasks")
+    if sum(f.stat().st_size for f in files) == 0:
+        raise UserError(f"input {shown(cfg.input or files[0])} is empty")
+    check_replacing(cfg, files, out_dir)
+    work = work_folder(out_dir, settings_key(cfg, files))
+    if stopped_work(out_dir, work):
+        print(f"note: the work of a stopped prepare of {shown(out_dir)} with other settings is deleted; "
+              "this prepare starts afresh")
+    remove_leftovers(out_dir, keep=work)
+    write = (lambda: chat_dataset(cfg, files[0], work)) if chat else lambda: write_dataset(cfg, files, work)
+    return kept_or_cleared(write, work, out_dir), work
 
 
 def check_replacing(cfg, files, out_dir):

@@ -73,14 +73,16 @@ def tasks_source(tasks):
 
 
 def write_source(name, folder, cfg):
-    """The synthetic corpus `name` as a file in folder, written there unless it is there already; a file of
-    that name holding other text is the user's error, never replaced (another version of the corpus, or theirs)."""
+    """The synthetic corpus `name` as a file in folder, written there unless it is there already: (its path,
+    whether this call wrote it). A file of that name holding other text is the user's error, never replaced
+    (another version of the corpus, or theirs)."""
     file_name, text = SYNTHETIC[name](cfg)
     path, data = folder / file_name, text.encode("utf-8")
     if not path.exists():
         write_whole(path, data)
         os.utime(path, (SOURCE_MTIME, SOURCE_MTIME))
-    elif not (path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data):
+        return path, True
+    if not (path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data):
         raise UserError(f"{shown(path)} is not the text --synthetic={name} writes; move it out of the way (or "
                         "delete it) and run again")
-    return path
+    return path, False

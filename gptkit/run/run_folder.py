@@ -158,6 +158,10 @@ class RunDir:
             note(f"note: {self.path} holds a run stopped before its first step ({', '.join(p.name for p in found)}: "
                  f"{held} of iteration 0); it trained nothing, and a new run starts in its place")
             return
+        if not start_over and self.metrics in found and set(found) <= {self.metrics, self.snapshots}:  # no save yet
+            raise UserError(f"{self.path} holds a run stopped before it saved a state to continue from "
+                            f"({', '.join(p.name for p in found)}): start it anew with --start_over=True (its files "
+                            "are moved aside, not deleted), or train elsewhere with another --out_dir")
         if not start_over:
             raise UserError(f"{self.path} holds another run ({', '.join(p.name for p in found)}){how} train "
                             "elsewhere with another --out_dir, or start over with --start_over=True (its files are "
