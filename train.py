@@ -29,7 +29,7 @@ from gptkit.run.metrics import PROCESS_START, RunLog, damaged_note, later_record
 from gptkit.run.run_folder import RunDir
 from gptkit.training.budget import Pace, StepCosts, plan_steps, thread_tuner, time_budget
 from gptkit.training.evaluation import evaluate, evaluate_split, nan_from_the_start
-from gptkit.training.updates import (lr_factor_at, schedulable, set_lr, step_optimizers,
+from gptkit.training.updates import (lr_factor_at, schedulable, set_lr, settings_untaken, step_optimizers,
                                         update_for)
 from gptkit.training.records import Records
 from gptkit.training.reporting import Reporter
@@ -62,6 +62,8 @@ def start(cfg, rt, ckpt, ckpt_path, given, asked, started):
         cfg, plan = plan_steps(cfg, choices, costs, given)
         choices.lines.extend(plan)
     optimizers = schedulable(model.configure_optimizers(cfg, rt.dtype))  # model.py's, as nanoGPT's
+    if rt.master and (untaken := settings_untaken(optimizers, cfg, asked)):  # an edit that builds its own
+        choices.lines.append(untaken)
     state = TrainState(cfg, model, optimizers, data.tokenizer, data.sampler, rt, choices, sequences,
                        tokens_checksum(data.meta))
     if ckpt is not None:

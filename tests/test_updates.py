@@ -8,7 +8,7 @@ import torch
 
 from conftest import tiny_model, train_config
 from gptkit.training.train_config import TrainConfig
-from gptkit.training.updates import EMA, lr_factor_at, rates, schedulable, set_lr
+from gptkit.training.updates import EMA, lr_factor_at, rates, schedulable, set_lr, settings_untaken
 
 
 # ---------------------------------------------------------------------------------------------- the rates
@@ -128,3 +128,21 @@ def test_an_optimizer_state_that_fits_no_weight_is_one_line(damage):
         state["state"][0]["exp_avg"] = torch.zeros(3)
     with pytest.raises(UserError, match="^the checkpoint's optimizer state is damaged: its state of weight"):
         restore_optimizers(schedulable(model.configure_optimizers(train_config(optimizer="adamw"))), [state])
+
+
+def test_optimizer_settings_given_that_configure_optimizers_does_not_take_are_named():
+    """configure_optimizers edited to SGD at lr 0.1 (as the README shows): --learning_rate, --weight_decay and
+    --optimizer given on the command line change nothing, which a note says; as written, every one shows in a
+    group, and so does muon_lr with Muon, but not with AdamW."""
+    asked = {"learning_rate", "weight_decay", "optimizer", "beta2", "max_iters"}
+    cfg = train_config(learning_rate=0.5, weight_decay=0.3, optimizer="muon", beta2=0.9, muon_lr=0.05)
+    model = tiny_model()
+    assert settings_untaken(schedulable(model.configure_optimizers(cfg)), cfg, asked | {"muon_lr"}) is None
+    sgd = schedulable(torch.optim.SGD(model.parameters(), lr=0.1))
+    assert settings_untaken(sgd, cfg, asked) == (
+        "note: optimizer='muon', beta2=0.9, learning_rate=0.5, weight_decay=0.3, given for this run, are in none of "
+        "the optimizers model.py's GPT.configure_optimizers builds (SGD (lr 0.1) over 27,168 parameters): it trains "
+        "as that function is written")
+    adamw = replace(cfg, optimizer="adamw")
+    assert settings_untaken(schedulable(model.configure_optimizers(adamw)), adamw, {"muon_lr"}).startswith(
+        "note: muon_lr=0.05, given for this run, is in none of the optimizers")

@@ -105,6 +105,34 @@ def described(optimizers):
     return "optimizers: " + ", ".join(parts)
 
 
+# where each optimizer setting shows in the optimizers configure_optimizers built from it, as written
+TAKEN = {"learning_rate": lambda g, v: g.get("base_lr", g["lr"]) == v,
+         "embedding_lr": lambda g, v: g.get("base_lr", g["lr"]) == v,
+         "muon_lr": lambda g, v: g.get("base_lr", g["lr"]) == v,
+         "weight_decay": lambda g, v: g.get("weight_decay") == v,
+         "muon_weight_decay": lambda g, v: g.get("weight_decay") == v,
+         "beta1": lambda g, v: (g.get("betas") or (None,))[0] == v,
+         "beta2": lambda g, v: (g.get("betas") or (None, None))[1] == v,
+         "muon_momentum": lambda g, v: g.get("momentum") == v}
+
+
+def settings_untaken(optimizers, cfg, asked):
+    """A note naming the optimizer settings given on the command line that no group of the optimizers holds (and
+    an optimizer= none of them is), where model.py's GPT.configure_optimizers was written to build its own (SGD at
+    lr 0.1, say): they change nothing, which the learner should hear. None where every one shows."""
+    groups = [g for opt in optimizers for g in opt.param_groups]
+    untaken = [key for key in sorted(asked) if key in TAKEN and not any(TAKEN[key](g, getattr(cfg, key)) for g in groups)]
+    kinds = {type(opt).__name__.lower() for opt in optimizers}
+    if "optimizer" in asked and cfg.optimizer not in kinds:
+        untaken.insert(0, "optimizer")
+    if not untaken:
+        return None
+    given = ", ".join(f"{key}={getattr(cfg, key)!r}" for key in untaken)
+    return (f"note: {given}, given for this run, {'is' if len(untaken) == 1 else 'are'} in none of the optimizers "
+            f"model.py's GPT.configure_optimizers builds ({described(optimizers).removeprefix('optimizers: ')}): "
+            "it trains as that function is written")
+
+
 def update_for(cfg):
     """For timing a whole step before a run starts: a function of (model, dtype) returning one that takes an
     optimizer step of that model, and of its weights' average, after a backward."""
