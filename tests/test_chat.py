@@ -173,8 +173,8 @@ def test_the_report_card_puts_the_stages_side_by_side(chat_run, trained_run):
         "| addition accuracy", "| addition pass@1", "| addition pass@8", "| addition pass@64"]
 
 
-def test_the_report_card_reads_the_checkpoint_asked_for_and_names_the_column_it_cannot_score(chat_run, tmp_path,
-                                                                                           monkeypatch):
+def test_the_report_card_reads_the_checkpoint_asked_for_and_names_the_cells_it_cannot_score(chat_run, tmp_path,
+                                                                                          monkeypatch, capsys):
     import shutil
 
     from gptkit.chat import report
@@ -186,9 +186,18 @@ def test_the_report_card_reads_the_checkpoint_asked_for_and_names_the_column_it_
     assert "use its latest state with --checkpoint=latest" in assert_one_error_line(proc.stderr)
     check_ok(run_here("chat.py", f"--report={chat_run},{half}", "--limit=2", "--checkpoint=latest"))
     cfg = ChatConfig(report=f"{chat_run},{half}", limit=2, checkpoint="latest")
+    # a stage whose vocabulary cannot spell the text, or a task's questions (fine-tuned on other tasks): those
+    # cells are left empty, each with a note, and the rest of the card is scored
     monkeypatch.setattr(report, "text_loss", lambda *args: (_ for _ in ()).throw(UserError("not spelled")))
-    with pytest.raises(UserError, match=f"^{chat_run}: not spelled$"):
-        report.report_card(cfg, "cpu")
+    spells = report.prompts_and_judge
+    monkeypatch.setattr(report, "prompts_and_judge", lambda tok, task, items: spells(tok, task, items)
+                        if task == "addition" else (_ for _ in ()).throw(UserError("no 'v' in its vocabulary")))
+    capsys.readouterr()
+    columns = report.report_card(cfg, "cpu")
+    assert all(c["text_val_loss"] is None and set(c["tasks"]) == {"addition"} for c in columns)
+    said = capsys.readouterr().err
+    assert f"note: {chat_run}'s text val loss is left out: not spelled\n" in said
+    assert f"note: {half} is not asked reverse's held-out problems: no 'v' in its vocabulary\n" in said
     monkeypatch.setattr(report, "chat_sets", lambda ckpt, tasks: ({}, None))
     with pytest.raises(UserError, match=f"^{chat_run}'s dataset holds no held-out problems, which a report card"):
         report.report_card(cfg, "cpu")

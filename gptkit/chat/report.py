@@ -2,13 +2,15 @@
 held-out problems and the same plain text; with what each stage cost in time and in parameters trained."""
 
 import json
+import sys
 from pathlib import Path
 
 import torch
 
 from gptkit.base.errors import UserError
 from gptkit.base.settings import comma_items
-from gptkit.chat.scoring import dataset_text, heldout_problems, ks_for, score, scoring_threads, text_loss
+from gptkit.chat.scoring import (dataset_text, heldout_problems, ks_for, prompts_and_judge, score, scoring_threads,
+                                 text_loss)
 from gptkit.data.dataset import load_meta
 from gptkit.run.checkpoint import load_checkpoint, model_config
 from gptkit.run.run_folder import RunDir, model_of
@@ -60,14 +62,28 @@ def stage(out_dir, problems, text, cfg, device):
     trained, total = trained_share(ckpt)
     column = {"run": out_dir, "seconds": seconds_spent(out_dir), "trained": trained, "params": total, "tasks": None}
     scoring_threads(cfg.threads, model, problems, cfg.sampled())
+    if tok.chat is not None:  # else a base model, which cannot be asked
+        column["tasks"] = score(model, tok, spelled(out_dir, tok, problems), cfg.sampled(), cfg.temperature,
+                                cfg.max_new_tokens, cfg.seed)
+    column["text_val_loss"] = None
     try:
-        if tok.chat is not None:  # else a base model, which cannot be asked
-            column["tasks"] = score(model, tok, problems, cfg.sampled(), cfg.temperature, cfg.max_new_tokens,
-                                    cfg.seed)
         column["text_val_loss"] = text_loss(model, tok, text) if text else None
-    except UserError as e:  # a question or the text its vocabulary cannot spell: say whose column it is
-        raise UserError(f"{out_dir}: {e}") from None
+    except UserError as e:  # a text its vocabulary cannot spell: its cell is left empty, and why said
+        print(f"note: {out_dir}'s text val loss is left out: {e}", file=sys.stderr)
     return column
+
+
+def spelled(out_dir, tok, problems):
+    """The tasks whose questions the run's vocabulary can spell; each other one is left out of its column (a
+    stage fine-tuned on other tasks), with a note."""
+    kept = {}
+    for task, items in problems.items():
+        try:
+            prompts_and_judge(tok, task, items)
+            kept[task] = items
+        except UserError as e:
+            print(f"note: {out_dir} is not asked {task}'s held-out problems: {e}", file=sys.stderr)
+    return kept
 
 
 def report_card(cfg, device):
