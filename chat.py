@@ -60,7 +60,7 @@ class ChatConfig:
         check_checkpoint(self.checkpoint)
         if self.prompt.isspace():  # the interactive chat passes a blank line by: there is no question in it
             raise ValueError("prompt holds only whitespace: give the question to answer, or leave --prompt out to talk")
-        if self.problems and not self.eval:
+        if self.problems and not (self.eval or self.report):
             raise ValueError("--problems names conversations to score: add --eval")
         if self.problems and self.tasks:
             raise ValueError("--problems scores the conversations of its file, --tasks the dataset's held-out "
@@ -69,6 +69,12 @@ class ChatConfig:
         if others:
             raise ValueError(f"--report scores each stage on its dataset's held-out problems itself: leave out "
                              f"{' and '.join(others)}")
+        if self.eval and self.prompt:
+            raise ValueError("--prompt answers one question, --eval scores the held-out problems: give one of them")
+        scoring = [f"--{name}" for name in ("tasks", "samples", "limit", "json") if getattr(self, name)]
+        if scoring and not (self.eval or self.report):
+            raise ValueError(f"{' and '.join(scoring)} {'goes' if len(scoring) == 1 else 'go'} with --eval or "
+                             "--report, which score a run; a chat or --prompt answers as it samples")
         for name in ("tasks", "report"):
             value = getattr(self, name)
             if value and not comma_items(value):

@@ -207,6 +207,14 @@ def test_the_report_card_reads_the_checkpoint_asked_for_and_names_the_cells_it_c
     (dict(eval=True, samples=8, temperature=0.0), "samples=8 answers at temperature 0 are the same greedy one each "
                                                   "time: pass@k needs a temperature above 0 (e.g. --temperature=1.0)"),
     (dict(eval=True, tasks=","), "tasks names nothing between its commas (got ',')"),
+    (dict(eval=True, prompt="1+1"), "--prompt answers one question, --eval scores the held-out problems: give one of "
+                                    "them"),
+    (dict(prompt="1+1", samples=8, json=True), "--samples and --json go with --eval or --report, which score a run; a "
+                                               "chat or --prompt answers as it samples"),
+    (dict(limit=5), "--limit goes with --eval or --report, which score a run; a chat or --prompt answers as it "
+                    "samples"),
+    (dict(report="out,out-chat", problems="mine.jsonl"), "--report scores each stage on its dataset's held-out "
+                                                         "problems itself: leave out --problems"),
     (dict(report=" , "), "report names nothing between its commas (got ' , ')"),
     (dict(eval=True, samples=1025, temperature=1.0), "samples must be from 0 to 1024 (got 1025)"),
     (dict(eval=True, problems="mine.jsonl", tasks="addition"), "--problems scores the conversations of its file, "
