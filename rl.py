@@ -61,7 +61,8 @@ def start(cfg, run, device, changed, saved):
              sampling=torch.Generator(device=device).manual_seed(cfg.seed), state=RLState(),
              dataset={k: ckpt["config"].get(k) for k in ("data_dir", "dataset")})
     if resumed:
-        restore_optimizers(optimizers, ckpt["optimizer"], ckpt, saved)  # at this run's rates: the saved ones but those given anew
+        # at this run's rates: the saved ones but those given anew
+        restore_optimizers(optimizers, ckpt["optimizer"], ckpt, saved)
         s["draw"].generator.set_state(ckpt["rl"]["draw"])
         s["state"] = RLState(**ckpt["rl"]["state"])
         try:
@@ -70,6 +71,8 @@ def start(cfg, run, device, changed, saved):
             print(f"note: {saved} was sampled on another kind of device; the answers from here are drawn from "
                   "this one's generator seeded anew, so the run continues, but not as it would have there")
             s["sampling"].manual_seed(cfg.seed + s["state"].iter_num)
+        if s["state"].iter_num >= cfg.max_iters:  # main says it is finished: nothing continues
+            return s
         print(f"continuing the RL run in {run.path} from step {s['state'].iter_num} of {cfg.max_iters}" +
               "".join(f"; {key} {was!r} → {now!r}" for key, (was, now) in changed.items()))
         # a run killed between saves logged steps past its saved state, which it now takes again
@@ -154,7 +157,8 @@ def practise(cfg, s, run, log, stop):
     state, begun = s["state"], time.time() - s["state"].seconds_spent
     if state.iter_num == 0:
         scores = evaluate(cfg, s)
-        if line := no_reward_line(cfg, scores, s["heldout"]):  # before anything is written: the run can start again once fixed
+        # before anything is written: the run can start again once fixed
+        if line := no_reward_line(cfg, scores, s["heldout"]):
             raise UserError(line)
         log.write({"kind": "rl_eval", "iter": 0, **scores})
         print(f"step 0: held-out pass@1 {100 * scores['pass_at_1']:.1f}%, greedy {100 * scores['accuracy']:.1f}%")
@@ -203,7 +207,8 @@ def main(argv=None):
             run.clear_for_a_new_run(cfg.start_over, " but no saved RL state to continue it from (latest.pt);", print)
         s = start(cfg, run, device, changed, saved)
         if s["state"].iter_num >= cfg.max_iters:
-            print(f"the RL run in {run.path} is finished ({cfg.max_iters} steps); raise --max_iters to go on")
+            print(f"the RL run in {run.path} is finished ({s['state'].iter_num} steps, max_iters {cfg.max_iters}); "
+                  "raise --max_iters to go on")
             return
         wandb = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=asdict(cfg),
                      id=s["state"].wandb_id or f"rl-{int(time.time())}") if cfg.wandb_log else None

@@ -71,7 +71,8 @@ def test_tokens_checksum_is_the_same_for_the_same_tokens_prepared_again_and_anot
     text.write_text(make_text(9000, seed=1), encoding="utf-8")
     copy.write_text(text.read_text(encoding="utf-8"), encoding="utf-8")
     other.write_text(make_text(9000, seed=2), encoding="utf-8")
-    sums = [tokens_checksum(load_meta(str(prepared(path, tmp_path / "data")), "tiny")[1]) for path in (text, copy, other)]
+    sums = [tokens_checksum(load_meta(str(prepared(path, tmp_path / "data")), "tiny")[1])
+            for path in (text, copy, other)]
     assert sums[0] == sums[1] != sums[2]
 
 

@@ -14,6 +14,7 @@ from gptkit.base.errors import RunStopped, UserError
 from gptkit.data.tasks import TASKS
 from gptkit.run.checkpoint import load_checkpoint
 from gptkit.run.metrics import read_metrics
+from gptkit.run.run_folder import RunDir
 
 SMALL = ["--problems_per_step=2", "--samples=4", "--max_iters=4", "--eval_interval=2", "--eval_problems=3",
          "--eval_samples=2", "--max_new_tokens=4", "--device=cpu", "--learning_rate=1e-2"]
@@ -90,6 +91,11 @@ def test_a_continued_run_says_each_setting_it_takes_anew(tmp_path, chat_run, mon
     assert (f"continuing the RL run in {tmp_path / 'out'} from step 2 of 3; max_iters 2 → 3; learning_rate 0.01 → "
             "0.001\n") in capsys.readouterr().out
     assert load_checkpoint(tmp_path / "out" / "latest.pt")["optimizer"][0]["param_groups"][0]["lr"] == 1e-3
+    with pytest.raises(UserError, match=r"keeps no snapshots \(rl\.py keeps none\); use --checkpoint=best or latest$"):
+        RunDir(tmp_path / "out").snapshot_file(2)  # chat.py --checkpoint=iter:2 on it
+    rl.main([f"--out_dir={tmp_path / 'out'}", "--max_iters=2"])  # past it: finished, said once, nothing continues
+    assert capsys.readouterr().out == (f"the RL run in {tmp_path / 'out'} is finished (3 steps, max_iters 2); raise "
+                                       "--max_iters to go on\n")
     with pytest.raises(UserError, match=f"holds an RL run started from init_from={str(chat_run)!r}; continue it "
                                         "without --init_from, or start from 'elsewhere' in another --out_dir"):
         rl.main([f"--out_dir={tmp_path / 'out'}", "--init_from=elsewhere"])  # a new start is a new run

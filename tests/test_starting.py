@@ -281,6 +281,12 @@ def test_init_from_a_checkpoint_file_names_its_folder_not_a_command_that_would_t
         base_run(str(tmp_path / "best.pt"))
     assert str(e.value) == (f"init_from={str(tmp_path / 'best.pt')!r} is a file, not a run's folder: give the folder "
                             f"train.py wrote (--init_from={tmp_path})")
+    (tmp_path / "notes").mkdir()  # a file in a folder that holds no run: that folder is no suggestion
+    (tmp_path / "notes" / "README.md").write_text("mine")
+    with pytest.raises(UserError) as e:
+        base_run(str(tmp_path / "notes" / "README.md"))
+    assert str(e.value) == (f"init_from={str(tmp_path / 'notes' / 'README.md')!r} is a file, not a run's folder: give "
+                            "the folder train.py wrote")
 
 
 def test_a_base_not_yet_evaluated_says_to_continue_it_not_to_pick_a_checkpoint_train_py_has_no_option_for(tmp_path):

@@ -13,7 +13,7 @@ from gptkit.chat.scoring import (dataset_text, heldout_problems, ks_for, prompts
                                  text_loss)
 from gptkit.data.dataset import load_meta
 from gptkit.run.checkpoint import load_checkpoint, model_config
-from gptkit.run.run_folder import RunDir, model_of
+from gptkit.run.run_folder import RunDir, model_of, refuse_a_file
 from model import GPT
 
 
@@ -90,6 +90,7 @@ def report_card(cfg, device):
     """Every stage's column, the problems and text taken from the first chat run's dataset."""
     runs = comma_items(cfg.report)
     for out_dir in runs:  # before any column is scored
+        refuse_a_file(out_dir, "report")
         if RunDir(out_dir).shown() is None:
             raise UserError(f"{out_dir} holds no run: train that stage first (docs/chat.md names each stage's "
                             "command), or leave it out of --report")

@@ -193,6 +193,14 @@ class RunDir:
         except (OSError, UnicodeDecodeError):
             return False
 
+    def practised(self):
+        """Whether the run here is rl.py's: its records hold a reward a step."""
+        try:
+            with open(self.metrics, "rb", opener=no_links) as f:
+                return any(parsed(line).get("kind") == "rl" for line in f)
+        except (OSError, UserError):
+            return False
+
     def resume_candidates(self):
         """The saved states a resume may start from, newest first: latest.pt, the one before it, and
         a checkpoint of an earlier version."""
@@ -235,8 +243,8 @@ class RunDir:
             self.check_snapshot(iteration, model_header(self.snapshot(iteration), SNAPSHOT_KEYS))
             return self.snapshot(iteration)
         if not kept:
-            raise UserError(f"{self.path} keeps no snapshots (train it with --snapshots=N to keep the weights at N "
-                            f"steps); use --{option}=best or latest")
+            how = "rl.py keeps none" if self.practised() else "train it with --snapshots=N to keep the weights at N steps"
+            raise UserError(f"{self.path} keeps no snapshots ({how}); use --{option}=best or latest")
         raise UserError(f"{self.path} keeps no snapshot of iteration {iteration}; it keeps "
                         f"{', '.join(f'iter:{i}' for i in kept)}")
 
@@ -280,8 +288,10 @@ def refuse_a_file(given, option, picker=None):
     path = Path(given)
     if path.exists() and not path.is_dir():
         pick = f", and --{picker} to pick its checkpoint" if picker else ""
-        raise UserError(f"{option}={given!r} is a file, not a run's folder: give the folder train.py wrote "
-                        f"(--{option}={path.parent}{pick})")
+        # the folder the file is in, where a run is there (its best.pt named); another file's folder is no run
+        folder = f" (--{option}={path.parent}{pick})" if RunDir(path.parent).resume_candidates() or \
+            (path.parent / "best.pt").exists() else ""
+        raise UserError(f"{option}={given!r} is a file, not a run's folder: give the folder train.py wrote{folder}")
 
 
 def model_at(path, device="cpu", watched=False, required=MODEL_KEYS):

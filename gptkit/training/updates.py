@@ -121,7 +121,8 @@ def settings_untaken(optimizers, cfg, asked):
     an optimizer= none of them is), where model.py's GPT.configure_optimizers was written to build its own (SGD at
     lr 0.1, say): they change nothing, which the learner should hear. None where every one shows."""
     groups = [g for opt in optimizers for g in opt.param_groups]
-    untaken = [key for key in sorted(asked) if key in TAKEN and not any(TAKEN[key](g, getattr(cfg, key)) for g in groups)]
+    untaken = [key for key in sorted(asked)
+               if key in TAKEN and not any(TAKEN[key](g, getattr(cfg, key)) for g in groups)]
     kinds = {type(opt).__name__.lower() for opt in optimizers}
     if "optimizer" in asked and cfg.optimizer not in kinds:
         untaken.insert(0, "optimizer")
