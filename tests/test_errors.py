@@ -857,3 +857,19 @@ def test_every_script_says_in_one_line_where_model_py_does_not_run(tmp_path, tra
     *notes, last = proc.stderr.strip().splitlines()  # after the note that model.py changed since the run trained
     assert proc.returncode == 1 and [n[:26] for n in notes] == ["note: model.py has changed"]
     assert_one_error_line(last, "error: model.py's GPT.forward(idx, targets) returned Tensor: the tools *")
+
+
+def test_sigterm_outside_a_training_loop_is_one_line_and_its_status(trained_run, tmp_path):
+    """A scheduler's stop while sample.py writes (or chat.py scores, analyze.py measures): one line and status
+    143, as Ctrl-C's is `error: interrupted` and 130, not a silent end."""
+    import time
+
+    from conftest import Run
+    run = Run([sys.executable, "sample.py", f"--out_dir={trained_run[0]}", "--num_samples=1000",
+               "--max_new_tokens=10000", "--device=cpu"], tmp_path / "logs")
+    deadline = time.time() + 60
+    while not run.stdout.strip() and time.time() < deadline and run.proc.poll() is None:
+        time.sleep(0.1)
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait() == 128 + signal.SIGTERM
+    assert run.stderr.endswith("error: stopped by SIGTERM\n"), run.stderr

@@ -44,11 +44,22 @@ def what_does_not_fit(e, width=160):
     return found[:width] + "…" * (len(found) > width)
 
 
+class Terminated(BaseException):
+    """SIGTERM where no run's own stop handling holds it (scoring, sampling, a run's start-up): the command ends at
+    once, in one line. Not an Exception, so that no `except Exception` takes it for an error to pass over."""
+
+
+def terminated(signum, frame):
+    raise Terminated
+
+
 def run_main(main, memory_settings=()):
     """Run an entry script's main(), turning a UserError into `error: ...` and its exit status
-    (1, or 128 + signal for a stopped run), Ctrl-C outside a training loop into status 130, a file
-    the system refused into one line naming it, and a failed allocation into one line naming
-    memory_settings, the script's settings that size its memory."""
+    (1, or 128 + signal for a stopped run), Ctrl-C outside a training loop into status 130 and SIGTERM into 143,
+    each in one line, a file the system refused into one line naming it, and a failed allocation into one line
+    naming memory_settings, the script's settings that size its memory."""
+    # a run's StopSignals takes SIGTERM over while it trains, then gives it back
+    previous = signal.signal(signal.SIGTERM, terminated)
     try:
         main()
     except UserError as e:
@@ -57,6 +68,9 @@ def run_main(main, memory_settings=()):
     except KeyboardInterrupt:
         say_error("interrupted")
         sys.exit(RunStopped.exit_code)
+    except Terminated:
+        say_error("stopped by SIGTERM")
+        sys.exit(128 + signal.SIGTERM)
     except BrokenPipeError:  # e.g. `python sample.py | head`
         sys.exit(0)
     except OSError as e:  # a path no check foresaw: a full disk, a folder where a file goes, no permission
@@ -70,6 +84,8 @@ def run_main(main, memory_settings=()):
             raise
         say_error(out_of_memory(asked, memory_settings))
         sys.exit(1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def say_error(line):
