@@ -33,14 +33,16 @@ class ExportConfig:
 
 def main(argv=None):
     cfg = parse_config(ExportConfig, sys.argv[1:] if argv is None else argv, prog="export.py")
+    from gptkit.interop.hf import check_hf_dir, save_hf  # `transformers` is imported only where it writes
+
+    check_hf_dir(cfg.hf_dir)
     model, tok = load_model(cfg.out_dir, "cpu", cfg.checkpoint)
-    from gptkit.interop.hf import save_hf  # imports `transformers` only after the checkpoint has been read
 
     eot = getattr(tok, "eot_token", None)  # <|endoftext|> for BPE; char vocabularies have none
     replaced = save_hf(model, cfg.hf_dir, eos_token_id=eot if eot is not None and eot < model.config.vocab_size
                        else None)
     if replaced:
-        print(f"note: replaced {cfg.hf_dir}'s {', '.join(replaced)} (an earlier export's, or files of your own)")
+        print(f"note: replaced {cfg.hf_dir}'s {', '.join(replaced)}, an earlier export's")
     c = model.config
     print(f"wrote {cfg.hf_dir}: GPT-2 with {c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, "
           f"{c.block_size} positions, vocab {c.vocab_size:,} ({model.num_params(False) / 1e6:.2f}M parameters)")

@@ -162,11 +162,10 @@ def test_export_round_trip(tmp_path, options, capsys):
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))  # so a zero bias or a wrong transpose shows
     save_fake_run(model, tmp_path / "out", {"tokenizer": "char", "vocab": CHARS})
-    (tmp_path / "hf").mkdir()
-    (tmp_path / "hf" / "config.json").write_text("a file of the learner's")
     export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
-    assert capsys.readouterr().out.startswith(f"note: replaced {tmp_path / 'hf'}'s config.json (an earlier "
-                                              "export's, or files of your own)\nwrote ")
+    export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])  # again: its own files replaced
+    assert capsys.readouterr().out.split("\n")[1].startswith(
+        f"note: replaced {tmp_path / 'hf'}'s config.json, generation_config.json, model.safetensors, an earlier export's")
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     assert hf.config.n_positions == 24 and hf.config.tie_word_embeddings == model.config.tie_weights
     idx = tokens(24, vocab=37)
@@ -217,7 +216,7 @@ def test_export_stopped_before_its_files_go_in_is_one_line_and_leaves_the_folder
     save_fake_run(tiny_model(block_size=24, mlp_act="gelu_tanh"), tmp_path / "out", {"tokenizer": "char",
                                                                                       "vocab": CHARS})
     (tmp_path / "hf").mkdir()
-    (tmp_path / "hf" / "config.json").write_text("a file of the learner's")
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "gpt2"}')  # an earlier export's
     monkeypatch.setattr(os, "fsync", lambda fd: os.kill(os.getpid(), signal.SIGTERM))
 
     def unheard(signum, frame):  # where the export hears no SIGTERM, its default would end pytest itself
@@ -231,7 +230,32 @@ def test_export_stopped_before_its_files_go_in_is_one_line_and_leaves_the_folder
     finally:
         signal.signal(signal.SIGTERM, outside)
     assert [p.name for p in (tmp_path / "hf").iterdir()] == ["config.json"]  # its aside folder gone too
-    assert (tmp_path / "hf" / "config.json").read_text() == "a file of the learner's"
+    assert (tmp_path / "hf" / "config.json").read_text() == '{"model_type": "gpt2"}'
+
+
+@pytest.mark.parametrize("case", ["a config of the learner's", "weights of no export", "a run's folder"])
+def test_export_refuses_files_no_export_wrote_before_reading_anything(tmp_path, case):
+    """A config.json of the learner's (not a GPT-2 one), weights with no config beside them, or a run's folder:
+    the export would replace or mix with them. One line, and the folder as it was."""
+    import export
+
+    save_fake_run(tiny_model(block_size=24, mlp_act="gelu_tanh"), tmp_path / "out", {"tokenizer": "char",
+                                                                                      "vocab": CHARS})
+    hf = tmp_path / "out" if case == "a run's folder" else tmp_path / "hf"
+    hf.mkdir(exist_ok=True)
+    if case != "a run's folder":
+        (hf / ("config.json" if case == "a config of the learner's" else "model.safetensors")).write_text("mine")
+    before = sorted(p.name for p in hf.iterdir())
+    with pytest.raises(UserError) as caught:
+        export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={hf}"])
+    assert str(caught.value) == {
+        "a config of the learner's": f"{hf} holds config.json of no earlier export (no GPT-2 config.json), which the "
+                                     "export would replace; move them, or export to another --hf_dir",
+        "weights of no export": f"{hf} holds model.safetensors of no earlier export (no GPT-2 config.json), which the "
+                                "export would replace; move them, or export to another --hf_dir",
+        "a run's folder": f"{hf} is a run's folder (it holds best.pt); export to a folder of its own, e.g. "
+                          "--hf_dir=hf"}[case]
+    assert sorted(p.name for p in hf.iterdir()) == before
 
 
 def test_export_clears_the_aside_folder_of_an_export_killed_outright_and_keeps_one_under_way(tmp_path):

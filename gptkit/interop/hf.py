@@ -8,6 +8,7 @@ The parameter names are the same on both sides; HF keeps its linear layers as Co
 weights are stored transposed (in, out), and its config calls things by other names.
 """
 
+import json
 import os
 import shutil
 import sys
@@ -237,6 +238,32 @@ def clear_killed_exports(hf_dir):
         pid = aside.name.split("-")[1]
         if aside.is_dir() and not aside.is_symlink() and pid.isdigit() and not alive(int(pid)):
             shutil.rmtree(aside)
+
+
+EXPORT_FILES = ("config.json", "model.safetensors", "generation_config.json")  # what save_pretrained writes
+RUN_FILES = ("best.pt", "latest.pt", "metrics.jsonl", "ckpt.pt")  # a run's folder holds one of these
+
+
+def check_hf_dir(hf_dir):
+    """Before anything is read or written: one line where hf_dir is a run's folder, or holds a file at a name the
+    export writes that no earlier export wrote (a config.json that is no GPT-2 model's, or weights without one),
+    which the export would replace; an earlier export's files are replaced, which save_hf says."""
+    hf_dir = Path(hf_dir)
+    if any((hf_dir / name).exists() for name in RUN_FILES):
+        raise UserError(f"{hf_dir} is a run's folder (it holds {next(n for n in RUN_FILES if (hf_dir / n).exists())}); "
+                        "export to a folder of its own, e.g. --hf_dir=hf")
+    there = [name for name in EXPORT_FILES if (hf_dir / name).is_file()]
+    if there and not is_gpt2_config(hf_dir / "config.json"):
+        raise UserError(f"{hf_dir} holds {', '.join(there)} of no earlier export (no GPT-2 config.json), which the "
+                        "export would replace; move them, or export to another --hf_dir")
+
+
+def is_gpt2_config(path):
+    """Whether path is a config.json save_pretrained wrote for a GPT-2 model."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("model_type") == "gpt2"
+    except (OSError, ValueError, AttributeError):  # missing, unreadable, not JSON, not an object
+        return False
 
 
 def save_hf(model, hf_dir, eos_token_id=None):
