@@ -106,6 +106,7 @@ def test_retime_measures_again_and_refuses_where_nothing_is_left_to_measure(monk
 
 @pytest.mark.parametrize("damage, note", [
     ("{not json", "is damaged"), ('{"format": 99, "machines": {}}', "is damaged (format 99, not 1)"),
+    ("[1, 2]", "is damaged (it is not the JSON object of machines this tool writes)"),
     (None, "was measured with torch 0.1, not")])
 def test_a_damaged_or_foreign_wisdom_cache_is_measured_afresh_with_one_note(monkeypatch, own_wisdom, damage, note):
     machine = Machine(monkeypatch)

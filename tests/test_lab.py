@@ -448,6 +448,14 @@ def test_a_row_with_a_field_the_lab_never_writes_is_one_line_before_training(dat
         kept.write_text(json.dumps(dict(row, **{field: value})), encoding="utf-8")
         with pytest.raises(UserError, match=rf"lab.json is not a row the lab wrote \({re.escape(said)}"):
             lab.main(lab_args(data_dir, out, "--rungs=dot", "--budget=4.3"))
+    # in the words of its keys, not of the code that read it
+    for damaged, said in ((dict(row, extra=1), "it has a key the lab does not write, 'extra'"),
+                          ({k: v for k, v in row.items() if k != "rung"}, "it has no 'rung'"),
+                          ({k: v for k, v in row.items() if k != "val_loss"}, "it has no 'val_loss'"),
+                          ([1, 2], "it is not a JSON object of the row's keys")):
+        kept.write_text(json.dumps(damaged), encoding="utf-8")
+        with pytest.raises(UserError, match=rf"lab.json is not a row the lab wrote \({re.escape(said)}\); train"):
+            lab.main(lab_args(data_dir, out, "--rungs=dot", "--budget=4.3"))
     kept.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
     with pytest.raises(UserError, match=r"lab.json is nested too deeply to be a row the lab wrote; .*--rungs=uniform"):
         lab.main(lab_args(data_dir, out, "--rungs=dot", "--budget=4.3"))

@@ -334,3 +334,19 @@ def test_a_best_pt_that_cannot_load_beside_a_latest_pt_names_the_setting_that_lo
         assert str(caught.value).endswith(f"(truncated or appended to); the run's latest state may still load: "
                                           f"--{option}=latest")
     assert model_of(folder, "latest")[2]["model_args"]  # as the line says
+
+
+def test_a_best_pt_that_is_a_link_to_nowhere_is_named_not_taken_for_one_never_written(tmp_path):
+    """A dangling best.pt was said as 'no best.pt yet (the run has not finished an evaluation)'."""
+    from gptkit.run.run_folder import RunDir
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "best.pt").symlink_to(tmp_path / "gone.pt")
+    with pytest.raises(UserError) as caught:
+        RunDir(folder).model_file("best")
+    assert str(caught.value) == f"{folder / 'best.pt'} is a link to nowhere ({tmp_path / 'gone.pt'}): put its file " \
+                                "back, or remove it"
+    (folder / "latest.pt").write_bytes(b"x")
+    with pytest.raises(UserError, match="; the run's latest state may still load: --checkpoint=latest$"):
+        RunDir(folder).model_file("best")

@@ -590,6 +590,8 @@ def load_row(rung, folder, dataset, meta):
     path = folder / RESULT
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise TypeError("object is not a mapping")
         trained_on, digest = data.pop("dataset"), data.pop("tokens_digest", None)  # rows from before: no digest
         named, files = data.pop("rung"), data.pop("files", {})  # rows from before: no stamps
         if not (digest is None or isinstance(digest, str)):
@@ -598,7 +600,7 @@ def load_row(rung, folder, dataset, meta):
             raise TypeError(f"its files is {str(files)[:40]!r}, not what the lab writes there")
         row = checked_row(Row(**dict(data, rung=rung)))
     except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise UserError(f"{path} is not a row the lab wrote ({first_line(e)}); train the rung again with "
+        raise UserError(f"{path} is not a row the lab wrote ({row_problem(e)}); train the rung again with "
                         f"--rungs={rung.name}") from None
     except RecursionError:
         raise UserError(f"{path} is nested too deeply to be a row the lab wrote; train the rung again with "
@@ -614,6 +616,18 @@ def load_row(rung, folder, dataset, meta):
                         f"token files differ now), and its row would join this table; train it again with "
                         f"--rungs={rung.name}, or pick another --out_dir")
     return row
+
+
+def row_problem(e):
+    """What is wrong with a lab.json, in the words of its keys rather than of the code that read it."""
+    if isinstance(e, KeyError):
+        return f"it has no {e.args[0]!r}"
+    if isinstance(e, AttributeError) or "object is not a mapping" in str(e):
+        return "it is not a JSON object of the row's keys"
+    key = re.search(r"unexpected keyword argument '(\w+)'|required (?:positional|keyword)[^']*'(\w+)'", str(e))
+    if key:
+        return f"it has a key the lab does not write, {key[1]!r}" if key[1] else f"it has no {key[2]!r}"
+    return first_line(e)
 
 
 LARGEST = 1e6  # no loss, entropy or time of a rung comes near it

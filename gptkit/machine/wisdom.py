@@ -87,6 +87,8 @@ class Wisdom:
             return {}
         try:
             data = json.loads(text)
+            if not isinstance(data, dict) or not isinstance(data.get("machines", {}), dict):
+                raise ValueError("it is not the JSON object of machines this tool writes")
             mine = data["machines"].get(self.machine, {}) if data.get("format") == FORMAT else None
             if mine is None:
                 raise ValueError(f"format {data.get('format')!r}, not {FORMAT}")

@@ -214,6 +214,12 @@ class RunDir:
             raise UserError(f"out_dir {self.path} is a file, not a run folder")
         if which.startswith("iter:"):
             return self.snapshot_file(int(which[5:]), option)
+        wanted = self.latest if which == "latest" else self.best
+        if wanted.is_symlink() and not wanted.exists():  # else said as a run that has not written it yet
+            other = f"; the run's latest state may still load: --{option}=latest" \
+                if wanted == self.best and self.latest.exists() else ""
+            raise UserError(f"{wanted} is a link to nowhere ({os.readlink(wanted)}): put its file back, or remove it"
+                            f"{other}")
         found = next((p for p in (self.best, self.legacy) if p.exists()), None)
         if which == "latest":
             if self.latest.exists():
