@@ -41,7 +41,8 @@ def test_a_damaged_held_out_file_is_one_line_that_says_to_prepare_again(tmp_path
         (tmp_path / "heldout.jsonl").write_bytes(good + b"\n" + damage + b"\n")
     with pytest.raises(UserError) as e:
         heldout_problems(tmp_path, {"heldout_file": "heldout.jsonl"})
-    assert expected in str(e.value) and str(e.value).endswith("again, as the dataset was made, with --start_over=True")
+    assert expected in str(e.value) and str(e.value).endswith("again as the dataset was made (the same --tasks and "
+                                                              "--mix)")
     (tmp_path / "heldout.jsonl").write_bytes(good + b"\n")
     assert heldout_problems(tmp_path, {"heldout_file": "heldout.jsonl"}) == {"addition": [("1+2", "3")]}
 
@@ -80,7 +81,11 @@ def test_a_scoring_file_edited_since_it_was_prepared_is_one_line(tmp_path, name)
     with pytest.raises(UserError) as e:
         dataset_text(path, "what it holds", meta)
     assert str(e.value) == (f"{path} is damaged or was edited: it does not match its checksum in meta.json; run "
-                            "data/prepare.py --synthetic=tasks again, as the dataset was made, with --start_over=True")
+                            "data/prepare.py --synthetic=tasks again as the dataset was made (the same --tasks and "
+                            "--mix)")
+    prepare(PrepareConfig(synthetic="tasks", tasks="addition,reverse", problems=200, heldout=5,  # as it says
+                          mix=str(tmp_path / "text.txt"), data_dir=str(tmp_path / "data"), workers=1))
+    assert dataset_text(path, "what it holds", load_meta(str(tmp_path / "data"), "tasks")[1])
 
 
 def test_an_answer_streams_after_start_as_a_user_runs_it(chat_run):

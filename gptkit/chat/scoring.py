@@ -30,7 +30,8 @@ def ks_for(samples):
     return [k for k in (1, 8, 64, 512) if k <= samples] or [1]
 
 
-PREPARE_AGAIN = "run data/prepare.py --synthetic=tasks again, as the dataset was made, with --start_over=True"
+# the same command makes the same dataset again, mending it (with --start_over, another command would replace it)
+PREPARE_AGAIN = "run data/prepare.py --synthetic=tasks again as the dataset was made (the same --tasks and --mix)"
 
 
 def dataset_text(path, what, meta):
