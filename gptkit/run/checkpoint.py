@@ -415,9 +415,9 @@ def torch_load(f, path, map_location):
         raise UserError(f"{path} is truncated or not a checkpoint ({detail})") from None
 
 
-def model_config(ckpt, path, **overrides):
+def model_config(ckpt, path, weighed=True, **overrides):
     """The GPTConfig of a checkpoint's model_args (with overrides, e.g. dropout), or one line naming the file,
-    where this version cannot build them or they ask for another shape than the weights hold."""
+    where this version cannot build them or (weighed) they ask for another shape than the weights hold."""
     settings = dict(ckpt["model_args"], **overrides)
     # a setting dropped silently would build a different model: one this version does not know is refused
     unknown = sorted(set(settings) - {f.name for f in fields(GPTConfig)})
@@ -427,7 +427,8 @@ def model_config(ckpt, path, **overrides):
         config = GPTConfig(**settings)
     except (ValueError, TypeError) as e:  # written by another version of this tool
         raise UserError(f"{path} was written with model settings this version cannot build ({e})") from None
-    check_shape(config, ckpt["model"], path)
+    if weighed:
+        check_shape(config, ckpt["model"], path)
     return config
 
 

@@ -173,7 +173,8 @@ def own_batch(given, asked, saved, note):
 def saved_settings(ckpt, path):
     """The settings saved in a checkpoint, flat, each of its type and among its choices as a config file's
     value must be: one of another type is damage (no run saves it), named with its key."""
-    model_config(ckpt, path)  # model settings model.py no longer takes (a choice taken out): said as such, not damage
+    # model settings model.py no longer takes (a choice taken out): said as such, not as damage
+    model_config(ckpt, path, weighed=False)
     saved = flatten(TrainConfig, ckpt["config"])
     saved.pop("processes", None)  # how many processes that command started, not a setting of the run
     # the model as built (a GPT-2 start takes its shape from the weights); a model setting newer than the
