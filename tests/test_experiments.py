@@ -511,7 +511,8 @@ def test_attribution_through_a_final_norm_the_forward_no_longer_runs_is_one_line
     with pytest.raises(UserError) as error:
         attribute(tiny_model(), random_tokens((1, 5)), 2)
     assert one_line(error) == ("attribute splits the logit through the final norm, whose scale (ln_final.hook_scale) "
-                               "model.py's GPT.forward, as edited, no longer computes")
+                               "model.py, as edited, no longer computes: GPT.forward applies transformer.ln_f, and "
+                               "Norm.forward passes its divisor through self.hook_scale")
 
 
 # ----------------------------------------------------------------------------- every value given is checked

@@ -470,3 +470,19 @@ def test_finetune_sample_export_end_to_end(tmp_path, tiktoken_cache):
     model, _ = load_model(out, "cpu")
     idx = tokens(32, vocab=50257)
     torch.testing.assert_close(hf_logits(hf, idx), all_logits(model, idx), atol=1e-4, rtol=0)
+
+
+def test_a_learners_activation_named_as_one_of_transformers_exports_under_that_name():
+    """mlp_act='silu', a value a learner added to model.py: transformers has an activation of that name, so the
+    export writes it (the export's logit check tells a function of theirs that differs); one it has not is one
+    line naming those it can take."""
+    from dataclasses import asdict
+    from types import SimpleNamespace
+
+    from gptkit.interop.hf import ACT_TO_HF, gpt2_refusal, hf_config_args
+    from model import GPTConfig
+
+    silu = SimpleNamespace(**dict(asdict(GPTConfig(vocab_size=37)), mlp_act="silu"))
+    assert gpt2_refusal(silu, ACT_TO_HF) is None and hf_config_args(silu)["activation_function"] == "silu"
+    swiglu = SimpleNamespace(**dict(asdict(GPTConfig(vocab_size=37)), mlp_act="swiglu"))
+    assert gpt2_refusal(swiglu, ACT_TO_HF).startswith("mlp_act='swiglu' (supported: gelu_tanh, gelu, relu2, relu, silu")

@@ -30,7 +30,10 @@ BIASES = ("ln_1.bias", "attn.c_attn.bias", "attn.c_proj.bias", "ln_2.bias", "mlp
 # HF activation_function -> our mlp_act; gelu_new (GPT-2's) and its aliases are the tanh approximation
 ACT_FROM_HF = {"gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                "gelu_python_tanh": "gelu_tanh", "gelu": "gelu", "gelu_python": "gelu", "relu2": "relu2"}
-ACT_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu2": "relu2"}
+# a learner's own mlp_act named as one of transformers' activations exports under that name; the export's check of
+# the logits tells a function that differs from transformers' by that name
+ACT_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu2": "relu2",
+             **{name: name for name in ("relu", "silu", "swish", "tanh", "sigmoid", "mish", "relu6", "quick_gelu")}}
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which the model uses; GPT-2's too
 HUB_PROBE_TIMEOUT = 10  # seconds to wait for the hub before calling it unreachable
 

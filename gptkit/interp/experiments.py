@@ -762,7 +762,8 @@ def attribute(model, idx, position, target=None):
     logits, cache = run_with_cache(model, idx, None)
     if "ln_final.hook_scale" not in cache:
         raise UserError("attribute splits the logit through the final norm, whose scale (ln_final.hook_scale) "
-                        "model.py's GPT.forward, as edited, no longer computes")
+                        "model.py, as edited, no longer computes: GPT.forward applies transformer.ln_f, and "
+                        "Norm.forward passes its divisor through self.hook_scale")
     ln, unembed = model.transformer.ln_f, model.lm_head.weight[target].float()
     direction = unembed * ln.weight.float() / cache["ln_final.hook_scale"][0, position].float()
 
