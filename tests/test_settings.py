@@ -312,7 +312,8 @@ def test_a_preset_builds_on_its_base(tmp_path):
     ("base = 'b.py'\n", {"b.py": "base = 'cfg.py'\n"}, "leads back to"),
     ("batch_size = 4\nbase = 'b.py'\n", {"b.py": ""}, "base must come before the file's own settings"),
     ("base = 3\n", {}, "base must name a config file ending in .py"),
-    ("base = 'missing.py'\n", {}, "config file not found"),
+    ("base = 'missing.py'\n", {}, r"cfg.py:1: base 'missing.py' is not there \(.*missing.py not found; a base is a "
+                                   r"path from the config file's own folder\)"),
     ("base = 'b.py'\n", {"b.py": "n_heads = 2\n"}, r"b.py:1: unknown config key 'n_heads'"),
 ])
 def test_a_bad_base_is_one_clear_error(tmp_path, body, others, message):

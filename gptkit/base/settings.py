@@ -288,6 +288,9 @@ def read_base(path, base, known, including, where, first):
         raise UserError(f"{where}: base {base!r} leads back to {base_path} (a preset cannot build on itself)")
     if len(chain) >= MAX_BASES:
         raise UserError(f"{where}: too many bases in a row (more than {MAX_BASES} presets each building on the next)")
+    if not base_path.exists():  # the line that names it is where to look
+        raise UserError(f"{where}: base {base!r} is not there ({base_path} not found; a base is a path from the "
+                        "config file's own folder)")
     return read_config_file(str(base_path), known, chain)
 
 
