@@ -59,7 +59,7 @@ def start(cfg, run, device, changed, saved):
     optimizers = schedulable(model.configure_optimizers(cfg))  # model.py's groups, AdamW: one optimizer, or several
     s = dict(model=model, tok=tok, optimizers=optimizers, heldout=heldout, draw=ProblemDraw(cfg.task_list(), cfg.seed),
              sampling=torch.Generator(device=device).manual_seed(cfg.seed), state=RLState(),
-             dataset={k: ckpt["config"].get(k) for k in ("data_dir", "dataset")})
+             dataset={k: ckpt["config"].get(k) for k in ("data_dir", "dataset")}, tokens=ckpt.get("tokens"))
     if resumed:
         # at this run's rates: the saved ones but those given anew
         restore_optimizers(optimizers, ckpt["optimizer"], ckpt, saved)
@@ -142,6 +142,7 @@ def save(cfg, s, run, best=False):
     """latest.pt (and with best, best.pt): the model and what a continued run needs to go on exactly."""
     model, state = s["model"], s["state"]
     common = {"model": model.state_dict(), "model_args": asdict(model.config), "model_code": model_code(),
+              "tokens": s["tokens"],
               "tokenizer": s["tok"].to_meta(), "config": {**asdict(cfg), **s["dataset"]},
               "iter_num": state.iter_num}
     save_checkpoint({**common, "optimizer": [opt.state_dict() for opt in s["optimizers"]],

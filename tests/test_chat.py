@@ -324,3 +324,22 @@ def test_a_bpe_chat_model_never_draws_its_tables_padding_rows(bpe):
     assert all(t >= bpe.vocab_size for t in unrestricted[0][0])  # what vocab_size keeps out
     result = score(model, bpe, {"addition": [("12+34", "46")]}, samples=4, max_new_tokens=4)
     assert result["addition"]["n"] == 1 and result["addition"]["accuracy"] == 0.0
+
+
+def test_a_run_scored_on_its_dataset_prepared_again_says_so(chat_run, capsys):
+    """The checkpoint keeps the checksum of the tokens it trained on: scored after its dataset was prepared again
+    into other tokens (other tasks or counts), a note says the problems are the dataset's as it is now."""
+    from gptkit.chat.report import chat_sets
+    from gptkit.run.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(chat_run / "best.pt")
+    assert isinstance(ckpt["tokens"], str)
+    capsys.readouterr()
+    chat_sets(ckpt)
+    assert "prepared again" not in capsys.readouterr().err
+    chat_sets(dict(ckpt, tokens="0" * 64))
+    assert capsys.readouterr().err == ("note: dataset 'tasks' was prepared again since this run trained on it (other "
+                                       "tokens): it is scored on the dataset as it is now\n")
+    with pytest.raises(UserError, match=r"never saw task 'sort': its dataset .* \(prepared again since the run "
+                                        r"trained on it\) holds addition, reverse"):
+        chat_sets(dict(ckpt, tokens="0" * 64), tasks="sort")

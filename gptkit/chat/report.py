@@ -11,7 +11,7 @@ from gptkit.base.errors import UserError
 from gptkit.base.settings import comma_items
 from gptkit.chat.scoring import (dataset_text, heldout_problems, ks_for, prompts_and_judge, score, scoring_threads,
                                  text_loss)
-from gptkit.data.dataset import load_meta
+from gptkit.data.dataset import load_meta, tokens_checksum
 from gptkit.run.checkpoint import load_checkpoint, model_config
 from gptkit.run.run_folder import RunDir, model_of, refuse_a_file
 from model import GPT
@@ -27,11 +27,16 @@ def chat_sets(ckpt, tasks="", problems=None):
     """(held-out problems by task, the plain val text or None) of a chat run's dataset; `tasks` picks some."""
     folder, meta = run_dataset(ckpt)
     found = heldout_problems(folder, meta) if problems is None else problems
+    again = isinstance(ckpt.get("tokens"), str) and ckpt["tokens"] != tokens_checksum(meta)
+    if again:  # its held-out problems and text are the dataset's as it is now
+        print(f"note: dataset {ckpt['config'].get('dataset')!r} was prepared again since this run trained on it "
+              "(other tokens): it is scored on the dataset as it is now", file=sys.stderr)
     if tasks:
         asked = comma_items(tasks)
         never = [t for t in asked if t not in found]
         if never:
-            raise UserError(f"the run never saw task {never[0]!r}: its dataset {meta['source']} holds "
+            since = " (prepared again since the run trained on it)" if again else ""
+            raise UserError(f"the run never saw task {never[0]!r}: its dataset {meta['source']}{since} holds "
                             f"{', '.join(found) or 'no tasks'}")
         found = {t: found[t] for t in asked}
     val_file = meta.get("mix", {}).get("val_file")

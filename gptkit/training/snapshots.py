@@ -33,7 +33,7 @@ def take(state, run, keep, along=None):
     """Save the weights the evaluations score at state.iter_num as a snapshot, then thin the kept ones to
     `keep` (crowded, along the timeline where given). Rank 0 only."""
     save_checkpoint({"model": state.scored_weights(), "model_args": asdict(state.model.config),
-                     "model_code": model_code(), "config": asdict(state.cfg),
+                     "model_code": model_code(), "tokens": state.tokens, "config": asdict(state.cfg),
                      "tokenizer": state.tokenizer.to_meta(), "iter_num": state.iter_num}, run.snapshot(state.iter_num))
     kept = run.kept_snapshots()
     while len(kept) > keep:

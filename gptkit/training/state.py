@@ -96,7 +96,8 @@ class TrainState:
             save_checkpoint({"model": self.scored_weights(), "model_args": asdict(self.model.config),
                              "model_code": model_code(),
                              "config": asdict(self.cfg), "tokenizer": self.tokenizer.to_meta(),
-                             "iter_num": self.iter_num, "val_loss": self.best_val_loss}, run.best)
+                             "iter_num": self.iter_num, "val_loss": self.best_val_loss, "tokens": self.tokens},
+                            run.best)
 
     def scored_weights(self):
         return self.model.state_dict() if self.ema is None else self.ema.state_dict()
