@@ -134,7 +134,7 @@ def test_optimizer_settings_given_that_configure_optimizers_does_not_take_are_na
     """configure_optimizers edited to SGD at lr 0.1 (as the README shows): --learning_rate, --weight_decay and
     --optimizer given on the command line change nothing, which a note says; as written, every one shows in a
     group, and so does muon_lr with Muon, but not with AdamW."""
-    asked = {"learning_rate", "weight_decay", "optimizer", "beta2", "max_iters"}
+    asked = {"learning_rate", "weight_decay", "optimizer", "beta2", "max_iters", "embedding_lr"}  # 0: learning_rate's
     cfg = train_config(learning_rate=0.5, weight_decay=0.3, optimizer="muon", beta2=0.9, muon_lr=0.05)
     model = tiny_model()
     assert settings_untaken(schedulable(model.configure_optimizers(cfg)), cfg, asked | {"muon_lr"}) is None

@@ -3,8 +3,8 @@ kept and named, the learning-rate schedule, clipping and stepping, and the EMA o
 score."""
 
 import math
-from pathlib import Path
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -121,8 +121,9 @@ def settings_untaken(optimizers, cfg, asked):
     an optimizer= none of them is), where model.py's GPT.configure_optimizers was written to build its own (SGD at
     lr 0.1, say): they change nothing, which the learner should hear. None where every one shows."""
     groups = [g for opt in optimizers for g in opt.param_groups]
-    untaken = [key for key in sorted(asked)
-               if key in TAKEN and not any(TAKEN[key](g, getattr(cfg, key)) for g in groups)]
+    # embedding_lr 0 is learning_rate's, which is checked as itself
+    untaken = [key for key in sorted(asked) if key in TAKEN and not (key == "embedding_lr" and not cfg.embedding_lr)
+               and not any(TAKEN[key](g, getattr(cfg, key)) for g in groups)]
     kinds = {type(opt).__name__.lower() for opt in optimizers}
     if "optimizer" in asked and cfg.optimizer not in kinds:
         untaken.insert(0, "optimizer")
