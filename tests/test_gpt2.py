@@ -165,7 +165,8 @@ def test_export_round_trip(tmp_path, options, capsys):
     export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
     export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])  # again: its own files replaced
     assert capsys.readouterr().out.split("\n")[1].startswith(
-        f"note: replaced {tmp_path / 'hf'}'s config.json, generation_config.json, model.safetensors, an earlier export's")
+        f"note: replaced {tmp_path / 'hf'}'s config.json, generation_config.json, model.safetensors, an earlier "
+        "export's")
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     assert hf.config.n_positions == 24 and hf.config.tie_word_embeddings == model.config.tie_weights
     idx = tokens(24, vocab=37)

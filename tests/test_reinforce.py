@@ -103,5 +103,6 @@ def test_a_dataset_with_fewer_held_out_problems_than_asked_says_what_is_scored()
     cfg = RLConfig(init_from="out-chat", eval_problems=200)
     heldout = {"addition": [None] * 50, "reverse": [None] * 200}
     assert fewer_problems_note(cfg, heldout) == ("note: the dataset holds fewer held-out problems than "
-                                                 "eval_problems=200: pass@1 is scored on addition's 50 and reverse's 200")
+                                                 "eval_problems=200: pass@1 is scored on addition's 50 and "
+                                                 "reverse's 200")
     assert fewer_problems_note(cfg, {"reverse": [None] * 200}) is None

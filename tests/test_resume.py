@@ -340,8 +340,8 @@ def test_resume_of_a_model_setting_model_py_no_longer_offers_says_so_not_damage(
     for name in ("latest.pt", "latest.prev.pt"):  # both saved while model.py had it
         rewrite(run / name, ("model_args", "mlp_act"), "silu")
     proc = train_again(run, data_dir, "auto", 40, runner=run_here)
-    assert_one_error_line(proc.stderr, f"error: {run / 'latest.pt'} was written with model settings this version cannot "
-                                       "build (mlp_act must be one of *")
+    assert_one_error_line(proc.stderr, f"error: {run / 'latest.pt'} was written with model settings this version "
+                                       "cannot build (mlp_act must be one of *")
 
 
 @pytest.mark.parametrize("case", SAVED_SETTINGS)

@@ -114,7 +114,8 @@ def test_a_run_refuses_a_snapshots_folder_that_is_a_link(tmp_path, data_dir, out
     proc = run_here("train.py", *train_args(data_dir, out, "--max_iters=2", "--eval_interval=1"))
     assert_one_error_line(proc.stderr, f"error: {out / 'snapshots'} is a link; a run keeps its snapshots in a folder "
                                        "of its own, never written or removed through a link: remove it")
-    assert [p.name for p in theirs.iterdir()] == ["iter_40.pt"] and sorted(p.name for p in out.iterdir()) == ["snapshots"]
+    assert [p.name for p in theirs.iterdir()] == ["iter_40.pt"]
+    assert sorted(p.name for p in out.iterdir()) == ["snapshots"]
 
 
 @pytest.mark.parametrize("where", ["the snapshot", "the snapshots folder", "/dev/zero"])

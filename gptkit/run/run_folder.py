@@ -249,7 +249,8 @@ class RunDir:
             self.check_snapshot(iteration, model_header(self.snapshot(iteration), SNAPSHOT_KEYS))
             return self.snapshot(iteration)
         if not kept:
-            how = "rl.py keeps none" if self.practised() else "train it with --snapshots=N to keep the weights at N steps"
+            how = "rl.py keeps none" if self.practised() else \
+                "train it with --snapshots=N to keep the weights at N steps"
             raise UserError(f"{self.path} keeps no snapshots ({how}); use --{option}=best or latest")
         raise UserError(f"{self.path} keeps no snapshot of iteration {iteration}; it keeps "
                         f"{', '.join(f'iter:{i}' for i in kept)}")
