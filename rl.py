@@ -10,7 +10,6 @@ Stopped (Ctrl-C, SIGTERM), it saves where it is; the same command, or --out_dir 
 (a continued run keeps the settings it saved, but those given again, as train.py's runs do).
 """
 
-import os
 import signal
 import sys
 import time
@@ -201,7 +200,7 @@ def main(argv=None):
     device = pick_device(cfg.device)
     torch.manual_seed(cfg.seed)
     with RunDir(cfg.out_dir).locked() as run, StopSignals() as stop:
-        if saved is None and os.path.isdir(cfg.init_from) and os.path.samefile(cfg.init_from, run.path):
+        if saved is None and run.is_at(cfg.init_from):
             raise UserError(f"out_dir and init_from are the same folder, {run.path}: RL starts from the run there and "
                             "practises in a folder of its own; give it another --out_dir")
         if saved is None:  # a new run: another's files, or a start that never saved

@@ -252,9 +252,10 @@ def check_hf_dir(hf_dir):
     export writes that no earlier export wrote (a config.json that is no GPT-2 model's, or weights without one),
     which the export would replace; an earlier export's files are replaced, which save_hf says."""
     hf_dir = Path(hf_dir)
-    if any((hf_dir / name).exists() for name in RUN_FILES):
-        raise UserError(f"{hf_dir} is a run's folder (it holds {next(n for n in RUN_FILES if (hf_dir / n).exists())}); "
-                        "export to a folder of its own, e.g. --hf_dir=hf")
+    held = [name for name in RUN_FILES if (hf_dir / name).exists()]
+    if held:
+        raise UserError(f"{hf_dir} is a run's folder (it holds {held[0]}); export to a folder of its own, e.g. "
+                        "--hf_dir=hf")
     there = [name for name in EXPORT_FILES if (hf_dir / name).is_file()]
     if there and not is_gpt2_config(hf_dir / "config.json"):
         raise UserError(f"{hf_dir} holds {', '.join(there)} of no earlier export (no GPT-2 config.json), which the "

@@ -23,6 +23,8 @@ import sys
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import truediv
 from pathlib import Path
 
 import torch
@@ -394,7 +396,7 @@ def sae_folder(out_dir, hook, checkpoint="best"):
     out_dir/sae/iter_N/<hook>/ for a snapshot's: side by side, none in another's place."""
     base = Path(out_dir) / "sae"
     folder = base / hook if checkpoint == "best" else base / checkpoint.replace(":", "_") / hook
-    for part in (base, *(base / p for p in reversed(folder.relative_to(base).parents[:-1])), folder):
+    for part in accumulate(folder.relative_to(base).parts, truediv, initial=base):  # base, then each folder in it
         if part.is_symlink():  # an SAE written there would land in the folder it points at, another run's maybe
             raise UserError(f"{part} is a link; an SAE's files are kept in its run's own folder, never read or "
                             "written through a link: remove it")

@@ -261,9 +261,14 @@ def check_rung_folder(folder):
     if folder.is_symlink():  # a run elsewhere (another lab's rung, say), whose files and row would go without a word
         raise UserError(f"{folder} is a link (to {os.readlink(folder)}), and the lab clears and trains a rung only in "
                         "a folder of its own; remove the link, or give the lab another --out_dir")
-    # the lab's own files, written after the rung trains: a link there is refused before its old run is cleared
-    for p in (folder / RESULT, folder / "attention.png", folder / "train.log"):
+    # the lab's own files, cleared and written after the run's (RunDir checks those): a link there would be written
+    # through, a folder would stop it; both refused before its old run is cleared
+    own = (folder / RESULT, folder / "attention.png", folder / "train.log")
+    for p in own:
         refuse_link(p)
+    folders = [p for p in own if p.is_dir()]
+    if folders:
+        raise UserError(f"{folders[0]} is a folder where the lab writes a file; move it out of the way")
     run = RunDir(folder)
     found = [p for p in (run.best, run.latest, run.previous, run.legacy, run.metrics) if p.exists()]
     if found and not any((folder / name).exists() for name in ("train.log", RESULT)):
@@ -273,10 +278,6 @@ def check_rung_folder(folder):
     if os.path.lexists(folder / "sae"):
         raise UserError(f"{folder} holds sparse autoencoders of its run's weights (sae/, analyze.py features); move "
                         "them, or give the lab another --out_dir")
-    # the lab's own files, cleared and written after the run's (RunDir checks those): a folder there would stop it
-    folders = [p for p in (folder / RESULT, folder / "attention.png", folder / "train.log") if p.is_dir()]
-    if folders:
-        raise UserError(f"{folders[0]} is a folder where the lab writes a file; move it out of the way")
     theirs = not_snapshots(run.snapshots)
     if theirs:
         raise UserError(f"{run.snapshots} {theirs}, and the lab clears only its own snapshots there for a new run; "

@@ -25,25 +25,25 @@ def check_forward(model):
         got = f"a loss of shape {tuple(out[1].shape)}" if torch.is_tensor(out[1]) else f"{type(out[1]).__name__}"
         raise UserError(f"model.py's GPT.forward(idx, targets) returned {got} as its loss: train.py steps on one "
                         "number, the mean over the tokens")
-    check_logits(model, out[0], idx, "idx, targets", "every position's")
+    check_logits(model, out[0], idx, "idx, targets", "every position's", last=False)
     with evaluating(model):
         out = model(idx)
     check_logits(model, out[0] if isinstance(out, tuple) and len(out) == 2 else None, idx, "idx",
-                 "the last position's (or every position's)")
+                 "the last position's (or every position's)", last=True)
 
 
-def check_logits(model, logits, idx, called, which):
-    """One line where GPT.forward(called) gave no logits of the shape the tools read: (B, T, vocab_size) with
-    targets, (B, 1 or T, vocab_size) without (sampling reads the last position's)."""
+def check_logits(model, logits, idx, called, which, last):
+    """One line where GPT.forward(called) gave no logits of the shape the tools read: (B, T, vocab_size), or with
+    last (no targets, as sampling calls it) (B, 1 or T, vocab_size)."""
     B, T, V = *idx.shape, model.config.vocab_size
     if torch.is_tensor(logits) and logits.dim() == 3 and logits.shape[0] == B and logits.shape[2] == V and \
-            logits.shape[1] in ((T,) if called != "idx" else (1, T)):
+            logits.shape[1] in ((1, T) if last else (T,)):
         return
     got = f"logits of shape {tuple(logits.shape)}" if torch.is_tensor(logits) else \
         f"{type(logits).__name__}, not (logits, loss)"
-    rows = "T" if called != "idx" else "1 or T"
+    rows, count = ("1 or T", f"1 or {T}") if last else ("T", T)
     raise UserError(f"model.py's GPT.forward({called}) returned {got} for {B} × {T} tokens: the tools read {which} "
-                    f"logits, (B, {rows}, vocab_size) = ({B}, {T if called != 'idx' else f'1 or {T}'}, {V})")
+                    f"logits, (B, {rows}, vocab_size) = ({B}, {count}, {V})")
 
 
 def merged_lora(weights, config):

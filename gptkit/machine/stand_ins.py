@@ -126,6 +126,7 @@ def tokens_fingerprint(source, skipped=range(0)):
     return hashlib.sha256(" ".join(words).encode()).hexdigest()[:16]
 
 
+@functools.cache  # model.py's source, as imported, is fixed: every checkpoint a run saves reads these
 def module_values():
     """{name: fingerprint} of each value model.py sets at its top level (SCORES, ACTIVATIONS): an edit to a table
     of choices changes what a model computes as an edit to a function does."""
@@ -151,7 +152,7 @@ def model_code():
     with."""
     import model as model_py
 
-    code = module_values()
+    code = dict(module_values())
     for name, obj in vars(model_py).items():
         if getattr(obj, "__module__", None) != "model":
             continue

@@ -28,7 +28,7 @@ from gptkit.data.tokenizer import tokenizer_from_meta
 from gptkit.machine.stand_ins import changed_since, unwatched_edits
 from gptkit.run.checkpoint import (MODEL_KEYS, SNAPSHOT_KEYS, load_checkpoint, model_from_checkpoint, model_header,
                                    model_shape, shape_words)
-from gptkit.run.metrics import parsed
+from gptkit.run.metrics import parsed, rl_run
 
 
 def remove_unused(made, lock):
@@ -197,9 +197,13 @@ class RunDir:
         """Whether the run here is rl.py's: its records hold a reward a step."""
         try:
             with open(self.metrics, "rb", opener=no_links) as f:
-                return any(parsed(line).get("kind") == "rl" for line in f)
+                return rl_run(parsed(line) for line in f)
         except (OSError, UserError):
             return False
+
+    def is_at(self, path):
+        """Whether path names this run's folder itself (a fine-tune's init_from that is its own out_dir)."""
+        return os.path.isdir(path) and self.path.is_dir() and os.path.samefile(path, self.path)
 
     def resume_candidates(self):
         """The saved states a resume may start from, newest first: latest.pt, the one before it, and

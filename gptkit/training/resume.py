@@ -1,7 +1,6 @@
 """Continuing a run: the saved state it continues from (checked, falling back to the state before it when the
 latest is damaged) and the settings it continues with (the checkpoint's, except those given again)."""
 
-import os
 from dataclasses import asdict, fields, replace
 
 import torch
@@ -52,8 +51,7 @@ def claim_for_a_new_run(cfg, run, note, configured=None):
     if cfg.init_from == "resume" or cfg.init_from == "auto" and run.resume_candidates():
         return
     start = configured if cfg.init_from == "auto" else cfg.init_from
-    if isinstance(start, str) and start not in ("scratch", "resume", "auto") and os.path.isdir(start) and \
-            run.path.is_dir() and os.path.samefile(start, run.path):
+    if isinstance(start, str) and start not in ("scratch", "resume", "auto") and run.is_at(start):
         raise UserError(f"out_dir and init_from are the same folder, {run.path}: a fine-tune starts from the run "
                         "there and trains a new one in a folder of its own; give it another --out_dir")
     # 'auto' too, where nothing is left to continue from: it would start afresh over them

@@ -105,15 +105,18 @@ def described(optimizers):
     return "optimizers: " + ", ".join(parts)
 
 
+def group_has(key, index=None):
+    """Whether a parameter group holds a value at key (at index of the tuple there, for betas)."""
+    def has(group, value):
+        held = group.get(key)
+        return (held if index is None else (held or (None, None))[index]) == value
+    return has
+
+
 # where each optimizer setting shows in the optimizers configure_optimizers built from it, as written
-TAKEN = {"learning_rate": lambda g, v: g.get("base_lr", g["lr"]) == v,
-         "embedding_lr": lambda g, v: g.get("base_lr", g["lr"]) == v,
-         "muon_lr": lambda g, v: g.get("base_lr", g["lr"]) == v,
-         "weight_decay": lambda g, v: g.get("weight_decay") == v,
-         "muon_weight_decay": lambda g, v: g.get("weight_decay") == v,
-         "beta1": lambda g, v: (g.get("betas") or (None,))[0] == v,
-         "beta2": lambda g, v: (g.get("betas") or (None, None))[1] == v,
-         "muon_momentum": lambda g, v: g.get("momentum") == v}
+TAKEN = {**dict.fromkeys(("learning_rate", "embedding_lr", "muon_lr"), group_has("base_lr")),
+         **dict.fromkeys(("weight_decay", "muon_weight_decay"), group_has("weight_decay")),
+         "beta1": group_has("betas", 0), "beta2": group_has("betas", 1), "muon_momentum": group_has("momentum")}
 
 
 def settings_untaken(optimizers, cfg, asked):
