@@ -614,6 +614,7 @@ def test_token_ids_of_every_shape_and_kind_are_read_alike():
     ([(0, 1.0)], (), "(0, 1.0) is not a head"),
     ([(0, 1, 2)], (), "(0, 1, 2) is not a head"),
     ([None], (), "None is not a head"),
+    (["L\u0661H\u0660"], (), "'L\u0661H\u0660' is not a head"),  # another script's digits: L1H0 to int()
     (["L" + "9" * 5000 + "H0"], (), "head L<a 5,000-digit number>H0 is out of range: this model has layers 0-1"),
     ([(HUGE, 0)], (), "head L<a 5,001-digit number>H0 is out of range"),
     ([(-1, 0)], (), "head L-1H0 is out of range"),
@@ -621,6 +622,7 @@ def test_token_ids_of_every_shape_and_kind_are_read_alike():
     ((), True, "mlps=True is not an MLP or a list of them: write MLP1 or the layer number, 1, or a list of them"),
     ((), 1.5, "mlps=1.5 is not an MLP or a list of them"),
     ((), [True], "True is not an MLP: write MLP1 or the layer number, 1, or a list of them"),
+    ((), ["MLP\u0661"], "'MLP\u0661' is not an MLP"),
     ((), ["MLP" + "9" * 5000], "MLP<a 5,000-digit number> is out of range: this model has MLP0-MLP1"),
     ((), [-HUGE], "MLP-<a 5,001-digit number> is out of range"),
 ])

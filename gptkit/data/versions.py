@@ -22,7 +22,7 @@ from gptkit.base.locks import exclusive
 from gptkit.data.sources import shown
 
 OUTPUTS = ("train.bin", "val.bin", "meta.json")  # a dataset that fits in one shard per split
-DATASET_FILE = re.compile(r"(meta\.json|(train|val)(_\d+)?\.bin)")
+DATASET_FILE = re.compile(r"(meta\.json|(train|val)(_[0-9]+)?\.bin)")
 # every name that is a link through .current: a chat dataset's roles, held-out problems and mixed val text too
 LINKED = re.compile(rf"{DATASET_FILE.pattern}|tokenizer\.json|(train|val)_roles\.bin|heldout\.jsonl|mixed_val\.txt")
 CURRENT, VERSIONS, LOCK = ".current", ".versions", ".prepare.lock"

@@ -120,11 +120,13 @@ def chat_ids(loaded, question):
     return encode(loaded, prompt_text(question))
 
 
-def top(tok, probs, k):
+def top(tok, probs, k, drawable=False):
     """The k likeliest real tokens of a (V,) distribution (a vocabulary padded for speed has rows no tokenizer
-    can decode), each with its probability."""
+    can decode), each with its probability; drawable: only those it can draw (top-k, top-p and temperature 0
+    leave the rest at 0)."""
     values, ids = probs[:tok.vocab_size].float().topk(min(k, tok.vocab_size))
-    return [dict(token_json(tok, i), p=round(p, 6)) for i, p in zip(ids.tolist(), values.tolist())]
+    return [dict(token_json(tok, i), p=round(p, 6)) for i, p in zip(ids.tolist(), values.tolist())
+            if p > 0 or not drawable]
 
 
 # ----------------------------------------------------------------------------- generation
@@ -224,7 +226,7 @@ def position_report(shelf, loaded, req, off=Off()):
         probs = torch.softmax(before, -1)
         why.update(surprise_bits=-torch.log2(probs[req.ids[req.position]]).item(), raw=top(tok, probs, req.k),
                    shaped=top(tok, shaped_probs(before[None, :tok.vocab_size], req.temperature, req.top_k,
-                                                req.top_p)[0], req.k))
+                                                req.top_p)[0], req.k, drawable=True))
     rows = [[[round(w, 6) for w in m[0, h, req.position].tolist()] for h in range(c.n_head)] for m in maps]
     names = ["embeddings", *[f"after layer {i}" for i in range(c.n_layer)]]  # layers count from 0, as L0H3 does
     names[-1] += " (the model's prediction)"

@@ -32,7 +32,7 @@ from gptkit.interp.hooks import hook_points, hooked, run_with_cache
 LABEL_WINDOWS = 8  # val windows the text scores of the labels read: enough to tell the kinds apart, and cheap
 MAX_OFF = 10_000  # names in one request's "off", and the highest layer or head it names: past any model here
 MAX_NAME = 64  # characters in one of those names: 'L10000H10000', 'blocks.10.hook_resid_post F65535' and room
-FEATURE_NAME = re.compile(r"\s*(\S+)\s+F(\d+)\s*", re.IGNORECASE)  # 'blocks.1.hook_resid_post F12': a feature
+FEATURE_NAME = re.compile(r"\s*(\S+)\s+F([0-9]+)\s*", re.IGNORECASE)  # 'blocks.1.hook_resid_post F12': a feature
 MAX_TOKENS = 100_000  # token ids in one request: far past any model's context here, which each request checks
 # a number the page sends: a JSON number of its kind, never true (1 to Python) or "3" (which pydantic would take)
 Whole = Annotated[int, Strict()]

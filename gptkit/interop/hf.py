@@ -22,6 +22,7 @@ from gptkit.base import files
 from gptkit.base.errors import UserError, first_line, what_does_not_fit
 from gptkit.base.modes import evaluating
 from gptkit.base.signals import StopSignals, alive
+from gptkit.run.run_folder import RunDir
 from model import GPT, GPTConfig
 
 HUB_MODELS = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}
@@ -244,7 +245,6 @@ def clear_killed_exports(hf_dir):
 
 
 EXPORT_FILES = ("config.json", "model.safetensors", "generation_config.json")  # what save_pretrained writes
-RUN_FILES = ("best.pt", "latest.pt", "metrics.jsonl", "ckpt.pt")  # a run's folder holds one of these
 
 
 def check_hf_dir(hf_dir):
@@ -252,9 +252,9 @@ def check_hf_dir(hf_dir):
     export writes that no earlier export wrote (a config.json that is no GPT-2 model's, or weights without one),
     which the export would replace; an earlier export's files are replaced, which save_hf says."""
     hf_dir = Path(hf_dir)
-    held = [name for name in RUN_FILES if (hf_dir / name).exists()]
+    held = RunDir(hf_dir).run_file()
     if held:
-        raise UserError(f"{hf_dir} is a run's folder (it holds {held[0]}); export to a folder of its own, e.g. "
+        raise UserError(f"{hf_dir} is a run's folder (it holds {held}); export to a folder of its own, e.g. "
                         "--hf_dir=hf")
     there = [name for name in EXPORT_FILES if (hf_dir / name).is_file()]
     if there and not is_gpt2_config(hf_dir / "config.json"):

@@ -316,8 +316,8 @@ def no_attention(model):
                         "look into")
 
 
-HEAD_NAME = re.compile(r"\s*L(\d+)H(\d+)\s*", re.IGNORECASE)  # 'L0H3': head 3 of layer 0
-MLP_NAME = re.compile(r"\s*MLP(\d+)\s*", re.IGNORECASE)  # 'MLP1': the MLP of layer 1
+HEAD_NAME = re.compile(r"\s*L([0-9]+)H([0-9]+)\s*", re.IGNORECASE)  # 'L0H3': head 3 of layer 0
+MLP_NAME = re.compile(r"\s*MLP([0-9]+)\s*", re.IGNORECASE)  # 'MLP1': the MLP of layer 1
 NOT_A_HEAD = "write L0H3 (layer 0, head 3) or (0, 3), or a list of them"
 NOT_AN_MLP = "write MLP1 or the layer number, 1, or a list of them"
 

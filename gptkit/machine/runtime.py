@@ -42,7 +42,7 @@ def keep_freed_memory():
 def check_device_name(name):
     """The one check of a device's name, for every command and the notebook's calls alike (any value: a name is a
     string)."""
-    if not isinstance(name, str) or not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", name):
+    if not isinstance(name, str) or not re.fullmatch(r"auto|cpu|mps|cuda(:[0-9]+)?", name):
         raise ValueError(f"device must be auto, cpu, mps, cuda or cuda:N (got {name!r})")
 
 

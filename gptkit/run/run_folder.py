@@ -54,6 +54,11 @@ class RunDir:
         self.metrics = self.path / "metrics.jsonl"
         self.snapshots = self.path / "snapshots"
 
+    def run_file(self):
+        """The name of the first of a run's own files this folder holds (best.pt, latest.pt, metrics.jsonl, an
+        earlier version's ckpt.pt), or None: a folder holding one is a run's."""
+        return next((p.name for p in (self.best, self.latest, self.metrics, self.legacy) if p.exists()), None)
+
     def snapshot(self, iteration):
         return self.snapshots / f"iter_{iteration}.pt"
 
@@ -282,8 +287,9 @@ class RunDir:
 
 # plot.py's and analyze.py's, drawn into out_dir
 PICTURES = ("loss", "attention", "heads", "patch", "timeline", "compare")
-SNAPSHOT = re.compile(r"iter_(\d+)\.pt")
-CHECKPOINT_CHOICE = re.compile(r"best|latest|iter:\d{1,12}")
+SNAPSHOT = re.compile(r"iter_([0-9]+)\.pt")
+# [0-9], not \d: int() and \d take other scripts' digits too (iter:٥٠ would read snapshot 50)
+CHECKPOINT_CHOICE = re.compile(r"best|latest|iter:[0-9]{1,12}")
 
 
 def check_checkpoint(which):
