@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from gptkit.base.errors import UserError, run_main  # first: a Ctrl-C while torch loads is one line too
 import torch
 
-from gptkit.base.settings import check_seed, comma_items, parse_config, require
+from gptkit.base.settings import check_seed, check_threads, comma_items, parse_config, require
 from gptkit.chat.answering import check_chat_model, end_id, next_answer_prompt
 from gptkit.data.conversations import shown
 from gptkit.machine.runtime import check_device_name, pick_device
@@ -56,6 +56,7 @@ class ChatConfig:
         require(self, ["samples"], lambda v: 0 <= v <= MAX_SAMPLES, f"from 0 to {MAX_SAMPLES}")
         require(self, ["top_p"], lambda v: 0 < v <= 1, "in (0, 1]")
         check_seed(self.seed)
+        check_threads(self.threads)
         check_device_name(self.device)
         check_checkpoint(self.checkpoint)
         if self.prompt.isspace():  # the interactive chat passes a blank line by: there is no question in it

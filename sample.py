@@ -16,7 +16,7 @@ from typing import Literal
 from gptkit.base.errors import UserError, run_main  # first: a Ctrl-C while torch loads is one line too
 import torch
 
-from gptkit.base.settings import check_seed, parse_config, require
+from gptkit.base.settings import check_seed, check_threads, parse_config, require
 from gptkit.data.conversations import shown, typed
 from gptkit.machine.precision import DTYPES, pick_decode_dtype
 from gptkit.machine.runtime import check_device_name, pick_device
@@ -53,6 +53,7 @@ class SampleConfig:
                 lambda v: v >= 0, "at least 0")
         require(self, ["top_p"], lambda v: 0 < v <= 1, "in (0, 1]")
         check_seed(self.seed)
+        check_threads(self.threads)
         check_device_name(self.device)
         check_checkpoint(self.checkpoint)
 

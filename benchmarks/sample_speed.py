@@ -9,7 +9,7 @@ from typing import Literal
 import torch
 
 from benchmarks.common import device_name
-from gptkit.base.settings import check_seed, comma_items, parse_config, require
+from gptkit.base.settings import check_seed, check_threads, comma_items, parse_config, require
 from gptkit.machine.precision import DTYPES, pick_decode_dtype
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.machine.threads import pick_decode_threads
@@ -42,6 +42,7 @@ class SampleBenchConfig:
         require(self, ["max_new_tokens", "batch_size", "repeats"], lambda v: v >= 1, "at least 1")
         require(self, ["warmup_tokens", "temperature", "threads"], lambda v: v >= 0, "at least 0")
         check_seed(self.seed)
+        check_threads(self.threads)
         check_device_name(self.device)
         self.shape()  # the random model's settings are checked by the model's own config
         modes = self.mode_list()

@@ -54,6 +54,9 @@ def test_max_iters_given_or_the_clock_asked_for_plan_nothing():
     cfg, lines = plan_steps(train_config(max_time=60, max_iters=77), picked, COSTS, given={"max_iters"})
     assert cfg.max_iters == 77 and picked.planned is None
     assert lines[0].startswith("steps: 77, as max_iters gives them (max_time=60 plans none then): about ")
+    # max_iters is what trains: a max_time too short for one step is not refused for it
+    cfg, lines = plan_steps(train_config(max_time=0.001, max_iters=2), picked, COSTS, given={"max_iters"})
+    assert cfg.max_iters == 2 and lines[0].startswith("steps: 2, as max_iters gives them (max_time=0.001 plans none")
     cfg, lines = plan_steps(train_config(max_time=60, wall_clock=True), picked, COSTS, given=set())
     assert cfg.max_iters == 5000 and picked.planned is None
     assert lines[0].startswith("time: max_time=60 s by the clock (wall_clock=True): the run stops when they are spent")

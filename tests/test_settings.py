@@ -450,3 +450,15 @@ def test_every_key_of_every_command_has_a_meaning_in_its_help():
     """--help gives each key its field's comment: none is listed with a blank where its meaning goes."""
     blank = {f"{cls.__name__}.{name}" for cls in script_configs() for name, s in settings(cls).items() if not s.help}
     assert not blank
+
+
+def test_every_command_refuses_a_thread_count_far_past_the_cores_in_one_line():
+    """--threads=100000 crashed torch's thread pool (a segfault in sample.py, chat.py and train.py, no line)."""
+    import os
+    most = 4 * (os.cpu_count() or 1)
+    takers = [cls for cls in script_configs() if "threads" in settings(cls)]
+    assert {cls.__name__ for cls in takers} >= {"TrainConfig", "RLConfig", "LabCommand", "SampleConfig", "ChatConfig"}
+    for cls in takers:
+        with pytest.raises(UserError, match=rf"^threads must be at most {most}, four times this machine's "):
+            parse_config(cls, ["--threads=100000"])
+        parse_config(cls, [f"--threads={most}"])

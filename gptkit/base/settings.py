@@ -16,6 +16,7 @@ import ast
 import difflib
 import inspect
 import math
+import os
 import re
 import sys
 import types
@@ -176,6 +177,15 @@ def check_seed(seed):
     """Every command's seed range: numpy takes seeds below 2**32, torch's generators any 64-bit number."""
     if not 0 <= seed < 2 ** 31:
         raise ValueError(f"seed must be in [0, 2**31) (got {seed!r})")
+
+
+def check_threads(threads):
+    """Every command's CPU thread count: thousands crash torch's thread pool (a segfault, with no line), and more
+    threads than cores only wait on each other."""
+    cores = os.cpu_count() or 1
+    if threads > 4 * cores:
+        raise ValueError(f"threads must be at most {4 * cores}, four times this machine's {cores} cores (got "
+                         f"{threads!r}); 0 picks the count")
 
 
 def closest(word, choices):

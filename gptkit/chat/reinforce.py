@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from gptkit.base.errors import UserError
-from gptkit.base.settings import check_seed, comma_items, given_values, make, require, resumed
+from gptkit.base.settings import check_seed, check_threads, comma_items, given_values, make, require, resumed
 from gptkit.data.tasks import TASKS, problems
 from gptkit.machine.runtime import check_device_name
 from gptkit.run.checkpoint import (NUMBER, OPTIMIZER_STATE, TENSOR, TORCH_RANDOM, Each, Fields, load_checkpoint,
@@ -64,6 +64,7 @@ class RLConfig:
         if not self.init_from:  # else RunDir('') names out_dir as the setting left empty
             raise ValueError("init_from is empty: name the folder of the chat run to start from (e.g. out-chat-early)")
         check_seed(self.seed)
+        check_threads(self.threads)
         check_device_name(self.device)
         check_checkpoint(self.init_checkpoint)
         for task in self.task_list():

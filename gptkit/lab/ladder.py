@@ -23,7 +23,7 @@ import torch
 
 from gptkit.base.errors import UserError, first_line
 from gptkit.base.files import no_links, refuse_link, write_whole
-from gptkit.base.settings import check_seed, comma_items, given_values, make, parse_config
+from gptkit.base.settings import check_seed, check_threads, comma_items, given_values, make, parse_config
 from gptkit.base.signals import LAUNCHER_PID, StopSignals
 from gptkit.data.dataset import Split, bits_per_char, fixed_offsets, load_meta, shards_of
 from gptkit.data.sources import sha256_of
@@ -107,6 +107,7 @@ class LabConfig:
         if self.sample_tokens < 0 or self.threads < 0:
             raise ValueError("sample_tokens and threads must not be negative")
         check_seed(self.seed)
+        check_threads(self.threads)
         names = self.rung_names()
         unknown = [n for n in names if n not in RUNG_NAMES]
         if unknown or not names:

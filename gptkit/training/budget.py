@@ -106,6 +106,10 @@ def plan_steps(cfg, choices, costs, given):
         return dataclasses.replace(cfg, wall_clock=True), [
             f"time: max_time={cfg.max_time:g} s by the clock: the step of weights loaded from elsewhere is not "
             "measured before they load, so the budget is not planned in steps (--max_iters=N trains N)"]
+    if "max_iters" in given and not cfg.wall_clock:  # what trains: a max_time too short for a step is no matter
+        about = costs.seconds(cfg.max_iters, cfg.eval_interval)
+        return cfg, [f"steps: {cfg.max_iters:,}, as max_iters gives them (max_time={cfg.max_time:g} plans none "
+                     f"then): about {about:.0f} s on this machine idle"]
     fit = costs.steps_in(cfg.max_time, cfg.eval_interval)
     step_ms = f"{costs.step * 1e3:.0f} ms a step"
     if fit < 1 and not cfg.wall_clock:  # by the clock, the first step is taken all the same
@@ -119,10 +123,6 @@ def plan_steps(cfg, choices, costs, given):
     if cfg.wall_clock:
         return cfg, lines + [f"time: max_time={cfg.max_time:g} s by the clock (wall_clock=True): the run stops when "
                              f"they are spent, after about {fit:,} steps here idle, fewer when the machine is busy"]
-    if "max_iters" in given:
-        about = costs.seconds(cfg.max_iters, cfg.eval_interval)
-        return cfg, [f"steps: {cfg.max_iters:,}, as max_iters gives them (max_time={cfg.max_time:g} plans none "
-                     f"then): about {about:.0f} s on this machine idle"]
     idle = costs.seconds(fit, cfg.eval_interval)
     choices.planned = {"steps": fit, "step": costs.step, "eval": costs.eval, "final": costs.final,
                        "idle_seconds": idle, "measuring": choices.measuring_seconds}

@@ -4,7 +4,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from gptkit.base.settings import check_seed, closest, comma_items, require
+from gptkit.base.settings import check_seed, check_threads, closest, comma_items, require
 from gptkit.data.tasks import TASKS
 from gptkit.interop.hf import HUB_MODELS
 from gptkit.machine.runtime import check_device_name
@@ -98,6 +98,7 @@ class TrainConfig:
         require(self, ["warmdown_frac"], lambda v: 0 <= v <= 1, "in [0, 1]")
         require(self, ["stop_pass_at_1"], lambda v: 0 < v <= 1, "in (0, 1]")
         check_seed(self.seed)
+        check_threads(self.threads)
         if not self.dataset.strip():  # else the data folder itself is looked in for a meta.json
             raise ValueError("dataset is empty: name a folder data/prepare.py made (e.g. shakespeare_char)")
         self.check_evaluation_size()
