@@ -169,3 +169,17 @@ def test_a_mix_holding_no_text_is_one_line(tmp_path):
         prepare(PrepareConfig(synthetic="tasks", tasks="addition", problems=200, heldout=5, workers=1,
                               mix=str(tmp_path / "empty.txt"), data_dir=str(tmp_path / "data")))
     assert not (tmp_path / "data" / "tasks").exists()
+
+
+def test_other_held_out_counts_replace_the_problems_with_a_note(tmp_path, capsys):
+    """--heldout changes heldout.jsonl alone, not what trains: the same dataset goes ahead, but says that the
+    earlier scores were on other problems (it once changed them without a word)."""
+    base = dict(synthetic="tasks", tasks="addition", problems=200, data_dir=str(tmp_path / "data"), workers=1)
+    prepare(PrepareConfig(**base, heldout=5))
+    capsys.readouterr()
+    prepare(PrepareConfig(**base, heldout=5))
+    assert "held-out" not in capsys.readouterr().out
+    prepare(PrepareConfig(**base, heldout=3))
+    assert f"note: {tmp_path / 'data' / 'tasks'}'s held-out problems change from 5 a task to 3 (what it trains on " \
+           "stays the same): a score chat.py --eval gave before was on the earlier ones" in capsys.readouterr().out
+    assert len((tmp_path / "data" / "tasks" / "heldout.jsonl").read_text().splitlines()) == 3

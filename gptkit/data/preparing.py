@@ -296,6 +296,20 @@ def check_replacing(cfg, files, out_dir):
     if otherwise:
         print(f"note: {shown(out_dir)} holds a dataset {otherwise}; --start_over=True: it is deleted once this one "
               "is whole")
+    was = existing_meta(out_dir).get("heldout_per_task")
+    if not otherwise and cfg.synthetic == "tasks" and type(was) is int and was != cfg.heldout:
+        print(f"note: {shown(out_dir)}'s held-out problems change from {was:,} a task to {cfg.heldout:,} (what it "
+              "trains on stays the same): a score chat.py --eval gave before was on the earlier ones")
+
+
+def existing_meta(out_dir):
+    """The dataset's meta.json there as a dict: {} where there is none, and where it cannot be read or is no
+    object (made_otherwise says so)."""
+    try:
+        meta = json.loads((out_dir / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def made_otherwise(cfg, files, out_dir):
@@ -304,11 +318,8 @@ def made_otherwise(cfg, files, out_dir):
     if not (out_dir / "meta.json").exists():
         found = [n for n in sorted(os.listdir(out_dir)) if LINKED.fullmatch(n) and (out_dir / n).exists()]
         return f"without a meta.json to say what made it ({', '.join(found)})" if found else None
-    try:
-        meta = json.loads((out_dir / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        meta = None
-    if not isinstance(meta, dict):
+    meta = existing_meta(out_dir)
+    if not meta:
         return "whose meta.json cannot be read to say what made it"
     source = f"({meta['source']} as it was then)" if "source" in meta else "(its meta.json names none)"
     ways = [] if same_text(meta, files) else [f"from other text {source}"]
