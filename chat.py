@@ -205,6 +205,8 @@ def main(argv=None):
     if cfg.eval:
         evaluate(cfg, model, tok, ckpt)
         return
+    if cfg.prompt:  # a question the vocabulary cannot spell is the one line, before the threads are measured
+        next_answer_prompt(tok, [{"role": "user", "content": cfg.prompt}], model.config.block_size)
     say_threads(cfg, pick_decode_threads(cfg.threads, model, device, 1)[1])
     if cfg.prompt:
         talk(cfg, model, tok, cfg.prompt, [])

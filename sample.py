@@ -18,7 +18,7 @@ import torch
 
 from gptkit.base.settings import check_seed, check_threads, parse_config, require
 from gptkit.data.conversations import shown, typed
-from gptkit.machine.precision import DTYPES, pick_decode_dtype
+from gptkit.machine.precision import DTYPES, pick_decode_dtype, pick_dtype
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.machine.threads import pick_decode_threads
 from gptkit.run.run_folder import check_checkpoint, load_model
@@ -58,6 +58,9 @@ class SampleConfig:
         check_checkpoint(self.checkpoint)
 
 
+EMPTY_PROMPT = "the prompt is empty: pass some text with --start"
+
+
 def generate_texts(model, tok, prompt, cfg, stop="", stream=None):
     """Generate num_samples continuations as one batch, each ending where the stop text appears,
     streaming the first as it is sampled; a chat model's markers read and written by their names (<|end|>)."""
@@ -66,7 +69,7 @@ def generate_texts(model, tok, prompt, cfg, stop="", stream=None):
     show = shown if tok.chat else str
     ids = tok.encode(typed(tok, prompt))
     if not ids:
-        raise UserError("the prompt is empty: pass some text with --start")
+        raise UserError(EMPTY_PROMPT)
     device = next(model.parameters()).device
     # repeated by torch, not as a Python list: a num_samples no memory holds fails at once, naming
     # its size
@@ -104,8 +107,11 @@ def main(argv=None):
     if device == "cpu":
         lay_out_for_decoding(model)
     prompts = iter(read_interactive, None) if cfg.interactive else [read_prompt(cfg.start)]
-    if not cfg.interactive:
-        tok.encode(typed(tok, prompts[0]))  # a prompt the vocabulary cannot encode fails before any measuring
+    # a prompt the vocabulary cannot encode, or none, and a precision the device lacks fail before any measuring
+    if not cfg.interactive and not tok.encode(typed(tok, prompts[0])):
+        raise UserError(EMPTY_PROMPT)
+    if cfg.dtype != "auto":
+        pick_dtype(cfg.dtype, device)
     _, why = pick_decode_threads(cfg.threads, model, device, cfg.num_samples)
     if why and not cfg.threads:
         print(why, file=sys.stderr, flush=True)

@@ -100,6 +100,13 @@ def test_a_conversation_says_a_question_it_cannot_spell_before_any_answer_begins
     assert "\nyou> you> model> " in proc.stdout and proc.stdout.count("model> ") == 1
 
 
+def test_a_prompt_it_cannot_spell_is_its_one_line_before_the_threads_are_measured(chat_run, monkeypatch):
+    import chat
+    monkeypatch.setattr(chat, "pick_decode_threads", lambda *a: pytest.fail("measured before the error"))
+    with pytest.raises(UserError, match="outside the training vocabulary"):
+        chat.main([f"--out_dir={chat_run}", "--prompt=\U0001F600"])
+
+
 def test_questions_piped_from_a_windows_file_are_asked_without_their_carriage_returns(chat_run, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO("1+1\r\n2+2\r\n"))
     proc = check_ok(run_here("chat.py", f"--out_dir={chat_run}", "--max_new_tokens=4"))

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import sample
 from conftest import REPO, assert_one_error_line, check_ok, partial_tokens, run_here, run_script, tiny_model
+from gptkit.base.errors import UserError
 from gptkit.data.conversations import MARKERS
 from gptkit.data.tokenizer import CharTokenizer
 from gptkit.run.checkpoint import load_checkpoint
@@ -310,3 +311,13 @@ def test_the_page_s_options_table_is_sample_py_s_options():
     rows = {line.split("`")[1].removeprefix("--"): line for line in lines if line.startswith("| `--")}
     assert set(rows) == {f.name for f in dataclasses.fields(sample.SampleConfig)} - {"out_dir"}
     assert all(f"`{which}`" in rows["checkpoint"] for which in ("best", "latest", "iter:N"))
+
+
+@pytest.mark.parametrize("args,said", [(["--start="], "the prompt is empty: pass some text with --start"),
+                                       (["--dtype=float16"], "dtype float16 is not supported on CPU")])
+def test_a_prompt_or_precision_it_cannot_use_is_its_one_line_before_any_measuring(tmp_path, monkeypatch, args, said):
+    """Measuring the threads prints a line of its own ('decoding on 1 thread ...'), which came before these."""
+    run = saved_run(tmp_path / "run")
+    monkeypatch.setattr(sample, "pick_decode_threads", lambda *a: pytest.fail("measured before the error"))
+    with pytest.raises(UserError, match=said):
+        sample.main([f"--out_dir={run}", "--device=cpu", *args])
