@@ -7,6 +7,7 @@ import http.server
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -128,6 +129,19 @@ def test_a_dataset_another_tokenizer_or_split_made_is_never_replaced_unasked(tmp
     assert dataset_bytes(out_dir) == before and len(os.listdir(out_dir / ".versions")) == 1
     prepare(PrepareConfig(input=str(corpus_file), name="other", data_dir=data_dir, **then))
     assert prepare(PrepareConfig(input=str(corpus_file), name="tiny", data_dir=data_dir, **first))[1] == meta
+
+
+def test_a_dataset_prepared_into_its_own_input_folder_is_not_read_as_input_the_next_time(tmp_path, corpus_file):
+    """nanoGPT keeps input.txt beside the dataset: prepared again, the folder's own meta.json and token files (links
+    into .versions/) were read as more text, and the same command was refused as other text."""
+    data_dir = tmp_path / "d"
+    (data_dir / "mine").mkdir(parents=True)
+    shutil.copy(corpus_file, data_dir / "mine" / "input.txt")
+    cfg = PrepareConfig(input=str(data_dir / "mine"), name="mine", data_dir=str(data_dir))
+    meta = prepare(cfg)[1]
+    (data_dir / "mine" / ".notes").mkdir()
+    (data_dir / "mine" / ".notes" / "todo.txt").write_text("not the corpus")
+    assert prepare(cfg)[1] == meta
 
 
 @pytest.mark.parametrize("damage,made", [

@@ -89,7 +89,7 @@ def source_files(path):
     prepare reads its input more than once (vocabulary, tokens), which a pipe cannot give."""
     path = Path(path)
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not hidden(p, path))
         if not files:
             raise UserError(f"input folder {shown(path)} holds no files")
         return files
@@ -104,6 +104,18 @@ def source_files(path):
         raise UserError(f"input {shown(path)} is {kind}, not a regular file: prepare reads its input more than "
                         "once; save the text to a file and pass that")
     return [path]
+
+
+def hidden(file, folder):
+    """Whether a file under folder is left out: a name on its way from the folder starting with '.', or on the
+    way to what it links to there. A dataset prepared into its own input folder is links into .versions/, which
+    would otherwise be read as the input the next time."""
+    parts = file.relative_to(folder).parts
+    try:
+        parts += file.resolve().relative_to(folder.resolve()).parts
+    except ValueError:  # a link leading out of the folder: its own name decides
+        pass
+    return any(part.startswith(".") for part in parts)
 
 
 def in_val(data, val_fraction):
