@@ -183,3 +183,16 @@ def test_other_held_out_counts_replace_the_problems_with_a_note(tmp_path, capsys
     assert f"note: {tmp_path / 'data' / 'tasks'}'s held-out problems change from 5 a task to 3 (what it trains on " \
            "stays the same): a score chat.py --eval gave before was on the earlier ones" in capsys.readouterr().out
     assert len((tmp_path / "data" / "tasks" / "heldout.jsonl").read_text().splitlines()) == 3
+
+
+def test_skip_bad_leaves_a_chat_file_s_bad_lines_out_with_a_note(tmp_path, capsys):
+    good = [json.dumps({"messages": [{"role": "user", "content": f"{i}+1"}, {"role": "assistant",
+                                                                            "content": str(i + 1)}]})
+            for i in range(200)]
+    path = tmp_path / "chats.jsonl"
+    path.write_text("\n".join(good[:3] + ["garbage"] + good[3:]) + "\n", encoding="utf-8")
+    cfg = dict(input=str(path), name="c", data_dir=str(tmp_path / "d"), workers=1)
+    with pytest.raises(UserError, match="line 4 is not JSON"):
+        prepare(PrepareConfig(**cfg))
+    prepare(PrepareConfig(**cfg, skip_bad=True))
+    assert f"note: skipped 1 bad line of {path} (--skip_bad): line 4" in capsys.readouterr().out

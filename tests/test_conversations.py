@@ -97,6 +97,16 @@ def test_a_bad_line_is_one_error_naming_its_number(tmp_path, bad, expected):
     assert expected in str(e.value) and "\n" not in str(e.value)
 
 
+def test_skip_bad_leaves_every_bad_line_out_and_names_it(tmp_path):
+    """prepare's --skip_bad, which a chat file once ignored: each kind of bad line left out, its number kept."""
+    path = write_lines(tmp_path / "chats.jsonl", [GOOD, "not json", b"\xff", "", json.dumps({"text": "plain"}), GOOD])
+    skipped = []
+    assert read_conversations(path, skipped) == read_conversations(write_lines(tmp_path / "g.jsonl", [GOOD, GOOD]))
+    assert skipped == [2, 3, 5]
+    with pytest.raises(UserError, match=r"holds no conversations \(2 bad lines skipped\)$"):
+        read_conversations(write_lines(tmp_path / "bad.jsonl", ["x", "y"]), [])
+
+
 def test_a_first_line_nested_too_deeply_to_read_is_one_error_naming_it(tmp_path):
     path = write_lines(tmp_path / "chats.jsonl", ["", "[" * 100_000 + "]" * 100_000])
     with pytest.raises(UserError, match="line 2 is nested too deeply to be a record of text or a conversation"):

@@ -353,6 +353,21 @@ def test_a_bad_record_names_its_file_and_line_and_skip_bad_counts_it(tmp_path, c
     assert "skipped 0 empty and 1 bad" in proc.stdout
 
 
+@pytest.mark.parametrize("skip_bad", [False, True])
+def test_conversations_in_a_folder_are_one_line_saying_a_chat_file_is_prepared_alone(tmp_path, skip_bad):
+    """A chat .jsonl beside other files was read as records without text, and --skip_bad, which the line suggested,
+    skipped every one of them."""
+    folder = tmp_path / "chats"
+    folder.mkdir()
+    turn = {"messages": [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]}
+    (folder / "a.jsonl").write_text(json.dumps(turn) + "\n", encoding="utf-8")
+    (folder / "b.txt").write_text(DOCS[0], encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        prepare(PrepareConfig(input=str(folder), name="c", data_dir=str(tmp_path / "d"), skip_bad=skip_bad))
+    assert str(e.value) == (f"{folder / 'a.jsonl'}:1: a conversation ({{\"messages\": [...]}}), not a record of text; a "
+                            "chat dataset is prepared from one .jsonl file of conversations, given alone as --input")
+
+
 @pytest.mark.parametrize("tokenizer", ["char", "r50k_base"])
 @pytest.mark.parametrize("skip_bad", [False, True])
 def test_a_null_parquet_text_is_one_line_or_skipped_whatever_the_tokenizer(tmp_path, tokenizer, skip_bad, request):

@@ -116,7 +116,12 @@ def heldout_lines(cfg):
 def write_chat_dataset(cfg, path, work):
     """Tokenize the conversations of `path` (and the text to mix in) into the work folder: the token and role
     files of both splits, heldout.jsonl and a trained BPE's tokenizer.json; the tokenizer and the metadata."""
-    conversations, mix = read_conversations(path), mixed_text(cfg)
+    skipped = [] if cfg.skip_bad else None
+    conversations, mix = read_conversations(path, skipped), mixed_text(cfg)
+    if skipped:
+        lines = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
+        print(f"note: skipped {len(skipped):,} bad line{'s' * (len(skipped) > 1)} of {shown(path)} (--skip_bad): "
+              f"line{'s' * (len(skipped) > 1)} {lines}")
     heldout = heldout_lines(cfg)
     tok = chat_tokenizer(cfg, conversations, mix, heldout, work)
     streams = split_streams(cfg, conversations, tok, mix)

@@ -128,13 +128,14 @@ def without_system(messages, at):
     return [{"role": "user", "content": content}, *messages[2:]], 1
 
 
-def read_conversations(path):
+def read_conversations(path, skipped=None):
     """Every conversation of a JSON Lines file, as lists of messages (blank lines skipped); the first line that
-    is not UTF-8, not JSON or not a conversation is one error naming its number."""
-    return [messages for _, messages in numbered_conversations(path)]
+    is not UTF-8, not JSON or not a conversation is one error naming its number, or, given a list `skipped`
+    (--skip_bad), its number goes there and the line is left out."""
+    return [messages for _, messages in numbered_conversations(path, skipped)]
 
 
-def numbered_conversations(path):
+def numbered_conversations(path, skipped=None):
     """read_conversations' conversations, each with the number of its line: [(number, messages)]."""
     try:
         raw = path.read_bytes()
@@ -143,21 +144,34 @@ def numbered_conversations(path):
     conversations = []
     for number, line in enumerate(raw.split(b"\n"), 1):
         try:
-            text = line.decode("utf-8-sig" if number == 1 else "utf-8")  # Windows' editors may start with a BOM
-        except UnicodeDecodeError:
-            raise UserError(f"{path} line {number} is not UTF-8 text") from None
-        if not text.strip():
+            messages = conversation_on(line, number, path)
+        except UserError:
+            if skipped is None:
+                raise
+            skipped.append(number)
             continue
-        try:
-            record = json.loads(text)
-        except ValueError as e:
-            raise UserError(f"{path} line {number} is not JSON ({e.msg})") from None
-        except RecursionError:
-            raise UserError(f"{path} line {number} is nested too deeply to be a conversation") from None
-        conversations.append((number, check_messages(record, number, path)))
+        if messages is not None:
+            conversations.append((number, messages))
     if not conversations:
-        raise UserError(f"{path} holds no conversations")
+        raise UserError(f"{path} holds no conversations" + (f" ({len(skipped):,} bad lines skipped)" if skipped else ""))
     return conversations
+
+
+def conversation_on(line, number, path):
+    """The messages of a file's line (bytes), None for a blank one; one error naming the line for a bad one."""
+    try:
+        text = line.decode("utf-8-sig" if number == 1 else "utf-8")  # Windows' editors may start with a BOM
+    except UnicodeDecodeError:
+        raise UserError(f"{path} line {number} is not UTF-8 text") from None
+    if not text.strip():
+        return None
+    try:
+        record = json.loads(text)
+    except ValueError as e:
+        raise UserError(f"{path} line {number} is not JSON ({e.msg})") from None
+    except RecursionError:
+        raise UserError(f"{path} line {number} is nested too deeply to be a conversation") from None
+    return check_messages(record, number, path)
 
 
 def is_conversation_file(path):

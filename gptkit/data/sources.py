@@ -170,6 +170,9 @@ class Reader:
         """A record with no document: counted as empty, or, bad, one line (counted with skip_bad)."""
         if problem is None:
             self.tally.empty += 1
+        elif problem is CONVERSATION:  # a chat file among others, or in a folder: skipping them would leave nothing
+            raise UserError(f"{piece.where}: {problem}; a chat dataset is prepared from one .jsonl file of "
+                            "conversations, given alone as --input")
         elif self.skip_bad:
             self.tally.bad += 1
         else:
@@ -243,6 +246,9 @@ class Reader:
             progress.update(os.path.getsize(path) / pf.num_row_groups)
 
 
+CONVERSATION = 'a conversation ({"messages": [...]}), not a record of text'
+
+
 def read_record(held, field, val_fraction):
     """A record's document: (text, whether its hash puts it in val, what is wrong with it or None). `held` is a
     JSON line (bytes) or a Parquet column's value; an empty text is '' with nothing wrong."""
@@ -256,6 +262,8 @@ def read_record(held, field, val_fraction):
         if not isinstance(record, dict):
             return None, False, "the line is not a JSON object"
         held = record.get(field)
+        if held is None and "messages" in record:
+            return None, False, CONVERSATION
     if not isinstance(held, str):
         return None, False, (f"no text in field {field!r}" if held is None else
                              f"field {field!r} holds {type(held).__name__}, not text")
