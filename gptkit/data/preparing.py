@@ -605,9 +605,16 @@ def corpus_bpe(cfg, files, by_document, words=None):
     it; with `words` (a WordCounts), its words counted on the way. bench.py tokenizers times this alone."""
     with progress_bar(files, f"training a {cfg.vocab_size:,}-token BPE") as bar:
         texts = corpus_texts(cfg, files, bar, "by document" if by_document else "by position")
-        content = train_bpe(texts, cfg.vocab_size, words)
-        bar.update(bar.total - bar.n)  # the val split's bytes, which it does not read, and the merges made
+        content = train_bpe(then_merging(texts, bar), cfg.vocab_size, words)
     return content
+
+
+def then_merging(texts, bar):
+    """texts, and once the trainer has read them all, the bar full (the val split's bytes are not read) and saying
+    that the merges are learned now: on a large corpus that takes as long as the reading, with nothing to count."""
+    yield from texts
+    bar.update(bar.total - bar.n)
+    bar.set_postfix_str("read; learning the merges")
 
 
 def separators(tok, files, by_document):
