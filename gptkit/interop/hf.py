@@ -22,7 +22,6 @@ from gptkit.base import files
 from gptkit.base.errors import UserError, first_line, what_does_not_fit
 from gptkit.base.modes import evaluating
 from gptkit.base.signals import StopSignals, alive
-from gptkit.run.run_folder import RunDir
 from model import GPT, GPTConfig
 
 HUB_MODELS = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}
@@ -245,6 +244,8 @@ def clear_killed_exports(hf_dir):
 
 
 EXPORT_FILES = ("config.json", "model.safetensors", "generation_config.json")  # what save_pretrained writes
+# a run's folder holds one of these (gptkit/run/run_folder.py names them; this layer sits below it)
+RUN_FILES = ("best.pt", "latest.pt", "metrics.jsonl", "ckpt.pt")
 
 
 def check_hf_dir(hf_dir):
@@ -252,9 +253,9 @@ def check_hf_dir(hf_dir):
     export writes that no earlier export wrote (a config.json that is no GPT-2 model's, or weights without one),
     which the export would replace; an earlier export's files are replaced, which save_hf says."""
     hf_dir = Path(hf_dir)
-    held = RunDir(hf_dir).run_file()
+    held = [name for name in RUN_FILES if (hf_dir / name).exists()]
     if held:
-        raise UserError(f"{hf_dir} is a run's folder (it holds {held}); export to a folder of its own, e.g. "
+        raise UserError(f"{hf_dir} is a run's folder (it holds {held[0]}); export to a folder of its own, e.g. "
                         "--hf_dir=hf")
     there = [name for name in EXPORT_FILES if (hf_dir / name).is_file()]
     if there and not is_gpt2_config(hf_dir / "config.json"):

@@ -54,11 +54,6 @@ class RunDir:
         self.metrics = self.path / "metrics.jsonl"
         self.snapshots = self.path / "snapshots"
 
-    def run_file(self):
-        """The name of the first of a run's own files this folder holds (best.pt, latest.pt, metrics.jsonl, an
-        earlier version's ckpt.pt), or None: a folder holding one is a run's."""
-        return next((p.name for p in (self.best, self.latest, self.metrics, self.legacy) if p.exists()), None)
-
     def snapshot(self, iteration):
         return self.snapshots / f"iter_{iteration}.pt"
 
