@@ -19,6 +19,7 @@ import torch
 
 from gptkit.base.settings import check_seed, check_threads, comma_items, parse_config, require
 from gptkit.chat.answering import check_chat_model, end_id, next_answer_prompt
+from gptkit.data.chat_preparing import PREPARE_TASKS
 from gptkit.data.conversations import shown
 from gptkit.machine.runtime import check_device_name, pick_device
 from gptkit.machine.threads import pick_decode_threads
@@ -196,8 +197,8 @@ def main(argv=None):
     run = RunDir(cfg.out_dir)
     refuse_a_file(cfg.out_dir, "out_dir", "checkpoint")
     if run.shown() is None and not cfg.checkpoint.startswith("iter:"):
-        raise UserError(f"{cfg.out_dir} holds no run: fine-tune one for chat there first, e.g. `python data/prepare.py "
-                        f"--synthetic=tasks` then `python train.py config/chat_sft.py --out_dir={cfg.out_dir}`")
+        raise UserError(f"{cfg.out_dir} holds no run: fine-tune one for chat there first, e.g. `{PREPARE_TASKS}` "
+                        f"then `python train.py config/chat_sft.py --out_dir={cfg.out_dir}`")
     model, tok, ckpt = model_of(cfg.out_dir, cfg.checkpoint, device)
     check_chat_model(tok, cfg.out_dir)
     if device == "cpu":

@@ -265,8 +265,12 @@ def test_bad_input_is_one_line(case, chat_run, trained_run, tmp_path):
     proc = run_here("chat.py", *args)
     assert proc.returncode == 1
     line = assert_one_error_line(proc.stderr)
-    expected = {"not chat": "config/chat_sft.py", "unknown task": "never saw task 'sort'",
-                "no run": "holds no run: fine-tune one for chat there first, e.g. `python data/prepare.py",
+    # the hints prepare the tasks with the base's text mixed in, which keeps what the base learned of it
+    expected = {"not chat": "`python data/prepare.py --synthetic=tasks --mix=data/shakespeare_char/input.txt` then "
+                            "`python train.py config/chat_sft.py",
+                "unknown task": "never saw task 'sort'",
+                "no run": "holds no run: fine-tune one for chat there first, e.g. `python data/prepare.py "
+                          "--synthetic=tasks --mix=data/shakespeare_char/input.txt`",
                 "a checkpoint file": f"is a file, not a run's folder: give the folder train.py wrote "
                                      f"(--out_dir={chat_run}, and --checkpoint to pick its checkpoint)",
                 "outside the vocabulary": "outside the training vocabulary",

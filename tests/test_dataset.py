@@ -261,3 +261,16 @@ def test_a_chat_dataset_without_its_roles_is_one_line_unless_told_to_train_on_al
         path.write_text(was, encoding="utf-8")
     assert str(e.value) == (f"{path} lacks 'roles', which say the tokens that are answers; run data/prepare.py for "
                             "this dataset again, or train on every token with --train_on=all")
+
+
+@pytest.mark.parametrize("name,command", [
+    ("shakespeare_char", "python data/prepare.py --data_dir={d}"),
+    ("tasks", "python data/prepare.py --synthetic=tasks --mix=data/shakespeare_char/input.txt --data_dir={d}"),
+    ("repeats", "python data/prepare.py --synthetic=repeats --data_dir={d}"),
+    ("mine", "python data/prepare.py --input=YOUR.txt --name=mine --data_dir={d}")])
+def test_a_missing_dataset_names_the_command_that_makes_it(tmp_path, name, command):
+    """The tasks' with the main job's text mixed in, as docs/chat.md prepares them: without it, the fine-tune
+    forgets more of the text its base learned."""
+    with pytest.raises(UserError) as e:
+        load_meta(str(tmp_path), name)
+    assert str(e.value) == f"dataset folder {tmp_path / name} not found; create it with `{command.format(d=tmp_path)}`"

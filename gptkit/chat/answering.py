@@ -7,6 +7,7 @@ from collections import defaultdict
 import torch
 
 from gptkit.base.errors import UserError
+from gptkit.data.chat_preparing import PREPARE_TASKS
 from gptkit.data.conversations import MARKERS, prompt_text, render
 from gptkit.sampling.decoding import decode_steps
 
@@ -18,7 +19,7 @@ def check_chat_model(tok, where):
     line naming the command that teaches it them."""
     if tok.chat is None:
         raise UserError(f"{where} was never fine-tuned for chat (its vocabulary has no <|user|> marker): "
-                        "fine-tune it with `python data/prepare.py --synthetic=tasks` then "
+                        f"fine-tune it with `{PREPARE_TASKS}` then "
                         f"`python train.py config/chat_sft.py --init_from={where}`")
 
 

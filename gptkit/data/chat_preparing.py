@@ -30,6 +30,8 @@ from gptkit.data.tokenizer import TiktokenTokenizer, TrainedBPE, make_tokenizer
 
 PIECE_CHARS = 1000  # plain text is mixed in as pieces of about this many characters, cut after a newline
 HELDOUT_FILE = "heldout.jsonl"
+# the tasks with the main job's text mixed in, which keeps what a base run learned of it (docs/chat.md)
+PREPARE_TASKS = "python data/prepare.py --synthetic=tasks --mix=data/shakespeare_char/input.txt"
 MIXED_VAL_FILE = "mixed_val.txt"  # the val part of the text mixed in: chat.py --eval scores every stage on it
 
 

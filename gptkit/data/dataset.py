@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from gptkit.base.errors import UserError, first_line
-from gptkit.data.chat_preparing import HELDOUT_FILE, MIXED_VAL_FILE
+from gptkit.data.chat_preparing import HELDOUT_FILE, MIXED_VAL_FILE, PREPARE_TASKS
 from gptkit.data.conversations import MARKERS, PROMPT, ROLE_NAMES
 from gptkit.data.preparing import TOKEN_DTYPES, data_root, meta_checksum
 from gptkit.data.synthetic import SYNTHETIC
@@ -33,8 +33,8 @@ def load_meta(data_dir, dataset):
         if folder.exists():
             raise UserError(f"dataset {folder} is a file, not a folder made by data/prepare.py")
         # with no --input, prepare.py downloads tinyshakespeare into exactly this folder
-        how = ("python data/prepare.py" if folder.name == "shakespeare_char" else
-               f"python data/prepare.py --synthetic={folder.name}" if folder.name in SYNTHETIC else
+        how = ("python data/prepare.py" if folder.name == "shakespeare_char" else PREPARE_TASKS if folder.name == "tasks"
+               else f"python data/prepare.py --synthetic={folder.name}" if folder.name in SYNTHETIC else
                f"python data/prepare.py --input=YOUR.txt --name={folder.name}")
         how += f" --data_dir={data_dir}" if data_dir and "/" not in dataset else ""  # where this run looks
         raise UserError(f"dataset folder {folder} not found; create it with `{how}`")
