@@ -364,8 +364,9 @@ def test_conversations_in_a_folder_are_one_line_saying_a_chat_file_is_prepared_a
     (folder / "b.txt").write_text(DOCS[0], encoding="utf-8")
     with pytest.raises(UserError) as e:
         prepare(PrepareConfig(input=str(folder), name="c", data_dir=str(tmp_path / "d"), skip_bad=skip_bad))
-    assert str(e.value) == (f"{folder / 'a.jsonl'}:1: a conversation ({{\"messages\": [...]}}), not a record of text; a "
-                            "chat dataset is prepared from one .jsonl file of conversations, given alone as --input")
+    assert str(e.value) == (f"{folder / 'a.jsonl'}:1: a conversation ({{\"messages\": [...]}}), not a record of "
+                            "text; a chat dataset is prepared from one .jsonl file of conversations, given alone as "
+                            "--input")
 
 
 @pytest.mark.parametrize("tokenizer", ["char", "r50k_base"])

@@ -153,7 +153,8 @@ def numbered_conversations(path, skipped=None):
         if messages is not None:
             conversations.append((number, messages))
     if not conversations:
-        raise UserError(f"{path} holds no conversations" + (f" ({len(skipped):,} bad lines skipped)" if skipped else ""))
+        left = f" ({len(skipped):,} bad lines skipped)" if skipped else ""
+        raise UserError(f"{path} holds no conversations{left}")
     return conversations
 
 

@@ -33,8 +33,9 @@ def load_meta(data_dir, dataset):
         if folder.exists():
             raise UserError(f"dataset {folder} is a file, not a folder made by data/prepare.py")
         # with no --input, prepare.py downloads tinyshakespeare into exactly this folder
-        how = ("python data/prepare.py" if folder.name == "shakespeare_char" else PREPARE_TASKS if folder.name == "tasks"
-               else f"python data/prepare.py --synthetic={folder.name}" if folder.name in SYNTHETIC else
+        how = ("python data/prepare.py" if folder.name == "shakespeare_char" else
+               PREPARE_TASKS if folder.name == "tasks" else
+               f"python data/prepare.py --synthetic={folder.name}" if folder.name in SYNTHETIC else
                f"python data/prepare.py --input=YOUR.txt --name={folder.name}")
         how += f" --data_dir={data_dir}" if data_dir and "/" not in dataset else ""  # where this run looks
         raise UserError(f"dataset folder {folder} not found; create it with `{how}`")
