@@ -321,3 +321,25 @@ def test_a_prompt_or_precision_it_cannot_use_is_its_one_line_before_any_measurin
     monkeypatch.setattr(sample, "pick_decode_threads", lambda *a: pytest.fail("measured before the error"))
     with pytest.raises(UserError, match=said):
         sample.main([f"--out_dir={run}", "--device=cpu", *args])
+
+
+@pytest.mark.slow
+def test_a_model_py_with_its_attention_matrix_and_head_renamed_trains_and_samples(data_dir, tmp_path):
+    """sed 's/self.c_attn/self.qkv/g; s/lm_head/out_head/g' model.py: the run stopped before its first step (the
+    check of an edited __init__ read c_attn) and sample.py refused it (the KV cache read lm_head's precision)."""
+    import shutil
+
+    from conftest import train_args
+
+    tree = tmp_path / "project"
+    shutil.copytree(REPO / "gptkit", tree / "gptkit", ignore=shutil.ignore_patterns("__pycache__"))
+    for script in ("train.py", "sample.py"):
+        shutil.copy(REPO / script, tree)
+    source = (REPO / "model.py").read_text(encoding="utf-8")
+    (tree / "model.py").write_text(source.replace("self.c_attn", "self.qkv").replace("lm_head", "out_head"),
+                                   encoding="utf-8")
+    out = tmp_path / "out"
+    check_ok(run_script(tree / "train.py", *train_args(data_dir, out, "--max_iters=10", "--eval_interval=5",
+                                                      "--eval_iters=1")))
+    proc = check_ok(run_script(tree / "sample.py", f"--out_dir={out}", "--num_samples=1", "--max_new_tokens=8"))
+    assert "error" not in proc.stderr

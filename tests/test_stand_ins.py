@@ -340,6 +340,34 @@ def test_an_init_edited_to_set_what_sdpa_alone_reads_runs_sdpa_on_every_path(mon
         assert torch.equal(model.eval()(idx, idx)[1], want)
 
 
+def test_a_query_key_value_matrix_renamed_in_init_and_project_trains_on_every_path(monkeypatch):
+    """sed 's/self.c_attn/self.qkv/g' model.py: the check of what an edited __init__ set read the head width off
+    c_attn, and the run stopped before its first step."""
+    init, project = SelfAttention.__init__, SelfAttention.project
+
+    def renamed_init(self, config):
+        init(self, config)
+        self.qkv = self.c_attn
+        del self.c_attn
+
+    def renamed_project(self, x, rotary):
+        self.c_attn = self.qkv  # the code as written, read through the new name
+        try:
+            return project(self, x, rotary)
+        finally:
+            del self.c_attn
+
+    monkeypatch.setattr(SelfAttention, "project", renamed_project)
+    model = edited_model(monkeypatch, "SelfAttention.__init__", renamed_init)
+    idx = random_tokens((2, 12))
+    with torch.no_grad():
+        want = model.eval()(idx, idx)[1]
+    for path in ATTENTION_PATHS:
+        install(model, stand_ins.KERNELS, path)
+        with torch.no_grad():
+            torch.testing.assert_close(model.eval()(idx, idx)[1], want)
+
+
 @pytest.mark.parametrize("name", stand_ins.PATH_METHODS)
 def test_a_renamed_method_the_paths_call_leaves_model_py_s_own_attention_to_run(monkeypatch, name):
     """A learner who renames a method the attention paths call by name (pattern to attention_weights, its callers

@@ -272,9 +272,10 @@ def sdpa_alone_edited(attn):
     """Whether, of attn's two ways to attend, only sdpa computes other attention than model.py as written would
     (an edited __init__ set what sdpa alone reads, self.scale), on random queries, keys and values in float32
     without dropout; where written does (a mask of its own, its scores), the edit is written's."""
-    width = attn.c_attn.in_features // attn.n_head
+    # the residual stream's width from the first matrix that reads it, whatever the learner named it (c_attn)
+    width = next(m.in_features for m in attn.modules() if hasattr(m, "in_features")) // attn.n_head
     q, k, v = torch.randn(3, 1, attn.n_head, 6, width, generator=torch.Generator().manual_seed(0)) \
-        .to(attn.c_attn.weight.device)
+        .to(next(attn.parameters()).device)
     unedited = F.scaled_dot_product_attention(q, k, v, is_causal=attn.causal,
                                               scale=None if attn.kind == "scaled" else 1.0)
     with evaluating(attn):

@@ -47,6 +47,12 @@ class KVCache:
         return keys.narrow(2, 0, end), values.narrow(2, 0, end)
 
 
+def weights_dtype(model):
+    """The precision the model's weights hold, which the cached keys and values take: read off its parameters, not
+    off one named layer, which a learner may rename."""
+    return next(model.parameters()).dtype
+
+
 @torch.no_grad()
 def decode_steps(model, idx, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, kv_cache=True, generator=None,
                  vocab_size=None):
@@ -72,7 +78,7 @@ def decode_steps(model, idx, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
         if not kv_cache:
             logits, _ = model(idx[:, start:])
         elif cache is None:
-            cache = KVCache(model.config, idx.size(0), idx.device, model.lm_head.weight.dtype)
+            cache = KVCache(model.config, idx.size(0), idx.device, weights_dtype(model))
             logits, _ = model(idx[:, start:], cache=cache)
         else:
             logits, _ = model(idx[:, -1:], cache=cache)
@@ -150,7 +156,7 @@ def cached_apart(model, T):
     idx = torch.randint(model.config.vocab_size, (1, T), generator=torch.Generator().manual_seed(1)).to(device)
     with evaluating(model), torch.autocast(device.type, enabled=False):
         full = model(idx, idx)[0][:, T // 2 - 1:].float()
-        cache = KVCache(model.config, 1, device, model.lm_head.weight.dtype)
+        cache = KVCache(model.config, 1, device, weights_dtype(model))
         try:
             steps = [model(idx[:, :T // 2], cache=cache)[0]] + [model(idx[:, t:t + 1], cache=cache)[0]
                                                                  for t in range(T // 2, T)]
@@ -158,7 +164,7 @@ def cached_apart(model, T):
             return f"model.py's forward fails on the KV cache's one-token steps ({first_line(e)})"
     # float32's rounding, unless its matmuls run in TF32 (a GPU's, as the runtime allows) or the weights are 16-bit
     tf32 = device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
-    rounding = 1e-4 if model.lm_head.weight.dtype == torch.float32 and not tf32 else 3e-2
+    rounding = 1e-4 if weights_dtype(model) == torch.float32 and not tf32 else 3e-2
     if (torch.cat(steps, 1).float() - full).abs().max().item() <= rounding * max(1.0, full.abs().max().item()):
         return None
     return "decoding with the KV cache gives other logits than model.py's full pass (an edit that reads positions " \
