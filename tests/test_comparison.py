@@ -28,15 +28,17 @@ MIXED = "the comparison is not of one change"
     (made_run("out-wide", n_embd=256, learning_rate=3e-4), None),  # several settings, no circumstance
     (made_run("out-edit", code=dict(CODE, relu_squared="9999"), steps=80, measured={"dtype": "bfloat16"}),
      "note: besides model.py, out-edit differs from out in steps (100 → 80) and precision "
-     f"(float32 → bfloat16): {EDIT}"),
+     f"(float32 → bfloat16): {EDIT}; out trained again with --dtype=bfloat16 holds it equal"),
     (made_run("out-lr", learning_rate=3e-3, measured={"threads": 2}),
-     f"note: besides learning_rate, out-lr differs from out in threads (1 → 2): {EDIT}"),
+     f"note: besides learning_rate, out-lr differs from out in threads (1 → 2): {EDIT}; out trained again with "
+     "--threads=2 holds it equal"),
     (made_run("out-gpu", learning_rate=3e-3, measured={"threads": None}), None),  # not the run's: unknown
     (made_run("out-two", seed=1, global_batch=24, batch_size=24),
      "note: out-two differs from out in data order (seed 1337 → seed 1) and batch "
      f"(12 sequences a step → 24 sequences a step): {MIXED}"),
     (made_run("out-path", measured={"attention_path": "written"}, dtype="float32", steps=90),
-     f"note: out-path differs from out in steps (100 → 90) and attention path (fused → written): {MIXED}"),
+     f"note: out-path differs from out in steps (100 → 90) and attention path (fused → written): {MIXED}; out "
+     "trained again with --attention_path=written holds it equal"),
 ])
 def test_the_note_names_what_differs_besides_the_edit_and_only_then(other, note):
     assert besides_note(BASE, other, differences(BASE, other)) == note
@@ -137,3 +139,16 @@ def test_the_circumstances_line_shows_each_one_that_differs():
 
 def test_tokens_a_step_are_the_global_batch_of_sequences_times_their_length():
     assert made_run("out", global_batch=24, block_size=32).tokens_per_step == 768
+
+
+def test_an_option_of_the_learner_s_that_only_one_run_has_is_named_with_its_value():
+    """An option added to model.py's GPTConfig, trained, then taken out again: the compare dropped it, as it drops
+    another version's training setting, and said only that model.py changed."""
+    base = made_run("out-base")
+    wide = made_run("out-wide", code=dict(CODE, relu_squared="9999"), mlp_width="8x")
+    wide.options = frozenset({"mlp_width"})
+    diff = differences(base, wide)
+    assert describe(base, wide, diff)[1] == "  settings: mlp_width (none) → 8x"
+    assert describe(wide, base, differences(wide, base))[1] == "  settings: mlp_width 8x → (none)"
+    newer = made_run("out-new", some_training_setting=3)  # another version's training setting: not compared
+    assert differences(base, newer).settings == []

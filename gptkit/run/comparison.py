@@ -34,6 +34,7 @@ class ComparedRun:
     measured: dict  # the choices the run made (gptkit/machine/choices.py), {} where the checkpoint has none
     steps: int
     global_batch: int  # sequences a step, over every process
+    options: frozenset = frozenset()  # its model's settings (model_args): a learner's option among them
 
     @property
     def tokens_per_step(self):
@@ -60,7 +61,7 @@ def load_run(folder, name):
     defaults = {f.name: f.default for f in fields(GPTConfig)}
     settings = {k: v for k, v in ckpt["config"].items() if k != "model"} | defaults | ckpt["model_args"]
     return ComparedRun(name, records, settings, ckpt.get("model_code"), ckpt.get("measured", {}), steps,
-                       ckpt.get("global_batch") or started_with(ckpt))
+                       ckpt.get("global_batch") or started_with(ckpt), frozenset(ckpt["model_args"]))
 
 
 def run_names(folders):
@@ -123,10 +124,23 @@ class Differences:
         return edits, [name for name, _, _ in self.circumstances]
 
 
+class Unset:
+    """A model setting one run has and the other's model.py had not (a learner's option, added or taken out)."""
+
+    def __repr__(self):
+        return "(none)"
+
+
+UNSET = Unset()
+
+
 def differences(base, run):
-    # a key only one run has is another version's setting, whose value in the other run is not known
+    # a training setting only one run has is another version's, whose value in the other run is not known; a
+    # model setting is a learner's option (model.py's defaults fill those the model.py of now knows)
     keys = sorted((base.settings.keys() & run.settings.keys()) - NOT_COMPARED)
     settings = [(k, base.settings[k], run.settings[k]) for k in keys if base.settings[k] != run.settings[k]]
+    settings += [(k, base.settings.get(k, UNSET), run.settings.get(k, UNSET))
+                 for k in sorted((base.settings.keys() ^ run.settings.keys()) & (base.options | run.options))]
     code = None
     if base.code is not None and run.code is not None:
         ours, theirs = run.code, base.code
@@ -186,4 +200,11 @@ def besides_note(base, run, diff):
         # max_time planned each run's steps at its own model's idle speed: an edit that steps faster trains more
         note += (f"; each trained the steps max_time plans at its own model's speed here (equal time): "
                  f"--max_iters={base.steps} gives {run.name} {base.name}'s steps")
+    # a choice the run made for its own model (an edit the fused path cannot run takes the written one): pinned
+    pinned = [f"--{key}={ours}" for name, theirs, ours in diff.circumstances for kind, key in PINNED if name == kind]
+    if pinned:
+        note += f"; {base.name} trained again with {' '.join(pinned)} holds {'them' * (len(pinned) > 1) or 'it'} equal"
     return note
+
+
+PINNED = (("precision", "dtype"), ("attention path", "attention_path"), ("threads", "threads"))
