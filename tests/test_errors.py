@@ -170,8 +170,9 @@ CASES = {
                            "error: {w}/v999/ckpt.pt has checkpoint format 999, this tool reads 1 to 2"),
     "sample incomplete": ("sample", ["--out_dir={w}/nokeys"], "error: {w}/nokeys/ckpt.pt is incomplete: it lacks model_args"),
     "sample unknown model setting": ("sample", ["--out_dir={w}/newer"],
-                                     "error: {w}/newer/ckpt.pt was written with model settings this version cannot "
-                                     "build (unknown model settings: flash_kernels)"),
+                                     "error: {w}/newer/ckpt.pt was trained with model settings model.py's GPTConfig "
+                                     "does not define (flash_kernels): an option taken out of model.py since, or "
+                                     "another version's; put it back in GPTConfig to use this run"),
     "sample float16 on cpu": ("sample", ["--out_dir={t}", "--dtype=float16"],
                               "error: dtype float16 is not supported on CPU; use bfloat16 or float32"),
     "prompt outside vocabulary": ("sample", ["--out_dir={t}", f"--start={PROMPT}"], None),  # see below

@@ -220,6 +220,12 @@ def test_a_model_loaded_after_model_py_changed_says_what_changed(run, capsys):
     model_at(path)
     assert capsys.readouterr().err == (f"note: model.py has changed since {path} was trained (relu_squared): the model "
                                        "runs the code as it is now, which may not be what it learned with\n")
+    # an option taken out of model.py since: its one line alone, not after a note that the model runs as it is now
+    ckpt["model_args"]["mlp_width"] = "8x"
+    save_checkpoint(ckpt, path)
+    with pytest.raises(UserError, match=r"GPTConfig does not define \(mlp_width\): an option taken out of model"):
+        model_at(path)
+    assert capsys.readouterr().err == ""
 
 
 def test_a_tool_that_watches_hooks_notes_an_edit_its_passes_cannot_run(run, capsys, monkeypatch):

@@ -421,9 +421,11 @@ def model_config(ckpt, path, weighed=True, **overrides):
     settings = dict(ckpt["model_args"], **overrides)
     # a setting dropped silently would build a different model: one this version does not know is refused
     unknown = sorted(set(settings) - {f.name for f in fields(GPTConfig)})
+    if unknown:
+        raise UserError(f"{path} was trained with model settings model.py's GPTConfig does not define "
+                        f"({', '.join(unknown)}): an option taken out of model.py since, or another version's; "
+                        "put it back in GPTConfig to use this run")
     try:
-        if unknown:
-            raise ValueError(f"unknown model settings: {', '.join(unknown)}")
         config = GPTConfig(**settings)
     except (ValueError, TypeError) as e:  # written by another version of this tool
         raise UserError(f"{path} was written with model settings this version cannot build ({e})") from None

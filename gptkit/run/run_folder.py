@@ -313,9 +313,10 @@ def model_at(path, device="cpu", watched=False, required=MODEL_KEYS):
     it is now. watched: for a tool whose passes watch hooks, a note where they cannot run an edit
     (unwatched_edits); required: the fields it must hold (a snapshot's, SNAPSHOT_KEYS)."""
     ckpt = load_checkpoint(path, required=required)
-    if note := code_changed_note(ckpt, path):
-        print(note, file=sys.stderr, flush=True)
+    note = code_changed_note(ckpt, path)
     model, tok = model_from_checkpoint(ckpt, path), tokenizer_from_meta(ckpt["tokenizer"])
+    if note:  # after the model is built: a model.py that cannot build it is its one line alone
+        print(note, file=sys.stderr, flush=True)
     if watched and (note := unwatched_edits(model)):
         print(note, file=sys.stderr, flush=True)
     if tok.vocab_size > model.config.vocab_size:  # its tokens past the table would fail deep in the first pass
