@@ -268,6 +268,26 @@ def test_a_row_whose_model_sees_ahead_is_marked_cheats_and_drawn_aside(tmp_path,
         "changed by hand), so its losses are no result." in (tmp_path / "table.md").read_text()
 
 
+def test_a_rung_whose_attention_has_no_hook_pattern_makes_its_row_without_entropy_or_heads(data_dir, tmp_path,
+                                                                                          monkeypatch):
+    """The notes' averaging written into model.py (no softmax, so no hook_pattern): the rung trained, then the lab
+    stopped at reading its heads, and lost the row."""
+    import model as model_py
+
+    def averaging(self, q, k, v):  # the notes' version 2: each position the mean of the values up to it
+        T = q.size(2)
+        wei = torch.tril(torch.ones(T, T, device=q.device))
+        return (wei / wei.sum(1, keepdim=True)) @ v
+
+    monkeypatch.setattr(model_py.SelfAttention, "written", averaging)
+    out = tmp_path / "lab"
+    printed = tiny_lab(data_dir, out, "--rungs=scaled", "--tokens=3000")
+    assert "note: rung scaled: model.py's forward never passes through the hook point blocks.0.attn.hook_pattern" \
+        in printed and "its row has no attention entropy or heads, and no attention.png" in printed
+    row = table_rows(out)["scaled"]
+    assert row["attention entropy (bits)"] == "—" and not (out / "scaled" / "attention.png").exists()
+
+
 def test_the_table_gives_bits_per_character_beside_the_val_loss():
     """Bits per character = val loss (nats per token) x val tokens / (ln 2 x the characters they spell), from the
     dataset's metadata: the measure that compares tokenizers. Char-level it is bits per token, one column; a
