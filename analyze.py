@@ -233,12 +233,13 @@ def analyze_heads(cfg):
     idx, targets, where = val_windows(run, cfg, device, cfg.tokens)
     dtype = fast_dtype(device) if cfg.dtype == "auto" else cfg.dtype
     c, scored = run.config, int((targets != -1).sum())  # a chat dataset's prompts are not scored, as in training
+    # the scores first: an attention of the learner's with no hook_pattern is its one line before minutes of ablating
+    repeated = induction_tokens(run.model, run.tok.vocab_size)
+    scores = head_scores(run.model, idx[:SCORE_WINDOWS], repeated)
     print(f"ablating each of {c.n_layer * c.n_head} heads in turn on {scored:,} tokens of {where}, in "
           f"{dtype}", file=sys.stderr, flush=True)
     with autocast(device, dtype):
         loss, deltas = ablation_deltas(run.model, idx, targets, cfg.ablation)
-    repeated = induction_tokens(run.model, run.tok.vocab_size)
-    scores = head_scores(run.model, idx[:SCORE_WINDOWS], repeated)
     labels = head_labels(scores, chance_scores(idx[:SCORE_WINDOWS], repeated))
     rows = heads_rows(deltas, scores, labels)
     title = (f"{weights_words(run)}: each head {cfg.ablation}-ablated on {scored:,} val tokens "

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, assert_one_error_line, check_ok, run_here, run_script, tiny_model
+from gptkit.base.errors import UserError
 from gptkit.data.conversations import MARKERS
 from gptkit.data.tokenizer import CharTokenizer
 from gptkit.interp.hooks import token_label
@@ -126,6 +127,25 @@ def test_one_head_is_every_head_allowed_with_a_note(data_dir, tmp_path):
     assert "| 0     | L0H0 |" in proc.stdout
     assert proc.stderr.strip().splitlines()[-1] == ("note: the model has one head, so ablating it switches every "
                                                     "head off (allowed: its row is what all of attention adds)")
+
+
+def test_an_attention_without_hook_pattern_is_its_one_line_before_any_ablating(data_dir, tmp_path, monkeypatch):
+    """The notes' running average written into model.py has no softmax to watch: the line came after every head
+    had been ablated (45 s of a small run's)."""
+    import analyze
+    import model as model_py
+
+    def averaging(self, q, k, v):
+        T = q.size(2)
+        wei = torch.tril(torch.ones(T, T, device=q.device))
+        return (wei / wei.sum(1, keepdim=True)) @ v
+
+    meta = json.loads((data_dir / "tiny" / "meta.json").read_text(encoding="utf-8"))
+    out = saved_run(tmp_path / "avg", meta["vocab"], {"dataset": "tiny", "data_dir": str(data_dir)})
+    monkeypatch.setattr(model_py.SelfAttention, "written", averaging)
+    monkeypatch.setattr("gptkit.interp.experiments.ablation_deltas", lambda *a: pytest.fail("ablated first"))
+    with pytest.raises(UserError, match="never passes through the hook point blocks.0.attn.hook_pattern"):
+        analyze.main(["heads", str(out), "--tokens=64"])
 
 
 # ----------------------------------------------------------------------------- files: whole, where they may go
