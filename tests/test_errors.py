@@ -860,6 +860,17 @@ def test_every_script_says_in_one_line_where_model_py_does_not_run(tmp_path, tra
     assert_one_error_line(proc.stderr, "error: model.py's GPT.forward(idx, targets) returned Tensor: the tools *")
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1], ids=["INT", "TERM", "USR1"])
+def test_a_stop_signal_as_a_finished_script_exits_is_ignored(signum):
+    """A scheduler's stop in the last moments of a finished run, while torch cleans up at exit: a traceback from
+    torch's atexit callback and status 130, 143 or 138 for a job that was done. The signal here comes from an
+    atexit callback that runs after run_main's, as torch's do."""
+    code = ("import atexit, os, signal; from gptkit.base.errors import run_main; "
+            f"atexit.register(lambda: os.kill(os.getpid(), {int(signum)})); run_main(lambda: print('done'))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "done\n", "")
+
+
 def test_sigterm_outside_a_training_loop_is_one_line_and_its_status(trained_run, tmp_path):
     """A scheduler's stop while sample.py writes (or chat.py scores, analyze.py measures): one line and status
     143, as Ctrl-C's is `error: interrupted` and 130, not a silent end."""

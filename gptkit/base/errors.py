@@ -3,6 +3,7 @@ learner's model.py that does not run (or no longer takes the arguments it is cal
 fails, in a script's imports as well, and a Ctrl-C there. Every script imports this module before torch, whose
 loading takes a second."""
 
+import atexit
 import inspect
 import os
 import re
@@ -84,8 +85,18 @@ def run_main(main, memory_settings=()):
             raise
         say_error(out_of_memory(asked, memory_settings))
         sys.exit(1)
+    else:
+        atexit.register(stop_signals_ignored)  # after torch's: the first to run as the interpreter exits
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def stop_signals_ignored():
+    """At the exit of a script whose work is done: a stop signal then (a scheduler's, as the job ends) broke off
+    torch's own clean-up with a traceback and gave a finished job a stopped one's status."""
+    for name in ("SIGINT", "SIGTERM", "SIGUSR1"):
+        if hasattr(signal, name):  # Windows has no SIGUSR1
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
 def say_error(line):
