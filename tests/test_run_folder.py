@@ -357,3 +357,23 @@ def test_a_best_pt_that_is_a_link_to_nowhere_is_named_not_taken_for_one_never_wr
     (folder / "latest.pt").write_bytes(b"x")
     with pytest.raises(UserError, match="; the run's latest state may still load: --checkpoint=latest$"):
         RunDir(folder).model_file("best")
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "latest.pt", "run.lock"])
+def test_a_fifo_where_the_run_writes_a_file_is_one_line_not_a_wait_forever(tmp_path, name):
+    """A FIFO at metrics.jsonl hung a new run: reading it to see whether a run stopped before its first step
+    waited for a writer that never came."""
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / name)
+    with pytest.raises(UserError, match=rf"^{re.escape(str(out / name))} is a FIFO \(a named pipe\) where the run "
+                                        "writes a file; move it out of the way$"):
+        RunDir(out).check_folder()
+
+
+def test_an_out_dir_that_is_a_link_to_nothing_is_one_line_saying_so(tmp_path):
+    """It was `cannot write to out_dir ... (File exists)`: the link is there, what it leads to is not."""
+    link = tmp_path / "dangling"
+    link.symlink_to(tmp_path / "gone")
+    with pytest.raises(UserError, match=rf"^out_dir {re.escape(str(link))} is a link to .*gone, which is not there"):
+        RunDir(link).check_folder()

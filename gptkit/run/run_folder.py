@@ -27,7 +27,7 @@ from gptkit.base.locks import exclusive
 from gptkit.data.tokenizer import tokenizer_from_meta
 from gptkit.machine.stand_ins import changed_since, unwatched_edits
 from gptkit.run.checkpoint import (MODEL_KEYS, SNAPSHOT_KEYS, load_checkpoint, model_from_checkpoint, model_header,
-                                   model_shape, shape_words)
+                                   model_shape, shape_words, special_kind)
 from gptkit.run.metrics import parsed, rl_run
 
 
@@ -99,11 +99,16 @@ class RunDir:
         written."""
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"cannot use {self.path} as out_dir (a file of that name is in the way)")
+        if self.path.is_symlink() and not self.path.exists():
+            raise UserError(f"out_dir {self.path} is a link to {os.readlink(self.path)}, which is not there; make "
+                            "that folder, or pick another --out_dir")
         saved = [self.latest, self.previous, self.best]
         in_place = [*(p.with_name(p.name + ".tmp") for p in saved), self.metrics, self.path / "run.lock"]
         for p in [*saved, *in_place]:
             if p.is_dir():
                 raise UserError(f"{p} is a folder where the run writes a file; move it out of the way")
+            if p.exists() and not p.is_file():  # read or written, a FIFO would wait for a writer forever
+                raise UserError(f"{p} is {special_kind(p)} where the run writes a file; move it out of the way")
         if self.snapshots.is_symlink():  # a resume drops the snapshots past its step: another run's, through it
             raise UserError(f"{self.snapshots} is a link; a run keeps its snapshots in a folder of its own, never "
                             "written or removed through a link: remove it")
