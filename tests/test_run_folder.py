@@ -300,6 +300,20 @@ def test_a_run_stopped_before_its_first_step_is_no_other_run_to_the_same_command
     assert sorted(p.name for p in run.path.iterdir()) == []
 
 
+def test_init_from_auto_starts_anew_over_a_run_killed_before_it_saved_a_state_and_keeps_its_records(tmp_path):
+    """kill -9 before the first save leaves records and no state: the same --init_from=auto command, run again (a
+    job requeued), was refused every time. It starts anew, the old records moved aside."""
+    run, notes = stopped_at_start(tmp_path / "out", ("run", 0), ("eval", 0), ("train", 10)), []
+    run.clear_for_a_new_run(False, " but no saved state to continue it from (latest.pt);", notes.append, auto=True)
+    assert notes[0] == (f"note: {run.path} holds a run stopped before it saved a state to continue from "
+                        "(metrics.jsonl, snapshots): --init_from=auto starts it anew")
+    assert notes[1].startswith(f"note: starting over in {run.path}: the previous run's metrics.jsonl, snapshots "
+                               "moved to ")
+    aside = next(run.path.glob("replaced-*"))
+    assert (aside / "metrics.jsonl").exists() and (aside / "snapshots" / "iter_0.pt").exists()
+    assert not run.metrics.exists()
+
+
 def test_a_run_that_took_a_step_or_files_not_a_runs_are_still_refused(tmp_path):
     """Records past iteration 0 (two Ctrl-Cs stopped it before it saved), a line of the user's, a later snapshot:
     kept, and the line says the run saved no state to continue from, and how to start anew."""

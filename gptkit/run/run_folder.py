@@ -145,10 +145,12 @@ class RunDir:
                 continue
         return None
 
-    def clear_for_a_new_run(self, start_over, how, note):
+    def clear_for_a_new_run(self, start_over, how, note, auto=False):
         """A new run here would replace another run's best.pt and append to its metrics.jsonl: refuse in one line
         that names that run's files and the ways on (how: what comes before the others); with start_over, move them
-        into a folder beside them first, deleting nothing."""
+        into a folder beside them first, deleting nothing. auto (--init_from=auto, which continues a run or starts
+        one): a run killed before it saved a state is moved aside so, with a note, as the same command run again
+        after a kill -9 must start."""
         # snapshots and SAEs too: another run's weights, which a new run's would be mixed with or taken for
         found = [p for p in (self.latest, self.previous, self.best, self.legacy, self.metrics, self.snapshots,
                              self.path / "sae") if p.exists()]
@@ -164,9 +166,13 @@ class RunDir:
                  f"{held} of iteration 0); it trained nothing, and a new run starts in its place")
             return
         if not start_over and self.metrics in found and set(found) <= {self.metrics, self.snapshots}:  # no save yet
-            raise UserError(f"{self.path} holds a run stopped before it saved a state to continue from "
-                            f"({', '.join(p.name for p in found)}): start it anew with --start_over=True (its files "
-                            "are moved aside, not deleted), or train elsewhere with another --out_dir")
+            stopped = f"{self.path} holds a run stopped before it saved a state to continue from " \
+                f"({', '.join(p.name for p in found)})"
+            if not auto:
+                raise UserError(f"{stopped}: start it anew with --start_over=True (its files are moved aside, not "
+                                "deleted), or train elsewhere with another --out_dir")
+            note(f"note: {stopped}: --init_from=auto starts it anew")
+            start_over = True
         if not start_over:
             raise UserError(f"{self.path} holds another run ({', '.join(p.name for p in found)}){how} train "
                             "elsewhere with another --out_dir, or start over with --start_over=True (its files are "

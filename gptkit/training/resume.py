@@ -57,7 +57,7 @@ def claim_for_a_new_run(cfg, run, note, configured=None):
     # 'auto' too, where nothing is left to continue from: it would start afresh over them
     how = "; continue it with --init_from=auto," if cfg.init_from != "auto" else \
         " but no saved state to continue it from (latest.pt);"
-    run.clear_for_a_new_run(cfg.start_over, how, note)
+    run.clear_for_a_new_run(cfg.start_over, how, note, auto=cfg.init_from == "auto")
 
 
 def resume_state(run, init_from, note):
