@@ -102,6 +102,8 @@ def train(rt, data, state, log, run, budget, stop, aim=None):
             records.take(state.iter_num, paced=False)
     x, y = data.sampler.next()
     done = finished(cfg, rt, state, budget)
+    if done and state.iter_num and records.end_missing(state.iter_num):  # the run's end, which a kill -9 lost
+        records.take(state.iter_num, paced=False)
     tuner = None if done else thread_tuner(state, x, y, rt.autocast, report.say)  # a run with no step left: none
     pace = Pace(state.choices.planned, state.iter_num, cfg) if rt.master else None
     with stop.deferred():

@@ -653,6 +653,25 @@ def test_a_run_stopped_while_scoring_the_whole_val_split_is_finished_by_a_resume
     assert "is finished (all 6 iterations are done); nothing to do" in again.stdout
 
 
+@pytest.mark.slow
+def test_a_run_killed_after_its_last_save_gets_its_end_record_and_snapshot_on_resume(tmp_path, data_dir):
+    """kill -9 between the last save of latest.pt and the end's record: the resume went straight to the final score,
+    and the run's end was never in its timeline or its snapshots."""
+    out = tmp_path / "out"
+    args = train_args(data_dir, out, *SHORT_RUN, "--snapshots=3", "--threads=1")
+    train.main(args)
+    whole = [(r["kind"], r["iter"]) for r in read_metrics(out) if r["kind"] in ("timeline", "final")]
+    assert ("timeline", 6) in whole and (out / "snapshots" / "iter_6.pt").exists()
+    lines = (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line)["kind"] not in ("final", "timeline")
+            or json.loads(line)["iter"] != 6]  # as the kill left it: no end record, no final score
+    (out / "metrics.jsonl").write_text("".join(kept), encoding="utf-8")
+    (out / "snapshots" / "iter_6.pt").unlink()
+    train.main([*args, "--init_from=auto"])
+    assert [(r["kind"], r["iter"]) for r in read_metrics(out) if r["kind"] in ("timeline", "final")] == whole
+    assert (out / "snapshots" / "iter_6.pt").exists()
+
+
 def test_a_fine_tune_into_the_folder_it_starts_from_is_refused_before_anything_moves(tmp_path, chat_run, chat_data):
     """out_dir = init_from with --start_over=True: moving the run aside would leave nothing to start from. One line,
     before the run's files move."""

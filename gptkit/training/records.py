@@ -82,6 +82,15 @@ class Records:
         wanted = always or evaluated or due(iter_num, self.cfg.eval_interval)
         return wanted and (always or self.pacing.affords(self.expected_seconds(iter_num)))
 
+    def end_missing(self, iter_num):
+        """Whether a run resumed with its steps all done lacks its end's record: killed (kill -9) after its last
+        save and before the record, whose resume goes straight to the final score."""
+        if not self.on:
+            return False
+        if self.cfg.timeline:
+            return not any(t.get("iter") == iter_num for t in self.timeline or earlier_timeline(self.run))
+        return not self.run.snapshot(iter_num).exists()
+
     def take(self, iter_num, paced=True):
         """Record the step: the timeline's numbers to metrics.jsonl, and with --snapshots the weights, kept at a
         few steps spread along the timeline. Unpaced (the start's, the end's), it counts toward the whole run's
