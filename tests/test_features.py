@@ -839,3 +839,20 @@ def test_the_largest_features_said_to_fit_is_the_largest_that_passes(monkeypatch
     features.check_memory(dataclasses.replace(recipe, features=largest), 32, idx, 65)
     with pytest.raises(UserError):
         features.check_memory(dataclasses.replace(recipe, features=largest + 1), 32, idx, 65)
+
+
+def test_a_chat_model_s_markers_are_shown_by_name_in_a_feature_s_contexts_and_tokens():
+    """Its rows showed the markers' private-use characters, which no font draws, where every other tool writes
+    <|user|>: in analyze.py features' table and page, and the explorer's feature rows."""
+    from gptkit.data.conversations import MARKERS
+    from gptkit.data.tokenizer import CharTokenizer
+    from gptkit.interp.features import feature_rows
+
+    tok = CharTokenizer("".join(sorted(set("0123456789+ab\n"))) + "".join(MARKERS.values()))
+    model = tiny_model(vocab_size=tok.vocab_size)
+    sae = SparseAutoencoder(model.config.n_embd, 8, 4, torch.Generator().manual_seed(0))
+    idx = torch.tensor([tok.encode("".join(MARKERS.values()) * 3 + "12+3")] * 2)
+    rows = feature_rows(model, tok, sae, "blocks.0.hook_resid_post", idx, 8, width=4)
+    shown = json.dumps([[*r["promotes"], *r["demotes"], *(t for c in r["contexts"] for t in c[:3])] for r in rows],
+                       ensure_ascii=False)
+    assert not any(c in shown for c in MARKERS.values()) and "<|user|>" in shown

@@ -33,6 +33,7 @@ from gptkit.base.errors import RunStopped, UserError, first_line, in_units
 from gptkit.base.files import no_links, write_whole
 from gptkit.base.locks import exclusive
 from gptkit.base.signals import StopSignals
+from gptkit.data.conversations import marker_name
 from gptkit.interp.hooks import hook_points, hooked
 from gptkit.run.checkpoint import COUNT, DICT, TENSOR, TEXT, TORCH_RANDOM, Each, Fields, Kind
 from gptkit.run.run_folder import CHECKPOINT_CHOICE, remove_unused
@@ -837,12 +838,19 @@ def logit_effects(model, sae, n, vocab):
     return logits.topk(n, dim=1).indices.tolist(), (-logits).topk(n, dim=1).indices.tolist()
 
 
+def token_text(tok, token):
+    """A token's text as a feature's rows show it: a chat model's marker by its name (<|user|>), not its private-use
+    character, which no font draws."""
+    text = tok.decode([token])
+    return marker_name(tok, text) or text
+
+
 def context_of(tok, idx, position, width):
     """(before, the token, after) around a flat position of idx (B, T), width tokens either side, within its
     window."""
     row, t = divmod(position, idx.size(1))
     start = max(0, t - width)
-    text = [tok.decode([i]) for i in idx[row, start:t + 1 + width].tolist()]  # the tokens shown, decoded once
+    text = [token_text(tok, i) for i in idx[row, start:t + 1 + width].tolist()]  # the tokens shown, decoded once
     return "".join(text[:t - start]), text[t - start], "".join(text[t - start + 1:])
 
 
@@ -855,7 +863,7 @@ def feature_rows(model, tok, sae, hook, idx, count, n_contexts=4, width=12):
     return [{"index": i, "frequency": round(frequency[i].item(), 6),
              "contexts": [[*context_of(tok, idx, p, width), round(v, 4)]
                           for v, p in zip(values[i].tolist(), positions[i].tolist()) if v > 0],
-             "promotes": [tok.decode([t]) for t in promotes[i]], "demotes": [tok.decode([t]) for t in demotes[i]]}
+             "promotes": [token_text(tok, t) for t in promotes[i]], "demotes": [token_text(tok, t) for t in demotes[i]]}
             for i in order]
 
 
