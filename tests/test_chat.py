@@ -185,6 +185,17 @@ def test_the_report_card_puts_the_stages_side_by_side(chat_run, trained_run):
         "| addition accuracy", "| addition pass@1", "| addition pass@8", "| addition pass@64"]
 
 
+def test_the_report_card_says_where_its_stages_tokenize_the_text_otherwise():
+    """A BPE stage's text val loss (nats per token of its pieces) stood beside a char stage's (per character)."""
+    from gptkit.chat.report import units_note
+
+    char, grown = {"tokenizer": "char", "vocab": "ab"}, {"tokenizer": "char", "vocab": "abc"}
+    assert units_note({"out": char, "out-chat": grown}) is None  # the fine-tune's vocabulary grew: still characters
+    assert units_note({"out": char, "runs/out-bpe": {"tokenizer": "tiktoken", "encoding": "gpt2"}}) == (
+        "note: the plain text's val loss is per token of each stage's own tokenizer (out: char, out-bpe: tiktoken "
+        "gpt2): it compares only between stages of one tokenizer")
+
+
 def test_the_report_card_reads_the_checkpoint_asked_for_and_names_the_cells_it_cannot_score(chat_run, tmp_path,
                                                                                           monkeypatch, capsys):
     import shutil

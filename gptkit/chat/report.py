@@ -113,7 +113,22 @@ def report_card(cfg, device):
                         "its stages are fine-tunes on a dataset of data/prepare.py --synthetic=tasks")
     if cfg.limit:
         problems = {task: items[:cfg.limit] for task, items in problems.items()}
+    if note := units_note({out_dir: load_checkpoint(RunDir(out_dir).model_file(cfg.checkpoint))["tokenizer"]
+                           for out_dir in runs}):
+        print(note, file=sys.stderr)
     return [stage(out_dir, problems, text, cfg, device) for out_dir in runs]
+
+
+def units_note(tokenizers):
+    """A note where the stages ({run: its tokenizer's meta}) tokenize the text otherwise: each one's text val loss is
+    per token of its own tokenizer (a character, or a BPE's pieces), which do not compare; None where they agree."""
+    kinds = {run: " ".join(str(meta[key]) for key in ("tokenizer", "encoding") if meta.get(key))
+             for run, meta in tokenizers.items()}
+    if len(set(kinds.values())) < 2:
+        return None
+    return ("note: the plain text's val loss is per token of each stage's own tokenizer ("
+            + ", ".join(f"{Path(run).name}: {kind}" for run, kind in kinds.items())
+            + "): it compares only between stages of one tokenizer")
 
 
 def card_table(columns, samples):
