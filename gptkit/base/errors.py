@@ -86,6 +86,7 @@ def run_main(main, memory_settings=()):
         say_error(out_of_memory(asked, memory_settings))
         sys.exit(1)
     else:
+        atexit.unregister(stop_signals_ignored)  # once, however many scripts a process runs (the tests' run_here)
         atexit.register(stop_signals_ignored)  # after torch's: the first to run as the interpreter exits
     finally:
         signal.signal(signal.SIGTERM, previous)

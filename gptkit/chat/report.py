@@ -61,8 +61,8 @@ def seconds_spent(out_dir):
 
 
 def stage(out_dir, problems, text, cfg, device):
-    """One column: the run's scores on the problems (none for a model never fine-tuned for chat), its loss on
-    the text, its time and the parameters it trained."""
+    """(one column: the run's scores on the problems (none for a model never fine-tuned for chat), its loss on
+    the text, its time and the parameters it trained; the run's tokenizer)."""
     model, tok, ckpt = model_of(out_dir, cfg.checkpoint, device)
     trained, total = trained_share(ckpt)
     column = {"run": out_dir, "seconds": seconds_spent(out_dir), "trained": trained, "params": total, "tasks": None}
@@ -75,7 +75,7 @@ def stage(out_dir, problems, text, cfg, device):
         column["text_val_loss"] = text_loss(model, tok, text) if text else None
     except UserError as e:  # a text its vocabulary cannot spell: its cell is left empty, and why said
         print(f"note: {out_dir}'s text val loss is left out: {e}", file=sys.stderr)
-    return column
+    return column, tok
 
 
 def spelled(out_dir, tok, problems):
@@ -113,10 +113,10 @@ def report_card(cfg, device):
                         "its stages are fine-tunes on a dataset of data/prepare.py --synthetic=tasks")
     if cfg.limit:
         problems = {task: items[:cfg.limit] for task, items in problems.items()}
-    if note := units_note({out_dir: load_checkpoint(RunDir(out_dir).model_file(cfg.checkpoint))["tokenizer"]
-                           for out_dir in runs}):
+    scored = [stage(out_dir, problems, text, cfg, device) for out_dir in runs]
+    if note := units_note({column["run"]: tok.to_meta() for column, tok in scored}):
         print(note, file=sys.stderr)
-    return [stage(out_dir, problems, text, cfg, device) for out_dir in runs]
+    return [column for column, _ in scored]
 
 
 def units_note(tokenizers):
