@@ -296,7 +296,7 @@ def test_missing_inputs_are_one_line_errors(tmp_path):
         plot.main(["bogus"])
     with pytest.raises(UserError, match="unknown config key"):
         plot.main(["loss", "--outdir=x"])
-    (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "iter": 0, "val_loss": 2.0}) + "\n{truncated")
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "iter": 0, "val_loss": 2.0}) + "\n{truncated\n")
     with pytest.raises(UserError, match="not JSON"):
         plot.main(["loss", f"--out_dir={tmp_path}"])
     (tmp_path / "metrics.jsonl").write_text("")

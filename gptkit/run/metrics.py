@@ -4,6 +4,7 @@ import errno
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -195,8 +196,9 @@ def read_metrics(out_dir, writing=False):
     """Every record of out_dir/metrics.jsonl (Records), in the order written, each checked to have the shape
     train.py writes: an object whose train and eval records carry an integer iter and numbers where numbers go
     (one error line naming the line otherwise); a final or timeline record that is not whole is left out, and said
-    so in Records.left_out. writing: the run may be writing its last line as this reads it (the explorer reads runs
-    as they train), so a last line with no newline yet that is not JSON is left out, as a resume drops it."""
+    so in Records.left_out. A last line with no newline that is not JSON is left out, as a resume drops it: a run
+    stopped as it wrote it (a note says so), or, with writing, one still writing it (the explorer reads runs as they
+    train)."""
     path = Path(out_dir) / "metrics.jsonl"
     try:
         with open(path, encoding="utf-8") as f:
@@ -209,8 +211,11 @@ def read_metrics(out_dir, writing=False):
     except UnicodeDecodeError as e:
         raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); was it written by train.py?") \
             from None
-    if writing and lines and not lines[-1][1].endswith("\n") and not is_json(lines[-1][1]):
-        lines.pop()
+    if lines and not lines[-1][1].endswith("\n") and not is_json(lines[-1][1]):
+        number, _ = lines.pop()
+        if not writing:
+            print(f"note: left out line {number} of {path}, cut short as it was written (the run stopped there); "
+                  "a resume drops it", file=sys.stderr, flush=True)
     records, numbers = [], []
     for lineno, line in lines:
         if line.strip():
