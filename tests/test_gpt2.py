@@ -130,6 +130,24 @@ def test_train_checks_data_and_block_size_against_pretrained(tmp_path):
         build_model(TrainConfig(init_from=str(folder), dataset="tiny"), None, bpe)
 
 
+def test_lora_on_an_untied_gpt2_folder_starts_as_its_model_and_a_tied_one_is_one_line(tmp_path):
+    """An untied GPT-2 folder (an export of an untied run, say) takes adapters, B at zero: its logits at the
+    start are the folder's; a tied head, which LoRA would part, is refused in one line."""
+    from gptkit.training.starting import build_model
+    from gptkit.training.train_config import TrainConfig
+
+    folder, hf = hf_model(tmp_path, tie_word_embeddings=False)
+    cfg = TrainConfig(init_from=str(folder), dataset="tiny", model=GPTConfig(block_size=64, lora_rank=4))
+    bpe = {"tokenizer": "tiktoken", "encoding": "gpt2", "vocab_size": 90}
+    model = build_model(cfg, None, bpe).eval()
+    assert model.config.lora_rank == 4 and any("lora_" in name for name, _ in model.named_parameters())
+    torch.testing.assert_close(all_logits(model, tokens()), hf_logits(hf, tokens()), atol=1e-4, rtol=0)
+    tied, _ = hf_model(tmp_path / "tied")
+    with pytest.raises(UserError, match=r"^lora_rank=4 with init_from='.*': its head is its token table"):
+        build_model(TrainConfig(init_from=str(tied), dataset="tiny", model=GPTConfig(block_size=64, lora_rank=4)),
+                    None, bpe)
+
+
 # ----------------------------------------------------------------------------- export
 
 
@@ -217,7 +235,8 @@ def test_export_stopped_before_its_files_go_in_is_one_line_and_leaves_the_folder
     save_fake_run(tiny_model(block_size=24, mlp_act="gelu_tanh"), tmp_path / "out", {"tokenizer": "char",
                                                                                       "vocab": CHARS})
     (tmp_path / "hf").mkdir()
-    (tmp_path / "hf" / "config.json").write_text('{"model_type": "gpt2"}')  # an earlier export's
+    earlier = '{"model_type": "gpt2", "exported_by": "nanogpt-cli export.py"}'  # an earlier export's config
+    (tmp_path / "hf" / "config.json").write_text(earlier)
     monkeypatch.setattr(os, "fsync", lambda fd: os.kill(os.getpid(), signal.SIGTERM))
 
     def unheard(signum, frame):  # where the export hears no SIGTERM, its default would end pytest itself
@@ -231,32 +250,38 @@ def test_export_stopped_before_its_files_go_in_is_one_line_and_leaves_the_folder
     finally:
         signal.signal(signal.SIGTERM, outside)
     assert [p.name for p in (tmp_path / "hf").iterdir()] == ["config.json"]  # its aside folder gone too
-    assert (tmp_path / "hf" / "config.json").read_text() == '{"model_type": "gpt2"}'
+    assert (tmp_path / "hf" / "config.json").read_text() == earlier
 
 
-@pytest.mark.parametrize("case", ["a config of the learner's", "weights of no export", "a run's folder"])
+@pytest.mark.parametrize("case", ["a config of the learner's", "weights of no export", "a GPT-2 of the learner's",
+                                  "a run's folder"])
 def test_export_refuses_files_no_export_wrote_before_reading_anything(tmp_path, case):
-    """A config.json of the learner's (not a GPT-2 one), weights with no config beside them, or a run's folder:
-    the export would replace or mix with them. One line, and the folder as it was."""
+    """A config.json of the learner's, weights with no config beside them, a GPT-2 model saved with save_pretrained
+    (the folder a fine-tune started from, say), or a run's folder: the export would replace or mix with them. One
+    line, and the folder as it was."""
     import export
 
     save_fake_run(tiny_model(block_size=24, mlp_act="gelu_tanh"), tmp_path / "out", {"tokenizer": "char",
                                                                                       "vocab": CHARS})
     hf = tmp_path / "out" if case == "a run's folder" else tmp_path / "hf"
     hf.mkdir(exist_ok=True)
-    if case != "a run's folder":
+    if case == "a GPT-2 of the learner's":
+        transformers = pytest.importorskip("transformers")
+        transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2)).save_pretrained(hf)
+    elif case != "a run's folder":
         (hf / ("config.json" if case == "a config of the learner's" else "model.safetensors")).write_text("mine")
-    before = sorted(p.name for p in hf.iterdir())
+    before = {p.name: p.read_bytes() for p in hf.iterdir() if p.is_file()}
     with pytest.raises(UserError) as caught:
         export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={hf}"])
+    replace = "which the export would replace; move them, or export to another --hf_dir"
     assert str(caught.value) == {
-        "a config of the learner's": f"{hf} holds config.json of no earlier export (no GPT-2 config.json), which the "
-                                     "export would replace; move them, or export to another --hf_dir",
-        "weights of no export": f"{hf} holds model.safetensors of no earlier export (no GPT-2 config.json), which the "
-                                "export would replace; move them, or export to another --hf_dir",
+        "a config of the learner's": f"{hf} holds config.json of no earlier export, {replace}",
+        "weights of no export": f"{hf} holds model.safetensors of no earlier export, {replace}",
+        "a GPT-2 of the learner's": f"{hf} holds a GPT-2 model that export.py did not write (saved or downloaded "
+                                    f"there), {replace}",
         "a run's folder": f"{hf} is a run's folder (it holds best.pt); export to a folder of its own, e.g. "
                           "--hf_dir=hf"}[case]
-    assert sorted(p.name for p in hf.iterdir()) == before
+    assert {p.name: p.read_bytes() for p in hf.iterdir() if p.is_file()} == before
 
 
 def test_export_clears_the_aside_folder_of_an_export_killed_outright_and_keeps_one_under_way(tmp_path):
@@ -321,6 +346,27 @@ def test_export_of_a_model_py_edited_beyond_gpt2_is_one_line_and_writes_nothing(
     with pytest.raises(UserError, match=r"^GPT-2 built from this model's weights computes other logits \(up to "
                                         r"[0-9.e-]+ apart\): its model.py computes something GPT-2's layout has no "
                                         r"place for \(an edit, or an option of its own\); nothing was written$"):
+        export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
+    assert not (tmp_path / "hf").exists()
+
+
+def test_export_checks_the_logits_over_the_whole_context(tmp_path, monkeypatch):
+    """An edit may change only what the far positions compute (a window on attention, say): checked at a few
+    first positions, it would be written as plain GPT-2."""
+    pytest.importorskip("transformers")
+    import export
+    import model as model_py
+
+    head = model_py.GPT.head
+
+    def far_edited(self, x):  # the logits past the 20th position moved, as a window of 20 would move them
+        logits = head(self, x)
+        return torch.cat([logits[:, :20], logits[:, 20:] + 1.0], dim=1)
+
+    monkeypatch.setattr(model_py.GPT, "head", far_edited)
+    save_fake_run(tiny_model(block_size=24, **EXPORTABLE["gpt2"]), tmp_path / "out", {"tokenizer": "char",
+                                                                                      "vocab": CHARS})
+    with pytest.raises(UserError, match=r"^GPT-2 built from this model's weights computes other logits \(up to 1"):
         export.main([f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
     assert not (tmp_path / "hf").exists()
 

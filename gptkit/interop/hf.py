@@ -222,9 +222,10 @@ def state_to_hf(state, config):
 @torch.no_grad()
 def check_same_logits(model, hf):
     """GPT-2 built from model's weights must compute model's logits: an edit to model.py, or an option of its
-    own, that GPT-2 has no place for would otherwise be written as another model. One line, before any file."""
+    own, that GPT-2 has no place for would otherwise be written as another model. One line, before any file. Over
+    the whole context: an edit may change only what the far positions see (a window on attention, say)."""
     config = model.config
-    idx = torch.randint(config.vocab_size, (2, min(16, config.block_size)), generator=torch.Generator().manual_seed(0))
+    idx = torch.randint(config.vocab_size, (1, config.block_size), generator=torch.Generator().manual_seed(0))
     with evaluating(model):
         ours = model(idx, idx)[0].float()
     gap = (hf(idx).logits.float() - ours).abs().max().item()
@@ -244,31 +245,39 @@ def clear_killed_exports(hf_dir):
 
 
 EXPORT_FILES = ("config.json", "model.safetensors", "generation_config.json")  # what save_pretrained writes
+# written into each export's config.json, which transformers keeps as an attribute: a folder whose config lacks it
+# holds a model of the learner's (a GPT-2 saved or downloaded there), which an export must not replace
+EXPORT_MARK, EXPORTED_BY = "exported_by", "nanogpt-cli export.py"
 # a run's folder holds one of these (gptkit/run/run_folder.py names them; this layer sits below it)
 RUN_FILES = ("best.pt", "latest.pt", "metrics.jsonl", "ckpt.pt")
 
 
 def check_hf_dir(hf_dir):
     """Before anything is read or written: one line where hf_dir is a run's folder, or holds a file at a name the
-    export writes that no earlier export wrote (a config.json that is no GPT-2 model's, or weights without one),
-    which the export would replace; an earlier export's files are replaced, which save_hf says."""
+    export writes that no earlier export wrote (a GPT-2 model saved or downloaded there, a config.json of another
+    kind, or weights without one), which the export would replace; an earlier export's files are replaced, which
+    save_hf says."""
     hf_dir = Path(hf_dir)
     held = [name for name in RUN_FILES if (hf_dir / name).exists()]
     if held:
         raise UserError(f"{hf_dir} is a run's folder (it holds {held[0]}); export to a folder of its own, e.g. "
                         "--hf_dir=hf")
     there = [name for name in EXPORT_FILES if (hf_dir / name).is_file()]
-    if there and not is_gpt2_config(hf_dir / "config.json"):
-        raise UserError(f"{hf_dir} holds {', '.join(there)} of no earlier export (no GPT-2 config.json), which the "
-                        "export would replace; move them, or export to another --hf_dir")
+    config = config_json(hf_dir / "config.json")
+    if there and config.get(EXPORT_MARK) != EXPORTED_BY:
+        what = ("a GPT-2 model that export.py did not write (saved or downloaded there)" if
+                config.get("model_type") == "gpt2" else f"{', '.join(there)} of no earlier export")
+        raise UserError(f"{hf_dir} holds {what}, which the export would replace; move them, or export to another "
+                        "--hf_dir")
 
 
-def is_gpt2_config(path):
-    """Whether path is a config.json save_pretrained wrote for a GPT-2 model."""
+def config_json(path):
+    """A config.json's object, or {} where it is missing, unreadable, not JSON or not an object."""
     try:
-        return json.loads(path.read_text(encoding="utf-8")).get("model_type") == "gpt2"
-    except (OSError, ValueError, AttributeError):  # missing, unreadable, not JSON, not an object
-        return False
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def save_hf(model, hf_dir, eos_token_id=None):
@@ -278,7 +287,8 @@ def save_hf(model, hf_dir, eos_token_id=None):
     check_exportable(config)
     transformers = import_transformers("exporting to Hugging Face format")
     state = model.state_dict()
-    hf_config = transformers.GPT2Config(**hf_config_args(config, eos_token_id, mlp_width(state, config)))
+    hf_config = transformers.GPT2Config(**hf_config_args(config, eos_token_id, mlp_width(state, config)),
+                                        **{EXPORT_MARK: EXPORTED_BY})
     hf = transformers.GPT2LMHeadModel(hf_config).eval()
     try:
         hf.load_state_dict(state_to_hf(state, config))
