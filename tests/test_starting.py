@@ -308,6 +308,19 @@ def test_a_folder_holding_no_run_stops_train_py_in_one_line(tmp_path, chat_data)
     assert "holds no run" in assert_one_error_line(proc.stderr)
 
 
+@pytest.mark.parametrize("start", ["scratch", "auto"])
+def test_lora_on_a_new_model_with_a_tied_head_is_one_line(tmp_path, data_dir, start):
+    """A new model ties its head to its token table by default, which LoRA would part: one line, not the
+    model's ValueError as a traceback; auto with nothing to continue is a new model too."""
+    proc = run_here("train.py", "--lora_rank=4", f"--init_from={start}", f"--out_dir={tmp_path / 'out'}",
+                    f"--data_dir={data_dir}", "--dataset=tiny", *MODEL, "--max_iters=2")
+    assert proc.returncode == 1
+    assert assert_one_error_line(proc.stderr) == (
+        "error: lora_rank=4 on a new model: its head is its token table (tie_weights=True), and LoRA gives each its "
+        "own adapter; LoRA fine-tunes a trained run (--init_from=OUT), or give --tie_weights=False")
+    assert not (tmp_path / "out").exists()
+
+
 def test_auto_with_no_state_starts_a_fine_tune_from_its_configs_base_not_from_scratch(tmp_path, trained_run, chat_data,
                                                                                       capsys):
     """A fine-tune stopped before its first save, run again with --init_from=auto (as every stopped run is): the
@@ -353,5 +366,6 @@ def test_an_interrupted_fine_tune_continues_to_the_same_weights(tmp_path, traine
 def test_lora_on_gpt2_s_weights_is_one_line_before_they_load():
     """GPT-2 ties its head to its token table, which LoRA adapts apart: refused, not trained in full unsaid."""
     cfg = train_config(init_from="gpt2", lora_rank=8)
-    with pytest.raises(UserError, match=r"^lora_rank=8 with init_from='gpt2': GPT-2's head is its token table, tied"):
+    with pytest.raises(UserError, match=r"^lora_rank=8 with init_from='gpt2': its head is its token table \(GPT-2's "
+                                        r"own are tied\)"):
         pretrained(cfg, {"tokenizer": "tiktoken", "vocab_size": 50257})

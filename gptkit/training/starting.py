@@ -101,13 +101,15 @@ def pretrained(cfg, meta):
         raise UserError(f"init_from={cfg.init_from!r}: GPT-2's weights have no rows for the chat markers of dataset "
                         f"{cfg.dataset!r}; fine-tune them on text prepared with --tokenizer=gpt2 first, then start "
                         "the chat fine-tune from that run (--init_from=its out_dir)")
-    if cfg.model.lora_rank:  # GPT-2 ties its head to its token table, which LoRA's adapters would part
-        raise UserError(f"lora_rank={cfg.model.lora_rank} with init_from={cfg.init_from!r}: GPT-2's head is its token "
-                        "table, tied, and LoRA adapts the two apart; fine-tune it in full (--lora_rank=0)")
+    if cfg.model.lora_rank and cfg.init_from in HUB_MODELS:  # said before the download
+        raise tied_head(cfg)
     model = load_pretrained(cfg.init_from, dropout=cfg.model.dropout)
     if meta["vocab_size"] > model.config.vocab_size:
-        raise UserError(f"dataset {cfg.dataset!r} has {meta['vocab_size']:,} token ids, more than "
-                        f"{cfg.init_from!r}'s {model.config.vocab_size:,}; prepare it with --tokenizer=gpt2")
+        raise UserError(f"dataset {cfg.dataset!r} has {meta['vocab_size']:,} token ids, more than the "
+                        f"{model.config.vocab_size:,} of the model in {cfg.init_from}, which was not trained on "
+                        "GPT-2's tokens; start from a GPT-2 model (gpt2, or a folder of one)")
+    if cfg.model.lora_rank:
+        model = with_adapters(model, cfg)
     block_size = cfg.model.block_size
     if block_size > model.config.block_size:  # as for resume: never train on a shorter context unasked
         raise UserError(f"block_size {block_size} is larger than {cfg.init_from!r}'s "
@@ -115,6 +117,23 @@ def pretrained(cfg, meta):
     if block_size < model.config.block_size:
         crop_block_size(model, block_size)
     return model
+
+
+def with_adapters(model, cfg):
+    """GPT-2's weights with LoRA's adapters beside them (B at zero: the same model to start), for an untied head."""
+    if model.config.tie_weights:
+        raise tied_head(cfg)
+    try:
+        adapted = GPT(replace(model.config, lora_rank=cfg.model.lora_rank, lora_alpha=cfg.model.lora_alpha))
+    except ValueError as e:  # a rank over the width
+        raise UserError(f"the model in {cfg.init_from}: {e}") from None
+    adapted.load_state_dict(model.state_dict(), strict=False)  # every weight but the adapters', which start afresh
+    return adapted
+
+
+def tied_head(cfg):
+    return UserError(f"lora_rank={cfg.model.lora_rank} with init_from={cfg.init_from!r}: its head is its token table "
+                     "(GPT-2's own are tied), and LoRA gives each its own adapter; fine-tune it in full (--lora_rank=0)")
 
 
 def seed_everything(seed):
@@ -178,6 +197,10 @@ def planned_model(cfg, meta, ckpt=None, path=None, base=None, given=(), asked=()
         return from_base(cfg, meta, base, given, asked)
     if cfg.init_from != "scratch":
         return None
+    if cfg.model.lora_rank and cfg.model.tie_weights:  # a fine-tune's head is its base's, checked there
+        raise UserError(f"lora_rank={cfg.model.lora_rank} on a new model: its head is its token table (tie_weights="
+                        "True), and LoRA gives each its own adapter; LoRA fine-tunes a trained run (--init_from=OUT), "
+                        "or give --tie_weights=False")
     return replace(cfg.model, vocab_size=model_vocab(meta))
 
 
