@@ -126,6 +126,8 @@ def main(argv=None):
     stop = typed(tok, unescape(cfg.stop))
     for prompt in prompts:
         try:
+            if cfg.interactive:  # a line that is not UTF-8 is a bad prompt too: asked again
+                prompt = unescape(prompt, "the prompt") or "\n"
             texts = generate_texts(model, tok, prompt, cfg, stop)
         except UserError as e:
             if not cfg.interactive:
@@ -145,7 +147,7 @@ def main(argv=None):
 
 def read_interactive():
     try:
-        return unescape(input("\nprompt> ")) or "\n"
+        return input("\nprompt> ")
     except (EOFError, KeyboardInterrupt):  # Ctrl-D (or Ctrl-C) at the prompt ends the session
         print()
         return None

@@ -265,6 +265,16 @@ def test_interactive_mode_reads_prompts_until_eof(run_dir):
     assert "outside the training vocabulary" in proc.stderr
 
 
+def test_interactive_mode_asks_again_after_a_line_that_is_not_utf8(run_dir):
+    """Bytes of another encoding (a terminal set to Latin-1) are a bad prompt, not the session's end."""
+    args = [sys.executable, str(REPO / "sample.py"), *sample_args(run_dir, "--interactive", "--num_samples=1",
+                                                                   "--max_new_tokens=10")]
+    proc = subprocess.run(args, cwd=REPO, input=b"caf\xe9\nROMEO\n", capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.decode().count("prompt> ") == 3 and "prompt> ROMEO" in proc.stdout.decode()
+    assert "error: the prompt is not UTF-8 text: byte 0xe9 at offset 3; give UTF-8 text" in proc.stderr.decode()
+
+
 def test_interactive_mode_one_prompt_then_ctrl_d(run_dir):
     proc = run_interactive(run_dir, "ROMEO\n", "--num_samples=2", "--max_new_tokens=20")
     check_ok(proc)
