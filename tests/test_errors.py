@@ -54,6 +54,11 @@ CASES = {
     "uint16 too small": ("prepare", ["--input={w}/wide.txt", "--dtype=uint16"],
                          "error: the vocabulary has 66,000 tokens, more than uint16 holds (65,536); "
                          "use --dtype=uint32 or --dtype=auto"),
+    "vocab_size past the trainer's memory": ("prepare", ["--input={w}/short.txt", "--name=huge", "--data_dir={w}/data",
+                                                         "--tokenizer=bpe", "--vocab_size=1000000000"],
+                                             "error: vocab_size must be at most 16,777,216 (got 1,000,000,000): the "
+                                             "trainer sets aside about 70 bytes for each token asked for, 70 GB for "
+                                             "these, before it reads the text"),
     "prepare over another dataset": ("prepare", ["--input={w}/short.txt", "--name=other", "--data_dir={w}/data"],
                                      "error: {w}/data/other holds a dataset made from other text ({w}/input.txt as "
                                      "it was then); prepare this one under another --name, or replace that dataset "

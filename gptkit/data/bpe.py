@@ -16,6 +16,9 @@ from gptkit.base.files import write_whole
 from gptkit.data.tokenizer import BPE_FORMAT, END_OF_TEXT, GPT2_PATTERN, bpe_checksum, ranks_of, visible
 
 SMALLEST = 257  # the 256 bytes and <|endoftext|>
+# Hugging Face's trainer sets aside about 70 bytes for each token asked for before it reads a byte: a billion
+# would abort the process; 2**24 is 80 times the largest vocabularies in use (o200k) and 1.2 GB set aside
+LARGEST = 2 ** 24
 TOKENIZER_FILE = "tokenizer.json"  # a trained BPE's merges, in the dataset folder beside meta.json
 
 
@@ -23,6 +26,10 @@ def check_vocab_size(vocab_size):
     if vocab_size < SMALLEST:
         raise ValueError(f"vocab_size {vocab_size} is too small: a byte-level BPE holds the 256 bytes and "
                         f"{END_OF_TEXT}, so at least {SMALLEST} (each token past them is a merge)")
+    if vocab_size > LARGEST:
+        raise ValueError(f"vocab_size must be at most {LARGEST:,} (got {vocab_size:,}): the trainer sets aside about "
+                         f"70 bytes for each token asked for, {vocab_size * 70 / 1e9:,.0f} GB for these, before it "
+                         "reads the text")
 
 
 def byte_chars():

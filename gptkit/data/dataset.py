@@ -12,7 +12,8 @@ import torch
 from gptkit.base.errors import UserError, first_line
 from gptkit.data.chat_preparing import HELDOUT_FILE, MIXED_VAL_FILE, PREPARE_TASKS
 from gptkit.data.conversations import MARKERS, PROMPT, ROLE_NAMES
-from gptkit.data.preparing import TOKEN_DTYPES, data_root, meta_checksum
+from gptkit.data.preparing import data_root, meta_checksum
+from gptkit.data.shards import TOKEN_DTYPES
 from gptkit.data.synthetic import SYNTHETIC
 from gptkit.data.tokenizer import tokenizer_from_meta, trained_bpe
 from gptkit.data.versions import DATASET_FILE

@@ -35,7 +35,7 @@ from gptkit.data.chat_preparing import mixed_text, write_chat_dataset
 from gptkit.data.conversations import is_conversation_file
 from gptkit.data.bpe import (TOKENIZER_FILE, WordCounts, check_vocab_size, merges_table, save_tokenizer, saved_checksum,
                              tokenizer_fields, train_bpe)
-from gptkit.data.shards import CHUNK_TOKENS, TOKEN_DTYPES, ShardWriter, token_dtype, tokenized
+from gptkit.data.shards import CHUNK_TOKENS, ShardWriter, token_dtype, tokenized
 from gptkit.data.sources import (Reader, Tally, kind_of, read_record, same_source, sha256_of, shown, source_files,
                                  source_record)
 from gptkit.data.synthetic import SYNTHETIC, write_source
@@ -100,8 +100,6 @@ class PrepareConfig:
             if not self.vocab_size:
                 raise ValueError("--tokenizer=bpe trains a tokenizer: give its size with --vocab_size=N (e.g. 1024)")
             check_vocab_size(self.vocab_size)
-            if self.vocab_size > TOKEN_DTYPES["uint32"]:
-                raise ValueError(f"vocab_size must be at most {TOKEN_DTYPES['uint32']:,} (got {self.vocab_size:,})")
         elif self.vocab_size or self.show_merges:
             raise ValueError(f"--vocab_size and --show_merges are for a trained tokenizer (--tokenizer=bpe); "
                              f"{self.tokenizer!r} has a vocabulary of its own")
