@@ -152,17 +152,23 @@ def save(cfg, s, run, best=False):
         save_checkpoint({**common, "pass_at_1": state.best_pass_at_1}, run.best)
 
 
-def practise(cfg, s, run, log, stop):
-    """The loop: steps until max_iters, evaluating and saving every eval_interval steps and at the end."""
+def opening_scores(cfg, s):
+    """A new run's scores at step 0, refused where its samples are never right: no reward to learn from. Before
+    anything is written, so that the run can start again once fixed."""
+    scores = evaluate(cfg, s)
+    if line := no_reward_line(cfg, scores, s["heldout"]):
+        raise UserError(line)
+    return scores
+
+
+def practise(cfg, s, run, log, stop, first=None):
+    """The loop: steps until max_iters, evaluating and saving every eval_interval steps and at the end; first: a
+    new run's scores at step 0."""
     state, begun = s["state"], time.time() - s["state"].seconds_spent
-    if state.iter_num == 0:
-        scores = evaluate(cfg, s)
-        # before anything is written: the run can start again once fixed
-        if line := no_reward_line(cfg, scores, s["heldout"]):
-            raise UserError(line)
-        log.write({"kind": "rl_eval", "iter": 0, **scores})
-        print(f"step 0: held-out pass@1 {100 * scores['pass_at_1']:.1f}%, greedy {100 * scores['accuracy']:.1f}%")
-        for note in (fewer_problems_note(cfg, s["heldout"]), little_reward_note(cfg, scores)):
+    if first is not None:
+        log.write({"kind": "rl_eval", "iter": 0, **first})
+        print(f"step 0: held-out pass@1 {100 * first['pass_at_1']:.1f}%, greedy {100 * first['accuracy']:.1f}%")
+        for note in (fewer_problems_note(cfg, s["heldout"]), little_reward_note(cfg, first)):
             if note:
                 print(note)
     with stop.deferred(), progress(total=cfg.max_iters, desc="practising", unit="step",
@@ -203,20 +209,26 @@ def main(argv=None):
         if saved is None and run.is_at(cfg.init_from):
             raise UserError(f"out_dir and init_from are the same folder, {run.path}: RL starts from the run there and "
                             "practises in a folder of its own; give it another --out_dir")
-        if saved is None:  # a new run: another's files, or a start that never saved
-            run.clear_for_a_new_run(cfg.start_over, " but no saved RL state to continue it from (latest.pt);", print)
+        # a new run: another's files, or a start that never saved, refused here and moved aside only once the
+        # new run's start has been checked, its model scored and found to earn some reward
+        how = " but no saved RL state to continue it from (latest.pt);"
+        if saved is None:
+            run.clear_for_a_new_run(cfg.start_over, how, print, move=False)
         s = start(cfg, run, device, changed, saved)
         if s["state"].iter_num >= cfg.max_iters:
             print(f"the RL run in {run.path} is finished ({s['state'].iter_num} steps, max_iters {cfg.max_iters}); "
                   "raise --max_iters to go on")
             return
+        first = opening_scores(cfg, s) if s["state"].iter_num == 0 else None
+        if saved is None:
+            run.clear_for_a_new_run(cfg.start_over, how, print)
         wandb = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=asdict(cfg),
                      id=s["state"].wandb_id or f"rl-{int(time.time())}") if cfg.wandb_log else None
         s["state"] = replace(s["state"], wandb_id=wandb["id"] if wandb else "")
         log = RunLog(run.metrics, wandb)
         try:
             with torch.autocast(device.split(":")[0], torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
-                practise(cfg, s, run, log, stop)
+                practise(cfg, s, run, log, stop, first)
         finally:
             log.close()
 

@@ -252,8 +252,8 @@ def main(argv=None):
     with RunDir(cfg.out_dir).locked(writer=master) as run:
         note = print if master else lambda line: None
         configured = config_file_values(TrainConfig, argv).get("init_from")
-        if master:
-            claim_for_a_new_run(cfg, run, note, configured)
+        if master:  # refused here; another run's files moved aside only once this one has started
+            claim_for_a_new_run(cfg, run, note, configured, move=False)
         cfg, resumed = continued_config(cfg, given, asked, run, note, configured)
         finished_run = resumed[0] is not None and announce_resume(cfg, resumed, run, note, master)
         if finished_run and not cfg.eval_only:
@@ -262,6 +262,8 @@ def main(argv=None):
             stop.doing = "starting (nothing was saved)"
             # the state holds the config that trains: its shape fitted, its steps planned
             data, state, aim = start(cfg, rt, *resumed, given=set(given), asked=asked, started=started)
+            if master and resumed[0] is None:
+                claim_for_a_new_run(cfg, run, note, configured)
             if resumed[0] is not None and not cfg.eval_only:  # started: what it trains again goes only now
                 take_up(run, resumed[0]["iter_num"], master, note)
             del resumed, cfg  # the state holds what it needs of the checkpoint, and the config

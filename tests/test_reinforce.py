@@ -89,11 +89,15 @@ def test_settings_that_leave_reinforce_nothing_to_learn_from_are_one_line(settin
 
 def test_a_start_right_seldom_gets_a_note_that_rl_learns_little_from_it():
     """A start at 4% pass@1 (an early SFT stopped before its sums' sudden change) is told to fine-tune further;
-    one never right is no_reward_line's, and one right half the time is what RL is for."""
-    cfg = SimpleNamespace(init_from="out-chat-early")
+    one never right is no_reward_line's, and one right half the time is what RL is for. Samples never right while
+    the greedy answer sometimes is: the note, and the temperature that keeps them apart."""
+    cfg = SimpleNamespace(init_from="out-chat-early", temperature=1.0)
     note = little_reward_note(cfg, {"pass_at_1": 0.043, "accuracy": 0.059})
     assert note.startswith("note: out-chat-early's held-out pass@1 is 4.3% at the start: RL sharpens")
     assert "until pass@1 reaches about 40%" in note
+    assert little_reward_note(cfg, {"pass_at_1": 0.0, "accuracy": 0.4}).startswith(
+        "note: out-chat-early's held-out pass@1 is 0.0% at the start (its greedy answer is right 40.0% of the time, "
+        "its samples at temperature 1 never: a lower --temperature samples nearer the greedy answer): RL sharpens")
     assert little_reward_note(cfg, {"pass_at_1": 0.0, "accuracy": 0.0}) is None
     assert little_reward_note(cfg, {"pass_at_1": 0.43, "accuracy": 0.5}) is None
 

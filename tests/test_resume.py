@@ -688,6 +688,17 @@ def test_a_fine_tune_into_the_folder_it_starts_from_is_refused_before_anything_m
     assert sorted(p.name for p in base.iterdir()) == kept
 
 
+def test_a_start_over_refused_at_its_start_leaves_the_run_where_it_was(tmp_path, data_dir, trained_run):
+    """The old run's files move aside only once the new run has started: one refused at its start (a folder to
+    fine-tune from that does not exist) leaves them in place."""
+    out = tmp_path / "out"
+    shutil.copytree(trained_run[0], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "run.lock"}
+    with pytest.raises(UserError, match="no such folder"):
+        train.main(train_args(data_dir, out, *TRAINED_RUN, f"--init_from={tmp_path / 'nowhere'}", "--start_over=True"))
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != "run.lock"} == before
+
+
 def test_a_resume_refused_at_its_start_keeps_the_records_and_snapshots_past_its_state(run, data_dir, monkeypatch):
     """A run killed between saves logged steps past its state, which a resume drops to log again: only once it has
     started. One refused at its start keeps them: here model.py's configure_optimizers edited to SGD, which the

@@ -325,6 +325,25 @@ def test_start_over_moves_a_run_aside_once_and_the_new_run_then_continues(tmp_pa
     assert len(list(out.glob("replaced-*"))) == 1 and load_checkpoint(out / "latest.pt")["iter_num"] == 4
 
 
+@pytest.mark.parametrize("refused", ["a snapshot it lacks", "no reward"])
+def test_start_over_refused_at_its_start_leaves_the_run_where_it_was(tmp_path, chat_run, monkeypatch, refused):
+    """The old run is moved aside only once the new one has started: a start refused for its checkpoint, or for
+    samples never right (no reward), leaves it in place, to continue as before."""
+    import rl
+
+    monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: len(answer) % 2 == 0)
+    out = tmp_path / "out"
+    rl.main([*rl_args(chat_run, out), "--max_iters=2"])
+    files = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "run.lock"}
+    if refused == "no reward":
+        monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: False)
+    extra = ["--init_checkpoint=iter:999"] if refused == "a snapshot it lacks" else []
+    with pytest.raises(UserError):
+        rl.main([*rl_args(chat_run, out), "--max_iters=3", "--start_over=True", *extra])
+    assert not list(out.glob("replaced-*"))
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "run.lock"} == files
+
+
 def test_a_run_saved_on_another_kind_of_device_continues_with_a_note(tmp_path, chat_run, monkeypatch, capsys):
     """A CUDA generator's state (16 bytes) does not fit a CPU's (5,056): a run moved between a laptop and a GPU
     continues from its weights and optimizer, its sampling seeded anew, and says so."""

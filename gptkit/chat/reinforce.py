@@ -225,13 +225,17 @@ LITTLE_REWARD = 0.2  # a start's held-out pass@1 under which RL learned little (
 
 def little_reward_note(cfg, scores):
     """A note for a start right so seldom that REINFORCE learns little from it: RL sharpens what a model already
-    samples. None for a start right more often, or never (no_reward_line's)."""
-    if not 0 < scores["pass_at_1"] < LITTLE_REWARD:
+    samples. None for a start right more often, or never (no_reward_line's). A start whose greedy answer is
+    sometimes right while its samples never are gets the note too, and the temperature that keeps them apart."""
+    if scores["pass_at_1"] >= LITTLE_REWARD or scores["pass_at_1"] == scores["accuracy"] == 0:
         return None
-    return (f"note: {cfg.init_from}'s held-out pass@1 is {100 * scores['pass_at_1']:.1f}% at the start: RL sharpens "
-            "what a model already samples, and learns most from one right about half the time; fine-tune it further "
-            "until pass@1 reaches about 40% (train.py's --stop_task, as config/chat_sft_early.py does), then start "
-            "this run again with --start_over=True")
+    greedy = "" if scores["pass_at_1"] else (
+        f" (its greedy answer is right {100 * scores['accuracy']:.1f}% of the time, its samples at temperature "
+        f"{cfg.temperature:g} never: a lower --temperature samples nearer the greedy answer)")
+    return (f"note: {cfg.init_from}'s held-out pass@1 is {100 * scores['pass_at_1']:.1f}% at the start{greedy}: RL "
+            "sharpens what a model already samples, and learns most from one right about half the time; fine-tune it "
+            "further until pass@1 reaches about 40% (train.py's --stop_task, as config/chat_sft_early.py does), then "
+            "start this run again with --start_over=True")
 
 
 def held_out_counts(heldout):

@@ -145,18 +145,21 @@ class RunDir:
                 continue
         return None
 
-    def clear_for_a_new_run(self, start_over, how, note, auto=False):
+    def clear_for_a_new_run(self, start_over, how, note, auto=False, move=True):
         """A new run here would replace another run's best.pt and append to its metrics.jsonl: refuse in one line
         that names that run's files and the ways on (how: what comes before the others); with start_over, move them
         into a folder beside them first, deleting nothing. auto (--init_from=auto, which continues a run or starts
         one): a run killed before it saved a state is moved aside so, with a note, as the same command run again
-        after a kill -9 must start."""
+        after a kill -9 must start. move=False: the refusals alone, asked before the new run's start is checked,
+        so that a start refused then leaves the old run where it was."""
         # snapshots and SAEs too: another run's weights, which a new run's would be mixed with or taken for
         found = [p for p in (self.latest, self.previous, self.best, self.legacy, self.metrics, self.snapshots,
                              self.path / "sae") if p.exists()]
         if not found:
             return
         if self.stopped_before_its_first_step(found):
+            if not move:
+                return
             held = "its records and snapshot" if self.snapshots.is_dir() else "its records"
             for path in (*self.snapshots.glob("iter_0.pt*"), self.metrics):
                 path.unlink(missing_ok=True)
@@ -171,12 +174,15 @@ class RunDir:
             if not auto:
                 raise UserError(f"{stopped}: start it anew with --start_over=True (its files are moved aside, not "
                                 "deleted), or train elsewhere with another --out_dir")
-            note(f"note: {stopped}: --init_from=auto starts it anew")
+            if move:
+                note(f"note: {stopped}: --init_from=auto starts it anew")
             start_over = True
         if not start_over:
             raise UserError(f"{self.path} holds another run ({', '.join(p.name for p in found)}){how} train "
                             "elsewhere with another --out_dir, or start over with --start_over=True (its files are "
                             "moved aside, not deleted)")
+        if not move:
+            return
         stamp = time.strftime("%Y%m%d-%H%M%S")
         aside, again = self.path / f"replaced-{stamp}", 1
         while aside.exists():  # a second start over within the second

@@ -43,11 +43,11 @@ def fresh_start(run, configured, note):
     return configured
 
 
-def claim_for_a_new_run(cfg, run, note, configured=None):
+def claim_for_a_new_run(cfg, run, note, configured=None, move=True):
     """A run that starts afresh (from scratch, pretrained weights, or 'auto' finding no state to continue) into a
     folder holding another run's files: refused, or with start_over those files moved aside (RunDir's
-    clear_for_a_new_run). A fine-tune into the very folder it starts from is refused before anything moves.
-    configured: the init_from of the config files, where 'auto' starts afresh."""
+    clear_for_a_new_run; with move=False, the refusals alone). A fine-tune into the very folder it starts from is
+    refused before anything moves. configured: the init_from of the config files, where 'auto' starts afresh."""
     if cfg.init_from == "resume" or cfg.init_from == "auto" and run.resume_candidates():
         return
     start = configured if cfg.init_from == "auto" else cfg.init_from
@@ -57,7 +57,7 @@ def claim_for_a_new_run(cfg, run, note, configured=None):
     # 'auto' too, where nothing is left to continue from: it would start afresh over them
     how = "; continue it with --init_from=auto," if cfg.init_from != "auto" else \
         " but no saved state to continue it from (latest.pt);"
-    run.clear_for_a_new_run(cfg.start_over, how, note, auto=cfg.init_from == "auto")
+    run.clear_for_a_new_run(cfg.start_over, how, note, auto=cfg.init_from == "auto", move=move)
 
 
 def resume_state(run, init_from, note):
