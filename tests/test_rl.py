@@ -344,6 +344,27 @@ def test_start_over_refused_at_its_start_leaves_the_run_where_it_was(tmp_path, c
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "run.lock"} == files
 
 
+def test_auto_continues_the_run_or_starts_one_from_the_configs_init_from(tmp_path, chat_run, monkeypatch, capsys):
+    """--init_from=auto, train.py's way to continue a run or start it (a job requeued as it is): with no RL run in
+    out_dir, the config file's init_from starts one, said in a note; with one, it continues; with no config to
+    start from, one line."""
+    import rl
+
+    monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: len(answer) % 2 == 0)
+    config, out = tmp_path / "rl_config.py", tmp_path / "out"
+    config.write_text(f"init_from = {str(chat_run)!r}\n", encoding="utf-8")
+    args = [str(config), "--init_from=auto", f"--out_dir={out}", *SMALL]
+    rl.main([*args, "--max_iters=2"])
+    assert f"note: {out} holds no RL run to continue: --init_from=auto starts one from {chat_run} (the config's)" \
+        in capsys.readouterr().out
+    rl.main([*args, "--max_iters=3"])
+    assert f"continuing the RL run in {out} from step 2 of 3; max_iters 2 → 3\n" in capsys.readouterr().out
+    assert load_checkpoint(out / "latest.pt")["iter_num"] == 3
+    with pytest.raises(UserError, match=rf"^init_from='auto' continues the RL run in {tmp_path / 'none'}, which holds "
+                                        r"none; start one with --init_from=FOLDER"):
+        rl.main(["--init_from=auto", f"--out_dir={tmp_path / 'none'}", *SMALL])
+
+
 def test_a_run_saved_on_another_kind_of_device_continues_with_a_note(tmp_path, chat_run, monkeypatch, capsys):
     """A CUDA generator's state (16 bytes) does not fit a CPU's (5,056): a run moved between a laptop and a GPU
     continues from its weights and optimizer, its sampling seeded anew, and says so."""

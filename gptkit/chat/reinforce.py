@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from gptkit.base.errors import UserError
-from gptkit.base.settings import check_seed, check_threads, comma_items, given_values, make, require, resumed
+from gptkit.base.settings import (check_seed, check_threads, comma_items, config_file_values, given_values, make, require,
+                                  resumed)
 from gptkit.data.tasks import TASKS, problems
 from gptkit.machine.runtime import check_device_name
 from gptkit.run.checkpoint import (NUMBER, OPTIMIZER_STATE, TENSOR, TORCH_RANDOM, Each, Fields, load_checkpoint,
@@ -83,6 +84,8 @@ def rl_settings(argv):
     given = given_values(RLConfig, argv, prog="rl.py")
     run = RunDir(given.get("out_dir", RLConfig.out_dir))
     ckpt, path = ({}, None) if given.get("start_over") else saved_state(run)
+    if given.get("init_from") == "auto":  # as train.py's: the run in out_dir continued, or one started
+        given = auto_start(given, config_file_values(RLConfig, argv), run, "rl" in ckpt)
     if "rl" not in ckpt:  # a new run, or another tool's, which rl.py refuses to continue where it starts
         return make(RLConfig, given), {}, path
     keys = {f.name for f in fields(RLConfig)} - {"start_over"}  # the command's alone: a continued run goes on
@@ -93,6 +96,21 @@ def rl_settings(argv):
             raise UserError(f"{run.path} holds an RL run started from {key}={changed[key][0]!r}; continue it "
                             f"without --{key}, or start from {changed[key][1]!r} in another --out_dir")
     return resumed(RLConfig, saved, given, path), changed, path
+
+
+def auto_start(given, configured, run, saved):
+    """The settings for init_from='auto' (train.py's way to continue a run or start it, which a job requeues as
+    it is): the run saved in out_dir continues, as the same command without it would; with none saved, a new run
+    starts from the config files' init_from, said in a note."""
+    given = {k: v for k, v in given.items() if k != "init_from"}
+    if saved:
+        return given
+    start = configured.get("init_from", "auto")
+    if start == "auto":
+        raise UserError(f"init_from='auto' continues the RL run in {run.path}, which holds none; start one with "
+                        "--init_from=FOLDER, the chat run to practise from (e.g. out-chat-early)")
+    print(f"note: {run.path} holds no RL run to continue: --init_from=auto starts one from {start} (the config's)")
+    return {**given, "init_from": start}
 
 
 def saved_state(run):
