@@ -44,7 +44,8 @@ def main(argv=None):
     if replaced:
         print(f"note: replaced {cfg.hf_dir}'s {', '.join(replaced)}, an earlier export's")
     c = model.config
-    print(f"wrote {cfg.hf_dir}: GPT-2 with {c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, "
+    print(f"wrote {cfg.hf_dir}: GPT-2 with {c.n_layer} layer{'s' * (c.n_layer != 1)}, {c.n_head} "
+          f"head{'s' * (c.n_head != 1)}, {c.n_embd} wide, "
           f"{c.block_size} positions, vocab {c.vocab_size:,} ({model.num_params(False) / 1e6:.2f}M parameters)")
 
 

@@ -50,7 +50,8 @@ def start(cfg, run, device, changed, saved):
     model, tok, ckpt = model_at(saved, device) if resumed else \
         model_of(cfg.init_from, cfg.init_checkpoint, device, option="init_checkpoint")
     if resumed and "rl" not in ckpt:
-        raise UserError(f"{run.path} holds a run of train.py, not of rl.py; pick another --out_dir")
+        raise UserError(f"{run.path} holds a run of train.py, not of rl.py; pick another --out_dir, or start over "
+                        "there with --start_over=True (its files are moved aside)")
     check_chat_model(tok, cfg.init_from)
     heldout, _ = chat_sets(ckpt, cfg.tasks)  # one line for a task its dataset never held
     heldout = {t: heldout[t][:cfg.eval_problems] for t in cfg.task_list()}

@@ -254,7 +254,7 @@ def test_export_stopped_before_its_files_go_in_is_one_line_and_leaves_the_folder
 
 
 @pytest.mark.parametrize("case", ["a config of the learner's", "weights of no export", "a GPT-2 of the learner's",
-                                  "a run's folder"])
+                                  "a run's folder", "a dataset's folder"])
 def test_export_refuses_files_no_export_wrote_before_reading_anything(tmp_path, case):
     """A config.json of the learner's, weights with no config beside them, a GPT-2 model saved with save_pretrained
     (the folder a fine-tune started from, say), or a run's folder: the export would replace or mix with them. One
@@ -268,6 +268,8 @@ def test_export_refuses_files_no_export_wrote_before_reading_anything(tmp_path, 
     if case == "a GPT-2 of the learner's":
         transformers = pytest.importorskip("transformers")
         transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2)).save_pretrained(hf)
+    elif case == "a dataset's folder":
+        (hf / "meta.json").write_text("{}")
     elif case != "a run's folder":
         (hf / ("config.json" if case == "a config of the learner's" else "model.safetensors")).write_text("mine")
     before = {p.name: p.read_bytes() for p in hf.iterdir() if p.is_file()}
@@ -280,7 +282,9 @@ def test_export_refuses_files_no_export_wrote_before_reading_anything(tmp_path, 
         "a GPT-2 of the learner's": f"{hf} holds a GPT-2 model that export.py did not write (saved or downloaded "
                                     f"there), {replace}",
         "a run's folder": f"{hf} is a run's folder (it holds best.pt); export to a folder of its own, e.g. "
-                          "--hf_dir=hf"}[case]
+                          "--hf_dir=hf",
+        "a dataset's folder": f"{hf} is a dataset's folder (it holds meta.json); export to a folder of its own, e.g. "
+                              "--hf_dir=hf"}[case]
     assert {p.name: p.read_bytes() for p in hf.iterdir() if p.is_file()} == before
 
 

@@ -80,6 +80,8 @@ def test_a_padded_heads_extra_rows_are_not_in_the_policy():
                             "and none can be better than the group's mean (got 0.0)"),
     (dict(tasks=" , "), "tasks must name at least one task to practise (e.g. addition)"),
     (dict(init_from=""), "init_from is empty: name the folder of the chat run to start from (e.g. out-chat-early)"),
+    (dict(init_checkpoint="iter:abc"), "init_checkpoint must be 'best' (best.pt), 'latest' (latest.pt) or 'iter:N' "
+                                       "(the snapshot of iteration N), got 'iter:abc'"),
 ])
 def test_settings_that_leave_reinforce_nothing_to_learn_from_are_one_line(setting, expected):
     with pytest.raises(ValueError) as e:

@@ -97,7 +97,8 @@ def test_a_continued_run_says_each_setting_it_takes_anew(tmp_path, chat_run, mon
     assert capsys.readouterr().out == (f"the RL run in {tmp_path / 'out'} is finished (3 steps, max_iters 2); raise "
                                        "--max_iters to go on\n")
     with pytest.raises(UserError, match=f"holds an RL run started from init_from={str(chat_run)!r}; continue it "
-                                        "without --init_from, or start from 'elsewhere' in another --out_dir"):
+                                        "without --init_from, or start from 'elsewhere' in another --out_dir "
+                                        r"\(or there, with --start_over=True: its files are moved aside\)$"):
         rl.main([f"--out_dir={tmp_path / 'out'}", "--init_from=elsewhere"])  # a new start is a new run
 
 
@@ -239,7 +240,8 @@ def test_an_out_dir_holding_a_train_py_run_is_one_line_and_keeps_its_files(tmp_p
     files = {p.name: p.read_bytes() for p in taken.iterdir() if p.is_file() and p.name != "run.lock"}
     proc = run_here("rl.py", *rl_args(chat_run, taken))
     assert proc.returncode == 1
-    assert_one_error_line(proc.stderr, f"error: {taken} holds a run of train.py, not of rl.py; pick another --out_dir")
+    assert_one_error_line(proc.stderr, f"error: {taken} holds a run of train.py, not of rl.py; pick another --out_dir, "
+                                       "or start over there with --start_over=True (its files are moved aside)")
     assert {p.name: p.read_bytes() for p in taken.iterdir() if p.is_file() and p.name != "run.lock"} == files
 
 

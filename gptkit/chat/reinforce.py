@@ -67,7 +67,7 @@ class RLConfig:
         check_seed(self.seed)
         check_threads(self.threads)
         check_device_name(self.device)
-        check_checkpoint(self.init_checkpoint)
+        check_checkpoint(self.init_checkpoint, "init_checkpoint")
         for task in self.task_list():
             if task not in TASKS:
                 raise ValueError(f"unknown task {task!r} in tasks (known: {', '.join(TASKS)})")
@@ -94,7 +94,8 @@ def rl_settings(argv):
     for key in ("init_from", "init_checkpoint"):  # where a run started is history: a new start is a new run
         if key in changed:
             raise UserError(f"{run.path} holds an RL run started from {key}={changed[key][0]!r}; continue it "
-                            f"without --{key}, or start from {changed[key][1]!r} in another --out_dir")
+                            f"without --{key}, or start from {changed[key][1]!r} in another --out_dir (or there, "
+                            "with --start_over=True: its files are moved aside)")
     return resumed(RLConfig, saved, given, path), changed, path
 
 

@@ -250,6 +250,7 @@ EXPORT_FILES = ("config.json", "model.safetensors", "generation_config.json")  #
 EXPORT_MARK, EXPORTED_BY = "exported_by", "nanogpt-cli export.py"
 # a run's folder holds one of these (gptkit/run/run_folder.py names them; this layer sits below it)
 RUN_FILES = ("best.pt", "latest.pt", "metrics.jsonl", "ckpt.pt")
+DATASET_FILES = ("meta.json", "train.bin")  # and a dataset's, which data/prepare.py would then read as text
 
 
 def check_hf_dir(hf_dir):
@@ -258,10 +259,11 @@ def check_hf_dir(hf_dir):
     kind, or weights without one), which the export would replace; an earlier export's files are replaced, which
     save_hf says."""
     hf_dir = Path(hf_dir)
-    held = [name for name in RUN_FILES if (hf_dir / name).exists()]
-    if held:
-        raise UserError(f"{hf_dir} is a run's folder (it holds {held[0]}); export to a folder of its own, e.g. "
-                        "--hf_dir=hf")
+    for kind, names in (("a run's", RUN_FILES), ("a dataset's", DATASET_FILES)):
+        held = [name for name in names if (hf_dir / name).exists()]
+        if held:
+            raise UserError(f"{hf_dir} is {kind} folder (it holds {held[0]}); export to a folder of its own, e.g. "
+                            "--hf_dir=hf")
     there = [name for name in EXPORT_FILES if (hf_dir / name).is_file()]
     config = config_json(hf_dir / "config.json")
     if there and config.get(EXPORT_MARK) != EXPORTED_BY:

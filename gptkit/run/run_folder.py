@@ -304,10 +304,11 @@ SNAPSHOT = re.compile(r"iter_([0-9]+)\.pt")
 CHECKPOINT_CHOICE = re.compile(r"best|latest|iter:[0-9]{1,12}")
 
 
-def check_checkpoint(which):
-    """A --checkpoint value: 'best', 'latest' or 'iter:N' (a snapshot), else ValueError in one line."""
+def check_checkpoint(which, option="checkpoint"):
+    """A --checkpoint value (or another option's, named): 'best', 'latest' or 'iter:N' (a snapshot), else
+    ValueError in one line."""
     if not isinstance(which, str) or not CHECKPOINT_CHOICE.fullmatch(which):
-        raise ValueError(f"checkpoint must be 'best' (best.pt), 'latest' (latest.pt) or 'iter:N' (the snapshot of "
+        raise ValueError(f"{option} must be 'best' (best.pt), 'latest' (latest.pt) or 'iter:N' (the snapshot of "
                          f"iteration N), got {str(which)[:40]!r}")
 
 
