@@ -53,7 +53,7 @@ def start(cfg, rt, ckpt, ckpt_path, given, asked, started):
     # precision, attention path, a preset's shape and the step's speed: this machine's, measured
     # once and kept (gptkit/machine/)
     cfg, planned, choices = choose(cfg, rt, planned, saved, asked, started, update_for(cfg))
-    model = build_model(cfg, planned, data.meta, ckpt, ckpt_path, rt.rank, base).to(rt.device)
+    model = build_model(cfg, planned, data.meta, ckpt, ckpt_path, rt.rank, base, given, asked).to(rt.device)
     on_speed_path(model, choices)  # speed kernels, where model.py is what they were written for
     if rt.master and (ahead := sees_ahead_line(model)):  # asked of the attention that trains, on its path
         choices.lines.append(ahead)

@@ -130,6 +130,24 @@ def test_train_checks_data_and_block_size_against_pretrained(tmp_path):
         build_model(TrainConfig(init_from=str(folder), dataset="tiny"), None, bpe)
 
 
+def test_model_settings_other_than_gpt2_s_give_way_with_a_note_or_are_refused_on_the_command_line(tmp_path, capsys):
+    """The weights bring their shape: a config file's other setting gives way, said in a note; one the command line
+    gives is refused in one line, as for a fine-tune of a run, never dropped unsaid."""
+    from gptkit.training.starting import build_model
+    from gptkit.training.train_config import TrainConfig
+
+    folder, _ = hf_model(tmp_path)
+    cfg = TrainConfig(init_from=str(folder), dataset="tiny", model=GPTConfig(block_size=64, n_layer=6, pos_emb="rope"))
+    bpe = {"tokenizer": "tiktoken", "encoding": "gpt2", "vocab_size": 90}
+    model = build_model(cfg, None, bpe, given={"n_layer", "pos_emb"}, asked=set())
+    assert (model.config.n_layer, model.config.pos_emb) == (2, "learned")
+    notes = capsys.readouterr().out
+    assert f"note: the config's n_layer=6 gives way to {folder}'s 2: a fine-tune trains the model it starts from" \
+        in notes and "the config's pos_emb='rope' gives way" in notes
+    with pytest.raises(UserError, match=rf"^--n_layer=6: {folder}'s model was built with n_layer=2"):
+        build_model(cfg, None, bpe, given={"n_layer"}, asked={"n_layer"})
+
+
 def test_lora_on_an_untied_gpt2_folder_starts_as_its_model_and_a_tied_one_is_one_line(tmp_path):
     """An untied GPT-2 folder (an export of an untied run, say) takes adapters, B at zero: its logits at the
     start are the folder's; a tied head, which LoRA would part, is refused in one line."""

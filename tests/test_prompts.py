@@ -16,6 +16,8 @@ def test_unescape_of_command_line_text(tmp_path):
     prompt = tmp_path / "new"
     prompt.write_text("a \\n stays two characters", encoding="utf-8")
     assert read_prompt(f"FILE:{prompt}") == "a \\n stays two characters"  # a file's text is taken as it is
+    prompt.write_bytes("\ufeffROMEO:".encode("utf-8"))  # saved by a Windows editor: its byte-order mark first
+    assert read_prompt(f"FILE:{prompt}") == "ROMEO:"
     with pytest.raises(UserError, match="could not read prompt file"):
         read_prompt(f"FILE:{tmp_path / 'nope.txt'}")
 

@@ -22,7 +22,9 @@ def read_prompt(start):
     path = shown(start[5:])
     try:
         with open(start[5:], encoding="utf-8") as f:
-            return f.read()  # decoded whole, so an error's offset is the file's
+            # decoded whole, so an error's offset is the file's; a byte-order mark (Windows editors write one) is
+            # the file's encoding, not its text
+            return f.read().removeprefix("\ufeff")
     except OSError as e:
         raise UserError(f"could not read prompt file {path} ({e.strerror or e})") from None
     except UnicodeDecodeError as e:

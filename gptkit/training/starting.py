@@ -24,13 +24,16 @@ from gptkit.training.train_config import TrainConfig
 from model import GPT, GPTConfig, LoRAEmbedding, LoRALinear
 
 
-def build_model(cfg, planned, meta, ckpt=None, path=None, rank=0, base=None):
+def build_model(cfg, planned, meta, ckpt=None, path=None, rank=0, base=None, given=(), asked=()):
     """The model to train: of the planned shape, fresh or holding the checkpoint's weights (at path) it resumes,
-    or the weights of the run it starts from (base), or for planned None pretrained GPT-2 weights; the
-    generators seeded first, so that the same config gives the same weights (and then dropout's draws)."""
+    or the weights of the run it starts from (base), or for planned None pretrained GPT-2 weights (given, asked:
+    the settings config files and the command line give, and those the command line gives, held against their
+    shape); the generators seeded first, so that the same config gives the same weights (and then dropout's
+    draws)."""
     seed_everything(cfg.seed + rank)
     if planned is None:
         model = pretrained(cfg, meta)
+        kept_from_base(cfg, model.config, cfg.init_from, given, asked)
     else:
         model = GPT(planned)
         if ckpt is not None:
