@@ -211,7 +211,7 @@ def main(argv=None):
             raise UserError(f"out_dir and init_from are the same folder, {run.path}: RL starts from the run there and "
                             "practises in a folder of its own; give it another --out_dir")
         # a new run: another's files, or a start that never saved, refused here and moved aside only once the
-        # new run's start has been checked, its model scored and found to earn some reward
+        # new run's start has been checked, its model scored and found to earn some reward, and wandb started
         how = " but no saved RL state to continue it from (latest.pt);"
         if saved is None:
             run.clear_for_a_new_run(cfg.start_over, how, print, move=False)
@@ -221,13 +221,13 @@ def main(argv=None):
                   "raise --max_iters to go on")
             return
         first = opening_scores(cfg, s) if s["state"].iter_num == 0 else None
-        if saved is None:
-            run.clear_for_a_new_run(cfg.start_over, how, print)
         wandb = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=asdict(cfg),
                      id=s["state"].wandb_id or f"rl-{int(time.time())}") if cfg.wandb_log else None
         s["state"] = replace(s["state"], wandb_id=wandb["id"] if wandb else "")
         log = RunLog(run.metrics, wandb)
         try:
+            if saved is None:
+                run.clear_for_a_new_run(cfg.start_over, how, print)
             with torch.autocast(device.split(":")[0], torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
                 practise(cfg, s, run, log, stop, first)
         finally:

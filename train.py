@@ -262,13 +262,15 @@ def main(argv=None):
             stop.doing = "starting (nothing was saved)"
             # the state holds the config that trains: its shape fitted, its steps planned
             data, state, aim = start(cfg, rt, *resumed, given=set(given), asked=asked, started=started)
-            if master and resumed[0] is None:
-                claim_for_a_new_run(cfg, run, note, configured)
-            if resumed[0] is not None and not cfg.eval_only:  # started: what it trains again goes only now
-                take_up(run, resumed[0]["iter_num"], master, note)
-            del resumed, cfg  # the state holds what it needs of the checkpoint, and the config
+            # wandb's start is the last that can refuse the run: past it, another run's files move aside, and
+            # what a resumed run trains again goes
             log = RunLog(run.metrics, wandb_args(state)) if rt.master else None
             try:
+                if master and resumed[0] is None:
+                    claim_for_a_new_run(cfg, run, note, configured)
+                if resumed[0] is not None and not cfg.eval_only:
+                    take_up(run, resumed[0]["iter_num"], master, note)
+                del resumed, cfg  # the state holds what it needs of the checkpoint, and the config
                 if state.cfg.eval_only:
                     stop.doing = ("evaluating (eval_only: nothing is written but this evaluation's "
                                   "record)")

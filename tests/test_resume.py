@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import signal
+import sys
 
 import pytest
 import torch
@@ -688,14 +689,27 @@ def test_a_fine_tune_into_the_folder_it_starts_from_is_refused_before_anything_m
     assert sorted(p.name for p in base.iterdir()) == kept
 
 
-def test_a_start_over_refused_at_its_start_leaves_the_run_where_it_was(tmp_path, data_dir, trained_run):
-    """The old run's files move aside only once the new run has started: one refused at its start (a folder to
-    fine-tune from that does not exist) leaves them in place."""
+@pytest.mark.parametrize("refused", ["a folder to start from that does not exist", "wandb missing",
+                                     "a resume with wandb missing"])
+def test_a_start_refused_at_its_start_leaves_the_folder_as_it_was(tmp_path, data_dir, trained_run, monkeypatch,
+                                                                  refused):
+    """The old run's files move aside (--start_over), and a resumed run's records past its state go, only once the
+    run has started: one refused at its start, wandb's the last refusal, leaves them in place."""
     out = tmp_path / "out"
     shutil.copytree(trained_run[0], out)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "run.lock"}
-    with pytest.raises(UserError, match="no such folder"):
-        train.main(train_args(data_dir, out, *TRAINED_RUN, f"--init_from={tmp_path / 'nowhere'}", "--start_over=True"))
+    if refused == "a folder to start from that does not exist":
+        extra, match = [f"--init_from={tmp_path / 'nowhere'}", "--start_over=True"], "no such folder"
+    else:
+        monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` fails, as where it is not installed
+        extra = ["--wandb_log=True", "--start_over=True" if refused == "wandb missing" else "--init_from=auto"]
+        match = "wandb_log=True needs the wandb package"
+        if refused == "a resume with wandb missing":  # records past the state it continues from
+            with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps({"kind": "train", "iter": 10 ** 6, "loss": 1.0}) + "\n")
+            before["metrics.jsonl"] = (out / "metrics.jsonl").read_bytes()
+    with pytest.raises(UserError, match=match):
+        train.main(train_args(data_dir, out, *TRAINED_RUN, "--max_iters=40", *extra))
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != "run.lock"} == before
 
 

@@ -5,6 +5,7 @@ holding train.py's run are each one line."""
 import os
 import shutil
 import signal
+import sys
 
 import pytest
 import torch
@@ -327,10 +328,10 @@ def test_start_over_moves_a_run_aside_once_and_the_new_run_then_continues(tmp_pa
     assert len(list(out.glob("replaced-*"))) == 1 and load_checkpoint(out / "latest.pt")["iter_num"] == 4
 
 
-@pytest.mark.parametrize("refused", ["a snapshot it lacks", "no reward"])
+@pytest.mark.parametrize("refused", ["a snapshot it lacks", "no reward", "wandb missing"])
 def test_start_over_refused_at_its_start_leaves_the_run_where_it_was(tmp_path, chat_run, monkeypatch, refused):
-    """The old run is moved aside only once the new one has started: a start refused for its checkpoint, or for
-    samples never right (no reward), leaves it in place, to continue as before."""
+    """The old run is moved aside only once the new one has started: a start refused for its checkpoint, for
+    samples never right (no reward), or by wandb, leaves it in place, to continue as before."""
     import rl
 
     monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: len(answer) % 2 == 0)
@@ -339,7 +340,10 @@ def test_start_over_refused_at_its_start_leaves_the_run_where_it_was(tmp_path, c
     files = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "run.lock"}
     if refused == "no reward":
         monkeypatch.setattr(TASKS["addition"], "check", lambda question, answer: False)
-    extra = ["--init_checkpoint=iter:999"] if refused == "a snapshot it lacks" else []
+    if refused == "wandb missing":
+        monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` fails, as where it is not installed
+    extra = {"a snapshot it lacks": ["--init_checkpoint=iter:999"],
+             "wandb missing": ["--wandb_log=True"]}.get(refused, [])
     with pytest.raises(UserError):
         rl.main([*rl_args(chat_run, out), "--max_iters=3", "--start_over=True", *extra])
     assert not list(out.glob("replaced-*"))
